@@ -1,0 +1,422 @@
+/*
+ * deltagrad.h -- the public API of libdeltagrad: tensors, a tape-based autograd, the ops a small
+ * language model needs, and the chunked Kimi Delta Attention (KDA) operator with every stage of
+ * the chunked algorithm as its own tape node.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * A five-minute tour
+ *
+ *     dg_ctx *ctx;                                     // one per device: CPU, or CUDA:n
+ *     dg_ctx_new(dg_cpu(), &ctx);
+ *     int64_t shape[2] = {4, 3};
+ *     dg_tensor *x, *w, *y, *loss;
+ *     dg_tensor_new(ctx, DG_F64, 2, shape, &x);
+ *     dg_tensor_rand_normal(x, 42, 0.0, 1.0);           // counter-based: same numbers on CPU and GPU
+ *     ... w likewise, shape {3, 3} ...
+ *     dg_tensor_set_requires_grad(w, 1);                // w is a leaf the tape tracks
+ *     dg_matmul(ctx, x, w, &y);                         // records a node on the tape
+ *     dg_sum_all(ctx, y, &loss);
+ *     dg_tape_backward(ctx, loss);                      // walks the tape in reverse
+ *     const dg_tensor *gw = dg_tensor_grad(w);          // d loss / d w, same shape as w
+ *     dg_tape_reset();                                  // drops every node and saved tensor
+ *     dg_tensor_free(&x); ...                           // whoever creates frees
+ *
+ * Every call returns a dg_status; on failure dg_last_error() says what was wrong, naming the
+ * argument and the expected shape, dtype or device. Nothing in the library prints or exits.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Dimension letters, used in every shape comment of the project
+ *
+ *   B   batch rows                    T   tokens per row (varlen: total tokens, with B = 1)
+ *   H   query/key heads               HV  value heads (HV % H == 0; HV = H unless GVA)
+ *   K   key head dim                  V   value head dim
+ *   BT  chunk size of the chunked KDA algorithm (64 by default; 16 and 32 allowed)
+ *   NT  chunks per sequence = ceil(T / BT)   N  number of sequences
+ *   d   model width                   I   MLP width
+ *
+ * Tensors are row-major with element strides; the KDA tensors are time-major, [B,T,H,K].
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Ownership
+ *
+ *   - dg_tensor objects are reference counted. Every function that hands out a tensor through an
+ *     `out` pointer gives the caller one reference; dg_tensor_free() drops it and sets the
+ *     pointer to NULL. Views share storage with their source and keep it alive.
+ *   - The tape holds references to the tensors its nodes saved until dg_tape_reset().
+ *   - A tensor that requires grad owns its gradient (dg_tensor_grad()).
+ *   - DG_MALLOC / DG_FREE may be defined at build time to route host allocations.
+ */
+#ifndef DELTAGRAD_H
+#define DELTAGRAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DG_VERSION "0.1.0"
+#define DG_MAX_DIMS 5
+
+/* =============================================================================================
+ * Status and errors
+ * ============================================================================================= */
+
+typedef enum dg_status {
+    DG_OK = 0,
+    DG_ERR_ARG,         /* a bad argument: NULL, out of range, inconsistent options */
+    DG_ERR_SHAPE,       /* shapes do not match what the op expects */
+    DG_ERR_DTYPE,       /* unsupported or mismatched dtype */
+    DG_ERR_DEVICE,      /* tensors on different devices, or the op has no kernel there */
+    DG_ERR_NOMEM,       /* host or device allocation failed */
+    DG_ERR_IO,          /* a file could not be opened, read or written */
+    DG_ERR_FORMAT,      /* a malformed .npy / safetensors / checkpoint file */
+    DG_ERR_CUDA,        /* a CUDA runtime call failed */
+    DG_ERR_CUBLAS,      /* a cuBLAS call failed */
+    DG_ERR_NCCL,        /* an NCCL call failed */
+    DG_ERR_UNSUPPORTED, /* built without the feature (CUDA, NCCL) or not implemented for it */
+    DG_ERR_STATE,       /* called at the wrong time (backward on an empty tape, ...) */
+    DG_ERR_NUMERIC,     /* a non-finite value where a finite one is required */
+} dg_status;
+
+/* The reason for the last failure on this thread ("" if none). */
+const char *dg_last_error(void);
+/* A short name for a status code ("DG_ERR_SHAPE"). */
+const char *dg_status_str(dg_status s);
+/* Forget the last error. */
+void dg_clear_error(void);
+
+/* =============================================================================================
+ * Devices and contexts
+ * ============================================================================================= */
+
+typedef enum dg_dtype { DG_F64 = 0, DG_F32, DG_BF16, DG_I32, DG_I64, DG_NDTYPES } dg_dtype;
+typedef enum dg_device_kind { DG_DEV_CPU = 0, DG_DEV_CUDA = 1 } dg_device_kind;
+typedef struct dg_device {
+    dg_device_kind kind;
+    int index; /* CUDA ordinal; 0 for the CPU */
+} dg_device;
+
+dg_device dg_cpu(void);
+dg_device dg_cuda(int index);
+int dg_device_eq(dg_device a, dg_device b);
+/* "cpu", "cuda:0". The returned pointer is to a per-thread buffer. */
+const char *dg_device_str(dg_device d);
+/* Parse "cpu", "cuda", "cuda:1". */
+dg_status dg_device_parse(const char *s, dg_device *out);
+
+size_t dg_dtype_size(dg_dtype t);
+const char *dg_dtype_name(dg_dtype t); /* "f64", "f32", "bf16", "i32", "i64" */
+dg_status dg_dtype_parse(const char *s, dg_dtype *out);
+int dg_dtype_is_float(dg_dtype t);
+
+/* Was the library built with CUDA / NCCL? */
+int dg_have_cuda(void);
+int dg_have_nccl(void);
+/* Number of usable CUDA devices: 0 when built without CUDA or when no device is present. */
+int dg_cuda_device_count(void);
+
+/* A context owns what one device needs: for CUDA a stream, a cuBLAS handle and a caching
+ * allocator (so a training loop does not cudaMalloc every step). Tensors are created in a context
+ * and live on its device; an op runs in the context of its inputs' device. */
+typedef struct dg_ctx dg_ctx;
+
+dg_status dg_ctx_new(dg_device dev, dg_ctx **out);
+void dg_ctx_free(dg_ctx **ctx);
+dg_device dg_ctx_device(const dg_ctx *ctx);
+/* Wait for all work queued in the context (a no-op on the CPU). */
+dg_status dg_ctx_sync(dg_ctx *ctx);
+/* Device memory statistics of the context's allocator (0 on the CPU). */
+typedef struct dg_mem_stats {
+    size_t in_use;      /* bytes handed out to live tensors */
+    size_t peak_in_use; /* high-water mark of in_use since the last reset */
+    size_t cached;      /* bytes held in free lists for reuse */
+    size_t reserved;    /* bytes obtained from the driver */
+} dg_mem_stats;
+dg_mem_stats dg_ctx_mem_stats(const dg_ctx *ctx);
+void dg_ctx_reset_peak(dg_ctx *ctx);
+/* Give cached device blocks back to the driver. */
+void dg_ctx_empty_cache(dg_ctx *ctx);
+
+/* =============================================================================================
+ * Tensors
+ * ============================================================================================= */
+
+typedef struct dg_tensor dg_tensor;
+
+/* New tensor with uninitialised contents, contiguous, on ctx's device. */
+dg_status dg_tensor_new(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *shape,
+                        dg_tensor **out);
+dg_status dg_tensor_zeros(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *shape,
+                          dg_tensor **out);
+/* New tensor filled from host memory holding numel values of `dtype`, row-major. */
+dg_status dg_tensor_from_host(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *shape,
+                              const void *data, dg_tensor **out);
+/* New tensor of `dtype` filled from host doubles (converted; bf16 rounds to nearest even). */
+dg_status dg_tensor_from_f64(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *shape,
+                             const double *data, dg_tensor **out);
+/* Copy the tensor's values, in logical row-major order and its own dtype, to host memory.
+ * `bytes` must be at least numel * dtype size. Works for views and device tensors. */
+dg_status dg_tensor_to_host(const dg_tensor *t, void *dst, size_t bytes);
+/* Copy to a freshly malloc'd host array of doubles (caller frees with free()). */
+dg_status dg_tensor_to_f64(const dg_tensor *t, double **out);
+/* The value of a one-element tensor. */
+dg_status dg_tensor_item(const dg_tensor *t, double *out);
+
+dg_tensor *dg_tensor_retain(dg_tensor *t);
+void dg_tensor_free(dg_tensor **t);
+
+int dg_tensor_ndim(const dg_tensor *t);
+const int64_t *dg_tensor_shape(const dg_tensor *t);
+const int64_t *dg_tensor_strides(const dg_tensor *t); /* in elements */
+int64_t dg_tensor_dim(const dg_tensor *t, int axis);   /* negative axis counts from the end */
+int64_t dg_tensor_numel(const dg_tensor *t);
+size_t dg_tensor_nbytes(const dg_tensor *t);
+dg_dtype dg_tensor_dtype(const dg_tensor *t);
+dg_device dg_tensor_device(const dg_tensor *t);
+dg_ctx *dg_tensor_ctx(const dg_tensor *t);
+int dg_tensor_is_contiguous(const dg_tensor *t);
+/* Pointer to the first element (device pointer for CUDA tensors). */
+void *dg_tensor_data(const dg_tensor *t);
+/* "[2,3,4] f32 cuda:0" into a per-thread buffer, for messages. */
+const char *dg_tensor_desc(const dg_tensor *t);
+/* Optional name used in error messages and dumps. */
+void dg_tensor_set_name(dg_tensor *t, const char *name);
+const char *dg_tensor_name(const dg_tensor *t);
+
+/* Views (no copy; differentiable). reshape needs a contiguous source and accepts one -1. */
+dg_status dg_reshape(dg_tensor *t, int ndim, const int64_t *shape, dg_tensor **out);
+dg_status dg_slice(dg_tensor *t, int axis, int64_t start, int64_t end, dg_tensor **out);
+dg_status dg_transpose(dg_tensor *t, int axis0, int axis1, dg_tensor **out);
+/* Copies (differentiable). contiguous() returns a new reference to t when already contiguous. */
+dg_status dg_contiguous(dg_ctx *ctx, dg_tensor *t, dg_tensor **out);
+dg_status dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dtype, dg_tensor **out);
+/* Copy to the device of `dst_ctx`. */
+dg_status dg_to_device(dg_ctx *dst_ctx, dg_tensor *t, dg_tensor **out);
+/* Elementwise copy src -> dst (same shape; dtype converted; devices may differ). Not recorded. */
+dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src);
+
+/* In-place fills (not recorded on the tape). The random fills are counter based: element i of a
+ * tensor filled with seed s gets the same value on every device and in every dtype (up to the
+ * dtype's rounding), so a CPU run and a GPU run can start from identical numbers. */
+dg_status dg_tensor_fill_(dg_tensor *t, double value);
+dg_status dg_tensor_rand_uniform(dg_tensor *t, uint64_t seed, double lo, double hi);
+dg_status dg_tensor_rand_normal(dg_tensor *t, uint64_t seed, double mean, double std);
+/* The scalar generator behind the fills: uniform in [0,1) for (seed, counter). */
+double dg_rand_u01(uint64_t seed, uint64_t counter);
+
+/* ---- files ---- */
+/* NumPy .npy (format 1.0/2.0, little-endian, C order; <f8 <f4 <i4 <i8, and bf16 stored as <u2 with
+ * the descr 'bfloat16' is not standard: bf16 is written as f32). */
+dg_status dg_npy_save(const char *path, const dg_tensor *t);
+dg_status dg_npy_load(dg_ctx *ctx, const char *path, dg_tensor **out);
+
+/* safetensors: an 8-byte header length, a JSON header, then raw little-endian data. */
+typedef struct dg_safetensors {
+    int n;
+    char **names;
+    dg_tensor **tensors;
+    int n_meta; /* "__metadata__" string pairs */
+    char **meta_keys;
+    char **meta_values;
+} dg_safetensors;
+/* Writes atomically: a temp file next to `path`, fsync, rename. meta_* may be NULL. */
+dg_status dg_safetensors_save(const char *path, int n, const char *const *names,
+                              const dg_tensor *const *tensors, int n_meta,
+                              const char *const *meta_keys, const char *const *meta_values);
+dg_status dg_safetensors_load(dg_ctx *ctx, const char *path, dg_safetensors *out);
+void dg_safetensors_free(dg_safetensors *st);
+/* The tensor named `name` (borrowed) or NULL. */
+dg_tensor *dg_safetensors_get(const dg_safetensors *st, const char *name);
+const char *dg_safetensors_meta(const dg_safetensors *st, const char *key);
+
+/* =============================================================================================
+ * Autograd: the tape
+ *
+ * While grad mode is on, every op whose inputs include a tensor that requires grad appends a node
+ * {op name, inputs, saved tensors, backward} to the one active tape. dg_tape_backward(loss) seeds
+ * d loss = 1 and runs the nodes' backward functions in reverse order, accumulating (+=) gradients
+ * into the inputs. Gradients of intermediate tensors are released as soon as their producing
+ * node has run; leaves keep theirs until dg_tensor_zero_grad() or they are freed.
+ *
+ * Policy: each node kind declares what it keeps for backward. CACHE saves the intermediates its
+ * backward needs; RECOMPUTE saves only its inputs and recomputes the intermediates in backward.
+ * The policy is resolved per node when it is recorded: the global override if set, else the
+ * setting for its op kind, else the op's own default.
+ * ============================================================================================= */
+
+typedef enum dg_policy {
+    DG_POLICY_DEFAULT = 0, /* "let the op decide" */
+    DG_POLICY_CACHE,
+    DG_POLICY_RECOMPUTE,
+} dg_policy;
+
+void dg_tensor_set_requires_grad(dg_tensor *t, int on);
+int dg_tensor_requires_grad(const dg_tensor *t);
+/* Gradient of a tensor after backward (borrowed), or NULL if none was accumulated. */
+const dg_tensor *dg_tensor_grad(const dg_tensor *t);
+void dg_tensor_zero_grad(dg_tensor *t);
+/* Keep the gradient of a non-leaf tensor after backward (for tests and inspection). */
+void dg_tensor_retain_grad(dg_tensor *t);
+
+/* Grad mode: disabled inside a no_grad scope; scopes nest. */
+void dg_no_grad_begin(void);
+void dg_no_grad_end(void);
+int dg_grad_enabled(void);
+
+/* Run backward from a one-element tensor. Leaves the tape's nodes in place. */
+dg_status dg_tape_backward(dg_ctx *ctx, dg_tensor *loss);
+/* Run backward seeding `out` with gradient `grad_out` (same shape). */
+dg_status dg_tape_backward_with(dg_ctx *ctx, dg_tensor *out, const dg_tensor *grad_out);
+/* Drop all nodes and saved tensors. Call once per training step. */
+void dg_tape_reset(void);
+int dg_tape_num_nodes(void);
+/* Bytes of the distinct storages the tape's nodes hold for backward. */
+size_t dg_tape_bytes(void);
+/* One line per node: index, op, policy, saved bytes. */
+void dg_tape_dump(FILE *f);
+
+void dg_policy_set(const char *op_kind, dg_policy p);
+void dg_policy_set_global(dg_policy p);
+dg_policy dg_policy_get_global(void);
+/* The policy a node of `op_kind` whose own default is `op_default` would get now. */
+dg_policy dg_policy_resolve(const char *op_kind, dg_policy op_default);
+const char *dg_policy_name(dg_policy p);
+/* Forget every per-op setting and the global override. */
+void dg_policy_reset(void);
+
+/* ---- gradcheck ----
+ * A function under test maps n_in inputs to n_out outputs through dg_ ops (so it records on the
+ * tape). gradcheck projects the outputs onto fixed random directions R_k (loss = sum_k <out_k,R_k>),
+ * runs backward, and compares each input's gradient with central finite differences. Inputs must
+ * be f64 CPU tensors; only those that require grad are checked. */
+typedef dg_status (*dg_fn)(dg_ctx *ctx, dg_tensor *const *inputs, int n_in, dg_tensor **outputs,
+                           int n_out, void *user);
+
+#define DG_GRADCHECK_MAX_INPUTS 16
+typedef struct dg_gradcheck_report {
+    int n_in;
+    /* max_i |analytic_i - numeric_i| / max(max_i |numeric_i|, 1e-12), per input */
+    double rel_err[DG_GRADCHECK_MAX_INPUTS];
+    double abs_err[DG_GRADCHECK_MAX_INPUTS];
+    int64_t worst_index[DG_GRADCHECK_MAX_INPUTS];
+    double max_rel_err; /* over all checked inputs */
+} dg_gradcheck_report;
+
+/* eps <= 0 selects 1e-6. */
+dg_status dg_gradcheck(dg_ctx *ctx, dg_fn fn, void *user, dg_tensor *const *inputs, int n_in,
+                       int n_out, double eps, uint64_t seed, dg_gradcheck_report *report);
+
+/* =============================================================================================
+ * Ops. Each one: shape/dtype/device checks, CPU reference (f64, f32), CUDA kernels (f32, bf16
+ * with f32 accumulation), forward and backward, recorded on the tape. Outputs have the inputs'
+ * dtype and device unless stated.
+ * ============================================================================================= */
+
+/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ---- */
+dg_status dg_add(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
+dg_status dg_sub(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
+dg_status dg_mul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
+/* out = a * s */
+dg_status dg_scale(dg_ctx *ctx, dg_tensor *a, double s, dg_tensor **out);
+
+/* ---- unary ---- */
+dg_status dg_exp(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
+dg_status dg_log(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
+dg_status dg_sigmoid(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
+dg_status dg_softplus(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
+dg_status dg_silu(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
+
+/* ---- reductions ---- */
+dg_status dg_sum(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
+dg_status dg_mean(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
+/* Sum of all elements into a one-element tensor of shape [1]. */
+dg_status dg_sum_all(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
+
+/* ---- matrix products (cuBLAS on CUDA; f32 without TF32) ----
+ * matmul: a [M,K] @ b [K,N] -> [M,N];  a [Bt,M,K] @ b [Bt,K,N] or b [K,N] -> [Bt,M,N].
+ * linear: x [..., in] @ w^T, w [out, in] (PyTorch's layout) -> [..., out]. */
+dg_status dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
+dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out);
+
+/* ---- normalisation and activations over the last axis ---- */
+/* y = x / sqrt(sum x^2 + eps)    (eps inside the sqrt; 1e-6 in KDA) */
+dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out);
+/* y = x / sqrt(mean x^2 + eps) * w       w: [last] or NULL */
+dg_status dg_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, double eps, dg_tensor **out);
+typedef enum dg_act { DG_ACT_NONE = 0, DG_ACT_SILU, DG_ACT_SIGMOID } dg_act;
+/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL */
+dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *gate, double eps,
+                           dg_act act, dg_tensor **out);
+/* y = silu(gate) * up */
+dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out);
+
+/* ---- embeddings, convolution, loss ---- */
+/* weight [Vocab, d], ids i32/i64 of any shape S -> [S..., d]. Out-of-range ids are an error. */
+dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
+/* Causal depthwise conv along T: x [B,T,C], w [C,W] (W <= 8, 4 typical), bias [C] or NULL.
+ *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
+ * cu_seqlens: NULL, or host int64 [n_seqs+1] with B == 1 (each sequence starts fresh). */
+dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
+                        const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
+/* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
+ * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable. */
+dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets,
+                           int64_t ignore_index, dg_tensor **out);
+
+/* ---- optimizer (not recorded on the tape) ---- */
+typedef struct dg_adamw_hparams {
+    double lr, beta1, beta2, eps, weight_decay;
+} dg_adamw_hparams;
+/* One AdamW step (decoupled weight decay) on param with its gradient; m, v: same shape, f32
+ * (f64 for f64 params). step counts from 1. A NULL gradient leaves everything unchanged.
+ * decay: 0 skips weight decay for this parameter. */
+dg_status dg_adamw_step(dg_ctx *ctx, dg_tensor *param, const dg_tensor *grad, dg_tensor *m,
+                        dg_tensor *v, int64_t step, const dg_adamw_hparams *hp, int decay);
+/* Global L2 norm of a list of tensors (e.g. gradients), accumulated in f64 on the host side. */
+dg_status dg_global_norm(dg_ctx *ctx, const dg_tensor *const *ts, int n, double *out);
+
+/* =============================================================================================
+ * KDA: Kimi Delta Attention (spec: docs/ and shared KDA.md). Defined in ops/kda/.
+ * ============================================================================================= */
+
+typedef enum dg_gate_kind {
+    DG_GATE_NONE = 0,   /* g is the per-token log decay itself (g <= 0) */
+    DG_GATE_KDA,        /* g = -exp(A_log) * softplus(x + dt_bias) */
+    DG_GATE_LOWERBOUND, /* g = lb * sigmoid(exp(A_log) * (x + dt_bias)),  lb < 0 */
+} dg_gate_kind;
+
+typedef struct dg_kda_opts {
+    int chunk_size;          /* BT: 16, 32 or 64; 0 selects 64 */
+    dg_gate_kind gate;       /* how g is produced from the raw input */
+    double lower_bound;      /* lb for DG_GATE_LOWERBOUND, in [-5, 0); 0 selects -5 */
+    int l2norm_qk;           /* L2-normalise q and k inside the op (eps 1e-6 inside the sqrt) */
+    int beta_sigmoid;        /* beta input is raw: beta = c * sigmoid(b) */
+    int allow_neg_eigval;    /* c = 2 instead of 1 */
+    double scale;            /* output scale; <= 0 selects K^-1/2 */
+    int output_final_state;  /* return ht [N,HV,K,V] f32 */
+    const int64_t *cu_seqlens; /* host int64 [n_seqs+1] with B == 1, or NULL */
+    int n_seqs;
+} dg_kda_opts;
+
+/* Chunked KDA. q, k: [B,T,H,K]; v: [B,T,HV,V]; g: [B,T,HV,K]; beta: [B,T,HV];
+ * A_log: [HV] f32 and dt_bias: [HV*K] f32 (gate kinds other than NONE; dt_bias may be NULL);
+ * h0: [N,HV,K,V] f32 or NULL. Outputs o: [B,T,HV,V], ht (if requested, else may be NULL). */
+dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                       dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                       const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
+/* The token-by-token recurrence, same arguments: the ground truth the chunked form must equal. */
+dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
+
+/* ---- KDA stage nodes (the chunked algorithm, one tape node each; see ops/kda/) ---- */
+/* KDA_STAGE_API_BEGIN */
+/* KDA_STAGE_API_END */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DELTAGRAD_H */

@@ -1,0 +1,58 @@
+/*
+ * kernels/common.cuh -- what every .cu file shares: the checked-call macros, grid arithmetic, and
+ * the bf16/f32 load/store helpers that let one kernel template serve both activation dtypes.
+ */
+#ifndef DG_KERNELS_COMMON_CUH
+#define DG_KERNELS_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+
+#include "cuda_api.h"
+
+#define DG_CHECK_CUDA(expr)                                                                        \
+    do {                                                                                           \
+        cudaError_t dg__e = (expr);                                                                \
+        if (dg__e != cudaSuccess)                                                                  \
+            return dg__err(DG_ERR_CUDA, "%s failed: %s (%s, %s:%d)", #expr,                        \
+                           cudaGetErrorString(dg__e), __func__, __FILE__, __LINE__);               \
+    } while (0)
+
+#define DG_CHECK_CUBLAS(expr)                                                                      \
+    do {                                                                                           \
+        cublasStatus_t dg__e = (expr);                                                             \
+        if (dg__e != CUBLAS_STATUS_SUCCESS)                                                        \
+            return dg__err(DG_ERR_CUBLAS, "%s failed: %s (%s, %s:%d)", #expr,                      \
+                           cublasGetStatusString(dg__e), __func__, __FILE__, __LINE__);            \
+    } while (0)
+
+/* After every launch: a bad configuration shows up here, not at the next sync. */
+#define DG_CHECK_LAUNCH() DG_CHECK_CUDA(cudaGetLastError())
+
+#define DG_CEIL_DIV(a, b) (((a) + (b)-1) / (b))
+
+static inline cudaStream_t dg__stream(const dg_ctx *ctx) { return (cudaStream_t)ctx->stream; }
+static inline cublasHandle_t dg__cublas(const dg_ctx *ctx) { return (cublasHandle_t)ctx->cublas; }
+
+/* Load/store any float dtype as float (f64 is narrowed: CUDA ops run f32/bf16). */
+__device__ __forceinline__ float dg_ld(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float dg_ld(const __nv_bfloat16 *p, int64_t i) {
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void dg_st(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void dg_st(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16(v);
+}
+
+/* Blocks for a 1-d grid over n elements, capped so the grid stays within limits. */
+static inline unsigned dg__blocks(int64_t n, int threads) {
+    int64_t b = DG_CEIL_DIV(n, (int64_t)threads);
+    if (b < 1)
+        b = 1;
+    if (b > 65535LL * 16)
+        b = 65535LL * 16;
+    return (unsigned)b;
+}
+
+#endif /* DG_KERNELS_COMMON_CUH */
