@@ -121,7 +121,7 @@ static dg_status parse_shape(npy_cur *c, npy_header *h) {
     int nd = 0;
     skip_ws(c);
     while (c->i < c->n && c->s[c->i] != ')') {
-        int64_t d;
+        int64_t d = 0;
         DG_TRY(parse_int(c, &d));
         if (d < 0)
             return dg__err(DG_ERR_FORMAT, "%s: '%s': 'shape' has a negative dimension (%lld)",
@@ -297,7 +297,7 @@ static dg_status load_open(dg_ctx *ctx, const char *path, FILE *f, uint64_t size
     DG_FREE(htext);
     DG_TRY(s);
 
-    dg_dtype dt;
+    dg_dtype dt = DG_F32;
     DG_TRY(descr_dtype(path, h.descr, &dt));
     if (h.fortran)
         return dg__err(DG_ERR_UNSUPPORTED,
