@@ -441,8 +441,12 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     opts.l2norm_qk = 1;
     opts.beta_sigmoid = 1;
     opts.scale = 1.0 / sqrt((double)K);
-    NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
-                         NULL));
+    if (m->recurrent_mixer)
+        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts,
+                                 &o, NULL));
+    else
+        NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
+                             NULL));
 
     /* output gate, per-head gated RMSNorm, output projection */
     NEWT(a, dg_linear(ctx, h, W[L->g_proj0], &a));

@@ -86,6 +86,7 @@ typedef struct dg_model {
     dg_param *params;
     int embed, final_norm, lm_head; /* lm_head == embed when tied */
     dg_layer_ix *layers;
+    int recurrent_mixer; /* use dg_kda_recurrent instead of dg_kda_chunk (tests: same logits) */
 } dg_model;
 
 /* A model with allocated (uninitialised) parameters that require grad. */
