@@ -32,9 +32,10 @@ typedef struct dg_layout {
     int64_t stride[DG_MAX_DIMS];
 } dg_layout;
 
-/* dst (contiguous, dtype ddt) = convert(src laid out as `src_layout`, dtype sdt). numel elements. */
-dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt, const void *src,
-                                dg_dtype sdt, dg_layout src_layout, int64_t numel);
+/* dst (layout dl, dtype ddt) = convert(src laid out as sl, dtype sdt); numel elements visited in
+ * logical row-major order. Layouts must have the same shape. */
+dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt, dg_layout dl, const void *src,
+                                dg_dtype sdt, dg_layout sl, int64_t numel);
 dg_status dg__cuda_fill(dg_ctx *ctx, void *dst, dg_dtype dt, int64_t n, double value);
 /* dst += alpha * src; both contiguous with n elements; dtypes may differ (math in f32/f64). */
 dg_status dg__cuda_axpy(dg_ctx *ctx, void *dst, dg_dtype ddt, double alpha, const void *src,

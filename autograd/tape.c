@@ -1,0 +1,338 @@
+/*
+ * autograd/tape.c -- the one active tape: nodes appended during forward, walked in reverse by
+ * backward; gradient slots; grad mode; the byte count of what nodes keep.
+ *
+ * The tape is the reverse topological order by construction (a node is recorded after its inputs
+ * exist), so backward needs no sort: it visits nodes last to first and runs each node that has a
+ * gradient on at least one output. Output gradients of a node are released right after it runs
+ * unless the tensor is a leaf or asked to retain its gradient, so peak memory during backward is
+ * what the saved tensors hold plus the live frontier of gradients.
+ */
+#include "tape.h"
+
+typedef struct {
+    dg_node **nodes;
+    int n, cap;
+} dg_tape;
+
+static dg_tape g_tape;
+static int g_no_grad_depth;
+
+/* ---- grad mode ---- */
+
+void dg_no_grad_begin(void) { g_no_grad_depth++; }
+void dg_no_grad_end(void) {
+    if (g_no_grad_depth > 0)
+        g_no_grad_depth--;
+}
+int dg_grad_enabled(void) { return g_no_grad_depth == 0; }
+
+/* ---- slots ---- */
+
+static dg_gslot *slot_new(const dg_tensor *t, int is_leaf) {
+    dg_gslot *s = DG_CALLOC(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->refcount = 1;
+    s->ndim = t->ndim;
+    memcpy(s->shape, t->shape, sizeof s->shape);
+    s->dtype = t->dtype;
+    s->ctx = t->storage->ctx;
+    s->is_leaf = is_leaf;
+    return s;
+}
+
+static void slot_release(dg_gslot **sp) {
+    dg_gslot *s = *sp;
+    *sp = NULL;
+    if (s && --s->refcount == 0) {
+        dg_tensor_free(&s->grad);
+        DG_FREE(s);
+    }
+}
+
+void dg_tensor_set_requires_grad(dg_tensor *t, int on) {
+    if (!t)
+        return;
+    if (on && !t->slot)
+        t->slot = slot_new(t, 1);
+    else if (!on && t->slot)
+        slot_release(&t->slot);
+}
+
+int dg_tensor_requires_grad(const dg_tensor *t) { return t && t->slot != NULL; }
+
+const dg_tensor *dg_tensor_grad(const dg_tensor *t) {
+    return (t && t->slot) ? t->slot->grad : NULL;
+}
+
+void dg_tensor_zero_grad(dg_tensor *t) {
+    if (t && t->slot)
+        dg_tensor_free(&t->slot->grad);
+}
+
+void dg_tensor_retain_grad(dg_tensor *t) {
+    if (t && t->slot)
+        t->slot->retain = 1;
+}
+
+dg_status dg__slot_accum(dg_ctx *ctx, dg_gslot *s, dg_tensor *g) {
+    if (g->ndim != s->ndim || memcmp(g->shape, s->shape, (size_t)s->ndim * sizeof(int64_t)) != 0)
+        return dg__err(DG_ERR_SHAPE, "backward: gradient %s does not match its tensor's shape",
+                       dg_tensor_desc(g));
+    if (s->grad)
+        return dg__axpy(ctx, s->grad, 1.0, g);
+    /* First contribution: take g itself when nobody else can see or change it. */
+    if (g->refcount == 1 && g->storage->refcount == 1 && g->dtype == s->dtype &&
+        dg_tensor_is_contiguous(g) && !g->slot) {
+        s->grad = dg_tensor_retain(g);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(ctx, s->dtype, s->ndim, s->shape, &s->grad));
+    dg_status st = dg_tensor_copy_(s->grad, g);
+    if (st != DG_OK)
+        dg_tensor_free(&s->grad);
+    return st;
+}
+
+/* ---- nodes ---- */
+
+int dg__needs_grad(int n, dg_tensor *const *ts) {
+    if (!dg_grad_enabled())
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i] && ts[i]->slot)
+            return 1;
+    return 0;
+}
+
+dg_status dg__node_new(const char *op, dg_policy default_policy, dg_backward_fn bw, dg_ctx *ctx,
+                       dg_node **out) {
+    dg_node *n = DG_CALLOC(1, sizeof *n);
+    if (!n)
+        return dg__err(DG_ERR_NOMEM, "%s: out of host memory recording a tape node", op);
+    n->op = op;
+    n->policy = dg_policy_resolve(op, default_policy);
+    n->backward = bw;
+    n->ctx = ctx;
+    *out = n;
+    return DG_OK;
+}
+
+static void node_free(dg_node *n) {
+    if (!n)
+        return;
+    for (int i = 0; i < n->n_in; i++)
+        slot_release(&n->in[i]);
+    for (int i = 0; i < n->n_out; i++)
+        slot_release(&n->out[i]);
+    for (int i = 0; i < n->n_saved; i++)
+        dg_tensor_free(&n->saved[i]);
+    if (n->params_free)
+        n->params_free(n->params);
+    DG_FREE(n->params);
+    DG_FREE(n);
+}
+
+void dg__node_abort(dg_node *n) { node_free(n); }
+
+dg_status dg__node_input(dg_node *n, dg_tensor *t) {
+    DG_ASSERT(n->n_in < DG_NODE_MAX_IO);
+    dg_gslot *s = (t && t->slot) ? t->slot : NULL;
+    if (s)
+        s->refcount++;
+    n->in[n->n_in++] = s;
+    return DG_OK;
+}
+
+dg_status dg__node_output(dg_node *n, dg_tensor *t) {
+    DG_ASSERT(n->n_out < DG_NODE_MAX_IO);
+    DG_ASSERT(t != NULL);
+    if (t->slot)
+        slot_release(&t->slot);
+    t->slot = slot_new(t, 0);
+    if (!t->slot)
+        return dg__err(DG_ERR_NOMEM, "%s: out of host memory", n->op);
+    t->slot->refcount++;
+    n->out[n->n_out++] = t->slot;
+    return DG_OK;
+}
+
+dg_status dg__node_save(dg_node *n, dg_tensor *t) {
+    DG_ASSERT(n->n_saved < DG_NODE_MAX_SAVED);
+    n->saved[n->n_saved++] = dg_tensor_retain(t);
+    return DG_OK;
+}
+
+void *dg__node_params(dg_node *n, size_t bytes) {
+    DG_ASSERT(n->params == NULL);
+    n->params = DG_CALLOC(1, bytes ? bytes : 1);
+    return n->params;
+}
+
+dg_status dg__node_commit(dg_node *n) {
+    if (g_tape.n == g_tape.cap) {
+        int cap = g_tape.cap ? 2 * g_tape.cap : 256;
+        dg_node **p = DG_REALLOC(g_tape.nodes, (size_t)cap * sizeof *p);
+        if (!p) {
+            node_free(n);
+            return dg__err(DG_ERR_NOMEM, "out of host memory growing the tape");
+        }
+        g_tape.nodes = p;
+        g_tape.cap = cap;
+    }
+    g_tape.nodes[g_tape.n++] = n;
+    return DG_OK;
+}
+
+const dg_tensor *dg__node_grad_out(const dg_node *n, int i) {
+    return (i < n->n_out && n->out[i]) ? n->out[i]->grad : NULL;
+}
+
+int dg__node_wants_grad(const dg_node *n, int i) { return i < n->n_in && n->in[i] != NULL; }
+
+dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g) {
+    if (!dg__node_wants_grad(n, i))
+        return DG_OK;
+    /* Passing an output gradient straight through: the slot must get its own copy, since the
+     * output's slot may keep (retain) that tensor and later accumulation happens in place. */
+    dg_tensor *own = NULL;
+    for (int j = 0; j < n->n_out; j++)
+        if (n->out[j] && n->out[j]->grad == g) {
+            DG_TRY(dg__contig(ctx, g, &own));
+            if (own == g) {
+                dg_tensor_free(&own);
+                DG_TRY(dg__new_like(ctx, g, &own));
+                dg_status cs = dg_tensor_copy_(own, g);
+                if (cs != DG_OK) {
+                    dg_tensor_free(&own);
+                    return cs;
+                }
+            }
+            g = own;
+            break;
+        }
+    dg_status s = dg__slot_accum(ctx, n->in[i], g);
+    dg_tensor_free(&own);
+    if (s != DG_OK && s != DG_ERR_NOMEM)
+        return dg__err(s, "%s backward, input %d: %s", n->op, i, dg_last_error());
+    return s;
+}
+
+/* ---- the tape ---- */
+
+void dg_tape_reset(void) {
+    for (int i = 0; i < g_tape.n; i++)
+        node_free(g_tape.nodes[i]);
+    g_tape.n = 0;
+    if (g_tape.cap > 4096) { /* give back an unusually large array */
+        DG_FREE(g_tape.nodes);
+        g_tape.nodes = NULL;
+        g_tape.cap = 0;
+    }
+}
+
+int dg_tape_num_nodes(void) { return g_tape.n; }
+
+static int cmp_ptr(const void *a, const void *b) {
+    uintptr_t x = (uintptr_t) * (void *const *)a, y = (uintptr_t) * (void *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+static size_t saved_bytes(dg_node *const *nodes, int nn) {
+    int total = 0;
+    for (int i = 0; i < nn; i++)
+        total += nodes[i]->n_saved;
+    if (!total)
+        return 0;
+    dg_storage **st = DG_MALLOC((size_t)total * sizeof *st);
+    if (!st)
+        return 0;
+    int k = 0;
+    for (int i = 0; i < nn; i++)
+        for (int j = 0; j < nodes[i]->n_saved; j++)
+            if (nodes[i]->saved[j])
+                st[k++] = nodes[i]->saved[j]->storage;
+    qsort(st, (size_t)k, sizeof *st, cmp_ptr);
+    size_t bytes = 0;
+    for (int i = 0; i < k; i++)
+        if (i == 0 || st[i] != st[i - 1])
+            bytes += st[i]->bytes;
+    DG_FREE(st);
+    return bytes;
+}
+
+size_t dg_tape_bytes(void) { return saved_bytes(g_tape.nodes, g_tape.n); }
+
+void dg_tape_dump(FILE *f) {
+    for (int i = 0; i < g_tape.n; i++) {
+        dg_node *n = g_tape.nodes[i];
+        fprintf(f, "%4d %-20s %-9s in=%d out=%d saved=%d (%zu bytes)\n", i, n->op,
+                dg_policy_name(n->policy), n->n_in, n->n_out, n->n_saved, saved_bytes(&n, 1));
+    }
+}
+
+dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
+                                  const dg_tensor *const *grads) {
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        if (!outs[i] || !grads[i])
+            continue;
+        if (!outs[i]->slot)
+            return dg__err(DG_ERR_STATE,
+                           "backward: output %d does not require grad (no op on the tape "
+                           "produced it from a tensor that requires grad)",
+                           i);
+        DG_TRY(dg__slot_accum(ctx, outs[i]->slot, (dg_tensor *)grads[i]));
+        any = 1;
+    }
+    if (!any)
+        return dg__err(DG_ERR_STATE, "backward: nothing to differentiate");
+    dg_no_grad_begin(); /* backward functions use ops; they must not record */
+    dg_status s = DG_OK;
+    for (int i = g_tape.n - 1; i >= 0 && s == DG_OK; i--) {
+        dg_node *node = g_tape.nodes[i];
+        int has = 0;
+        for (int j = 0; j < node->n_out; j++)
+            if (node->out[j] && node->out[j]->grad)
+                has = 1;
+        int wants = 0;
+        for (int j = 0; j < node->n_in; j++)
+            if (node->in[j])
+                wants = 1;
+        if (has && wants)
+            s = node->backward(ctx, node);
+        for (int j = 0; j < node->n_out; j++) {
+            dg_gslot *o = node->out[j];
+            if (o && !o->is_leaf && !o->retain)
+                dg_tensor_free(&o->grad);
+        }
+    }
+    dg_no_grad_end();
+    return s;
+}
+
+dg_status dg_tape_backward_with(dg_ctx *ctx, dg_tensor *out, const dg_tensor *grad_out) {
+    DG_TRY(dg__check_ptr("dg_tape_backward", "ctx", ctx));
+    DG_TRY(dg__check_ptr("dg_tape_backward", "out", out));
+    DG_TRY(dg__check_ptr("dg_tape_backward", "grad_out", grad_out));
+    if (!dg__same_shape(out, grad_out))
+        return dg__err(DG_ERR_SHAPE, "dg_tape_backward: grad_out %s must match out %s",
+                       dg_tensor_desc(grad_out), dg_tensor_desc(out));
+    return dg__tape_backward_multi(ctx, 1, &out, &grad_out);
+}
+
+dg_status dg_tape_backward(dg_ctx *ctx, dg_tensor *loss) {
+    DG_TRY(dg__check_ptr("dg_tape_backward", "ctx", ctx));
+    DG_TRY(dg__check_ptr("dg_tape_backward", "loss", loss));
+    if (dg_tensor_numel(loss) != 1)
+        return dg__err(DG_ERR_SHAPE, "dg_tape_backward: loss must have one element, got %s",
+                       dg_tensor_desc(loss));
+    dg_tensor *one = NULL;
+    DG_TRY(dg_tensor_new(ctx, loss->dtype, loss->ndim, loss->shape, &one));
+    dg_status s = dg_tensor_fill_(one, 1.0);
+    if (s == DG_OK)
+        s = dg_tape_backward_with(ctx, loss, one);
+    dg_tensor_free(&one);
+    return s;
+}

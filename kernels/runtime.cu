@@ -1,0 +1,166 @@
+/*
+ * kernels/runtime.cu -- per-context CUDA state: stream, cuBLAS handle, and a caching allocator.
+ *
+ * The allocator rounds each request to a size class (multiples of 512 B, or of 1/8 of the request's
+ * power of two above 4 KiB, so at most 12.5% is wasted) and keeps freed blocks in a list keyed by
+ * class. A training step asks for the same sizes every time, so after the first step nothing goes
+ * to cudaMalloc. On an out-of-memory error the cache is emptied and the call retried once.
+ * Frees are stream-ordered: a block is reused only by work queued later on the same stream.
+ */
+#include "common.cuh"
+
+#include <stdlib.h>
+
+typedef struct dg_cuda_block {
+    size_t size;
+    void *ptr;
+} dg_cuda_block;
+
+struct dg_cuda_alloc {
+    dg_cuda_block *free_list;
+    int n, cap;
+};
+
+static size_t size_class(size_t n) {
+    if (n <= 4096)
+        return (n + 511) & ~(size_t)511;
+    size_t p = 1;
+    while (p < n)
+        p <<= 1;
+    size_t g = p >> 3;
+    return (n + g - 1) / g * g;
+}
+
+extern "C" int dg__cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" dg_status dg__cuda_ctx_init(dg_ctx *ctx) {
+    DG_CHECK_CUDA(cudaSetDevice(ctx->device.index));
+    cudaStream_t st;
+    DG_CHECK_CUDA(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ctx->stream = st;
+    cublasHandle_t h;
+    cublasStatus_t cs = cublasCreate(&h);
+    if (cs != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(st);
+        return dg__err(DG_ERR_CUBLAS, "cublasCreate failed: %s", cublasGetStatusString(cs));
+    }
+    /* f32 GEMMs stay true f32 (no TF32): the CUDA-vs-CPU tests hold f32 to 1e-5. */
+    cublasSetMathMode(h, CUBLAS_DEFAULT_MATH);
+    cublasSetStream(h, st);
+    ctx->cublas = h;
+    ctx->alloc = (dg_cuda_alloc *)calloc(1, sizeof(dg_cuda_alloc));
+    if (!ctx->alloc) {
+        cublasDestroy(h);
+        cudaStreamDestroy(st);
+        return dg__err(DG_ERR_NOMEM, "dg_ctx_new: out of host memory");
+    }
+    return DG_OK;
+}
+
+extern "C" void dg__cuda_empty_cache(dg_ctx *ctx) {
+    dg_cuda_alloc *a = ctx->alloc;
+    if (!a)
+        return;
+    cudaStreamSynchronize(dg__stream(ctx));
+    for (int i = 0; i < a->n; i++) {
+        cudaFree(a->free_list[i].ptr);
+        ctx->stats.reserved -= a->free_list[i].size;
+    }
+    ctx->stats.cached = 0;
+    a->n = 0;
+}
+
+extern "C" void dg__cuda_ctx_destroy(dg_ctx *ctx) {
+    cudaSetDevice(ctx->device.index);
+    if (ctx->stream)
+        cudaStreamSynchronize(dg__stream(ctx));
+    dg__cuda_empty_cache(ctx);
+    if (ctx->alloc) {
+        free(ctx->alloc->free_list);
+        free(ctx->alloc);
+        ctx->alloc = NULL;
+    }
+    if (ctx->cublas)
+        cublasDestroy(dg__cublas(ctx));
+    if (ctx->stream)
+        cudaStreamDestroy(dg__stream(ctx));
+}
+
+extern "C" dg_status dg__cuda_sync(dg_ctx *ctx) {
+    DG_CHECK_CUDA(cudaStreamSynchronize(dg__stream(ctx)));
+    return DG_OK;
+}
+
+extern "C" dg_status dg__cuda_malloc(dg_ctx *ctx, size_t bytes, void **ptr) {
+    dg_cuda_alloc *a = ctx->alloc;
+    size_t sz = size_class(bytes);
+    for (int i = a->n - 1; i >= 0; i--) {
+        if (a->free_list[i].size == sz) {
+            *ptr = a->free_list[i].ptr;
+            a->free_list[i] = a->free_list[--a->n];
+            ctx->stats.cached -= sz;
+            goto done;
+        }
+    }
+    {
+        cudaError_t e = cudaMalloc(ptr, sz);
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            dg__cuda_empty_cache(ctx);
+            e = cudaMalloc(ptr, sz);
+        }
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return dg__err(DG_ERR_NOMEM, "cudaMalloc of %zu bytes on %s failed: %s (in use %zu, "
+                           "reserved %zu)", sz, dg_device_str(ctx->device), cudaGetErrorString(e),
+                           ctx->stats.in_use, ctx->stats.reserved);
+        }
+        ctx->stats.reserved += sz;
+    }
+done:
+    ctx->stats.in_use += sz;
+    if (ctx->stats.in_use > ctx->stats.peak_in_use)
+        ctx->stats.peak_in_use = ctx->stats.in_use;
+    return DG_OK;
+}
+
+extern "C" void dg__cuda_free(dg_ctx *ctx, void *ptr, size_t bytes) {
+    if (!ptr)
+        return;
+    dg_cuda_alloc *a = ctx->alloc;
+    size_t sz = size_class(bytes);
+    ctx->stats.in_use -= sz;
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 256;
+        dg_cuda_block *p = (dg_cuda_block *)realloc(a->free_list, (size_t)cap * sizeof *p);
+        if (!p) { /* cannot cache it: give it back */
+            cudaFree(ptr);
+            ctx->stats.reserved -= sz;
+            return;
+        }
+        a->free_list = p;
+        a->cap = cap;
+    }
+    a->free_list[a->n++] = dg_cuda_block{sz, ptr};
+    ctx->stats.cached += sz;
+}
+
+extern "C" dg_status dg__cuda_memcpy(dg_ctx *ctx, void *dst, const void *src, size_t bytes,
+                                     dg_copy_kind k) {
+    if (!bytes)
+        return DG_OK;
+    cudaMemcpyKind kind = k == DG_COPY_H2D   ? cudaMemcpyHostToDevice
+                          : k == DG_COPY_D2H ? cudaMemcpyDeviceToHost
+                                             : cudaMemcpyDeviceToDevice;
+    DG_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, dg__stream(ctx)));
+    if (k != DG_COPY_D2D)
+        DG_CHECK_CUDA(cudaStreamSynchronize(dg__stream(ctx)));
+    return DG_OK;
+}

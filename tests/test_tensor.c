@@ -1,0 +1,221 @@
+/*
+ * tests/test_tensor.c -- the core: tensor creation, views, copies, dtype conversion, random fills
+ * (same numbers on CPU and GPU), the tape (backward through views, gradient accumulation, no_grad,
+ * reset, byte counts), policies, gradcheck itself, and error messages for bad arguments.
+ */
+#include "tests/harness.h"
+
+#include <string.h>
+
+typedef struct {
+    int axis0, axis1;
+} tr_args;
+
+/* y = transpose(slice(reshape(x)))  and  z = to_dtype(y, f64) (a copy) */
+static dg_status views_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out, int n_out,
+                          void *user) {
+    (void)n_in;
+    (void)n_out;
+    (void)user;
+    dg_tensor *r = NULL, *s = NULL, *t = NULL;
+    int64_t shape[3] = {2, 3, 4};
+    dg_status st0 = dg_reshape(in[0], 3, shape, &r);
+    if (st0 != DG_OK)
+        return st0;
+    dg_status st = dg_slice(r, 2, 1, 3, &s);
+    if (st == DG_OK)
+        st = dg_transpose(s, 0, 2, &t);
+    if (st == DG_OK)
+        st = dg_contiguous(ctx, t, &out[0]);
+    dg_tensor_free(&r);
+    dg_tensor_free(&s);
+    dg_tensor_free(&t);
+    return st;
+}
+
+static void test_views_and_tape(dg_ctx *cpu) {
+    int64_t shape[1] = {24};
+    dg_tensor *x = dg_test_randn(cpu, DG_F64, 1, shape, 7);
+    dg_tensor_set_requires_grad(x, 1);
+    dg_gradcheck_report rep;
+    dg_check_ok(dg_gradcheck(cpu, views_fn, NULL, &x, 1, 1, 1e-6, 11, &rep), "gradcheck views");
+    dg_check(rep.max_rel_err < 1e-8, "views gradcheck rel err %.3e < 1e-8 (linear maps: exact)",
+             rep.max_rel_err);
+
+    /* Values: transpose(slice) reads the right elements. */
+    dg_tensor *y = NULL;
+    DG_TEST_TRY(views_fn(cpu, &x, 1, &y, 1, NULL));
+    double *xv, *yv;
+    DG_TEST_TRY(dg_tensor_to_f64(x, &xv));
+    DG_TEST_TRY(dg_tensor_to_f64(y, &yv));
+    /* y[a,b,c] = r[c,b,a+1] = x[c*12 + b*4 + a + 1], y shape [2,3,2] */
+    int ok = 1;
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 2; c++)
+                ok &= yv[a * 6 + b * 2 + c] == xv[c * 12 + b * 4 + a + 1];
+    dg_check(ok && dg_tensor_shape(y)[0] == 2 && dg_tensor_shape(y)[2] == 2,
+             "slice/transpose view values");
+    free(xv);
+    free(yv);
+    dg_tensor_free(&y);
+
+    /* Gradient accumulates across two uses; tape reset frees nodes; no_grad records nothing. */
+    dg_tape_reset();
+    dg_tensor *y2 = NULL, *g = NULL;
+    DG_TEST_TRY(views_fn(cpu, &x, 1, &y, 1, NULL));
+    DG_TEST_TRY(views_fn(cpu, &x, 1, &y2, 1, NULL));
+    dg_check(dg_tape_num_nodes() == 8, "tape holds 8 nodes after two 4-op calls (%d)",
+             dg_tape_num_nodes());
+    int64_t ys[3] = {2, 3, 2};
+    DG_TEST_TRY(dg_tensor_new(cpu, DG_F64, 3, ys, &g));
+    DG_TEST_TRY(dg_tensor_fill_(g, 1.0));
+    DG_TEST_TRY(dg_tape_backward_with(cpu, y, g));
+    DG_TEST_TRY(dg_tape_backward_with(cpu, y2, g));
+    double *gx;
+    DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(x), &gx));
+    int cnt2 = 0, cnt0 = 0;
+    for (int i = 0; i < 24; i++) {
+        cnt2 += gx[i] == 2.0;
+        cnt0 += gx[i] == 0.0;
+    }
+    dg_check(cnt2 == 12 && cnt0 == 12, "grad accumulates over two backwards (12 twos, 12 zeros)");
+    free(gx);
+    dg_tape_reset();
+    dg_check(dg_tape_num_nodes() == 0 && dg_tape_bytes() == 0, "tape reset empties the tape");
+    dg_tensor_free(&y);
+    dg_tensor_free(&y2);
+    dg_no_grad_begin();
+    DG_TEST_TRY(views_fn(cpu, &x, 1, &y, 1, NULL));
+    dg_no_grad_end();
+    dg_check(dg_tape_num_nodes() == 0 && !dg_tensor_requires_grad(y), "no_grad records nothing");
+    dg_check_err(dg_tape_backward(cpu, y), DG_ERR_SHAPE, "one element", "backward on non-scalar");
+    dg_tensor_free(&y);
+    dg_tensor_free(&g);
+    dg_tensor_free(&x);
+}
+
+static void test_policy(void) {
+    dg_policy_reset();
+    dg_check(dg_policy_resolve("kda_state", DG_POLICY_RECOMPUTE) == DG_POLICY_RECOMPUTE,
+             "op default applies");
+    dg_policy_set("kda_state", DG_POLICY_CACHE);
+    dg_check(dg_policy_resolve("kda_state", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE,
+             "per-op setting overrides the default");
+    dg_policy_set_global(DG_POLICY_RECOMPUTE);
+    dg_check(dg_policy_resolve("kda_state", DG_POLICY_CACHE) == DG_POLICY_RECOMPUTE,
+             "global override wins");
+    dg_policy_reset();
+    dg_check(dg_policy_resolve("x", DG_POLICY_DEFAULT) == DG_POLICY_CACHE, "fallback is cache");
+}
+
+static void test_dtypes_and_errors(dg_ctx *cpu) {
+    int64_t shape[2] = {3, 5};
+    dg_tensor *a = dg_test_rand(cpu, DG_F64, 2, shape, 3, -2, 2), *b = NULL, *c = NULL;
+    DG_TEST_TRY(dg_to_dtype(cpu, a, DG_BF16, &b));
+    DG_TEST_TRY(dg_to_dtype(cpu, b, DG_F32, &c));
+    /* bf16 keeps 8 significant bits: round-to-nearest error <= half an ulp <= 2^-8 relative */
+    dg_check_tensor_close("f64 -> bf16 -> f32 round trip", c, a, 0, 1.0 / 256);
+    dg_tensor_free(&b);
+    dg_tensor_free(&c);
+
+    /* The same seed gives the same numbers in every dtype (up to rounding). */
+    dg_tensor *d = dg_test_rand(cpu, DG_F32, 2, shape, 3, -2, 2);
+    dg_check_tensor_close("rand f32 == rand f64 (rounded)", d, a, 0, 1e-7);
+    dg_tensor_free(&d);
+
+    int64_t bad[2] = {3, -1};
+    dg_check_err(dg_tensor_new(cpu, DG_F32, 2, bad, &b), DG_ERR_SHAPE, "negative",
+                 "negative dimension");
+    dg_check_err(dg_tensor_new(cpu, DG_F32, 6, shape, &b), DG_ERR_SHAPE, "ndim", "too many dims");
+    int64_t rs[2] = {4, 4};
+    dg_check_err(dg_reshape(a, 2, rs, &b), DG_ERR_SHAPE, "15 elements", "reshape wrong count");
+    dg_check_err(dg_slice(a, 1, 2, 9, &b), DG_ERR_ARG, "outside", "slice out of range");
+    dg_check_err(dg_tensor_item(a, &(double){0}), DG_ERR_SHAPE, "one element", "item of 15");
+    dg_check(b == NULL, "failed calls leave the output NULL");
+    dg_tensor_free(&a);
+}
+
+static void test_gpu(dg_ctx *cpu) {
+    dg_ctx *gpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
+    int64_t shape[3] = {7, 33, 65};
+    for (int dt = DG_F64; dt <= DG_BF16; dt++) {
+        dg_tensor *hc = dg_test_rand(cpu, (dg_dtype)dt, 3, shape, 99, -3, 3);
+        dg_tensor *hg = dg_test_rand(gpu, (dg_dtype)dt, 3, shape, 99, -3, 3);
+        char name[64];
+        snprintf(name, sizeof name, "rand uniform %s: cuda == cpu", dg_dtype_name((dg_dtype)dt));
+        dg_check_tensor_close(name, hg, hc, 0, 0);
+        dg_tensor_free(&hc);
+        dg_tensor_free(&hg);
+        hc = dg_test_randn(cpu, (dg_dtype)dt, 3, shape, 5);
+        hg = dg_test_randn(gpu, (dg_dtype)dt, 3, shape, 5);
+        snprintf(name, sizeof name, "rand normal %s: cuda ~ cpu", dg_dtype_name((dg_dtype)dt));
+        /* log/cos may differ by an ulp between libm and CUDA's libdevice */
+        dg_check_tensor_close(name, hg, hc, 1e-12, dt == DG_F64 ? 1e-14 : 1e-6);
+        dg_tensor_free(&hc);
+        dg_tensor_free(&hg);
+    }
+    /* strided copy + dtype conversion + views + backward on the device */
+    dg_tensor *xc = dg_test_randn(cpu, DG_F32, 3, shape, 8), *xg = NULL, *tg = NULL, *tc = NULL;
+    DG_TEST_TRY(dg_to_device(gpu, xc, &xg));
+    DG_TEST_TRY(dg_transpose(xg, 0, 2, &tg));
+    DG_TEST_TRY(dg_transpose(xc, 0, 2, &tc));
+    dg_tensor *cg = NULL, *cc = NULL, *bg = NULL;
+    DG_TEST_TRY(dg_contiguous(gpu, tg, &cg));
+    DG_TEST_TRY(dg_contiguous(cpu, tc, &cc));
+    dg_check_tensor_close("cuda transpose+contiguous == cpu", cg, cc, 0, 0);
+    DG_TEST_TRY(dg_to_dtype(gpu, cg, DG_BF16, &bg));
+    dg_check_tensor_close("cuda f32 -> bf16", bg, cc, 0, 1.0 / 256);
+    dg_tensor_set_requires_grad(xg, 1);
+    dg_tensor *sg = NULL, *og = NULL;
+    DG_TEST_TRY(dg_slice(xg, 1, 3, 10, &sg));
+    DG_TEST_TRY(dg_contiguous(gpu, sg, &og));
+    dg_tensor *ones = NULL;
+    DG_TEST_TRY(dg_tensor_new(gpu, DG_F32, 3, dg_tensor_shape(og), &ones));
+    DG_TEST_TRY(dg_tensor_fill_(ones, 1.0));
+    DG_TEST_TRY(dg_tape_backward_with(gpu, og, ones));
+    double *gx;
+    DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(xg), &gx));
+    int ok = 1;
+    for (int i = 0; i < 7; i++)
+        for (int j = 0; j < 33; j++)
+            for (int k = 0; k < 65; k++)
+                ok &= gx[(i * 33 + j) * 65 + k] == ((j >= 3 && j < 10) ? 1.0 : 0.0);
+    dg_check(ok, "cuda slice backward scatters into the right rows");
+    free(gx);
+    dg_tape_reset();
+    dg_mem_stats ms = dg_ctx_mem_stats(gpu);
+    dg_check(ms.in_use > 0 && ms.peak_in_use >= ms.in_use, "allocator stats: in use %zu, peak %zu",
+             ms.in_use, ms.peak_in_use);
+    dg_tensor *all[] = {xc, xg, tg, tc, cg, cc, bg, sg, og, ones};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        dg_tensor_free(&all[i]);
+    ms = dg_ctx_mem_stats(gpu);
+    dg_check(ms.in_use == 0 && ms.cached > 0, "all freed: in use %zu, cached %zu", ms.in_use,
+             ms.cached);
+    dg_ctx_free(&gpu);
+}
+
+int main(int argc, char **argv) {
+    int gpu = dg_test_init(argc, argv, "tensor");
+    dg_ctx *cpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
+    if (gpu) {
+        int skip = dg_test_need_gpu();
+        if (skip) {
+            dg_ctx_free(&cpu);
+            return skip;
+        }
+        test_gpu(cpu);
+    } else {
+        test_views_and_tape(cpu);
+        test_policy();
+        test_dtypes_and_errors(cpu);
+        dg_check_err(dg_ctx_new(dg_cuda(0), &(dg_ctx *){NULL}),
+                     dg_have_cuda() ? DG_ERR_DEVICE : DG_ERR_UNSUPPORTED, NULL,
+                     "CUDA context without a device");
+    }
+    dg_ctx_free(&cpu);
+    return dg_test_finish();
+}

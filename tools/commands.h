@@ -1,0 +1,11 @@
+/* tools/commands.h -- the deltagrad CLI's subcommands. Each returns a process exit code. */
+#ifndef DG_TOOLS_COMMANDS_H
+#define DG_TOOLS_COMMANDS_H
+
+int dg_cmd_train(int argc, char **argv);  /* train/cli_train.c */
+int dg_cmd_sample(int argc, char **argv); /* train/cli_train.c */
+int dg_cmd_kda(int argc, char **argv);    /* tools/cmd_kda.c */
+int dg_cmd_bench(int argc, char **argv);  /* tools/cmd_bench.c */
+int dg_cmd_explain(int argc, char **argv); /* tools/cmd_explain.c */
+
+#endif
