@@ -176,6 +176,12 @@ dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtyp
 dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, int ndim,
                           const char *names);
 
+/* The arguments of dg_kda_chunk / dg_kda_recurrent: q fixes B, T, H, K and the dtype, v fixes HV
+ * and V; every other tensor must match (A_log/dt_bias per opts->gate; h0 optional). */
+dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, kda_cfg *cfg);
+
 /* Contiguous host pointer for t in dtype dt: t itself or a copy held in *tmp (free with
  * dg_tensor_free; NULL when no copy was needed). */
 dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,

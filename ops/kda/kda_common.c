@@ -186,3 +186,37 @@ kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
     }
     return np;
 }
+
+dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, kda_cfg *cfg) {
+    DG_TRY(kda_check_first(op, "q", q, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(op, "v", v, 4, "B,T,HV,V"));
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
+    const int64_t HV = v->shape[2], V = v->shape[3];
+    DG_TRY(kda_cfg_init(op, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
+    const dg_dtype dt = q->dtype;
+    int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sg[4] = {B, T, HV, K}, sb[3] = {B, T, HV};
+    int64_t sA[1] = {HV}, sd[1] = {HV * K}, s0[4] = {cfg->d.N, HV, K, V};
+    dg_status st = kda_check(op, "k", k, dt, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(op, "v", v, dt, 4, sv, "B,T,HV,V");
+    if (st == DG_OK)
+        st = kda_check(op, "g", g, dt, 4, sg, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_check(op, "beta", beta, dt, 3, sb, "B,T,HV");
+    if (st == DG_OK && cfg->gate == DG_GATE_NONE && (A_log || dt_bias))
+        st = dg__err(DG_ERR_ARG, "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
+                                 "used as the log decay itself)", op);
+    if (st == DG_OK && cfg->gate == DG_GATE_KDA && !A_log)
+        st = dg__err(DG_ERR_ARG, "%s: A_log [HV] is required with DG_GATE_KDA", op);
+    if (st == DG_OK && A_log)
+        st = kda_check(op, "A_log", A_log, dt, 1, sA, "HV");
+    if (st == DG_OK && dt_bias)
+        st = kda_check(op, "dt_bias", dt_bias, dt, 1, sd, "HV*K");
+    if (st == DG_OK && h0)
+        st = kda_check(op, "h0", h0, dt, 4, s0, "N,HV,K,V");
+    if (st != DG_OK)
+        kda_cfg_free(cfg);
+    return st;
+}
