@@ -270,6 +270,9 @@ int dg_grad_enabled(void);
 dg_status dg_tape_backward(dg_ctx *ctx, dg_tensor *loss);
 /* Run backward seeding `out` with gradient `grad_out` (same shape). */
 dg_status dg_tape_backward_with(dg_ctx *ctx, dg_tensor *out, const dg_tensor *grad_out);
+/* Run backward from several outputs at once: outs[i] seeded with grads[i] (NULL entries skip). */
+dg_status dg_tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
+                                 const dg_tensor *const *grads);
 /* Drop all nodes and saved tensors. Call once per training step. */
 void dg_tape_reset(void);
 int dg_tape_num_nodes(void);
