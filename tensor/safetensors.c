@@ -153,14 +153,30 @@ static dg_status jescape(jcur *c, dg__sbuf *b) {
     char e = c->s[c->i++];
     char lit;
     switch (e) {
-    case '"': lit = '"'; break;
-    case '\\': lit = '\\'; break;
-    case '/': lit = '/'; break;
-    case 'b': lit = '\b'; break;
-    case 'f': lit = '\f'; break;
-    case 'n': lit = '\n'; break;
-    case 'r': lit = '\r'; break;
-    case 't': lit = '\t'; break;
+    case '"':
+        lit = '"';
+        break;
+    case '\\':
+        lit = '\\';
+        break;
+    case '/':
+        lit = '/';
+        break;
+    case 'b':
+        lit = '\b';
+        break;
+    case 'f':
+        lit = '\f';
+        break;
+    case 'n':
+        lit = '\n';
+        break;
+    case 'r':
+        lit = '\r';
+        break;
+    case 't':
+        lit = '\t';
+        break;
     case 'u': {
         uint32_t cp;
         DG_TRY(hex4(c, &cp));
@@ -367,7 +383,9 @@ static dg_status parse_entry(jcur *c, st_entry *e) {
     if (!have_dtype || !have_shape || !have_off)
         return dg__err(DG_ERR_FORMAT, "%s: '%s': tensor '%s' lacks \"%s\"", OP_LOAD, c->path,
                        e->name,
-                       !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+                       !have_dtype   ? "dtype"
+                       : !have_shape ? "shape"
+                                     : "data_offsets");
     return DG_OK;
 }
 
@@ -383,10 +401,6 @@ static dg_status parse_meta(jcur *c, st_header *h) {
         dg_status s = jexpect(c, ':', "expected ':' after a key");
         if (s == DG_OK)
             s = jstring(c, &v, "\"__metadata__\" values must be strings");
-        for (int i = 0; s == DG_OK && i < h->nm; i++)
-            if (strcmp(h->mk[i], k) == 0)
-                s = dg__err(DG_ERR_FORMAT, "%s: '%s': duplicate \"__metadata__\" key \"%s\"",
-                            OP_LOAD, c->path, k);
         if (s == DG_OK && h->nm == h->mcap) {
             int cap = h->mcap ? 2 * h->mcap : 8;
             char **nk = (char **)DG_REALLOC(h->mk, (size_t)cap * sizeof *nk);
@@ -471,7 +485,25 @@ static int cmp_begin(const void *a, const void *b) {
     return x->end < y->end ? -1 : x->end > y->end;
 }
 
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
 static dg_status validate(const char *path, const st_header *h, uint64_t data_len) {
+    if (h->nm > 1) {
+        char **k = (char **)DG_MALLOC((size_t)h->nm * sizeof *k);
+        if (!k)
+            return dg__err(DG_ERR_NOMEM, "%s: out of memory", OP_LOAD);
+        memcpy(k, h->mk, (size_t)h->nm * sizeof *k);
+        qsort(k, (size_t)h->nm, sizeof *k, cmp_str);
+        dg_status s = DG_OK;
+        for (int i = 1; i < h->nm && s == DG_OK; i++)
+            if (strcmp(k[i - 1], k[i]) == 0)
+                s = dg__err(DG_ERR_FORMAT, "%s: '%s': duplicate \"__metadata__\" key \"%s\"",
+                            OP_LOAD, path, k[i]);
+        DG_FREE(k);
+        DG_TRY(s);
+    }
     for (int i = 0; i < h->n; i++) {
         const st_entry *e = &h->e[i];
         if (e->end > data_len)
@@ -485,13 +517,16 @@ static dg_status validate(const char *path, const st_header *h, uint64_t data_le
         for (int d = 0; d < e->ndim && ok; d++)
             ok = dg__mul_u64(numel, (uint64_t)e->shape[d], &numel);
         ok = ok && dg__mul_u64(numel, dg_dtype_size(e->dtype), &bytes);
-        if (!ok || bytes != e->end - e->begin)
+        if (!ok)
+            return dg__err(DG_ERR_FORMAT,
+                           "%s: '%s': tensor '%s' has a shape whose byte count overflows 64 bits",
+                           OP_LOAD, path, e->name);
+        if (bytes != e->end - e->begin)
             return dg__err(DG_ERR_FORMAT,
                            "%s: '%s': tensor '%s' has data_offsets spanning %llu bytes, but its "
-                           "shape and dtype %s need %s%llu",
+                           "shape and dtype %s need %llu",
                            OP_LOAD, path, e->name, (unsigned long long)(e->end - e->begin),
-                           st_dtype_names[e->dtype], ok ? "" : "more than ",
-                           (unsigned long long)(ok ? bytes : UINT64_MAX));
+                           st_dtype_names[e->dtype], (unsigned long long)bytes);
     }
     if (h->n < 2)
         return DG_OK;
@@ -528,8 +563,8 @@ static dg_status validate(const char *path, const st_header *h, uint64_t data_le
  * Load
  * ============================================================================================= */
 
-static dg_status load_open(dg_ctx *ctx, const char *path, FILE *f, uint64_t size,
-                           st_header *h, dg_safetensors *out) {
+static dg_status load_open(dg_ctx *ctx, const char *path, FILE *f, uint64_t size, st_header *h,
+                           dg_safetensors *out) {
     if (size == 0)
         return dg__err(DG_ERR_FORMAT, "%s: '%s': file is empty", OP_LOAD, path);
     if (size < 8)
@@ -677,13 +712,27 @@ static void json_str(dg__sbuf *b, const char *s) {
     for (const char *p = s; *p; p++) {
         unsigned char ch = (unsigned char)*p;
         switch (ch) {
-        case '"': dg__sb_puts(b, "\\\""); break;
-        case '\\': dg__sb_puts(b, "\\\\"); break;
-        case '\n': dg__sb_puts(b, "\\n"); break;
-        case '\r': dg__sb_puts(b, "\\r"); break;
-        case '\t': dg__sb_puts(b, "\\t"); break;
-        case '\b': dg__sb_puts(b, "\\b"); break;
-        case '\f': dg__sb_puts(b, "\\f"); break;
+        case '"':
+            dg__sb_puts(b, "\\\"");
+            break;
+        case '\\':
+            dg__sb_puts(b, "\\\\");
+            break;
+        case '\n':
+            dg__sb_puts(b, "\\n");
+            break;
+        case '\r':
+            dg__sb_puts(b, "\\r");
+            break;
+        case '\t':
+            dg__sb_puts(b, "\\t");
+            break;
+        case '\b':
+            dg__sb_puts(b, "\\b");
+            break;
+        case '\f':
+            dg__sb_puts(b, "\\f");
+            break;
         default:
             if (ch < 0x20)
                 dg__sb_printf(b, "\\u%04x", ch);
