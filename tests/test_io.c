@@ -660,9 +660,12 @@ static void test_st_malformed(void) {
 
 /* ---- NumPy interop ---- */
 
+/* DG_IO_PYTHON overrides the interpreter (e.g. to check that the skip path works). */
 static const char *k_py = "/usr/bin/python3";
 
 static int have_numpy(void) {
+    if (getenv("DG_IO_PYTHON"))
+        k_py = getenv("DG_IO_PYTHON");
     if (access(k_py, X_OK) != 0) {
         printf("  (numpy interop skipped: %s is missing)\n", k_py);
         return 0;
