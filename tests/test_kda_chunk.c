@@ -12,8 +12,7 @@
 #include "autograd/tape.h"
 
 enum { IQ, IK, IV, IG, IBETA, IA, ID, IH0, NIN };
-static const char *grad_name[NIN] = {"dq",     "dk",     "dv",       "dg",
-                                     "dbeta",  "dA_log", "ddt_bias", "dh0"};
+static const char *grad_name[NIN] = {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0"};
 
 typedef struct kcase {
     const char *name;
@@ -44,8 +43,8 @@ static int nseqs(const kcase *c) { return c->cu ? c->nseq : c->B; }
 static void make_data(const kcase *c, uint64_t seed, kdata *d) {
     memset(d, 0, sizeof *d);
     const int64_t B = c->B, T = c->T, N = nseqs(c);
-    const int64_t sh[NIN][4] = {{B, T, c->H, c->K},  {B, T, c->H, c->K},  {B, T, c->HV, c->V},
-                                {B, T, c->HV, c->K}, {B, T, c->HV, 0},     {c->HV, 0, 0, 0},
+    const int64_t sh[NIN][4] = {{B, T, c->H, c->K},      {B, T, c->H, c->K},    {B, T, c->HV, c->V},
+                                {B, T, c->HV, c->K},     {B, T, c->HV, 0},      {c->HV, 0, 0, 0},
                                 {c->HV * c->K, 0, 0, 0}, {N, c->HV, c->K, c->V}};
     const int nd[NIN] = {4, 4, 4, 4, 3, 1, 1, 4};
     for (int i = 0; i < NIN; i++) {
@@ -72,7 +71,8 @@ static void make_data(const kcase *c, uint64_t seed, kdata *d) {
         d->x[IA] = kt_rand(n[IA], seed + 6, -0.5, 1.0);
         d->x[ID] = kt_randn(n[ID], seed + 7, 0.5);
     }
-    d->x[IBETA] = c->sig ? kt_randn(n[IBETA], seed + 5, 1.0) : kt_rand(n[IBETA], seed + 5, 0.05, 0.95);
+    d->x[IBETA] =
+        c->sig ? kt_randn(n[IBETA], seed + 5, 1.0) : kt_rand(n[IBETA], seed + 5, 0.05, 0.95);
     if (c->h0)
         d->x[IH0] = kt_randn(n[IH0], seed + 8, 0.5);
     d->no = B * T * c->HV * c->V;
@@ -171,6 +171,7 @@ static const int64_t cu4[] = {0, 7, 30, 31, 54}; /* odd lengths 7, 23, 1, 23 */
 static const int64_t cu5[] = {0, 33, 34, 99, 130, 131};
 static const int64_t cu3[] = {0, 5, 20};
 
+/* clang-format off */
 static const kcase cases[] = {
     /* name                         B   T  H HV K  V  BT  gate                l2 sig neg h0 cu nseq g */
     {"[T=20 BT=16 B=2 h0]",         2, 20, 2, 2, 8, 8, 16, DG_GATE_NONE,       0, 0, 0, 1, NULL, 0, 0},
@@ -182,6 +183,7 @@ static const kcase cases[] = {
     {"[T=10 < BT=64 GVA]",          1, 10, 1, 3, 5, 4, 64, DG_GATE_LOWERBOUND, 1, 0, 0, 0, NULL, 0, 0},
     {"[g=-40 per step, BT=16]",     1, 40, 1, 1, 4, 4, 16, DG_GATE_NONE,       0, 0, 0, 1, NULL, 0, -40},
 };
+/* clang-format on */
 
 static void test_chunk_vs_recurrent(dg_ctx *ctx) {
     printf("-- chunked vs recurrent (f64) and f32 chunked vs f64 chunked\n");
@@ -223,8 +225,9 @@ static void test_policies(dg_ctx *ctx) {
     compare("CACHE vs RECOMPUTE", c, &d, &ca, &rc, 1e-14, 0);
     printf("   tape bytes: CACHE %zu, RECOMPUTE %zu (%d nodes)\n", ca.tape_bytes, rc.tape_bytes,
            rc.nodes);
-    dg_check(ca.tape_bytes > rc.tape_bytes, "tape holds more under CACHE (%zu) than RECOMPUTE (%zu)",
-             ca.tape_bytes, rc.tape_bytes);
+    dg_check(ca.tape_bytes > rc.tape_bytes,
+             "tape holds more under CACHE (%zu) than RECOMPUTE (%zu)", ca.tape_bytes,
+             rc.tape_bytes);
     /* l2norm q, l2norm k, beta, gate_cumsum, intra, wy, state, output */
     dg_check(rc.nodes == 8 && ca.nodes == 8, "composite records one node per stage: %d nodes",
              rc.nodes);
@@ -297,10 +300,10 @@ static dg_status gc_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **
                        void *user) {
     const gc_user *u = (const gc_user *)user;
     if (u->chunked)
-        return dg_kda_chunk(ctx, in[IQ], in[IK], in[IV], in[IG], in[IBETA], in[IA], in[ID],
-                            in[IH0], &u->opts, &out[0], &out[1]);
-    return dg_kda_recurrent(ctx, in[IQ], in[IK], in[IV], in[IG], in[IBETA], in[IA], in[ID],
-                            in[IH0], &u->opts, &out[0], &out[1]);
+        return dg_kda_chunk(ctx, in[IQ], in[IK], in[IV], in[IG], in[IBETA], in[IA], in[ID], in[IH0],
+                            &u->opts, &out[0], &out[1]);
+    return dg_kda_recurrent(ctx, in[IQ], in[IK], in[IV], in[IG], in[IBETA], in[IA], in[ID], in[IH0],
+                            &u->opts, &out[0], &out[1]);
 }
 
 static void gradcheck_case(dg_ctx *ctx, const kcase *c, int chunked, const char *label) {
@@ -326,8 +329,8 @@ static void gradcheck_case(dg_ctx *ctx, const kcase *c, int chunked, const char 
 static void test_gradchecks(dg_ctx *ctx) {
     printf("-- finite-difference gradchecks (f64)\n");
     static const kcase small[] = {
-        {"[T=20 BT=16 GVA LB l2 sig neg h0]", 1, 20, 1, 2, 4, 3, 16, DG_GATE_LOWERBOUND, 1, 1, 1,
-         1, NULL, 0, 0},
+        {"[T=20 BT=16 GVA LB l2 sig neg h0]", 1, 20, 1, 2, 4, 3, 16, DG_GATE_LOWERBOUND, 1, 1, 1, 1,
+         NULL, 0, 0},
         {"[varlen 5+15 BT=16 KDA h0]", 1, 20, 1, 1, 4, 3, 16, DG_GATE_KDA, 0, 0, 0, 1, cu3, 2, 0},
     };
     gradcheck_case(ctx, &small[0], 1, "RECOMPUTE");
@@ -351,7 +354,7 @@ static void test_bad_inputs(dg_ctx *ctx) {
         t[i] = kt_tensor(ctx, DG_F64, d.ndim[i], d.shape[i], d.x[i], 0);
     dg_kda_opts op = opts_of(&c);
     dg_tensor *o = NULL, *ht = NULL, *bad = NULL;
-#define CALL(opts_, q_, k_, v_, g_, b_, A_, D_, h0_)                                              \
+#define CALL(opts_, q_, k_, v_, g_, b_, A_, D_, h0_)                                               \
     dg_kda_chunk(ctx, q_, k_, v_, g_, b_, A_, D_, h0_, opts_, &o, &ht)
 
     int64_t sv[4] = {1, 19, 2, 4};
@@ -407,11 +410,11 @@ static void test_bad_inputs(dg_ctx *ctx) {
                  "non-decreasing", "decreasing cu_seqlens");
     bo.cu_seqlens = cu_ok;
     bo.n_seqs = 2;
-    dg_check_err(CALL(&bo, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, t[IH0]),
-                 DG_ERR_SHAPE, "h0", "varlen with 2 sequences but h0 for 1");
-    dg_check_ok(dg_kda_recurrent(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, NULL, &bo,
-                                 &o, &ht),
-                "recurrent accepts the same varlen call without h0");
+    dg_check_err(CALL(&bo, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, t[IH0]), DG_ERR_SHAPE,
+                 "h0", "varlen with 2 sequences but h0 for 1");
+    dg_check_ok(
+        dg_kda_recurrent(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, NULL, &bo, &o, &ht),
+        "recurrent accepts the same varlen call without h0");
     dg_tensor_free(&o);
     dg_tensor_free(&ht);
 #undef CALL
@@ -428,12 +431,12 @@ static void test_bad_inputs(dg_ctx *ctx) {
     const int64_t cu2[2] = {0, 10};
     vo.cu_seqlens = cu2;
     vo.n_seqs = 1;
-    dg_check_err(dg_kda_recurrent(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, NULL,
-                                  &vo, &o, &ht),
-                 DG_ERR_ARG, "B == 1", "recurrent: B=2 with cu_seqlens");
-    dg_check_err(dg_kda_chunk(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, NULL, &vo,
-                              &o, &ht),
-                 DG_ERR_ARG, "B == 1", "chunk: B=2 with cu_seqlens");
+    dg_check_err(
+        dg_kda_recurrent(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, NULL, &vo, &o, &ht),
+        DG_ERR_ARG, "B == 1", "recurrent: B=2 with cu_seqlens");
+    dg_check_err(
+        dg_kda_chunk(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], NULL, NULL, NULL, &vo, &o, &ht),
+        DG_ERR_ARG, "B == 1", "chunk: B=2 with cu_seqlens");
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&t[i]);
     free_data(&d);

@@ -12,7 +12,7 @@ typedef enum { S_L2, S_BETA, S_GATE, S_INTRA, S_WY, S_STATE, S_OUTPUT } stage;
 typedef struct st_user {
     stage s;
     dg_kda_opts opts;
-    int neg;    /* beta: allow_neg_eigval */
+    int neg; /* beta: allow_neg_eigval */
     int want_ht;
 } st_user;
 
@@ -29,8 +29,8 @@ static dg_status stage_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor
     case S_INTRA:
         return dg_kda_intra(ctx, in[0], in[1], in[2], in[3], &u->opts, &out[0], &out[1]);
     case S_WY:
-        return dg_kda_wy(ctx, in[0], in[1], in[2], in[3], in[4], in[5], &u->opts, &out[0],
-                         &out[1], &out[2], &out[3]);
+        return dg_kda_wy(ctx, in[0], in[1], in[2], in[3], in[4], in[5], &u->opts, &out[0], &out[1],
+                         &out[2], &out[3]);
     case S_STATE:
         return dg_kda_state(ctx, in[0], in[1], in[2], in[3], in[4], &u->opts, &out[0], &out[1],
                             u->want_ht ? &out[2] : NULL);
@@ -80,8 +80,8 @@ static void check_stage(dg_ctx *ctx, const char *name, st_user *u, int n_in, con
     for (int i = 0; i < n_in; i++) {
         if (sp[i].ndim == 0)
             continue; /* an absent optional input */
-        double *x = fill_host(&sp[i], seed + 17 * (uint64_t)i, BT, u->opts.cu_seqlens,
-                              u->opts.n_seqs);
+        double *x =
+            fill_host(&sp[i], seed + 17 * (uint64_t)i, BT, u->opts.cu_seqlens, u->opts.n_seqs);
         t[i] = kt_tensor(ctx, DG_F64, sp[i].ndim, sp[i].shape, x, 1);
         free(x);
     }
@@ -171,8 +171,8 @@ int main(int argc, char **argv) {
     for (int p = 0; p < 2; p++) {
         dg_policy_set("kda_state", p ? DG_POLICY_CACHE : DG_POLICY_RECOMPUTE);
         u.want_ht = 1;
-        check_stage(ctx, p ? "state + h0 + ht (CACHE)" : "state + h0 + ht (RECOMPUTE)", &u, 5,
-                    sin_, 3, 51 + (uint64_t)p);
+        check_stage(ctx, p ? "state + h0 + ht (CACHE)" : "state + h0 + ht (RECOMPUTE)", &u, 5, sin_,
+                    3, 51 + (uint64_t)p);
     }
     dg_policy_reset();
     const spec_in sin0[5] = {kv, vk, kv, GG, none};

@@ -15,15 +15,19 @@ dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64
         opts = &defaults;
     int BT = opts->chunk_size ? opts->chunk_size : 64;
     if (BT != 16 && BT != 32 && BT != 64)
-        return dg__err(DG_ERR_ARG, "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 64), got %d",
-                       op, opts->chunk_size);
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 64), got %d", op,
+                       opts->chunk_size);
     if (opts->gate != DG_GATE_NONE && opts->gate != DG_GATE_KDA && opts->gate != DG_GATE_LOWERBOUND)
-        return dg__err(DG_ERR_ARG, "%s: opts->gate must be DG_GATE_NONE, DG_GATE_KDA or "
-                                   "DG_GATE_LOWERBOUND, got %d", op, (int)opts->gate);
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->gate must be DG_GATE_NONE, DG_GATE_KDA or "
+                       "DG_GATE_LOWERBOUND, got %d",
+                       op, (int)opts->gate);
     double lb = opts->lower_bound == 0 ? -5.0 : opts->lower_bound;
     if (opts->gate == DG_GATE_LOWERBOUND && !(lb >= -5.0 && lb < 0.0))
-        return dg__err(DG_ERR_ARG, "%s: opts->lower_bound must be in [-5, 0) (0 selects -5), got %g",
-                       op, opts->lower_bound);
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->lower_bound must be in [-5, 0) (0 selects -5), got %g", op,
+                       opts->lower_bound);
     if (B < 1 || T < 1 || K < 1 || V < 1 || H < 1 || HV < 1)
         return dg__err(DG_ERR_SHAPE,
                        "%s: every dim must be >= 1, got B=%lld T=%lld H=%d HV=%d K=%d V=%d", op,
@@ -40,23 +44,25 @@ dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64
         if (B != 1)
             return dg__err(DG_ERR_ARG,
                            "%s: cu_seqlens needs B == 1 (varlen packs the sequences into one row), "
-                           "got B=%lld", op, (long long)B);
+                           "got B=%lld",
+                           op, (long long)B);
         if (opts->n_seqs < 1)
             return dg__err(DG_ERR_ARG, "%s: opts->n_seqs must be >= 1 with cu_seqlens, got %d", op,
                            opts->n_seqs);
         N = opts->n_seqs;
         const int64_t *cu = opts->cu_seqlens;
         if (cu[0] != 0 || cu[N] != T)
-            return dg__err(DG_ERR_ARG,
-                           "%s: cu_seqlens must start at 0 and end at T=%lld, got cu_seqlens[0]=%lld "
-                           "cu_seqlens[%d]=%lld", op, (long long)T, (long long)cu[0], N,
-                           (long long)cu[N]);
+            return dg__err(
+                DG_ERR_ARG,
+                "%s: cu_seqlens must start at 0 and end at T=%lld, got cu_seqlens[0]=%lld "
+                "cu_seqlens[%d]=%lld",
+                op, (long long)T, (long long)cu[0], N, (long long)cu[N]);
         for (int n = 0; n < N; n++)
             if (cu[n + 1] < cu[n])
                 return dg__err(DG_ERR_ARG,
                                "%s: cu_seqlens must be non-decreasing, got cu_seqlens[%d]=%lld > "
-                               "cu_seqlens[%d]=%lld", op, n, (long long)cu[n], n + 1,
-                               (long long)cu[n + 1]);
+                               "cu_seqlens[%d]=%lld",
+                               op, n, (long long)cu[n], n + 1, (long long)cu[n + 1]);
     } else {
         if (B > INT32_MAX)
             return dg__err(DG_ERR_SHAPE, "%s: B=%lld is too large", op, (long long)B);
@@ -133,8 +139,9 @@ dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtyp
     char want[128];
     fmt_shape(want, sizeof want, ndim, shape);
     if (t->dtype != dt)
-        return dg__err(DG_ERR_DTYPE, "%s: %s must be [%s] = %s %s (one dtype for all inputs), got %s",
-                       op, arg, names, want, dg_dtype_name(dt), dg_tensor_desc(t));
+        return dg__err(DG_ERR_DTYPE,
+                       "%s: %s must be [%s] = %s %s (one dtype for all inputs), got %s", op, arg,
+                       names, want, dg_dtype_name(dt), dg_tensor_desc(t));
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++)
         ok = t->shape[i] == shape[i];
@@ -206,8 +213,10 @@ dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor
     if (st == DG_OK)
         st = kda_check(op, "beta", beta, dt, 3, sb, "B,T,HV");
     if (st == DG_OK && cfg->gate == DG_GATE_NONE && (A_log || dt_bias))
-        st = dg__err(DG_ERR_ARG, "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
-                                 "used as the log decay itself)", op);
+        st = dg__err(DG_ERR_ARG,
+                     "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
+                     "used as the log decay itself)",
+                     op);
     if (st == DG_OK && cfg->gate == DG_GATE_KDA && !A_log)
         st = dg__err(DG_ERR_ARG, "%s: A_log [HV] is required with DG_GATE_KDA", op);
     if (st == DG_OK && A_log)

@@ -2,7 +2,8 @@
  * ops/kda/recurrent.c -- dg_kda_recurrent: the token-by-token recurrence (spec §2) as ONE tape
  * node with its own backward through time. It is the ground truth dg_kda_chunk must equal.
  *
- *   S' = Diag(exp(g_t)) S;  p = S'^T k_t;  e = beta_t (v_t - p);  S = S' + k_t e^T;  o_t = s S^T q_t
+ *   S' = Diag(exp(g_t)) S;  p = S'^T k_t;  e = beta_t (v_t - p);  S = S' + k_t e^T;
+ *   o_t = s S^T q_t
  * Backward, t = T-1 .. 0, with dS = dL/dS_t (starts at dht):
  *   dS += s q_t do_t^T, dq_t = s S_t do_t;  de = dS^T k_t, dk_t = dS e
  *   dbeta_t = de . (v_t - p), dv_t = beta_t de, dp = -beta_t de
@@ -74,8 +75,7 @@ dg_status KF(kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const 
 
 dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                                 const KT *g, const KT *beta, const KT *h0, const KT *dO,
-                                const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, KT *dbeta,
-                                KT *dh0) {
+                                const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, KT *dbeta, KT *dh0) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, grp = HV / H, SEG = KDA_REC_SEG;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
     int64_t maxlen = 0;

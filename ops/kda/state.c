@@ -69,8 +69,8 @@ dg_status KF(kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const K
 }
 
 dg_status KF(kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const KT *G, const KT *h,
-                            const KT *E, const KT *dh, const KT *dE, const KT *dht, KT *dW,
-                            KT *dU, KT *dKG, KT *dG, KT *dh0) {
+                            const KT *E, const KT *dh, const KT *dE, const KT *dht, KT *dW, KT *dU,
+                            KT *dKG, KT *dG, KT *dh0) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
