@@ -311,9 +311,11 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     *o = NULL;
     if (ht)
         *ht = NULL;
+    if (opts && opts->output_final_state && !ht)
+        return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
     DG_TRY(kda_check_inputs(OP, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
-    const int want_ht = opts && opts->output_final_state && ht;
+    const int want_ht = opts && opts->output_final_state;
     const int flags = (opts && opts->l2norm_qk ? F_L2 : 0) |
                       (opts && opts->beta_sigmoid ? F_SIG : 0) | (want_ht ? F_HT : 0);
     dg_tensor *in[8] = {q, k, v, g, beta, A_log, dt_bias, h0}, *tmp[8] = {0};
