@@ -49,8 +49,9 @@ dg_status dg__read_at(const char *op, const char *path, FILE *f, uint64_t off, v
         if (ferror(f))
             return dg__err(DG_ERR_IO, "%s: '%s': read error in %s: %s", op, path, what,
                            strerror(errno));
-        return dg__err(DG_ERR_FORMAT, "%s: '%s': file is truncated in %s: wanted %zu bytes, found %zu",
-                       op, path, what, n, got);
+        return dg__err(DG_ERR_FORMAT,
+                       "%s: '%s': file is truncated in %s: wanted %zu bytes, found %zu", op, path,
+                       what, n, got);
     }
     return DG_OK;
 }
@@ -95,8 +96,8 @@ dg_status dg__aw_write(dg__awriter *w, const void *buf, size_t n) {
         return dg__err(DG_ERR_STATE, "%s: write to a closed file '%s'", w->op, w->path);
     if (n && fwrite(buf, 1, n, w->f) != n) {
         int e = errno;
-        dg_status s = dg__err(DG_ERR_IO, "%s: write to '%s' failed: %s", w->op, w->tmp,
-                              strerror(e));
+        dg_status s =
+            dg__err(DG_ERR_IO, "%s: write to '%s' failed: %s", w->op, w->tmp, strerror(e));
         dg__aw_abort(w);
         return s;
     }
@@ -139,8 +140,8 @@ dg_status dg__aw_commit(dg__awriter *w) {
         step = "fsync";
     if (step) {
         int e = errno;
-        dg_status s = dg__err(DG_ERR_IO, "%s: %s of '%s' failed: %s", w->op, step, w->tmp,
-                              strerror(e));
+        dg_status s =
+            dg__err(DG_ERR_IO, "%s: %s of '%s' failed: %s", w->op, step, w->tmp, strerror(e));
         dg__aw_abort(w);
         return s;
     }
@@ -148,8 +149,7 @@ dg_status dg__aw_commit(dg__awriter *w) {
     w->f = NULL;
     if (rc != 0) {
         int e = errno;
-        dg_status s = dg__err(DG_ERR_IO, "%s: closing '%s' failed: %s", w->op, w->tmp,
-                              strerror(e));
+        dg_status s = dg__err(DG_ERR_IO, "%s: closing '%s' failed: %s", w->op, w->tmp, strerror(e));
         dg__aw_abort(w);
         return s;
     }

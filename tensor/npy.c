@@ -141,8 +141,9 @@ static dg_status parse_shape(npy_cur *c, npy_header *h) {
     }
     DG_TRY(expect(c, ')', "unterminated 'shape' tuple"));
     if (nd > DG_MAX_DIMS)
-        return dg__err(DG_ERR_SHAPE, "%s: '%s': array has %d dimensions, more than DG_MAX_DIMS (%d)",
-                       OP_LOAD, c->path, nd, DG_MAX_DIMS);
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: '%s': array has %d dimensions, more than DG_MAX_DIMS (%d)", OP_LOAD,
+                       c->path, nd, DG_MAX_DIMS);
     h->ndim = nd;
     return DG_OK;
 }
@@ -211,7 +212,9 @@ static dg_status parse_header(npy_cur *c, npy_header *h) {
         return bad(c, "unexpected text after the header dict");
     if (!seen_descr || !seen_fortran || h->ndim < 0)
         return dg__err(DG_ERR_FORMAT, "%s: '%s': header lacks %s", OP_LOAD, c->path,
-                       !seen_descr ? "'descr'" : !seen_fortran ? "'fortran_order'" : "'shape'");
+                       !seen_descr     ? "'descr'"
+                       : !seen_fortran ? "'fortran_order'"
+                                       : "'shape'");
     return DG_OK;
 }
 
@@ -243,8 +246,7 @@ static dg_status descr_dtype(const char *path, const char *d, dg_dtype *dt) {
 
 /* ---- load ---- */
 
-static dg_status load_open(dg_ctx *ctx, const char *path, FILE *f, uint64_t size,
-                           dg_tensor **out) {
+static dg_status load_open(dg_ctx *ctx, const char *path, FILE *f, uint64_t size, dg_tensor **out) {
     unsigned char pre[12];
     if (size == 0)
         return dg__err(DG_ERR_FORMAT, "%s: '%s': file is empty", OP_LOAD, path);
@@ -358,11 +360,21 @@ dg_status dg_npy_save(const char *path, const dg_tensor *t) {
     dg_dtype dt = dg_tensor_dtype(t);
     const char *descr;
     switch (dt) {
-    case DG_F64: descr = "<f8"; break;
-    case DG_F32: descr = "<f4"; break;
-    case DG_BF16: descr = "<f4"; break; /* numpy has no bfloat16: widen exactly to f32 */
-    case DG_I32: descr = "<i4"; break;
-    case DG_I64: descr = "<i8"; break;
+    case DG_F64:
+        descr = "<f8";
+        break;
+    case DG_F32:
+        descr = "<f4";
+        break;
+    case DG_BF16:
+        descr = "<f4";
+        break; /* numpy has no bfloat16: widen exactly to f32 */
+    case DG_I32:
+        descr = "<i4";
+        break;
+    case DG_I64:
+        descr = "<i8";
+        break;
     default:
         return dg__err(DG_ERR_DTYPE, "%s: t has an unknown dtype %d", OP_SAVE, (int)dt);
     }
@@ -395,8 +407,7 @@ dg_status dg_npy_save(const char *path, const dg_tensor *t) {
     void *wide = NULL;
     if (!host) {
         dg__sb_free(&hb);
-        return dg__err(DG_ERR_NOMEM, "%s: out of memory for %zu bytes of data", OP_SAVE,
-                       src_bytes);
+        return dg__err(DG_ERR_NOMEM, "%s: out of memory for %zu bytes of data", OP_SAVE, src_bytes);
     }
     dg_status s = dg_tensor_to_host(t, host, src_bytes);
     const void *payload = host;

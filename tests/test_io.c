@@ -32,6 +32,9 @@ static void write_bytes(const char *path, const void *buf, size_t n) {
     }
 }
 
+/* A string literal's bytes, without its NUL (literals may hold embedded NULs). */
+#define WRITE_LIT(path, lit) write_bytes((path), (lit), sizeof(lit) - 1)
+
 static unsigned char *read_bytes(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -85,7 +88,8 @@ static int same_shape(const dg_tensor *a, int ndim, const int64_t *shape) {
 static void check_same(const char *what, const dg_tensor *got, const dg_tensor *want, dg_dtype dt) {
     if (!dg_check(got && dg_tensor_dtype(got) == dt &&
                       same_shape(got, dg_tensor_ndim(want), dg_tensor_shape(want)),
-                  "%s: dtype %s and shape %s", what, got ? dg_dtype_name(dg_tensor_dtype(got)) : "-",
+                  "%s: dtype %s and shape %s", what,
+                  got ? dg_dtype_name(dg_tensor_dtype(got)) : "-",
                   got ? dg_tensor_desc(got) : "(null)"))
         return;
     dg_check_tensor_close(what, got, want, 0.0, 0.0); /* files store bits: exact */
@@ -183,9 +187,10 @@ static void test_st_roundtrip(void) {
     for (int k = 0; k < 5; k++)
         for (int nd = 1; nd <= 5; nd++, n++) {
             /* Names with characters JSON must escape, and one non-ASCII name. */
-            snprintf(names[n], sizeof names[n], n == 3   ? "w\"q\\%d\n\t\x01"
-                                                : n == 4 ? "caf\xc3\xa9.%d"
-                                                         : "layers.%d.weight",
+            snprintf(names[n], sizeof names[n],
+                     n == 3   ? "w\"q\\%d\n\t\x01"
+                     : n == 4 ? "caf\xc3\xa9.%d"
+                              : "layers.%d.weight",
                      n);
             np[n] = names[n];
             ts[n] = make_tensor(g_ctx, k_dtypes[k], nd, k_shapes[nd - 1]);
@@ -202,8 +207,8 @@ static void test_st_roundtrip(void) {
             order_ok = strcmp(st.names[i], np[i]) == 0;
         dg_check(order_ok, "safetensors: %d names back, in the saved order, escapes intact", st.n);
         for (int i = 0; i < n && i < st.n; i++) {
-            snprintf(what, sizeof what, "safetensors %s %d-d", dg_dtype_name(dg_tensor_dtype(ts[i])),
-                     dg_tensor_ndim(ts[i]));
+            snprintf(what, sizeof what, "safetensors %s %d-d",
+                     dg_dtype_name(dg_tensor_dtype(ts[i])), dg_tensor_ndim(ts[i]));
             check_same(what, dg_safetensors_get(&st, np[i]), ts[i], dg_tensor_dtype(ts[i]));
         }
         int meta_ok = st.n_meta == 3;
@@ -211,7 +216,8 @@ static void test_st_roundtrip(void) {
             meta_ok = dg_safetensors_meta(&st, mk[i]) &&
                       strcmp(dg_safetensors_meta(&st, mk[i]), mv[i]) == 0;
         dg_check(meta_ok, "safetensors: metadata round trip (3 pairs, escapes, empty value)");
-        dg_check(dg_safetensors_get(&st, "nope") == NULL && dg_safetensors_meta(&st, "nope") == NULL,
+        dg_check(dg_safetensors_get(&st, "nope") == NULL &&
+                     dg_safetensors_meta(&st, "nope") == NULL,
                  "safetensors: get/meta of a missing name give NULL");
         dg_safetensors_free(&st);
         dg_check(st.n == 0 && st.names == NULL, "safetensors_free clears the struct");
@@ -352,13 +358,13 @@ static void test_npy_malformed(void) {
     dg_check_err(dg_npy_load(g_ctx, NULL, &t), DG_ERR_ARG, "path", "npy: NULL path");
     dg_check_err(dg_npy_save(p, NULL), DG_ERR_ARG, "t", "npy: save NULL tensor");
 
-    write_bytes(p, "", 0);
+    WRITE_LIT(p, "");
     dg_check_err(npy_try(p), DG_ERR_FORMAT, "file is empty", "npy: empty file");
-    write_bytes(p, "\x93NUM", 4);
+    WRITE_LIT(p, "\x93NUM");
     dg_check_err(npy_try(p), DG_ERR_FORMAT, "too short", "npy: 4-byte file");
-    write_bytes(p, "\x93NUMPX\x01\x00\x10\x00{}              ", 26);
+    WRITE_LIT(p, "\x93NUMPX\x01\x00\x10\x00{}              ");
     dg_check_err(npy_try(p), DG_ERR_FORMAT, "bad magic", "npy: bad magic");
-    write_bytes(p, "PK\x03\x04 this is a zip file, not npy", 34);
+    WRITE_LIT(p, "PK\x03\x04 this is a zip file, not npy");
     dg_check_err(npy_try(p), DG_ERR_FORMAT, "bad magic", "npy: a zip (.npz) file");
     write_npy_raw(p, 4, hdr_ok, d8, sizeof d8);
     dg_check_err(npy_try(p), DG_ERR_FORMAT, "version 4.0", "npy: version 4.0");
@@ -428,8 +434,8 @@ static void test_npy_malformed(void) {
          "npy: missing shape"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (8,), 'extra': 1}\n", DG_ERR_FORMAT,
          "unexpected key 'extra'", "npy: extra key"},
-        {"{'descr': '<f8', 'descr': '<f8', 'fortran_order': False, 'shape': (8,)}\n",
-         DG_ERR_FORMAT, "duplicate key 'descr'", "npy: duplicate key"},
+        {"{'descr': '<f8', 'descr': '<f8', 'fortran_order': False, 'shape': (8,)}\n", DG_ERR_FORMAT,
+         "duplicate key 'descr'", "npy: duplicate key"},
         {"{'descr': '<f8', 'fortran_order': Maybe, 'shape': (8,)}\n", DG_ERR_FORMAT,
          "True or False", "npy: fortran_order not a bool"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (8,) \n", DG_ERR_FORMAT,
@@ -438,8 +444,8 @@ static void test_npy_malformed(void) {
          "malformed header", "npy: unbalanced quotes"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (8,)} junk\n", DG_ERR_FORMAT,
          "after the header dict", "npy: text after the dict"},
-        {"{'descr': '<f8', 'fortran_order': False, 'shape': [8]}\n", DG_ERR_FORMAT,
-         "expected '('", "npy: shape as a list"},
+        {"{'descr': '<f8', 'fortran_order': False, 'shape': [8]}\n", DG_ERR_FORMAT, "expected '('",
+         "npy: shape as a list"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (8.0,)}\n", DG_ERR_FORMAT,
          "expected ',' or ')'", "npy: float dim"},
         {"hello world\n", DG_ERR_FORMAT, "expected '{'", "npy: header is not a dict"},
@@ -460,13 +466,29 @@ static void test_npy_malformed(void) {
         const char *what;
     } good[] = {
         {1, "{'descr': '<f8', 'fortran_order': False, 'shape': (), }\n", 8, 1, {1}, "npy: 0-d"},
-        {2, "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 4), }\n", 64, 2, {2, 4},
+        {2,
+         "{'descr': '<f8', 'fortran_order': False, 'shape': (2, 4), }\n",
+         64,
+         2,
+         {2, 4},
          "npy: version 2.0"},
-        {3, "{'descr': '<f8', 'fortran_order': False, 'shape': (8,), }\n", 64, 1, {8},
+        {3,
+         "{'descr': '<f8', 'fortran_order': False, 'shape': (8,), }\n",
+         64,
+         1,
+         {8},
          "npy: version 3.0"},
-        {1, "{\"shape\": (2L, 2L), \"fortran_order\": False, \"descr\": \"<f8\"}", 32, 2, {2, 2},
+        {1,
+         "{\"shape\": (2L, 2L), \"fortran_order\": False, \"descr\": \"<f8\"}",
+         32,
+         2,
+         {2, 2},
          "npy: double quotes, any key order, 2L"},
-        {1, "{'descr': '<f8', 'fortran_order': False, 'shape': (4,), }\n", 64, 1, {4},
+        {1,
+         "{'descr': '<f8', 'fortran_order': False, 'shape': (4,), }\n",
+         64,
+         1,
+         {4},
          "npy: trailing bytes ignored"},
     };
     for (size_t k = 0; k < sizeof good / sizeof good[0]; k++) {
@@ -522,17 +544,17 @@ static void test_st_malformed(void) {
         dg_tensor_free(&a);
     }
 
-    write_bytes(p, "", 0);
+    WRITE_LIT(p, "");
     dg_check_err(st_try(p), DG_ERR_FORMAT, "file is empty", "st: empty file");
-    write_bytes(p, "\x10\0\0", 3);
+    WRITE_LIT(p, "\x10\0\0");
     dg_check_err(st_try(p), DG_ERR_FORMAT, "too short", "st: 3-byte file");
-    write_bytes(p, "\0\0\0\0\0\0\0\0{}", 10);
+    WRITE_LIT(p, "\0\0\0\0\0\0\0\0{}");
     dg_check_err(st_try(p), DG_ERR_FORMAT, "header length is 0", "st: header length 0");
-    write_bytes(p, "\0\0\0\0\0\x01\0\0{}", 10);
+    WRITE_LIT(p, "\0\0\0\0\0\x01\0\0{}");
     dg_check_err(st_try(p), DG_ERR_FORMAT, "exceeds the 100 MB limit", "st: header length 2^40");
-    write_bytes(p, "\xff\xff\xff\xff\xff\xff\xff\xff{}", 10);
+    WRITE_LIT(p, "\xff\xff\xff\xff\xff\xff\xff\xff{}");
     dg_check_err(st_try(p), DG_ERR_FORMAT, "exceeds the 100 MB limit", "st: header length 2^64-1");
-    write_bytes(p, "\xe8\x03\0\0\0\0\0\0{\"a\": {}}", 17);
+    WRITE_LIT(p, "\xe8\x03\0\0\0\0\0\0{\"a\": {}}");
     dg_check_err(st_try(p), DG_ERR_FORMAT, "larger than the rest of the file",
                  "st: header length 1000 in a 17-byte file");
 
@@ -560,7 +582,7 @@ static void test_st_malformed(void) {
          "st: wrong byte count"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, "
          "16]}}",
-         16, DG_ERR_FORMAT, "need more than", "st: shape overflows"},
+         16, DG_ERR_FORMAT, "byte count overflows", "st: shape overflows"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}", 16,
          DG_ERR_FORMAT, "invalid data_offsets [8, 0]", "st: begin > end"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, \"a\": "
@@ -638,9 +660,12 @@ static void test_st_malformed(void) {
 
 /* ---- NumPy interop ---- */
 
+/* DG_IO_PYTHON overrides the interpreter (e.g. to check that the skip path works). */
 static const char *k_py = "/usr/bin/python3";
 
 static int have_numpy(void) {
+    if (getenv("DG_IO_PYTHON"))
+        k_py = getenv("DG_IO_PYTHON");
     if (access(k_py, X_OK) != 0) {
         printf("  (numpy interop skipped: %s is missing)\n", k_py);
         return 0;
@@ -670,7 +695,7 @@ static int run_python(const char *script_name, const char *script) {
     "d = sys.argv[1]\n"                                                                            \
     "def val(dt, shape):\n"                                                                        \
     "    i = np.arange(int(np.prod(shape)), dtype=np.int64)\n"                                     \
-    "    v = i * 3 - 5 if np.dtype(dt).kind == 'i' else (i % 9) * 0.25 - 1.0\n"                   \
+    "    v = i * 3 - 5 if np.dtype(dt).kind == 'i' else (i % 9) * 0.25 - 1.0\n"                    \
     "    return v.astype(dt).reshape(shape)\n"
 
 static void test_numpy_interop(void) {
@@ -697,9 +722,9 @@ static void test_numpy_interop(void) {
         int ndim;
         int64_t shape[5];
     } ok[] = {
-        {"py_f8.npy", DG_F64, 2, {2, 3}},          {"py_f4.npy", DG_F32, 1, {4}},
-        {"py_i4.npy", DG_I32, 3, {2, 2, 2}},       {"py_i8.npy", DG_I64, 5, {1, 2, 1, 2, 2}},
-        {"py_0d.npy", DG_F64, 1, {1}},             {"py_v2.npy", DG_F32, 2, {3, 2}},
+        {"py_f8.npy", DG_F64, 2, {2, 3}},    {"py_f4.npy", DG_F32, 1, {4}},
+        {"py_i4.npy", DG_I32, 3, {2, 2, 2}}, {"py_i8.npy", DG_I64, 5, {1, 2, 1, 2, 2}},
+        {"py_0d.npy", DG_F64, 1, {1}},       {"py_v2.npy", DG_F32, 2, {3, 2}},
     };
     char p[256], what[96];
     for (size_t k = 0; k < sizeof ok / sizeof ok[0]; k++) {
@@ -729,8 +754,8 @@ static void test_numpy_interop(void) {
         int ndim;
         int64_t shape[5];
     } out[] = {
-        {"c_f64.npy", DG_F64, 2, {2, 3}},        {"c_f32.npy", DG_F32, 1, {5}},
-        {"c_bf16.npy", DG_BF16, 3, {2, 1, 3}},   {"c_i32.npy", DG_I32, 4, {1, 2, 2, 2}},
+        {"c_f64.npy", DG_F64, 2, {2, 3}},          {"c_f32.npy", DG_F32, 1, {5}},
+        {"c_bf16.npy", DG_BF16, 3, {2, 1, 3}},     {"c_i32.npy", DG_I32, 4, {1, 2, 2, 2}},
         {"c_i64.npy", DG_I64, 5, {2, 1, 1, 2, 1}},
     };
     const char *st_names[5] = {"f64", "f32", "bf16", "i32", "i64"};
@@ -752,7 +777,8 @@ static void test_numpy_interop(void) {
     const char *py_read = PY_PRELUDE
         "bad = []\n"
         "def check(name, got, want):\n"
-        "    if got.dtype != want.dtype or got.shape != want.shape or not np.array_equal(got, want):\n"
+        "    if got.dtype != want.dtype or got.shape != want.shape or not np.array_equal(got, "
+        "want):\n"
         "        bad.append('%s: got %s %s %r' % (name, got.dtype, got.shape, got.ravel()[:4]))\n"
         "want = {'f64': val('<f8', (2, 3)), 'f32': val('<f4', (5,)),\n"
         "        'bf16': val('<f4', (2, 1, 3)), 'i32': val('<i4', (1, 2, 2, 2)),\n"
@@ -856,6 +882,11 @@ static void fuzz_file(const char *label, const char *path, load_fn load, size_t 
 }
 
 static void test_fuzz(void) {
+    /* DG_IO_FUZZ_SCALE=k multiplies the number of corrupted copies (for longer local runs). */
+    const char *env = getenv("DG_IO_FUZZ_SCALE");
+    int scale = env ? atoi(env) : 1;
+    if (scale < 1)
+        scale = 1;
     char p[256];
     int64_t s34[2] = {3, 4}, s2[1] = {2}, s223[3] = {2, 2, 3};
     dg_tensor *a = make_tensor(g_ctx, DG_F32, 2, s34);
@@ -864,7 +895,7 @@ static void test_fuzz(void) {
 
     tmp_path(p, sizeof p, "fuzz_src.npy");
     DG_TEST_TRY(dg_npy_save(p, a));
-    fuzz_file("npy", p, npy_try, 128, 600);
+    fuzz_file("npy", p, npy_try, 128, 600 * scale);
 
     tmp_path(p, sizeof p, "fuzz_src.safetensors");
     const char *nm[3] = {"weight", "ids\\\"x", "b"};
@@ -875,7 +906,7 @@ static void test_fuzz(void) {
     unsigned char *raw = read_bytes(p, &n);
     size_t hdr_end = 8 + (size_t)raw[0] + ((size_t)raw[1] << 8);
     free(raw);
-    fuzz_file("safetensors", p, st_try, hdr_end, 1500);
+    fuzz_file("safetensors", p, st_try, hdr_end, 1500 * scale);
 
     dg_tensor_free(&a);
     dg_tensor_free(&b);
