@@ -98,22 +98,23 @@ dg_status dg_model_config_to_json(const dg_model_config *c, char *buf, size_t n)
     return DG_OK;
 }
 
-/* The text after `"key"` and its colon, or NULL. Keys are unique in what we write. */
+/* The text after `"key"` and its colon, or NULL. A match followed by something other than a
+ * colon is a string value that happens to equal the key ("gate": "lower_bound"): keep looking. */
 static const char *json_value(const char *json, const char *key) {
     char pat[64];
     snprintf(pat, sizeof pat, "\"%s\"", key);
-    const char *p = strstr(json, pat);
-    if (!p)
-        return NULL;
-    p += strlen(pat);
-    while (*p == ' ' || *p == '\t')
-        p++;
-    if (*p != ':')
-        return NULL;
-    p++;
-    while (*p == ' ' || *p == '\t')
-        p++;
-    return p;
+    for (const char *p = strstr(json, pat); p; p = strstr(p + 1, pat)) {
+        const char *q = p + strlen(pat);
+        while (*q == ' ' || *q == '\t')
+            q++;
+        if (*q != ':')
+            continue;
+        q++;
+        while (*q == ' ' || *q == '\t')
+            q++;
+        return q;
+    }
+    return NULL;
 }
 
 static dg_status json_num(const char *json, const char *key, double *out) {
