@@ -17,6 +17,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---- threads -------------------------------------------------------------------------------- */
+
+/* The ops parallelise with OpenMP. Many of their parallel regions are short, and OpenMP's
+ * default spin-waiting makes a team of 2 threads several times slower than 1 thread when the 2
+ * cores are shared with other work. So by default the commands let OpenMP size each team from
+ * the load average (omp_set_dynamic): all cores on an idle machine, fewer on a busy one.
+ * --threads N pins the count. Returns a description for the log header. */
+static const char *setup_threads(int threads, char *buf, size_t n) {
+#ifdef _OPENMP
+    if (threads > 0) {
+        omp_set_dynamic(0);
+        omp_set_num_threads(threads);
+        snprintf(buf, n, "%d OpenMP thread%s (--threads)", threads, threads == 1 ? "" : "s");
+    } else if (getenv("OMP_NUM_THREADS") || getenv("OMP_DYNAMIC")) {
+        snprintf(buf, n, "up to %d OpenMP threads (from the environment)", omp_get_max_threads());
+    } else {
+        omp_set_dynamic(1);
+        snprintf(buf, n, "up to %d OpenMP threads, fewer while the machine is busy",
+                 omp_get_max_threads());
+    }
+#else
+    (void)threads;
+    snprintf(buf, n, "1 thread (built without OpenMP)");
+#endif
+    return buf;
+}
 
 /* ---- flag parsing --------------------------------------------------------------------------- */
 
@@ -126,6 +156,8 @@ static void train_help(FILE *f) {
         "  --seed S             seed of init and data order (default 1)\n"
         "  --recompute P        none | default | all: tape policy (cache every intermediate, each\n"
         "                       op's own choice, or recompute in backward; default: default)\n"
+        "  --threads N          CPU threads for the ops (default 0: all cores, fewer while the\n"
+        "                       machine is busy; OMP_NUM_THREADS also works)\n"
         "\n"
         "Batches and optimizer:\n"
         "  --batch B            rows per micro-batch (cpu 8, gpu 16, bench 16)\n"
@@ -173,6 +205,7 @@ typedef struct cli_state {
     int64_t log_every;
     int bar_open; /* a progress line is on screen without its newline */
     double last_val;
+    const char *threads; /* for the header: how the CPU ops are threaded */
 } cli_state;
 
 static void end_bar(cli_state *c) {
@@ -189,6 +222,8 @@ static void on_event(const dg_train_event *ev, void *user) {
     case DG_EV_HEADER:
         end_bar(c);
         printf("deltagrad train: %s\n", ev->text);
+        if (c->threads)
+            printf("  threads %s\n", c->threads);
         break;
     case DG_EV_INFO:
         end_bar(c);
@@ -306,8 +341,9 @@ int dg_cmd_train(int argc, char **argv) {
     o.compute_dtype = dev.kind == DG_DEV_CUDA ? DG_BF16 : DG_F32;
     snprintf(o.out_dir, sizeof o.out_dir, "runs/%s", config);
     int data_given = 0, no_out = 0;
-    cli_state cs = {isatty(STDOUT_FILENO), 10, 0, NAN};
+    cli_state cs = {isatty(STDOUT_FILENO), 10, 0, NAN, NULL};
     const char *run_flag_given = NULL;
+    int threads = 0;
 
     /* pass 2: everything else */
     for (int i = 1; i < argc; i++) {
@@ -446,6 +482,8 @@ int dg_cmd_train(int argc, char **argv) {
             rc = parse_i64(cmd, a, v, 0, &o.ckpt_every);
         } else if (!strcmp(a, "--log-every")) {
             rc = parse_i64(cmd, a, v, 1, &cs.log_every);
+        } else if (!strcmp(a, "--threads")) {
+            rc = parse_int(cmd, a, v, 0, &threads);
         } else {
             return bad(cmd, "unknown flag '%s'%s", a, "");
         }
@@ -477,6 +515,9 @@ int dg_cmd_train(int argc, char **argv) {
             return 2;
         }
     }
+    char tbuf[128];
+    if (dev.kind == DG_DEV_CPU)
+        cs.threads = setup_threads(threads, tbuf, sizeof tbuf);
     dg_status s = dg_train_run(&o, on_event, &cs, NULL);
     end_bar(&cs);
     if (s != DG_OK) {
@@ -504,13 +545,14 @@ static void sample_help(FILE *f) {
             "  --seed S             sampling seed (default 1)\n"
             "  --context N          at most N bytes of context per forward (default 512)\n"
             "  --device DEV         cpu | cuda | cuda:N (default: cpu)\n"
+            "  --threads N          CPU threads (default 0: all cores, fewer while busy)\n"
             "  --help               this text\n");
 }
 
 int dg_cmd_sample(int argc, char **argv) {
     const char *cmd = "sample";
     const char *ckpt = NULL, *prompt = "And God said";
-    int tokens = 300, top_k = 40, context = 512;
+    int tokens = 300, top_k = 40, context = 512, threads = 0;
     double temperature = 0.8;
     int64_t seed = 1;
     dg_device dev = dg_cpu();
@@ -540,6 +582,8 @@ int dg_cmd_sample(int argc, char **argv) {
             rc = parse_i64(cmd, a, v, 0, &seed);
         else if (!strcmp(a, "--context"))
             rc = parse_int(cmd, a, v, 1, &context);
+        else if (!strcmp(a, "--threads"))
+            rc = parse_int(cmd, a, v, 0, &threads);
         else if (!strcmp(a, "--device")) {
             if (dg_device_parse(v, &dev) != DG_OK)
                 return bad(cmd, "--device: '%s' is not cpu, cuda or cuda:N%s", v, "");
@@ -550,6 +594,8 @@ int dg_cmd_sample(int argc, char **argv) {
     }
     if (!ckpt)
         return bad(cmd, "--ckpt FILE is required%s%s", "", "");
+    char tbuf[128];
+    setup_threads(threads, tbuf, sizeof tbuf);
     char path[DG_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s", ckpt);
     if (access(path, F_OK) == 0) {

@@ -616,11 +616,12 @@ static dg_status loop(run *r, dg_train_result *res) {
         ev.elapsed_s = elapsed;
         ev.eta_s = (train_time / steps_timed) * (double)(r->last_step - step);
         ev.mem_bytes = mem;
-        emit(r, ev);
-        if (do_eval) {
+        if (do_eval) { /* first, so the step's own line can show it */
             ev.kind = DG_EV_EVAL;
             emit(r, ev);
+            ev.kind = DG_EV_STEP;
         }
+        emit(r, ev);
         int do_sample = o->sample_tokens > 0 && o->sample_every >= 0 &&
                         ((o->sample_every > 0 && step % o->sample_every == 0) ||
                          step == r->last_step);
