@@ -402,8 +402,10 @@ typedef struct dg_kda_opts {
 } dg_kda_opts;
 
 /* Chunked KDA. q, k: [B,T,H,K]; v: [B,T,HV,V]; g: [B,T,HV,K]; beta: [B,T,HV];
- * A_log: [HV] f32 and dt_bias: [HV*K] f32 (gate kinds other than NONE; dt_bias may be NULL);
- * h0: [N,HV,K,V] f32 or NULL. Outputs o: [B,T,HV,V], ht (if requested, else may be NULL). */
+ * A_log: [HV] and dt_bias: [HV*K] (gate kinds other than NONE; dt_bias may be NULL);
+ * h0: [N,HV,K,V] or NULL. On the CPU every tensor has q's dtype (f64, or f32 computed in f32).
+ * Outputs o: [B,T,HV,V], ht: [N,HV,K,V] when opts->output_final_state (else *ht = NULL; ht itself
+ * may be NULL then). CUDA tensors: DG_ERR_UNSUPPORTED until the CUDA kernels exist. */
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                        dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                        const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
@@ -414,6 +416,49 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
 
 /* ---- KDA stage nodes (the chunked algorithm, one tape node each; see ops/kda/) ---- */
 /* KDA_STAGE_API_BEGIN */
+/* The chunked algorithm of dg_kda_chunk as separate tape nodes (spec KDA.md §10), for tests and
+ * for callers that want to reorder or fuse stages. `opts` supplies chunk_size, gate, lower_bound,
+ * allow_neg_eigval, scale and cu_seqlens exactly as for dg_kda_chunk (other fields are ignored).
+ * All tensors share one dtype (f64 or f32 on the CPU). Per-chunk matrices [B,T,HV,BT]: token row
+ * t holds row (t - chunk start) of its chunk's matrix; h: [B, NT, HV, K, V] (varlen: [1, NC, ...]
+ * with NC = total chunks over all sequences), the state at the START of each chunk.
+ * Op kinds for dg_policy_set: "kda_l2norm" (default CACHE: keeps y and 1/norm), "kda_beta",
+ * "kda_gate_cumsum", "kda_intra" (nothing to recompute: Aqk and Tm are always kept), "kda_wy"
+ * (default RECOMPUTE: W, U, KG, QG are rebuilt from Tm in backward), "kda_state" (default
+ * RECOMPUTE: h and E are rebuilt by a second sequential pass), "kda_output", "kda_recurrent". */
+
+/* N1: y = x / sqrt(sum_K x^2 + 1e-6) over the last axis. x: [..., K]. */
+dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y);
+/* N2: beta = c * sigmoid(b), c = 2 if allow_neg_eigval else 1. b: any shape ([B,T,HV]). */
+dg_status dg_kda_beta(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, dg_tensor **beta);
+/* N3: G = chunk-local inclusive cumsum of gate(g) (natural log). g, G: [B,T,HV,K];
+ * A_log: [HV] (required for DG_GATE_KDA, optional for DG_GATE_LOWERBOUND, NULL for NONE);
+ * dt_bias: [HV*K] or NULL. */
+dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                             const dg_kda_opts *opts, dg_tensor **G);
+/* N4: Aqk = scale * (q_i . k_j exp(G_i - G_j))_{j<=i};  Tm = (I + Diag(beta) P)^{-1} with
+ * P = (k_i . k_j exp(G_i - G_j))_{j<i}. q, k: [B,T,H,K]; beta: [B,T,HV]; G: [B,T,HV,K];
+ * Aqk, Tm: [B,T,HV,BT]. */
+dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm);
+/* N5: W = Tm (beta k exp(G)), U = Tm (beta v), KG = k exp(G_last - G), QG = q exp(G).
+ * q, k: [B,T,H,K]; v: [B,T,HV,V]; beta: [B,T,HV]; G: [B,T,HV,K]; Tm: [B,T,HV,BT] (only its lower
+ * triangle incl. the diagonal is read). W, KG, QG: [B,T,HV,K]; U: [B,T,HV,V]. */
+dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
+                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
+/* N6: sequential over chunks: h_c (state at chunk start), E_c = U_c - W_c h_c,
+ * h_{c+1} = Diag(exp(G_last)) h_c + KG_c^T E_c. W, KG, G: [B,T,HV,K]; U: [B,T,HV,V];
+ * h0: [N,HV,K,V] or NULL (zero). h: [B,NT,HV,K,V]; E: [B,T,HV,V]; ht: [N,HV,K,V] (pass NULL to
+ * skip it). */
+dg_status dg_kda_state(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+                       dg_tensor *h0, const dg_kda_opts *opts, dg_tensor **h, dg_tensor **E,
+                       dg_tensor **ht);
+/* N7: O_c = scale * QG_c h_c + Aqk_c E_c (Aqk read for j <= i only). QG: [B,T,HV,K];
+ * h: [B,NT,HV,K,V]; Aqk: [B,T,HV,BT]; E: [B,T,HV,V]; o: [B,T,HV,V]. scale from opts (<= 0:
+ * K^-1/2). */
+dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                        const dg_kda_opts *opts, dg_tensor **o);
 /* KDA_STAGE_API_END */
 
 #ifdef __cplusplus
