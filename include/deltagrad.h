@@ -207,29 +207,47 @@ dg_status dg_tensor_rand_normal(dg_tensor *t, uint64_t seed, double mean, double
 /* The scalar generator behind the fills: uniform in [0,1) for (seed, counter). */
 double dg_rand_u01(uint64_t seed, uint64_t counter);
 
-/* ---- files ---- */
-/* NumPy .npy (format 1.0/2.0, little-endian, C order; <f8 <f4 <i4 <i8, and bf16 stored as <u2 with
- * the descr 'bfloat16' is not standard: bf16 is written as f32). */
+/* ---- files ----
+ * Errors: DG_ERR_IO (cannot open/read/write), DG_ERR_FORMAT (malformed or truncated file; the
+ * message names the path and what is wrong), DG_ERR_DTYPE (a dtype we do not hold),
+ * DG_ERR_SHAPE (more than DG_MAX_DIMS dims). Device tensors are copied through the host. */
+
+/* NumPy .npy. Save writes format 1.0, little-endian, C order, in the tensor's logical order (views
+ * are fine): f64 '<f8', f32 '<f4', i32 '<i4', i64 '<i8', and bf16 as '<f4' (numpy has no
+ * bfloat16; the widening is exact). Load reads format 1.0/2.0/3.0 headers with descr '<f8' '<f4'
+ * '<i4' '<i8' into a tensor of that dtype in ctx; '<f2', big-endian and other descrs are refused
+ * (DG_ERR_DTYPE), as is fortran_order True (DG_ERR_UNSUPPORTED). A 0-d array loads as shape [1].
+ * Bytes after the array data are ignored, as numpy does. Saves are atomic like safetensors. */
 dg_status dg_npy_save(const char *path, const dg_tensor *t);
 dg_status dg_npy_load(dg_ctx *ctx, const char *path, dg_tensor **out);
 
-/* safetensors: an 8-byte header length, a JSON header, then raw little-endian data. */
+/* safetensors: an 8-byte little-endian header length, a JSON header (at most 100 MB), then raw
+ * little-endian data. dtypes "F64" "F32" "BF16" "I32" "I64"; others ("F16", "U8", ...) are
+ * refused with DG_ERR_DTYPE naming the tensor. Load checks every offset against the file, that
+ * each tensor's byte span matches its shape and dtype, and that names are unique and spans do
+ * not overlap; it keeps the header's order, and a scalar (shape []) loads as shape [1]. */
 typedef struct dg_safetensors {
     int n;
-    char **names;
-    dg_tensor **tensors;
-    int n_meta; /* "__metadata__" string pairs */
+    char **names;        /* n names, owned */
+    dg_tensor **tensors; /* n tensors in the load context, owned */
+    int n_meta;          /* "__metadata__" string pairs */
     char **meta_keys;
     char **meta_values;
 } dg_safetensors;
-/* Writes atomically: a temp file next to `path`, fsync, rename. meta_* may be NULL. */
+/* Writes tensors in the given order, packed, the data section 8-byte aligned. Atomic: writes
+ * "<path>.tmp.<pid>", fsyncs it and renames it over `path`; on any failure the temp file is
+ * removed and an existing `path` is left untouched. Names must be unique and not "__metadata__".
+ * meta_* may be NULL when n_meta is 0. */
 dg_status dg_safetensors_save(const char *path, int n, const char *const *names,
                               const dg_tensor *const *tensors, int n_meta,
                               const char *const *meta_keys, const char *const *meta_values);
+/* On failure *out is left empty (safe to pass to dg_safetensors_free). */
 dg_status dg_safetensors_load(dg_ctx *ctx, const char *path, dg_safetensors *out);
+/* Frees names, tensors and metadata and zeroes *st; NULL and repeated calls are fine. */
 void dg_safetensors_free(dg_safetensors *st);
 /* The tensor named `name` (borrowed) or NULL. */
 dg_tensor *dg_safetensors_get(const dg_safetensors *st, const char *name);
+/* The metadata value for `key` (borrowed) or NULL. */
 const char *dg_safetensors_meta(const dg_safetensors *st, const char *key);
 
 /* =============================================================================================
@@ -270,6 +288,9 @@ int dg_grad_enabled(void);
 dg_status dg_tape_backward(dg_ctx *ctx, dg_tensor *loss);
 /* Run backward seeding `out` with gradient `grad_out` (same shape). */
 dg_status dg_tape_backward_with(dg_ctx *ctx, dg_tensor *out, const dg_tensor *grad_out);
+/* Run backward from several outputs at once: outs[i] seeded with grads[i] (NULL entries skip). */
+dg_status dg_tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
+                                 const dg_tensor *const *grads);
 /* Drop all nodes and saved tensors. Call once per training step. */
 void dg_tape_reset(void);
 int dg_tape_num_nodes(void);

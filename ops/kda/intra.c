@@ -130,7 +130,7 @@ dg_status KF(kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *
                         for (int e = 0; e < K; e++) {
                             const KT x = KEXP(Gi[e] - Gj[e]);
                             const KT kjx = kj[e] * x;
-                            const KT rq = dA * kjx, rk = dP * kjx;      /* row side, into i */
+                            const KT rq = dA * kjx, rk = dP * kjx; /* row side, into i */
                             const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
                             dqi[e] += rq;
                             dki[e] += rk;

@@ -7,14 +7,14 @@
  * Spec: shared/spec/KDA.md (section numbers below refer to it). Letters: B, T, H, HV, K, V, BT, N,
  * NC (total chunks over all sequences), G = HV / H (value heads per q/k head).
  *
- * Layouts of the raw arrays (all contiguous, row-major; "token" = flattened index b*T + t, TT = B*T):
+ * Layouts of the raw arrays (contiguous, row-major; "token" = flat index b*T + t, TT = B*T):
  *   q, k                 [TT, H, K]     value head hv reads q/k head hv / G
  *   v, U, E, O           [TT, HV, V]
  *   g, G, W, KG, QG      [TT, HV, K]    G = chunk-local inclusive cumsum of the log decay
  *   beta                 [TT, HV]
  *   Aqk, Tm              [TT, HV, BT]   token row t holds row (t - chunk start) of its chunk's
  *                                       matrix; only columns j <= row (j < row for Lkk) are read
- *   h                    [NC, HV, K, V] state at the START of each chunk; chunk index chunk_off[n]+c
+ *   h                    [NC, HV, K, V] state at the START of each chunk; row chunk_off[n] + c
  *   h0, ht               [N, HV, K, V]
  *   A_log [HV], dt_bias  [HV * K]
  * Gradient outputs of the raw backward functions are OVERWRITTEN (zeroed first, never accumulated
@@ -67,52 +67,52 @@ static inline kda_chunk kda_chunk_at(const kda_dims *d, int n, int64_t c) {
     /* N1 (§4): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */             \
     void kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                     \
     /* dx = r (dy - (dy . y) y) */                                                                 \
-    void kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,        \
+    void kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,         \
                               KT *dx);                                                             \
-    /* N2 (§4): beta = c sigmoid(b), n elements. */                                                \
+    /* N2 (§4): beta = c sigmoid(b), n elements. */                                               \
     void kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                               \
     void kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);                \
-    /* N3 (§3, §5.0): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.           \
-     * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */  \
-    void kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x, \
+    /* N3 (§3, §5.0): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.          \
+     * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
+    void kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
                             const KT *A_log, const KT *dt_bias, KT *G);                            \
-    /* dG -> (reverse chunk cumsum) -> gate backward. dx: [TT,HV,K]; dA_log [HV], ddt_bias        \
+    /* dG -> (reverse chunk cumsum) -> gate backward. dx: [TT,HV,K]; dA_log [HV], ddt_bias         \
      * [HV*K] optional (reduced over tokens). */                                                   \
-    void kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x, \
-                            const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx,              \
-                            KT *dA_log, KT *ddt_bias);                                             \
-    /* N4 (§5.1-5.2): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */     \
+    void kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
+                            const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,  \
+                            KT *ddt_bias);                                                         \
+    /* N4 (§5.1-5.2): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */    \
     dg_status kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
                                   const KT *beta, const KT *G, KT *Aqk, KT *Tm);                   \
-    /* (§6.3 last line, §6.4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta [TT,HV],       \
+    /* (§6.3 last line, §6.4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta [TT,HV],      \
      * dG [TT,HV,K]. */                                                                            \
     dg_status kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
                                   const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,       \
                                   const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);               \
-    /* N5 (§5.2): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */         \
+    /* N5 (§5.2): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */        \
     dg_status kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
                                const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U, KT *KG,    \
                                KT *QG);                                                            \
-    /* (§6.3 WY part, §10 N5) upstream dW, dU, dKG, dQG each optional. */                          \
+    /* (§6.3 WY part, §10 N5) upstream dW, dU, dKG, dQG each optional. */                        \
     dg_status kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
                                const KT *beta, const KT *G, const KT *Tm, const KT *dW,            \
-                               const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk,         \
-                               KT *dv, KT *dbeta, KT *dG, KT *dTm);                                \
-    /* N6 (§5.3): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */       \
+                               const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk, KT *dv, \
+                               KT *dbeta, KT *dG, KT *dTm);                                        \
+    /* N6 (§5.3): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */      \
     dg_status kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,       \
                                   const KT *G, const KT *h0, KT *h, KT *E, KT *ht);                \
-    /* (§6.2, §10 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */             \
+    /* (§6.2, §10 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */           \
     dg_status kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,       \
                                   const KT *h, const KT *E, const KT *dh, const KT *dE,            \
                                   const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);        \
-    /* N7 (§5.4): O = s QG h + Aqk E (j <= i). */                                                  \
+    /* N7 (§5.4): O = s QG h + Aqk E (j <= i). */                                                 \
     void kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
                               const KT *Aqk, const KT *E, KT *O);                                  \
-    /* (§6.1, §10 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */       \
+    /* (§6.1, §10 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */     \
     void kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
-                              const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh,           \
-                              KT *dAqk, KT *dE);                                                   \
-    /* §2 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. */  \
+                              const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, \
+                              KT *dE);                                                             \
+    /* §2 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. */ \
     dg_status kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
                                       const KT *v, const KT *g, const KT *beta, const KT *h0,      \
                                       KT *o, KT *ht);                                              \
@@ -120,8 +120,8 @@ static inline kda_chunk kda_chunk_at(const kda_dims *d, int n, int64_t c) {
      * dO, dht optional; dh0 optional. */                                                          \
     dg_status kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
                                       const KT *v, const KT *g, const KT *beta, const KT *h0,      \
-                                      const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv,         \
-                                      KT *dg, KT *dbeta, KT *dh0);
+                                      const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, \
+                                      KT *dbeta, KT *dh0);
 
 KDA_DECLARE_RAW(double, f64)
 KDA_DECLARE_RAW(float, f32)
@@ -143,8 +143,12 @@ static inline float kda_sigmoid_f32(float x) {
     float e = expf(x);
     return e / (1.0f + e);
 }
-static inline double kda_softplus_f64(double x) { return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x)); }
-static inline float kda_softplus_f32(float x) { return x > 0 ? x + log1pf(expf(-x)) : log1pf(expf(x)); }
+static inline double kda_softplus_f64(double x) {
+    return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+}
+static inline float kda_softplus_f32(float x) {
+    return x > 0 ? x + log1pf(expf(-x)) : log1pf(expf(x));
+}
 #define KDA_REC_SEG 64 /* recurrent backward: tokens between stored state checkpoints */
 
 /* ---- options, validation, node parameters (kda_common.c) ----------------------------------- */
@@ -152,12 +156,12 @@ static inline float kda_softplus_f32(float x) { return x > 0 ? x + log1pf(expf(-
 /* Resolved options plus the dims. Owns its tables (kda_cfg_free). */
 typedef struct kda_cfg {
     kda_dims d;
-    dg_dtype dt;        /* compute dtype: DG_F64 or DG_F32 */
-    double scale;       /* resolved (> 0) */
+    dg_dtype dt;  /* compute dtype: DG_F64 or DG_F32 */
+    double scale; /* resolved (> 0) */
     dg_gate_kind gate;
-    double lb;          /* resolved lower bound */
-    double beta_c;      /* 1 or 2 */
-    int64_t *tab;       /* [2(N+1)]: cu then chunk_off (owned, or inside a node's params) */
+    double lb;     /* resolved lower bound */
+    double beta_c; /* 1 or 2 */
+    int64_t *tab;  /* [2(N+1)]: cu then chunk_off (owned, or inside a node's params) */
 } kda_cfg;
 
 /* Validate opts and build tables for tensors of B rows of T tokens. `op` names the caller in
@@ -176,10 +180,15 @@ dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtyp
 dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, int ndim,
                           const char *names);
 
+/* The arguments of dg_kda_chunk / dg_kda_recurrent: q fixes B, T, H, K and the dtype, v fixes HV
+ * and V; every other tensor must match (A_log/dt_bias per opts->gate; h0 optional). */
+dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, kda_cfg *cfg);
+
 /* Contiguous host pointer for t in dtype dt: t itself or a copy held in *tmp (free with
  * dg_tensor_free; NULL when no copy was needed). */
-dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
-                   const void **ptr);
+dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr);
 /* New contiguous tensor (uninitialised) of cfg's dtype. */
 dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out);
 

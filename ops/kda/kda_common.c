@@ -15,15 +15,19 @@ dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64
         opts = &defaults;
     int BT = opts->chunk_size ? opts->chunk_size : 64;
     if (BT != 16 && BT != 32 && BT != 64)
-        return dg__err(DG_ERR_ARG, "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 64), got %d",
-                       op, opts->chunk_size);
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 64), got %d", op,
+                       opts->chunk_size);
     if (opts->gate != DG_GATE_NONE && opts->gate != DG_GATE_KDA && opts->gate != DG_GATE_LOWERBOUND)
-        return dg__err(DG_ERR_ARG, "%s: opts->gate must be DG_GATE_NONE, DG_GATE_KDA or "
-                                   "DG_GATE_LOWERBOUND, got %d", op, (int)opts->gate);
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->gate must be DG_GATE_NONE, DG_GATE_KDA or "
+                       "DG_GATE_LOWERBOUND, got %d",
+                       op, (int)opts->gate);
     double lb = opts->lower_bound == 0 ? -5.0 : opts->lower_bound;
     if (opts->gate == DG_GATE_LOWERBOUND && !(lb >= -5.0 && lb < 0.0))
-        return dg__err(DG_ERR_ARG, "%s: opts->lower_bound must be in [-5, 0) (0 selects -5), got %g",
-                       op, opts->lower_bound);
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->lower_bound must be in [-5, 0) (0 selects -5), got %g", op,
+                       opts->lower_bound);
     if (B < 1 || T < 1 || K < 1 || V < 1 || H < 1 || HV < 1)
         return dg__err(DG_ERR_SHAPE,
                        "%s: every dim must be >= 1, got B=%lld T=%lld H=%d HV=%d K=%d V=%d", op,
@@ -40,23 +44,25 @@ dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64
         if (B != 1)
             return dg__err(DG_ERR_ARG,
                            "%s: cu_seqlens needs B == 1 (varlen packs the sequences into one row), "
-                           "got B=%lld", op, (long long)B);
+                           "got B=%lld",
+                           op, (long long)B);
         if (opts->n_seqs < 1)
             return dg__err(DG_ERR_ARG, "%s: opts->n_seqs must be >= 1 with cu_seqlens, got %d", op,
                            opts->n_seqs);
         N = opts->n_seqs;
         const int64_t *cu = opts->cu_seqlens;
         if (cu[0] != 0 || cu[N] != T)
-            return dg__err(DG_ERR_ARG,
-                           "%s: cu_seqlens must start at 0 and end at T=%lld, got cu_seqlens[0]=%lld "
-                           "cu_seqlens[%d]=%lld", op, (long long)T, (long long)cu[0], N,
-                           (long long)cu[N]);
+            return dg__err(
+                DG_ERR_ARG,
+                "%s: cu_seqlens must start at 0 and end at T=%lld, got cu_seqlens[0]=%lld "
+                "cu_seqlens[%d]=%lld",
+                op, (long long)T, (long long)cu[0], N, (long long)cu[N]);
         for (int n = 0; n < N; n++)
             if (cu[n + 1] < cu[n])
                 return dg__err(DG_ERR_ARG,
                                "%s: cu_seqlens must be non-decreasing, got cu_seqlens[%d]=%lld > "
-                               "cu_seqlens[%d]=%lld", op, n, (long long)cu[n], n + 1,
-                               (long long)cu[n + 1]);
+                               "cu_seqlens[%d]=%lld",
+                               op, n, (long long)cu[n], n + 1, (long long)cu[n + 1]);
     } else {
         if (B > INT32_MAX)
             return dg__err(DG_ERR_SHAPE, "%s: B=%lld is too large", op, (long long)B);
@@ -133,8 +139,9 @@ dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtyp
     char want[128];
     fmt_shape(want, sizeof want, ndim, shape);
     if (t->dtype != dt)
-        return dg__err(DG_ERR_DTYPE, "%s: %s must be [%s] = %s %s (one dtype for all inputs), got %s",
-                       op, arg, names, want, dg_dtype_name(dt), dg_tensor_desc(t));
+        return dg__err(DG_ERR_DTYPE,
+                       "%s: %s must be [%s] = %s %s (one dtype for all inputs), got %s", op, arg,
+                       names, want, dg_dtype_name(dt), dg_tensor_desc(t));
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++)
         ok = t->shape[i] == shape[i];
@@ -185,4 +192,40 @@ kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
         n->params_free = np_free;
     }
     return np;
+}
+
+dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, kda_cfg *cfg) {
+    DG_TRY(kda_check_first(op, "q", q, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(op, "v", v, 4, "B,T,HV,V"));
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
+    const int64_t HV = v->shape[2], V = v->shape[3];
+    DG_TRY(kda_cfg_init(op, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
+    const dg_dtype dt = q->dtype;
+    int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sg[4] = {B, T, HV, K}, sb[3] = {B, T, HV};
+    int64_t sA[1] = {HV}, sd[1] = {HV * K}, s0[4] = {cfg->d.N, HV, K, V};
+    dg_status st = kda_check(op, "k", k, dt, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(op, "v", v, dt, 4, sv, "B,T,HV,V");
+    if (st == DG_OK)
+        st = kda_check(op, "g", g, dt, 4, sg, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_check(op, "beta", beta, dt, 3, sb, "B,T,HV");
+    if (st == DG_OK && cfg->gate == DG_GATE_NONE && (A_log || dt_bias))
+        st = dg__err(DG_ERR_ARG,
+                     "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
+                     "used as the log decay itself)",
+                     op);
+    if (st == DG_OK && cfg->gate == DG_GATE_KDA && !A_log)
+        st = dg__err(DG_ERR_ARG, "%s: A_log [HV] is required with DG_GATE_KDA", op);
+    if (st == DG_OK && A_log)
+        st = kda_check(op, "A_log", A_log, dt, 1, sA, "HV");
+    if (st == DG_OK && dt_bias)
+        st = kda_check(op, "dt_bias", dt_bias, dt, 1, sd, "HV*K");
+    if (st == DG_OK && h0)
+        st = kda_check(op, "h0", h0, dt, 4, s0, "N,HV,K,V");
+    if (st != DG_OK)
+        kda_cfg_free(cfg);
+    return st;
 }

@@ -13,7 +13,7 @@
 
 struct kda_rc {
     int refcount;
-    kda_cfg cfg; /* owns its tables */
+    kda_cfg cfg;      /* owns its tables */
     dg_tensor *in[7]; /* q, k, v, beta, G, Tm, h0 */
     dg_tensor *slot[KDA_RC_NSLOT];
     int recomputed[KDA_RC_NSLOT];

@@ -201,10 +201,10 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 6 && st == DG_OK; i++)
         st = dg__new_like(ctx, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_wy_bwd, &c->d, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7],
-                      p[8], p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
-                      dg_tensor_data(gr[2]), dg_tensor_data(gr[3]), dg_tensor_data(gr[4]),
-                      dg_tensor_data(gr[5]));
+        st =
+            KDA_CALL(c->dt, kda_wy_bwd, &c->d, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                     p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < 6 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
