@@ -10,7 +10,7 @@
  * <= 0 (G falls within a chunk), so nothing above 1 is ever exponentiated. P is recomputed in
  * backward on the fly from the same exponentials (it costs nothing extra), so the node keeps
  * q, k, beta, G and Tm under either policy. Shapes: q, k [B,T,H,K]; beta [B,T,HV];
- * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT].
+ * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT]. CUDA: q, k, beta each f32 or bf16; G f32; Aqk, Tm f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -166,17 +166,17 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     const void *p[7] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 5 && st == DG_OK; i++)
-        st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK && gA)
-        st = kda_host(ctx, gA, c->dt, &tmp[5], &p[5]);
+        st = kda_ptr(ctx, gA, c->dt, &tmp[5], &p[5]);
     if (st == DG_OK && gT)
-        st = kda_host(ctx, gT, c->dt, &tmp[6], &p[6]);
+        st = kda_ptr(ctx, gT, c->dt, &tmp[6], &p[6]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = dg__new_like(ctx, n->saved[i], &gr[i]);
+        st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_intra_bwd, &c->d, c->scale, p[0], p[1], p[2], p[3], p[4], p[5],
-                      p[6], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                      dg_tensor_data(gr[3]));
+        st = KDA_RUN(c, ctx, kda_intra_bwd, c->scale, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
+                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(gr[3]));
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -187,35 +187,38 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
-                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
+dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                      const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "Aqk", Aqk));
     DG_TRY(dg__check_ptr(OP, "Tm", Tm));
     *Aqk = *Tm = NULL;
-    DG_TRY(kda_check_first(OP, "q", q, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "beta", beta, 3, "B,T,HV"));
+    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "beta", beta, ctx, 3, "B,T,HV"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = beta->shape[2];
     int64_t sq[4] = {B, T, H, K}, sb[3] = {B, T, HV}, sg[4] = {B, T, HV, K};
-    DG_TRY(kda_check(OP, "k", k, q->dtype, 4, sq, "B,T,H,K"));
-    DG_TRY(kda_check(OP, "beta", beta, q->dtype, 3, sb, "B,T,HV"));
-    DG_TRY(kda_check(OP, "G", G, q->dtype, 4, sg, "B,T,HV,K"));
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
     int64_t sa[4] = {B, T, HV, cfg.d.BT};
     dg_tensor *in[4] = {q, k, beta, G}, *tmp[4] = {0};
     const void *p[4] = {0};
-    dg_status st = DG_OK;
+    dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
+    if (st == DG_OK)
+        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sa, Aqk);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sa, Tm);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_intra_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3],
-                      dg_tensor_data(*Aqk), dg_tensor_data(*Tm));
+        st = KDA_RUN(&cfg, ctx, kda_intra_fwd, cfg.scale, p[0], p[1], p[2], p[3],
+                     dg_tensor_data(*Aqk), dg_tensor_data(*Tm));
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n;
         st = dg__node_new("kda_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
@@ -246,5 +249,10 @@ dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta,
         dg_tensor_free(Tm);
     }
     return st;
+}
+
+dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
+    return kda_intra_x(ctx, q, k, beta, G, opts, NULL, Aqk, Tm);
 }
 #endif

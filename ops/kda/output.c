@@ -7,6 +7,7 @@
  * E through the recompute context: inside dg_kda_chunk they are rebuilt in backward under the
  * default policies; used alone, the node keeps its inputs.
  * Shapes: QG [B,T,HV,K]; h [B,NT,HV,K,V]; Aqk [B,T,HV,BT]; E, O [B,T,HV,V].
+ * CUDA: every input f32; O is computed in f32 (the composite converts it to q's dtype).
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -111,18 +112,18 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 3 && st == DG_OK; i++)
         st = kda_rc_get(np->rc, ctx, slots[i], &rt[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = kda_host(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK) /* saved[0] = Aqk */
-        st = kda_host(ctx, n->saved[0], c->dt, &tmp[3], &p[3]);
-    if (st == DG_OK)
-        st = kda_host(ctx, gO, c->dt, &tmp[4], &p[4]);
+        st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[3], &p[3]);
+    if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
+        st = kda_ptr(ctx, gO, c->dt, &tmp[4], &p[4]);
     dg_tensor *like[4] = {rt[0], rt[1], n->saved[0], rt[2]}; /* inputs QG, h, Aqk, E */
     for (int i = 0; i < 4 && st == DG_OK; i++)
         st = kda_new(ctx, c, like[i]->ndim, like[i]->shape, &gr[i]);
     if (st == DG_OK)
-        KDA_CALL(c->dt, kda_output_bwd, &c->d, c->scale, p[0], p[1], p[3], p[2], p[4],
-                 dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                 dg_tensor_data(gr[3]));
+        st = KDA_RUNV(c, ctx, kda_output_bwd, c->scale, p[0], p[1], p[3], p[2], p[4],
+                      dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                      dg_tensor_data(gr[3]));
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -136,33 +137,40 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                        const dg_kda_opts *opts, kda_rc *rc, dg_tensor **o) {
+                        const dg_kda_opts *opts, kda_rc *rc, dg_dtype out_dt, dg_tensor **o) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
-    DG_TRY(kda_check_first(OP, "QG", QG, 4, "B,T,HV,K"));
-    DG_TRY(kda_check_first(OP, "E", E, 4, "B,T,HV,V"));
+    DG_TRY(kda_check_first(OP, "QG", QG, ctx, 4, "B,T,HV,K"));
+    DG_TRY(kda_check_first(OP, "E", E, ctx, 4, "B,T,HV,V"));
     const int64_t B = QG->shape[0], T = QG->shape[1], HV = QG->shape[2], K = QG->shape[3];
     const int64_t V = E->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, QG->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, QG->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
-    int64_t sv[4] = {B, T, HV, V}, sa[4] = {B, T, HV, cfg.d.BT}, sh[5] = {B, NC / B, HV, K, V};
-    dg_tensor *in[4] = {QG, h, Aqk, E}, *tmp[4] = {0};
+    int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, sa[4] = {B, T, HV, cfg.d.BT};
+    int64_t sh[5] = {B, NC / B, HV, K, V};
+    dg_tensor *in[4] = {QG, h, Aqk, E}, *tmp[4] = {0}, *oc = NULL;
     const void *p[4] = {0};
     kda_rc *own = NULL;
-    dg_status st = kda_check(OP, "E", E, cfg.dt, 4, sv, "B,T,HV,V");
+    dg_status st = kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "h", h, cfg.dt, 5, sh, "B,NT,HV,K,V");
+        st = kda_check(OP, "E", E, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "Aqk", Aqk, cfg.dt, 4, sa, "B,T,HV,BT");
+        st = kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,HV,K,V");
+    if (st == DG_OK)
+        st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK) /* oc: o in the compute dtype */
+        st = kda_new(ctx, &cfg, 4, sv, &oc);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sv, o);
+        st = KDA_RUNV(&cfg, ctx, kda_output_fwd, cfg.scale, p[0], p[1], p[2], p[3],
+                      dg_tensor_data(oc));
     if (st == DG_OK)
-        KDA_CALL(cfg.dt, kda_output_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3],
-                 dg_tensor_data(*o));
+        st = kda_as_dtype(ctx, oc, out_dt == DG_NDTYPES ? cfg.dt : out_dt, o);
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);
@@ -197,6 +205,7 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
     kda_rc_release(&own);
     for (int i = 0; i < 4; i++)
         dg_tensor_free(&tmp[i]);
+    dg_tensor_free(&oc);
     kda_cfg_free(&cfg);
     if (st != DG_OK)
         dg_tensor_free(o);
@@ -205,6 +214,6 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
 
 dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
                         const dg_kda_opts *opts, dg_tensor **o) {
-    return kda_output_rc(ctx, QG, h, Aqk, E, opts, NULL, o);
+    return kda_output_rc(ctx, QG, h, Aqk, E, opts, NULL, DG_NDTYPES, o);
 }
 #endif

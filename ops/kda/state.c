@@ -12,6 +12,7 @@
  * Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under RECOMPUTE it
  * keeps W, U, KG, G, h0 and reruns this pass in backward (spec §6.7).
  * Shapes: W, KG, G [B,T,HV,K]; U, E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V].
+ * CUDA: every tensor f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -162,12 +163,12 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 4 && st == DG_OK; i++)
         st = kda_rc_get(np->rc, ctx, slots[i], &rt[i]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_host(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK) /* saved[0] = G */
-        st = kda_host(ctx, n->saved[0], c->dt, &tmp[4], &p[4]);
+        st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[4], &p[4]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (go[i])
-            st = kda_host(ctx, go[i], c->dt, &tmp[5 + i], &p[5 + i]);
+            st = kda_ptr(ctx, go[i], c->dt, &tmp[5 + i], &p[5 + i]);
     /* gradients of W, U, KG, G, h0 (inputs 0..4), shaped like them */
     int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     int64_t s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
@@ -176,9 +177,9 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK && n->saved[1] && dg__node_wants_grad(n, 4))
         st = kda_new(ctx, c, 4, s0, &gr[4]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_state_bwd, &c->d, p[0], p[1], p[4], p[2], p[3], p[5], p[6], p[7],
-                      dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                      dg_tensor_data(gr[3]), gr[4] ? dg_tensor_data(gr[4]) : NULL);
+        st = KDA_RUN(c, ctx, kda_state_bwd, p[0], p[1], p[4], p[2], p[3], p[5], p[6], p[7],
+                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(gr[3]), gr[4] ? dg_tensor_data(gr[4]) : NULL);
     for (int i = 0; i < 5 && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -199,28 +200,32 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     *h = *E = NULL;
     if (ht)
         *ht = NULL;
-    DG_TRY(kda_check_first(OP, "W", W, 4, "B,T,HV,K"));
-    DG_TRY(kda_check_first(OP, "U", U, 4, "B,T,HV,V"));
+    DG_TRY(kda_check_first(OP, "W", W, ctx, 4, "B,T,HV,K"));
+    DG_TRY(kda_check_first(OP, "U", U, ctx, 4, "B,T,HV,V"));
     const int64_t B = W->shape[0], T = W->shape[1], HV = W->shape[2], K = W->shape[3];
     const int64_t V = U->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, W->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, W->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
     int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, s0[4] = {cfg.d.N, HV, K, V};
     int64_t sh[5] = {B, NC / B, HV, K, V};
     dg_tensor *in[5] = {W, U, KG, G, h0}, *tmp[5] = {0};
     const void *p[5] = {0};
     kda_rc *own = NULL;
-    dg_status st = kda_check(OP, "U", U, cfg.dt, 4, sv, "B,T,HV,V");
+    dg_status st = kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "KG", KG, cfg.dt, 4, sk, "B,T,HV,K");
+        st = kda_check(OP, "U", U, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, cfg.dt, 4, sk, "B,T,HV,K");
+        st = kda_check(OP, "KG", KG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK && h0)
-        st = kda_check(OP, "h0", h0, cfg.dt, 4, s0, "N,HV,K,V");
+        st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,HV,K,V");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
     for (int i = 0; i < 5 && st == DG_OK; i++)
         if (in[i])
-            st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
@@ -228,8 +233,8 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     if (st == DG_OK && ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_state_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4],
-                      dg_tensor_data(*h), dg_tensor_data(*E), ht ? dg_tensor_data(*ht) : NULL);
+        st = KDA_RUN(&cfg, ctx, kda_state_fwd, p[0], p[1], p[2], p[3], p[4], dg_tensor_data(*h),
+                     dg_tensor_data(*E), ht ? dg_tensor_data(*ht) : NULL);
     if (st == DG_OK && dg__needs_grad(5, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);

@@ -10,6 +10,7 @@
  * QG themselves are kept for the later nodes is the "kda_wy" policy, applied by dg_kda_chunk
  * through the recompute context (kda_rc.c). Shapes: q, k [B,T,H,K]; v [B,T,HV,V]; beta
  * [B,T,HV]; G [B,T,HV,K]; Tm [B,T,HV,BT]; W, KG, QG [B,T,HV,K]; U [B,T,HV,V].
+ * CUDA: q, k, v, beta each f32 or bf16; G, Tm f32; the outputs f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -194,16 +195,15 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     const void *p[10] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (go[i])
-            st = kda_host(ctx, go[i], c->dt, &tmp[6 + i], &p[6 + i]);
+            st = kda_ptr(ctx, go[i], c->dt, &tmp[6 + i], &p[6 + i]);
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = dg__new_like(ctx, n->saved[i], &gr[i]);
+        st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st =
-            KDA_CALL(c->dt, kda_wy_bwd, &c->d, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
-                     p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+        st = KDA_RUN(c, ctx, kda_wy_bwd, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
                      dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < 6 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
@@ -215,9 +215,9 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
-                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                   dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
+                   dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
     dg_tensor **outs[4] = {W, U, KG, QG};
     static const char *onames[4] = {"W", "U", "KG", "QG"};
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -225,33 +225,34 @@ dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_te
         DG_TRY(dg__check_ptr(OP, onames[i], outs[i]));
         *outs[i] = NULL;
     }
-    DG_TRY(kda_check_first(OP, "q", q, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "v", v, 4, "B,T,HV,V"));
+    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "v", v, ctx, 4, "B,T,HV,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = v->shape[2], V = v->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sb[3] = {B, T, HV};
     int64_t sg[4] = {B, T, HV, K}, st_[4] = {B, T, HV, cfg.d.BT};
     dg_tensor *in[6] = {q, k, v, beta, G, Tm}, *tmp[6] = {0};
     const void *p[6] = {0};
-    dg_status st = kda_check(OP, "k", k, cfg.dt, 4, sq, "B,T,H,K");
+    dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(OP, "v", v, cfg.dt, 4, sv, "B,T,HV,V");
+        st = kda_check(OP, "v", v, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "beta", beta, cfg.dt, 3, sb, "B,T,HV");
+        st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, cfg.dt, 4, sg, "B,T,HV,K");
+        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "Tm", Tm, cfg.dt, 4, st_, "B,T,HV,BT");
+        st = kda_check(OP, "Tm", Tm, ctx, cfg.m_f, 4, st_, "B,T,HV,BT");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
         st = kda_new(ctx, &cfg, 4, i == 1 ? sv : sg, outs[i]);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_wy_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4], p[5],
-                      dg_tensor_data(*W), dg_tensor_data(*U), dg_tensor_data(*KG),
-                      dg_tensor_data(*QG));
+        st = KDA_RUN(&cfg, ctx, kda_wy_fwd, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*W),
+                     dg_tensor_data(*U), dg_tensor_data(*KG), dg_tensor_data(*QG));
     if (st == DG_OK && dg__needs_grad(6, in)) {
         dg_node *n;
         st = dg__node_new("kda_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
@@ -277,5 +278,11 @@ dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_te
         for (int i = 0; i < 4; i++)
             dg_tensor_free(outs[i]);
     return st;
+}
+
+dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
+                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+    return kda_wy_x(ctx, q, k, v, beta, G, Tm, opts, NULL, W, U, KG, QG);
 }
 #endif
