@@ -444,7 +444,8 @@ static void test_bad_inputs(dg_ctx *ctx) {
 
 int main(int argc, char **argv) {
     if (dg_test_init(argc, argv, "kda_chunk"))
-        return dg_test_skip("no CUDA KDA kernels yet (CPU reference only)");
+        return dg_test_skip("CPU reference suite; the CUDA comparisons of every KDA stage, the "
+                            "composite and the recurrence are in kda_cuda (gpu mode)");
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
     test_chunk_vs_recurrent(ctx);

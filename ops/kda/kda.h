@@ -198,8 +198,8 @@ static inline int64_t kda_cfg_nc(const kda_cfg *c) { return c->tab[2 * (c->d.N +
 
 /* t must be non-NULL, on ctx's device (DG_ERR_DEVICE), of a dtype in `mask` and have `ndim`
  * dims equal to `shape`; `names` spells the dims ("B,T,HV,V"). */
-dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
-                    unsigned mask, int ndim, const int64_t *shape, const char *names);
+dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx, unsigned mask,
+                    int ndim, const int64_t *shape, const char *names);
 /* The first activation input of an op (it fixes the dtype on the CPU): non-NULL, on ctx's device,
  * f64 or f32 on the CPU, f32 or bf16 on CUDA, `ndim` dims. */
 dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
@@ -216,8 +216,7 @@ dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor 
 /* Contiguous pointer (host or device, where t lives) to t's values in dtype dt: t's own data, or
  * a converted copy held in *tmp, made in ctx (free with dg_tensor_free; NULL when no copy was
  * needed). Not recorded on the tape. */
-dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
-                  const void **ptr);
+dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr);
 /* New contiguous tensor (uninitialised) of cfg's compute dtype in ctx. */
 dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out);
 /* The same shaped like t (gradients are computed in the compute dtype; dg__node_accum converts

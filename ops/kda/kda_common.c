@@ -192,9 +192,10 @@ dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, d
     DG_TRY(check_place(op, arg, t, ctx));
     if (dg__is_cuda(t)) {
         if (t->dtype != DG_F32 && t->dtype != DG_BF16)
-            return dg__err(DG_ERR_DTYPE,
-                           "%s: %s must be f32 or bf16 on CUDA (the kernels compute in f32), got %s",
-                           op, arg, dg_tensor_desc(t));
+            return dg__err(
+                DG_ERR_DTYPE,
+                "%s: %s must be f32 or bf16 on CUDA (the kernels compute in f32), got %s", op, arg,
+                dg_tensor_desc(t));
     } else if (t->dtype != DG_F64 && t->dtype != DG_F32) {
         return dg__err(DG_ERR_DTYPE, "%s: %s must be f64 or f32 on the CPU, got %s", op, arg,
                        dg_tensor_desc(t));
@@ -205,8 +206,8 @@ dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, d
     return DG_OK;
 }
 
-dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
-                    unsigned mask, int ndim, const int64_t *shape, const char *names) {
+dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx, unsigned mask,
+                    int ndim, const int64_t *shape, const char *names) {
     DG_TRY(check_place(op, arg, t, ctx));
     char want[128];
     fmt_shape(want, sizeof want, ndim, shape);
@@ -223,8 +224,7 @@ dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx 
     return DG_OK;
 }
 
-dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
-                  const void **ptr) {
+dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr) {
     *tmp = NULL;
     if (t->dtype == dt && dg_tensor_is_contiguous(t)) {
         *ptr = dg_tensor_data(t);

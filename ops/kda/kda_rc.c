@@ -121,8 +121,8 @@ static dg_status recompute_wy(kda_rc *rc, dg_ctx *ctx) {
     for (int i = 0; i < 6 && st == DG_OK; i++)
         st = in_ptr(ctx, rc, i, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_wy_fwd, p[IN_Q], p[IN_K], p[IN_V], p[IN_BETA], p[IN_G],
-                      p[IN_TM], o[KDA_W], o[KDA_U], o[KDA_KG], o[KDA_QG]);
+        st = KDA_RUN(c, ctx, kda_wy_fwd, p[IN_Q], p[IN_K], p[IN_V], p[IN_BETA], p[IN_G], p[IN_TM],
+                     o[KDA_W], o[KDA_U], o[KDA_KG], o[KDA_QG]);
     for (int i = 0; i < 6; i++)
         dg_tensor_free(&tmp[i]);
     return st;
@@ -150,7 +150,7 @@ static dg_status recompute_state(kda_rc *rc, dg_ctx *ctx) {
         st = in_ptr(ctx, rc, IN_H0, &th, &ph0);
     if (st == DG_OK)
         st = KDA_RUN(c, ctx, kda_state_fwd, dg_tensor_data(W), dg_tensor_data(U),
-                      dg_tensor_data(KG), pg, ph0, dg_tensor_data(h), dg_tensor_data(E), NULL);
+                     dg_tensor_data(KG), pg, ph0, dg_tensor_data(h), dg_tensor_data(E), NULL);
     if (st == DG_OK) {
         dg_tensor *made[2] = {h, E};
         for (int i = 0; i < 2; i++) {

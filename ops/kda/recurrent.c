@@ -229,8 +229,7 @@ static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const void *
     if (flags & F_L2) {
         st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[0], x->qn, x->rq);
         if (st == DG_OK)
-            st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[1], x->kn,
-                          x->rk);
+            st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[1], x->kn, x->rk);
         x->q = x->qn;
         x->k = x->kn;
     }
