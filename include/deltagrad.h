@@ -368,7 +368,8 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out);
 /* y = x / sqrt(mean x^2 + eps) * w       w: [last] or NULL */
 dg_status dg_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, double eps, dg_tensor **out);
 typedef enum dg_act { DG_ACT_NONE = 0, DG_ACT_SILU, DG_ACT_SIGMOID } dg_act;
-/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL */
+/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL;
+ * act NONE is the identity (y = rmsnorm(x) * w * gate). */
 dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *gate, double eps,
                            dg_act act, dg_tensor **out);
 /* y = silu(gate) * up */
@@ -377,9 +378,11 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
 /* ---- embeddings, convolution, loss ---- */
 /* weight [Vocab, d], ids i32/i64 of any shape S -> [S..., d]. Out-of-range ids are an error. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
-/* Causal depthwise conv along T: x [B,T,C], w [C,W] (W <= 8, 4 typical), bias [C] or NULL.
+/* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
- * cu_seqlens: NULL, or host int64 [n_seqs+1] with B == 1 (each sequence starts fresh). */
+ * act: NONE or SILU. cu_seqlens: NULL (n_seqs ignored), or host int64 [n_seqs+1] with B == 1,
+ * cu[0] = 0, cu[n_seqs] = T, non-decreasing (each sequence starts fresh); copied, so it need not
+ * outlive the call. */
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
                         const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
