@@ -67,8 +67,8 @@ static dg_status scale_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor
 }
 
 /* y = transpose(a) * b: a strided input read in place. a [4,3] -> [3,4]; b [4] */
-static dg_status strided_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out,
-                            int n_out, void *user) {
+static dg_status strided_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out, int n_out,
+                            void *user) {
     (void)n_in;
     (void)n_out;
     (void)user;
@@ -84,8 +84,8 @@ static dg_status strided_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tens
 }
 
 /* y = x * x + x */
-static dg_status square_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out,
-                           int n_out, void *user) {
+static dg_status square_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out, int n_out,
+                           void *user) {
     (void)n_in;
     (void)n_out;
     (void)user;
@@ -270,8 +270,8 @@ static dg_tensor *copy_as(dg_ctx *ctx, dg_dtype dt, const dg_tensor *t) {
 static void test_f32(dg_ctx *cpu) {
     int64_t sa[3] = {3, 37, 129}, sb[2] = {37, 1};
     for (int k = 0; k < 3; k++) {
-        dg_tensor *a64 = dg_test_randn(cpu, DG_F64, 3, sa, 5), *b64 = dg_test_randn(cpu, DG_F64, 2,
-                                                                                   sb, 6);
+        dg_tensor *a64 = dg_test_randn(cpu, DG_F64, 3, sa, 5),
+                  *b64 = dg_test_randn(cpu, DG_F64, 2, sb, 6);
         dg_tensor *gy64 = dg_test_randn(cpu, DG_F64, 3, sa, 7);
         dg_tensor *a32 = copy_as(cpu, DG_F32, a64), *b32 = copy_as(cpu, DG_F32, b64);
         dg_tensor *gy32 = copy_as(cpu, DG_F32, gy64);
@@ -458,7 +458,8 @@ static void test_gpu(dg_ctx *cpu) {
     DG_TEST_TRY(dg_tensor_new(gpu, DG_F64, 1, s3, &d64));
     dg_check_err(dg_add(gpu, hg, hc, &y), DG_ERR_DEVICE, "'b' must be on cuda:0",
                  "cuda + cpu tensor");
-    dg_check_err(dg_mul(cpu, hg, hg, &y), DG_ERR_DEVICE, "'a' must be on cpu", "cuda tensor, cpu ctx");
+    dg_check_err(dg_mul(cpu, hg, hg, &y), DG_ERR_DEVICE, "'a' must be on cpu",
+                 "cuda tensor, cpu ctx");
     dg_check_err(dg_add(gpu, d64, d64, &y), DG_ERR_DTYPE, "f64, which the CUDA kernels do not",
                  "f64 on CUDA");
     dg_tensor *all[] = {a, b, gy, hc, hg, d64};

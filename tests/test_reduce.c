@@ -180,8 +180,8 @@ static void test_f32(dg_ctx *cpu) {
     dg_tensor *xs[4] = {x64, x32, v64, v32};
     for (int i = 0; i < 4; i++)
         dg_tensor_set_requires_grad(xs[i], 1);
-    const red_args cases[5] = {{0, 1, 0, 0}, {1, 1, 1, 0}, {0, -1, 0, 0}, {0, 0, 0, 0},
-                               {2, 0, 0, 0}};
+    const red_args cases[5] = {
+        {0, 1, 0, 0}, {1, 1, 1, 0}, {0, -1, 0, 0}, {0, 0, 0, 0}, {2, 0, 0, 0}};
     for (int c = 0; c < 6; c++) {
         red_args r = cases[c < 5 ? c : 4];
         dg_tensor *a64 = c < 5 ? x64 : v64, *a32 = c < 5 ? x32 : v32;
@@ -275,8 +275,8 @@ static void test_gpu(dg_ctx *cpu) {
             /* backward through the transpose view too; the seed dy has the same values */
             dg_tape_reset();
             DG_TEST_TRY(reduce(gpu, &k->r, tg, &yg));
-            dg_tensor *dyg = dg_test_randn(gpu, (dg_dtype)dt, dg_tensor_ndim(yg),
-                                           dg_tensor_shape(yg), 99);
+            dg_tensor *dyg =
+                dg_test_randn(gpu, (dg_dtype)dt, dg_tensor_ndim(yg), dg_tensor_shape(yg), 99);
             dg_tensor *dyc = copy_as(cpu, DG_F64, dyg);
             DG_TEST_TRY(dg_tape_backward_with(gpu, yg, dyg));
             dg_tape_reset();

@@ -31,8 +31,8 @@ static dg_status unop_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor 
 }
 
 /* y = f(transpose(x)) */
-static dg_status unop_t_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out,
-                           int n_out, void *user) {
+static dg_status unop_t_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out, int n_out,
+                           void *user) {
     (void)n_in;
     (void)n_out;
     dg_tensor *t = NULL;
@@ -107,11 +107,21 @@ static void test_values(dg_ctx *cpu) {
             double x = k == 1 ? fabs(xs[i]) + 0.25 : xs[i], sg = 1 / (1 + exp(-x));
             in[i] = x;
             switch (k) {
-            case 0: want[i] = exp(x), dwant[i] = exp(x); break;
-            case 1: want[i] = log(x), dwant[i] = 1 / x; break;
-            case 2: want[i] = sg, dwant[i] = sg * (1 - sg); break;
-            case 3: want[i] = log(1 + exp(x)), dwant[i] = sg; break;
-            default: want[i] = x * sg, dwant[i] = sg + x * sg * (1 - sg); break;
+            case 0:
+                want[i] = exp(x), dwant[i] = exp(x);
+                break;
+            case 1:
+                want[i] = log(x), dwant[i] = 1 / x;
+                break;
+            case 2:
+                want[i] = sg, dwant[i] = sg * (1 - sg);
+                break;
+            case 3:
+                want[i] = log(1 + exp(x)), dwant[i] = sg;
+                break;
+            default:
+                want[i] = x * sg, dwant[i] = sg + x * sg * (1 - sg);
+                break;
             }
         }
         dg_tensor *x = NULL, *y = NULL;
@@ -280,10 +290,10 @@ static void test_gpu(dg_ctx *cpu) {
                 dg_policy_reset();
                 if (pol)
                     dg_policy_set(k_ops[k].name, DG_POLICY_RECOMPUTE);
-                dg_tensor *x = dg_test_rand(gpu, (dg_dtype)dt, 2, s, 50 + k, k_ops[k].lo,
-                                            k_ops[k].hi);
-                gpu_case(cpu, gpu, (dg_dtype)dt, k, x, pol, pol ? "[37,1001]^T recompute"
-                                                                : "[37,1001]");
+                dg_tensor *x =
+                    dg_test_rand(gpu, (dg_dtype)dt, 2, s, 50 + k, k_ops[k].lo, k_ops[k].hi);
+                gpu_case(cpu, gpu, (dg_dtype)dt, k, x, pol,
+                         pol ? "[37,1001]^T recompute" : "[37,1001]");
                 dg_tensor_free(&x);
                 if (k >= 2) { /* large |x| stays finite and matches */
                     DG_TEST_TRY(dg_tensor_from_f64(gpu, (dg_dtype)dt, 1, s4, big, &x));
@@ -296,7 +306,8 @@ static void test_gpu(dg_ctx *cpu) {
     int64_t s3[1] = {3};
     dg_tensor *hc = dg_test_rand(cpu, DG_F32, 1, s3, 1, 0, 1), *d64 = NULL, *y = NULL;
     DG_TEST_TRY(dg_tensor_new(gpu, DG_F64, 1, s3, &d64));
-    dg_check_err(dg_exp(gpu, hc, &y), DG_ERR_DEVICE, "'a' must be on cuda:0", "cpu tensor, cuda ctx");
+    dg_check_err(dg_exp(gpu, hc, &y), DG_ERR_DEVICE, "'a' must be on cuda:0",
+                 "cpu tensor, cuda ctx");
     dg_check_err(dg_sigmoid(gpu, d64, &y), DG_ERR_DTYPE, "f64, which the CUDA kernels do not",
                  "f64 on CUDA");
     dg_tensor_free(&hc);
