@@ -244,26 +244,29 @@ static void test_errors(dg_ctx *cpu) {
 
 /* ---- gpu ---- */
 
-static void gpu_case(dg_ctx *cpu, dg_ctx *gpu, dg_dtype dt, int k, dg_tensor *xg_in, int strided,
+/* x itself, or its transpose (a view recorded on the tape, so make it after any tape reset) */
+static dg_tensor *view_of(dg_tensor *x, int strided) {
+    dg_tensor *t = NULL;
+    if (!strided)
+        return dg_tensor_retain(x);
+    DG_TEST_TRY(dg_transpose(x, 0, 1, &t));
+    return t;
+}
+
+static void gpu_case(dg_ctx *cpu, dg_ctx *gpu, dg_dtype dt, int k, dg_tensor *xg, int strided,
                      const char *what) {
-    dg_tensor *xg = xg_in, *xc = copy_as(cpu, DG_F64, xg_in);
+    dg_tensor *xc = copy_as(cpu, DG_F64, xg);
     dg_tensor_set_requires_grad(xg, 1);
     dg_tensor_set_requires_grad(xc, 1);
-    dg_tensor *tg = NULL, *tc = NULL, *yg = NULL, *yc = NULL;
-    if (strided) {
-        DG_TEST_TRY(dg_transpose(xg, 0, 1, &tg));
-        DG_TEST_TRY(dg_transpose(xc, 0, 1, &tc));
-    } else {
-        tg = dg_tensor_retain(xg);
-        tc = dg_tensor_retain(xc);
-    }
+    dg_tensor *yg = NULL, *yc = NULL;
     dg_tape_reset();
-    dg_tensor_zero_grad(xg);
+    dg_tensor *tg = view_of(xg, strided);
     DG_TEST_TRY(k_ops[k].f(gpu, tg, &yg));
     dg_tensor *gyg = dg_test_randn(gpu, dt, dg_tensor_ndim(yg), dg_tensor_shape(yg), 77);
     dg_tensor *gyc = copy_as(cpu, DG_F64, gyg);
     DG_TEST_TRY(dg_tape_backward_with(gpu, yg, gyg));
     dg_tape_reset();
+    dg_tensor *tc = view_of(xc, strided);
     DG_TEST_TRY(k_ops[k].f(cpu, tc, &yc));
     DG_TEST_TRY(dg_tape_backward_with(cpu, yc, gyc));
     dg_tape_reset();
