@@ -336,21 +336,27 @@ dg_status dg_gradcheck(dg_ctx *ctx, dg_fn fn, void *user, dg_tensor *const *inpu
  * dtype and device unless stated.
  * ============================================================================================= */
 
-/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ---- */
+/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ----
+ * Shapes are right-aligned; each output dim is the larger one, each input dim must match it or be
+ * 1. a and b must have the same dtype. Gradients are summed back over the broadcast dims. */
 dg_status dg_add(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_sub(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_mul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 /* out = a * s */
 dg_status dg_scale(dg_ctx *ctx, dg_tensor *a, double s, dg_tensor **out);
 
-/* ---- unary ---- */
+/* ---- unary ----
+ * softplus(x) = max(x,0) + log1p(exp(-|x|)) and sigmoid are evaluated without overflow. */
 dg_status dg_exp(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_log(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_sigmoid(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_softplus(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_silu(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 
-/* ---- reductions ---- */
+/* ---- reductions ----
+ * Over one axis (negative counts from the end); keepdim keeps it with size 1. Reducing the only
+ * axis of a 1-d tensor without keepdim gives shape [1]. Deterministic: a fixed summation order,
+ * no atomics (f32 accumulation for bf16 on CUDA). The mean over an empty axis is NaN. */
 dg_status dg_sum(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 dg_status dg_mean(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 /* Sum of all elements into a one-element tensor of shape [1]. */
