@@ -17,11 +17,13 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 void KF(kda_beta_fwd)(int64_t n, KT c, const KT *b, KT *beta) {
+    KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++)
         beta[i] = c * KF(kda_sigmoid)(b[i]);
 }
 
 void KF(kda_beta_bwd)(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db) {
+    KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++) {
         KT s = KF(kda_sigmoid)(b[i]);
         db[i] = dbeta[i] * c * s * ((KT)1 - s);

@@ -25,6 +25,7 @@ void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
                       const KT *A_log, const KT *dt_bias, KT *G) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T;
+    KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
     for (int64_t t = 0; t < TT; t++)
         for (int hv = 0; hv < HV; hv++) {
             const KT *xr = x + t * row + hv * K;
@@ -42,47 +43,52 @@ void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
         }
     if (!cumsum)
         return;
-    /* rows of one chunk are consecutive tokens, each row HV*K wide */
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int i = 1; i < ch.L; i++) {
-                KT *cur = G + (ch.t0 + i) * row;
-                const KT *prev = cur - row;
-                for (int e = 0; e < row; e++)
-                    cur[e] += prev[e];
-            }
+    /* rows of one chunk are consecutive tokens, each row HV*K wide; chunks are independent */
+    const int64_t NC = d->chunk_off[d->N];
+    KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
+    for (int64_t idx = 0; idx < NC; idx++) {
+        kda_chunk ch = kda_chunk_idx(d, idx);
+        for (int i = 1; i < ch.L; i++) {
+            KT *cur = G + (ch.t0 + i) * row;
+            const KT *prev = cur - row;
+            for (int e = 0; e < row; e++)
+                cur[e] += prev[e];
         }
+    }
 }
 
 void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
                       const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
                       KT *ddt_bias) {
     const int HV = d->HV, K = d->K, row = HV * K;
-    const int64_t TT = d->B * d->T;
+    const int64_t TT = d->B * d->T, NC = d->chunk_off[d->N];
     memcpy(dx, dG, sizeof(KT) * (size_t)(TT * row));
-    if (cumsum)
-        for (int n = 0; n < d->N; n++)
-            for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-                kda_chunk ch = kda_chunk_at(d, n, c);
-                for (int i = ch.L - 2; i >= 0; i--) {
-                    KT *cur = dx + (ch.t0 + i) * row;
-                    const KT *next = cur + row;
-                    for (int e = 0; e < row; e++)
-                        cur[e] += next[e];
-                }
+    if (cumsum) {
+        KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
+        for (int64_t idx = 0; idx < NC; idx++) {
+            kda_chunk ch = kda_chunk_idx(d, idx);
+            for (int i = ch.L - 2; i >= 0; i--) {
+                KT *cur = dx + (ch.t0 + i) * row;
+                const KT *next = cur + row;
+                for (int e = 0; e < row; e++)
+                    cur[e] += next[e];
             }
+        }
+    }
     if (dA_log)
         memset(dA_log, 0, sizeof(KT) * (size_t)HV);
     if (ddt_bias)
         memset(ddt_bias, 0, sizeof(KT) * (size_t)row);
     if (kind == DG_GATE_NONE)
         return;
-    for (int64_t t = 0; t < TT; t++)
-        for (int hv = 0; hv < HV; hv++) {
+    /* one value head per work item: dA_log[hv] and ddt_bias[hv, :] are summed over the tokens
+     * in token order, as a serial loop would, so the reductions are deterministic */
+    KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
+    for (int hv = 0; hv < HV; hv++) {
+        const KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
+        for (int64_t t = 0; t < TT; t++) {
             const KT *xr = x + t * row + hv * K;
             KT *dr = dx + t * row + hv * K;
-            KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
             KT da = 0;
             for (int c = 0; c < K; c++) {
                 KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
@@ -105,6 +111,7 @@ void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
             if (dA_log)
                 dA_log[hv] += da;
         }
+    }
 }
 
 #else

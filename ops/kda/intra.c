@@ -24,49 +24,52 @@
 dg_status KF(kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
                             const KT *G, KT *Aqk, KT *Tm) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
-    KT *Lk = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT); /* Lkk of one chunk, [L,L] */
-    if (!Lk)
+    const int64_t NC = d->chunk_off[d->N];
+    /* Lkk of one chunk, [L,L], per thread */
+    KT *Lks = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT * (size_t)kda_max_threads());
+    if (!Lks)
         return dg__err(DG_ERR_NOMEM, "kda_intra_fwd: no memory");
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
-                    const KT *Gi = G + (ti * HV + hv) * K;
-                    KT *arow = Aqk + (ti * HV + hv) * BT;
-                    memset(arow, 0, sizeof(KT) * (size_t)BT);
-                    for (int j = 0; j <= i; j++) {
-                        const int64_t tj = ch.t0 + j;
-                        const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                        KT a = 0, p = 0;
-                        for (int e = 0; e < K; e++) {
-                            KT x = kj[e] * KEXP(Gi[e] - Gj[e]);
-                            a += qi[e] * x;
-                            p += ki[e] * x;
-                        }
-                        arow[j] = scale * a;
-                        if (j < i)
-                            Lk[i * BT + j] = beta[ti * HV + hv] * p;
-                    }
+    /* work item: one (chunk, value head); it writes only its own rows of Aqk and Tm */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV);
+        KT *Lk = Lks + (size_t)BT * BT * (size_t)kda_thread_id();
+        const int hq = hv / grp;
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+            const KT *Gi = G + (ti * HV + hv) * K;
+            KT *arow = Aqk + (ti * HV + hv) * BT;
+            memset(arow, 0, sizeof(KT) * (size_t)BT);
+            for (int j = 0; j <= i; j++) {
+                const int64_t tj = ch.t0 + j;
+                const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                KT a = 0, p = 0;
+                for (int e = 0; e < K; e++) {
+                    KT x = kj[e] * KEXP(Gi[e] - Gj[e]);
+                    a += qi[e] * x;
+                    p += ki[e] * x;
                 }
-                /* T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]  (j < i), T[i,i] = 1 */
-                for (int i = 0; i < ch.L; i++) {
-                    KT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
-                    memset(trow, 0, sizeof(KT) * (size_t)BT);
-                    trow[i] = 1;
-                    for (int j = 0; j < i; j++) {
-                        KT s = 0;
-                        for (int m = j; m < i; m++)
-                            s += Lk[i * BT + m] * Tm[((ch.t0 + m) * HV + hv) * BT + j];
-                        trow[j] = -s;
-                    }
-                }
+                arow[j] = scale * a;
+                if (j < i)
+                    Lk[i * BT + j] = beta[ti * HV + hv] * p;
             }
         }
-    DG_FREE(Lk);
+        /* T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]  (j < i), T[i,i] = 1 */
+        for (int i = 0; i < ch.L; i++) {
+            KT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
+            memset(trow, 0, sizeof(KT) * (size_t)BT);
+            trow[i] = 1;
+            for (int j = 0; j < i; j++) {
+                KT s = 0;
+                for (int m = j; m < i; m++)
+                    s += Lk[i * BT + m] * Tm[((ch.t0 + m) * HV + hv) * BT + j];
+                trow[j] = -s;
+            }
+        }
+    }
+    DG_FREE(Lks);
     return DG_OK;
 }
 
@@ -79,75 +82,78 @@ dg_status KF(kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *
     memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
     memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
-    /* X1 = dTm Tm^T and dL = dLkk of one chunk, both [L,L] */
-    KT *X1 = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT);
-    if (!X1)
+    const int64_t NC = d->chunk_off[d->N];
+    /* X1 = dTm Tm^T and dL = dLkk of one chunk, both [L,L], per thread */
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_intra_bwd: no memory");
-    KT *dL = X1 + BT * BT;
 #define TM(i, j) Tm[((ch.t0 + (i)) * HV + hv) * BT + (j)]
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            const int L = ch.L;
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                /* dLkk = -stril(Tm^T dTm Tm^T); only the strictly lower part of dTm matters (the
-                 * diagonal and upper part of Tm are constants) */
-                memset(dL, 0, sizeof(KT) * (size_t)BT * BT);
-                if (dTm) {
-                    for (int m = 0; m < L; m++) {
-                        const KT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
-                        for (int j = 0; j < m; j++) {
-                            KT s = 0;
-                            for (int a = 0; a <= j; a++) /* a < m and Tm[j,a] = 0 for a > j */
-                                s += dtr[a] * TM(j, a);
-                            X1[m * BT + j] = s;
-                        }
+    /* work item: one (chunk, q/k head); the value heads of its group run in order inside, so
+     * dq and dk of a GVA group accumulate in the same order as a serial loop */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
+    for (int64_t w = 0; w < NC * H; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / H);
+        const int L = ch.L, hq = (int)(w % H);
+        KT *X1 = scr + 2 * (size_t)BT * BT * (size_t)kda_thread_id();
+        KT *dL = X1 + BT * BT;
+        for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
+            /* dLkk = -stril(Tm^T dTm Tm^T); only the strictly lower part of dTm matters (the
+             * diagonal and upper part of Tm are constants) */
+            memset(dL, 0, sizeof(KT) * (size_t)BT * BT);
+            if (dTm) {
+                for (int m = 0; m < L; m++) {
+                    const KT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
+                    for (int j = 0; j < m; j++) {
+                        KT s = 0;
+                        for (int a = 0; a <= j; a++) /* a < m and Tm[j,a] = 0 for a > j */
+                            s += dtr[a] * TM(j, a);
+                        X1[m * BT + j] = s;
                     }
-                    for (int i = 0; i < L; i++)
-                        for (int j = 0; j < i; j++) {
-                            KT s = 0;
-                            for (int m = i; m < L; m++) /* Tm[m,i] = 0 for m < i; X1[m,j]: j < m */
-                                s += TM(m, i) * X1[m * BT + j];
-                            dL[i * BT + j] = -s;
-                        }
                 }
-                for (int i = 0; i < L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
-                    const KT *Gi = G + (ti * HV + hv) * K;
-                    const KT bi = beta[ti * HV + hv];
-                    KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
-                    KT *dGi = dG + (ti * HV + hv) * K;
-                    KT db = 0;
-                    for (int j = 0; j <= i; j++) {
-                        const int64_t tj = ch.t0 + j;
-                        const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                        KT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
-                        const KT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (KT)0;
-                        const KT dP = j < i ? bi * dL[i * BT + j] : (KT)0;
-                        KT p = 0;
-                        for (int e = 0; e < K; e++) {
-                            const KT x = KEXP(Gi[e] - Gj[e]);
-                            const KT kjx = kj[e] * x;
-                            const KT rq = dA * kjx, rk = dP * kjx; /* row side, into i */
-                            const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
-                            dqi[e] += rq;
-                            dki[e] += rk;
-                            dkj[e] += cq + ck;
-                            dGi[e] += qi[e] * rq + ki[e] * rk;
-                            dGj[e] -= kj[e] * (cq + ck);
-                            p += ki[e] * kjx;
-                        }
-                        if (j < i)
-                            db += dL[i * BT + j] * p;
+                for (int i = 0; i < L; i++)
+                    for (int j = 0; j < i; j++) {
+                        KT s = 0;
+                        for (int m = i; m < L; m++) /* Tm[m,i] = 0 for m < i; X1[m,j]: j < m */
+                            s += TM(m, i) * X1[m * BT + j];
+                        dL[i * BT + j] = -s;
                     }
-                    dbeta[ti * HV + hv] = db;
+            }
+            for (int i = 0; i < L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+                const KT *Gi = G + (ti * HV + hv) * K;
+                const KT bi = beta[ti * HV + hv];
+                KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                KT *dGi = dG + (ti * HV + hv) * K;
+                KT db = 0;
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                    KT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
+                    const KT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (KT)0;
+                    const KT dP = j < i ? bi * dL[i * BT + j] : (KT)0;
+                    KT p = 0;
+                    for (int e = 0; e < K; e++) {
+                        const KT x = KEXP(Gi[e] - Gj[e]);
+                        const KT kjx = kj[e] * x;
+                        const KT rq = dA * kjx, rk = dP * kjx;             /* row side, into i */
+                        const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
+                        dqi[e] += rq;
+                        dki[e] += rk;
+                        dkj[e] += cq + ck;
+                        dGi[e] += qi[e] * rq + ki[e] * rk;
+                        dGj[e] -= kj[e] * (cq + ck);
+                        p += ki[e] * kjx;
+                    }
+                    if (j < i)
+                        db += dL[i * BT + j] * p;
                 }
+                dbeta[ti * HV + hv] = db;
             }
         }
+    }
 #undef TM
-    DG_FREE(X1);
+    DG_FREE(scr);
     return DG_OK;
 }
 

@@ -61,6 +61,34 @@ static inline kda_chunk kda_chunk_at(const kda_dims *d, int n, int64_t c) {
     return ch;
 }
 
+/* The chunk with global index idx (0 <= idx < NC): parallel loops run over idx. */
+static inline kda_chunk kda_chunk_idx(const kda_dims *d, int64_t idx) {
+    int lo = 0, hi = d->N - 1; /* the last sequence whose first chunk is <= idx (skips empties) */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (d->chunk_off[mid] <= idx)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return kda_chunk_at(d, lo, idx - d->chunk_off[lo]);
+}
+
+/* OpenMP in the raw functions: `KDA_OMP(parallel for ...)` over independent work items, each
+ * writing its own rows in the same order as the serial loops, so results are bit-identical for
+ * any thread count. Per-thread scratch is indexed by kda_thread_id() < kda_max_threads(). */
+#ifdef _OPENMP
+#include <omp.h>
+#define KDA_PRAGMA(x) _Pragma(#x)
+#define KDA_OMP(clauses) KDA_PRAGMA(omp clauses)
+static inline int kda_max_threads(void) { return omp_get_max_threads(); }
+static inline int kda_thread_id(void) { return omp_get_thread_num(); }
+#else
+#define KDA_OMP(clauses)
+static inline int kda_max_threads(void) { return 1; }
+static inline int kda_thread_id(void) { return 0; }
+#endif
+
 /* ---- raw reference functions (declared for f64 and f32) ------------------------------------
  * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */

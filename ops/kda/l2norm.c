@@ -18,6 +18,7 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
+    KDA_OMP(parallel for schedule(static) if (rows * K > 32768))
     for (int64_t i = 0; i < rows; i++) {
         const KT *xr = x + i * K;
         KT ss = 0;
@@ -32,6 +33,7 @@ void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
 }
 
 void KF(kda_l2norm_bwd)(int64_t rows, int K, const KT *y, const KT *r, const KT *dy, KT *dx) {
+    KDA_OMP(parallel for schedule(static) if (rows * K > 32768))
     for (int64_t i = 0; i < rows; i++) {
         const KT *yr = y + i * K, *dyr = dy + i * K;
         KT dot = 0;

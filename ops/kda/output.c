@@ -21,75 +21,75 @@
 void KF(kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
                         const KT *E, KT *O) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
-    const int64_t KV = (int64_t)K * V;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const KT *hc = h + (ch.idx * HV + hv) * KV;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qgi = QG + (ti * HV + hv) * K, *arow = Aqk + (ti * HV + hv) * BT;
-                    KT *oi = O + (ti * HV + hv) * V;
-                    for (int b = 0; b < V; b++) {
-                        KT s = 0;
-                        for (int a = 0; a < K; a++)
-                            s += qgi[a] * hc[a * V + b];
-                        oi[b] = scale * s;
-                    }
-                    for (int j = 0; j <= i; j++) {
-                        const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
-                        for (int b = 0; b < V; b++)
-                            oi[b] += arow[j] * ej[b];
-                    }
-                }
+    const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
+    /* work item: one (chunk, value head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV);
+        const KT *hc = h + (ch.idx * HV + hv) * KV;
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *qgi = QG + (ti * HV + hv) * K, *arow = Aqk + (ti * HV + hv) * BT;
+            KT *oi = O + (ti * HV + hv) * V;
+            for (int b = 0; b < V; b++) {
+                KT s = 0;
+                for (int a = 0; a < K; a++)
+                    s += qgi[a] * hc[a * V + b];
+                oi[b] = scale * s;
+            }
+            for (int j = 0; j <= i; j++) {
+                const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
+                for (int b = 0; b < V; b++)
+                    oi[b] += arow[j] * ej[b];
             }
         }
+    }
 }
 
 void KF(kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
                         const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, KT *dE) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
-    const int64_t KV = (int64_t)K * V;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const KT *hc = h + (ch.idx * HV + hv) * KV;
-                KT *dhc = dh + (ch.idx * HV + hv) * KV;
-                memset(dhc, 0, sizeof(KT) * (size_t)KV);
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qgi = QG + (ti * HV + hv) * K, *doi = dO + (ti * HV + hv) * V;
-                    KT *dqgi = dQG + (ti * HV + hv) * K, *darow = dAqk + (ti * HV + hv) * BT;
-                    KT *dei = dE + (ti * HV + hv) * V;
-                    for (int a = 0; a < K; a++) {
-                        KT s = 0;
-                        for (int b = 0; b < V; b++) {
-                            s += doi[b] * hc[a * V + b];
-                            dhc[a * V + b] += scale * qgi[a] * doi[b];
-                        }
-                        dqgi[a] = scale * s;
-                    }
-                    memset(darow, 0, sizeof(KT) * (size_t)BT);
-                    for (int j = 0; j <= i; j++) {
-                        const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
-                        KT s = 0;
-                        for (int b = 0; b < V; b++)
-                            s += doi[b] * ej[b];
-                        darow[j] = s;
-                    }
-                    /* dE_i = sum_{r >= i} Aqk[r, i] dO_r */
-                    memset(dei, 0, sizeof(KT) * (size_t)V);
-                    for (int r = i; r < ch.L; r++) {
-                        const int64_t tr = ch.t0 + r;
-                        const KT a = Aqk[(tr * HV + hv) * BT + i], *dor = dO + (tr * HV + hv) * V;
-                        for (int b = 0; b < V; b++)
-                            dei[b] += a * dor[b];
-                    }
+    const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
+    /* work item: one (chunk, value head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV);
+        const KT *hc = h + (ch.idx * HV + hv) * KV;
+        KT *dhc = dh + (ch.idx * HV + hv) * KV;
+        memset(dhc, 0, sizeof(KT) * (size_t)KV);
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *qgi = QG + (ti * HV + hv) * K, *doi = dO + (ti * HV + hv) * V;
+            KT *dqgi = dQG + (ti * HV + hv) * K, *darow = dAqk + (ti * HV + hv) * BT;
+            KT *dei = dE + (ti * HV + hv) * V;
+            for (int a = 0; a < K; a++) {
+                KT s = 0;
+                for (int b = 0; b < V; b++) {
+                    s += doi[b] * hc[a * V + b];
+                    dhc[a * V + b] += scale * qgi[a] * doi[b];
                 }
+                dqgi[a] = scale * s;
+            }
+            memset(darow, 0, sizeof(KT) * (size_t)BT);
+            for (int j = 0; j <= i; j++) {
+                const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
+                KT s = 0;
+                for (int b = 0; b < V; b++)
+                    s += doi[b] * ej[b];
+                darow[j] = s;
+            }
+            /* dE_i = sum_{r >= i} Aqk[r, i] dO_r */
+            memset(dei, 0, sizeof(KT) * (size_t)V);
+            for (int r = i; r < ch.L; r++) {
+                const int64_t tr = ch.t0 + r;
+                const KT a = Aqk[(tr * HV + hv) * BT + i], *dor = dO + (tr * HV + hv) * V;
+                for (int b = 0; b < V; b++)
+                    dei[b] += a * dor[b];
             }
         }
+    }
 }
 
 #else

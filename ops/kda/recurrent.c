@@ -57,21 +57,24 @@ dg_status KF(kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const 
                                 const KT *g, const KT *beta, const KT *h0, KT *o, KT *ht) {
     const int HV = d->HV;
     const int64_t KV = (int64_t)d->K * d->V;
-    KT *S = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV);
-    if (!S)
+    KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
+    if (!Ss)
         return dg__err(DG_ERR_NOMEM, "kda_recurrent_fwd: no memory");
-    for (int n = 0; n < d->N; n++)
-        for (int hv = 0; hv < HV; hv++) {
-            if (h0)
-                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
-            else
-                memset(S, 0, sizeof(KT) * (size_t)KV);
-            for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
-                KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
-            if (ht)
-                memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
-        }
-    DG_FREE(S);
+    /* work item: one (sequence, value head) with its own state S [K,V] */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
+    for (int w = 0; w < d->N * HV; w++) {
+        const int n = w / HV, hv = w % HV;
+        KT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
+        if (h0)
+            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+        else
+            memset(S, 0, sizeof(KT) * (size_t)KV);
+        for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
+            KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
+        if (ht)
+            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+    }
+    DG_FREE(Ss);
     return DG_OK;
 }
 
@@ -85,18 +88,23 @@ dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const 
         if (d->cu[n + 1] - d->cu[n] > maxlen)
             maxlen = d->cu[n + 1] - d->cu[n];
     const int64_t nseg_max = (maxlen + SEG - 1) / SEG;
-    /* ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS, Sp [K,V] | e, p, de [V] */
-    size_t total = (size_t)((nseg_max + SEG + 3) * KV + 3 * V);
-    KT *ckpt = (KT *)DG_MALLOC(sizeof(KT) * total);
-    if (!ckpt)
+    /* per thread: ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS, Sp [K,V] |
+     * e, p, de [V] */
+    const size_t per = (size_t)((nseg_max + SEG + 3) * KV + 3 * V);
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_recurrent_bwd: no memory");
-    KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
-    KT *e = Sp + KV, *p = e + V, *de = p + V;
     memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
     memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
-    for (int n = 0; n < d->N; n++)
-        for (int hv = 0; hv < HV; hv++) {
-            const int hq = hv / grp;
+    /* work item: one (sequence, q/k head); the value heads of its group run in order inside, so
+     * dq and dk of a GVA group accumulate in the same order as a serial loop */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
+    for (int w = 0; w < d->N * H; w++) {
+        const int n = w / H, hq = w % H;
+        KT *ckpt = scr + per * (size_t)kda_thread_id();
+        KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
+        KT *e = Sp + KV, *p = e + V, *de = p + V;
+        for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
             const int64_t t0 = d->cu[n], t1 = d->cu[n + 1];
             KT *S = buf;
             if (h0)
@@ -187,7 +195,8 @@ dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const 
             if (dh0)
                 memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dS, sizeof(KT) * (size_t)KV);
         }
-    DG_FREE(ckpt);
+    }
+    DG_FREE(scr);
     return DG_OK;
 }
 

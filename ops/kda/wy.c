@@ -24,48 +24,57 @@
 dg_status KF(kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
                          const KT *G, const KT *Tm, KT *W, KT *U, KT *KG, KT *QG) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *Gi = G + (ti * HV + hv) * K;
-                    const KT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
-                    const KT *trow = Tm + (ti * HV + hv) * BT;
-                    if (KG)
-                        for (int e = 0; e < K; e++)
-                            KG[(ti * HV + hv) * K + e] = ki[e] * KEXP(lam[e] - Gi[e]);
-                    if (QG)
-                        for (int e = 0; e < K; e++)
-                            QG[(ti * HV + hv) * K + e] = qi[e] * KEXP(Gi[e]);
-                    if (W) {
-                        KT *wr = W + (ti * HV + hv) * K;
-                        memset(wr, 0, sizeof(KT) * (size_t)K);
-                        for (int j = 0; j <= i; j++) {
-                            const int64_t tj = ch.t0 + j;
-                            const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                            const KT f = trow[j] * beta[tj * HV + hv];
-                            for (int e = 0; e < K; e++)
-                                wr[e] += f * kj[e] * KEXP(Gj[e]);
-                        }
-                    }
-                    if (U) {
-                        KT *ur = U + (ti * HV + hv) * V;
-                        memset(ur, 0, sizeof(KT) * (size_t)V);
-                        for (int j = 0; j <= i; j++) {
-                            const int64_t tj = ch.t0 + j;
-                            const KT *vj = v + (tj * HV + hv) * V;
-                            const KT f = trow[j] * beta[tj * HV + hv];
-                            for (int e = 0; e < V; e++)
-                                ur[e] += f * vj[e];
-                        }
-                    }
+    const int64_t NC = d->chunk_off[d->N];
+    /* gamma = exp(G) of one chunk [L,K] per thread: formed once per row instead of per (i, j) */
+    KT *gams = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * K * (size_t)kda_max_threads());
+    if (!gams)
+        return dg__err(DG_ERR_NOMEM, "kda_wy_fwd: no memory");
+    /* work item: one (chunk, value head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV), hq = hv / grp;
+        const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+        KT *gam = gams + (size_t)BT * K * (size_t)kda_thread_id();
+        for (int j = 0; j < ch.L && W; j++)
+            for (int e = 0; e < K; e++)
+                gam[j * K + e] = KEXP(G[((ch.t0 + j) * HV + hv) * K + e]);
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *Gi = G + (ti * HV + hv) * K;
+            const KT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
+            const KT *trow = Tm + (ti * HV + hv) * BT;
+            if (KG)
+                for (int e = 0; e < K; e++)
+                    KG[(ti * HV + hv) * K + e] = ki[e] * KEXP(lam[e] - Gi[e]);
+            if (QG)
+                for (int e = 0; e < K; e++)
+                    QG[(ti * HV + hv) * K + e] = qi[e] * KEXP(Gi[e]);
+            if (W) {
+                KT *wr = W + (ti * HV + hv) * K;
+                memset(wr, 0, sizeof(KT) * (size_t)K);
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    const KT *kj = k + (tj * H + hq) * K, *gj = gam + j * K;
+                    const KT f = trow[j] * beta[tj * HV + hv];
+                    for (int e = 0; e < K; e++)
+                        wr[e] += f * kj[e] * gj[e];
+                }
+            }
+            if (U) {
+                KT *ur = U + (ti * HV + hv) * V;
+                memset(ur, 0, sizeof(KT) * (size_t)V);
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    const KT *vj = v + (tj * HV + hv) * V;
+                    const KT f = trow[j] * beta[tj * HV + hv];
+                    for (int e = 0; e < V; e++)
+                        ur[e] += f * vj[e];
                 }
             }
         }
+    }
+    DG_FREE(gams);
     return DG_OK;
 }
 
@@ -80,100 +89,104 @@ dg_status KF(kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *
     memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
     memset(dTm, 0, sizeof(KT) * (size_t)(TT * HV * BT));
-    /* per chunk: X [L,K], gamma [L,K], dX [L,K], dVb [L,V] */
-    KT *X = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * (3 * (size_t)K + (size_t)V));
-    if (!X)
+    const int64_t NC = d->chunk_off[d->N];
+    /* per chunk and thread: X [L,K], gamma [L,K], dX [L,K], dVb [L,V] */
+    const size_t per = (size_t)BT * (3 * (size_t)K + (size_t)V);
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_wy_bwd: no memory");
-    KT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            const int L = ch.L;
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                const int64_t tl = ch.t0 + L - 1;
-                const KT *lam = G + (tl * HV + hv) * K;
-                KT *dGl = dG + (tl * HV + hv) * K;
-                memset(dX, 0, sizeof(KT) * (size_t)(BT * K + BT * V));
-                for (int i = 0; i < L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
-                    const KT *qi = q + (ti * H + hq) * K;
-                    KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
-                    KT *dGi = dG + (ti * HV + hv) * K;
-                    const KT bi = beta[ti * HV + hv];
-                    for (int e = 0; e < K; e++) {
-                        gam[i * K + e] = KEXP(Gi[e]);
-                        X[i * K + e] = bi * ki[e] * gam[i * K + e];
-                    }
-                    if (dQG) /* QG = q gamma */
-                        for (int e = 0; e < K; e++) {
-                            KT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
-                            dqi[e] += t;
-                            dGi[e] += qi[e] * t;
-                        }
-                    if (dKG) /* KG = k exp(lambda - G_i): -G_i for row i, +lambda for row L-1 */
-                        for (int e = 0; e < K; e++) {
-                            KT a = dKG[(ti * HV + hv) * K + e] * KEXP(lam[e] - Gi[e]);
-                            dki[e] += a;
-                            dGi[e] -= ki[e] * a;
-                            dGl[e] += ki[e] * a;
-                        }
-                    /* dX_j += Tm[i,j] dW_i, dVb_j += Tm[i,j] dU_i; dTm[i,j] for j <= i */
-                    const KT *trow = Tm + (ti * HV + hv) * BT;
-                    KT *dtrow = dTm + (ti * HV + hv) * BT;
-                    for (int j = 0; j <= i; j++) {
-                        const int64_t tj = ch.t0 + j;
-                        KT s = 0;
-                        if (dW) {
-                            const KT *dwi = dW + (ti * HV + hv) * K;
-                            for (int e = 0; e < K; e++)
-                                dX[j * K + e] += trow[j] * dwi[e];
-                        }
-                        if (dU) {
-                            const KT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
-                            const KT bj = beta[tj * HV + hv];
-                            KT su = 0;
-                            for (int e = 0; e < V; e++) {
-                                dVb[j * V + e] += trow[j] * dui[e];
-                                su += dui[e] * vj[e];
-                            }
-                            s += su * bj;
-                        }
-                        dtrow[j] = s; /* the dW X^T part is added below, once X_j is known */
-                    }
+    /* work item: one (chunk, q/k head); the value heads of its group run in order inside, so
+     * dq and dk of a GVA group accumulate in the same order as a serial loop */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
+    for (int64_t w = 0; w < NC * H; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / H);
+        const int L = ch.L, hq = (int)(w % H);
+        KT *X = scr + per * (size_t)kda_thread_id();
+        KT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
+        for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
+            const int64_t tl = ch.t0 + L - 1;
+            const KT *lam = G + (tl * HV + hv) * K;
+            KT *dGl = dG + (tl * HV + hv) * K;
+            memset(dX, 0, sizeof(KT) * (size_t)(BT * K + BT * V));
+            for (int i = 0; i < L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
+                const KT *qi = q + (ti * H + hq) * K;
+                KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                KT *dGi = dG + (ti * HV + hv) * K;
+                const KT bi = beta[ti * HV + hv];
+                for (int e = 0; e < K; e++) {
+                    gam[i * K + e] = KEXP(Gi[e]);
+                    X[i * K + e] = bi * ki[e] * gam[i * K + e];
                 }
-                for (int i = 0; i < L && dW; i++) {
-                    const KT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
-                    KT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
-                    for (int j = 0; j <= i; j++) {
-                        KT s = 0;
+                if (dQG) /* QG = q gamma */
+                    for (int e = 0; e < K; e++) {
+                        KT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
+                        dqi[e] += t;
+                        dGi[e] += qi[e] * t;
+                    }
+                if (dKG) /* KG = k exp(lambda - G_i): -G_i for row i, +lambda for row L-1 */
+                    for (int e = 0; e < K; e++) {
+                        KT a = dKG[(ti * HV + hv) * K + e] * KEXP(lam[e] - Gi[e]);
+                        dki[e] += a;
+                        dGi[e] -= ki[e] * a;
+                        dGl[e] += ki[e] * a;
+                    }
+                /* dX_j += Tm[i,j] dW_i, dVb_j += Tm[i,j] dU_i; dTm[i,j] for j <= i */
+                const KT *trow = Tm + (ti * HV + hv) * BT;
+                KT *dtrow = dTm + (ti * HV + hv) * BT;
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    KT s = 0;
+                    if (dW) {
+                        const KT *dwi = dW + (ti * HV + hv) * K;
                         for (int e = 0; e < K; e++)
-                            s += dwi[e] * X[j * K + e];
-                        dtrow[j] += s;
+                            dX[j * K + e] += trow[j] * dwi[e];
                     }
-                }
-                for (int i = 0; i < L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
-                    KT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
-                    const KT bi = beta[ti * HV + hv];
-                    KT db = 0;
-                    for (int e = 0; e < V; e++) {
-                        dv[(ti * HV + hv) * V + e] = bi * dVb[i * V + e];
-                        db += dVb[i * V + e] * vi[e];
+                    if (dU) {
+                        const KT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
+                        const KT bj = beta[tj * HV + hv];
+                        KT su = 0;
+                        for (int e = 0; e < V; e++) {
+                            dVb[j * V + e] += trow[j] * dui[e];
+                            su += dui[e] * vj[e];
+                        }
+                        s += su * bj;
                     }
-                    for (int e = 0; e < K; e++) {
-                        const KT dx = dX[i * K + e];
-                        db += dx * ki[e] * gam[i * K + e];
-                        dki[e] += bi * gam[i * K + e] * dx;
-                        dGi[e] += X[i * K + e] * dx;
-                    }
-                    dbeta[ti * HV + hv] = db;
+                    dtrow[j] = s; /* the dW X^T part is added below, once X_j is known */
                 }
             }
+            for (int i = 0; i < L && dW; i++) {
+                const KT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
+                KT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
+                for (int j = 0; j <= i; j++) {
+                    KT s = 0;
+                    for (int e = 0; e < K; e++)
+                        s += dwi[e] * X[j * K + e];
+                    dtrow[j] += s;
+                }
+            }
+            for (int i = 0; i < L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
+                KT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
+                const KT bi = beta[ti * HV + hv];
+                KT db = 0;
+                for (int e = 0; e < V; e++) {
+                    dv[(ti * HV + hv) * V + e] = bi * dVb[i * V + e];
+                    db += dVb[i * V + e] * vi[e];
+                }
+                for (int e = 0; e < K; e++) {
+                    const KT dx = dX[i * K + e];
+                    db += dx * ki[e] * gam[i * K + e];
+                    dki[e] += bi * gam[i * K + e] * dx;
+                    dGi[e] += X[i * K + e] * dx;
+                }
+                dbeta[ti * HV + hv] = db;
+            }
         }
-    DG_FREE(X);
+    }
+    DG_FREE(scr);
     return DG_OK;
 }
 
