@@ -312,8 +312,8 @@ static void test_threads(dg_ctx *ctx) {
                 omp_set_num_threads(4);
                 run(ctx, c, &d, dt ? DG_F32 : DG_F64, chunked, &many);
                 char what[96];
-                snprintf(what, sizeof what, "%s %s 1 vs 4 threads",
-                         chunked ? "chunk" : "recurrent", dt ? "f32" : "f64");
+                snprintf(what, sizeof what, "%s %s 1 vs 4 threads", chunked ? "chunk" : "recurrent",
+                         dt ? "f32" : "f64");
                 compare(what, c, &d, &many, &one, 0.0, 0);
                 free_res(&one);
                 free_res(&many);
