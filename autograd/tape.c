@@ -336,3 +336,15 @@ dg_status dg_tape_backward(dg_ctx *ctx, dg_tensor *loss) {
     dg_tensor_free(&one);
     return s;
 }
+
+dg_status dg_tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
+                                 const dg_tensor *const *grads) {
+    DG_TRY(dg__check_ptr("dg_tape_backward_multi", "ctx", ctx));
+    if (n < 1 || !outs || !grads)
+        return dg__err(DG_ERR_ARG, "dg_tape_backward_multi: need n >= 1 outputs and gradients");
+    for (int i = 0; i < n; i++)
+        if (outs[i] && grads[i] && !dg__same_shape(outs[i], grads[i]))
+            return dg__err(DG_ERR_SHAPE, "dg_tape_backward_multi: grads[%d] %s must match outs[%d] %s",
+                           i, dg_tensor_desc(grads[i]), i, dg_tensor_desc(outs[i]));
+    return dg__tape_backward_multi(ctx, n, outs, grads);
+}

@@ -207,29 +207,47 @@ dg_status dg_tensor_rand_normal(dg_tensor *t, uint64_t seed, double mean, double
 /* The scalar generator behind the fills: uniform in [0,1) for (seed, counter). */
 double dg_rand_u01(uint64_t seed, uint64_t counter);
 
-/* ---- files ---- */
-/* NumPy .npy (format 1.0/2.0, little-endian, C order; <f8 <f4 <i4 <i8, and bf16 stored as <u2 with
- * the descr 'bfloat16' is not standard: bf16 is written as f32). */
+/* ---- files ----
+ * Errors: DG_ERR_IO (cannot open/read/write), DG_ERR_FORMAT (malformed or truncated file; the
+ * message names the path and what is wrong), DG_ERR_DTYPE (a dtype we do not hold),
+ * DG_ERR_SHAPE (more than DG_MAX_DIMS dims). Device tensors are copied through the host. */
+
+/* NumPy .npy. Save writes format 1.0, little-endian, C order, in the tensor's logical order (views
+ * are fine): f64 '<f8', f32 '<f4', i32 '<i4', i64 '<i8', and bf16 as '<f4' (numpy has no
+ * bfloat16; the widening is exact). Load reads format 1.0/2.0/3.0 headers with descr '<f8' '<f4'
+ * '<i4' '<i8' into a tensor of that dtype in ctx; '<f2', big-endian and other descrs are refused
+ * (DG_ERR_DTYPE), as is fortran_order True (DG_ERR_UNSUPPORTED). A 0-d array loads as shape [1].
+ * Bytes after the array data are ignored, as numpy does. Saves are atomic like safetensors. */
 dg_status dg_npy_save(const char *path, const dg_tensor *t);
 dg_status dg_npy_load(dg_ctx *ctx, const char *path, dg_tensor **out);
 
-/* safetensors: an 8-byte header length, a JSON header, then raw little-endian data. */
+/* safetensors: an 8-byte little-endian header length, a JSON header (at most 100 MB), then raw
+ * little-endian data. dtypes "F64" "F32" "BF16" "I32" "I64"; others ("F16", "U8", ...) are
+ * refused with DG_ERR_DTYPE naming the tensor. Load checks every offset against the file, that
+ * each tensor's byte span matches its shape and dtype, and that names are unique and spans do
+ * not overlap; it keeps the header's order, and a scalar (shape []) loads as shape [1]. */
 typedef struct dg_safetensors {
     int n;
-    char **names;
-    dg_tensor **tensors;
-    int n_meta; /* "__metadata__" string pairs */
+    char **names;        /* n names, owned */
+    dg_tensor **tensors; /* n tensors in the load context, owned */
+    int n_meta;          /* "__metadata__" string pairs */
     char **meta_keys;
     char **meta_values;
 } dg_safetensors;
-/* Writes atomically: a temp file next to `path`, fsync, rename. meta_* may be NULL. */
+/* Writes tensors in the given order, packed, the data section 8-byte aligned. Atomic: writes
+ * "<path>.tmp.<pid>", fsyncs it and renames it over `path`; on any failure the temp file is
+ * removed and an existing `path` is left untouched. Names must be unique and not "__metadata__".
+ * meta_* may be NULL when n_meta is 0. */
 dg_status dg_safetensors_save(const char *path, int n, const char *const *names,
                               const dg_tensor *const *tensors, int n_meta,
                               const char *const *meta_keys, const char *const *meta_values);
+/* On failure *out is left empty (safe to pass to dg_safetensors_free). */
 dg_status dg_safetensors_load(dg_ctx *ctx, const char *path, dg_safetensors *out);
+/* Frees names, tensors and metadata and zeroes *st; NULL and repeated calls are fine. */
 void dg_safetensors_free(dg_safetensors *st);
 /* The tensor named `name` (borrowed) or NULL. */
 dg_tensor *dg_safetensors_get(const dg_safetensors *st, const char *name);
+/* The metadata value for `key` (borrowed) or NULL. */
 const char *dg_safetensors_meta(const dg_safetensors *st, const char *key);
 
 /* =============================================================================================
@@ -270,6 +288,9 @@ int dg_grad_enabled(void);
 dg_status dg_tape_backward(dg_ctx *ctx, dg_tensor *loss);
 /* Run backward seeding `out` with gradient `grad_out` (same shape). */
 dg_status dg_tape_backward_with(dg_ctx *ctx, dg_tensor *out, const dg_tensor *grad_out);
+/* Run backward from several outputs at once: outs[i] seeded with grads[i] (NULL entries skip). */
+dg_status dg_tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
+                                 const dg_tensor *const *grads);
 /* Drop all nodes and saved tensors. Call once per training step. */
 void dg_tape_reset(void);
 int dg_tape_num_nodes(void);
@@ -315,21 +336,27 @@ dg_status dg_gradcheck(dg_ctx *ctx, dg_fn fn, void *user, dg_tensor *const *inpu
  * dtype and device unless stated.
  * ============================================================================================= */
 
-/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ---- */
+/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ----
+ * Shapes are right-aligned; each output dim is the larger one, each input dim must match it or be
+ * 1. a and b must have the same dtype. Gradients are summed back over the broadcast dims. */
 dg_status dg_add(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_sub(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_mul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 /* out = a * s */
 dg_status dg_scale(dg_ctx *ctx, dg_tensor *a, double s, dg_tensor **out);
 
-/* ---- unary ---- */
+/* ---- unary ----
+ * softplus(x) = max(x,0) + log1p(exp(-|x|)) and sigmoid are evaluated without overflow. */
 dg_status dg_exp(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_log(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_sigmoid(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_softplus(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_silu(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 
-/* ---- reductions ---- */
+/* ---- reductions ----
+ * Over one axis (negative counts from the end); keepdim keeps it with size 1. Reducing the only
+ * axis of a 1-d tensor without keepdim gives shape [1]. Deterministic: a fixed summation order,
+ * no atomics (f32 accumulation for bf16 on CUDA). The mean over an empty axis is NaN. */
 dg_status dg_sum(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 dg_status dg_mean(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 /* Sum of all elements into a one-element tensor of shape [1]. */
@@ -347,7 +374,8 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out);
 /* y = x / sqrt(mean x^2 + eps) * w       w: [last] or NULL */
 dg_status dg_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, double eps, dg_tensor **out);
 typedef enum dg_act { DG_ACT_NONE = 0, DG_ACT_SILU, DG_ACT_SIGMOID } dg_act;
-/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL */
+/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL;
+ * act NONE is the identity (y = rmsnorm(x) * w * gate). */
 dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *gate, double eps,
                            dg_act act, dg_tensor **out);
 /* y = silu(gate) * up */
@@ -356,9 +384,11 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
 /* ---- embeddings, convolution, loss ---- */
 /* weight [Vocab, d], ids i32/i64 of any shape S -> [S..., d]. Out-of-range ids are an error. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
-/* Causal depthwise conv along T: x [B,T,C], w [C,W] (W <= 8, 4 typical), bias [C] or NULL.
+/* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
- * cu_seqlens: NULL, or host int64 [n_seqs+1] with B == 1 (each sequence starts fresh). */
+ * act: NONE or SILU. cu_seqlens: NULL (n_seqs ignored), or host int64 [n_seqs+1] with B == 1,
+ * cu[0] = 0, cu[n_seqs] = T, non-decreasing (each sequence starts fresh); copied, so it need not
+ * outlive the call. */
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
                         const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
@@ -402,8 +432,10 @@ typedef struct dg_kda_opts {
 } dg_kda_opts;
 
 /* Chunked KDA. q, k: [B,T,H,K]; v: [B,T,HV,V]; g: [B,T,HV,K]; beta: [B,T,HV];
- * A_log: [HV] f32 and dt_bias: [HV*K] f32 (gate kinds other than NONE; dt_bias may be NULL);
- * h0: [N,HV,K,V] f32 or NULL. Outputs o: [B,T,HV,V], ht (if requested, else may be NULL). */
+ * A_log: [HV] and dt_bias: [HV*K] (gate kinds other than NONE; dt_bias may be NULL);
+ * h0: [N,HV,K,V] or NULL. On the CPU every tensor has q's dtype (f64, or f32 computed in f32).
+ * Outputs o: [B,T,HV,V], ht: [N,HV,K,V] when opts->output_final_state (else *ht = NULL; ht itself
+ * may be NULL then). CUDA tensors: DG_ERR_UNSUPPORTED until the CUDA kernels exist. */
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                        dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                        const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
@@ -414,6 +446,49 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
 
 /* ---- KDA stage nodes (the chunked algorithm, one tape node each; see ops/kda/) ---- */
 /* KDA_STAGE_API_BEGIN */
+/* The chunked algorithm of dg_kda_chunk as separate tape nodes (spec KDA.md §10), for tests and
+ * for callers that want to reorder or fuse stages. `opts` supplies chunk_size, gate, lower_bound,
+ * allow_neg_eigval, scale and cu_seqlens exactly as for dg_kda_chunk (other fields are ignored).
+ * All tensors share one dtype (f64 or f32 on the CPU). Per-chunk matrices [B,T,HV,BT]: token row
+ * t holds row (t - chunk start) of its chunk's matrix; h: [B, NT, HV, K, V] (varlen: [1, NC, ...]
+ * with NC = total chunks over all sequences), the state at the START of each chunk.
+ * Op kinds for dg_policy_set: "kda_l2norm" (default CACHE: keeps y and 1/norm), "kda_beta",
+ * "kda_gate_cumsum", "kda_intra" (nothing to recompute: Aqk and Tm are always kept), "kda_wy"
+ * (default RECOMPUTE: W, U, KG, QG are rebuilt from Tm in backward), "kda_state" (default
+ * RECOMPUTE: h and E are rebuilt by a second sequential pass), "kda_output", "kda_recurrent". */
+
+/* N1: y = x / sqrt(sum_K x^2 + 1e-6) over the last axis. x: [..., K]. */
+dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y);
+/* N2: beta = c * sigmoid(b), c = 2 if allow_neg_eigval else 1. b: any shape ([B,T,HV]). */
+dg_status dg_kda_beta(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, dg_tensor **beta);
+/* N3: G = chunk-local inclusive cumsum of gate(g) (natural log). g, G: [B,T,HV,K];
+ * A_log: [HV] (required for DG_GATE_KDA, optional for DG_GATE_LOWERBOUND, NULL for NONE);
+ * dt_bias: [HV*K] or NULL. */
+dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                             const dg_kda_opts *opts, dg_tensor **G);
+/* N4: Aqk = scale * (q_i . k_j exp(G_i - G_j))_{j<=i};  Tm = (I + Diag(beta) P)^{-1} with
+ * P = (k_i . k_j exp(G_i - G_j))_{j<i}. q, k: [B,T,H,K]; beta: [B,T,HV]; G: [B,T,HV,K];
+ * Aqk, Tm: [B,T,HV,BT]. */
+dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm);
+/* N5: W = Tm (beta k exp(G)), U = Tm (beta v), KG = k exp(G_last - G), QG = q exp(G).
+ * q, k: [B,T,H,K]; v: [B,T,HV,V]; beta: [B,T,HV]; G: [B,T,HV,K]; Tm: [B,T,HV,BT] (only its lower
+ * triangle incl. the diagonal is read). W, KG, QG: [B,T,HV,K]; U: [B,T,HV,V]. */
+dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
+                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
+/* N6: sequential over chunks: h_c (state at chunk start), E_c = U_c - W_c h_c,
+ * h_{c+1} = Diag(exp(G_last)) h_c + KG_c^T E_c. W, KG, G: [B,T,HV,K]; U: [B,T,HV,V];
+ * h0: [N,HV,K,V] or NULL (zero). h: [B,NT,HV,K,V]; E: [B,T,HV,V]; ht: [N,HV,K,V] (pass NULL to
+ * skip it). */
+dg_status dg_kda_state(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+                       dg_tensor *h0, const dg_kda_opts *opts, dg_tensor **h, dg_tensor **E,
+                       dg_tensor **ht);
+/* N7: O_c = scale * QG_c h_c + Aqk_c E_c (Aqk read for j <= i only). QG: [B,T,HV,K];
+ * h: [B,NT,HV,K,V]; Aqk: [B,T,HV,BT]; E: [B,T,HV,V]; o: [B,T,HV,V]. scale from opts (<= 0:
+ * K^-1/2). */
+dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                        const dg_kda_opts *opts, dg_tensor **o);
 /* KDA_STAGE_API_END */
 
 #ifdef __cplusplus

@@ -9,10 +9,14 @@
 static _Thread_local char g_err[1024];
 
 dg_status dg__err(dg_status s, const char *fmt, ...) {
+    /* Format into a scratch buffer first: callers may pass dg_last_error() as an argument to
+     * wrap an inner message. */
+    char tmp[sizeof g_err];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(g_err, tmp, sizeof g_err);
     return s;
 }
 

@@ -58,6 +58,7 @@ static void test_views_and_tape(dg_ctx *cpu) {
              "slice/transpose view values");
     free(xv);
     free(yv);
+    dg_tensor_free(&y);
 
     /* Gradient accumulates across two uses; tape reset frees nodes; no_grad records nothing. */
     dg_tape_reset();

@@ -1,0 +1,101 @@
+/*
+ * kernels/kda/kda_cuda.h -- CUDA twins of the raw KDA stage functions in ops/kda/kda.h.
+ *
+ * Same math, same layouts, same argument order as the CPU reference functions (see the layout
+ * table at the top of ops/kda/kda.h), with three differences:
+ *   - every array is a DEVICE pointer to float (f32 storage and f32 arithmetic; the ops layer
+ *     converts bf16 inputs to f32 before calling and converts outputs back);
+ *   - the sequence/chunk tables live on the device in a kda_cuda_dims (built once per call);
+ *   - each function takes the dg_ctx whose stream it runs on and returns a dg_status (launch and
+ *     runtime errors are checked; nothing is synchronised unless stated).
+ * Gradient outputs are OVERWRITTEN (never accumulated), exactly like the CPU versions; NULL means
+ * "zero" for optional inputs and "skip" for optional outputs, also like the CPU versions.
+ *
+ * Layout reminder (TT = B*T flat tokens; NC = chunks over all sequences):
+ *   q, k [TT,H,K]; v, U, E, O [TT,HV,V]; g, G, W, KG, QG [TT,HV,K]; beta [TT,HV];
+ *   Aqk, Tm [TT,HV,BT] (token row t holds row t - chunk_t0 of its chunk's matrix);
+ *   h [NC,HV,K,V] (state at chunk start); h0, ht [N,HV,K,V]; A_log [HV]; dt_bias [HV*K].
+ */
+#ifndef DG_KDA_CUDA_H
+#define DG_KDA_CUDA_H
+
+#include "deltagrad.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kda_cuda_dims {
+    int64_t TT;               /* flat tokens */
+    int H, HV, K, V, BT;      /* heads, value heads, key dim, value dim, chunk size */
+    int N;                    /* sequences */
+    int64_t NC;               /* chunks over all sequences */
+    const int64_t *cu;        /* device [N+1]: sequence n = flat tokens [cu[n], cu[n+1]) */
+    const int64_t *chunk_off; /* device [N+1]: first chunk of sequence n; chunk_off[N] = NC */
+    const int64_t *chunk_t0;  /* device [NC]: first flat token of each chunk */
+    const int32_t *chunk_len; /* device [NC]: tokens in each chunk (the last one may be short) */
+    const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
+    void *buf;                /* owned device allocation holding the tables */
+    size_t buf_bytes;
+} kda_cuda_dims;
+
+/* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. */
+dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V, int BT, int N,
+                            const int64_t *cu_host, const int64_t *chunk_off_host,
+                            kda_cuda_dims *out);
+void kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d);
+
+/* ---- forward (kernels/kda/kda_fwd.cu) ---- */
+dg_status kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x, float *y, float *r);
+dg_status kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, float *beta);
+dg_status kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
+                            int cumsum, const float *x, const float *A_log, const float *dt_bias,
+                            float *G);
+dg_status kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                             const float *k, const float *beta, const float *G, float *Aqk,
+                             float *Tm);
+dg_status kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+                          const float *v, const float *beta, const float *G, const float *Tm,
+                          float *W, float *U, float *KG, float *QG);
+dg_status kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
+                             const float *KG, const float *G, const float *h0, float *h, float *E,
+                             float *ht);
+dg_status kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                              const float *h, const float *Aqk, const float *E, float *O);
+dg_status kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                                 const float *k, const float *v, const float *g,
+                                 const float *beta, const float *h0, float *o, float *ht);
+
+/* ---- backward (kernels/kda/kda_bwd.cu) ---- */
+dg_status kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y, const float *r,
+                              const float *dy, float *dx);
+dg_status kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, const float *dbeta,
+                            float *db);
+dg_status kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
+                            int cumsum, const float *x, const float *A_log, const float *dt_bias,
+                            const float *dG, float *dx, float *dA_log, float *ddt_bias);
+dg_status kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                             const float *k, const float *beta, const float *G, const float *Tm,
+                             const float *dAqk, const float *dTm, float *dq, float *dk,
+                             float *dbeta, float *dG);
+dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+                          const float *v, const float *beta, const float *G, const float *Tm,
+                          const float *dW, const float *dU, const float *dKG, const float *dQG,
+                          float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm);
+dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
+                             const float *G, const float *h, const float *E, const float *dh,
+                             const float *dE, const float *dht, float *dW, float *dU, float *dKG,
+                             float *dG, float *dh0);
+dg_status kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                              const float *h, const float *Aqk, const float *E, const float *dO,
+                              float *dQG, float *dh, float *dAqk, float *dE);
+dg_status kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                                 const float *k, const float *v, const float *g,
+                                 const float *beta, const float *h0, const float *dO,
+                                 const float *dht, float *dq, float *dk, float *dv, float *dg,
+                                 float *dbeta, float *dh0);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DG_KDA_CUDA_H */

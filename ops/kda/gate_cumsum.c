@@ -1,0 +1,211 @@
+/*
+ * ops/kda/gate_cumsum.c -- N3: the gate and the chunk-local cumsum (spec §3, §5.0, §6.5-6.6).
+ *
+ *   z = x + dt_bias[hv,d]
+ *   NONE:        g = x                                   (x is already the log decay, <= 0)
+ *   KDA:         g = -exp(A_log[hv]) softplus(z)
+ *   LOWERBOUND:  g = lb sigmoid(a z),  a = exp(A_log[hv]) (1 without A_log)
+ *   G_i = sum_{r <= i} g_r  inside each chunk (restarts every BT tokens of each sequence)
+ * Backward: dg = reverse chunk cumsum of dG, then the elementwise gate backward, reducing
+ * dA_log [HV] and ddt_bias [HV*K] over all tokens. Natural-log convention (exp, not exp2).
+ * Shapes: x, G [B,T,HV,K]. Saved: x, A_log, dt_bias (G is cheap to recompute and its backward
+ * does not need it, so CACHE and RECOMPUTE keep the same).
+ */
+#ifndef KDA_TMPL
+#include "kda.h"
+#define KDA_TMPL "gate_cumsum.c"
+#include "kda_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
+                      const KT *A_log, const KT *dt_bias, KT *G) {
+    const int HV = d->HV, K = d->K, row = HV * K;
+    const int64_t TT = d->B * d->T;
+    for (int64_t t = 0; t < TT; t++)
+        for (int hv = 0; hv < HV; hv++) {
+            const KT *xr = x + t * row + hv * K;
+            KT *gr = G + t * row + hv * K;
+            KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
+            for (int c = 0; c < K; c++) {
+                KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
+                if (kind == DG_GATE_KDA)
+                    gr[c] = -a * KF(kda_softplus)(z);
+                else if (kind == DG_GATE_LOWERBOUND)
+                    gr[c] = lb * KF(kda_sigmoid)(a * z);
+                else
+                    gr[c] = xr[c];
+            }
+        }
+    if (!cumsum)
+        return;
+    /* rows of one chunk are consecutive tokens, each row HV*K wide */
+    for (int n = 0; n < d->N; n++)
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            for (int i = 1; i < ch.L; i++) {
+                KT *cur = G + (ch.t0 + i) * row;
+                const KT *prev = cur - row;
+                for (int e = 0; e < row; e++)
+                    cur[e] += prev[e];
+            }
+        }
+}
+
+void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
+                      const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
+                      KT *ddt_bias) {
+    const int HV = d->HV, K = d->K, row = HV * K;
+    const int64_t TT = d->B * d->T;
+    memcpy(dx, dG, sizeof(KT) * (size_t)(TT * row));
+    if (cumsum)
+        for (int n = 0; n < d->N; n++)
+            for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+                kda_chunk ch = kda_chunk_at(d, n, c);
+                for (int i = ch.L - 2; i >= 0; i--) {
+                    KT *cur = dx + (ch.t0 + i) * row;
+                    const KT *next = cur + row;
+                    for (int e = 0; e < row; e++)
+                        cur[e] += next[e];
+                }
+            }
+    if (dA_log)
+        memset(dA_log, 0, sizeof(KT) * (size_t)HV);
+    if (ddt_bias)
+        memset(ddt_bias, 0, sizeof(KT) * (size_t)row);
+    if (kind == DG_GATE_NONE)
+        return;
+    for (int64_t t = 0; t < TT; t++)
+        for (int hv = 0; hv < HV; hv++) {
+            const KT *xr = x + t * row + hv * K;
+            KT *dr = dx + t * row + hv * K;
+            KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
+            KT da = 0;
+            for (int c = 0; c < K; c++) {
+                KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
+                KT dz;
+                if (kind == DG_GATE_KDA) {
+                    /* dg/dz = -a sigmoid(z), dg/dA_log = g */
+                    dz = -dr[c] * a * KF(kda_sigmoid)(z);
+                    da += dr[c] * (-a * KF(kda_softplus)(z));
+                } else {
+                    /* u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
+                    KT u = a * z, s = KF(kda_sigmoid)(u);
+                    KT du = dr[c] * lb * s * ((KT)1 - s);
+                    dz = du * a;
+                    da += du * u;
+                }
+                dr[c] = dz;
+                if (ddt_bias)
+                    ddt_bias[hv * K + c] += dz;
+            }
+            if (dA_log)
+                dA_log[hv] += da;
+        }
+}
+
+#else
+/* ---- node ----------------------------------------------------------------------------------- */
+
+#define OP "dg_kda_gate_cumsum"
+
+static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
+    const kda_np *np = (const kda_np *)n->params;
+    const kda_cfg *c = &np->cfg;
+    const dg_tensor *gG = dg__node_grad_out(n, 0);
+    if (!gG)
+        return DG_OK;
+    dg_tensor *x = n->saved[0], *A = n->saved[1], *bias = n->saved[2];
+    dg_tensor *tmp[4] = {0}, *dx = NULL, *dA = NULL, *db = NULL;
+    const void *p[4] = {0};
+    dg_status st = kda_host(ctx, x, c->dt, &tmp[0], &p[0]);
+    if (st == DG_OK && A)
+        st = kda_host(ctx, A, c->dt, &tmp[1], &p[1]);
+    if (st == DG_OK && bias)
+        st = kda_host(ctx, bias, c->dt, &tmp[2], &p[2]);
+    if (st == DG_OK)
+        st = kda_host(ctx, gG, c->dt, &tmp[3], &p[3]);
+    if (st == DG_OK)
+        st = dg__new_like(ctx, x, &dx);
+    if (st == DG_OK && A && dg__node_wants_grad(n, 1))
+        st = dg__new_like(ctx, A, &dA);
+    if (st == DG_OK && bias && dg__node_wants_grad(n, 2))
+        st = dg__new_like(ctx, bias, &db);
+    if (st == DG_OK) {
+        KDA_CALL(c->dt, kda_gate_bwd, &c->d, c->gate, c->lb, 1, p[0], p[1], p[2], p[3],
+                 dg_tensor_data(dx), dA ? dg_tensor_data(dA) : NULL,
+                 db ? dg_tensor_data(db) : NULL);
+        if (dg__node_wants_grad(n, 0))
+            st = dg__node_accum(ctx, n, 0, dx);
+        if (st == DG_OK && dA)
+            st = dg__node_accum(ctx, n, 1, dA);
+        if (st == DG_OK && db)
+            st = dg__node_accum(ctx, n, 2, db);
+    }
+    for (int i = 0; i < 4; i++)
+        dg_tensor_free(&tmp[i]);
+    dg_tensor_free(&dx);
+    dg_tensor_free(&dA);
+    dg_tensor_free(&db);
+    return st;
+}
+
+dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                             const dg_kda_opts *opts, dg_tensor **G) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "G", G));
+    *G = NULL;
+    DG_TRY(kda_check_first(OP, "g", g, 4, "B,T,HV,K"));
+    const int64_t *s = g->shape;
+    kda_cfg cfg;
+    DG_TRY(kda_cfg_init(OP, opts, s[0], s[1], (int)s[2], (int)s[2], (int)s[3], 1, g->dtype, &cfg));
+    dg_status st = DG_OK;
+    if (cfg.gate == DG_GATE_NONE && (A_log || dt_bias))
+        st = dg__err(DG_ERR_ARG, OP ": A_log/dt_bias were given but opts->gate is DG_GATE_NONE "
+                                    "(g is used as the log decay itself)");
+    else if (cfg.gate == DG_GATE_KDA && !A_log)
+        st = dg__err(DG_ERR_ARG, OP ": A_log [HV] is required with DG_GATE_KDA");
+    int64_t shA[1] = {s[2]}, shB[1] = {s[2] * s[3]};
+    if (st == DG_OK && A_log)
+        st = kda_check(OP, "A_log", A_log, cfg.dt, 1, shA, "HV");
+    if (st == DG_OK && dt_bias)
+        st = kda_check(OP, "dt_bias", dt_bias, cfg.dt, 1, shB, "HV*K");
+    dg_tensor *tmp[3] = {0};
+    const void *p[3] = {0};
+    dg_tensor *in[3] = {g, A_log, dt_bias};
+    for (int i = 0; i < 3 && st == DG_OK; i++)
+        if (in[i])
+            st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = dg__new_like(ctx, g, G);
+    if (st == DG_OK)
+        KDA_CALL(cfg.dt, kda_gate_fwd, &cfg.d, cfg.gate, cfg.lb, 1, p[0], p[1], p[2],
+                 dg_tensor_data(*G));
+    if (st == DG_OK && dg__needs_grad(3, in)) {
+        dg_node *n;
+        st = dg__node_new("kda_gate_cumsum", DG_POLICY_RECOMPUTE, gate_backward, ctx, &n);
+        if (st == DG_OK) {
+            for (int i = 0; i < 3 && st == DG_OK; i++)
+                st = dg__node_input(n, in[i]);
+            if (st == DG_OK)
+                st = dg__node_output(n, *G);
+            for (int i = 0; i < 3 && st == DG_OK; i++)
+                st = dg__node_save(n, in[i]);
+            if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+                st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+            if (st == DG_OK)
+                st = dg__node_commit(n);
+            else
+                dg__node_abort(n);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        dg_tensor_free(&tmp[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK)
+        dg_tensor_free(G);
+    return st;
+}
+#endif

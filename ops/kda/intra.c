@@ -1,0 +1,250 @@
+/*
+ * ops/kda/intra.c -- N4: the intra-chunk matrices (spec §5.1-5.2, backward §6.3 last line, §6.4).
+ *
+ * Per chunk (rows i, j < L) and value head:
+ *   Araw[i,j] = sum_d q_i k_j exp(G_i - G_j)  (j <= i)      Aqk = s Araw
+ *   P[i,j]    = sum_d k_i k_j exp(G_i - G_j)  (j <  i)      Lkk = Diag(beta) P
+ *   Tm        = (I + Lkk)^{-1}   by forward substitution (unit lower triangular)
+ * Backward from dAqk, dTm:  dLkk = -stril(Tm^T dTm Tm^T), then Rq, Cq, Rk, Ck of §6.4 into dq,
+ * dk, dbeta, dG. Stability (§7.1): exponents G_i - G_j are only formed for j <= i, where they are
+ * <= 0 (G falls within a chunk), so nothing above 1 is ever exponentiated. P is recomputed in
+ * backward on the fly from the same exponentials (it costs nothing extra), so the node keeps
+ * q, k, beta, G and Tm under either policy. Shapes: q, k [B,T,H,K]; beta [B,T,HV];
+ * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT].
+ */
+#ifndef KDA_TMPL
+#include "kda.h"
+#define KDA_TMPL "intra.c"
+#include "kda_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+dg_status KF(kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
+                            const KT *G, KT *Aqk, KT *Tm) {
+    const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
+    KT *Lk = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT); /* Lkk of one chunk, [L,L] */
+    if (!Lk)
+        return dg__err(DG_ERR_NOMEM, "kda_intra_fwd: no memory");
+    for (int n = 0; n < d->N; n++)
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            for (int hv = 0; hv < HV; hv++) {
+                const int hq = hv / grp;
+                for (int i = 0; i < ch.L; i++) {
+                    const int64_t ti = ch.t0 + i;
+                    const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+                    const KT *Gi = G + (ti * HV + hv) * K;
+                    KT *arow = Aqk + (ti * HV + hv) * BT;
+                    memset(arow, 0, sizeof(KT) * (size_t)BT);
+                    for (int j = 0; j <= i; j++) {
+                        const int64_t tj = ch.t0 + j;
+                        const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                        KT a = 0, p = 0;
+                        for (int e = 0; e < K; e++) {
+                            KT x = kj[e] * KEXP(Gi[e] - Gj[e]);
+                            a += qi[e] * x;
+                            p += ki[e] * x;
+                        }
+                        arow[j] = scale * a;
+                        if (j < i)
+                            Lk[i * BT + j] = beta[ti * HV + hv] * p;
+                    }
+                }
+                /* T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]  (j < i), T[i,i] = 1 */
+                for (int i = 0; i < ch.L; i++) {
+                    KT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
+                    memset(trow, 0, sizeof(KT) * (size_t)BT);
+                    trow[i] = 1;
+                    for (int j = 0; j < i; j++) {
+                        KT s = 0;
+                        for (int m = j; m < i; m++)
+                            s += Lk[i * BT + m] * Tm[((ch.t0 + m) * HV + hv) * BT + j];
+                        trow[j] = -s;
+                    }
+                }
+            }
+        }
+    DG_FREE(Lk);
+    return DG_OK;
+}
+
+dg_status KF(kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
+                            const KT *G, const KT *Tm, const KT *dAqk, const KT *dTm, KT *dq,
+                            KT *dk, KT *dbeta, KT *dG) {
+    const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
+    const int64_t TT = d->B * d->T;
+    memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
+    memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
+    memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
+    memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
+    /* X1 = dTm Tm^T and dL = dLkk of one chunk, both [L,L] */
+    KT *X1 = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT);
+    if (!X1)
+        return dg__err(DG_ERR_NOMEM, "kda_intra_bwd: no memory");
+    KT *dL = X1 + BT * BT;
+#define TM(i, j) Tm[((ch.t0 + (i)) * HV + hv) * BT + (j)]
+    for (int n = 0; n < d->N; n++)
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            const int L = ch.L;
+            for (int hv = 0; hv < HV; hv++) {
+                const int hq = hv / grp;
+                /* dLkk = -stril(Tm^T dTm Tm^T); only the strictly lower part of dTm matters (the
+                 * diagonal and upper part of Tm are constants) */
+                memset(dL, 0, sizeof(KT) * (size_t)BT * BT);
+                if (dTm) {
+                    for (int m = 0; m < L; m++) {
+                        const KT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
+                        for (int j = 0; j < m; j++) {
+                            KT s = 0;
+                            for (int a = 0; a <= j; a++) /* a < m and Tm[j,a] = 0 for a > j */
+                                s += dtr[a] * TM(j, a);
+                            X1[m * BT + j] = s;
+                        }
+                    }
+                    for (int i = 0; i < L; i++)
+                        for (int j = 0; j < i; j++) {
+                            KT s = 0;
+                            for (int m = i; m < L; m++) /* Tm[m,i] = 0 for m < i; X1[m,j]: j < m */
+                                s += TM(m, i) * X1[m * BT + j];
+                            dL[i * BT + j] = -s;
+                        }
+                }
+                for (int i = 0; i < L; i++) {
+                    const int64_t ti = ch.t0 + i;
+                    const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+                    const KT *Gi = G + (ti * HV + hv) * K;
+                    const KT bi = beta[ti * HV + hv];
+                    KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                    KT *dGi = dG + (ti * HV + hv) * K;
+                    KT db = 0;
+                    for (int j = 0; j <= i; j++) {
+                        const int64_t tj = ch.t0 + j;
+                        const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                        KT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
+                        const KT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (KT)0;
+                        const KT dP = j < i ? bi * dL[i * BT + j] : (KT)0;
+                        KT p = 0;
+                        for (int e = 0; e < K; e++) {
+                            const KT x = KEXP(Gi[e] - Gj[e]);
+                            const KT kjx = kj[e] * x;
+                            const KT rq = dA * kjx, rk = dP * kjx; /* row side, into i */
+                            const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
+                            dqi[e] += rq;
+                            dki[e] += rk;
+                            dkj[e] += cq + ck;
+                            dGi[e] += qi[e] * rq + ki[e] * rk;
+                            dGj[e] -= kj[e] * (cq + ck);
+                            p += ki[e] * kjx;
+                        }
+                        if (j < i)
+                            db += dL[i * BT + j] * p;
+                    }
+                    dbeta[ti * HV + hv] = db;
+                }
+            }
+        }
+#undef TM
+    DG_FREE(X1);
+    return DG_OK;
+}
+
+#else
+/* ---- node ----------------------------------------------------------------------------------- */
+
+#define OP "dg_kda_intra"
+
+static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
+    const kda_cfg *c = &((const kda_np *)n->params)->cfg;
+    const dg_tensor *gA = dg__node_grad_out(n, 0), *gT = dg__node_grad_out(n, 1);
+    if (!gA && !gT)
+        return DG_OK;
+    /* saved: q, k, beta, G, Tm */
+    dg_tensor *tmp[7] = {0}, *gr[4] = {0};
+    const void *p[7] = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 5 && st == DG_OK; i++)
+        st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+    if (st == DG_OK && gA)
+        st = kda_host(ctx, gA, c->dt, &tmp[5], &p[5]);
+    if (st == DG_OK && gT)
+        st = kda_host(ctx, gT, c->dt, &tmp[6], &p[6]);
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        st = dg__new_like(ctx, n->saved[i], &gr[i]);
+    if (st == DG_OK)
+        st = KDA_CALL(c->dt, kda_intra_bwd, &c->d, c->scale, p[0], p[1], p[2], p[3], p[4], p[5],
+                      p[6], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                      dg_tensor_data(gr[3]));
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        if (dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, gr[i]);
+    for (int i = 0; i < 7; i++)
+        dg_tensor_free(&tmp[i]);
+    for (int i = 0; i < 4; i++)
+        dg_tensor_free(&gr[i]);
+    return st;
+}
+
+dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "Aqk", Aqk));
+    DG_TRY(dg__check_ptr(OP, "Tm", Tm));
+    *Aqk = *Tm = NULL;
+    DG_TRY(kda_check_first(OP, "q", q, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "beta", beta, 3, "B,T,HV"));
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
+    const int64_t HV = beta->shape[2];
+    int64_t sq[4] = {B, T, H, K}, sb[3] = {B, T, HV}, sg[4] = {B, T, HV, K};
+    DG_TRY(kda_check(OP, "k", k, q->dtype, 4, sq, "B,T,H,K"));
+    DG_TRY(kda_check(OP, "beta", beta, q->dtype, 3, sb, "B,T,HV"));
+    DG_TRY(kda_check(OP, "G", G, q->dtype, 4, sg, "B,T,HV,K"));
+    kda_cfg cfg;
+    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
+    int64_t sa[4] = {B, T, HV, cfg.d.BT};
+    dg_tensor *in[4] = {q, k, beta, G}, *tmp[4] = {0};
+    const void *p[4] = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sa, Aqk);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sa, Tm);
+    if (st == DG_OK)
+        st = KDA_CALL(cfg.dt, kda_intra_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3],
+                      dg_tensor_data(*Aqk), dg_tensor_data(*Tm));
+    if (st == DG_OK && dg__needs_grad(4, in)) {
+        dg_node *n;
+        st = dg__node_new("kda_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
+        if (st == DG_OK) {
+            for (int i = 0; i < 4 && st == DG_OK; i++)
+                st = dg__node_input(n, in[i]);
+            if (st == DG_OK)
+                st = dg__node_output(n, *Aqk);
+            if (st == DG_OK)
+                st = dg__node_output(n, *Tm);
+            for (int i = 0; i < 4 && st == DG_OK; i++)
+                st = dg__node_save(n, in[i]);
+            if (st == DG_OK)
+                st = dg__node_save(n, *Tm);
+            if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+                st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+            if (st == DG_OK)
+                st = dg__node_commit(n);
+            else
+                dg__node_abort(n);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        dg_tensor_free(&tmp[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK) {
+        dg_tensor_free(Aqk);
+        dg_tensor_free(Tm);
+    }
+    return st;
+}
+#endif

@@ -1,0 +1,236 @@
+/*
+ * ops/kda/kda.h -- internal declarations shared by the KDA stage files (and by the CUDA twins of
+ * the raw kernels): the raw-array reference functions of every stage, forward and backward, the
+ * option/shape validation shared by the public entry points, and the recompute context of the
+ * composite.
+ *
+ * Spec: shared/spec/KDA.md (section numbers below refer to it). Letters: B, T, H, HV, K, V, BT, N,
+ * NC (total chunks over all sequences), G = HV / H (value heads per q/k head).
+ *
+ * Layouts of the raw arrays (contiguous, row-major; "token" = flat index b*T + t, TT = B*T):
+ *   q, k                 [TT, H, K]     value head hv reads q/k head hv / G
+ *   v, U, E, O           [TT, HV, V]
+ *   g, G, W, KG, QG      [TT, HV, K]    G = chunk-local inclusive cumsum of the log decay
+ *   beta                 [TT, HV]
+ *   Aqk, Tm              [TT, HV, BT]   token row t holds row (t - chunk start) of its chunk's
+ *                                       matrix; only columns j <= row (j < row for Lkk) are read
+ *   h                    [NC, HV, K, V] state at the START of each chunk; row chunk_off[n] + c
+ *   h0, ht               [N, HV, K, V]
+ *   A_log [HV], dt_bias  [HV * K]
+ * Gradient outputs of the raw backward functions are OVERWRITTEN (zeroed first, never accumulated
+ * into); dq and dk have H heads and are summed over the G value heads of a group.
+ *
+ * Every raw function exists twice, suffix _f64 (double) and _f32 (float, f32 arithmetic). The
+ * bodies are written once per stage file with the type KT and name macro KF (see kda_tmpl.h).
+ */
+#ifndef DG_OPS_KDA_H
+#define DG_OPS_KDA_H
+
+#include <math.h>
+
+#include "../../autograd/tape.h"
+#include "../../tensor/tensor.h"
+
+/* Sizes and the sequence/chunk tables. cu and chunk_off are host arrays. */
+typedef struct kda_dims {
+    int64_t B, T;             /* tensor rows and tokens per row; TT = B * T */
+    int H, HV, K, V;          /* q/k heads, value heads, key dim, value dim */
+    int BT;                   /* chunk size */
+    int N;                    /* sequences: B, or n_seqs with cu_seqlens (then B = 1) */
+    const int64_t *cu;        /* [N+1] sequence n = tokens [cu[n], cu[n+1]) of the flat axis */
+    const int64_t *chunk_off; /* [N+1] first chunk of sequence n; chunk_off[N] = NC */
+} kda_dims;
+
+/* One chunk: tokens [t0, t0 + L) of the flat axis, global chunk index idx (row of h). */
+typedef struct kda_chunk {
+    int64_t t0;
+    int L;
+    int64_t idx;
+} kda_chunk;
+
+static inline int64_t kda_nchunks(const kda_dims *d, int n) {
+    return d->chunk_off[n + 1] - d->chunk_off[n];
+}
+static inline kda_chunk kda_chunk_at(const kda_dims *d, int n, int64_t c) {
+    kda_chunk ch;
+    ch.t0 = d->cu[n] + c * d->BT;
+    int64_t left = d->cu[n + 1] - ch.t0;
+    ch.L = (int)(left < d->BT ? left : d->BT);
+    ch.idx = d->chunk_off[n] + c;
+    return ch;
+}
+
+/* ---- raw reference functions (declared for f64 and f32) ------------------------------------
+ * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
+ * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
+#define KDA_DECLARE_RAW(KT, SFX)                                                                   \
+    /* N1 (§4): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */             \
+    void kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                     \
+    /* dx = r (dy - (dy . y) y) */                                                                 \
+    void kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,         \
+                              KT *dx);                                                             \
+    /* N2 (§4): beta = c sigmoid(b), n elements. */                                               \
+    void kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                               \
+    void kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);                \
+    /* N3 (§3, §5.0): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.          \
+     * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
+    void kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
+                            const KT *A_log, const KT *dt_bias, KT *G);                            \
+    /* dG -> (reverse chunk cumsum) -> gate backward. dx: [TT,HV,K]; dA_log [HV], ddt_bias         \
+     * [HV*K] optional (reduced over tokens). */                                                   \
+    void kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
+                            const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,  \
+                            KT *ddt_bias);                                                         \
+    /* N4 (§5.1-5.2): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */    \
+    dg_status kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
+                                  const KT *beta, const KT *G, KT *Aqk, KT *Tm);                   \
+    /* (§6.3 last line, §6.4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta [TT,HV],      \
+     * dG [TT,HV,K]. */                                                                            \
+    dg_status kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
+                                  const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,       \
+                                  const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);               \
+    /* N5 (§5.2): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */        \
+    dg_status kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
+                               const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U, KT *KG,    \
+                               KT *QG);                                                            \
+    /* (§6.3 WY part, §10 N5) upstream dW, dU, dKG, dQG each optional. */                        \
+    dg_status kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
+                               const KT *beta, const KT *G, const KT *Tm, const KT *dW,            \
+                               const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk, KT *dv, \
+                               KT *dbeta, KT *dG, KT *dTm);                                        \
+    /* N6 (§5.3): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */      \
+    dg_status kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,       \
+                                  const KT *G, const KT *h0, KT *h, KT *E, KT *ht);                \
+    /* (§6.2, §10 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */           \
+    dg_status kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,       \
+                                  const KT *h, const KT *E, const KT *dh, const KT *dE,            \
+                                  const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);        \
+    /* N7 (§5.4): O = s QG h + Aqk E (j <= i). */                                                 \
+    void kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
+                              const KT *Aqk, const KT *E, KT *O);                                  \
+    /* (§6.1, §10 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */     \
+    void kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
+                              const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, \
+                              KT *dE);                                                             \
+    /* §2 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. */ \
+    dg_status kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
+                                      const KT *v, const KT *g, const KT *beta, const KT *h0,      \
+                                      KT *o, KT *ht);                                              \
+    /* Backward through time (states recomputed from checkpoints every KDA_REC_SEG tokens).        \
+     * dO, dht optional; dh0 optional. */                                                          \
+    dg_status kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
+                                      const KT *v, const KT *g, const KT *beta, const KT *h0,      \
+                                      const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, \
+                                      KT *dbeta, KT *dh0);
+
+KDA_DECLARE_RAW(double, f64)
+KDA_DECLARE_RAW(float, f32)
+
+#define KDA_L2_EPS 1e-6
+/* Call the f64 or f32 instantiation of raw function `fn` (pointer arguments as void *). */
+#define KDA_CALL(dt, fn, ...) ((dt) == DG_F64 ? fn##_f64(__VA_ARGS__) : fn##_f32(__VA_ARGS__))
+
+/* Overflow-free sigmoid and softplus in both precisions. */
+static inline double kda_sigmoid_f64(double x) {
+    if (x >= 0)
+        return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+static inline float kda_sigmoid_f32(float x) {
+    if (x >= 0)
+        return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+static inline double kda_softplus_f64(double x) {
+    return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+}
+static inline float kda_softplus_f32(float x) {
+    return x > 0 ? x + log1pf(expf(-x)) : log1pf(expf(x));
+}
+#define KDA_REC_SEG 64 /* recurrent backward: tokens between stored state checkpoints */
+
+/* ---- options, validation, node parameters (kda_common.c) ----------------------------------- */
+
+/* Resolved options plus the dims. Owns its tables (kda_cfg_free). */
+typedef struct kda_cfg {
+    kda_dims d;
+    dg_dtype dt;  /* compute dtype: DG_F64 or DG_F32 */
+    double scale; /* resolved (> 0) */
+    dg_gate_kind gate;
+    double lb;     /* resolved lower bound */
+    double beta_c; /* 1 or 2 */
+    int64_t *tab;  /* [2(N+1)]: cu then chunk_off (owned, or inside a node's params) */
+} kda_cfg;
+
+/* Validate opts and build tables for tensors of B rows of T tokens. `op` names the caller in
+ * messages. H, HV, K, V are taken as given (the caller checked them against the tensors). */
+dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64_t T, int H, int HV,
+                       int K, int V, dg_dtype dt, kda_cfg *cfg);
+void kda_cfg_free(kda_cfg *cfg);
+/* Total number of chunks NC. */
+static inline int64_t kda_cfg_nc(const kda_cfg *c) { return c->tab[2 * (c->d.N + 1) - 1]; }
+
+/* t must be a CPU tensor (CUDA: DG_ERR_UNSUPPORTED) of dtype `dt` (NULL t: error unless
+ * optional) with `ndim` dims equal to `shape`; `names` spells the dims ("B,T,HV,V"). */
+dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtype dt, int ndim,
+                    const int64_t *shape, const char *names);
+/* The dtype q/k/... must share: F64 or F32 on the CPU; the message names `arg`. */
+dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, int ndim,
+                          const char *names);
+
+/* The arguments of dg_kda_chunk / dg_kda_recurrent: q fixes B, T, H, K and the dtype, v fixes HV
+ * and V; every other tensor must match (A_log/dt_bias per opts->gate; h0 optional). */
+dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, kda_cfg *cfg);
+
+/* Contiguous host pointer for t in dtype dt: t itself or a copy held in *tmp (free with
+ * dg_tensor_free; NULL when no copy was needed). */
+dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr);
+/* New contiguous tensor (uninitialised) of cfg's dtype. */
+dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out);
+
+/* Params block of every KDA node: the cfg (tables copied behind it), an optional recompute
+ * context, and a few node-specific integers. */
+typedef struct kda_rc kda_rc;
+typedef struct kda_np {
+    kda_cfg cfg;
+    kda_rc *rc;
+    int flags;
+    int64_t tab[]; /* cfg.tab points here */
+} kda_np;
+/* Allocate the params of n from cfg (tables copied). rc may be NULL; a non-NULL rc is retained
+ * and released when the node is destroyed. */
+kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc);
+
+/* ---- recompute context (kda_rc.c) -----------------------------------------------------------
+ * Shared by the wy/state/output nodes of one dg_kda_chunk call, and used alone by dg_kda_state
+ * and dg_kda_output. It holds either cached tensors W, U, KG, QG, h, E, or what is needed to
+ * recompute them in backward (q, k, v, beta, G, Tm, h0): spec §6.7, FLA's recompute_w_u and the
+ * second state pass. A tensor recomputed in backward is kept until kda_rc_drop_recomputed(). */
+typedef enum { KDA_W = 0, KDA_U, KDA_KG, KDA_QG, KDA_H, KDA_E, KDA_RC_NSLOT } kda_rc_slot;
+
+dg_status kda_rc_new(const kda_cfg *cfg, kda_rc **out);
+kda_rc *kda_rc_retain(kda_rc *rc);
+void kda_rc_release(kda_rc **rc);
+/* Inputs of the recomputation (retained; any may be NULL when not needed). */
+void kda_rc_set_inputs(kda_rc *rc, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                       dg_tensor *G, dg_tensor *Tm, dg_tensor *h0);
+/* Keep `t` (retained) as slot s for backward. */
+void kda_rc_cache(kda_rc *rc, kda_rc_slot s, dg_tensor *t);
+/* Borrowed pointer to slot s, recomputed on first use. */
+dg_status kda_rc_get(kda_rc *rc, dg_ctx *ctx, kda_rc_slot s, dg_tensor **out);
+/* Add every tensor the context holds to n's saved list (so dg_tape_bytes counts them). */
+dg_status kda_rc_save_all(kda_rc *rc, dg_node *n);
+void kda_rc_drop_recomputed(kda_rc *rc);
+
+/* ---- internal entry points used by the composite (the public ones pass rc = NULL) ---------- */
+dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+                       dg_tensor *h0, const dg_kda_opts *opts, kda_rc *rc, dg_tensor **h,
+                       dg_tensor **E, dg_tensor **ht);
+dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                        const dg_kda_opts *opts, kda_rc *rc, dg_tensor **o);
+
+#endif /* DG_OPS_KDA_H */

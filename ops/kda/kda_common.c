@@ -1,0 +1,231 @@
+/*
+ * ops/kda/kda_common.c -- what every KDA entry point shares: option resolution and the
+ * sequence/chunk tables (spec §8), argument checks with messages that name the argument and the
+ * expected shape, host pointers of inputs, and the params block of a KDA tape node.
+ */
+#include "kda.h"
+
+#include <stdio.h>
+
+dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64_t T, int H, int HV,
+                       int K, int V, dg_dtype dt, kda_cfg *cfg) {
+    static const dg_kda_opts defaults;
+    memset(cfg, 0, sizeof *cfg);
+    if (!opts)
+        opts = &defaults;
+    int BT = opts->chunk_size ? opts->chunk_size : 64;
+    if (BT != 16 && BT != 32 && BT != 64)
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 64), got %d", op,
+                       opts->chunk_size);
+    if (opts->gate != DG_GATE_NONE && opts->gate != DG_GATE_KDA && opts->gate != DG_GATE_LOWERBOUND)
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->gate must be DG_GATE_NONE, DG_GATE_KDA or "
+                       "DG_GATE_LOWERBOUND, got %d",
+                       op, (int)opts->gate);
+    double lb = opts->lower_bound == 0 ? -5.0 : opts->lower_bound;
+    if (opts->gate == DG_GATE_LOWERBOUND && !(lb >= -5.0 && lb < 0.0))
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->lower_bound must be in [-5, 0) (0 selects -5), got %g", op,
+                       opts->lower_bound);
+    if (B < 1 || T < 1 || K < 1 || V < 1 || H < 1 || HV < 1)
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: every dim must be >= 1, got B=%lld T=%lld H=%d HV=%d K=%d V=%d", op,
+                       (long long)B, (long long)T, H, HV, K, V);
+    if (HV % H != 0)
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: value heads HV=%d must be a multiple of the q/k heads H=%d (GVA)", op,
+                       HV, H);
+    if (!isfinite(opts->scale))
+        return dg__err(DG_ERR_ARG, "%s: opts->scale must be finite, got %g", op, opts->scale);
+
+    int N;
+    if (opts->cu_seqlens) {
+        if (B != 1)
+            return dg__err(DG_ERR_ARG,
+                           "%s: cu_seqlens needs B == 1 (varlen packs the sequences into one row), "
+                           "got B=%lld",
+                           op, (long long)B);
+        if (opts->n_seqs < 1)
+            return dg__err(DG_ERR_ARG, "%s: opts->n_seqs must be >= 1 with cu_seqlens, got %d", op,
+                           opts->n_seqs);
+        N = opts->n_seqs;
+        const int64_t *cu = opts->cu_seqlens;
+        if (cu[0] != 0 || cu[N] != T)
+            return dg__err(
+                DG_ERR_ARG,
+                "%s: cu_seqlens must start at 0 and end at T=%lld, got cu_seqlens[0]=%lld "
+                "cu_seqlens[%d]=%lld",
+                op, (long long)T, (long long)cu[0], N, (long long)cu[N]);
+        for (int n = 0; n < N; n++)
+            if (cu[n + 1] < cu[n])
+                return dg__err(DG_ERR_ARG,
+                               "%s: cu_seqlens must be non-decreasing, got cu_seqlens[%d]=%lld > "
+                               "cu_seqlens[%d]=%lld",
+                               op, n, (long long)cu[n], n + 1, (long long)cu[n + 1]);
+    } else {
+        if (B > INT32_MAX)
+            return dg__err(DG_ERR_SHAPE, "%s: B=%lld is too large", op, (long long)B);
+        N = (int)B;
+    }
+
+    cfg->tab = (int64_t *)DG_MALLOC(sizeof(int64_t) * 2 * ((size_t)N + 1));
+    if (!cfg->tab)
+        return dg__err(DG_ERR_NOMEM, "%s: no memory for the chunk tables", op);
+    int64_t *cu = cfg->tab, *off = cfg->tab + N + 1;
+    off[0] = 0;
+    for (int n = 0; n <= N; n++)
+        cu[n] = opts->cu_seqlens ? opts->cu_seqlens[n] : (int64_t)n * T;
+    for (int n = 0; n < N; n++)
+        off[n + 1] = off[n] + (cu[n + 1] - cu[n] + BT - 1) / BT;
+
+    cfg->d.B = B;
+    cfg->d.T = T;
+    cfg->d.H = H;
+    cfg->d.HV = HV;
+    cfg->d.K = K;
+    cfg->d.V = V;
+    cfg->d.BT = BT;
+    cfg->d.N = N;
+    cfg->d.cu = cu;
+    cfg->d.chunk_off = off;
+    cfg->dt = dt;
+    cfg->scale = opts->scale > 0 ? opts->scale : 1.0 / sqrt((double)K);
+    cfg->gate = opts->gate;
+    cfg->lb = lb;
+    cfg->beta_c = opts->allow_neg_eigval ? 2.0 : 1.0;
+    return DG_OK;
+}
+
+void kda_cfg_free(kda_cfg *cfg) {
+    DG_FREE(cfg->tab);
+    cfg->tab = NULL;
+}
+
+static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t len = 0;
+    len += (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, i ? ",%lld" : "%lld", (long long)shape[i]);
+    if (len < n)
+        snprintf(buf + len, n - len, "]");
+}
+
+static dg_status check_place(const char *op, const char *arg, const dg_tensor *t) {
+    if (!t)
+        return dg__err(DG_ERR_ARG, "%s: %s is NULL", op, arg);
+    if (dg__is_cuda(t))
+        return dg__err(DG_ERR_UNSUPPORTED,
+                       "%s: %s is a CUDA tensor (%s): CUDA KDA kernels not built yet", op, arg,
+                       dg_tensor_desc(t));
+    return DG_OK;
+}
+
+dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, int ndim,
+                          const char *names) {
+    DG_TRY(check_place(op, arg, t));
+    if (t->dtype != DG_F64 && t->dtype != DG_F32)
+        return dg__err(DG_ERR_DTYPE, "%s: %s must be f64 or f32 on the CPU, got %s", op, arg,
+                       dg_tensor_desc(t));
+    if (t->ndim != ndim)
+        return dg__err(DG_ERR_SHAPE, "%s: %s must be [%s] (%d-D), got %s", op, arg, names, ndim,
+                       dg_tensor_desc(t));
+    return DG_OK;
+}
+
+dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtype dt, int ndim,
+                    const int64_t *shape, const char *names) {
+    DG_TRY(check_place(op, arg, t));
+    char want[128];
+    fmt_shape(want, sizeof want, ndim, shape);
+    if (t->dtype != dt)
+        return dg__err(DG_ERR_DTYPE,
+                       "%s: %s must be [%s] = %s %s (one dtype for all inputs), got %s", op, arg,
+                       names, want, dg_dtype_name(dt), dg_tensor_desc(t));
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
+    if (!ok)
+        return dg__err(DG_ERR_SHAPE, "%s: %s must be [%s] = %s %s, got %s", op, arg, names, want,
+                       dg_dtype_name(dt), dg_tensor_desc(t));
+    return DG_OK;
+}
+
+dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
+                   const void **ptr) {
+    *tmp = NULL;
+    if (t->dtype == dt && !dg__is_cuda(t) && dg_tensor_is_contiguous(t)) {
+        *ptr = dg_tensor_data(t);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(ctx, dt, t->ndim, t->shape, tmp));
+    dg_status s = dg_tensor_copy_(*tmp, t);
+    if (s != DG_OK) {
+        dg_tensor_free(tmp);
+        return s;
+    }
+    *ptr = dg_tensor_data(*tmp);
+    return DG_OK;
+}
+
+dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out) {
+    return dg_tensor_new(ctx, c->dt, ndim, shape, out);
+}
+
+static void np_free(void *params) {
+    kda_np *np = (kda_np *)params;
+    kda_rc_release(&np->rc);
+}
+
+kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
+    size_t ntab = 2 * ((size_t)cfg->d.N + 1);
+    kda_np *np = (kda_np *)dg__node_params(n, sizeof(kda_np) + ntab * sizeof(int64_t));
+    if (!np)
+        return NULL;
+    np->cfg = *cfg;
+    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
+    np->cfg.tab = np->tab;
+    np->cfg.d.cu = np->tab;
+    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
+    if (rc) {
+        np->rc = kda_rc_retain(rc);
+        n->params_free = np_free;
+    }
+    return np;
+}
+
+dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, kda_cfg *cfg) {
+    DG_TRY(kda_check_first(op, "q", q, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(op, "v", v, 4, "B,T,HV,V"));
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
+    const int64_t HV = v->shape[2], V = v->shape[3];
+    DG_TRY(kda_cfg_init(op, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
+    const dg_dtype dt = q->dtype;
+    int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sg[4] = {B, T, HV, K}, sb[3] = {B, T, HV};
+    int64_t sA[1] = {HV}, sd[1] = {HV * K}, s0[4] = {cfg->d.N, HV, K, V};
+    dg_status st = kda_check(op, "k", k, dt, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(op, "v", v, dt, 4, sv, "B,T,HV,V");
+    if (st == DG_OK)
+        st = kda_check(op, "g", g, dt, 4, sg, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_check(op, "beta", beta, dt, 3, sb, "B,T,HV");
+    if (st == DG_OK && cfg->gate == DG_GATE_NONE && (A_log || dt_bias))
+        st = dg__err(DG_ERR_ARG,
+                     "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
+                     "used as the log decay itself)",
+                     op);
+    if (st == DG_OK && cfg->gate == DG_GATE_KDA && !A_log)
+        st = dg__err(DG_ERR_ARG, "%s: A_log [HV] is required with DG_GATE_KDA", op);
+    if (st == DG_OK && A_log)
+        st = kda_check(op, "A_log", A_log, dt, 1, sA, "HV");
+    if (st == DG_OK && dt_bias)
+        st = kda_check(op, "dt_bias", dt_bias, dt, 1, sd, "HV*K");
+    if (st == DG_OK && h0)
+        st = kda_check(op, "h0", h0, dt, 4, s0, "N,HV,K,V");
+    if (st != DG_OK)
+        kda_cfg_free(cfg);
+    return st;
+}

@@ -1,0 +1,145 @@
+/*
+ * ops/kda/l2norm.c -- N1: the in-op L2 norm of q and k (spec §4, FLA use_qk_l2norm_in_kernel).
+ *
+ *   r = 1 / sqrt(sum_d x_d^2 + 1e-6)   (eps inside the sqrt),   y = x r
+ *   dx = r (dy - (dy . y) y)
+ * x, y: [..., K] (KDA: [B,T,H,K]). Under CACHE (the default, as FLA keeps q_rstd, k_rstd) the node
+ * keeps y and r [rows]; under RECOMPUTE only x, and backward recomputes y and r.
+ */
+#ifndef KDA_TMPL
+#include "kda.h"
+#define KDA_TMPL "l2norm.c"
+#include "kda_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
+    for (int64_t i = 0; i < rows; i++) {
+        const KT *xr = x + i * K;
+        KT ss = 0;
+        for (int c = 0; c < K; c++)
+            ss += xr[c] * xr[c];
+        KT ri = (KT)1 / KSQRT(ss + (KT)KDA_L2_EPS);
+        for (int c = 0; c < K; c++)
+            y[i * K + c] = xr[c] * ri;
+        if (r)
+            r[i] = ri;
+    }
+}
+
+void KF(kda_l2norm_bwd)(int64_t rows, int K, const KT *y, const KT *r, const KT *dy, KT *dx) {
+    for (int64_t i = 0; i < rows; i++) {
+        const KT *yr = y + i * K, *dyr = dy + i * K;
+        KT dot = 0;
+        for (int c = 0; c < K; c++)
+            dot += dyr[c] * yr[c];
+        for (int c = 0; c < K; c++)
+            dx[i * K + c] = r[i] * (dyr[c] - dot * yr[c]);
+    }
+}
+
+#else
+/* ---- node ----------------------------------------------------------------------------------- */
+
+#define OP "dg_kda_l2norm"
+
+typedef struct l2_params {
+    dg_dtype dt;
+    int64_t rows;
+    int K;
+} l2_params;
+
+static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
+    const l2_params *p = (const l2_params *)n->params;
+    const dg_tensor *gy = dg__node_grad_out(n, 0);
+    if (!gy || !dg__node_wants_grad(n, 0))
+        return DG_OK;
+    size_t es = dg_dtype_size(p->dt);
+    dg_tensor *tg = NULL, *dx = NULL, *tx = NULL;
+    const void *pdy = NULL, *py = NULL, *pr = NULL;
+    void *scratch = NULL;
+    dg_status st = kda_host(ctx, gy, p->dt, &tg, &pdy);
+    if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
+        py = dg_tensor_data(n->saved[0]);
+        pr = dg_tensor_data(n->saved[1]);
+    } else if (st == DG_OK) {
+        const void *px = NULL;
+        st = kda_host(ctx, n->saved[0], p->dt, &tx, &px);
+        scratch = DG_MALLOC(es * (size_t)p->rows * ((size_t)p->K + 1));
+        if (st == DG_OK && !scratch)
+            st = dg__err(DG_ERR_NOMEM, OP " backward: no memory");
+        if (st == DG_OK) {
+            void *y = scratch, *r = (char *)scratch + es * (size_t)(p->rows * p->K);
+            KDA_CALL(p->dt, kda_l2norm_fwd, p->rows, p->K, px, y, r);
+            py = y;
+            pr = r;
+        }
+    }
+    if (st == DG_OK)
+        st = dg__new_like(ctx, n->saved[0], &dx);
+    if (st == DG_OK) {
+        KDA_CALL(p->dt, kda_l2norm_bwd, p->rows, p->K, py, pr, pdy, dg_tensor_data(dx));
+        st = dg__node_accum(ctx, n, 0, dx);
+    }
+    DG_FREE(scratch);
+    dg_tensor_free(&tg);
+    dg_tensor_free(&tx);
+    dg_tensor_free(&dx);
+    return st;
+}
+
+dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "y", y));
+    *y = NULL;
+    DG_TRY(dg__check_ptr(OP, "x", x));
+    DG_TRY(kda_check_first(OP, "x", x, x->ndim, "...,K"));
+    if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
+        return dg__err(DG_ERR_SHAPE, OP ": x must have a last axis K >= 1, got %s",
+                       dg_tensor_desc(x));
+    l2_params lp = {x->dtype, 0, (int)x->shape[x->ndim - 1]};
+    lp.rows = dg_tensor_numel(x) / lp.K;
+    dg_tensor *tx = NULL, *r = NULL;
+    const void *px = NULL;
+    dg_status st = kda_host(ctx, x, lp.dt, &tx, &px);
+    if (st == DG_OK)
+        st = dg__new_like(ctx, x, y);
+    int64_t rshape[1] = {lp.rows};
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, lp.dt, 1, rshape, &r);
+    if (st == DG_OK)
+        KDA_CALL(lp.dt, kda_l2norm_fwd, lp.rows, lp.K, px, dg_tensor_data(*y), dg_tensor_data(r));
+    if (st == DG_OK && dg__needs_grad(1, &x)) {
+        dg_node *n;
+        st = dg__node_new("kda_l2norm", DG_POLICY_CACHE, l2norm_backward, ctx, &n);
+        if (st == DG_OK) {
+            st = dg__node_input(n, x);
+            if (st == DG_OK)
+                st = dg__node_output(n, *y);
+            if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
+                st = dg__node_save(n, *y);
+                if (st == DG_OK)
+                    st = dg__node_save(n, r);
+            } else if (st == DG_OK) {
+                st = dg__node_save(n, x);
+            }
+            l2_params *pp = st == DG_OK ? (l2_params *)dg__node_params(n, sizeof *pp) : NULL;
+            if (st == DG_OK && !pp)
+                st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+            if (st == DG_OK) {
+                *pp = lp;
+                st = dg__node_commit(n);
+            } else {
+                dg__node_abort(n);
+            }
+        }
+    }
+    dg_tensor_free(&tx);
+    dg_tensor_free(&r);
+    if (st != DG_OK)
+        dg_tensor_free(y);
+    return st;
+}
+#endif

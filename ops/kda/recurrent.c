@@ -1,0 +1,371 @@
+/*
+ * ops/kda/recurrent.c -- dg_kda_recurrent: the token-by-token recurrence (spec §2) as ONE tape
+ * node with its own backward through time. It is the ground truth dg_kda_chunk must equal.
+ *
+ *   S' = Diag(exp(g_t)) S;  p = S'^T k_t;  e = beta_t (v_t - p);  S = S' + k_t e^T;
+ *   o_t = s S^T q_t
+ * Backward, t = T-1 .. 0, with dS = dL/dS_t (starts at dht):
+ *   dS += s q_t do_t^T, dq_t = s S_t do_t;  de = dS^T k_t, dk_t = dS e
+ *   dbeta_t = de . (v_t - p), dv_t = beta_t de, dp = -beta_t de
+ *   dS' = dS + k_t dp^T, dk_t += S' dp;  dg_t = rowsum(S' . dS');  dS <- Diag(exp(g_t)) dS'
+ * States S_t are recomputed from checkpoints stored every KDA_REC_SEG tokens (memory
+ * O(T/SEG + SEG) states per head instead of O(T)). The in-op transforms (l2norm of q, k, beta
+ * sigmoid, gate) are applied inside the same node with the raw functions of the stage files.
+ * The node keeps its inputs only (both policies): everything else is recomputed in backward.
+ */
+#ifndef KDA_TMPL
+#include "kda.h"
+#define KDA_TMPL "recurrent.c"
+#include "kda_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+/* One token of §2 on S [K,V] in place; writes o_t when o is not NULL. */
+static void KF(rec_step)(const kda_dims *d, KT scale, int64_t t, int hv, const KT *q, const KT *k,
+                         const KT *v, const KT *g, const KT *beta, KT *S, KT *o) {
+    const int H = d->H, HV = d->HV, K = d->K, V = d->V, hq = hv / (HV / H);
+    const KT *qt = q + (t * H + hq) * K, *kt = k + (t * H + hq) * K;
+    const KT *vt = v + (t * HV + hv) * V, *gt = g + (t * HV + hv) * K;
+    const KT bt = beta[t * HV + hv];
+    for (int a = 0; a < K; a++) {
+        const KT dec = KEXP(gt[a]);
+        for (int b = 0; b < V; b++)
+            S[a * V + b] *= dec;
+    }
+    for (int b = 0; b < V; b++) { /* column b of S' gives e_b, then gets its rank-1 update */
+        KT p = 0;
+        for (int a = 0; a < K; a++)
+            p += S[a * V + b] * kt[a];
+        const KT e = bt * (vt[b] - p);
+        for (int a = 0; a < K; a++)
+            S[a * V + b] += kt[a] * e;
+    }
+    if (o)
+        for (int b = 0; b < V; b++) {
+            KT s = 0;
+            for (int a = 0; a < K; a++)
+                s += S[a * V + b] * qt[a];
+            o[(t * HV + hv) * V + b] = scale * s;
+        }
+}
+
+dg_status KF(kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+                                const KT *g, const KT *beta, const KT *h0, KT *o, KT *ht) {
+    const int HV = d->HV;
+    const int64_t KV = (int64_t)d->K * d->V;
+    KT *S = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV);
+    if (!S)
+        return dg__err(DG_ERR_NOMEM, "kda_recurrent_fwd: no memory");
+    for (int n = 0; n < d->N; n++)
+        for (int hv = 0; hv < HV; hv++) {
+            if (h0)
+                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+            else
+                memset(S, 0, sizeof(KT) * (size_t)KV);
+            for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
+                KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
+            if (ht)
+                memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+        }
+    DG_FREE(S);
+    return DG_OK;
+}
+
+dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+                                const KT *g, const KT *beta, const KT *h0, const KT *dO,
+                                const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, KT *dbeta, KT *dh0) {
+    const int H = d->H, HV = d->HV, K = d->K, V = d->V, grp = HV / H, SEG = KDA_REC_SEG;
+    const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
+    int64_t maxlen = 0;
+    for (int n = 0; n < d->N; n++)
+        if (d->cu[n + 1] - d->cu[n] > maxlen)
+            maxlen = d->cu[n + 1] - d->cu[n];
+    const int64_t nseg_max = (maxlen + SEG - 1) / SEG;
+    /* ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS, Sp [K,V] | e, p, de [V] */
+    size_t total = (size_t)((nseg_max + SEG + 3) * KV + 3 * V);
+    KT *ckpt = (KT *)DG_MALLOC(sizeof(KT) * total);
+    if (!ckpt)
+        return dg__err(DG_ERR_NOMEM, "kda_recurrent_bwd: no memory");
+    KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
+    KT *e = Sp + KV, *p = e + V, *de = p + V;
+    memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
+    memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
+    for (int n = 0; n < d->N; n++)
+        for (int hv = 0; hv < HV; hv++) {
+            const int hq = hv / grp;
+            const int64_t t0 = d->cu[n], t1 = d->cu[n + 1];
+            KT *S = buf;
+            if (h0)
+                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+            else
+                memset(S, 0, sizeof(KT) * (size_t)KV);
+            for (int64_t t = t0; t < t1; t++) {
+                if ((t - t0) % SEG == 0)
+                    memcpy(ckpt + (t - t0) / SEG * KV, S, sizeof(KT) * (size_t)KV);
+                KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, NULL);
+            }
+            if (dht)
+                memcpy(dS, dht + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+            else
+                memset(dS, 0, sizeof(KT) * (size_t)KV);
+            for (int64_t s = (t1 - t0 + SEG - 1) / SEG - 1; s >= 0; s--) {
+                const int64_t ts = t0 + s * SEG, te = ts + SEG < t1 ? ts + SEG : t1;
+                memcpy(buf, ckpt + s * KV, sizeof(KT) * (size_t)KV);
+                for (int64_t t = ts; t < te; t++) {
+                    memcpy(buf + (t - ts + 1) * KV, buf + (t - ts) * KV, sizeof(KT) * (size_t)KV);
+                    KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, buf + (t - ts + 1) * KV, NULL);
+                }
+                for (int64_t t = te - 1; t >= ts; t--) {
+                    const KT *Sprev = buf + (t - ts) * KV, *St = buf + (t - ts + 1) * KV;
+                    const KT *qt = q + (t * H + hq) * K, *kt = k + (t * H + hq) * K;
+                    const KT *vt = v + (t * HV + hv) * V, *gt = g + (t * HV + hv) * K;
+                    const KT bt = beta[t * HV + hv];
+                    KT *dqt = dq + (t * H + hq) * K, *dkt = dk + (t * H + hq) * K;
+                    for (int a = 0; a < K; a++) {
+                        const KT dec = KEXP(gt[a]);
+                        for (int b = 0; b < V; b++)
+                            Sp[a * V + b] = dec * Sprev[a * V + b];
+                    }
+                    for (int b = 0; b < V; b++) {
+                        KT s_ = 0;
+                        for (int a = 0; a < K; a++)
+                            s_ += Sp[a * V + b] * kt[a];
+                        p[b] = s_;
+                        e[b] = bt * (vt[b] - s_);
+                    }
+                    if (dO) { /* o_t = s S_t^T q_t */
+                        const KT *dot = dO + (t * HV + hv) * V;
+                        for (int a = 0; a < K; a++) {
+                            KT s_ = 0;
+                            for (int b = 0; b < V; b++) {
+                                s_ += St[a * V + b] * dot[b];
+                                dS[a * V + b] += scale * qt[a] * dot[b];
+                            }
+                            dqt[a] += scale * s_;
+                        }
+                    }
+                    /* S_t = S' + k e^T */
+                    for (int b = 0; b < V; b++) {
+                        KT s_ = 0;
+                        for (int a = 0; a < K; a++)
+                            s_ += dS[a * V + b] * kt[a];
+                        de[b] = s_;
+                    }
+                    KT db = 0;
+                    for (int a = 0; a < K; a++) {
+                        KT s_ = 0;
+                        for (int b = 0; b < V; b++)
+                            s_ += dS[a * V + b] * e[b];
+                        dkt[a] += s_;
+                    }
+                    /* e = beta (v - S'^T k): de -> dbeta, dv, and dp = -beta de into S' and k */
+                    for (int b = 0; b < V; b++) {
+                        db += de[b] * (vt[b] - p[b]);
+                        dv[(t * HV + hv) * V + b] = bt * de[b];
+                        de[b] = -bt * de[b]; /* now dp */
+                    }
+                    dbeta[t * HV + hv] = db;
+                    KT *dgt = dg + (t * HV + hv) * K;
+                    for (int a = 0; a < K; a++) {
+                        KT sk = 0, sg = 0;
+                        const KT dec = KEXP(gt[a]);
+                        for (int b = 0; b < V; b++) {
+                            sk += Sp[a * V + b] * de[b];
+                            const KT dsp = dS[a * V + b] + kt[a] * de[b];
+                            sg += Sp[a * V + b] * dsp;
+                            dS[a * V + b] = dec * dsp; /* S' = Diag(exp(g)) S_{t-1} */
+                        }
+                        dkt[a] += sk;
+                        dgt[a] = sg;
+                    }
+                }
+            }
+            if (dh0)
+                memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dS, sizeof(KT) * (size_t)KV);
+        }
+    DG_FREE(ckpt);
+    return DG_OK;
+}
+
+#else
+/* ---- node ----------------------------------------------------------------------------------- */
+
+#define OP "dg_kda_recurrent"
+#define F_L2 1
+#define F_SIG 2
+#define F_HT 4
+
+/* The transformed inputs of the recurrence: normalised q, k (+ 1/norms), beta, log decay g. */
+typedef struct rec_tx {
+    void *mem;
+    const void *q, *k, *beta, *g;
+    void *qn, *kn, *rq, *rk, *bt, *gl;
+} rec_tx;
+
+/* p[]: host pointers of q, k, v, g, beta, A_log, dt_bias, h0. */
+static dg_status tx_build(const kda_cfg *c, int flags, const void *const *p, rec_tx *x) {
+    const kda_dims *d = &c->d;
+    const int64_t TT = d->B * d->T, nq = TT * d->H * d->K, nb = TT * d->HV, ng = nb * d->K;
+    const size_t es = dg_dtype_size(c->dt);
+    memset(x, 0, sizeof *x);
+    x->mem = DG_MALLOC(es * (size_t)(2 * nq + 2 * TT * d->H + nb + ng));
+    if (!x->mem)
+        return dg__err(DG_ERR_NOMEM, OP ": no memory");
+    char *m = (char *)x->mem;
+    x->qn = m;
+    x->kn = m + es * (size_t)nq;
+    x->rq = m + es * (size_t)(2 * nq);
+    x->rk = m + es * (size_t)(2 * nq + TT * d->H);
+    x->bt = m + es * (size_t)(2 * nq + 2 * TT * d->H);
+    x->gl = m + es * (size_t)(2 * nq + 2 * TT * d->H + nb);
+    x->q = p[0];
+    x->k = p[1];
+    if (flags & F_L2) {
+        KDA_CALL(c->dt, kda_l2norm_fwd, TT * d->H, d->K, p[0], x->qn, x->rq);
+        KDA_CALL(c->dt, kda_l2norm_fwd, TT * d->H, d->K, p[1], x->kn, x->rk);
+        x->q = x->qn;
+        x->k = x->kn;
+    }
+    x->beta = p[4];
+    if (flags & F_SIG) {
+        KDA_CALL(c->dt, kda_beta_fwd, nb, c->beta_c, p[4], x->bt);
+        x->beta = x->bt;
+    }
+    KDA_CALL(c->dt, kda_gate_fwd, d, c->gate, c->lb, 0, p[3], p[5], p[6], x->gl);
+    x->g = x->gl;
+    return DG_OK;
+}
+
+static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
+    const kda_np *np = (const kda_np *)n->params;
+    const kda_cfg *c = &np->cfg;
+    const kda_dims *d = &c->d;
+    const dg_tensor *gO = dg__node_grad_out(n, 0);
+    const dg_tensor *gH = (np->flags & F_HT) ? dg__node_grad_out(n, 1) : NULL;
+    if (!gO && !gH)
+        return DG_OK;
+    dg_tensor *tmp[10] = {0}, *gr[8] = {0}, *raw[3] = {0};
+    const void *p[10] = {0};
+    rec_tx x = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        if (n->saved[i])
+            st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+    if (st == DG_OK && gO)
+        st = kda_host(ctx, gO, c->dt, &tmp[8], &p[8]);
+    if (st == DG_OK && gH)
+        st = kda_host(ctx, gH, c->dt, &tmp[9], &p[9]);
+    if (st == DG_OK)
+        st = tx_build(c, np->flags, p, &x);
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        if (n->saved[i])
+            st = dg__new_like(ctx, n->saved[i], &gr[i]);
+    /* gradients w.r.t. the transformed q, k (if normalised) and log decay g, before the
+     * transforms' own backward */
+    for (int i = 0; i < 3 && st == DG_OK; i++)
+        st = dg__new_like(ctx, n->saved[i == 2 ? 3 : i], &raw[i]);
+    if (st == DG_OK)
+        st = KDA_CALL(c->dt, kda_recurrent_bwd, d, c->scale, x.q, x.k, p[2], x.g, x.beta, p[7],
+                      p[8], p[9], dg_tensor_data(raw[0]), dg_tensor_data(raw[1]),
+                      dg_tensor_data(gr[2]), dg_tensor_data(raw[2]), dg_tensor_data(gr[4]),
+                      gr[7] ? dg_tensor_data(gr[7]) : NULL);
+    if (st == DG_OK) {
+        const int64_t TT = d->B * d->T, rows = TT * d->H;
+        const size_t es = dg_dtype_size(c->dt);
+        if (np->flags & F_L2) {
+            KDA_CALL(c->dt, kda_l2norm_bwd, rows, d->K, x.q, x.rq, dg_tensor_data(raw[0]),
+                     dg_tensor_data(gr[0]));
+            KDA_CALL(c->dt, kda_l2norm_bwd, rows, d->K, x.k, x.rk, dg_tensor_data(raw[1]),
+                     dg_tensor_data(gr[1]));
+        } else {
+            memcpy(dg_tensor_data(gr[0]), dg_tensor_data(raw[0]), es * (size_t)(rows * d->K));
+            memcpy(dg_tensor_data(gr[1]), dg_tensor_data(raw[1]), es * (size_t)(rows * d->K));
+        }
+        if (np->flags & F_SIG) /* in place: db = dbeta c s (1 - s) */
+            KDA_CALL(c->dt, kda_beta_bwd, TT * d->HV, c->beta_c, p[4], dg_tensor_data(gr[4]),
+                     dg_tensor_data(gr[4]));
+        KDA_CALL(c->dt, kda_gate_bwd, d, c->gate, c->lb, 0, p[3], p[5], p[6],
+                 dg_tensor_data(raw[2]), dg_tensor_data(gr[3]),
+                 gr[5] ? dg_tensor_data(gr[5]) : NULL, gr[6] ? dg_tensor_data(gr[6]) : NULL);
+    }
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        if (gr[i] && dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, gr[i]);
+    DG_FREE(x.mem);
+    for (int i = 0; i < 10; i++)
+        dg_tensor_free(&tmp[i]);
+    for (int i = 0; i < 8; i++)
+        dg_tensor_free(&gr[i]);
+    for (int i = 0; i < 3; i++)
+        dg_tensor_free(&raw[i]);
+    return st;
+}
+
+dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                           const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "o", o));
+    *o = NULL;
+    if (ht)
+        *ht = NULL;
+    if (opts && opts->output_final_state && !ht)
+        return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
+    kda_cfg cfg;
+    DG_TRY(kda_check_inputs(OP, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
+    const int want_ht = opts && opts->output_final_state;
+    const int flags = (opts && opts->l2norm_qk ? F_L2 : 0) |
+                      (opts && opts->beta_sigmoid ? F_SIG : 0) | (want_ht ? F_HT : 0);
+    dg_tensor *in[8] = {q, k, v, g, beta, A_log, dt_bias, h0}, *tmp[8] = {0};
+    const void *p[8] = {0};
+    rec_tx x = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        if (in[i])
+            st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = tx_build(&cfg, flags, p, &x);
+    int64_t so[4] = {cfg.d.B, cfg.d.T, cfg.d.HV, cfg.d.V};
+    int64_t s0[4] = {cfg.d.N, cfg.d.HV, cfg.d.K, cfg.d.V};
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, so, o);
+    if (st == DG_OK && want_ht)
+        st = kda_new(ctx, &cfg, 4, s0, ht);
+    if (st == DG_OK)
+        st = KDA_CALL(cfg.dt, kda_recurrent_fwd, &cfg.d, cfg.scale, x.q, x.k, p[2], x.g, x.beta,
+                      p[7], dg_tensor_data(*o), want_ht ? dg_tensor_data(*ht) : NULL);
+    if (st == DG_OK && dg__needs_grad(8, in)) {
+        dg_node *n = NULL;
+        st = dg__node_new("kda_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
+        for (int i = 0; i < 8 && st == DG_OK; i++)
+            st = dg__node_input(n, in[i]);
+        if (st == DG_OK)
+            st = dg__node_output(n, *o);
+        if (st == DG_OK && want_ht)
+            st = dg__node_output(n, *ht);
+        for (int i = 0; i < 8 && st == DG_OK; i++)
+            st = dg__node_save(n, in[i]);
+        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, NULL) : NULL;
+        if (st == DG_OK && !np)
+            st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+        if (np)
+            np->flags = flags;
+        if (st == DG_OK)
+            st = dg__node_commit(n);
+        else if (n)
+            dg__node_abort(n);
+    }
+    DG_FREE(x.mem);
+    for (int i = 0; i < 8; i++)
+        dg_tensor_free(&tmp[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK) {
+        dg_tensor_free(o);
+        if (ht)
+            dg_tensor_free(ht);
+    }
+    return st;
+}
+#endif

@@ -1,0 +1,281 @@
+/*
+ * ops/kda/wy.c -- N5: the UT/WY transform (spec §5.2; backward §6.3 WY part, §10 N5).
+ *
+ * Per chunk (rows i < L) and value head, with gamma_i = exp(G_i), lambda = G_{L-1}:
+ *   X = Diag(beta) (K . Gamma)    W = Tm X          U = Tm Diag(beta) Vc
+ *   KG_i = k_i exp(lambda - G_i)  QG_i = q_i gamma_i (unscaled)
+ * Backward: dX = Tm^T dW, dVb = Tm^T dU, dv = beta dVb, dbeta, dk, dG from X and KG/QG, and
+ * dTm = dU (beta V)^T + dW X^T (lower triangle incl. the diagonal: Tm is read only there).
+ * Every exponent (G_i, lambda - G_i) is <= 0. The node keeps its inputs only: whether W, U, KG,
+ * QG themselves are kept for the later nodes is the "kda_wy" policy, applied by dg_kda_chunk
+ * through the recompute context (kda_rc.c). Shapes: q, k [B,T,H,K]; v [B,T,HV,V]; beta
+ * [B,T,HV]; G [B,T,HV,K]; Tm [B,T,HV,BT]; W, KG, QG [B,T,HV,K]; U [B,T,HV,V].
+ */
+#ifndef KDA_TMPL
+#include "kda.h"
+#define KDA_TMPL "wy.c"
+#include "kda_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+dg_status KF(kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
+                         const KT *G, const KT *Tm, KT *W, KT *U, KT *KG, KT *QG) {
+    const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
+    for (int n = 0; n < d->N; n++)
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            for (int hv = 0; hv < HV; hv++) {
+                const int hq = hv / grp;
+                const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+                for (int i = 0; i < ch.L; i++) {
+                    const int64_t ti = ch.t0 + i;
+                    const KT *Gi = G + (ti * HV + hv) * K;
+                    const KT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
+                    const KT *trow = Tm + (ti * HV + hv) * BT;
+                    if (KG)
+                        for (int e = 0; e < K; e++)
+                            KG[(ti * HV + hv) * K + e] = ki[e] * KEXP(lam[e] - Gi[e]);
+                    if (QG)
+                        for (int e = 0; e < K; e++)
+                            QG[(ti * HV + hv) * K + e] = qi[e] * KEXP(Gi[e]);
+                    if (W) {
+                        KT *wr = W + (ti * HV + hv) * K;
+                        memset(wr, 0, sizeof(KT) * (size_t)K);
+                        for (int j = 0; j <= i; j++) {
+                            const int64_t tj = ch.t0 + j;
+                            const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                            const KT f = trow[j] * beta[tj * HV + hv];
+                            for (int e = 0; e < K; e++)
+                                wr[e] += f * kj[e] * KEXP(Gj[e]);
+                        }
+                    }
+                    if (U) {
+                        KT *ur = U + (ti * HV + hv) * V;
+                        memset(ur, 0, sizeof(KT) * (size_t)V);
+                        for (int j = 0; j <= i; j++) {
+                            const int64_t tj = ch.t0 + j;
+                            const KT *vj = v + (tj * HV + hv) * V;
+                            const KT f = trow[j] * beta[tj * HV + hv];
+                            for (int e = 0; e < V; e++)
+                                ur[e] += f * vj[e];
+                        }
+                    }
+                }
+            }
+        }
+    return DG_OK;
+}
+
+dg_status KF(kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
+                         const KT *G, const KT *Tm, const KT *dW, const KT *dU, const KT *dKG,
+                         const KT *dQG, KT *dq, KT *dk, KT *dv, KT *dbeta, KT *dG, KT *dTm) {
+    const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
+    const int64_t TT = d->B * d->T;
+    memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
+    memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
+    memset(dv, 0, sizeof(KT) * (size_t)(TT * HV * V));
+    memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
+    memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
+    memset(dTm, 0, sizeof(KT) * (size_t)(TT * HV * BT));
+    /* per chunk: X [L,K], gamma [L,K], dX [L,K], dVb [L,V] */
+    KT *X = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * (3 * (size_t)K + (size_t)V));
+    if (!X)
+        return dg__err(DG_ERR_NOMEM, "kda_wy_bwd: no memory");
+    KT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
+    for (int n = 0; n < d->N; n++)
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            const int L = ch.L;
+            for (int hv = 0; hv < HV; hv++) {
+                const int hq = hv / grp;
+                const int64_t tl = ch.t0 + L - 1;
+                const KT *lam = G + (tl * HV + hv) * K;
+                KT *dGl = dG + (tl * HV + hv) * K;
+                memset(dX, 0, sizeof(KT) * (size_t)(BT * K + BT * V));
+                for (int i = 0; i < L; i++) {
+                    const int64_t ti = ch.t0 + i;
+                    const KT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
+                    const KT *qi = q + (ti * H + hq) * K;
+                    KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                    KT *dGi = dG + (ti * HV + hv) * K;
+                    const KT bi = beta[ti * HV + hv];
+                    for (int e = 0; e < K; e++) {
+                        gam[i * K + e] = KEXP(Gi[e]);
+                        X[i * K + e] = bi * ki[e] * gam[i * K + e];
+                    }
+                    if (dQG) /* QG = q gamma */
+                        for (int e = 0; e < K; e++) {
+                            KT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
+                            dqi[e] += t;
+                            dGi[e] += qi[e] * t;
+                        }
+                    if (dKG) /* KG = k exp(lambda - G_i): -G_i for row i, +lambda for row L-1 */
+                        for (int e = 0; e < K; e++) {
+                            KT a = dKG[(ti * HV + hv) * K + e] * KEXP(lam[e] - Gi[e]);
+                            dki[e] += a;
+                            dGi[e] -= ki[e] * a;
+                            dGl[e] += ki[e] * a;
+                        }
+                    /* dX_j += Tm[i,j] dW_i, dVb_j += Tm[i,j] dU_i; dTm[i,j] for j <= i */
+                    const KT *trow = Tm + (ti * HV + hv) * BT;
+                    KT *dtrow = dTm + (ti * HV + hv) * BT;
+                    for (int j = 0; j <= i; j++) {
+                        const int64_t tj = ch.t0 + j;
+                        KT s = 0;
+                        if (dW) {
+                            const KT *dwi = dW + (ti * HV + hv) * K;
+                            for (int e = 0; e < K; e++)
+                                dX[j * K + e] += trow[j] * dwi[e];
+                        }
+                        if (dU) {
+                            const KT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
+                            const KT bj = beta[tj * HV + hv];
+                            KT su = 0;
+                            for (int e = 0; e < V; e++) {
+                                dVb[j * V + e] += trow[j] * dui[e];
+                                su += dui[e] * vj[e];
+                            }
+                            s += su * bj;
+                        }
+                        dtrow[j] = s; /* the dW X^T part is added below, once X_j is known */
+                    }
+                }
+                for (int i = 0; i < L && dW; i++) {
+                    const KT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
+                    KT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
+                    for (int j = 0; j <= i; j++) {
+                        KT s = 0;
+                        for (int e = 0; e < K; e++)
+                            s += dwi[e] * X[j * K + e];
+                        dtrow[j] += s;
+                    }
+                }
+                for (int i = 0; i < L; i++) {
+                    const int64_t ti = ch.t0 + i;
+                    const KT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
+                    KT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
+                    const KT bi = beta[ti * HV + hv];
+                    KT db = 0;
+                    for (int e = 0; e < V; e++) {
+                        dv[(ti * HV + hv) * V + e] = bi * dVb[i * V + e];
+                        db += dVb[i * V + e] * vi[e];
+                    }
+                    for (int e = 0; e < K; e++) {
+                        const KT dx = dX[i * K + e];
+                        db += dx * ki[e] * gam[i * K + e];
+                        dki[e] += bi * gam[i * K + e] * dx;
+                        dGi[e] += X[i * K + e] * dx;
+                    }
+                    dbeta[ti * HV + hv] = db;
+                }
+            }
+        }
+    DG_FREE(X);
+    return DG_OK;
+}
+
+#else
+/* ---- node ----------------------------------------------------------------------------------- */
+
+#define OP "dg_kda_wy"
+
+static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
+    const kda_cfg *c = &((const kda_np *)n->params)->cfg;
+    const dg_tensor *go[4];
+    int any = 0;
+    for (int i = 0; i < 4; i++)
+        any |= (go[i] = dg__node_grad_out(n, i)) != NULL;
+    if (!any)
+        return DG_OK;
+    /* saved: q, k, v, beta, G, Tm; then the output grads dW, dU, dKG, dQG */
+    dg_tensor *tmp[10] = {0}, *gr[6] = {0};
+    const void *p[10] = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 6 && st == DG_OK; i++)
+        st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        if (go[i])
+            st = kda_host(ctx, go[i], c->dt, &tmp[6 + i], &p[6 + i]);
+    for (int i = 0; i < 6 && st == DG_OK; i++)
+        st = dg__new_like(ctx, n->saved[i], &gr[i]);
+    if (st == DG_OK)
+        st =
+            KDA_CALL(c->dt, kda_wy_bwd, &c->d, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                     p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+    for (int i = 0; i < 6 && st == DG_OK; i++)
+        if (dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, gr[i]);
+    for (int i = 0; i < 10; i++)
+        dg_tensor_free(&tmp[i]);
+    for (int i = 0; i < 6; i++)
+        dg_tensor_free(&gr[i]);
+    return st;
+}
+
+dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
+                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+    dg_tensor **outs[4] = {W, U, KG, QG};
+    static const char *onames[4] = {"W", "U", "KG", "QG"};
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    for (int i = 0; i < 4; i++) {
+        DG_TRY(dg__check_ptr(OP, onames[i], outs[i]));
+        *outs[i] = NULL;
+    }
+    DG_TRY(kda_check_first(OP, "q", q, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "v", v, 4, "B,T,HV,V"));
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
+    const int64_t HV = v->shape[2], V = v->shape[3];
+    kda_cfg cfg;
+    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
+    int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sb[3] = {B, T, HV};
+    int64_t sg[4] = {B, T, HV, K}, st_[4] = {B, T, HV, cfg.d.BT};
+    dg_tensor *in[6] = {q, k, v, beta, G, Tm}, *tmp[6] = {0};
+    const void *p[6] = {0};
+    dg_status st = kda_check(OP, "k", k, cfg.dt, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(OP, "v", v, cfg.dt, 4, sv, "B,T,HV,V");
+    if (st == DG_OK)
+        st = kda_check(OP, "beta", beta, cfg.dt, 3, sb, "B,T,HV");
+    if (st == DG_OK)
+        st = kda_check(OP, "G", G, cfg.dt, 4, sg, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_check(OP, "Tm", Tm, cfg.dt, 4, st_, "B,T,HV,BT");
+    for (int i = 0; i < 6 && st == DG_OK; i++)
+        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        st = kda_new(ctx, &cfg, 4, i == 1 ? sv : sg, outs[i]);
+    if (st == DG_OK)
+        st = KDA_CALL(cfg.dt, kda_wy_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4], p[5],
+                      dg_tensor_data(*W), dg_tensor_data(*U), dg_tensor_data(*KG),
+                      dg_tensor_data(*QG));
+    if (st == DG_OK && dg__needs_grad(6, in)) {
+        dg_node *n;
+        st = dg__node_new("kda_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
+        if (st == DG_OK) {
+            for (int i = 0; i < 6 && st == DG_OK; i++)
+                st = dg__node_input(n, in[i]);
+            for (int i = 0; i < 4 && st == DG_OK; i++)
+                st = dg__node_output(n, *outs[i]);
+            for (int i = 0; i < 6 && st == DG_OK; i++)
+                st = dg__node_save(n, in[i]);
+            if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+                st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+            if (st == DG_OK)
+                st = dg__node_commit(n);
+            else
+                dg__node_abort(n);
+        }
+    }
+    for (int i = 0; i < 6; i++)
+        dg_tensor_free(&tmp[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK)
+        for (int i = 0; i < 4; i++)
+            dg_tensor_free(outs[i]);
+    return st;
+}
+#endif

@@ -1,0 +1,94 @@
+/*
+ * tests/kda_testutil.h -- helpers shared by the KDA tests: deterministic host data and tensors.
+ * Everything is static inline so each test includes only what it uses.
+ */
+#ifndef DG_KDA_TESTUTIL_H
+#define DG_KDA_TESTUTIL_H
+
+#include "harness.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Uniform in [lo, hi) and standard normal (Box-Muller), counter based. */
+static inline double kt_uniform(uint64_t seed, uint64_t i, double lo, double hi) {
+    return lo + (hi - lo) * dg_rand_u01(seed, i);
+}
+static inline double kt_normal(uint64_t seed, uint64_t i) {
+    double u1 = dg_rand_u01(seed, 2 * i), u2 = dg_rand_u01(seed, 2 * i + 1);
+    if (u1 < 1e-300)
+        u1 = 1e-300;
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+static inline double *kt_alloc(int64_t n) {
+    double *p = (double *)calloc((size_t)(n ? n : 1), sizeof(double));
+    if (!p) {
+        fprintf(stderr, "FATAL: out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static inline int64_t kt_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+/* Host array of n normal values times `scale`. */
+static inline double *kt_randn(int64_t n, uint64_t seed, double scale) {
+    double *p = kt_alloc(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = scale * kt_normal(seed, (uint64_t)i);
+    return p;
+}
+static inline double *kt_rand(int64_t n, uint64_t seed, double lo, double hi) {
+    double *p = kt_alloc(n);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = kt_uniform(seed, (uint64_t)i, lo, hi);
+    return p;
+}
+/* Normalise rows of K in place (keys with norm 1 keep the recurrence a contraction, §4). */
+static inline void kt_rownorm(double *x, int64_t rows, int K) {
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < K; c++)
+            s += x[r * K + c] * x[r * K + c];
+        s = 1.0 / sqrt(s);
+        for (int c = 0; c < K; c++)
+            x[r * K + c] *= s;
+    }
+}
+
+/* Tensor of `dt` from host doubles (NULL data -> NULL tensor), optionally requiring grad. */
+static inline dg_tensor *kt_tensor(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape,
+                                   const double *data, int grad) {
+    if (!data)
+        return NULL;
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(ctx, dt, ndim, shape, data, &t));
+    if (grad)
+        dg_tensor_set_requires_grad(t, 1);
+    return t;
+}
+
+/* Host copy of a tensor's values (zeros of n when t is NULL). */
+static inline double *kt_host(const dg_tensor *t, int64_t n) {
+    if (!t)
+        return kt_alloc(n);
+    double *p = NULL;
+    DG_TEST_TRY(dg_tensor_to_f64(t, &p));
+    return p;
+}
+
+static inline int kt_all_finite(const double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return 0;
+    return 1;
+}
+
+#endif
