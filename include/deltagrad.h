@@ -336,21 +336,27 @@ dg_status dg_gradcheck(dg_ctx *ctx, dg_fn fn, void *user, dg_tensor *const *inpu
  * dtype and device unless stated.
  * ============================================================================================= */
 
-/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ---- */
+/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ----
+ * Shapes are right-aligned; each output dim is the larger one, each input dim must match it or be
+ * 1. a and b must have the same dtype. Gradients are summed back over the broadcast dims. */
 dg_status dg_add(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_sub(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_mul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 /* out = a * s */
 dg_status dg_scale(dg_ctx *ctx, dg_tensor *a, double s, dg_tensor **out);
 
-/* ---- unary ---- */
+/* ---- unary ----
+ * softplus(x) = max(x,0) + log1p(exp(-|x|)) and sigmoid are evaluated without overflow. */
 dg_status dg_exp(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_log(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_sigmoid(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_softplus(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_silu(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 
-/* ---- reductions ---- */
+/* ---- reductions ----
+ * Over one axis (negative counts from the end); keepdim keeps it with size 1. Reducing the only
+ * axis of a 1-d tensor without keepdim gives shape [1]. Deterministic: a fixed summation order,
+ * no atomics (f32 accumulation for bf16 on CUDA). The mean over an empty axis is NaN. */
 dg_status dg_sum(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 dg_status dg_mean(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 /* Sum of all elements into a one-element tensor of shape [1]. */
@@ -368,7 +374,8 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out);
 /* y = x / sqrt(mean x^2 + eps) * w       w: [last] or NULL */
 dg_status dg_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, double eps, dg_tensor **out);
 typedef enum dg_act { DG_ACT_NONE = 0, DG_ACT_SILU, DG_ACT_SIGMOID } dg_act;
-/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL */
+/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL;
+ * act NONE is the identity (y = rmsnorm(x) * w * gate). */
 dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *gate, double eps,
                            dg_act act, dg_tensor **out);
 /* y = silu(gate) * up */
@@ -377,9 +384,11 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
 /* ---- embeddings, convolution, loss ---- */
 /* weight [Vocab, d], ids i32/i64 of any shape S -> [S..., d]. Out-of-range ids are an error. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
-/* Causal depthwise conv along T: x [B,T,C], w [C,W] (W <= 8, 4 typical), bias [C] or NULL.
+/* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
- * cu_seqlens: NULL, or host int64 [n_seqs+1] with B == 1 (each sequence starts fresh). */
+ * act: NONE or SILU. cu_seqlens: NULL (n_seqs ignored), or host int64 [n_seqs+1] with B == 1,
+ * cu[0] = 0, cu[n_seqs] = T, non-decreasing (each sequence starts fresh); copied, so it need not
+ * outlive the call. */
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
                         const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to

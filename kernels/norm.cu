@@ -1,0 +1,339 @@
+/*
+ * kernels/norm.cu -- row normalisations over the last axis: l2norm, rmsnorm and gated rmsnorm,
+ * forward and backward, for f32 and bf16 storage with f32 math (see norm.cuh for the formulas).
+ *
+ * Rows of up to NORM_WARP_MAX_D elements get one warp each (NORM_WARP_ROWS rows per block); wider
+ * rows get a block of NORM_BLOCK_THREADS threads. Every row reduction is a butterfly within the
+ * warp plus, in block mode, a fixed-order sum over the warps, so results are bitwise reproducible.
+ * The weight gradient sums over rows in two passes: blocks of NORM_DW_COLS columns x one chunk of
+ * rows write partial sums, then one thread per column adds the chunks in order. No atomics.
+ */
+#include "common.cuh"
+#include "norm.cuh"
+
+#include <limits.h>
+
+#define NORM_WARP_MAX_D 1024
+#define NORM_WARP_ROWS 8
+#define NORM_BLOCK_THREADS 256
+#define NORM_DW_COLS 32
+#define NORM_DW_LANES 8
+#define NORM_DW_MAX_CHUNKS 512
+#define NORM_DW_MIN_CHUNK_ROWS 64
+
+// ---- CUDA kernels
+
+__device__ __forceinline__ float norm_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+/* act(g) and act'(g); DG_ACT_NONE is the identity. */
+__device__ __forceinline__ float norm_act(dg_act act, float g) {
+    if (act == DG_ACT_SILU)
+        return g * norm_sigmoid(g);
+    if (act == DG_ACT_SIGMOID)
+        return norm_sigmoid(g);
+    return g;
+}
+
+__device__ __forceinline__ float norm_act_grad(dg_act act, float g) {
+    if (act == DG_ACT_SILU) {
+        float s = norm_sigmoid(g);
+        return s * (1.0f + g * (1.0f - s));
+    }
+    if (act == DG_ACT_SIGMOID) {
+        float s = norm_sigmoid(g);
+        return s * (1.0f - s);
+    }
+    return 1.0f;
+}
+
+/* Butterfly sum: every lane ends with the same bits (fp addition is commutative). */
+__device__ __forceinline__ float norm_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over the threads that share a row, returned to all of them. Block mode ends with a barrier
+ * so that `smem` (32 floats) can be reused by the next call. */
+template <bool WARP> __device__ __forceinline__ float norm_row_sum(float v, float *smem) {
+    v = norm_warp_sum(v);
+    if (WARP)
+        return v;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    if (lane == 0)
+        smem[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++)
+        s += smem[i];
+    __syncthreads();
+    return s;
+}
+
+/* First row, row step, this thread's first column and the column step. */
+template <bool WARP>
+__device__ __forceinline__ void norm_rows(int64_t &row, int64_t &step, int &lane, int &width) {
+    if (WARP) {
+        row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+        step = (int64_t)gridDim.x * blockDim.y;
+        lane = threadIdx.x;
+        width = 32;
+    } else {
+        row = blockIdx.x;
+        step = gridDim.x;
+        lane = threadIdx.x;
+        width = blockDim.x;
+    }
+}
+
+template <typename T, bool WARP>
+__global__ void norm_fwd_kernel(int64_t rows, int D, float scale, float eps, const T *x, const T *w,
+                                const T *gate, dg_act act, T *y, float *rstd) {
+    __shared__ float smem[32];
+    int64_t row, step;
+    int lane, width;
+    norm_rows<WARP>(row, step, lane, width);
+    for (; row < rows; row += step) {
+        const T *xr = x + row * D;
+        float ss = 0.0f;
+        for (int j = lane; j < D; j += width) {
+            float v = dg_ld(xr, j);
+            ss += v * v;
+        }
+        ss = norm_row_sum<WARP>(ss, smem);
+        float r = 1.0f / sqrtf(ss * scale + eps);
+        if (rstd && lane == 0)
+            rstd[row] = r;
+        const T *gr = gate ? gate + row * D : nullptr;
+        T *yr = y + row * D;
+        for (int j = lane; j < D; j += width) {
+            float v = dg_ld(xr, j) * r;
+            if (w)
+                v *= dg_ld(w, j);
+            if (gr)
+                v *= norm_act(act, dg_ld(gr, j));
+            dg_st(yr, j, v);
+        }
+    }
+}
+
+/* dx and dgate per row; also writes r to rstd_out when asked (for the dw pass). */
+template <typename T, bool WARP>
+__global__ void norm_bwd_kernel(int64_t rows, int D, float scale, float eps, const T *x, const T *w,
+                                const T *gate, dg_act act, const float *rstd, const T *dy, T *dx,
+                                T *dgate, float *rstd_out) {
+    __shared__ float smem[32];
+    int64_t row, step;
+    int lane, width;
+    norm_rows<WARP>(row, step, lane, width);
+    for (; row < rows; row += step) {
+        const T *xr = x + row * D, *dyr = dy + row * D;
+        const T *gr = gate ? gate + row * D : nullptr;
+        float r;
+        if (rstd) {
+            r = rstd[row];
+        } else {
+            float ss = 0.0f;
+            for (int j = lane; j < D; j += width) {
+                float v = dg_ld(xr, j);
+                ss += v * v;
+            }
+            ss = norm_row_sum<WARP>(ss, smem);
+            r = 1.0f / sqrtf(ss * scale + eps);
+        }
+        if (rstd_out && lane == 0)
+            rstd_out[row] = r;
+        if (dx) {
+            float dot = 0.0f; /* sum_j g_j x_j */
+            for (int j = lane; j < D; j += width) {
+                float g = dg_ld(dyr, j);
+                if (w)
+                    g *= dg_ld(w, j);
+                if (gr)
+                    g *= norm_act(act, dg_ld(gr, j));
+                dot += g * dg_ld(xr, j);
+            }
+            dot = norm_row_sum<WARP>(dot, smem);
+            float m = scale * r * dot; /* scale * sum_j g_j xh_j */
+            T *dxr = dx + row * D;
+            for (int j = lane; j < D; j += width) {
+                float g = dg_ld(dyr, j);
+                if (w)
+                    g *= dg_ld(w, j);
+                if (gr)
+                    g *= norm_act(act, dg_ld(gr, j));
+                dg_st(dxr, j, r * (g - dg_ld(xr, j) * r * m));
+            }
+        }
+        if (dgate) {
+            T *dgr = dgate + row * D;
+            for (int j = lane; j < D; j += width) {
+                float v = dg_ld(dyr, j) * dg_ld(xr, j) * r;
+                if (w)
+                    v *= dg_ld(w, j);
+                dg_st(dgr, j, v * norm_act_grad(act, dg_ld(gr, j)));
+            }
+        }
+    }
+}
+
+/* partial[chunk, j] = sum over the chunk's rows of dy x r act(gate), in a fixed order. */
+template <typename T>
+__global__ void norm_dw_partial_kernel(int64_t rows, int D, int64_t chunk_rows, const T *x,
+                                       const T *gate, dg_act act, const float *rstd, const T *dy,
+                                       float *partial) {
+    __shared__ float acc_s[NORM_DW_LANES][NORM_DW_COLS];
+    int col = blockIdx.x * NORM_DW_COLS + threadIdx.x;
+    int64_t r0 = (int64_t)blockIdx.y * chunk_rows;
+    int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+    float acc = 0.0f;
+    if (col < D) {
+        for (int64_t r = r0 + threadIdx.y; r < r1; r += NORM_DW_LANES) {
+            int64_t i = r * D + col;
+            float v = dg_ld(dy, i) * dg_ld(x, i) * rstd[r];
+            if (gate)
+                v *= norm_act(act, dg_ld(gate, i));
+            acc += v;
+        }
+    }
+    acc_s[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && col < D) {
+        float s = 0.0f;
+        for (int k = 0; k < NORM_DW_LANES; k++)
+            s += acc_s[k][threadIdx.x];
+        partial[(int64_t)blockIdx.y * D + col] = s;
+    }
+}
+
+/* out[j] = sum_k partial[k, j], k in order. */
+template <typename T>
+__global__ void norm_colsum_kernel(int nchunks, int D, const float *partial, T *out) {
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < D;
+         j += (int64_t)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < nchunks; k++)
+            s += partial[(int64_t)k * D + j];
+        dg_st(out, j, s);
+    }
+}
+
+// ---- kernel launchers
+
+template <typename T>
+static dg_status norm_fwd_typed(dg_ctx *ctx, int64_t rows, int D, float scale, float eps,
+                                const void *x, const void *w, const void *gate, dg_act act, void *y,
+                                float *rstd) {
+    cudaStream_t st = dg__stream(ctx);
+    if (D <= NORM_WARP_MAX_D) {
+        dim3 block(32, NORM_WARP_ROWS);
+        norm_fwd_kernel<T, true><<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(
+            rows, D, scale, eps, (const T *)x, (const T *)w, (const T *)gate, act, (T *)y, rstd);
+    } else {
+        norm_fwd_kernel<T, false><<<dg__blocks(rows, 1), NORM_BLOCK_THREADS, 0, st>>>(
+            rows, D, scale, eps, (const T *)x, (const T *)w, (const T *)gate, act, (T *)y, rstd);
+    }
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+extern "C" dg_status dg__norm_fwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, int64_t D,
+                                       float scale, float eps, const void *x, const void *w,
+                                       const void *gate, dg_act act, void *y, float *rstd) {
+    if (rows <= 0 || D <= 0)
+        return DG_OK;
+    if (D > INT_MAX)
+        return dg__err(DG_ERR_SHAPE, "norm (cuda): last axis %lld is too long", (long long)D);
+    switch (dt) {
+    case DG_F32:
+        return norm_fwd_typed<float>(ctx, rows, (int)D, scale, eps, x, w, gate, act, y, rstd);
+    case DG_BF16:
+        return norm_fwd_typed<__nv_bfloat16>(ctx, rows, (int)D, scale, eps, x, w, gate, act, y,
+                                             rstd);
+    default:
+        return dg__err(DG_ERR_DTYPE, "norm (cuda): no kernel for dtype %s (f32, bf16)",
+                       dg_dtype_name(dt));
+    }
+}
+
+template <typename T>
+static dg_status norm_bwd_typed(dg_ctx *ctx, int64_t rows, int D, float scale, float eps,
+                                const void *x, const void *w, const void *gate, dg_act act,
+                                const float *rstd, const void *dy, void *dx, void *dw, void *dgate,
+                                float *rstd_tmp, float *partial, int nchunks, int64_t chunk_rows) {
+    cudaStream_t st = dg__stream(ctx);
+    if (dx || dgate || rstd_tmp) {
+        if (D <= NORM_WARP_MAX_D) {
+            dim3 block(32, NORM_WARP_ROWS);
+            norm_bwd_kernel<T, true><<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(
+                rows, D, scale, eps, (const T *)x, (const T *)w, (const T *)gate, act, rstd,
+                (const T *)dy, (T *)dx, (T *)dgate, rstd_tmp);
+        } else {
+            norm_bwd_kernel<T, false><<<dg__blocks(rows, 1), NORM_BLOCK_THREADS, 0, st>>>(
+                rows, D, scale, eps, (const T *)x, (const T *)w, (const T *)gate, act, rstd,
+                (const T *)dy, (T *)dx, (T *)dgate, rstd_tmp);
+        }
+        DG_CHECK_LAUNCH();
+    }
+    if (dw) {
+        dim3 grid((unsigned)DG_CEIL_DIV(D, NORM_DW_COLS), (unsigned)nchunks);
+        dim3 block(NORM_DW_COLS, NORM_DW_LANES);
+        norm_dw_partial_kernel<T>
+            <<<grid, block, 0, st>>>(rows, D, chunk_rows, (const T *)x, (const T *)gate, act,
+                                     rstd ? rstd : rstd_tmp, (const T *)dy, partial);
+        DG_CHECK_LAUNCH();
+        norm_colsum_kernel<T><<<dg__blocks(D, 256), 256, 0, st>>>(nchunks, D, partial, (T *)dw);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
+}
+
+extern "C" dg_status dg__norm_bwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, int64_t D,
+                                       float scale, float eps, const void *x, const void *w,
+                                       const void *gate, dg_act act, const float *rstd,
+                                       const void *dy, void *dx, void *dw, void *dgate) {
+    if (D <= 0)
+        return DG_OK;
+    if (dt != DG_F32 && dt != DG_BF16)
+        return dg__err(DG_ERR_DTYPE, "norm backward (cuda): no kernel for dtype %s (f32, bf16)",
+                       dg_dtype_name(dt));
+    if (D > INT_MAX)
+        return dg__err(DG_ERR_SHAPE, "norm backward (cuda): last axis %lld is too long",
+                       (long long)D);
+    if (rows <= 0) { /* no rows: dw is an empty sum */
+        if (dw)
+            DG_CHECK_CUDA(cudaMemsetAsync(dw, 0, (size_t)D * dg_dtype_size(dt), dg__stream(ctx)));
+        return DG_OK;
+    }
+    float *rstd_tmp = NULL, *partial = NULL;
+    int nchunks = 0;
+    int64_t chunk_rows = 0;
+    size_t partial_bytes = 0, rstd_bytes = 0;
+    if (dw) {
+        chunk_rows = DG_CEIL_DIV(rows, (int64_t)NORM_DW_MAX_CHUNKS);
+        if (chunk_rows < NORM_DW_MIN_CHUNK_ROWS)
+            chunk_rows = NORM_DW_MIN_CHUNK_ROWS;
+        nchunks = (int)DG_CEIL_DIV(rows, chunk_rows);
+        partial_bytes = (size_t)nchunks * (size_t)D * sizeof(float);
+        DG_TRY(dg__cuda_malloc(ctx, partial_bytes, (void **)&partial));
+        if (!rstd) {
+            rstd_bytes = (size_t)rows * sizeof(float);
+            dg_status s = dg__cuda_malloc(ctx, rstd_bytes, (void **)&rstd_tmp);
+            if (s != DG_OK) {
+                dg__cuda_free(ctx, partial, partial_bytes);
+                return s;
+            }
+        }
+    }
+    dg_status s;
+    if (dt == DG_F32)
+        s = norm_bwd_typed<float>(ctx, rows, (int)D, scale, eps, x, w, gate, act, rstd, dy, dx, dw,
+                                  dgate, rstd_tmp, partial, nchunks, chunk_rows);
+    else
+        s = norm_bwd_typed<__nv_bfloat16>(ctx, rows, (int)D, scale, eps, x, w, gate, act, rstd, dy,
+                                          dx, dw, dgate, rstd_tmp, partial, nchunks, chunk_rows);
+    /* Stream-ordered frees: the blocks are reused only by work queued after these kernels. */
+    dg__cuda_free(ctx, partial, partial_bytes);
+    dg__cuda_free(ctx, rstd_tmp, rstd_bytes);
+    return s;
+}
