@@ -364,7 +364,10 @@ dg_status dg_sum_all(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 
 /* ---- matrix products (cuBLAS on CUDA; f32 without TF32) ----
  * matmul: a [M,K] @ b [K,N] -> [M,N];  a [Bt,M,K] @ b [Bt,K,N] or b [K,N] -> [Bt,M,N].
- * linear: x [..., in] @ w^T, w [out, in] (PyTorch's layout) -> [..., out]. */
+ * linear: x [..., in] @ w^T, w [out, in] (PyTorch's layout) -> [..., out]; any number of leading
+ * dims (x may be 1-d). Inputs share one dtype: f64/f32 on the CPU (a blocked GEMM, f32 computed
+ * in f32), f64/f32/bf16 on CUDA (bf16 accumulates in f32). Transposed views of the last two dims
+ * are read in place; other strided views are copied first. An empty inner dim gives zeros. */
 dg_status dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out);
 
@@ -382,7 +385,10 @@ dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *g
 dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out);
 
 /* ---- embeddings, convolution, loss ---- */
-/* weight [Vocab, d], ids i32/i64 of any shape S -> [S..., d]. Out-of-range ids are an error. */
+/* weight [Vocab, d], ids i32/i64 of any shape S (at most 4 dims) -> [S..., d]. An id outside
+ * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync). weight:
+ * f64/f32 on the CPU, f32/bf16 on CUDA. The backward (a scatter-add into dweight) is
+ * deterministic on both devices: no float atomics. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
 /* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
@@ -392,7 +398,10 @@ dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
                         const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
- * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable. */
+ * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable
+ * (finite for logits of any magnitude). If every target is ignored the loss is 0 and the gradient
+ * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync). Logits:
+ * f64/f32 on the CPU, f32/bf16 on CUDA. Policy "cross_entropy": CACHE keeps 2 numbers a row. */
 dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets,
                            int64_t ignore_index, dg_tensor **out);
 
@@ -402,10 +411,15 @@ typedef struct dg_adamw_hparams {
 } dg_adamw_hparams;
 /* One AdamW step (decoupled weight decay) on param with its gradient; m, v: same shape, f32
  * (f64 for f64 params). step counts from 1. A NULL gradient leaves everything unchanged.
- * decay: 0 skips weight decay for this parameter. */
+ * decay: 0 skips weight decay for this parameter. In place; param, m, v must be contiguous.
+ *   p -= lr*wd*p (if decay);  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+ * CPU: f64 or f32 params with a gradient of the same dtype. CUDA: f32 params, f32 or bf16 grad. */
 dg_status dg_adamw_step(dg_ctx *ctx, dg_tensor *param, const dg_tensor *grad, dg_tensor *m,
                         dg_tensor *v, int64_t step, const dg_adamw_hparams *hp, int decay);
-/* Global L2 norm of a list of tensors (e.g. gradients), accumulated in f64 on the host side. */
+/* Global L2 norm of a list of tensors (e.g. gradients), accumulated in f64 on the host side.
+ * Each tensor's sum of squares is taken on its device in f64 with a fixed reduction order, so
+ * the result is bitwise repeatable. All tensors on ctx's device; NULL entries count as zero. */
 dg_status dg_global_norm(dg_ctx *ctx, const dg_tensor *const *ts, int n, double *out);
 
 /* =============================================================================================
