@@ -336,21 +336,27 @@ dg_status dg_gradcheck(dg_ctx *ctx, dg_fn fn, void *user, dg_tensor *const *inpu
  * dtype and device unless stated.
  * ============================================================================================= */
 
-/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ---- */
+/* ---- elementwise, broadcasting (NumPy rules, up to DG_MAX_DIMS) ----
+ * Shapes are right-aligned; each output dim is the larger one, each input dim must match it or be
+ * 1. a and b must have the same dtype. Gradients are summed back over the broadcast dims. */
 dg_status dg_add(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_sub(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_mul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 /* out = a * s */
 dg_status dg_scale(dg_ctx *ctx, dg_tensor *a, double s, dg_tensor **out);
 
-/* ---- unary ---- */
+/* ---- unary ----
+ * softplus(x) = max(x,0) + log1p(exp(-|x|)) and sigmoid are evaluated without overflow. */
 dg_status dg_exp(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_log(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_sigmoid(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_softplus(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 dg_status dg_silu(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 
-/* ---- reductions ---- */
+/* ---- reductions ----
+ * Over one axis (negative counts from the end); keepdim keeps it with size 1. Reducing the only
+ * axis of a 1-d tensor without keepdim gives shape [1]. Deterministic: a fixed summation order,
+ * no atomics (f32 accumulation for bf16 on CUDA). The mean over an empty axis is NaN. */
 dg_status dg_sum(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 dg_status dg_mean(dg_ctx *ctx, dg_tensor *a, int axis, int keepdim, dg_tensor **out);
 /* Sum of all elements into a one-element tensor of shape [1]. */
@@ -358,7 +364,10 @@ dg_status dg_sum_all(dg_ctx *ctx, dg_tensor *a, dg_tensor **out);
 
 /* ---- matrix products (cuBLAS on CUDA; f32 without TF32) ----
  * matmul: a [M,K] @ b [K,N] -> [M,N];  a [Bt,M,K] @ b [Bt,K,N] or b [K,N] -> [Bt,M,N].
- * linear: x [..., in] @ w^T, w [out, in] (PyTorch's layout) -> [..., out]. */
+ * linear: x [..., in] @ w^T, w [out, in] (PyTorch's layout) -> [..., out]; any number of leading
+ * dims (x may be 1-d). Inputs share one dtype: f64/f32 on the CPU (a blocked GEMM, f32 computed
+ * in f32), f64/f32/bf16 on CUDA (bf16 accumulates in f32). Transposed views of the last two dims
+ * are read in place; other strided views are copied first. An empty inner dim gives zeros. */
 dg_status dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out);
 dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out);
 
@@ -368,22 +377,31 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out);
 /* y = x / sqrt(mean x^2 + eps) * w       w: [last] or NULL */
 dg_status dg_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, double eps, dg_tensor **out);
 typedef enum dg_act { DG_ACT_NONE = 0, DG_ACT_SILU, DG_ACT_SIGMOID } dg_act;
-/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL */
+/* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL;
+ * act NONE is the identity (y = rmsnorm(x) * w * gate). */
 dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *gate, double eps,
                            dg_act act, dg_tensor **out);
 /* y = silu(gate) * up */
 dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out);
 
 /* ---- embeddings, convolution, loss ---- */
-/* weight [Vocab, d], ids i32/i64 of any shape S -> [S..., d]. Out-of-range ids are an error. */
+/* weight [Vocab, d], ids i32/i64 of any shape S (at most 4 dims) -> [S..., d]. An id outside
+ * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync). weight:
+ * f64/f32 on the CPU, f32/bf16 on CUDA. The backward (a scatter-add into dweight) is
+ * deterministic on both devices: no float atomics. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
-/* Causal depthwise conv along T: x [B,T,C], w [C,W] (W <= 8, 4 typical), bias [C] or NULL.
+/* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
- * cu_seqlens: NULL, or host int64 [n_seqs+1] with B == 1 (each sequence starts fresh). */
+ * act: NONE or SILU. cu_seqlens: NULL (n_seqs ignored), or host int64 [n_seqs+1] with B == 1,
+ * cu[0] = 0, cu[n_seqs] = T, non-decreasing (each sequence starts fresh); copied, so it need not
+ * outlive the call. */
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
                         const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
- * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable. */
+ * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable
+ * (finite for logits of any magnitude). If every target is ignored the loss is 0 and the gradient
+ * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync). Logits:
+ * f64/f32 on the CPU, f32/bf16 on CUDA. Policy "cross_entropy": CACHE keeps 2 numbers a row. */
 dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets,
                            int64_t ignore_index, dg_tensor **out);
 
@@ -393,10 +411,15 @@ typedef struct dg_adamw_hparams {
 } dg_adamw_hparams;
 /* One AdamW step (decoupled weight decay) on param with its gradient; m, v: same shape, f32
  * (f64 for f64 params). step counts from 1. A NULL gradient leaves everything unchanged.
- * decay: 0 skips weight decay for this parameter. */
+ * decay: 0 skips weight decay for this parameter. In place; param, m, v must be contiguous.
+ *   p -= lr*wd*p (if decay);  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p -= lr * (m / (1 - b1^step)) / (sqrt(v / (1 - b2^step)) + eps)
+ * CPU: f64 or f32 params with a gradient of the same dtype. CUDA: f32 params, f32 or bf16 grad. */
 dg_status dg_adamw_step(dg_ctx *ctx, dg_tensor *param, const dg_tensor *grad, dg_tensor *m,
                         dg_tensor *v, int64_t step, const dg_adamw_hparams *hp, int decay);
-/* Global L2 norm of a list of tensors (e.g. gradients), accumulated in f64 on the host side. */
+/* Global L2 norm of a list of tensors (e.g. gradients), accumulated in f64 on the host side.
+ * Each tensor's sum of squares is taken on its device in f64 with a fixed reduction order, so
+ * the result is bitwise repeatable. All tensors on ctx's device; NULL entries count as zero. */
 dg_status dg_global_norm(dg_ctx *ctx, const dg_tensor *const *ts, int n, double *out);
 
 /* =============================================================================================
@@ -425,8 +448,10 @@ typedef struct dg_kda_opts {
 /* Chunked KDA. q, k: [B,T,H,K]; v: [B,T,HV,V]; g: [B,T,HV,K]; beta: [B,T,HV];
  * A_log: [HV] and dt_bias: [HV*K] (gate kinds other than NONE; dt_bias may be NULL);
  * h0: [N,HV,K,V] or NULL. On the CPU every tensor has q's dtype (f64, or f32 computed in f32).
+ * On CUDA (every tensor on ctx's device, else DG_ERR_DEVICE) q, k, v, g, beta are f32 or bf16
+ * (one dtype), A_log, dt_bias, h0 are f32, and the math is f32; o has q's dtype, ht is f32.
  * Outputs o: [B,T,HV,V], ht: [N,HV,K,V] when opts->output_final_state (else *ht = NULL; ht itself
- * may be NULL then). CUDA tensors: DG_ERR_UNSUPPORTED until the CUDA kernels exist. */
+ * may be NULL then). */
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                        dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                        const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
@@ -440,7 +465,10 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
 /* The chunked algorithm of dg_kda_chunk as separate tape nodes (spec KDA.md §10), for tests and
  * for callers that want to reorder or fuse stages. `opts` supplies chunk_size, gate, lower_bound,
  * allow_neg_eigval, scale and cu_seqlens exactly as for dg_kda_chunk (other fields are ignored).
- * All tensors share one dtype (f64 or f32 on the CPU). Per-chunk matrices [B,T,HV,BT]: token row
+ * All tensors share one dtype (f64 or f32 on the CPU). On CUDA the activation inputs (x, b, g, q,
+ * k, v, beta) may each be f32 or bf16 and everything else (A_log, dt_bias, h0, G, Tm, W, U, KG,
+ * QG, h, Aqk, E) is f32; y and beta come out in their input's dtype, every other output in f32.
+ * Per-chunk matrices [B,T,HV,BT]: token row
  * t holds row (t - chunk start) of its chunk's matrix; h: [B, NT, HV, K, V] (varlen: [1, NC, ...]
  * with NC = total chunks over all sequences), the state at the START of each chunk.
  * Op kinds for dg_policy_set: "kda_l2norm" (default CACHE: keeps y and 1/norm), "kda_beta",

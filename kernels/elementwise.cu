@@ -58,24 +58,32 @@ __device__ __forceinline__ float sigmoid_f(float x) {
 
 template <int KIND> __device__ __forceinline__ float unary_f(float x) {
     switch (KIND) {
-    case DG_UNARY_EXP: return expf(x);
-    case DG_UNARY_LOG: return logf(x);
-    case DG_UNARY_SIGMOID: return sigmoid_f(x);
-    case DG_UNARY_SOFTPLUS: return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x)));
-    default: return x * sigmoid_f(x); /* silu */
+    case DG_UNARY_EXP:
+        return expf(x);
+    case DG_UNARY_LOG:
+        return logf(x);
+    case DG_UNARY_SIGMOID:
+        return sigmoid_f(x);
+    case DG_UNARY_SOFTPLUS:
+        return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x)));
+    default:
+        return x * sigmoid_f(x); /* silu */
     }
 }
 
 /* dy * f'(x), from v = x, or from v = y = f(x) when from_output (exp and sigmoid). */
 template <int KIND> __device__ __forceinline__ float unary_df(float dy, float v, bool from_output) {
     switch (KIND) {
-    case DG_UNARY_EXP: return dy * (from_output ? v : expf(v));
-    case DG_UNARY_LOG: return dy / v;
+    case DG_UNARY_EXP:
+        return dy * (from_output ? v : expf(v));
+    case DG_UNARY_LOG:
+        return dy / v;
     case DG_UNARY_SIGMOID: {
         float s = from_output ? v : sigmoid_f(v);
         return dy * s * (1.f - s);
     }
-    case DG_UNARY_SOFTPLUS: return dy * sigmoid_f(v);
+    case DG_UNARY_SOFTPLUS:
+        return dy * sigmoid_f(v);
     default: { /* silu */
         float s = sigmoid_f(v);
         return dy * s * (1.f + v * (1.f - s));
@@ -117,9 +125,15 @@ static dg_status binary_fwd(dg_ctx *ctx, dg_binary_kind kind, void *y, const voi
     T *yt = (T *)y;
     const T *at = (const T *)a, *bt = (const T *)b;
     switch (kind) {
-    case DG_BINARY_ADD: launch_binary<T, DG_BINARY_ADD>(st, yt, at, la, bt, lb, n); break;
-    case DG_BINARY_SUB: launch_binary<T, DG_BINARY_SUB>(st, yt, at, la, bt, lb, n); break;
-    case DG_BINARY_MUL: launch_binary<T, DG_BINARY_MUL>(st, yt, at, la, bt, lb, n); break;
+    case DG_BINARY_ADD:
+        launch_binary<T, DG_BINARY_ADD>(st, yt, at, la, bt, lb, n);
+        break;
+    case DG_BINARY_SUB:
+        launch_binary<T, DG_BINARY_SUB>(st, yt, at, la, bt, lb, n);
+        break;
+    case DG_BINARY_MUL:
+        launch_binary<T, DG_BINARY_MUL>(st, yt, at, la, bt, lb, n);
+        break;
     }
     DG_CHECK_LAUNCH();
     return DG_OK;
@@ -148,8 +162,8 @@ extern "C" dg_status dg__scale_fwd_cuda(dg_ctx *ctx, dg_dtype dt, void *y, const
         return DG_OK;
     cudaStream_t st = dg__stream(ctx);
     if (dt == DG_F32)
-        scale_fwd_kernel<float>
-            <<<dg__blocks(n, kThreads), kThreads, 0, st>>>((float *)y, (const float *)x, (float)s, n);
+        scale_fwd_kernel<float><<<dg__blocks(n, kThreads), kThreads, 0, st>>>(
+            (float *)y, (const float *)x, (float)s, n);
     else if (dt == DG_BF16)
         scale_fwd_kernel<__nv_bfloat16><<<dg__blocks(n, kThreads), kThreads, 0, st>>>(
             (__nv_bfloat16 *)y, (const __nv_bfloat16 *)x, (float)s, n);
@@ -163,15 +177,21 @@ template <typename T>
 static void unary_fwd(cudaStream_t st, dg_unary_kind kind, T *y, const T *x, int64_t n) {
     unsigned g = dg__blocks(n, kThreads);
     switch (kind) {
-    case DG_UNARY_EXP: unary_fwd_kernel<T, DG_UNARY_EXP><<<g, kThreads, 0, st>>>(y, x, n); break;
-    case DG_UNARY_LOG: unary_fwd_kernel<T, DG_UNARY_LOG><<<g, kThreads, 0, st>>>(y, x, n); break;
+    case DG_UNARY_EXP:
+        unary_fwd_kernel<T, DG_UNARY_EXP><<<g, kThreads, 0, st>>>(y, x, n);
+        break;
+    case DG_UNARY_LOG:
+        unary_fwd_kernel<T, DG_UNARY_LOG><<<g, kThreads, 0, st>>>(y, x, n);
+        break;
     case DG_UNARY_SIGMOID:
         unary_fwd_kernel<T, DG_UNARY_SIGMOID><<<g, kThreads, 0, st>>>(y, x, n);
         break;
     case DG_UNARY_SOFTPLUS:
         unary_fwd_kernel<T, DG_UNARY_SOFTPLUS><<<g, kThreads, 0, st>>>(y, x, n);
         break;
-    case DG_UNARY_SILU: unary_fwd_kernel<T, DG_UNARY_SILU><<<g, kThreads, 0, st>>>(y, x, n); break;
+    case DG_UNARY_SILU:
+        unary_fwd_kernel<T, DG_UNARY_SILU><<<g, kThreads, 0, st>>>(y, x, n);
+        break;
     }
 }
 

@@ -5,12 +5,13 @@
  *
  * No atomics: every output is summed in a fixed order that depends only on the shape, so two runs
  * give the same bits. Storage f32 or bf16, accumulation f32; partial sums are kept in f32.
- *   inner == 1  the n values of an output are adjacent: a warp (short rows) or a block (long rows)
- *               per output, threads striding over the row, then a fixed shuffle tree. Few long rows
- *               are cut into segments first (pass 1, f32 partials), then the segments summed (pass 2).
+ *   inner == 1  the n values of an output are adjacent: a warp (short rows) or a block (long
+ *               rows) per output, threads striding over the row, then a fixed shuffle tree. Few
+ *               long rows are cut into segments first (pass 1, f32 partials), then the segments
+ *               are summed (pass 2).
  *   inner > 1   neighbouring outputs are adjacent in memory: one thread per output walking down
- *               the column, so a warp reads 32 neighbours at once. When there are too few outputs
- *               to fill the GPU the column is cut into chunks the same two-pass way.
+ *               the column, so a warp reads 32 neighbours at once. When there are too few
+ *               outputs to fill the GPU the column is cut into chunks the same two-pass way.
  */
 #include "common.cuh"
 #include "reduce.cuh"
@@ -46,8 +47,8 @@ __global__ void sum_rows_warp_kernel(const Tin *x, int64_t rows, int64_t n, int6
 
 /* The same with one block per segment, for long segments. blockDim.x: a multiple of 32, <= 1024. */
 template <typename Tin, typename Tout>
-__global__ void sum_rows_block_kernel(const Tin *x, int64_t rows, int64_t n, int64_t S,
-                                      int64_t seg, float scale, Tout *y) {
+__global__ void sum_rows_block_kernel(const Tin *x, int64_t rows, int64_t n, int64_t S, int64_t seg,
+                                      float scale, Tout *y) {
     __shared__ float part[32];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int64_t v = blockIdx.x; v < rows * S; v += gridDim.x) { /* uniform across the block */
@@ -104,7 +105,7 @@ __global__ void sum_mid_bwd_kernel(const T *gy, int64_t outer, int64_t n, int64_
 
 static const int kThreads = 256;
 /* Below this many outputs (inner > 1) or row segments (inner == 1) a long reduction is split in
- * two passes so that enough threads have work: about 2 waves of 256-thread blocks on a large GPU. */
+ * two passes so that enough threads have work (about 2 waves of 256-thread blocks on an H100). */
 static const int64_t kWantThreads = 65536, kWantSegments = 1024;
 
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -119,8 +120,9 @@ static void rows_pass(cudaStream_t st, const Tin *x, int64_t rows, int64_t n, in
                       int64_t seg, float scale, Tout *y) {
     int64_t nseg = rows * S;
     if (seg <= 1024)
-        sum_rows_warp_kernel<Tin, Tout><<<grid_of(ceil_div(nseg * 32, kThreads)), kThreads, 0,
-                                          st>>>(x, rows, n, S, seg, scale, y);
+        sum_rows_warp_kernel<Tin, Tout>
+            <<<grid_of(ceil_div(nseg * 32, kThreads)), kThreads, 0, st>>>(x, rows, n, S, seg, scale,
+                                                                          y);
     else
         sum_rows_block_kernel<Tin, Tout>
             <<<grid_of(nseg), kThreads, 0, st>>>(x, rows, n, S, seg, scale, y);

@@ -5,9 +5,10 @@
  * Rows r = b*T + t of [B*T, C]. Each row belongs to one sequence [st, en): [b*T, b*T + T) in batch
  * mode, or the cu_seqlens segment holding r (binary search) in varlen mode; reads before st are
  * zero, so nothing crosses a sequence boundary.
- * Backward: dz = dy act'(z) into an f32 scratch buffer; dx[r] = sum_i dz[r + W-1-i] w[i] within
- * the sequence; dw, dbias are per-(channel, row chunk) partial sums then a fixed-order sum over
- * chunks. No atomics, so the result is bitwise reproducible.
+ * Backward: dz = dy act'(z) is recomputed where it is needed (W <= 8 taps, so this is cheaper than
+ * a [B*T, C] f32 scratch buffer): dx[r] = sum_i dz[r + W-1-i] w[i] within the sequence; dw, dbias
+ * are per-(channel, row chunk) partial sums, then a fixed-order sum over chunks. No atomics, so
+ * the result is bitwise reproducible.
  */
 #include "common.cuh"
 #include "short_conv.cuh"
@@ -69,28 +70,24 @@ __global__ void sc_fwd_kernel(int64_t n, int64_t T, int64_t C, int W, const DT *
     }
 }
 
-/* dz = dy act'(z), f32. */
+/* dz[r, c] = dy act'(z); st is the start of r's sequence. */
 template <typename DT>
-__global__ void sc_dz_kernel(int64_t n, int64_t T, int64_t C, int W, const DT *x, const DT *w,
-                             const DT *bias, dg_act act, const int64_t *cu, int n_seqs,
-                             const DT *dy, float *dz) {
-    for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n;
-         k += (int64_t)gridDim.x * blockDim.x) {
-        float d = dg_ld(dy, k);
-        if (act == DG_ACT_SILU) {
-            int64_t r = k / C, c = k % C, st, en;
-            sc_bounds(r, T, cu, n_seqs, st, en);
-            float z = sc_pre(x, w, bias, r, st, C, c, W), s = sc_sigmoid(z);
-            d *= s * (1.0f + z * (1.0f - s));
-        }
-        dz[k] = d;
+__device__ __forceinline__ float sc_dz(const DT *x, const DT *w, const DT *bias, dg_act act,
+                                       const DT *dy, int64_t r, int64_t st, int64_t C, int64_t c,
+                                       int W) {
+    float d = dg_ld(dy, r * C + c);
+    if (act == DG_ACT_SILU) {
+        float z = sc_pre(x, w, bias, r, st, C, c, W), s = sc_sigmoid(z);
+        d *= s * (1.0f + z * (1.0f - s));
     }
+    return d;
 }
 
 /* dx[r, c] = sum_i dz[r + W-1-i, c] w[c, i] over outputs in the same sequence. */
 template <typename DT>
-__global__ void sc_dx_kernel(int64_t n, int64_t T, int64_t C, int W, const DT *w, const int64_t *cu,
-                             int n_seqs, const float *dz, DT *dx) {
+__global__ void sc_dx_kernel(int64_t n, int64_t T, int64_t C, int W, const DT *x, const DT *w,
+                             const DT *bias, dg_act act, const int64_t *cu, int n_seqs,
+                             const DT *dy, DT *dx) {
     for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n;
          k += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = k / C, c = k % C, st, en;
@@ -99,7 +96,7 @@ __global__ void sc_dx_kernel(int64_t n, int64_t T, int64_t C, int W, const DT *w
         for (int i = 0; i < W; i++) {
             int64_t out = r + W - 1 - i;
             if (out < en)
-                acc += dz[out * C + c] * dg_ld(w, c * W + i);
+                acc += sc_dz(x, w, bias, act, dy, out, st, C, c, W) * dg_ld(w, c * W + i);
         }
         dg_st(dx, k, acc);
     }
@@ -109,8 +106,8 @@ __global__ void sc_dx_kernel(int64_t n, int64_t T, int64_t C, int W, const DT *w
  * of dz[r, c] (i = W, the bias), each in a fixed order. Block: SC_COLS channels x SC_LANES rows. */
 template <typename DT>
 __global__ void sc_dw_partial_kernel(int64_t rows, int64_t T, int64_t C, int W, int64_t chunk_rows,
-                                     const DT *x, const int64_t *cu, int n_seqs, const float *dz,
-                                     float *partial) {
+                                     const DT *x, const DT *w, const DT *bias, dg_act act,
+                                     const int64_t *cu, int n_seqs, const DT *dy, float *partial) {
     __shared__ float sm[SC_LANES][DG_SHORT_CONV_MAX_W + 1][SC_COLS];
     int64_t c = (int64_t)blockIdx.x * SC_COLS + threadIdx.x;
     int64_t r0 = (int64_t)blockIdx.y * chunk_rows;
@@ -123,7 +120,7 @@ __global__ void sc_dw_partial_kernel(int64_t rows, int64_t T, int64_t C, int W, 
         for (int64_t r = r0 + threadIdx.y; r < r1; r += SC_LANES) {
             int64_t st, en;
             sc_bounds(r, T, cu, n_seqs, st, en);
-            float d = dz[r * C + c];
+            float d = sc_dz(x, w, bias, act, dy, r, st, C, c, W);
 #pragma unroll
             for (int i = 0; i < DG_SHORT_CONV_MAX_W; i++) {
                 int64_t src = r - W + 1 + i;
@@ -208,24 +205,21 @@ template <typename DT>
 static dg_status sc_bwd_typed(dg_ctx *ctx, int64_t rows, int64_t T, int64_t C, int W, const void *x,
                               const void *w, const void *bias, dg_act act, const int64_t *cu,
                               int n_seqs, const void *dy, void *dx, void *dw, void *dbias,
-                              float *dz, float *partial, int nchunks, int64_t chunk_rows) {
+                              float *partial, int nchunks, int64_t chunk_rows) {
     cudaStream_t st = dg__stream(ctx);
     int64_t n = rows * C;
-    unsigned blocks = dg__blocks(n, SC_THREADS);
-    sc_dz_kernel<DT><<<blocks, SC_THREADS, 0, st>>>(n, T, C, W, (const DT *)x, (const DT *)w,
-                                                    (const DT *)bias, act, cu, n_seqs,
-                                                    (const DT *)dy, dz);
-    DG_CHECK_LAUNCH();
     if (dx) {
-        sc_dx_kernel<DT>
-            <<<blocks, SC_THREADS, 0, st>>>(n, T, C, W, (const DT *)w, cu, n_seqs, dz, (DT *)dx);
+        sc_dx_kernel<DT><<<dg__blocks(n, SC_THREADS), SC_THREADS, 0, st>>>(
+            n, T, C, W, (const DT *)x, (const DT *)w, (const DT *)bias, act, cu, n_seqs,
+            (const DT *)dy, (DT *)dx);
         DG_CHECK_LAUNCH();
     }
     if (dw || dbias) {
         dim3 grid((unsigned)DG_CEIL_DIV(C, (int64_t)SC_COLS), (unsigned)nchunks);
         dim3 block(SC_COLS, SC_LANES);
         sc_dw_partial_kernel<DT><<<grid, block, 0, st>>>(rows, T, C, W, chunk_rows, (const DT *)x,
-                                                         cu, n_seqs, dz, partial);
+                                                         (const DT *)w, (const DT *)bias, act, cu,
+                                                         n_seqs, (const DT *)dy, partial);
         DG_CHECK_LAUNCH();
         sc_dw_final_kernel<DT><<<dg__blocks(C * (W + 1), SC_THREADS), SC_THREADS, 0, st>>>(
             nchunks, C, W, partial, (DT *)dw, (DT *)dbias);
@@ -255,27 +249,20 @@ extern "C" dg_status dg__short_conv_bwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t B
     if (chunk_rows < SC_MIN_CHUNK_ROWS)
         chunk_rows = SC_MIN_CHUNK_ROWS;
     int nchunks = (int)DG_CEIL_DIV(rows, chunk_rows);
-    size_t dz_bytes = (size_t)(rows * C) * sizeof(float);
-    size_t partial_bytes =
-        (dw || dbias) ? (size_t)nchunks * (size_t)(C * (W + 1)) * sizeof(float) : 0;
-    float *dz = NULL, *partial = NULL;
-    DG_TRY(dg__cuda_malloc(ctx, dz_bytes, (void **)&dz));
-    if (partial_bytes) {
-        dg_status s = dg__cuda_malloc(ctx, partial_bytes, (void **)&partial);
-        if (s != DG_OK) {
-            dg__cuda_free(ctx, dz, dz_bytes);
-            return s;
-        }
+    size_t partial_bytes = 0;
+    float *partial = NULL;
+    if (dw || dbias) {
+        partial_bytes = (size_t)nchunks * (size_t)(C * (W + 1)) * sizeof(float);
+        DG_TRY(dg__cuda_malloc(ctx, partial_bytes, (void **)&partial));
     }
     dg_status s;
     if (dt == DG_F32)
         s = sc_bwd_typed<float>(ctx, rows, T, C, W, x, w, bias, act, cu, n_seqs, dy, dx, dw, dbias,
-                                dz, partial, nchunks, chunk_rows);
+                                partial, nchunks, chunk_rows);
     else
         s = sc_bwd_typed<__nv_bfloat16>(ctx, rows, T, C, W, x, w, bias, act, cu, n_seqs, dy, dx, dw,
-                                        dbias, dz, partial, nchunks, chunk_rows);
-    /* Stream-ordered frees: the blocks are reused only by work queued after these kernels. */
-    dg__cuda_free(ctx, dz, dz_bytes);
+                                        dbias, partial, nchunks, chunk_rows);
+    /* Stream-ordered free: the block is reused only by work queued after these kernels. */
     dg__cuda_free(ctx, partial, partial_bytes);
     return s;
 }

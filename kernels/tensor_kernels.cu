@@ -6,6 +6,8 @@
 #include "common.cuh"
 #include "../tensor/rand.h"
 
+#include <string.h>
+
 // ---- CUDA kernels
 
 __device__ __forceinline__ double ld_any(const void *p, dg_dtype t, int64_t i) {
@@ -39,10 +41,10 @@ __device__ __forceinline__ int64_t layout_off(const dg_layout &l, int64_t i) {
 }
 
 __global__ void copy_strided_kernel(void *dst, dg_dtype ddt, dg_layout dl, const void *src,
-                                    dg_dtype sdt, dg_layout sl, int64_t n) {
+                                    dg_dtype sdt, dg_layout sl, int64_t n, int flat) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t so = layout_off(sl, i), dof = layout_off(dl, i);
+        int64_t so = flat ? i : layout_off(sl, i), dof = flat ? i : layout_off(dl, i);
         if ((ddt == DG_I64 || ddt == DG_I32) && (sdt == DG_I64 || sdt == DG_I32)) {
             int64_t v = sdt == DG_I64 ? ((const int64_t *)src)[so] : ((const int32_t *)src)[so];
             if (ddt == DG_I64)
@@ -103,8 +105,12 @@ extern "C" dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt,
         return DG_OK;
     if (dl.ndim == 0)
         dl = contiguous_layout(sl);
+    /* Both sides contiguous (a dtype conversion): index directly, no per-element div/mod. */
+    dg_layout cl = contiguous_layout(sl);
+    int flat = memcmp(sl.stride, cl.stride, sizeof cl.stride) == 0 &&
+               memcmp(dl.stride, cl.stride, sizeof cl.stride) == 0;
     copy_strided_kernel<<<dg__blocks(n, 256), 256, 0, dg__stream(ctx)>>>(dst, ddt, dl, src, sdt,
-                                                                        sl, n);
+                                                                        sl, n, flat);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

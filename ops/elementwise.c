@@ -9,6 +9,8 @@
  * Shapes: a and b are right-aligned; each dim of y is the larger of the two, and each input's dim
  * must equal it or be 1 (a missing leading dim counts as 1): a [2,1,4], b [3,1] -> y [2,3,4].
  * S_x(g) sums g over the dims along which x was broadcast, giving x's shape back.
+ * Saved for backward: mul keeps a and b (each only if the other input wants a gradient); add, sub
+ * and scale keep nothing. There are no intermediates, so CACHE and RECOMPUTE coincide.
  *
  * This file is also the worked example of an op in deltagrad (autograd/tape.h points here). Read it
  * top to bottom: argument checks that name the op, the argument and what was expected; a CPU
@@ -57,8 +59,8 @@ static dg_status check_binary(const char *op, dg_ctx *ctx, const dg_tensor *a, c
 /* ---- broadcasting ------------------------------------------------------------------------- */
 
 /* y's shape under NumPy broadcasting, or DG_ERR_SHAPE naming the dim that clashes. */
-static dg_status broadcast_shape(const char *op, const dg_tensor *a, const dg_tensor *b,
-                                 int *ndim, int64_t *shape) {
+static dg_status broadcast_shape(const char *op, const dg_tensor *a, const dg_tensor *b, int *ndim,
+                                 int64_t *shape) {
     int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
     for (int d = 0; d < nd; d++) {
         int da = d - (nd - a->ndim), db = d - (nd - b->ndim); /* < 0: a missing leading dim */
@@ -176,8 +178,8 @@ static void tile_start(const dg_layout *la, const dg_layout *lb, int64_t t, int6
 DEFINE_BINARY_TILE(double)
 DEFINE_BINARY_TILE(float)
 
-static void binary_cpu(dg_binary_kind kind, dg_dtype dt, const void *a, dg_layout la,
-                       const void *b, dg_layout lb, void *y) {
+static void binary_cpu(dg_binary_kind kind, dg_dtype dt, const void *a, dg_layout la, const void *b,
+                       dg_layout lb, void *y) {
     int64_t ntiles = tile_count(&la);
     int64_t sa = la.stride[la.ndim - 1], sb = lb.stride[lb.ndim - 1];
 #ifdef _OPENMP
@@ -274,16 +276,16 @@ static dg_status scale_compute(dg_ctx *ctx, const dg_tensor *a, double s, dg_ten
 /* What a node keeps besides its saved tensors: plain data, copied into the node. */
 typedef struct {
     dg_binary_kind kind;
-    int ndim[2];                    /* the inputs' shapes, for summing gradients back to them */
+    int ndim[2]; /* the inputs' shapes, for summing gradients back to them */
     int64_t shape[2][DG_MAX_DIMS];
-    double s;                       /* dg_scale's factor */
+    double s; /* dg_scale's factor */
 } ew_params;
 
 static dg_status binary_backward(dg_ctx *ctx, dg_node *n);
 static dg_status scale_backward(dg_ctx *ctx, dg_node *n);
 
 /* Record y = op(a, b) on the tape when any input requires grad (b is NULL for scale).
- * save[0], save[1]: what backward reads (NULL entries are kept as empty slots). */
+ * save0, save1: what backward reads, as n->saved[0] and [1] (NULL is kept as an empty entry). */
 static dg_status record(const char *kind, dg_backward_fn bw, dg_ctx *ctx, dg_tensor *a,
                         dg_tensor *b, dg_tensor *y, dg_tensor *save0, dg_tensor *save1,
                         const ew_params *params) {

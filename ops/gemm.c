@@ -4,8 +4,8 @@
  *
  * Tiles: a GMR x GNR register tile of C (GNR = two 256-bit vectors of the dtype), a GMC x GKC
  * block of A kept in L2, a GKC x GNC panel of B streamed from L3. With GCC/Clang on x86-64 the
- * tile kernel is also compiled for AVX2+FMA and chosen at run time when the CPU has them (about
- * 2x the 128-bit kernel); FMA changes the last bits of a result, not its accuracy.
+ * tile kernel is also compiled for AVX2 and chosen at run time when the CPU has it (about 2x the
+ * 128-bit kernel), with bitwise the same results.
  */
 #include "gemm.h"
 

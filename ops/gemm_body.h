@@ -55,12 +55,13 @@ static void GFN(pack_b_strip)(const dg_gemm_desc *g, const GT *b, int64_t p0, in
     }
 }
 
-/* The register-tile kernel, twice: 256-bit vectors with FMA (picked at run time where the CPU
- * has AVX2+FMA) and 128-bit vectors (any target). */
+/* The register-tile kernel, twice: 256-bit vectors (picked at run time where the CPU has AVX2)
+ * and 128-bit vectors (any target). Both do the same multiplies and adds in the same order (the
+ * build is ISO C: no contraction into FMA), so the result does not depend on which one runs. */
 #ifdef GEMM_X86_WIDE
 #define GMICRO GFN(micro_wide)
 #define GVB 32
-#define GMICRO_ATTR __attribute__((target("avx2,fma")))
+#define GMICRO_ATTR __attribute__((target("avx2")))
 #include "gemm_micro.h"
 #endif
 #define GMICRO GFN(micro_base)
@@ -73,19 +74,65 @@ typedef void (*GFN(micro_fn))(int64_t, const GT *, const GT *, GT *, int64_t, in
 
 static GFN(micro_fn) GFN(pick_micro)(void) {
 #ifdef GEMM_X86_WIDE
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (__builtin_cpu_supports("avx2"))
         return GFN(micro_wide);
 #endif
     return GFN(micro_base);
 }
 
-dg_status GFN(dg__gemm)(const dg_gemm_desc *g, const GT *a, const GT *b, GT *c) {
+/* One batch item, C = alpha op(A) op(B) + beta C, by thread `tid` of `nth`: B strips and row
+ * blocks are dealt out cyclically. With nth > 1 every thread of the team calls this and the
+ * barriers order packing before use; with nth == 1 it runs alone (no barriers). */
+static void GFN(gemm_item)(const dg_gemm_desc *g, const GT *A, const GT *B, GT *C,
+                           GFN(micro_fn) micro, int64_t mc_max, int64_t kc_max, int64_t nc_max,
+                           GT *ap, GT *bp, int tid, int nth) {
     const int64_t M = g->m, N = g->n, K = g->k;
     const GT alpha = (GT)g->alpha, beta = (GT)g->beta;
-    const GFN(micro_fn) micro = GFN(pick_micro)();
+    const int64_t n_iblk = (M + mc_max - 1) / mc_max;
+    for (int64_t j0 = 0; j0 < N; j0 += nc_max) {
+        int64_t nc = N - j0 < nc_max ? N - j0 : nc_max;
+        int64_t n_strips = (nc + GNR - 1) / GNR;
+        for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
+            int64_t kc = K - p0 < kc_max ? K - p0 : kc_max;
+            for (int64_t s = tid; s < n_strips; s += nth)
+                GFN(pack_b_strip)(g, B, p0, kc, j0, nc, s, bp);
+            if (nth > 1) {
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            }
+            for (int64_t ib = tid; ib < n_iblk; ib += nth) {
+                int64_t i0 = ib * mc_max;
+                int64_t mc = M - i0 < mc_max ? M - i0 : mc_max;
+                GFN(pack_a)(g, A, i0, mc, p0, kc, ap);
+                for (int64_t jr = 0; jr < nc; jr += GNR) {
+                    int64_t nr = nc - jr < GNR ? nc - jr : GNR;
+                    for (int64_t ir = 0; ir < mc; ir += GMR) {
+                        int64_t mr = mc - ir < GMR ? mc - ir : GMR;
+                        micro(kc, ap + ir * kc, bp + jr * kc, C + (i0 + ir) * g->ldc + j0 + jr,
+                              g->ldc, mr, nr, alpha, beta, p0 == 0);
+                    }
+                }
+            }
+            if (nth > 1) { /* bp is repacked next round */
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            }
+        }
+    }
+}
+
+static GT *GFN(alloc_pack)(int64_t elems) {
+    return aligned_alloc(64, (size_t)((elems * (int64_t)sizeof(GT) + 63) & ~(int64_t)63));
+}
+
+dg_status GFN(dg__gemm)(const dg_gemm_desc *g, const GT *a, const GT *b, GT *c) {
+    const int64_t M = g->m, N = g->n, K = g->k;
     if (M <= 0 || N <= 0 || g->batch <= 0)
         return DG_OK;
     if (K <= 0) { /* empty sum: C = beta C */
+        const GT beta = (GT)g->beta;
         for (int64_t bt = 0; bt < g->batch; bt++)
             for (int64_t i = 0; i < M; i++)
                 for (int64_t j = 0; j < N; j++) {
@@ -94,72 +141,63 @@ dg_status GFN(dg__gemm)(const dg_gemm_desc *g, const GT *a, const GT *b, GT *c) 
                 }
         return DG_OK;
     }
+    const GFN(micro_fn) micro = GFN(pick_micro)();
     int nthreads = 1;
 #ifdef _OPENMP
     nthreads = omp_get_max_threads();
 #endif
-    /* Give every thread a row block when M is small; MC stays a multiple of MR. */
+    const double work = (double)M * N * K; /* multiply-adds per batch item */
+    /* Threads pay off past a few hundred thousand multiply-adds. Many small items: one item per
+     * thread at a time (no barriers); otherwise the team shares each item by row blocks. */
+    const int par = nthreads > 1 && work * (double)g->batch > 2e5;
+    const int by_item = par && g->batch >= nthreads && work < 4e6;
     int64_t mc_max = GMC;
-    int64_t per = (M + nthreads - 1) / nthreads;
-    per = (per + GMR - 1) / GMR * GMR;
-    if (per < mc_max)
-        mc_max = per;
+    if (par && !by_item) { /* give every thread a row block when M is small */
+        int64_t per = (M + nthreads - 1) / nthreads;
+        per = (per + GMR - 1) / GMR * GMR;
+        if (per < mc_max)
+            mc_max = per;
+    }
     const int64_t kc_max = K < GKC ? K : GKC;
     int64_t nc_max = N < GNC ? N : GNC;
     nc_max = (nc_max + GNR - 1) / GNR * GNR;
-    GT *bpack = aligned_alloc(64, (size_t)((kc_max * nc_max * (int64_t)sizeof(GT) + 63) & ~63));
-    GT *apack =
-        aligned_alloc(64, (size_t)((nthreads * mc_max * kc_max * (int64_t)sizeof(GT) + 63) & ~63));
+    const int nbp = by_item ? nthreads : 1; /* B panels: one per thread when items are private */
+    GT *bpack = GFN(alloc_pack)(nbp * kc_max * nc_max);
+    GT *apack = GFN(alloc_pack)(nthreads * mc_max * kc_max);
     if (!bpack || !apack) {
         free(bpack);
         free(apack);
         return dg__err(DG_ERR_NOMEM, "gemm: out of host memory for packing buffers");
     }
-    const int64_t n_iblk = (M + mc_max - 1) / mc_max;
-    /* Threads pay off only past a few hundred thousand multiply-adds. */
-    const int par = (double)M * N * K > 2e5 && nthreads > 1;
-    (void)par;
+    if (by_item) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+        for (int64_t bt = 0; bt < g->batch; bt++) {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            GFN(gemm_item)
+            (g, a + bt * g->stride_a, b + bt * g->stride_b, c + bt * g->stride_c, micro, mc_max,
+             kc_max, nc_max, apack + (int64_t)tid * mc_max * kc_max,
+             bpack + (int64_t)tid * kc_max * nc_max, 0, 1);
+        }
+    } else {
+        (void)par;
 #ifdef _OPENMP
 #pragma omp parallel if (par)
 #endif
-    {
-        int tid = 0;
+        {
+            int tid = 0, nth = 1;
 #ifdef _OPENMP
-        tid = omp_get_thread_num();
+            tid = omp_get_thread_num();
+            nth = omp_get_num_threads();
 #endif
-        GT *ap = apack + (int64_t)tid * mc_max * kc_max;
-        for (int64_t bt = 0; bt < g->batch; bt++) {
-            const GT *A = a + bt * g->stride_a, *B = b + bt * g->stride_b;
-            GT *C = c + bt * g->stride_c;
-            for (int64_t j0 = 0; j0 < N; j0 += nc_max) {
-                int64_t nc = N - j0 < nc_max ? N - j0 : nc_max;
-                int64_t n_strips = (nc + GNR - 1) / GNR;
-                for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
-                    int64_t kc = K - p0 < kc_max ? K - p0 : kc_max;
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-                    for (int64_t s = 0; s < n_strips; s++)
-                        GFN(pack_b_strip)(g, B, p0, kc, j0, nc, s, bpack);
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-                    for (int64_t ib = 0; ib < n_iblk; ib++) {
-                        int64_t i0 = ib * mc_max;
-                        int64_t mc = M - i0 < mc_max ? M - i0 : mc_max;
-                        GFN(pack_a)(g, A, i0, mc, p0, kc, ap);
-                        for (int64_t jr = 0; jr < nc; jr += GNR) {
-                            int64_t nr = nc - jr < GNR ? nc - jr : GNR;
-                            for (int64_t ir = 0; ir < mc; ir += GMR) {
-                                int64_t mr = mc - ir < GMR ? mc - ir : GMR;
-                                micro(kc, ap + ir * kc, bpack + jr * kc,
-                                      C + (i0 + ir) * g->ldc + j0 + jr, g->ldc, mr, nr, alpha, beta,
-                                      p0 == 0);
-                            }
-                        }
-                    }
-                }
-            }
+            for (int64_t bt = 0; bt < g->batch; bt++)
+                GFN(gemm_item)
+                (g, a + bt * g->stride_a, b + bt * g->stride_b, c + bt * g->stride_c, micro, mc_max,
+                 kc_max, nc_max, apack + (int64_t)tid * mc_max * kc_max, bpack, tid, nth);
         }
     }
     free(bpack);

@@ -80,10 +80,11 @@
     }
 
 #define DEFINE_SUM_MID_BWD_CPU(T)                                                                  \
-    static void sum_mid_bwd_cpu_##T(const T *gy, int64_t outer, int64_t n, int64_t inner,          \
-                                    T scale, T *gx) {                                              \
-        DG_OMP_FOR(outer * n > 1 && outer * n * inner > 65536)                                     \
-        for (int64_t r = 0; r < outer * n; r++) {                                                  \
+    static void sum_mid_bwd_cpu_##T(const T *gy, int64_t outer, int64_t n, int64_t inner, T scale, \
+                                    T *gx) {                                                       \
+        int64_t rows = outer * n;                                                                  \
+        DG_OMP_FOR(rows > 1 && rows * inner > 65536)                                               \
+        for (int64_t r = 0; r < rows; r++) {                                                       \
             const T *src = gy + (r / n) * inner;                                                   \
             for (int64_t i = 0; i < inner; i++)                                                    \
                 gx[r * inner + i] = scale * src[i];                                                \

@@ -18,8 +18,7 @@
 
 #include <tgmath.h> /* exp, log, ... pick the float or double version from the argument */
 
-static const char *const k_op_name[] = {"dg_exp", "dg_log", "dg_sigmoid", "dg_softplus",
-                                        "dg_silu"};
+static const char *const k_op_name[] = {"dg_exp", "dg_log", "dg_sigmoid", "dg_softplus", "dg_silu"};
 static const char *const k_node_kind[] = {"exp", "log", "sigmoid", "softplus", "silu"};
 
 /* ---- reference (CPU) ---------------------------------------------------------------------- */
@@ -40,11 +39,16 @@ static const char *const k_node_kind[] = {"exp", "log", "sigmoid", "softplus", "
     }                                                                                              \
     static inline T unary_f_##T(dg_unary_kind kind, T x) {                                         \
         switch (kind) {                                                                            \
-        case DG_UNARY_EXP: return exp(x);                                                          \
-        case DG_UNARY_LOG: return log(x);                                                          \
-        case DG_UNARY_SIGMOID: return sigmoid_##T(x);                                              \
-        case DG_UNARY_SOFTPLUS: return fmax(x, (T)0) + log1p(exp(-fabs(x)));                       \
-        case DG_UNARY_SILU: return x * sigmoid_##T(x);                                             \
+        case DG_UNARY_EXP:                                                                         \
+            return exp(x);                                                                         \
+        case DG_UNARY_LOG:                                                                         \
+            return log(x);                                                                         \
+        case DG_UNARY_SIGMOID:                                                                     \
+            return sigmoid_##T(x);                                                                 \
+        case DG_UNARY_SOFTPLUS:                                                                    \
+            return fmax(x, (T)0) + log1p(exp(-fabs(x)));                                           \
+        case DG_UNARY_SILU:                                                                        \
+            return x * sigmoid_##T(x);                                                             \
         }                                                                                          \
         return 0;                                                                                  \
     }                                                                                              \
@@ -52,12 +56,15 @@ static const char *const k_node_kind[] = {"exp", "log", "sigmoid", "softplus", "
     static inline T unary_df_##T(dg_unary_kind kind, T dy, T v, int from_output) {                 \
         T s;                                                                                       \
         switch (kind) {                                                                            \
-        case DG_UNARY_EXP: return dy * (from_output ? v : exp(v));                                 \
-        case DG_UNARY_LOG: return dy / v;                                                          \
+        case DG_UNARY_EXP:                                                                         \
+            return dy * (from_output ? v : exp(v));                                                \
+        case DG_UNARY_LOG:                                                                         \
+            return dy / v;                                                                         \
         case DG_UNARY_SIGMOID:                                                                     \
             s = from_output ? v : sigmoid_##T(v);                                                  \
             return dy * s * (1 - s);                                                               \
-        case DG_UNARY_SOFTPLUS: return dy * sigmoid_##T(v);                                        \
+        case DG_UNARY_SOFTPLUS:                                                                    \
+            return dy * sigmoid_##T(v);                                                            \
         case DG_UNARY_SILU:                                                                        \
             s = sigmoid_##T(v);                                                                    \
             return dy * s * (1 + v * (1 - s));                                                     \

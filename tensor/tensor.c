@@ -475,7 +475,13 @@ dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src) {
 #ifdef DG_HAVE_CUDA
     if (dst->device.kind == DG_DEV_CUDA && src->device.kind == DG_DEV_CUDA &&
         dst->device.index == src->device.index) {
-        DG_TRY(dg_ctx_sync(src->storage->ctx));
+        /* Work on another context's stream must finish before this stream reads its output. */
+        if (src->storage->ctx != dst->storage->ctx)
+            DG_TRY(dg_ctx_sync(src->storage->ctx));
+        if (dst->dtype == src->dtype && dg_tensor_is_contiguous(dst) &&
+            dg_tensor_is_contiguous(src))
+            return dg__cuda_memcpy(dst->storage->ctx, dg_tensor_data(dst), dg_tensor_data(src),
+                                   dg_tensor_nbytes(src), DG_COPY_D2D);
         return dg__cuda_copy_strided(dst->storage->ctx, dg_tensor_data(dst), dst->dtype,
                                      layout_of(dst), dg_tensor_data(src), src->dtype,
                                      layout_of(src), dg_tensor_numel(src));

@@ -227,6 +227,7 @@ static void test_gpu(dg_ctx *cpu) {
     int32_t v32[3] = {0, 9, 3};
     DG_TEST_TRY(dg_tensor_from_host(gpu, DG_I32, 1, (int64_t[]){3}, v32, &ids));
     dg_check_ok(dg_embedding(gpu, w, ids, &y), "cuda: a valid call after the failed one");
+    dg_tensor_free(&y);
     dg_tensor *ic = NULL;
     DG_TEST_TRY(dg_tensor_from_host(cpu, DG_I32, 1, (int64_t[]){3}, v32, &ic));
     dg_check_err(dg_embedding(gpu, w, ic, &y), DG_ERR_DEVICE, "'ids' must be on cuda:0",

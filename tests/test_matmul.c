@@ -147,6 +147,8 @@ static void test_blocking(dg_ctx *cpu) {
         {"matmul 130x300 @ 300x70 (k > KC)", 0, 0, 0, 2, 2, {130, 300}, {300, 70}},
         {"matmul 5x260 @ 260x2100 (n > NC)", 0, 1, 0, 2, 2, {5, 260}, {260, 2100}},
         {"linear 2x100x300, w 33x300", 1, 0, 0, 3, 2, {2, 100, 300}, {33, 300}},
+        /* many small items: the GEMM runs one item per thread */
+        {"matmul batched 24x64x48 @ 24x48x40", 0, 1, 0, 3, 3, {24, 64, 48}, {24, 48, 40}},
     };
     for (int ci = 0; ci < (int)(sizeof big / sizeof *big); ci++) {
         const mcase *c = &big[ci];
@@ -181,21 +183,28 @@ static void test_blocking(dg_ctx *cpu) {
         }
     }
 #ifdef _OPENMP
-    /* Each C element is summed by one thread in a fixed order: bitwise equal for 1 or n threads. */
-    int64_t sa[2] = {190, 300}, sb[2] = {300, 150};
-    dg_tensor *a = dg_test_randn(cpu, DG_F32, 2, sa, 1), *b = dg_test_randn(cpu, DG_F32, 2, sb, 2);
-    dg_tensor *y1 = NULL, *y2 = NULL;
-    int nt = omp_get_max_threads();
-    omp_set_num_threads(1);
-    DG_TEST_TRY(dg_matmul(cpu, a, b, &y1));
-    omp_set_num_threads(nt > 1 ? nt : 2);
-    DG_TEST_TRY(dg_matmul(cpu, a, b, &y2));
-    omp_set_num_threads(nt);
-    dg_check_tensor_close("f32 GEMM: 1 thread == many threads (bitwise)", y2, y1, 0, 0);
-    dg_tensor_free(&a);
-    dg_tensor_free(&b);
-    dg_tensor_free(&y1);
-    dg_tensor_free(&y2);
+    /* Each C element is summed by one thread in a fixed order: bitwise equal for 1 or n threads,
+     * whether the team splits one matrix by row blocks or takes whole batch items. */
+    static const int64_t shp[2][2][3] = {{{190, 300}, {300, 150}}, {{24, 64, 48}, {24, 48, 40}}};
+    for (int k = 0; k < 2; k++) {
+        int nd = k ? 3 : 2;
+        dg_tensor *a = dg_test_randn(cpu, DG_F32, nd, shp[k][0], 1);
+        dg_tensor *b = dg_test_randn(cpu, DG_F32, nd, shp[k][1], 2);
+        dg_tensor *y1 = NULL, *y2 = NULL;
+        int nt = omp_get_max_threads();
+        omp_set_num_threads(1);
+        DG_TEST_TRY(dg_matmul(cpu, a, b, &y1));
+        omp_set_num_threads(nt > 1 ? nt : 2);
+        DG_TEST_TRY(dg_matmul(cpu, a, b, &y2));
+        omp_set_num_threads(nt);
+        dg_check_tensor_close(k ? "f32 batched GEMM: 1 thread == many threads (bitwise)"
+                                : "f32 GEMM: 1 thread == many threads (bitwise)",
+                              y2, y1, 0, 0);
+        dg_tensor_free(&a);
+        dg_tensor_free(&b);
+        dg_tensor_free(&y1);
+        dg_tensor_free(&y2);
+    }
 #endif
 }
 

@@ -180,8 +180,8 @@ static void test_f32(dg_ctx *cpu) {
     dg_tensor *xs[4] = {x64, x32, v64, v32};
     for (int i = 0; i < 4; i++)
         dg_tensor_set_requires_grad(xs[i], 1);
-    const red_args cases[5] = {{0, 1, 0, 0}, {1, 1, 1, 0}, {0, -1, 0, 0}, {0, 0, 0, 0},
-                               {2, 0, 0, 0}};
+    const red_args cases[5] = {
+        {0, 1, 0, 0}, {1, 1, 1, 0}, {0, -1, 0, 0}, {0, 0, 0, 0}, {2, 0, 0, 0}};
     for (int c = 0; c < 6; c++) {
         red_args r = cases[c < 5 ? c : 4];
         dg_tensor *a64 = c < 5 ? x64 : v64, *a32 = c < 5 ? x32 : v32;
@@ -233,6 +233,15 @@ static void test_errors(dg_ctx *cpu) {
 
 /* ---- gpu ---- */
 
+/* x itself, or transpose(x, 0, last) */
+static dg_tensor *view_of(dg_tensor *x, int transpose) {
+    dg_tensor *t = NULL;
+    if (!transpose)
+        return dg_tensor_retain(x);
+    DG_TEST_TRY(dg_transpose(x, 0, -1, &t));
+    return t;
+}
+
 typedef struct {
     int ndim;
     int64_t shape[3];
@@ -267,19 +276,17 @@ static void test_gpu(dg_ctx *cpu) {
             dg_tensor_set_requires_grad(xc, 1);
             dg_tensor *yg = NULL, *yc = NULL;
             double *gg, *gc;
-            dg_tensor *tg = xg, *tc = xc;
-            if (k->r.transpose) {
-                DG_TEST_TRY(dg_transpose(xg, 0, -1, &tg));
-                DG_TEST_TRY(dg_transpose(xc, 0, -1, &tc));
-            }
-            /* backward through the transpose view too; the seed dy has the same values */
+            /* backward through the transpose view too (views are tape nodes: make each one
+             * after the tape reset that precedes its forward); the seed dy has the same values */
             dg_tape_reset();
+            dg_tensor *tg = view_of(xg, k->r.transpose);
             DG_TEST_TRY(reduce(gpu, &k->r, tg, &yg));
-            dg_tensor *dyg = dg_test_randn(gpu, (dg_dtype)dt, dg_tensor_ndim(yg),
-                                           dg_tensor_shape(yg), 99);
+            dg_tensor *dyg =
+                dg_test_randn(gpu, (dg_dtype)dt, dg_tensor_ndim(yg), dg_tensor_shape(yg), 99);
             dg_tensor *dyc = copy_as(cpu, DG_F64, dyg);
             DG_TEST_TRY(dg_tape_backward_with(gpu, yg, dyg));
             dg_tape_reset();
+            dg_tensor *tc = view_of(xc, k->r.transpose);
             DG_TEST_TRY(reduce(cpu, &k->r, tc, &yc));
             DG_TEST_TRY(dg_tape_backward_with(cpu, yc, dyc));
             dg_tape_reset();
@@ -307,12 +314,8 @@ static void test_gpu(dg_ctx *cpu) {
             dg_check_tensor_close(name, y2, yg, 0, 0);
             free(gg);
             free(gc);
-            if (k->r.transpose) {
-                dg_tensor_free(&tg);
-                dg_tensor_free(&tc);
-            }
-            dg_tensor *all[] = {xg, xc, yg, yc, dyg, dyc, y2};
-            for (int i = 0; i < 7; i++)
+            dg_tensor *all[] = {xg, xc, tg, tc, yg, yc, dyg, dyc, y2};
+            for (int i = 0; i < 9; i++)
                 dg_tensor_free(&all[i]);
         }
 

@@ -31,8 +31,8 @@ static dg_status unop_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor 
 }
 
 /* y = f(transpose(x)) */
-static dg_status unop_t_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out,
-                           int n_out, void *user) {
+static dg_status unop_t_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out, int n_out,
+                           void *user) {
     (void)n_in;
     (void)n_out;
     dg_tensor *t = NULL;
@@ -107,11 +107,21 @@ static void test_values(dg_ctx *cpu) {
             double x = k == 1 ? fabs(xs[i]) + 0.25 : xs[i], sg = 1 / (1 + exp(-x));
             in[i] = x;
             switch (k) {
-            case 0: want[i] = exp(x), dwant[i] = exp(x); break;
-            case 1: want[i] = log(x), dwant[i] = 1 / x; break;
-            case 2: want[i] = sg, dwant[i] = sg * (1 - sg); break;
-            case 3: want[i] = log(1 + exp(x)), dwant[i] = sg; break;
-            default: want[i] = x * sg, dwant[i] = sg + x * sg * (1 - sg); break;
+            case 0:
+                want[i] = exp(x), dwant[i] = exp(x);
+                break;
+            case 1:
+                want[i] = log(x), dwant[i] = 1 / x;
+                break;
+            case 2:
+                want[i] = sg, dwant[i] = sg * (1 - sg);
+                break;
+            case 3:
+                want[i] = log(1 + exp(x)), dwant[i] = sg;
+                break;
+            default:
+                want[i] = x * sg, dwant[i] = sg + x * sg * (1 - sg);
+                break;
             }
         }
         dg_tensor *x = NULL, *y = NULL;
@@ -234,26 +244,29 @@ static void test_errors(dg_ctx *cpu) {
 
 /* ---- gpu ---- */
 
-static void gpu_case(dg_ctx *cpu, dg_ctx *gpu, dg_dtype dt, int k, dg_tensor *xg_in, int strided,
+/* x itself, or its transpose (a view recorded on the tape, so make it after any tape reset) */
+static dg_tensor *view_of(dg_tensor *x, int strided) {
+    dg_tensor *t = NULL;
+    if (!strided)
+        return dg_tensor_retain(x);
+    DG_TEST_TRY(dg_transpose(x, 0, 1, &t));
+    return t;
+}
+
+static void gpu_case(dg_ctx *cpu, dg_ctx *gpu, dg_dtype dt, int k, dg_tensor *xg, int strided,
                      const char *what) {
-    dg_tensor *xg = xg_in, *xc = copy_as(cpu, DG_F64, xg_in);
+    dg_tensor *xc = copy_as(cpu, DG_F64, xg);
     dg_tensor_set_requires_grad(xg, 1);
     dg_tensor_set_requires_grad(xc, 1);
-    dg_tensor *tg = NULL, *tc = NULL, *yg = NULL, *yc = NULL;
-    if (strided) {
-        DG_TEST_TRY(dg_transpose(xg, 0, 1, &tg));
-        DG_TEST_TRY(dg_transpose(xc, 0, 1, &tc));
-    } else {
-        tg = dg_tensor_retain(xg);
-        tc = dg_tensor_retain(xc);
-    }
+    dg_tensor *yg = NULL, *yc = NULL;
     dg_tape_reset();
-    dg_tensor_zero_grad(xg);
+    dg_tensor *tg = view_of(xg, strided);
     DG_TEST_TRY(k_ops[k].f(gpu, tg, &yg));
     dg_tensor *gyg = dg_test_randn(gpu, dt, dg_tensor_ndim(yg), dg_tensor_shape(yg), 77);
     dg_tensor *gyc = copy_as(cpu, DG_F64, gyg);
     DG_TEST_TRY(dg_tape_backward_with(gpu, yg, gyg));
     dg_tape_reset();
+    dg_tensor *tc = view_of(xc, strided);
     DG_TEST_TRY(k_ops[k].f(cpu, tc, &yc));
     DG_TEST_TRY(dg_tape_backward_with(cpu, yc, gyc));
     dg_tape_reset();
@@ -280,10 +293,10 @@ static void test_gpu(dg_ctx *cpu) {
                 dg_policy_reset();
                 if (pol)
                     dg_policy_set(k_ops[k].name, DG_POLICY_RECOMPUTE);
-                dg_tensor *x = dg_test_rand(gpu, (dg_dtype)dt, 2, s, 50 + k, k_ops[k].lo,
-                                            k_ops[k].hi);
-                gpu_case(cpu, gpu, (dg_dtype)dt, k, x, pol, pol ? "[37,1001]^T recompute"
-                                                                : "[37,1001]");
+                dg_tensor *x =
+                    dg_test_rand(gpu, (dg_dtype)dt, 2, s, 50 + k, k_ops[k].lo, k_ops[k].hi);
+                gpu_case(cpu, gpu, (dg_dtype)dt, k, x, pol,
+                         pol ? "[37,1001]^T recompute" : "[37,1001]");
                 dg_tensor_free(&x);
                 if (k >= 2) { /* large |x| stays finite and matches */
                     DG_TEST_TRY(dg_tensor_from_f64(gpu, (dg_dtype)dt, 1, s4, big, &x));
@@ -296,7 +309,8 @@ static void test_gpu(dg_ctx *cpu) {
     int64_t s3[1] = {3};
     dg_tensor *hc = dg_test_rand(cpu, DG_F32, 1, s3, 1, 0, 1), *d64 = NULL, *y = NULL;
     DG_TEST_TRY(dg_tensor_new(gpu, DG_F64, 1, s3, &d64));
-    dg_check_err(dg_exp(gpu, hc, &y), DG_ERR_DEVICE, "'a' must be on cuda:0", "cpu tensor, cuda ctx");
+    dg_check_err(dg_exp(gpu, hc, &y), DG_ERR_DEVICE, "'a' must be on cuda:0",
+                 "cpu tensor, cuda ctx");
     dg_check_err(dg_sigmoid(gpu, d64, &y), DG_ERR_DTYPE, "f64, which the CUDA kernels do not",
                  "f64 on CUDA");
     dg_tensor_free(&hc);

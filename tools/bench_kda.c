@@ -1,15 +1,257 @@
-/* tools/bench_kda.c -- `deltagrad bench kda`: placeholder until the KDA benchmark lands. Weak, so
- * a real dg_bench_kda linked elsewhere replaces it. */
+/*
+ * tools/bench_kda.c -- `deltagrad bench kda`: chunked KDA forward and forward+backward times on a
+ * GPU at the reference shapes, peak device memory under CACHE and RECOMPUTE, and each time's ratio
+ * to the compute and memory floors.
+ *
+ * Floors (METHOD: the larger of the two bounds no implementation beats by much):
+ *   compute floor = FLOP (KDA.md §9 dense-tile counts) / measured bf16 GEMM rate (dg_matmul);
+ *   memory floor  = bytes that must move (inputs read once, outputs written once) / measured
+ *                   device copy bandwidth.
+ * Both peaks are measured in the same run, so the ratios compare like with like.
+ */
+#include "deltagrad.h"
 #include "tools/commands.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
-#if defined(__GNUC__)
-__attribute__((weak))
-#endif
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        dg_status s__ = (expr);                                                                    \
+        if (s__ != DG_OK) {                                                                        \
+            fprintf(stderr, "bench kda: %s failed: %s\n", #expr, dg_last_error());                \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* Median seconds of a large bf16 GEMM (n x n x n) -> FLOP/s. */
+static double measure_gemm(dg_ctx *ctx, int64_t n, int reps) {
+    int64_t sh[2] = {n, n};
+    dg_tensor *a = NULL, *b = NULL, *c = NULL;
+    CHECK(dg_tensor_new(ctx, DG_BF16, 2, sh, &a));
+    CHECK(dg_tensor_new(ctx, DG_BF16, 2, sh, &b));
+    CHECK(dg_tensor_rand_normal(a, 1, 0, 1));
+    CHECK(dg_tensor_rand_normal(b, 2, 0, 1));
+    double t[64];
+    for (int i = -3; i < reps; i++) {
+        CHECK(dg_ctx_sync(ctx));
+        double t0 = now_s();
+        CHECK(dg_matmul(ctx, a, b, &c));
+        CHECK(dg_ctx_sync(ctx));
+        if (i >= 0)
+            t[i] = now_s() - t0;
+        dg_tensor_free(&c);
+    }
+    dg_tensor_free(&a);
+    dg_tensor_free(&b);
+    return 2.0 * (double)n * n * n / median(t, reps);
+}
+
+/* Bytes/s of a device-to-device copy of `bytes` (read + write counted). */
+static double measure_copy(dg_ctx *ctx, int64_t bytes, int reps) {
+    int64_t sh[1] = {bytes / 4};
+    dg_tensor *a = NULL, *b = NULL;
+    CHECK(dg_tensor_new(ctx, DG_F32, 1, sh, &a));
+    CHECK(dg_tensor_new(ctx, DG_F32, 1, sh, &b));
+    CHECK(dg_tensor_rand_uniform(a, 3, -1, 1));
+    double t[64];
+    for (int i = -3; i < reps; i++) {
+        CHECK(dg_ctx_sync(ctx));
+        double t0 = now_s();
+        CHECK(dg_tensor_copy_(b, a));
+        CHECK(dg_ctx_sync(ctx));
+        if (i >= 0)
+            t[i] = now_s() - t0;
+    }
+    dg_tensor_free(&a);
+    dg_tensor_free(&b);
+    return 2.0 * (double)sh[0] * 4 / median(t, reps);
+}
+
+typedef struct {
+    int B, T, H, K;
+} shape_t;
+
+typedef struct {
+    double fwd_ms, fb_ms;
+    size_t peak_cache, peak_recompute;
+} result_t;
+
+static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, result_t *r) {
+    int64_t sq[4] = {s.B, s.T, s.H, s.K}, sb[3] = {s.B, s.T, s.H};
+    dg_tensor *q = NULL, *k = NULL, *v = NULL, *g = NULL, *beta = NULL, *dO = NULL;
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &q));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &k));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &v));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &g));
+    CHECK(dg_tensor_new(ctx, dt, 3, sb, &beta));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &dO));
+    CHECK(dg_tensor_rand_normal(q, 11, 0, 1));
+    CHECK(dg_tensor_rand_normal(k, 12, 0, 1));
+    CHECK(dg_tensor_rand_normal(v, 13, 0, 1));
+    CHECK(dg_tensor_rand_uniform(g, 14, -0.2, -0.001));
+    CHECK(dg_tensor_rand_uniform(beta, 15, 0.05, 0.95));
+    CHECK(dg_tensor_rand_normal(dO, 16, 0, 1));
+    dg_kda_opts o;
+    memset(&o, 0, sizeof o);
+    o.chunk_size = 64;
+    o.l2norm_qk = 1;
+    double t[64];
+    dg_tensor *out = NULL;
+
+    /* forward only */
+    dg_no_grad_begin();
+    for (int i = -2; i < reps; i++) {
+        CHECK(dg_ctx_sync(ctx));
+        double t0 = now_s();
+        CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
+        CHECK(dg_ctx_sync(ctx));
+        if (i >= 0)
+            t[i] = now_s() - t0;
+        dg_tensor_free(&out);
+    }
+    dg_no_grad_end();
+    r->fwd_ms = 1e3 * median(t, reps);
+
+    /* forward + backward, under both policies (RECOMPUTE last: it is the default timing) */
+    dg_tensor *leaves[5] = {q, k, v, g, beta};
+    for (int i = 0; i < 5; i++)
+        dg_tensor_set_requires_grad(leaves[i], 1);
+    for (int pol = 0; pol < 2; pol++) {
+        dg_policy_set_global(pol == 0 ? DG_POLICY_CACHE : DG_POLICY_DEFAULT);
+        int n = pol == 0 ? 3 : reps;
+        for (int i = -2; i < n; i++) {
+            for (int j = 0; j < 5; j++)
+                dg_tensor_zero_grad(leaves[j]);
+            CHECK(dg_ctx_sync(ctx));
+            dg_ctx_reset_peak(ctx);
+            double t0 = now_s();
+            CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
+            CHECK(dg_tape_backward_with(ctx, out, dO));
+            CHECK(dg_ctx_sync(ctx));
+            if (i >= 0)
+                t[i] = now_s() - t0;
+            size_t peak = dg_ctx_mem_stats(ctx).peak_in_use;
+            if (pol == 0)
+                r->peak_cache = peak;
+            else
+                r->peak_recompute = peak;
+            dg_tape_reset();
+            dg_tensor_free(&out);
+        }
+        if (pol == 1)
+            r->fb_ms = 1e3 * median(t, reps);
+    }
+    dg_policy_set_global(DG_POLICY_DEFAULT);
+    for (int j = 0; j < 5; j++)
+        dg_tensor_zero_grad(leaves[j]);
+    dg_tensor *all[] = {q, k, v, g, beta, dO};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        dg_tensor_free(&all[i]);
+    return 0;
+}
+
 int dg_bench_kda(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "bench kda: not available in this build yet\n");
-    return 2;
+    int reps = 10;
+    dg_dtype dt = DG_BF16;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: deltagrad bench kda [--reps N] [--dtype bf16|f32]\n\n"
+                   "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
+                   "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
+                   "device memory under CACHE and RECOMPUTE and the ratio of each time to its\n"
+                   "compute and memory floors (peaks measured in the same run).\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+            if (reps < 1 || reps > 64) {
+                fprintf(stderr, "bench kda: --reps must be 1..64\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            if (dg_dtype_parse(argv[++i], &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
+                fprintf(stderr, "bench kda: --dtype must be bf16 or f32\n");
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "bench kda: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (dg_cuda_device_count() < 1) {
+        fprintf(stderr, "bench kda: needs a CUDA device (this build: CUDA %s, devices: %d)\n",
+                dg_have_cuda() ? "yes" : "no", dg_cuda_device_count());
+        return 2;
+    }
+    dg_ctx *ctx = NULL;
+    if (dg_ctx_new(dg_cuda(0), &ctx) != DG_OK) {
+        fprintf(stderr, "bench kda: %s\n", dg_last_error());
+        return 1;
+    }
+    double flops = measure_gemm(ctx, 8192, 10);
+    double bw = measure_copy(ctx, (int64_t)1 << 30, 10);
+    if (flops <= 0 || bw <= 0) {
+        dg_ctx_free(&ctx);
+        return 1;
+    }
+    printf("measured peaks: bf16 GEMM 8192^3 %.1f TFLOP/s, device copy %.0f GB/s\n", flops / 1e12,
+           bw / 1e9);
+    static const shape_t shapes[] = {{1, 8192, 96, 128}, {2, 16384, 16, 128}, {4, 2048, 16, 128},
+                                     {4, 4096, 64, 128}, {8, 1024, 8, 64},    {8, 2048, 32, 256}};
+    printf("\n%-20s %9s %9s %8s %8s %9s %9s %10s %10s\n", "B,T,H,K=V", "fwd ms", "fwd+bwd",
+           "fwd/cf", "fwd/mf", "f+b/cf", "f+b/mf", "peak cache", "peak recomp");
+    int rc = 0;
+    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+        shape_t s = shapes[i];
+        result_t r;
+        memset(&r, 0, sizeof r);
+        char name[64];
+        snprintf(name, sizeof name, "%d,%d,%d,%d", s.B, s.T, s.H, s.K);
+        if (run_shape(ctx, s, reps, dt, &r) != 0) {
+            printf("%-20s failed: %s\n", name, dg_last_error());
+            rc = 1;
+            dg_tape_reset();
+            dg_ctx_empty_cache(ctx);
+            continue;
+        }
+        double C = 64, K = s.K, V = s.K, tok = (double)s.B * s.T * s.H;
+        double f_fwd = tok * (6 * K * V + 6 * C * K + 4 * C * V + C * C / 2);
+        double f_bwd = tok * (12 * K * V + 12 * C * K + 8 * C * V + 4 * C * C) +
+                       tok * (4 * K * V + 2 * C * K + 2 * C * V);
+        double es = dg_dtype_size(dt);
+        /* fwd: q k v g beta read, o written (all in the activation dtype). bwd adds dO read and
+         * dq dk dv dg dbeta written. */
+        double b_fwd = tok * (4 * K + 1) * es + tok * V * es;
+        double b_bwd = b_fwd + tok * V * es + tok * (4 * K + 1) * es;
+        double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
+        double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
+        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %8.2f G %8.2f G\n", name, r.fwd_ms,
+               r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
+               r.peak_cache / 1073741824.0, r.peak_recompute / 1073741824.0);
+        dg_ctx_empty_cache(ctx);
+    }
+    printf("\ncf = compute floor (KDA.md §9 FLOP / measured GEMM rate), mf = memory floor (bytes\n"
+           "that must move / measured copy bandwidth); the ratios say how far each time is from\n"
+           "the bound. Peak = device memory high-water mark of one fwd+bwd (inputs included).\n");
+    dg_ctx_free(&ctx);
+    return rc;
 }

@@ -6,8 +6,7 @@ int dg_cmd_train(int argc, char **argv);  /* train/cli_train.c */
 int dg_cmd_sample(int argc, char **argv); /* train/cli_train.c */
 int dg_cmd_kda(int argc, char **argv);    /* tools/cmd_kda.c */
 int dg_cmd_bench(int argc, char **argv);  /* tools/cmd_bench.c */
-/* `deltagrad bench kda ...`: argv[0] is "kda". tools/bench_kda.c (a placeholder until the KDA
- * benchmark lands; defined weak so a real definition elsewhere wins). */
+/* `deltagrad bench kda ...` (tools/bench_kda.c); argv[0] is "kda". */
 int dg_bench_kda(int argc, char **argv);
 int dg_cmd_explain(int argc, char **argv); /* tools/cmd_explain.c */
 

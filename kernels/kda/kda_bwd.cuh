@@ -1,0 +1,122 @@
+/*
+ * kernels/kda/kda_bwd.cuh -- what the KDA backward kernel files share (C++ only; the C sources
+ * in ops/ include kda_cuda.h instead): the dims as kernel arguments, device math matching the
+ * CPU reference (overflow-free sigmoid and softplus), a deterministic warp sum, a scratch buffer
+ * from the context's caching allocator, and the deterministic "sum over partials and value-head
+ * groups" reduction every stage ends with.
+ *
+ * Thread layout shared by the tiled kernels (NTH = 256 threads = 8 warps): lane = one column of a
+ * 32-wide column tile (key dim e or value dim v), warp w = the rows w, w + 8, w + 16, ... of the
+ * chunk. Reductions are never done with float atomics: partial results go to scratch buffers
+ * and are summed in a fixed order (kda_sum_parts), so every result is bitwise reproducible.
+ */
+#ifndef DG_KDA_BWD_CUH
+#define DG_KDA_BWD_CUH
+
+#include "../common.cuh"
+#include "kda_cuda.h"
+
+namespace kdab {
+
+constexpr int NTH = 256; /* threads per block of the tiled kernels */
+constexpr int NW = 8;    /* warps per block */
+constexpr int CT = 32;   /* column tile (one warp's lanes) */
+
+/* kda_cuda_dims without the ownership fields, passed by value to kernels. */
+struct Dims {
+    int64_t TT, NC;
+    int H, HV, K, V, BT, N, G; /* G: value heads per q/k head */
+    const int64_t *cu, *chunk_off, *chunk_t0;
+    const int32_t *chunk_len, *chunk_seq;
+};
+
+static inline Dims make_dims(const kda_cuda_dims *d) {
+    Dims r;
+    r.TT = d->TT;
+    r.NC = d->NC;
+    r.H = d->H;
+    r.HV = d->HV;
+    r.K = d->K;
+    r.V = d->V;
+    r.BT = d->BT;
+    r.N = d->N;
+    r.G = d->HV / d->H;
+    r.cu = d->cu;
+    r.chunk_off = d->chunk_off;
+    r.chunk_t0 = d->chunk_t0;
+    r.chunk_len = d->chunk_len;
+    r.chunk_seq = d->chunk_seq;
+    return r;
+}
+
+/* Checks shared by every stage launcher. */
+static inline dg_status check_dims(const char *fn, const kda_cuda_dims *d) {
+    if (!d)
+        return dg__err(DG_ERR_ARG, "%s: dims is NULL", fn);
+    if (d->BT != 16 && d->BT != 32 && d->BT != 64)
+        return dg__err(DG_ERR_ARG, "%s: chunk size BT must be 16, 32 or 64, got %d", fn, d->BT);
+    if (d->H < 1 || d->HV < 1 || d->HV % d->H != 0 || d->K < 1 || d->V < 1 || d->N < 0 ||
+        d->TT < 0 || d->NC < 0)
+        return dg__err(DG_ERR_SHAPE, "%s: bad dims H=%d HV=%d K=%d V=%d N=%d TT=%lld NC=%lld", fn,
+                       d->H, d->HV, d->K, d->V, d->N, (long long)d->TT, (long long)d->NC);
+    return DG_OK;
+}
+
+/* Same formulas and branches as kda_sigmoid_f32 / kda_softplus_f32 (ops/kda/kda.h). */
+__device__ __forceinline__ float sigmoidf_(float x) {
+    if (x >= 0.f)
+        return 1.f / (1.f + expf(-x));
+    float e = expf(x);
+    return e / (1.f + e);
+}
+__device__ __forceinline__ float softplusf_(float x) {
+    return x > 0.f ? x + log1pf(expf(-x)) : log1pf(expf(x));
+}
+
+/* Butterfly sum over the 32 lanes: every lane gets the same, run-to-run identical value. */
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* A scratch buffer from the context's caching allocator, returned when it goes out of scope.
+ * Returning it before the kernels that use it have run is safe: every kernel of a context runs
+ * on its one stream, so a later reuse of the block is ordered after them. */
+struct Scratch {
+    dg_ctx *ctx;
+    void *p = nullptr;
+    size_t bytes = 0;
+    explicit Scratch(dg_ctx *c) : ctx(c) {}
+    Scratch(const Scratch &) = delete;
+    Scratch &operator=(const Scratch &) = delete;
+    ~Scratch() {
+        if (p)
+            dg__cuda_free(ctx, p, bytes);
+    }
+    dg_status alloc(size_t n_floats) {
+        bytes = (n_floats ? n_floats : 1) * sizeof(float);
+        return dg__cuda_malloc(ctx, bytes, &p);
+    }
+    float *f() const { return (float *)p; }
+};
+
+/* Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KB. */
+template <class Kern> static inline dg_status smem_opt_in(Kern k, size_t bytes) {
+    if (bytes > 48 * 1024)
+        DG_CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)bytes));
+    return DG_OK;
+}
+
+} // namespace kdab
+
+/* out[(r*Hout + h)*E + e] = sum_{p < P} sum_{g < G} in[p*pstride + ((r*Hout + h)*G + g)*E + e]
+ * for rows r < rows, in this fixed order (kernels/kda/kda_bwd.cu). With P = 1 it is the GVA
+ * reduction of a per-value-head buffer [rows, Hout*G, E] onto Hout heads; with G = 1 the sum of
+ * P partial buffers. */
+dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
+                        int E, int P, int64_t pstride);
+
+#endif /* DG_KDA_BWD_CUH */

@@ -1,0 +1,249 @@
+/*
+ * kernels/kda/kda_bwd_wy.cu -- backward of N5, the WY transform (spec §6.3 WY part, §10 N5); CPU
+ * twin: kda_wy_bwd_f32 in ops/kda/wy.c.
+ *
+ * Per chunk (rows i, j < L) and value head, gamma_j = exp(G_j), lambda = G_{L-1}, X_j = beta_j k_j
+ * gamma_j:
+ *   dX = Tm^T dW,  dVb = Tm^T dU                   (dX_j = sum_{i>=j} Tm[i,j] dW_i)
+ *   dq_j = dQG_j gamma_j                            a_j = dKG_j exp(lambda - G_j)
+ *   dk_j = a_j + beta_j gamma_j dX_j                dv_j = beta_j dVb_j
+ *   dG_j = q_j dQG_j gamma_j - k_j a_j + X_j dX_j  (+ sum_i k_i a_i on row L-1: lambda's share)
+ *   dbeta_j = sum_v dVb_j v_j + sum_d dX_j k_j gamma_j
+ *   dTm[i,j] = beta_j (dU_i . v_j) + dW_i . X_j     (j <= i; zero for j > i, as the CPU writes)
+ * Every exponent (G_j, lambda - G_j) is <= 0.
+ *
+ * Kernels: (1) wy_cols: block per (chunk, hv, 32-wide tile of the K key dims followed by the V
+ * value dims); lane = column, warp w = rows w, w+8, ...; the column sums of Tm^T are per thread;
+ * the last-row sum over rows goes through an 8 x 32 shared array summed in warp order; dbeta's
+ * sums over columns are warp butterflies written per tile and summed over tiles in a fixed order.
+ * (2) wy_dtm: block per (chunk, hv), 16 x 16 threads, each a (BT/16)^2 register block of dTm,
+ * looping over 32-column tiles of the concatenated [dW | dU] and [X | beta v] rows.
+ * dq, dk per value head are summed over the G heads of a group afterwards (G > 1).
+ * Shared memory (static): wy_cols BT x BT + BT x 32 + 8 x 32 floats (25 KB at BT = 64);
+ * wy_dtm 2 x BT x 33 floats (17 KB at BT = 64).
+ */
+#include "kda_bwd.cuh"
+
+using namespace kdab;
+
+// ---- CUDA kernels
+
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    wy_cols_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
+                   const float *G, const float *Tm, const float *dW, const float *dU,
+                   const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv,
+                   float *dG, float *dbp) {
+    __shared__ float sTm[BT][BT];
+    __shared__ float sX[BT][CT];
+    __shared__ float red[NW][CT];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, z = blockIdx.z, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int nkt = DG_CEIL_DIV(K, CT);
+    const bool key = z < nkt;
+    const int c0 = key ? z * CT : (z - nkt) * CT; /* first key dim or first value dim */
+    const int ncol = key ? K : V;
+    const float *up = key ? dW : dU; /* the upstream gradient Tm^T is applied to */
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    for (int idx = threadIdx.x; idx < BT * BT; idx += NTH) {
+        const int row = idx / BT, col = idx % BT;
+        sTm[row][col] = (row < L && col <= row) ? Tm[((t0 + row) * HV + hv) * BT + col] : 0.f;
+    }
+    for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+        const int row = idx / CT, col = idx % CT;
+        sX[row][col] = (up && row < L && c0 + col < ncol)
+                           ? up[((t0 + row) * HV + hv) * ncol + c0 + col]
+                           : 0.f;
+    }
+    __syncthreads();
+
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = c0 + lane;
+    const bool ok = e < ncol;
+    const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
+    float colsum = 0.f, last = 0.f;
+    for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
+        float s = 0.f;                /* (Tm^T up)_j, rows i >= j in order */
+        for (int i = j; i < L; i++)
+            s += sTm[i][j] * sX[i][lane];
+        const int64_t t = t0 + j;
+        const float bj = beta[t * HV + hv];
+        float pb = 0.f;
+        if (key && ok) {
+            const int64_t ig = (t * HV + hv) * K + e, iq = (t * H + hq) * K + e;
+            const float Gj = G[ig], kj = k[iq], qj = q[iq];
+            const float gam = expf(Gj);
+            const float X = bj * kj * gam;
+            const float tq = dQG ? dQG[ig] * gam : 0.f;
+            const float a = dKG ? dKG[ig] * expf(lam - Gj) : 0.f;
+            if (dqv)
+                dqv[ig] = tq;
+            if (dkv)
+                dkv[ig] = a + bj * gam * s;
+            const float g = qj * tq - kj * a + X * s;
+            if (j == L - 1)
+                last = g;
+            else if (dG)
+                dG[ig] = g;
+            colsum += kj * a;
+            pb = s * kj * gam;
+        } else if (ok) {
+            const int64_t iv = (t * HV + hv) * V + e;
+            if (dv)
+                dv[iv] = bj * s;
+            pb = s * v[iv];
+        }
+        pb = warp_sum(pb);
+        if (dbp && lane == 0)
+            dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
+    }
+    if (!key)
+        return; /* block-uniform: the value tiles have no last-row sum */
+    red[w][lane] = colsum;
+    __syncthreads();
+    if (w == (L - 1) % NW && ok && dG) {
+        float s = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < NW; ww++)
+            s += red[ww][lane];
+        dG[((t0 + L - 1) * HV + hv) * K + e] = last + s;
+    }
+}
+
+/* grid (NC, HV), 256 threads as 16 x 16; thread (tx, ty) owns rows ty + 16a, columns tx + 16b. */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    wy_dtm_kernel(Dims d, const float *k, const float *v, const float *beta, const float *G,
+                  const float *dW, const float *dU, float *dTm) {
+    constexpr int RB = BT / 16;
+    __shared__ float sA[BT][CT + 1];
+    __shared__ float sB[BT][CT + 1];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float acc[RB][RB];
+#pragma unroll
+    for (int a = 0; a < RB; a++)
+#pragma unroll
+        for (int b = 0; b < RB; b++)
+            acc[a][b] = 0.f;
+    const int ncol = K + V;
+    for (int c0 = 0; c0 < ncol; c0 += CT) {
+        __syncthreads(); /* the previous tile has been read */
+        for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+            const int row = idx / CT, cc = idx % CT, col = c0 + cc;
+            float av = 0.f, bv = 0.f;
+            if (row < L && col < ncol) {
+                const int64_t t = t0 + row;
+                const float bj = beta[t * HV + hv];
+                if (col < K) {
+                    const int64_t ig = (t * HV + hv) * K + col;
+                    av = dW ? dW[ig] : 0.f;
+                    bv = bj * k[(t * H + hq) * K + col] * expf(G[ig]);
+                } else {
+                    const int64_t iv = (t * HV + hv) * V + (col - K);
+                    av = dU ? dU[iv] : 0.f;
+                    bv = bj * v[iv];
+                }
+            }
+            sA[row][cc] = av;
+            sB[row][cc] = bv;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int cc = 0; cc < CT; cc++) {
+            float ar[RB], br[RB];
+#pragma unroll
+            for (int a = 0; a < RB; a++)
+                ar[a] = sA[ty + 16 * a][cc];
+#pragma unroll
+            for (int b = 0; b < RB; b++)
+                br[b] = sB[tx + 16 * b][cc];
+#pragma unroll
+            for (int a = 0; a < RB; a++)
+#pragma unroll
+                for (int b = 0; b < RB; b++)
+                    acc[a][b] += ar[a] * br[b];
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < RB; a++) {
+        const int i = ty + 16 * a;
+        if (i >= L)
+            continue;
+#pragma unroll
+        for (int b = 0; b < RB; b++) {
+            const int j = tx + 16 * b;
+            dTm[((t0 + i) * HV + hv) * BT + j] = j <= i ? acc[a][b] : 0.f;
+        }
+    }
+}
+
+// ---- kernel launchers
+
+template <int BT>
+static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
+                           const float *v, const float *beta, const float *G, const float *Tm,
+                           const float *dW, const float *dU, const float *dKG, const float *dQG,
+                           float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm) {
+    const Dims d = make_dims(dd);
+    cudaStream_t s = dg__stream(ctx);
+    const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
+    const size_t vk = (size_t)d.TT * d.HV * d.K;
+    const bool per_hv = d.G > 1;
+    size_t n = (per_hv ? 2 * vk : 0) + (dbeta ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
+    Scratch scr(ctx);
+    if (n)
+        DG_TRY(scr.alloc(n));
+    float *p = scr.f();
+    float *dqv = dq, *dkv = dk, *dbp = nullptr;
+    if (per_hv) {
+        dqv = dq ? p : nullptr;
+        dkv = dk ? p + vk : nullptr;
+        p += 2 * vk;
+    }
+    if (dbeta)
+        dbp = p;
+    wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
+        d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp);
+    DG_CHECK_LAUNCH();
+    if (dTm) {
+        wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU,
+                                                                     dTm);
+        DG_CHECK_LAUNCH();
+    }
+    if (per_hv && dq)
+        DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0));
+    if (per_hv && dk)
+        DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0));
+    if (dbeta)
+        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt + nvt, d.TT * d.HV));
+    return DG_OK;
+}
+
+extern "C" dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
+                                     const float *k, const float *v, const float *beta,
+                                     const float *G, const float *Tm, const float *dW,
+                                     const float *dU, const float *dKG, const float *dQG,
+                                     float *dq, float *dk, float *dv, float *dbeta, float *dG,
+                                     float *dTm) {
+    DG_TRY(check_dims("kda_wy_bwd_cuda", d));
+    if (d->NC == 0)
+        return DG_OK;
+    switch (d->BT) {
+    case 16:
+        return wy_bwd_bt<16>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
+                             dTm);
+    case 32:
+        return wy_bwd_bt<32>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
+                             dTm);
+    default:
+        return wy_bwd_bt<64>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
+                             dTm);
+    }
+}
