@@ -59,24 +59,24 @@ dg_status dg_model_config_check(const dg_model_config *c) {
             return dg__err(DG_ERR_ARG, __VA_ARGS__);                                               \
     } while (0)
     NEED(c->vocab >= 2 && c->vocab <= 1 << 20, "model config: vocab_size %d out of range", c->vocab);
-    NEED(c->d >= 1, "model config: hidden_size must be >= 1 (got %d)", c->d);
-    NEED(c->n_layers >= 1 && c->n_layers <= 256, "model config: num_hidden_layers %d out of range",
+    NEED(c->d >= 1, "model config: hidden_size (--d) must be >= 1 (got %d)", c->d);
+    NEED(c->n_layers >= 1 && c->n_layers <= 256, "model config: num_hidden_layers (--layers) %d out of range",
          c->n_layers);
-    NEED(c->n_heads >= 1, "model config: num_heads must be >= 1 (got %d)", c->n_heads);
+    NEED(c->n_heads >= 1, "model config: num_heads (--heads) must be >= 1 (got %d)", c->n_heads);
     NEED(c->n_v_heads >= c->n_heads && c->n_v_heads % c->n_heads == 0,
-         "model config: num_v_heads (%d) must be a multiple of num_heads (%d)", c->n_v_heads,
+         "model config: num_v_heads (--v-heads, %d) must be a multiple of num_heads (--heads, %d)", c->n_v_heads,
          c->n_heads);
-    NEED(c->head_k >= 1 && c->head_k <= 256, "model config: head_dim %d out of range [1,256]",
+    NEED(c->head_k >= 1 && c->head_k <= 256, "model config: head_dim (--head-dim) %d out of range [1,256]",
          c->head_k);
-    NEED(c->head_v >= 1, "model config: head_v_dim must be >= 1 (got %d)", c->head_v);
-    NEED(c->inter >= 1, "model config: intermediate_size must be >= 1 (got %d)", c->inter);
+    NEED(c->head_v >= 1, "model config: head_v_dim (--head-v-dim) must be >= 1 (got %d)", c->head_v);
+    NEED(c->inter >= 1, "model config: intermediate_size (--inter) must be >= 1 (got %d)", c->inter);
     NEED(c->conv >= 1 && c->conv <= 8, "model config: conv_size %d out of range [1,8]", c->conv);
     NEED(c->chunk == 16 || c->chunk == 32 || c->chunk == 64,
-         "model config: chunk_size must be 16, 32 or 64 (got %d)", c->chunk);
+         "model config: chunk_size (--chunk) must be 16, 32 or 64 (got %d)", c->chunk);
     NEED(c->gate == DG_GATE_LOWERBOUND || c->gate == DG_GATE_KDA,
          "model config: gate must be lower_bound or kda");
     NEED(c->gate != DG_GATE_LOWERBOUND || (c->lower_bound >= -5.0 && c->lower_bound < 0.0),
-         "model config: lower_bound must be in [-5, 0) (got %g)", c->lower_bound);
+         "model config: lower_bound (--lower-bound) must be in [-5, 0) (got %g)", c->lower_bound);
     NEED(c->norm_eps > 0.0, "model config: norm_eps must be > 0 (got %g)", c->norm_eps);
     NEED(c->init_std > 0.0, "model config: initializer_range must be > 0 (got %g)", c->init_std);
 #undef NEED
