@@ -342,11 +342,13 @@ static float *logits_of(dg_model *m, const int32_t *ids, int B, int T) {
     return v;
 }
 
-static void test_causality(void) {
+static void causality_case(int HV, int chunk) {
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
     dg_model_config c = tiny_config();
-    c.d = 48, c.head_k = c.head_v = 16, c.chunk = 16, c.n_layers = 2, c.inter = 96;
+    c.d = 48, c.head_k = c.head_v = 16, c.chunk = chunk, c.n_layers = 2, c.inter = 96;
+    c.n_v_heads = HV;
+    printf("  model: H=%d HV=%d chunk=%d, 2 layers\n", c.n_heads, HV, chunk);
     dg_model *m = NULL;
     DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
     /* larger init than 0.02 so every path carries signal */
@@ -354,7 +356,7 @@ static void test_causality(void) {
     for (int i = 0; i < m->n_params; i++)
         if (m->params[i].decay)
             DG_TEST_TRY(dg_tensor_rand_normal(m->params[i].t, 100 + (uint64_t)i, 0.0, 0.2));
-    const int T = 56, V = c.vocab; /* chunks [0,16) [16,32) [32,48) [48,56) */
+    const int T = 56, V = c.vocab; /* chunk 16: [0,16) [16,32) [32,48) [48,56) */
     int32_t ids[56], ids2[56];
     for (int i = 0; i < T; i++)
         ids[i] = (int32_t)(dg_rand_u01(7, (uint64_t)i) * 256);
@@ -401,6 +403,11 @@ static void test_causality(void) {
     dg_model_free(&m);
     dg_tape_reset();
     dg_ctx_free(&ctx);
+}
+
+static void test_causality(void) {
+    causality_case(2, 16);
+    causality_case(4, 32); /* GVA: 2 value heads per q/k head */
 }
 
 /* ---- (e) errors ----------------------------------------------------------------------------- */
