@@ -180,8 +180,9 @@ static void test_resume(void) {
             same = 0;
         }
     }
-    dg_check(same, "per-step losses of straight and save/resume runs are bit-identical (%lld "
-                   "steps, last %.6f)",
+    dg_check(same,
+             "per-step losses of straight and save/resume runs are bit-identical (%lld "
+             "steps, last %.6f)",
              (long long)N, straight.losses[N - 1]);
     dg_check(memcmp(&straight.final_val, &rest.final_val, sizeof(double)) == 0,
              "final validation loss identical (%.9g vs %.9g)", straight.final_val, rest.final_val);
@@ -193,8 +194,9 @@ static void test_resume(void) {
     int lines = 0, header = 0;
     char line[512];
     while (f && fgets(line, sizeof line, f))
-        lines++, header += !strncmp(line, "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,"
-                                          "elapsed_s,mem_bytes",
+        lines++, header += !strncmp(line,
+                                    "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,"
+                                    "elapsed_s,mem_bytes",
                                     60);
     if (f)
         fclose(f);
@@ -279,8 +281,7 @@ static void test_kill_during_save(void) {
         int status = 0;
         waitpid(pid, &status, 0);
         if (got != 1) {
-            dg_check(0, "checkpoint writer failed before its first checkpoint (status %d)",
-                     status);
+            dg_check(0, "checkpoint writer failed before its first checkpoint (status %d)", status);
             continue;
         }
         /* leftover temp files do not look like checkpoints */
@@ -396,8 +397,8 @@ static void causality_case(int HV, int chunk) {
         mx = fmax(mx, fabs((double)base[i]));
     }
     /* f32 through 2 layers: the two orders of summation differ by a few ulps of the logits */
-    dg_check(md <= 1e-4 * (mx > 1 ? mx : 1), "chunked == recurrent logits: max diff %.3e (max %.3f)",
-             md, mx);
+    dg_check(md <= 1e-4 * (mx > 1 ? mx : 1),
+             "chunked == recurrent logits: max diff %.3e (max %.3f)", md, mx);
     free(rec);
     free(base);
     dg_model_free(&m);
@@ -431,7 +432,8 @@ static void test_errors(void) {
     dg_check_err(dg_text_load(g_tmp, 0, 64, &t), DG_ERR_IO, "is a directory",
                  "a directory as --data");
     dg_check_ok(dg_text_load(path, 0, 3, &t), "a small file with a short --seq-len loads");
-    dg_check(t.n == 55 && t.n_train == 50, "90/10 split of 55 bytes: %lld train", (long long)t.n_train);
+    dg_check(t.n == 55 && t.n_train == 50, "90/10 split of 55 bytes: %lld train",
+             (long long)t.n_train);
     dg_text_free(&t);
 
     /* through the command: exit code 2 and the path on stderr */
@@ -535,14 +537,16 @@ static void test_config(void) {
                  "toy model (tie=%d): %lld parameters, formula %lld", tie,
                  (long long)dg_model_num_params(m), (long long)dg_model_config_num_params(&c));
         dg_check(dg_model_find(m, "model.layers.1.attn.q_conv1d.weight") &&
-                     dg_tensor_ndim(dg_model_find(m, "model.layers.1.attn.q_conv1d.weight")->t) == 3,
+                     dg_tensor_ndim(dg_model_find(m, "model.layers.1.attn.q_conv1d.weight")->t) ==
+                         3,
                  "conv weights use PyTorch's [C,1,W] layout");
         dg_check(!dg_model_find(m, "model.layers.0.attn.A_log")->decay &&
                      !dg_model_find(m, "model.layers.0.attn.g_proj.1.bias")->decay &&
                      !dg_model_find(m, "model.norm.weight")->decay &&
                      dg_model_find(m, "model.layers.0.mlp.up_proj.weight")->decay,
                  "weight decay on matrices only");
-        dg_check((dg_model_find(m, "lm_head.weight") != NULL) == !tie, "lm_head present iff untied");
+        dg_check((dg_model_find(m, "lm_head.weight") != NULL) == !tie,
+                 "lm_head present iff untied");
         dg_model_free(&m);
     }
     dg_ctx_free(&ctx);

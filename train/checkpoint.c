@@ -43,8 +43,7 @@ static void meta_put(meta *md, const char *key, const char *fmt, ...) {
 }
 
 dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *adam_m,
-                       dg_tensor *const *adam_v, const dg_train_opts *o,
-                       const dg_train_state *s) {
+                       dg_tensor *const *adam_v, const dg_train_opts *o, const dg_train_state *s) {
     if (!path || !m || !o || !s)
         return dg__err(DG_ERR_ARG, "dg_ckpt_save: path, model, opts and state must not be NULL");
     int np = m->n_params, with_optim = adam_m && adam_v;

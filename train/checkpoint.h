@@ -32,8 +32,7 @@ typedef struct dg_train_state {
 
 /* adam_m / adam_v: one per model parameter, or NULL to store weights only. */
 dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *adam_m,
-                       dg_tensor *const *adam_v, const dg_train_opts *o,
-                       const dg_train_state *s);
+                       dg_tensor *const *adam_v, const dg_train_opts *o, const dg_train_state *s);
 
 typedef struct dg_ckpt {
     dg_safetensors st;

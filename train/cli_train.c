@@ -134,25 +134,33 @@ static void train_help(FILE *f) {
         "usage: deltagrad train [options]\n"
         "       deltagrad train --plot DIR      (draw DIR/loss.png from DIR/log.csv and exit)\n"
         "\n"
-        "Trains the byte-level KDA language model (embedding, N x [RMSNorm, KDA, RMSNorm, SwiGLU],\n"
+        "Trains the byte-level KDA language model (embedding, N x [RMSNorm, KDA, RMSNorm, "
+        "SwiGLU],\n"
         "RMSNorm, LM head) on a text file: 90%% of its bytes train, the last 10%% validate.\n"
         "\n"
         "Run:\n"
         "  --config NAME        cpu | gpu | bench: model size and training defaults\n"
         "                       (default: gpu when a CUDA device is used, else cpu)\n"
-        "  --device DEV         cpu | cuda | cuda:N (default: cuda if a device is present, else cpu)\n"
-        "  --dtype T            compute dtype: f32 | bf16 (bf16 needs CUDA; default: bf16 on CUDA,\n"
-        "                       f32 on the CPU). Master weights and optimizer state are always f32.\n"
-        "  --data FILE          training text (default: the bundled data/kjv.txt, King James Bible)\n"
+        "  --device DEV         cpu | cuda | cuda:N (default: cuda if a device is present, else "
+        "cpu)\n"
+        "  --dtype T            compute dtype: f32 | bf16 (bf16 needs CUDA; default: bf16 on "
+        "CUDA,\n"
+        "                       f32 on the CPU). Master weights and optimizer state are always "
+        "f32.\n"
+        "  --data FILE          training text (default: the bundled data/kjv.txt, King James "
+        "Bible)\n"
         "  --max-bytes N        use only the first N bytes of the text (default: all)\n"
         "  --out DIR            run directory: log.csv, loss.png, ckpt_latest.safetensors\n"
         "                       (default: runs/<config>)\n"
         "  --no-out             write no files at all\n"
-        "  --resume             continue the run in --out DIR from its ckpt_latest.safetensors; the\n"
+        "  --resume             continue the run in --out DIR from its ckpt_latest.safetensors; "
+        "the\n"
         "                       model and hyperparameters come from the checkpoint\n"
-        "  --steps N            total optimizer steps (cpu 300, gpu 2000, bench 50); with --resume\n"
+        "  --steps N            total optimizer steps (cpu 300, gpu 2000, bench 50); with "
+        "--resume\n"
         "                       a new total extends the run\n"
-        "  --stop-at N          stop after step N (the schedule still spans --steps; resume later)\n"
+        "  --stop-at N          stop after step N (the schedule still spans --steps; resume "
+        "later)\n"
         "  --seed S             seed of init and data order (default 1)\n"
         "  --recompute P        none | default | all: tape policy (cache every intermediate, each\n"
         "                       op's own choice, or recompute in backward; default: default)\n"
@@ -291,10 +299,12 @@ static void on_event(const dg_train_event *ev, void *user) {
 
 /* Flags that define the run; with --resume they come from the checkpoint. */
 static const char *const k_run_flags[] = {
-    "--config", "--max-bytes", "--seed", "--batch", "--seq-len", "--accum", "--lr", "--warmup",
-    "--min-lr-frac", "--beta1", "--beta2", "--adam-eps", "--weight-decay", "--clip", "--d",
-    "--layers", "--heads", "--v-heads", "--head-dim", "--head-v-dim", "--inter", "--chunk",
-    "--gate", "--lower-bound", "--tie", "--eval-batches", NULL};
+    "--config",       "--max-bytes", "--seed",         "--batch",       "--seq-len",
+    "--accum",        "--lr",        "--warmup",       "--min-lr-frac", "--beta1",
+    "--beta2",        "--adam-eps",  "--weight-decay", "--clip",        "--d",
+    "--layers",       "--heads",     "--v-heads",      "--head-dim",    "--head-v-dim",
+    "--inter",        "--chunk",     "--gate",         "--lower-bound", "--tie",
+    "--eval-batches", NULL};
 
 int dg_cmd_train(int argc, char **argv) {
     const char *cmd = "train";

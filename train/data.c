@@ -49,16 +49,16 @@ dg_status dg_text_load(const char *path, int64_t max_bytes, int seq_len, dg_text
     uint8_t *buf = malloc((size_t)size);
     if (!buf) {
         fclose(f);
-        return dg__err(DG_ERR_NOMEM, "--data: cannot allocate %lld bytes for '%s'",
-                       (long long)size, path);
+        return dg__err(DG_ERR_NOMEM, "--data: cannot allocate %lld bytes for '%s'", (long long)size,
+                       path);
     }
     size_t got = fread(buf, 1, (size_t)size, f);
     int err = ferror(f);
     fclose(f);
     if (err || got != (size_t)size) {
         free(buf);
-        return dg__err(DG_ERR_IO, "--data: reading '%s' failed after %zu of %lld bytes", path,
-                       got, (long long)size);
+        return dg__err(DG_ERR_IO, "--data: reading '%s' failed after %zu of %lld bytes", path, got,
+                       (long long)size);
     }
     uint64_t h = 0xcbf29ce484222325ull;
     for (int64_t i = 0; i < size; i++)

@@ -58,18 +58,21 @@ dg_status dg_model_config_check(const dg_model_config *c) {
         if (!(cond))                                                                               \
             return dg__err(DG_ERR_ARG, __VA_ARGS__);                                               \
     } while (0)
-    NEED(c->vocab >= 2 && c->vocab <= 1 << 20, "model config: vocab_size %d out of range", c->vocab);
+    NEED(c->vocab >= 2 && c->vocab <= 1 << 20, "model config: vocab_size %d out of range",
+         c->vocab);
     NEED(c->d >= 1, "model config: hidden_size (--d) must be >= 1 (got %d)", c->d);
-    NEED(c->n_layers >= 1 && c->n_layers <= 256, "model config: num_hidden_layers (--layers) %d out of range",
-         c->n_layers);
+    NEED(c->n_layers >= 1 && c->n_layers <= 256,
+         "model config: num_hidden_layers (--layers) %d out of range", c->n_layers);
     NEED(c->n_heads >= 1, "model config: num_heads (--heads) must be >= 1 (got %d)", c->n_heads);
     NEED(c->n_v_heads >= c->n_heads && c->n_v_heads % c->n_heads == 0,
-         "model config: num_v_heads (--v-heads, %d) must be a multiple of num_heads (--heads, %d)", c->n_v_heads,
-         c->n_heads);
-    NEED(c->head_k >= 1 && c->head_k <= 256, "model config: head_dim (--head-dim) %d out of range [1,256]",
-         c->head_k);
-    NEED(c->head_v >= 1, "model config: head_v_dim (--head-v-dim) must be >= 1 (got %d)", c->head_v);
-    NEED(c->inter >= 1, "model config: intermediate_size (--inter) must be >= 1 (got %d)", c->inter);
+         "model config: num_v_heads (--v-heads, %d) must be a multiple of num_heads (--heads, %d)",
+         c->n_v_heads, c->n_heads);
+    NEED(c->head_k >= 1 && c->head_k <= 256,
+         "model config: head_dim (--head-dim) %d out of range [1,256]", c->head_k);
+    NEED(c->head_v >= 1, "model config: head_v_dim (--head-v-dim) must be >= 1 (got %d)",
+         c->head_v);
+    NEED(c->inter >= 1, "model config: intermediate_size (--inter) must be >= 1 (got %d)",
+         c->inter);
     NEED(c->conv >= 1 && c->conv <= 8, "model config: conv_size %d out of range [1,8]", c->conv);
     NEED(c->chunk == 16 || c->chunk == 32 || c->chunk == 64,
          "model config: chunk_size (--chunk) must be 16, 32 or 64 (got %d)", c->chunk);
@@ -162,14 +165,16 @@ dg_status dg_model_config_from_json(const char *json, dg_model_config *out) {
     else if (g && !strncmp(g, "\"lower_bound\"", 13))
         c.gate = DG_GATE_LOWERBOUND;
     else
-        return dg__err(DG_ERR_FORMAT, "model config: key \"gate\" must be \"kda\" or \"lower_bound\"");
+        return dg__err(DG_ERR_FORMAT,
+                       "model config: key \"gate\" must be \"kda\" or \"lower_bound\"");
     const char *t = json_value(json, "tie_word_embeddings");
     if (t && !strncmp(t, "true", 4))
         c.tie = 1;
     else if (t && !strncmp(t, "false", 5))
         c.tie = 0;
     else
-        return dg__err(DG_ERR_FORMAT, "model config: key \"tie_word_embeddings\" must be true/false");
+        return dg__err(DG_ERR_FORMAT,
+                       "model config: key \"tie_word_embeddings\" must be true/false");
     DG_TRY(dg_model_config_check(&c));
     *out = c;
     return DG_OK;
@@ -200,7 +205,8 @@ static dg_status add_param(dg_model *m, int *ix, const char *name, int ndim, con
     return DG_OK;
 }
 
-#define SHAPE(...) (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__}
+#define SHAPE(...)                                                                                 \
+    (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]) { __VA_ARGS__ }
 
 static dg_status build_params(dg_model *m) {
     const dg_model_config *c = &m->cfg;
@@ -339,8 +345,8 @@ dg_status dg_model_init(dg_model *m, uint64_t seed) {
             if (!v)
                 return dg__err(DG_ERR_NOMEM, "dg_model_init: out of host memory");
             for (int64_t j = 0; j < n; j++) /* safe gate: a = 1; plain gate: A ~ U(1,16) */
-                v[j] = m->cfg.gate == DG_GATE_LOWERBOUND ? 0.0
-                                                          : log(1.0 + 15.0 * dg_rand_u01(ps, j));
+                v[j] =
+                    m->cfg.gate == DG_GATE_LOWERBOUND ? 0.0 : log(1.0 + 15.0 * dg_rand_u01(ps, j));
             dg_status s = fill_host(p->t, v);
             free(v);
             DG_TRY(s);
@@ -443,8 +449,8 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     opts.beta_sigmoid = 1;
     opts.scale = 1.0 / sqrt((double)K);
     if (m->recurrent_mixer)
-        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts,
-                                 &o, NULL));
+        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
+                                 NULL));
     else
         NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
                              NULL));

@@ -15,13 +15,11 @@
  *   model.layers.{i}.attn.b_proj.weight         [HV, d]
  *   model.layers.{i}.attn.A_log                 [HV]   f32   (no weight decay)
  *   model.layers.{i}.attn.dt_bias               [HV*K] f32   (no weight decay)
- *   model.layers.{i}.attn.g_proj.0.weight       [V, d]       g_proj.1: weight [HV*V, V], bias [HV*V]
- *   model.layers.{i}.attn.o_norm.weight         [V]
- *   model.layers.{i}.attn.o_proj.weight         [d, HV*V]
- *   model.layers.{i}.mlp_norm.weight            [d]
- *   model.layers.{i}.mlp.{gate,up}_proj.weight  [I, d]       down_proj: [d, I]
- *   model.norm.weight                           [d]
- *   lm_head.weight                              [vocab, d]   (absent when tied to the embedding)
+ *   model.layers.{i}.attn.g_proj.0.weight       [V, d]       g_proj.1: weight [HV*V, V], bias
+ * [HV*V] model.layers.{i}.attn.o_norm.weight         [V] model.layers.{i}.attn.o_proj.weight [d,
+ * HV*V] model.layers.{i}.mlp_norm.weight            [d] model.layers.{i}.mlp.{gate,up}_proj.weight
+ * [I, d]       down_proj: [d, I] model.norm.weight                           [d] lm_head.weight
+ * [vocab, d]   (absent when tied to the embedding)
  *
  * Parameters are kept in `param_dtype` (f32 master weights; f64 for tests). Each forward casts
  * them to `compute_dtype` with dg_to_dtype (differentiable, so gradients land in the masters);
@@ -36,16 +34,16 @@
 #include <stdint.h>
 
 typedef struct dg_model_config {
-    int vocab;       /* 256: raw bytes */
-    int d;           /* hidden size */
+    int vocab; /* 256: raw bytes */
+    int d;     /* hidden size */
     int n_layers;
-    int n_heads;     /* H: q/k heads */
-    int n_v_heads;   /* HV: value heads, HV % H == 0 */
-    int head_k;      /* K */
-    int head_v;      /* V (= K * expand_v) */
-    int inter;       /* I: SwiGLU width */
-    int conv;        /* short conv width W */
-    int chunk;       /* BT of the chunked KDA op: 16, 32 or 64 */
+    int n_heads;        /* H: q/k heads */
+    int n_v_heads;      /* HV: value heads, HV % H == 0 */
+    int head_k;         /* K */
+    int head_v;         /* V (= K * expand_v) */
+    int inter;          /* I: SwiGLU width */
+    int conv;           /* short conv width W */
+    int chunk;          /* BT of the chunked KDA op: 16, 32 or 64 */
     dg_gate_kind gate;  /* DG_GATE_LOWERBOUND (default) or DG_GATE_KDA */
     double lower_bound; /* lb for the lower-bound gate */
     double norm_eps;

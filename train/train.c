@@ -250,8 +250,8 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
     const dg_train_opts *o = &r->o;
     double total = 0.0;
     for (int a = 0; a < o->accum; a++) {
-        dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len,
-                            r->ids, r->tgt);
+        dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len, r->ids,
+                            r->tgt);
         r->state.data_counter += (uint64_t)o->batch;
         dg_tensor *ids = NULL, *tgt = NULL, *l = NULL, *ls = NULL;
         double v = 0.0;
@@ -347,8 +347,7 @@ static dg_status open_csv(run *r) {
         return dg__err(DG_ERR_IO, "--out: cannot write '%s': %s", r->csv_path, strerror(errno));
     r->csv = fopen(r->csv_path, "a");
     if (!r->csv)
-        return dg__err(DG_ERR_IO, "--out: cannot append to '%s': %s", r->csv_path,
-                       strerror(errno));
+        return dg__err(DG_ERR_IO, "--out: cannot append to '%s': %s", r->csv_path, strerror(errno));
     return DG_OK;
 }
 
@@ -410,12 +409,13 @@ static void header(run *r) {
           c->head_k, c->head_v, c->inter, c->conv, c->chunk,
           c->gate == DG_GATE_KDA ? "kda" : "lower_bound", c->gate == DG_GATE_KDA ? "" : " lb=",
           c->gate == DG_GATE_KDA ? "" : (c->lower_bound == -5.0 ? "-5" : "custom"), o->data_path,
-          (long long)r->text.n, (long long)r->text.n_train, (long long)(r->text.n - r->text.n_train),
-          o->batch, o->seq_len, o->accum, (long long)tok, (long long)o->steps,
-          (long long)r->state.step + 1, (long long)r->last_step, o->lr, (long long)o->warmup,
-          100.0 * o->min_lr_frac, o->beta1, o->beta2, o->adam_eps, o->weight_decay, o->clip,
-          (unsigned long long)o->seed, dg_device_str(dg_ctx_device(r->ctx)),
-          dg_dtype_name(o->param_dtype), dg_dtype_name(o->compute_dtype),
+          (long long)r->text.n, (long long)r->text.n_train,
+          (long long)(r->text.n - r->text.n_train), o->batch, o->seq_len, o->accum, (long long)tok,
+          (long long)o->steps, (long long)r->state.step + 1, (long long)r->last_step, o->lr,
+          (long long)o->warmup, 100.0 * o->min_lr_frac, o->beta1, o->beta2, o->adam_eps,
+          o->weight_decay, o->clip, (unsigned long long)o->seed,
+          dg_device_str(dg_ctx_device(r->ctx)), dg_dtype_name(o->param_dtype),
+          dg_dtype_name(o->compute_dtype),
           o->recompute == DG_POLICY_CACHE       ? "none (cache everything)"
           : o->recompute == DG_POLICY_RECOMPUTE ? "all (recompute everything)"
                                                 : "default (per-op choice)",
@@ -570,8 +570,8 @@ static dg_status loop(run *r, dg_train_result *res) {
         if (step == first) {
             if (res)
                 res->tape_bytes = tb;
-            emitf(r, DG_EV_INFO, "tape after the first forward: %d nodes holding %.2f MiB (%s)",
-                  tn, tb / 1048576.0,
+            emitf(r, DG_EV_INFO, "tape after the first forward: %d nodes holding %.2f MiB (%s)", tn,
+                  tb / 1048576.0,
                   o->recompute == DG_POLICY_CACHE       ? "--recompute none"
                   : o->recompute == DG_POLICY_RECOMPUTE ? "--recompute all"
                                                         : "--recompute default");
@@ -622,9 +622,9 @@ static dg_status loop(run *r, dg_train_result *res) {
             ev.kind = DG_EV_STEP;
         }
         emit(r, ev);
-        int do_sample = o->sample_tokens > 0 && o->sample_every >= 0 &&
-                        ((o->sample_every > 0 && step % o->sample_every == 0) ||
-                         step == r->last_step);
+        int do_sample =
+            o->sample_tokens > 0 && o->sample_every >= 0 &&
+            ((o->sample_every > 0 && step % o->sample_every == 0) || step == r->last_step);
         if (do_sample)
             DG_TRY(sample(r, step));
         if (o->out_dir[0] &&
