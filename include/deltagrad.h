@@ -308,6 +308,24 @@ const char *dg_policy_name(dg_policy p);
 /* Forget every per-op setting and the global override. */
 void dg_policy_reset(void);
 
+/* ---- profiling ----
+ * With profiling on, the tape synchronises the device at every node boundary and charges the
+ * elapsed time to the node's op kind (forward: time since the previous boundary; backward: the
+ * node's backward). It slows the run: use it for the time split, not for throughput. */
+typedef struct dg_profile_entry {
+    char op[32];
+    double fwd_s, bwd_s;
+    int64_t fwd_n, bwd_n;
+} dg_profile_entry;
+void dg_profile_enable(int on);
+int dg_profile_enabled(void);
+void dg_profile_reset(void);
+/* Start the forward clock (e.g. at the start of a step). */
+void dg_profile_mark(dg_ctx *ctx);
+int dg_profile_entries(const dg_profile_entry **out);
+/* Table per op kind and totals for KDA stages / matmuls / rest. */
+void dg_profile_dump(FILE *f);
+
 /* ---- gradcheck ----
  * A function under test maps n_in inputs to n_out outputs through dg_ ops (so it records on the
  * tape). gradcheck projects the outputs onto fixed random directions R_k (loss = sum_k <out_k,R_k>),

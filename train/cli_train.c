@@ -162,6 +162,8 @@ static void train_help(FILE *f) {
         "  --stop-at N          stop after step N (the schedule still spans --steps; resume "
         "later)\n"
         "  --seed S             seed of init and data order (default 1)\n"
+        "  --profile            time every tape node by op kind (syncs the device at each node,\n"
+        "                       so it slows the run) and print the split at the end\n"
         "  --recompute P        none | default | all: tape policy (cache every intermediate, each\n"
         "                       op's own choice, or recompute in backward; default: default)\n"
         "  --threads N          CPU threads for the ops (default 0: all cores, fewer while the\n"
@@ -353,7 +355,7 @@ int dg_cmd_train(int argc, char **argv) {
     int data_given = 0, no_out = 0;
     cli_state cs = {isatty(STDOUT_FILENO), 10, 0, NAN, NULL};
     const char *run_flag_given = NULL;
-    int threads = 0;
+    int threads = 0, profile = 0;
 
     /* pass 2: everything else */
     for (int i = 1; i < argc; i++) {
@@ -377,6 +379,9 @@ int dg_cmd_train(int argc, char **argv) {
             continue;
         } else if (!strcmp(a, "--no-plot")) {
             o.plot = 0;
+            continue;
+        } else if (!strcmp(a, "--profile")) {
+            profile = 1;
             continue;
         }
         if (strncmp(a, "--", 2) != 0)
@@ -528,8 +533,14 @@ int dg_cmd_train(int argc, char **argv) {
     char tbuf[128];
     if (dev.kind == DG_DEV_CPU)
         cs.threads = setup_threads(threads, tbuf, sizeof tbuf);
+    dg_profile_enable(profile);
     dg_status s = dg_train_run(&o, on_event, &cs, NULL);
     end_bar(&cs);
+    if (s == DG_OK && profile) {
+        printf("\ntime per op kind over the run (device synchronised at every node; "
+               "--profile slows training):\n");
+        dg_profile_dump(stdout);
+    }
     if (s != DG_OK) {
         fprintf(stderr, "deltagrad train: %s\n", dg_last_error());
         return s == DG_ERR_ARG ? 2 : 1;

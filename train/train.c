@@ -256,6 +256,7 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
         dg_tensor *ids = NULL, *tgt = NULL, *l = NULL, *ls = NULL;
         double v = 0.0;
         dg_status s = batch_tensors(r, &ids, &tgt);
+        dg_profile_mark(r->ctx); /* charge batch preparation to nobody */
         if (s == DG_OK)
             s = dg_model_loss(r->m, ids, tgt, &l);
         if (s == DG_OK && tape_bytes && !*tape_bytes) {
