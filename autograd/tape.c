@@ -182,6 +182,7 @@ dg_status dg__node_commit(dg_node *n) {
         g_tape.cap = cap;
     }
     g_tape.nodes[g_tape.n++] = n;
+    dg__profile_forward(n->ctx ? n->ctx : NULL, n->op);
     return DG_OK;
 }
 
@@ -300,8 +301,11 @@ dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
         for (int j = 0; j < node->n_in; j++)
             if (node->in[j])
                 wants = 1;
-        if (has && wants)
+        if (has && wants) {
+            double t0 = dg__profile_begin(node->ctx ? node->ctx : ctx);
             s = node->backward(ctx, node);
+            dg__profile_backward(node->ctx ? node->ctx : ctx, node->op, t0);
+        }
         for (int j = 0; j < node->n_out; j++) {
             dg_gslot *o = node->out[j];
             if (o && !o->is_leaf && !o->retain)

@@ -84,4 +84,9 @@ dg_status dg__slot_accum(dg_ctx *ctx, dg_gslot *s, dg_tensor *g);
 dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                                   const dg_tensor *const *grads);
 
+/* Profiling hooks (autograd/profile.c); no-ops unless dg_profile_enable(1). */
+void dg__profile_forward(dg_ctx *ctx, const char *op);
+double dg__profile_begin(dg_ctx *ctx);
+void dg__profile_backward(dg_ctx *ctx, const char *op, double t0);
+
 #endif /* DG_TAPE_INTERNAL_H */

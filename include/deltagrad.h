@@ -308,6 +308,24 @@ const char *dg_policy_name(dg_policy p);
 /* Forget every per-op setting and the global override. */
 void dg_policy_reset(void);
 
+/* ---- profiling ----
+ * With profiling on, the tape synchronises the device at every node boundary and charges the
+ * elapsed time to the node's op kind (forward: time since the previous boundary; backward: the
+ * node's backward). It slows the run: use it for the time split, not for throughput. */
+typedef struct dg_profile_entry {
+    char op[32];
+    double fwd_s, bwd_s;
+    int64_t fwd_n, bwd_n;
+} dg_profile_entry;
+void dg_profile_enable(int on);
+int dg_profile_enabled(void);
+void dg_profile_reset(void);
+/* Start the forward clock (e.g. at the start of a step). */
+void dg_profile_mark(dg_ctx *ctx);
+int dg_profile_entries(const dg_profile_entry **out);
+/* Table per op kind and totals for KDA stages / matmuls / rest. */
+void dg_profile_dump(FILE *f);
+
 /* ---- gradcheck ----
  * A function under test maps n_in inputs to n_out outputs through dg_ ops (so it records on the
  * tape). gradcheck projects the outputs onto fixed random directions R_k (loss = sum_k <out_k,R_k>),
@@ -448,8 +466,10 @@ typedef struct dg_kda_opts {
 /* Chunked KDA. q, k: [B,T,H,K]; v: [B,T,HV,V]; g: [B,T,HV,K]; beta: [B,T,HV];
  * A_log: [HV] and dt_bias: [HV*K] (gate kinds other than NONE; dt_bias may be NULL);
  * h0: [N,HV,K,V] or NULL. On the CPU every tensor has q's dtype (f64, or f32 computed in f32).
+ * On CUDA (every tensor on ctx's device, else DG_ERR_DEVICE) q, k, v, g, beta are f32 or bf16
+ * (one dtype), A_log, dt_bias, h0 are f32, and the math is f32; o has q's dtype, ht is f32.
  * Outputs o: [B,T,HV,V], ht: [N,HV,K,V] when opts->output_final_state (else *ht = NULL; ht itself
- * may be NULL then). CUDA tensors: DG_ERR_UNSUPPORTED until the CUDA kernels exist. */
+ * may be NULL then). */
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                        dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                        const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
@@ -463,7 +483,10 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
 /* The chunked algorithm of dg_kda_chunk as separate tape nodes (spec KDA.md §10), for tests and
  * for callers that want to reorder or fuse stages. `opts` supplies chunk_size, gate, lower_bound,
  * allow_neg_eigval, scale and cu_seqlens exactly as for dg_kda_chunk (other fields are ignored).
- * All tensors share one dtype (f64 or f32 on the CPU). Per-chunk matrices [B,T,HV,BT]: token row
+ * All tensors share one dtype (f64 or f32 on the CPU). On CUDA the activation inputs (x, b, g, q,
+ * k, v, beta) may each be f32 or bf16 and everything else (A_log, dt_bias, h0, G, Tm, W, U, KG,
+ * QG, h, Aqk, E) is f32; y and beta come out in their input's dtype, every other output in f32.
+ * Per-chunk matrices [B,T,HV,BT]: token row
  * t holds row (t - chunk start) of its chunk's matrix; h: [B, NT, HV, K, V] (varlen: [1, NC, ...]
  * with NC = total chunks over all sequences), the state at the START of each chunk.
  * Op kinds for dg_policy_set: "kda_l2norm" (default CACHE: keeps y and 1/norm), "kda_beta",

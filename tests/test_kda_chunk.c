@@ -11,6 +11,10 @@
 
 #include "autograd/tape.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 enum { IQ, IK, IV, IG, IBETA, IA, ID, IH0, NIN };
 static const char *grad_name[NIN] = {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0"};
 
@@ -289,6 +293,39 @@ static void test_partial_grad(dg_ctx *ctx) {
     free_data(&d);
 }
 
+/* The raw loops run on OpenMP threads over independent (chunk or sequence, head) items, each in
+ * the serial order: every output and gradient must be bitwise the same for any thread count. */
+static void test_threads(dg_ctx *ctx) {
+#ifdef _OPENMP
+    printf("-- 1 thread vs 4 threads (bitwise)\n");
+    const int saved = omp_get_max_threads();
+    const kcase *cs[2] = {&cases[4], &cases[1]}; /* varlen GVA H=2 HV=4; GVA one q/k head */
+    for (int ci = 0; ci < 2; ci++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int chunked = 0; chunked < 2; chunked++) {
+                const kcase *c = cs[ci];
+                kdata d;
+                make_data(c, 555, &d);
+                kres one, many;
+                omp_set_num_threads(1);
+                run(ctx, c, &d, dt ? DG_F32 : DG_F64, chunked, &one);
+                omp_set_num_threads(4);
+                run(ctx, c, &d, dt ? DG_F32 : DG_F64, chunked, &many);
+                char what[96];
+                snprintf(what, sizeof what, "%s %s 1 vs 4 threads", chunked ? "chunk" : "recurrent",
+                         dt ? "f32" : "f64");
+                compare(what, c, &d, &many, &one, 0.0, 0);
+                free_res(&one);
+                free_res(&many);
+                free_data(&d);
+            }
+    omp_set_num_threads(saved);
+#else
+    (void)ctx;
+    printf("-- built without OpenMP: no thread-count check\n");
+#endif
+}
+
 /* ---- gradchecks ---- */
 
 typedef struct gc_user {
@@ -444,12 +481,14 @@ static void test_bad_inputs(dg_ctx *ctx) {
 
 int main(int argc, char **argv) {
     if (dg_test_init(argc, argv, "kda_chunk"))
-        return dg_test_skip("no CUDA KDA kernels yet (CPU reference only)");
+        return dg_test_skip("CPU reference suite; the CUDA comparisons of every KDA stage, the "
+                            "composite and the recurrence are in kda_cuda (gpu mode)");
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
     test_chunk_vs_recurrent(ctx);
     test_policies(ctx);
     test_partial_grad(ctx);
+    test_threads(ctx);
     test_gradchecks(ctx);
     test_bad_inputs(ctx);
     dg_ctx_free(&ctx);

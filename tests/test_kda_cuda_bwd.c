@@ -168,7 +168,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         opts.n_seqs = c->nseq;
     }
     kda_cfg cfg;
-    DG_TEST_TRY(kda_cfg_init("test_kda_cuda_bwd", &opts, c->B, c->T, c->H, c->HV, c->K, c->V,
+    DG_TEST_TRY(kda_cfg_init("test_kda_cuda_bwd", cpu, &opts, c->B, c->T, c->H, c->HV, c->K, c->V,
                              DG_F32, &cfg));
     const kda_dims *d = &cfg.d;
     const int64_t TT = c->B * c->T, NC = kda_cfg_nc(&cfg);

@@ -102,7 +102,7 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, result_t *r)
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &q));
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &k));
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &v));
-    CHECK(dg_tensor_new(ctx, DG_F32, 4, sq, &g));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &g));
     CHECK(dg_tensor_new(ctx, dt, 3, sb, &beta));
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &dO));
     CHECK(dg_tensor_rand_normal(q, 11, 0, 1));
@@ -238,10 +238,10 @@ int dg_bench_kda(int argc, char **argv) {
         double f_bwd = tok * (12 * K * V + 12 * C * K + 8 * C * V + 4 * C * C) +
                        tok * (4 * K * V + 2 * C * K + 2 * C * V);
         double es = dg_dtype_size(dt);
-        /* fwd: q k v beta (act dtype), g f32 read; o written. bwd adds dO read and dq dk dv dbeta
-         * (act) + dg (f32) written. */
-        double b_fwd = tok * ((3 * K + 1) * es + 4 * K) + tok * V * es;
-        double b_bwd = b_fwd + tok * V * es + tok * ((3 * K + 1) * es + 4 * K);
+        /* fwd: q k v g beta read, o written (all in the activation dtype). bwd adds dO read and
+         * dq dk dv dg dbeta written. */
+        double b_fwd = tok * (4 * K + 1) * es + tok * V * es;
+        double b_bwd = b_fwd + tok * V * es + tok * (4 * K + 1) * es;
         double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
         double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
         printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %8.2f G %8.2f G\n", name, r.fwd_ms,

@@ -4,7 +4,8 @@
  *   beta = c sigmoid(b),   c = 2 with allow_neg_eigval (eigenvalue 1 - beta in (-1, 1)) else 1
  *   db = dbeta c s (1 - s)
  * b, beta: any shape (KDA: [B,T,HV]). The node keeps b only: sigmoid is cheaper to recompute than
- * to store, so CACHE and RECOMPUTE keep the same.
+ * to store, so CACHE and RECOMPUTE keep the same. CUDA: b f32 or bf16, computed in f32, beta in
+ * b's dtype (the composite keeps it in f32).
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -16,11 +17,13 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 void KF(kda_beta_fwd)(int64_t n, KT c, const KT *b, KT *beta) {
+    KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++)
         beta[i] = c * KF(kda_sigmoid)(b[i]);
 }
 
 void KF(kda_beta_bwd)(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db) {
+    KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++) {
         KT s = KF(kda_sigmoid)(b[i]);
         db[i] = dbeta[i] * c * s * ((KT)1 - s);
@@ -33,7 +36,8 @@ void KF(kda_beta_bwd)(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db) {
 #define OP "dg_kda_beta"
 
 typedef struct beta_params {
-    dg_dtype dt;
+    dg_dtype dt; /* compute dtype (f32 on CUDA) */
+    int cuda;
     double c;
 } beta_params;
 
@@ -42,37 +46,48 @@ static dg_status beta_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gy = dg__node_grad_out(n, 0);
     if (!gy || !dg__node_wants_grad(n, 0))
         return DG_OK;
-    dg_tensor *tg = NULL, *tb = NULL, *db = NULL;
+    dg_tensor *tg = NULL, *tb = NULL, *db = NULL, *b = n->saved[0];
     const void *pg = NULL, *pb = NULL;
-    dg_status st = kda_host(ctx, gy, p->dt, &tg, &pg);
+    dg_status st = kda_ptr(ctx, gy, p->dt, &tg, &pg);
     if (st == DG_OK)
-        st = kda_host(ctx, n->saved[0], p->dt, &tb, &pb);
+        st = kda_ptr(ctx, b, p->dt, &tb, &pb);
     if (st == DG_OK)
-        st = dg__new_like(ctx, n->saved[0], &db);
-    if (st == DG_OK) {
-        KDA_CALL(p->dt, kda_beta_bwd, dg_tensor_numel(db), p->c, pb, pg, dg_tensor_data(db));
+        st = dg_tensor_new(ctx, p->dt, b->ndim, b->shape, &db);
+    if (st == DG_OK)
+        st = KDA_RUN0(p->cuda, p->dt, ctx, kda_beta_bwd, dg_tensor_numel(db), p->c, pb, pg,
+                      dg_tensor_data(db));
+    if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, db);
-    }
     dg_tensor_free(&tg);
     dg_tensor_free(&tb);
     dg_tensor_free(&db);
     return st;
 }
 
-dg_status dg_kda_beta(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, dg_tensor **beta) {
+dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
+                     dg_tensor **beta) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "beta", beta));
     *beta = NULL;
     DG_TRY(dg__check_ptr(OP, "b", b));
-    DG_TRY(kda_check_first(OP, "b", b, b->ndim, "B,T,HV"));
-    beta_params bp = {b->dtype, allow_neg_eigval ? 2.0 : 1.0};
-    dg_tensor *tb = NULL;
+    DG_TRY(kda_check_first(OP, "b", b, ctx, b->ndim, "B,T,HV"));
+    beta_params bp = {b->dtype, dg__is_cuda(b), allow_neg_eigval ? 2.0 : 1.0};
+#ifndef DG_HAVE_CUDA
+    if (bp.cuda)
+        return dg__no_cuda(OP);
+#endif
+    if (bp.cuda)
+        bp.dt = DG_F32;
+    dg_tensor *tb = NULL, *bc = NULL; /* bc: beta in the compute dtype */
     const void *pb = NULL;
-    dg_status st = kda_host(ctx, b, bp.dt, &tb, &pb);
+    dg_status st = kda_ptr(ctx, b, bp.dt, &tb, &pb);
     if (st == DG_OK)
-        st = dg__new_like(ctx, b, beta);
+        st = dg_tensor_new(ctx, bp.dt, b->ndim, b->shape, &bc);
     if (st == DG_OK)
-        KDA_CALL(bp.dt, kda_beta_fwd, dg_tensor_numel(b), bp.c, pb, dg_tensor_data(*beta));
+        st = KDA_RUN0(bp.cuda, bp.dt, ctx, kda_beta_fwd, dg_tensor_numel(b), bp.c, pb,
+                      dg_tensor_data(bc));
+    if (st == DG_OK)
+        st = kda_as_dtype(ctx, bc, keep_f32 ? bp.dt : b->dtype, beta);
     if (st == DG_OK && dg__needs_grad(1, &b)) {
         dg_node *n;
         st = dg__node_new("kda_beta", DG_POLICY_RECOMPUTE, beta_backward, ctx, &n);
@@ -94,8 +109,13 @@ dg_status dg_kda_beta(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, dg_tensor
         }
     }
     dg_tensor_free(&tb);
+    dg_tensor_free(&bc);
     if (st != DG_OK)
         dg_tensor_free(beta);
     return st;
+}
+
+dg_status dg_kda_beta(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, dg_tensor **beta) {
+    return kda_beta_x(ctx, b, allow_neg_eigval, 0, beta);
 }
 #endif

@@ -10,6 +10,10 @@
  * wy/state/output nodes share a recompute context (kda_rc.c): under the default policies
  * ("kda_wy", "kda_state": RECOMPUTE) W, U, KG, QG, h and E are not kept after the forward; the
  * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (§6.7).
+ * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
+ * g, beta may be bf16: each stage converts what it reads to f32; the normalised q, k, beta and
+ * every intermediate are f32 tensors (storing them in bf16 is a later optimisation), o is
+ * converted back to q's dtype and ht is f32.
  */
 #include "kda.h"
 
@@ -26,7 +30,7 @@ dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
-    DG_TRY(kda_check_inputs(OP, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
+    DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
 
     dg_tensor *qn = NULL, *kn = NULL, *bt = NULL, *G = NULL, *Aqk = NULL, *Tm = NULL;
@@ -34,25 +38,25 @@ dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     kda_rc *rc = NULL;
     dg_status st = DG_OK;
     if (opts && opts->l2norm_qk) {
-        st = dg_kda_l2norm(ctx, q, &qn);
+        st = kda_l2norm_x(ctx, q, 1, &qn);
         if (st == DG_OK)
-            st = dg_kda_l2norm(ctx, k, &kn);
+            st = kda_l2norm_x(ctx, k, 1, &kn);
     } else {
         qn = dg_tensor_retain(q);
         kn = dg_tensor_retain(k);
     }
     if (st == DG_OK) {
         if (opts && opts->beta_sigmoid)
-            st = dg_kda_beta(ctx, beta, opts->allow_neg_eigval, &bt);
+            st = kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &bt);
         else
             bt = dg_tensor_retain(beta);
     }
     if (st == DG_OK)
-        st = dg_kda_gate_cumsum(ctx, g, A_log, dt_bias, opts, &G);
+        st = kda_gate_x(ctx, g, A_log, dt_bias, opts, cfg.dev, &G);
     if (st == DG_OK)
-        st = dg_kda_intra(ctx, qn, kn, bt, G, opts, &Aqk, &Tm);
+        st = kda_intra_x(ctx, qn, kn, bt, G, opts, cfg.dev, &Aqk, &Tm);
     if (st == DG_OK)
-        st = dg_kda_wy(ctx, qn, kn, v, bt, G, Tm, opts, &W, &U, &KG, &QG);
+        st = kda_wy_x(ctx, qn, kn, v, bt, G, Tm, opts, cfg.dev, &W, &U, &KG, &QG);
     if (st == DG_OK)
         st = kda_rc_new(&cfg, &rc);
     if (st == DG_OK) {
@@ -66,7 +70,7 @@ dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
         st = kda_state_rc(ctx, W, U, KG, G, h0, opts, rc, &h, &E, want_ht ? ht : NULL);
     }
     if (st == DG_OK)
-        st = kda_output_rc(ctx, QG, h, Aqk, E, opts, rc, o);
+        st = kda_output_rc(ctx, QG, h, Aqk, E, opts, rc, q->dtype, o);
 
     kda_rc_release(&rc);
     dg_tensor *locals[12] = {qn, kn, bt, G, Aqk, Tm, W, U, KG, QG, h, E};

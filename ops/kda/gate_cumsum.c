@@ -10,6 +10,7 @@
  * dA_log [HV] and ddt_bias [HV*K] over all tokens. Natural-log convention (exp, not exp2).
  * Shapes: x, G [B,T,HV,K]. Saved: x, A_log, dt_bias (G is cheap to recompute and its backward
  * does not need it, so CACHE and RECOMPUTE keep the same).
+ * CUDA: g f32 or bf16, A_log and dt_bias f32; G is f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -24,6 +25,7 @@ void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
                       const KT *A_log, const KT *dt_bias, KT *G) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T;
+    KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
     for (int64_t t = 0; t < TT; t++)
         for (int hv = 0; hv < HV; hv++) {
             const KT *xr = x + t * row + hv * K;
@@ -41,47 +43,52 @@ void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
         }
     if (!cumsum)
         return;
-    /* rows of one chunk are consecutive tokens, each row HV*K wide */
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int i = 1; i < ch.L; i++) {
-                KT *cur = G + (ch.t0 + i) * row;
-                const KT *prev = cur - row;
-                for (int e = 0; e < row; e++)
-                    cur[e] += prev[e];
-            }
+    /* rows of one chunk are consecutive tokens, each row HV*K wide; chunks are independent */
+    const int64_t NC = d->chunk_off[d->N];
+    KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
+    for (int64_t idx = 0; idx < NC; idx++) {
+        kda_chunk ch = kda_chunk_idx(d, idx);
+        for (int i = 1; i < ch.L; i++) {
+            KT *cur = G + (ch.t0 + i) * row;
+            const KT *prev = cur - row;
+            for (int e = 0; e < row; e++)
+                cur[e] += prev[e];
         }
+    }
 }
 
 void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
                       const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
                       KT *ddt_bias) {
     const int HV = d->HV, K = d->K, row = HV * K;
-    const int64_t TT = d->B * d->T;
+    const int64_t TT = d->B * d->T, NC = d->chunk_off[d->N];
     memcpy(dx, dG, sizeof(KT) * (size_t)(TT * row));
-    if (cumsum)
-        for (int n = 0; n < d->N; n++)
-            for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-                kda_chunk ch = kda_chunk_at(d, n, c);
-                for (int i = ch.L - 2; i >= 0; i--) {
-                    KT *cur = dx + (ch.t0 + i) * row;
-                    const KT *next = cur + row;
-                    for (int e = 0; e < row; e++)
-                        cur[e] += next[e];
-                }
+    if (cumsum) {
+        KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
+        for (int64_t idx = 0; idx < NC; idx++) {
+            kda_chunk ch = kda_chunk_idx(d, idx);
+            for (int i = ch.L - 2; i >= 0; i--) {
+                KT *cur = dx + (ch.t0 + i) * row;
+                const KT *next = cur + row;
+                for (int e = 0; e < row; e++)
+                    cur[e] += next[e];
             }
+        }
+    }
     if (dA_log)
         memset(dA_log, 0, sizeof(KT) * (size_t)HV);
     if (ddt_bias)
         memset(ddt_bias, 0, sizeof(KT) * (size_t)row);
     if (kind == DG_GATE_NONE)
         return;
-    for (int64_t t = 0; t < TT; t++)
-        for (int hv = 0; hv < HV; hv++) {
+    /* one value head per work item: dA_log[hv] and ddt_bias[hv, :] are summed over the tokens
+     * in token order, as a serial loop would, so the reductions are deterministic */
+    KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
+    for (int hv = 0; hv < HV; hv++) {
+        const KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
+        for (int64_t t = 0; t < TT; t++) {
             const KT *xr = x + t * row + hv * K;
             KT *dr = dx + t * row + hv * K;
-            KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
             KT da = 0;
             for (int c = 0; c < K; c++) {
                 KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
@@ -104,6 +111,7 @@ void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
             if (dA_log)
                 dA_log[hv] += da;
         }
+    }
 }
 
 #else
@@ -120,30 +128,29 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *x = n->saved[0], *A = n->saved[1], *bias = n->saved[2];
     dg_tensor *tmp[4] = {0}, *dx = NULL, *dA = NULL, *db = NULL;
     const void *p[4] = {0};
-    dg_status st = kda_host(ctx, x, c->dt, &tmp[0], &p[0]);
+    dg_status st = kda_ptr(ctx, x, c->dt, &tmp[0], &p[0]);
     if (st == DG_OK && A)
-        st = kda_host(ctx, A, c->dt, &tmp[1], &p[1]);
+        st = kda_ptr(ctx, A, c->dt, &tmp[1], &p[1]);
     if (st == DG_OK && bias)
-        st = kda_host(ctx, bias, c->dt, &tmp[2], &p[2]);
+        st = kda_ptr(ctx, bias, c->dt, &tmp[2], &p[2]);
     if (st == DG_OK)
-        st = kda_host(ctx, gG, c->dt, &tmp[3], &p[3]);
+        st = kda_ptr(ctx, gG, c->dt, &tmp[3], &p[3]);
     if (st == DG_OK)
-        st = dg__new_like(ctx, x, &dx);
+        st = kda_new_as(ctx, c, x, &dx);
     if (st == DG_OK && A && dg__node_wants_grad(n, 1))
-        st = dg__new_like(ctx, A, &dA);
+        st = kda_new_as(ctx, c, A, &dA);
     if (st == DG_OK && bias && dg__node_wants_grad(n, 2))
-        st = dg__new_like(ctx, bias, &db);
-    if (st == DG_OK) {
-        KDA_CALL(c->dt, kda_gate_bwd, &c->d, c->gate, c->lb, 1, p[0], p[1], p[2], p[3],
-                 dg_tensor_data(dx), dA ? dg_tensor_data(dA) : NULL,
-                 db ? dg_tensor_data(db) : NULL);
-        if (dg__node_wants_grad(n, 0))
-            st = dg__node_accum(ctx, n, 0, dx);
-        if (st == DG_OK && dA)
-            st = dg__node_accum(ctx, n, 1, dA);
-        if (st == DG_OK && db)
-            st = dg__node_accum(ctx, n, 2, db);
-    }
+        st = kda_new_as(ctx, c, bias, &db);
+    if (st == DG_OK)
+        st = KDA_RUNV(c, ctx, kda_gate_bwd, c->gate, c->lb, 1, p[0], p[1], p[2], p[3],
+                      dg_tensor_data(dx), dA ? dg_tensor_data(dA) : NULL,
+                      db ? dg_tensor_data(db) : NULL);
+    if (st == DG_OK && dg__node_wants_grad(n, 0))
+        st = dg__node_accum(ctx, n, 0, dx);
+    if (st == DG_OK && dA)
+        st = dg__node_accum(ctx, n, 1, dA);
+    if (st == DG_OK && db)
+        st = dg__node_accum(ctx, n, 2, db);
     for (int i = 0; i < 4; i++)
         dg_tensor_free(&tmp[i]);
     dg_tensor_free(&dx);
@@ -152,15 +159,16 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                             const dg_kda_opts *opts, dg_tensor **G) {
+dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                     const dg_kda_opts *opts, kda_dev *share, dg_tensor **G) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "G", G));
     *G = NULL;
-    DG_TRY(kda_check_first(OP, "g", g, 4, "B,T,HV,K"));
+    DG_TRY(kda_check_first(OP, "g", g, ctx, 4, "B,T,HV,K"));
     const int64_t *s = g->shape;
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, s[0], s[1], (int)s[2], (int)s[2], (int)s[3], 1, g->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, s[0], s[1], (int)s[2], (int)s[2], (int)s[3], 1, g->dtype,
+                        &cfg));
     dg_status st = DG_OK;
     if (cfg.gate == DG_GATE_NONE && (A_log || dt_bias))
         st = dg__err(DG_ERR_ARG, OP ": A_log/dt_bias were given but opts->gate is DG_GATE_NONE "
@@ -169,20 +177,22 @@ dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_ten
         st = dg__err(DG_ERR_ARG, OP ": A_log [HV] is required with DG_GATE_KDA");
     int64_t shA[1] = {s[2]}, shB[1] = {s[2] * s[3]};
     if (st == DG_OK && A_log)
-        st = kda_check(OP, "A_log", A_log, cfg.dt, 1, shA, "HV");
+        st = kda_check(OP, "A_log", A_log, ctx, cfg.m_f, 1, shA, "HV");
     if (st == DG_OK && dt_bias)
-        st = kda_check(OP, "dt_bias", dt_bias, cfg.dt, 1, shB, "HV*K");
+        st = kda_check(OP, "dt_bias", dt_bias, ctx, cfg.m_f, 1, shB, "HV*K");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, share);
     dg_tensor *tmp[3] = {0};
     const void *p[3] = {0};
     dg_tensor *in[3] = {g, A_log, dt_bias};
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (in[i])
-            st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK) /* G is an f32 intermediate on CUDA whatever g's dtype */
+        st = kda_new(ctx, &cfg, 4, g->shape, G);
     if (st == DG_OK)
-        st = dg__new_like(ctx, g, G);
-    if (st == DG_OK)
-        KDA_CALL(cfg.dt, kda_gate_fwd, &cfg.d, cfg.gate, cfg.lb, 1, p[0], p[1], p[2],
-                 dg_tensor_data(*G));
+        st = KDA_RUNV(&cfg, ctx, kda_gate_fwd, cfg.gate, cfg.lb, 1, p[0], p[1], p[2],
+                      dg_tensor_data(*G));
     if (st == DG_OK && dg__needs_grad(3, in)) {
         dg_node *n;
         st = dg__node_new("kda_gate_cumsum", DG_POLICY_RECOMPUTE, gate_backward, ctx, &n);
@@ -207,5 +217,10 @@ dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_ten
     if (st != DG_OK)
         dg_tensor_free(G);
     return st;
+}
+
+dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                             const dg_kda_opts *opts, dg_tensor **G) {
+    return kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, G);
 }
 #endif

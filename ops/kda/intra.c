@@ -10,7 +10,7 @@
  * <= 0 (G falls within a chunk), so nothing above 1 is ever exponentiated. P is recomputed in
  * backward on the fly from the same exponentials (it costs nothing extra), so the node keeps
  * q, k, beta, G and Tm under either policy. Shapes: q, k [B,T,H,K]; beta [B,T,HV];
- * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT].
+ * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT]. CUDA: q, k, beta each f32 or bf16; G f32; Aqk, Tm f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -24,49 +24,52 @@
 dg_status KF(kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
                             const KT *G, KT *Aqk, KT *Tm) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
-    KT *Lk = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT); /* Lkk of one chunk, [L,L] */
-    if (!Lk)
+    const int64_t NC = d->chunk_off[d->N];
+    /* Lkk of one chunk, [L,L], per thread */
+    KT *Lks = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT * (size_t)kda_max_threads());
+    if (!Lks)
         return dg__err(DG_ERR_NOMEM, "kda_intra_fwd: no memory");
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
-                    const KT *Gi = G + (ti * HV + hv) * K;
-                    KT *arow = Aqk + (ti * HV + hv) * BT;
-                    memset(arow, 0, sizeof(KT) * (size_t)BT);
-                    for (int j = 0; j <= i; j++) {
-                        const int64_t tj = ch.t0 + j;
-                        const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                        KT a = 0, p = 0;
-                        for (int e = 0; e < K; e++) {
-                            KT x = kj[e] * KEXP(Gi[e] - Gj[e]);
-                            a += qi[e] * x;
-                            p += ki[e] * x;
-                        }
-                        arow[j] = scale * a;
-                        if (j < i)
-                            Lk[i * BT + j] = beta[ti * HV + hv] * p;
-                    }
+    /* work item: one (chunk, value head); it writes only its own rows of Aqk and Tm */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV);
+        KT *Lk = Lks + (size_t)BT * BT * (size_t)kda_thread_id();
+        const int hq = hv / grp;
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+            const KT *Gi = G + (ti * HV + hv) * K;
+            KT *arow = Aqk + (ti * HV + hv) * BT;
+            memset(arow, 0, sizeof(KT) * (size_t)BT);
+            for (int j = 0; j <= i; j++) {
+                const int64_t tj = ch.t0 + j;
+                const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                KT a = 0, p = 0;
+                for (int e = 0; e < K; e++) {
+                    KT x = kj[e] * KEXP(Gi[e] - Gj[e]);
+                    a += qi[e] * x;
+                    p += ki[e] * x;
                 }
-                /* T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]  (j < i), T[i,i] = 1 */
-                for (int i = 0; i < ch.L; i++) {
-                    KT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
-                    memset(trow, 0, sizeof(KT) * (size_t)BT);
-                    trow[i] = 1;
-                    for (int j = 0; j < i; j++) {
-                        KT s = 0;
-                        for (int m = j; m < i; m++)
-                            s += Lk[i * BT + m] * Tm[((ch.t0 + m) * HV + hv) * BT + j];
-                        trow[j] = -s;
-                    }
-                }
+                arow[j] = scale * a;
+                if (j < i)
+                    Lk[i * BT + j] = beta[ti * HV + hv] * p;
             }
         }
-    DG_FREE(Lk);
+        /* T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]  (j < i), T[i,i] = 1 */
+        for (int i = 0; i < ch.L; i++) {
+            KT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
+            memset(trow, 0, sizeof(KT) * (size_t)BT);
+            trow[i] = 1;
+            for (int j = 0; j < i; j++) {
+                KT s = 0;
+                for (int m = j; m < i; m++)
+                    s += Lk[i * BT + m] * Tm[((ch.t0 + m) * HV + hv) * BT + j];
+                trow[j] = -s;
+            }
+        }
+    }
+    DG_FREE(Lks);
     return DG_OK;
 }
 
@@ -79,75 +82,78 @@ dg_status KF(kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *
     memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
     memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
-    /* X1 = dTm Tm^T and dL = dLkk of one chunk, both [L,L] */
-    KT *X1 = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT);
-    if (!X1)
+    const int64_t NC = d->chunk_off[d->N];
+    /* X1 = dTm Tm^T and dL = dLkk of one chunk, both [L,L], per thread */
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_intra_bwd: no memory");
-    KT *dL = X1 + BT * BT;
 #define TM(i, j) Tm[((ch.t0 + (i)) * HV + hv) * BT + (j)]
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            const int L = ch.L;
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                /* dLkk = -stril(Tm^T dTm Tm^T); only the strictly lower part of dTm matters (the
-                 * diagonal and upper part of Tm are constants) */
-                memset(dL, 0, sizeof(KT) * (size_t)BT * BT);
-                if (dTm) {
-                    for (int m = 0; m < L; m++) {
-                        const KT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
-                        for (int j = 0; j < m; j++) {
-                            KT s = 0;
-                            for (int a = 0; a <= j; a++) /* a < m and Tm[j,a] = 0 for a > j */
-                                s += dtr[a] * TM(j, a);
-                            X1[m * BT + j] = s;
-                        }
+    /* work item: one (chunk, q/k head); the value heads of its group run in order inside, so
+     * dq and dk of a GVA group accumulate in the same order as a serial loop */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
+    for (int64_t w = 0; w < NC * H; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / H);
+        const int L = ch.L, hq = (int)(w % H);
+        KT *X1 = scr + 2 * (size_t)BT * BT * (size_t)kda_thread_id();
+        KT *dL = X1 + BT * BT;
+        for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
+            /* dLkk = -stril(Tm^T dTm Tm^T); only the strictly lower part of dTm matters (the
+             * diagonal and upper part of Tm are constants) */
+            memset(dL, 0, sizeof(KT) * (size_t)BT * BT);
+            if (dTm) {
+                for (int m = 0; m < L; m++) {
+                    const KT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
+                    for (int j = 0; j < m; j++) {
+                        KT s = 0;
+                        for (int a = 0; a <= j; a++) /* a < m and Tm[j,a] = 0 for a > j */
+                            s += dtr[a] * TM(j, a);
+                        X1[m * BT + j] = s;
                     }
-                    for (int i = 0; i < L; i++)
-                        for (int j = 0; j < i; j++) {
-                            KT s = 0;
-                            for (int m = i; m < L; m++) /* Tm[m,i] = 0 for m < i; X1[m,j]: j < m */
-                                s += TM(m, i) * X1[m * BT + j];
-                            dL[i * BT + j] = -s;
-                        }
                 }
-                for (int i = 0; i < L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
-                    const KT *Gi = G + (ti * HV + hv) * K;
-                    const KT bi = beta[ti * HV + hv];
-                    KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
-                    KT *dGi = dG + (ti * HV + hv) * K;
-                    KT db = 0;
-                    for (int j = 0; j <= i; j++) {
-                        const int64_t tj = ch.t0 + j;
-                        const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                        KT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
-                        const KT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (KT)0;
-                        const KT dP = j < i ? bi * dL[i * BT + j] : (KT)0;
-                        KT p = 0;
-                        for (int e = 0; e < K; e++) {
-                            const KT x = KEXP(Gi[e] - Gj[e]);
-                            const KT kjx = kj[e] * x;
-                            const KT rq = dA * kjx, rk = dP * kjx; /* row side, into i */
-                            const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
-                            dqi[e] += rq;
-                            dki[e] += rk;
-                            dkj[e] += cq + ck;
-                            dGi[e] += qi[e] * rq + ki[e] * rk;
-                            dGj[e] -= kj[e] * (cq + ck);
-                            p += ki[e] * kjx;
-                        }
-                        if (j < i)
-                            db += dL[i * BT + j] * p;
+                for (int i = 0; i < L; i++)
+                    for (int j = 0; j < i; j++) {
+                        KT s = 0;
+                        for (int m = i; m < L; m++) /* Tm[m,i] = 0 for m < i; X1[m,j]: j < m */
+                            s += TM(m, i) * X1[m * BT + j];
+                        dL[i * BT + j] = -s;
                     }
-                    dbeta[ti * HV + hv] = db;
+            }
+            for (int i = 0; i < L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+                const KT *Gi = G + (ti * HV + hv) * K;
+                const KT bi = beta[ti * HV + hv];
+                KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                KT *dGi = dG + (ti * HV + hv) * K;
+                KT db = 0;
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                    KT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
+                    const KT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (KT)0;
+                    const KT dP = j < i ? bi * dL[i * BT + j] : (KT)0;
+                    KT p = 0;
+                    for (int e = 0; e < K; e++) {
+                        const KT x = KEXP(Gi[e] - Gj[e]);
+                        const KT kjx = kj[e] * x;
+                        const KT rq = dA * kjx, rk = dP * kjx;             /* row side, into i */
+                        const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
+                        dqi[e] += rq;
+                        dki[e] += rk;
+                        dkj[e] += cq + ck;
+                        dGi[e] += qi[e] * rq + ki[e] * rk;
+                        dGj[e] -= kj[e] * (cq + ck);
+                        p += ki[e] * kjx;
+                    }
+                    if (j < i)
+                        db += dL[i * BT + j] * p;
                 }
+                dbeta[ti * HV + hv] = db;
             }
         }
+    }
 #undef TM
-    DG_FREE(X1);
+    DG_FREE(scr);
     return DG_OK;
 }
 
@@ -166,17 +172,17 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     const void *p[7] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 5 && st == DG_OK; i++)
-        st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK && gA)
-        st = kda_host(ctx, gA, c->dt, &tmp[5], &p[5]);
+        st = kda_ptr(ctx, gA, c->dt, &tmp[5], &p[5]);
     if (st == DG_OK && gT)
-        st = kda_host(ctx, gT, c->dt, &tmp[6], &p[6]);
+        st = kda_ptr(ctx, gT, c->dt, &tmp[6], &p[6]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = dg__new_like(ctx, n->saved[i], &gr[i]);
+        st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_intra_bwd, &c->d, c->scale, p[0], p[1], p[2], p[3], p[4], p[5],
-                      p[6], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                      dg_tensor_data(gr[3]));
+        st = KDA_RUN(c, ctx, kda_intra_bwd, c->scale, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
+                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(gr[3]));
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -187,35 +193,38 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
-                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
+dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                      const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "Aqk", Aqk));
     DG_TRY(dg__check_ptr(OP, "Tm", Tm));
     *Aqk = *Tm = NULL;
-    DG_TRY(kda_check_first(OP, "q", q, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "beta", beta, 3, "B,T,HV"));
+    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "beta", beta, ctx, 3, "B,T,HV"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = beta->shape[2];
     int64_t sq[4] = {B, T, H, K}, sb[3] = {B, T, HV}, sg[4] = {B, T, HV, K};
-    DG_TRY(kda_check(OP, "k", k, q->dtype, 4, sq, "B,T,H,K"));
-    DG_TRY(kda_check(OP, "beta", beta, q->dtype, 3, sb, "B,T,HV"));
-    DG_TRY(kda_check(OP, "G", G, q->dtype, 4, sg, "B,T,HV,K"));
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
     int64_t sa[4] = {B, T, HV, cfg.d.BT};
     dg_tensor *in[4] = {q, k, beta, G}, *tmp[4] = {0};
     const void *p[4] = {0};
-    dg_status st = DG_OK;
+    dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
+    if (st == DG_OK)
+        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sa, Aqk);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sa, Tm);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_intra_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3],
-                      dg_tensor_data(*Aqk), dg_tensor_data(*Tm));
+        st = KDA_RUN(&cfg, ctx, kda_intra_fwd, cfg.scale, p[0], p[1], p[2], p[3],
+                     dg_tensor_data(*Aqk), dg_tensor_data(*Tm));
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n;
         st = dg__node_new("kda_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
@@ -246,5 +255,10 @@ dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta,
         dg_tensor_free(Tm);
     }
     return st;
+}
+
+dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                       const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
+    return kda_intra_x(ctx, q, k, beta, G, opts, NULL, Aqk, Tm);
 }
 #endif

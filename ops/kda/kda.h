@@ -29,6 +29,7 @@
 #include <math.h>
 
 #include "../../autograd/tape.h"
+#include "../../kernels/kda/kda_cuda.h"
 #include "../../tensor/tensor.h"
 
 /* Sizes and the sequence/chunk tables. cu and chunk_off are host arrays. */
@@ -59,6 +60,34 @@ static inline kda_chunk kda_chunk_at(const kda_dims *d, int n, int64_t c) {
     ch.idx = d->chunk_off[n] + c;
     return ch;
 }
+
+/* The chunk with global index idx (0 <= idx < NC): parallel loops run over idx. */
+static inline kda_chunk kda_chunk_idx(const kda_dims *d, int64_t idx) {
+    int lo = 0, hi = d->N - 1; /* the last sequence whose first chunk is <= idx (skips empties) */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (d->chunk_off[mid] <= idx)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return kda_chunk_at(d, lo, idx - d->chunk_off[lo]);
+}
+
+/* OpenMP in the raw functions: `KDA_OMP(parallel for ...)` over independent work items, each
+ * writing its own rows in the same order as the serial loops, so results are bit-identical for
+ * any thread count. Per-thread scratch is indexed by kda_thread_id() < kda_max_threads(). */
+#ifdef _OPENMP
+#include <omp.h>
+#define KDA_PRAGMA(x) _Pragma(#x)
+#define KDA_OMP(clauses) KDA_PRAGMA(omp clauses)
+static inline int kda_max_threads(void) { return omp_get_max_threads(); }
+static inline int kda_thread_id(void) { return omp_get_thread_num(); }
+#else
+#define KDA_OMP(clauses)
+static inline int kda_max_threads(void) { return 1; }
+static inline int kda_thread_id(void) { return 0; }
+#endif
 
 /* ---- raw reference functions (declared for f64 and f32) ------------------------------------
  * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
@@ -151,46 +180,101 @@ static inline float kda_softplus_f32(float x) {
 }
 #define KDA_REC_SEG 64 /* recurrent backward: tokens between stored state checkpoints */
 
+/* ---- devices ----------------------------------------------------------------------------
+ * On CUDA every stage computes in f32 (kernels/kda/kda_cuda.h): activation inputs (q, k, v, g,
+ * beta, and o's gradient) may be f32 or bf16 and are converted to f32 copies before the kernels
+ * run; A_log, dt_bias, h0, ht and the intermediates G, Aqk, Tm, W, U, KG, QG, h, E are f32
+ * tensors. The device copy of the chunk tables is refcounted so that the stages of one
+ * dg_kda_chunk call and their tape nodes share a single upload. */
+typedef struct kda_dev {
+    int refcount;
+    dg_ctx *ctx; /* the allocator that owns d.buf */
+    kda_cuda_dims d;
+} kda_dev;
+kda_dev *kda_dev_retain(kda_dev *dv);
+void kda_dev_release(kda_dev **dv);
+
 /* ---- options, validation, node parameters (kda_common.c) ----------------------------------- */
 
 /* Resolved options plus the dims. Owns its tables (kda_cfg_free). */
 typedef struct kda_cfg {
     kda_dims d;
-    dg_dtype dt;  /* compute dtype: DG_F64 or DG_F32 */
+    dg_dtype dt;  /* compute dtype: DG_F64 or DG_F32 on the CPU, DG_F32 on CUDA */
     double scale; /* resolved (> 0) */
     dg_gate_kind gate;
     double lb;     /* resolved lower bound */
     double beta_c; /* 1 or 2 */
     int64_t *tab;  /* [2(N+1)]: cu then chunk_off (owned, or inside a node's params) */
+    int cuda;      /* the context (and every tensor) is on a CUDA device */
+    unsigned m_in; /* dtypes accepted for activation inputs (CPU: the first input's dtype only) */
+    unsigned m_f;  /* dtypes accepted for intermediates and A_log, dt_bias, h0: DG_MASK(dt) */
+    kda_dev *dev;  /* CUDA: the device tables (a reference), set by kda_cfg_dev */
+    kda_cuda_dims cd; /* CUDA: dev->d with this stage's sizes (tables borrowed from dev) */
 } kda_cfg;
 
 /* Validate opts and build tables for tensors of B rows of T tokens. `op` names the caller in
- * messages. H, HV, K, V are taken as given (the caller checked them against the tensors). */
-dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64_t T, int H, int HV,
-                       int K, int V, dg_dtype dt, kda_cfg *cfg);
+ * messages. H, HV, K, V are taken as given (the caller checked them against the tensors). dt_in
+ * is the dtype of the first activation input; ctx fixes the device. */
+dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B, int64_t T,
+                       int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg);
+/* CUDA only (a no-op on the CPU): the device tables, shared with `share` when it is not NULL
+ * (same sequences and chunk size), else uploaded. Built without CUDA: dg__no_cuda. */
+dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *share);
 void kda_cfg_free(kda_cfg *cfg);
 /* Total number of chunks NC. */
 static inline int64_t kda_cfg_nc(const kda_cfg *c) { return c->tab[2 * (c->d.N + 1) - 1]; }
 
-/* t must be a CPU tensor (CUDA: DG_ERR_UNSUPPORTED) of dtype `dt` (NULL t: error unless
- * optional) with `ndim` dims equal to `shape`; `names` spells the dims ("B,T,HV,V"). */
-dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtype dt, int ndim,
-                    const int64_t *shape, const char *names);
-/* The dtype q/k/... must share: F64 or F32 on the CPU; the message names `arg`. */
-dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, int ndim,
-                          const char *names);
+/* t must be non-NULL, on ctx's device (DG_ERR_DEVICE), of a dtype in `mask` and have `ndim`
+ * dims equal to `shape`; `names` spells the dims ("B,T,HV,V"). */
+dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx, unsigned mask,
+                    int ndim, const int64_t *shape, const char *names);
+/* The first activation input of an op (it fixes the dtype on the CPU): non-NULL, on ctx's device,
+ * f64 or f32 on the CPU, f32 or bf16 on CUDA, `ndim` dims. */
+dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
+                          int ndim, const char *names);
 
 /* The arguments of dg_kda_chunk / dg_kda_recurrent: q fixes B, T, H, K and the dtype, v fixes HV
- * and V; every other tensor must match (A_log/dt_bias per opts->gate; h0 optional). */
-dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
-                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
-                           const dg_kda_opts *opts, kda_cfg *cfg);
+ * and V; every other tensor must match (A_log/dt_bias per opts->gate; h0 optional). q, k, v, g,
+ * beta share one dtype; A_log, dt_bias, h0 have the compute dtype (f32 on CUDA). Also builds
+ * the device tables on CUDA. */
+dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                           dg_tensor *g, dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
+                           dg_tensor *h0, const dg_kda_opts *opts, kda_cfg *cfg);
 
-/* Contiguous host pointer for t in dtype dt: t itself or a copy held in *tmp (free with
- * dg_tensor_free; NULL when no copy was needed). */
-dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr);
-/* New contiguous tensor (uninitialised) of cfg's dtype. */
+/* Contiguous pointer (host or device, where t lives) to t's values in dtype dt: t's own data, or
+ * a converted copy held in *tmp, made in ctx (free with dg_tensor_free; NULL when no copy was
+ * needed). Not recorded on the tape. */
+dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr);
+/* New contiguous tensor (uninitialised) of cfg's compute dtype in ctx. */
 dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out);
+/* The same shaped like t (gradients are computed in the compute dtype; dg__node_accum converts
+ * them to the input's dtype). */
+static inline dg_status kda_new_as(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t,
+                                   dg_tensor **out) {
+    return kda_new(ctx, c, t->ndim, t->shape, out);
+}
+/* *out = a new tensor of dtype dt holding src's values (src itself, retained, when it already
+ * has that dtype). Not recorded. */
+dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out);
+
+/* Run raw stage function `fn`: its CUDA twin fn_cuda(ctx, &c->cd, ...) when the cfg is on CUDA,
+ * else the f64/f32 reference with &c->d. KDA_RUN for functions returning dg_status, KDA_RUNV for
+ * those returning void on the CPU. Both evaluate to a dg_status. */
+#ifdef DG_HAVE_CUDA
+#define KDA_CUDA_OR(c, ctx, fn, cpu, ...)                                                          \
+    ((c)->cuda ? fn##_cuda((ctx), &(c)->cd, __VA_ARGS__) : (cpu))
+#define KDA_CUDA_OR0(cuda, ctx, fn, cpu, ...) ((cuda) ? fn##_cuda((ctx), __VA_ARGS__) : (cpu))
+#else
+#define KDA_CUDA_OR(c, ctx, fn, cpu, ...) (cpu)
+#define KDA_CUDA_OR0(cuda, ctx, fn, cpu, ...) (cpu)
+#endif
+#define KDA_RUN(c, ctx, fn, ...)                                                                   \
+    KDA_CUDA_OR(c, ctx, fn, KDA_CALL((c)->dt, fn, &(c)->d, __VA_ARGS__), __VA_ARGS__)
+#define KDA_RUNV(c, ctx, fn, ...)                                                                  \
+    KDA_CUDA_OR(c, ctx, fn, (KDA_CALL((c)->dt, fn, &(c)->d, __VA_ARGS__), DG_OK), __VA_ARGS__)
+/* For the dims-free l2norm and beta functions. */
+#define KDA_RUN0(cuda, dt, ctx, fn, ...)                                                           \
+    KDA_CUDA_OR0(cuda, ctx, fn, (KDA_CALL(dt, fn, __VA_ARGS__), DG_OK), __VA_ARGS__)
 
 /* Params block of every KDA node: the cfg (tables copied behind it), an optional recompute
  * context, and a few node-specific integers. */
@@ -226,11 +310,29 @@ dg_status kda_rc_get(kda_rc *rc, dg_ctx *ctx, kda_rc_slot s, dg_tensor **out);
 dg_status kda_rc_save_all(kda_rc *rc, dg_node *n);
 void kda_rc_drop_recomputed(kda_rc *rc);
 
-/* ---- internal entry points used by the composite (the public ones pass rc = NULL) ---------- */
+/* The device tables of the context's cfg (NULL on the CPU). */
+kda_dev *kda_rc_dev(kda_rc *rc);
+
+/* ---- internal entry points used by the composite (the public ones pass NULL / 0) ------------
+ * keep_f32: the output stays in the compute dtype (f32 on CUDA) instead of the input's dtype, so
+ * that the composite keeps normalised q, k and beta in f32. share: device tables to reuse. */
+dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
+dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
+                     dg_tensor **beta);
+dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                     const dg_kda_opts *opts, kda_dev *share, dg_tensor **G);
+dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                      const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm);
+dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                   dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
+                   dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
+/* rc: the composite's recompute context (NULL: the node makes its own). */
 dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
                        dg_tensor *h0, const dg_kda_opts *opts, kda_rc *rc, dg_tensor **h,
                        dg_tensor **E, dg_tensor **ht);
+/* out_dt: dtype of o (DG_NDTYPES: the compute dtype); o is computed in the compute dtype and
+ * converted. */
 dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                        const dg_kda_opts *opts, kda_rc *rc, dg_tensor **o);
+                        const dg_kda_opts *opts, kda_rc *rc, dg_dtype out_dt, dg_tensor **o);
 
 #endif /* DG_OPS_KDA_H */

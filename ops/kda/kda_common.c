@@ -7,8 +7,8 @@
 
 #include <stdio.h>
 
-dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64_t T, int H, int HV,
-                       int K, int V, dg_dtype dt, kda_cfg *cfg) {
+dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B, int64_t T,
+                       int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg) {
     static const dg_kda_opts defaults;
     memset(cfg, 0, sizeof *cfg);
     if (!opts)
@@ -89,7 +89,10 @@ dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64
     cfg->d.N = N;
     cfg->d.cu = cu;
     cfg->d.chunk_off = off;
-    cfg->dt = dt;
+    cfg->cuda = ctx->device.kind == DG_DEV_CUDA;
+    cfg->dt = cfg->cuda ? DG_F32 : dt_in;
+    cfg->m_in = cfg->cuda ? DG_MASK(DG_F32) | DG_MASK(DG_BF16) : DG_MASK(dt_in);
+    cfg->m_f = DG_MASK(cfg->dt);
     cfg->scale = opts->scale > 0 ? opts->scale : 1.0 / sqrt((double)K);
     cfg->gate = opts->gate;
     cfg->lb = lb;
@@ -100,6 +103,63 @@ dg_status kda_cfg_init(const char *op, const dg_kda_opts *opts, int64_t B, int64
 void kda_cfg_free(kda_cfg *cfg) {
     DG_FREE(cfg->tab);
     cfg->tab = NULL;
+    kda_dev_release(&cfg->dev);
+}
+
+kda_dev *kda_dev_retain(kda_dev *dv) {
+    if (dv)
+        dv->refcount++;
+    return dv;
+}
+
+void kda_dev_release(kda_dev **pdv) {
+    kda_dev *dv = *pdv;
+    *pdv = NULL;
+    if (!dv || --dv->refcount > 0)
+        return;
+#ifdef DG_HAVE_CUDA
+    kda_cuda_dims_free(dv->ctx, &dv->d);
+#endif
+    DG_FREE(dv);
+}
+
+dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *share) {
+    if (!c->cuda)
+        return DG_OK;
+#ifdef DG_HAVE_CUDA
+    const kda_dims *d = &c->d;
+    if (share) {
+        /* the stages of one composite call see the same sequences and chunk size */
+        if (share->d.N != d->N || share->d.BT != d->BT || share->d.NC != kda_cfg_nc(c) ||
+            share->d.TT != d->B * d->T)
+            return dg__err(DG_ERR_STATE, "%s: shared chunk tables do not match this call", op);
+        c->dev = kda_dev_retain(share);
+    } else {
+        kda_dev *dv = (kda_dev *)DG_CALLOC(1, sizeof *dv);
+        if (!dv)
+            return dg__err(DG_ERR_NOMEM, "%s: no memory for the device chunk tables", op);
+        dg_status st = kda_cuda_dims_new(ctx, d->B * d->T, d->H, d->HV, d->K, d->V, d->BT, d->N,
+                                         d->cu, d->chunk_off, &dv->d);
+        if (st != DG_OK) {
+            DG_FREE(dv);
+            return st;
+        }
+        dv->refcount = 1;
+        dv->ctx = ctx;
+        c->dev = dv;
+    }
+    /* the tables (and buf, which the launchers check) come from dev; the sizes are this stage's */
+    c->cd = c->dev->d;
+    c->cd.H = d->H;
+    c->cd.HV = d->HV;
+    c->cd.K = d->K;
+    c->cd.V = d->V;
+    return DG_OK;
+#else
+    (void)ctx;
+    (void)share;
+    return dg__no_cuda(op);
+#endif
 }
 
 static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
@@ -111,50 +171,62 @@ static void fmt_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
         snprintf(buf + len, n - len, "]");
 }
 
-static dg_status check_place(const char *op, const char *arg, const dg_tensor *t) {
-    if (!t)
-        return dg__err(DG_ERR_ARG, "%s: %s is NULL", op, arg);
-    if (dg__is_cuda(t))
-        return dg__err(DG_ERR_UNSUPPORTED,
-                       "%s: %s is a CUDA tensor (%s): CUDA KDA kernels not built yet", op, arg,
-                       dg_tensor_desc(t));
-    return DG_OK;
+static const char *mask_name(unsigned m) {
+    if (m == (DG_MASK(DG_F32) | DG_MASK(DG_BF16)))
+        return "f32 or bf16";
+    for (int t = 0; t < DG_NDTYPES; t++)
+        if (m == DG_MASK(t))
+            return dg_dtype_name((dg_dtype)t);
+    return "a float dtype";
 }
 
-dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, int ndim,
-                          const char *names) {
-    DG_TRY(check_place(op, arg, t));
-    if (t->dtype != DG_F64 && t->dtype != DG_F32)
+/* Non-NULL and on ctx's device. */
+static dg_status check_place(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx) {
+    if (!t)
+        return dg__err(DG_ERR_ARG, "%s: %s is NULL", op, arg);
+    return dg__check_device(op, arg, t, ctx);
+}
+
+dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
+                          int ndim, const char *names) {
+    DG_TRY(check_place(op, arg, t, ctx));
+    if (dg__is_cuda(t)) {
+        if (t->dtype != DG_F32 && t->dtype != DG_BF16)
+            return dg__err(
+                DG_ERR_DTYPE,
+                "%s: %s must be f32 or bf16 on CUDA (the kernels compute in f32), got %s", op, arg,
+                dg_tensor_desc(t));
+    } else if (t->dtype != DG_F64 && t->dtype != DG_F32) {
         return dg__err(DG_ERR_DTYPE, "%s: %s must be f64 or f32 on the CPU, got %s", op, arg,
                        dg_tensor_desc(t));
+    }
     if (t->ndim != ndim)
         return dg__err(DG_ERR_SHAPE, "%s: %s must be [%s] (%d-D), got %s", op, arg, names, ndim,
                        dg_tensor_desc(t));
     return DG_OK;
 }
 
-dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_dtype dt, int ndim,
-                    const int64_t *shape, const char *names) {
-    DG_TRY(check_place(op, arg, t));
+dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx, unsigned mask,
+                    int ndim, const int64_t *shape, const char *names) {
+    DG_TRY(check_place(op, arg, t, ctx));
     char want[128];
     fmt_shape(want, sizeof want, ndim, shape);
-    if (t->dtype != dt)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: %s must be [%s] = %s %s (one dtype for all inputs), got %s", op, arg,
-                       names, want, dg_dtype_name(dt), dg_tensor_desc(t));
+    const char *why = dg__is_cuda(t) ? "" : " (one dtype for all inputs)";
+    if (!(mask & DG_MASK(t->dtype)))
+        return dg__err(DG_ERR_DTYPE, "%s: %s must be [%s] = %s %s%s, got %s", op, arg, names, want,
+                       mask_name(mask), why, dg_tensor_desc(t));
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++)
         ok = t->shape[i] == shape[i];
     if (!ok)
         return dg__err(DG_ERR_SHAPE, "%s: %s must be [%s] = %s %s, got %s", op, arg, names, want,
-                       dg_dtype_name(dt), dg_tensor_desc(t));
+                       mask_name(mask), dg_tensor_desc(t));
     return DG_OK;
 }
 
-dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
-                   const void **ptr) {
+dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr) {
     *tmp = NULL;
-    if (t->dtype == dt && !dg__is_cuda(t) && dg_tensor_is_contiguous(t)) {
+    if (t->dtype == dt && dg_tensor_is_contiguous(t)) {
         *ptr = dg_tensor_data(t);
         return DG_OK;
     }
@@ -168,6 +240,18 @@ dg_status kda_host(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp
     return DG_OK;
 }
 
+dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
+    if (src->dtype == dt) {
+        *out = dg_tensor_retain(src);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(ctx, dt, src->ndim, src->shape, out));
+    dg_status s = dg_tensor_copy_(*out, src);
+    if (s != DG_OK)
+        dg_tensor_free(out);
+    return s;
+}
+
 dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out) {
     return dg_tensor_new(ctx, c->dt, ndim, shape, out);
 }
@@ -175,6 +259,7 @@ dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
 static void np_free(void *params) {
     kda_np *np = (kda_np *)params;
     kda_rc_release(&np->rc);
+    kda_dev_release(&np->cfg.dev);
 }
 
 kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
@@ -187,31 +272,30 @@ kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
     np->cfg.tab = np->tab;
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    if (rc) {
-        np->rc = kda_rc_retain(rc);
-        n->params_free = np_free;
-    }
+    np->cfg.dev = kda_dev_retain(cfg->dev);
+    np->rc = rc ? kda_rc_retain(rc) : NULL;
+    n->params_free = np_free;
     return np;
 }
 
-dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
-                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
-                           const dg_kda_opts *opts, kda_cfg *cfg) {
-    DG_TRY(kda_check_first(op, "q", q, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(op, "v", v, 4, "B,T,HV,V"));
+dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                           dg_tensor *g, dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
+                           dg_tensor *h0, const dg_kda_opts *opts, kda_cfg *cfg) {
+    DG_TRY(kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(op, "v", v, ctx, 4, "B,T,HV,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = v->shape[2], V = v->shape[3];
-    DG_TRY(kda_cfg_init(op, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
-    const dg_dtype dt = q->dtype;
+    DG_TRY(kda_cfg_init(op, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
+    const unsigned mi = DG_MASK(q->dtype), mf = cfg->m_f; /* q, k, v, g, beta share q's dtype */
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sg[4] = {B, T, HV, K}, sb[3] = {B, T, HV};
     int64_t sA[1] = {HV}, sd[1] = {HV * K}, s0[4] = {cfg->d.N, HV, K, V};
-    dg_status st = kda_check(op, "k", k, dt, 4, sq, "B,T,H,K");
+    dg_status st = kda_check(op, "k", k, ctx, mi, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(op, "v", v, dt, 4, sv, "B,T,HV,V");
+        st = kda_check(op, "v", v, ctx, mi, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(op, "g", g, dt, 4, sg, "B,T,HV,K");
+        st = kda_check(op, "g", g, ctx, mi, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(op, "beta", beta, dt, 3, sb, "B,T,HV");
+        st = kda_check(op, "beta", beta, ctx, mi, 3, sb, "B,T,HV");
     if (st == DG_OK && cfg->gate == DG_GATE_NONE && (A_log || dt_bias))
         st = dg__err(DG_ERR_ARG,
                      "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
@@ -220,11 +304,13 @@ dg_status kda_check_inputs(const char *op, dg_tensor *q, dg_tensor *k, dg_tensor
     if (st == DG_OK && cfg->gate == DG_GATE_KDA && !A_log)
         st = dg__err(DG_ERR_ARG, "%s: A_log [HV] is required with DG_GATE_KDA", op);
     if (st == DG_OK && A_log)
-        st = kda_check(op, "A_log", A_log, dt, 1, sA, "HV");
+        st = kda_check(op, "A_log", A_log, ctx, mf, 1, sA, "HV");
     if (st == DG_OK && dt_bias)
-        st = kda_check(op, "dt_bias", dt_bias, dt, 1, sd, "HV*K");
+        st = kda_check(op, "dt_bias", dt_bias, ctx, mf, 1, sd, "HV*K");
     if (st == DG_OK && h0)
-        st = kda_check(op, "h0", h0, dt, 4, s0, "N,HV,K,V");
+        st = kda_check(op, "h0", h0, ctx, mf, 4, s0, "N,HV,K,V");
+    if (st == DG_OK)
+        st = kda_cfg_dev(op, ctx, cfg, NULL);
     if (st != DG_OK)
         kda_cfg_free(cfg);
     return st;

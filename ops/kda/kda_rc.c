@@ -35,9 +35,12 @@ dg_status kda_rc_new(const kda_cfg *cfg, kda_rc **out) {
     rc->cfg.tab = tab;
     rc->cfg.d.cu = tab;
     rc->cfg.d.chunk_off = tab + cfg->d.N + 1;
+    rc->cfg.dev = kda_dev_retain(cfg->dev);
     *out = rc;
     return DG_OK;
 }
+
+kda_dev *kda_rc_dev(kda_rc *rc) { return rc->cfg.dev; }
 
 kda_rc *kda_rc_retain(kda_rc *rc) {
     rc->refcount++;
@@ -90,9 +93,9 @@ static dg_status need_input(const kda_rc *rc, int i, const char *what) {
     return DG_OK;
 }
 
-/* Host pointer of a recipe input (contiguous copies are made by the composite beforehand). */
+/* Pointer to a recipe input in the compute dtype (a converted copy for bf16 inputs on CUDA). */
 static dg_status in_ptr(dg_ctx *ctx, kda_rc *rc, int i, dg_tensor **tmp, const void **p) {
-    return kda_host(ctx, rc->in[i], rc->cfg.dt, tmp, p);
+    return kda_ptr(ctx, rc->in[i], rc->cfg.dt, tmp, p);
 }
 
 /* W, U, KG, QG: recompute_w_u (spec §5.2) for the slots that are missing. */
@@ -118,8 +121,8 @@ static dg_status recompute_wy(kda_rc *rc, dg_ctx *ctx) {
     for (int i = 0; i < 6 && st == DG_OK; i++)
         st = in_ptr(ctx, rc, i, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_wy_fwd, &c->d, p[IN_Q], p[IN_K], p[IN_V], p[IN_BETA], p[IN_G],
-                      p[IN_TM], o[KDA_W], o[KDA_U], o[KDA_KG], o[KDA_QG]);
+        st = KDA_RUN(c, ctx, kda_wy_fwd, p[IN_Q], p[IN_K], p[IN_V], p[IN_BETA], p[IN_G], p[IN_TM],
+                     o[KDA_W], o[KDA_U], o[KDA_KG], o[KDA_QG]);
     for (int i = 0; i < 6; i++)
         dg_tensor_free(&tmp[i]);
     return st;
@@ -146,8 +149,8 @@ static dg_status recompute_state(kda_rc *rc, dg_ctx *ctx) {
     if (st == DG_OK && rc->in[IN_H0])
         st = in_ptr(ctx, rc, IN_H0, &th, &ph0);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_state_fwd, &c->d, dg_tensor_data(W), dg_tensor_data(U),
-                      dg_tensor_data(KG), pg, ph0, dg_tensor_data(h), dg_tensor_data(E), NULL);
+        st = KDA_RUN(c, ctx, kda_state_fwd, dg_tensor_data(W), dg_tensor_data(U),
+                     dg_tensor_data(KG), pg, ph0, dg_tensor_data(h), dg_tensor_data(E), NULL);
     if (st == DG_OK) {
         dg_tensor *made[2] = {h, E};
         for (int i = 0; i < 2; i++) {

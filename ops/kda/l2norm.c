@@ -5,6 +5,8 @@
  *   dx = r (dy - (dy . y) y)
  * x, y: [..., K] (KDA: [B,T,H,K]). Under CACHE (the default, as FLA keeps q_rstd, k_rstd) the node
  * keeps y and r [rows]; under RECOMPUTE only x, and backward recomputes y and r.
+ * CUDA: x f32 or bf16, computed in f32; y has x's dtype (the composite keeps it in f32), the node
+ * keeps the f32 y and r.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -16,6 +18,7 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
+    KDA_OMP(parallel for schedule(static) if (rows * K > 32768))
     for (int64_t i = 0; i < rows; i++) {
         const KT *xr = x + i * K;
         KT ss = 0;
@@ -30,6 +33,7 @@ void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
 }
 
 void KF(kda_l2norm_bwd)(int64_t rows, int K, const KT *y, const KT *r, const KT *dy, KT *dx) {
+    KDA_OMP(parallel for schedule(static) if (rows * K > 32768))
     for (int64_t i = 0; i < rows; i++) {
         const KT *yr = y + i * K, *dyr = dy + i * K;
         KT dot = 0;
@@ -46,7 +50,8 @@ void KF(kda_l2norm_bwd)(int64_t rows, int K, const KT *y, const KT *r, const KT 
 #define OP "dg_kda_l2norm"
 
 typedef struct l2_params {
-    dg_dtype dt;
+    dg_dtype dt; /* compute dtype (f32 on CUDA) */
+    int cuda;
     int64_t rows;
     int K;
 } l2_params;
@@ -56,61 +61,71 @@ static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gy = dg__node_grad_out(n, 0);
     if (!gy || !dg__node_wants_grad(n, 0))
         return DG_OK;
-    size_t es = dg_dtype_size(p->dt);
-    dg_tensor *tg = NULL, *dx = NULL, *tx = NULL;
+    dg_tensor *tg = NULL, *dx = NULL, *tx = NULL, *scratch = NULL;
     const void *pdy = NULL, *py = NULL, *pr = NULL;
-    void *scratch = NULL;
-    dg_status st = kda_host(ctx, gy, p->dt, &tg, &pdy);
+    dg_status st = kda_ptr(ctx, gy, p->dt, &tg, &pdy);
     if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
-        py = dg_tensor_data(n->saved[0]);
+        py = dg_tensor_data(n->saved[0]); /* both saved in the compute dtype */
         pr = dg_tensor_data(n->saved[1]);
     } else if (st == DG_OK) {
         const void *px = NULL;
-        st = kda_host(ctx, n->saved[0], p->dt, &tx, &px);
-        scratch = DG_MALLOC(es * (size_t)p->rows * ((size_t)p->K + 1));
-        if (st == DG_OK && !scratch)
-            st = dg__err(DG_ERR_NOMEM, OP " backward: no memory");
+        int64_t ns[1] = {p->rows * ((int64_t)p->K + 1)}; /* y then r */
+        st = kda_ptr(ctx, n->saved[0], p->dt, &tx, &px);
+        if (st == DG_OK)
+            st = dg_tensor_new(ctx, p->dt, 1, ns, &scratch);
         if (st == DG_OK) {
-            void *y = scratch, *r = (char *)scratch + es * (size_t)(p->rows * p->K);
-            KDA_CALL(p->dt, kda_l2norm_fwd, p->rows, p->K, px, y, r);
+            void *y = dg_tensor_data(scratch);
+            void *r = (char *)y + dg_dtype_size(p->dt) * (size_t)(p->rows * p->K);
+            st = KDA_RUN0(p->cuda, p->dt, ctx, kda_l2norm_fwd, p->rows, p->K, px, y, r);
             py = y;
             pr = r;
         }
     }
     if (st == DG_OK)
-        st = dg__new_like(ctx, n->saved[0], &dx);
-    if (st == DG_OK) {
-        KDA_CALL(p->dt, kda_l2norm_bwd, p->rows, p->K, py, pr, pdy, dg_tensor_data(dx));
+        st = dg_tensor_new(ctx, p->dt, n->saved[0]->ndim, n->saved[0]->shape, &dx);
+    if (st == DG_OK)
+        st = KDA_RUN0(p->cuda, p->dt, ctx, kda_l2norm_bwd, p->rows, p->K, py, pr, pdy,
+                      dg_tensor_data(dx));
+    if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, dx);
-    }
-    DG_FREE(scratch);
+    dg_tensor_free(&scratch);
     dg_tensor_free(&tg);
     dg_tensor_free(&tx);
     dg_tensor_free(&dx);
     return st;
 }
 
-dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
+dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "y", y));
     *y = NULL;
     DG_TRY(dg__check_ptr(OP, "x", x));
-    DG_TRY(kda_check_first(OP, "x", x, x->ndim, "...,K"));
+    DG_TRY(kda_check_first(OP, "x", x, ctx, x->ndim, "...,K"));
     if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
         return dg__err(DG_ERR_SHAPE, OP ": x must have a last axis K >= 1, got %s",
                        dg_tensor_desc(x));
-    l2_params lp = {x->dtype, 0, (int)x->shape[x->ndim - 1]};
+    l2_params lp = {x->dtype, dg__is_cuda(x), 0, (int)x->shape[x->ndim - 1]};
+#ifndef DG_HAVE_CUDA
+    if (lp.cuda)
+        return dg__no_cuda(OP);
+#endif
+    if (lp.cuda)
+        lp.dt = DG_F32;
     lp.rows = dg_tensor_numel(x) / lp.K;
-    dg_tensor *tx = NULL, *r = NULL;
+    /* yc: y in the compute dtype; *y is yc itself unless x is bf16 (and !keep_f32) */
+    dg_tensor *tx = NULL, *r = NULL, *yc = NULL;
     const void *px = NULL;
-    dg_status st = kda_host(ctx, x, lp.dt, &tx, &px);
-    if (st == DG_OK)
-        st = dg__new_like(ctx, x, y);
+    dg_status st = kda_ptr(ctx, x, lp.dt, &tx, &px);
     int64_t rshape[1] = {lp.rows};
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, lp.dt, x->ndim, x->shape, &yc);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, lp.dt, 1, rshape, &r);
     if (st == DG_OK)
-        KDA_CALL(lp.dt, kda_l2norm_fwd, lp.rows, lp.K, px, dg_tensor_data(*y), dg_tensor_data(r));
+        st = KDA_RUN0(lp.cuda, lp.dt, ctx, kda_l2norm_fwd, lp.rows, lp.K, px, dg_tensor_data(yc),
+                      dg_tensor_data(r));
+    if (st == DG_OK)
+        st = kda_as_dtype(ctx, yc, keep_f32 ? lp.dt : x->dtype, y);
     if (st == DG_OK && dg__needs_grad(1, &x)) {
         dg_node *n;
         st = dg__node_new("kda_l2norm", DG_POLICY_CACHE, l2norm_backward, ctx, &n);
@@ -119,7 +134,7 @@ dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
             if (st == DG_OK)
                 st = dg__node_output(n, *y);
             if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
-                st = dg__node_save(n, *y);
+                st = dg__node_save(n, yc); /* the compute-dtype y, not its bf16 rounding */
                 if (st == DG_OK)
                     st = dg__node_save(n, r);
             } else if (st == DG_OK) {
@@ -138,8 +153,13 @@ dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
     }
     dg_tensor_free(&tx);
     dg_tensor_free(&r);
+    dg_tensor_free(&yc);
     if (st != DG_OK)
         dg_tensor_free(y);
     return st;
+}
+
+dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
+    return kda_l2norm_x(ctx, x, 0, y);
 }
 #endif

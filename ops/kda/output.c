@@ -7,6 +7,7 @@
  * E through the recompute context: inside dg_kda_chunk they are rebuilt in backward under the
  * default policies; used alone, the node keeps its inputs.
  * Shapes: QG [B,T,HV,K]; h [B,NT,HV,K,V]; Aqk [B,T,HV,BT]; E, O [B,T,HV,V].
+ * CUDA: every input f32; O is computed in f32 (the composite converts it to q's dtype).
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -20,75 +21,75 @@
 void KF(kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
                         const KT *E, KT *O) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
-    const int64_t KV = (int64_t)K * V;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const KT *hc = h + (ch.idx * HV + hv) * KV;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qgi = QG + (ti * HV + hv) * K, *arow = Aqk + (ti * HV + hv) * BT;
-                    KT *oi = O + (ti * HV + hv) * V;
-                    for (int b = 0; b < V; b++) {
-                        KT s = 0;
-                        for (int a = 0; a < K; a++)
-                            s += qgi[a] * hc[a * V + b];
-                        oi[b] = scale * s;
-                    }
-                    for (int j = 0; j <= i; j++) {
-                        const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
-                        for (int b = 0; b < V; b++)
-                            oi[b] += arow[j] * ej[b];
-                    }
-                }
+    const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
+    /* work item: one (chunk, value head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV);
+        const KT *hc = h + (ch.idx * HV + hv) * KV;
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *qgi = QG + (ti * HV + hv) * K, *arow = Aqk + (ti * HV + hv) * BT;
+            KT *oi = O + (ti * HV + hv) * V;
+            for (int b = 0; b < V; b++) {
+                KT s = 0;
+                for (int a = 0; a < K; a++)
+                    s += qgi[a] * hc[a * V + b];
+                oi[b] = scale * s;
+            }
+            for (int j = 0; j <= i; j++) {
+                const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
+                for (int b = 0; b < V; b++)
+                    oi[b] += arow[j] * ej[b];
             }
         }
+    }
 }
 
 void KF(kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
                         const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, KT *dE) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
-    const int64_t KV = (int64_t)K * V;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const KT *hc = h + (ch.idx * HV + hv) * KV;
-                KT *dhc = dh + (ch.idx * HV + hv) * KV;
-                memset(dhc, 0, sizeof(KT) * (size_t)KV);
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *qgi = QG + (ti * HV + hv) * K, *doi = dO + (ti * HV + hv) * V;
-                    KT *dqgi = dQG + (ti * HV + hv) * K, *darow = dAqk + (ti * HV + hv) * BT;
-                    KT *dei = dE + (ti * HV + hv) * V;
-                    for (int a = 0; a < K; a++) {
-                        KT s = 0;
-                        for (int b = 0; b < V; b++) {
-                            s += doi[b] * hc[a * V + b];
-                            dhc[a * V + b] += scale * qgi[a] * doi[b];
-                        }
-                        dqgi[a] = scale * s;
-                    }
-                    memset(darow, 0, sizeof(KT) * (size_t)BT);
-                    for (int j = 0; j <= i; j++) {
-                        const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
-                        KT s = 0;
-                        for (int b = 0; b < V; b++)
-                            s += doi[b] * ej[b];
-                        darow[j] = s;
-                    }
-                    /* dE_i = sum_{r >= i} Aqk[r, i] dO_r */
-                    memset(dei, 0, sizeof(KT) * (size_t)V);
-                    for (int r = i; r < ch.L; r++) {
-                        const int64_t tr = ch.t0 + r;
-                        const KT a = Aqk[(tr * HV + hv) * BT + i], *dor = dO + (tr * HV + hv) * V;
-                        for (int b = 0; b < V; b++)
-                            dei[b] += a * dor[b];
-                    }
+    const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
+    /* work item: one (chunk, value head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV);
+        const KT *hc = h + (ch.idx * HV + hv) * KV;
+        KT *dhc = dh + (ch.idx * HV + hv) * KV;
+        memset(dhc, 0, sizeof(KT) * (size_t)KV);
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *qgi = QG + (ti * HV + hv) * K, *doi = dO + (ti * HV + hv) * V;
+            KT *dqgi = dQG + (ti * HV + hv) * K, *darow = dAqk + (ti * HV + hv) * BT;
+            KT *dei = dE + (ti * HV + hv) * V;
+            for (int a = 0; a < K; a++) {
+                KT s = 0;
+                for (int b = 0; b < V; b++) {
+                    s += doi[b] * hc[a * V + b];
+                    dhc[a * V + b] += scale * qgi[a] * doi[b];
                 }
+                dqgi[a] = scale * s;
+            }
+            memset(darow, 0, sizeof(KT) * (size_t)BT);
+            for (int j = 0; j <= i; j++) {
+                const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
+                KT s = 0;
+                for (int b = 0; b < V; b++)
+                    s += doi[b] * ej[b];
+                darow[j] = s;
+            }
+            /* dE_i = sum_{r >= i} Aqk[r, i] dO_r */
+            memset(dei, 0, sizeof(KT) * (size_t)V);
+            for (int r = i; r < ch.L; r++) {
+                const int64_t tr = ch.t0 + r;
+                const KT a = Aqk[(tr * HV + hv) * BT + i], *dor = dO + (tr * HV + hv) * V;
+                for (int b = 0; b < V; b++)
+                    dei[b] += a * dor[b];
             }
         }
+    }
 }
 
 #else
@@ -111,18 +112,18 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 3 && st == DG_OK; i++)
         st = kda_rc_get(np->rc, ctx, slots[i], &rt[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = kda_host(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK) /* saved[0] = Aqk */
-        st = kda_host(ctx, n->saved[0], c->dt, &tmp[3], &p[3]);
-    if (st == DG_OK)
-        st = kda_host(ctx, gO, c->dt, &tmp[4], &p[4]);
+        st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[3], &p[3]);
+    if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
+        st = kda_ptr(ctx, gO, c->dt, &tmp[4], &p[4]);
     dg_tensor *like[4] = {rt[0], rt[1], n->saved[0], rt[2]}; /* inputs QG, h, Aqk, E */
     for (int i = 0; i < 4 && st == DG_OK; i++)
         st = kda_new(ctx, c, like[i]->ndim, like[i]->shape, &gr[i]);
     if (st == DG_OK)
-        KDA_CALL(c->dt, kda_output_bwd, &c->d, c->scale, p[0], p[1], p[3], p[2], p[4],
-                 dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                 dg_tensor_data(gr[3]));
+        st = KDA_RUNV(c, ctx, kda_output_bwd, c->scale, p[0], p[1], p[3], p[2], p[4],
+                      dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                      dg_tensor_data(gr[3]));
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -136,33 +137,40 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                        const dg_kda_opts *opts, kda_rc *rc, dg_tensor **o) {
+                        const dg_kda_opts *opts, kda_rc *rc, dg_dtype out_dt, dg_tensor **o) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
-    DG_TRY(kda_check_first(OP, "QG", QG, 4, "B,T,HV,K"));
-    DG_TRY(kda_check_first(OP, "E", E, 4, "B,T,HV,V"));
+    DG_TRY(kda_check_first(OP, "QG", QG, ctx, 4, "B,T,HV,K"));
+    DG_TRY(kda_check_first(OP, "E", E, ctx, 4, "B,T,HV,V"));
     const int64_t B = QG->shape[0], T = QG->shape[1], HV = QG->shape[2], K = QG->shape[3];
     const int64_t V = E->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, QG->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, QG->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
-    int64_t sv[4] = {B, T, HV, V}, sa[4] = {B, T, HV, cfg.d.BT}, sh[5] = {B, NC / B, HV, K, V};
-    dg_tensor *in[4] = {QG, h, Aqk, E}, *tmp[4] = {0};
+    int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, sa[4] = {B, T, HV, cfg.d.BT};
+    int64_t sh[5] = {B, NC / B, HV, K, V};
+    dg_tensor *in[4] = {QG, h, Aqk, E}, *tmp[4] = {0}, *oc = NULL;
     const void *p[4] = {0};
     kda_rc *own = NULL;
-    dg_status st = kda_check(OP, "E", E, cfg.dt, 4, sv, "B,T,HV,V");
+    dg_status st = kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "h", h, cfg.dt, 5, sh, "B,NT,HV,K,V");
+        st = kda_check(OP, "E", E, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "Aqk", Aqk, cfg.dt, 4, sa, "B,T,HV,BT");
+        st = kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,HV,K,V");
+    if (st == DG_OK)
+        st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK) /* oc: o in the compute dtype */
+        st = kda_new(ctx, &cfg, 4, sv, &oc);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sv, o);
+        st = KDA_RUNV(&cfg, ctx, kda_output_fwd, cfg.scale, p[0], p[1], p[2], p[3],
+                      dg_tensor_data(oc));
     if (st == DG_OK)
-        KDA_CALL(cfg.dt, kda_output_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3],
-                 dg_tensor_data(*o));
+        st = kda_as_dtype(ctx, oc, out_dt == DG_NDTYPES ? cfg.dt : out_dt, o);
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);
@@ -197,6 +205,7 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
     kda_rc_release(&own);
     for (int i = 0; i < 4; i++)
         dg_tensor_free(&tmp[i]);
+    dg_tensor_free(&oc);
     kda_cfg_free(&cfg);
     if (st != DG_OK)
         dg_tensor_free(o);
@@ -205,6 +214,6 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
 
 dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
                         const dg_kda_opts *opts, dg_tensor **o) {
-    return kda_output_rc(ctx, QG, h, Aqk, E, opts, NULL, o);
+    return kda_output_rc(ctx, QG, h, Aqk, E, opts, NULL, DG_NDTYPES, o);
 }
 #endif

@@ -12,6 +12,8 @@
  * O(T/SEG + SEG) states per head instead of O(T)). The in-op transforms (l2norm of q, k, beta
  * sigmoid, gate) are applied inside the same node with the raw functions of the stage files.
  * The node keeps its inputs only (both policies): everything else is recomputed in backward.
+ * CUDA: q, k, v, g, beta f32 or bf16 (one dtype), A_log, dt_bias, h0 f32; computed in f32; o in
+ * q's dtype, ht f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -55,21 +57,24 @@ dg_status KF(kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const 
                                 const KT *g, const KT *beta, const KT *h0, KT *o, KT *ht) {
     const int HV = d->HV;
     const int64_t KV = (int64_t)d->K * d->V;
-    KT *S = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV);
-    if (!S)
+    KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
+    if (!Ss)
         return dg__err(DG_ERR_NOMEM, "kda_recurrent_fwd: no memory");
-    for (int n = 0; n < d->N; n++)
-        for (int hv = 0; hv < HV; hv++) {
-            if (h0)
-                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
-            else
-                memset(S, 0, sizeof(KT) * (size_t)KV);
-            for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
-                KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
-            if (ht)
-                memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
-        }
-    DG_FREE(S);
+    /* work item: one (sequence, value head) with its own state S [K,V] */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
+    for (int w = 0; w < d->N * HV; w++) {
+        const int n = w / HV, hv = w % HV;
+        KT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
+        if (h0)
+            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+        else
+            memset(S, 0, sizeof(KT) * (size_t)KV);
+        for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
+            KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
+        if (ht)
+            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+    }
+    DG_FREE(Ss);
     return DG_OK;
 }
 
@@ -83,18 +88,23 @@ dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const 
         if (d->cu[n + 1] - d->cu[n] > maxlen)
             maxlen = d->cu[n + 1] - d->cu[n];
     const int64_t nseg_max = (maxlen + SEG - 1) / SEG;
-    /* ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS, Sp [K,V] | e, p, de [V] */
-    size_t total = (size_t)((nseg_max + SEG + 3) * KV + 3 * V);
-    KT *ckpt = (KT *)DG_MALLOC(sizeof(KT) * total);
-    if (!ckpt)
+    /* per thread: ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS, Sp [K,V] |
+     * e, p, de [V] */
+    const size_t per = (size_t)((nseg_max + SEG + 3) * KV + 3 * V);
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_recurrent_bwd: no memory");
-    KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
-    KT *e = Sp + KV, *p = e + V, *de = p + V;
     memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
     memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
-    for (int n = 0; n < d->N; n++)
-        for (int hv = 0; hv < HV; hv++) {
-            const int hq = hv / grp;
+    /* work item: one (sequence, q/k head); the value heads of its group run in order inside, so
+     * dq and dk of a GVA group accumulate in the same order as a serial loop */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
+    for (int w = 0; w < d->N * H; w++) {
+        const int n = w / H, hq = w % H;
+        KT *ckpt = scr + per * (size_t)kda_thread_id();
+        KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
+        KT *e = Sp + KV, *p = e + V, *de = p + V;
+        for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
             const int64_t t0 = d->cu[n], t1 = d->cu[n + 1];
             KT *S = buf;
             if (h0)
@@ -185,7 +195,8 @@ dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const 
             if (dh0)
                 memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dS, sizeof(KT) * (size_t)KV);
         }
-    DG_FREE(ckpt);
+    }
+    DG_FREE(scr);
     return DG_OK;
 }
 
@@ -197,23 +208,24 @@ dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const 
 #define F_SIG 2
 #define F_HT 4
 
-/* The transformed inputs of the recurrence: normalised q, k (+ 1/norms), beta, log decay g. */
+/* The transformed inputs of the recurrence: normalised q, k (+ 1/norms), beta, log decay g, all
+ * in the compute dtype, in one scratch tensor on the context's device. */
 typedef struct rec_tx {
-    void *mem;
+    dg_tensor *buf;
     const void *q, *k, *beta, *g;
     void *qn, *kn, *rq, *rk, *bt, *gl;
 } rec_tx;
 
-/* p[]: host pointers of q, k, v, g, beta, A_log, dt_bias, h0. */
-static dg_status tx_build(const kda_cfg *c, int flags, const void *const *p, rec_tx *x) {
+/* p[]: pointers (compute dtype) to q, k, v, g, beta, A_log, dt_bias, h0. */
+static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const void *const *p,
+                          rec_tx *x) {
     const kda_dims *d = &c->d;
     const int64_t TT = d->B * d->T, nq = TT * d->H * d->K, nb = TT * d->HV, ng = nb * d->K;
     const size_t es = dg_dtype_size(c->dt);
     memset(x, 0, sizeof *x);
-    x->mem = DG_MALLOC(es * (size_t)(2 * nq + 2 * TT * d->H + nb + ng));
-    if (!x->mem)
-        return dg__err(DG_ERR_NOMEM, OP ": no memory");
-    char *m = (char *)x->mem;
+    int64_t total[1] = {2 * nq + 2 * TT * d->H + nb + ng};
+    DG_TRY(dg_tensor_new(ctx, c->dt, 1, total, &x->buf));
+    char *m = (char *)dg_tensor_data(x->buf);
     x->qn = m;
     x->kn = m + es * (size_t)nq;
     x->rq = m + es * (size_t)(2 * nq);
@@ -222,20 +234,25 @@ static dg_status tx_build(const kda_cfg *c, int flags, const void *const *p, rec
     x->gl = m + es * (size_t)(2 * nq + 2 * TT * d->H + nb);
     x->q = p[0];
     x->k = p[1];
+    dg_status st = DG_OK;
     if (flags & F_L2) {
-        KDA_CALL(c->dt, kda_l2norm_fwd, TT * d->H, d->K, p[0], x->qn, x->rq);
-        KDA_CALL(c->dt, kda_l2norm_fwd, TT * d->H, d->K, p[1], x->kn, x->rk);
+        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[0], x->qn, x->rq);
+        if (st == DG_OK)
+            st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[1], x->kn, x->rk);
         x->q = x->qn;
         x->k = x->kn;
     }
     x->beta = p[4];
-    if (flags & F_SIG) {
-        KDA_CALL(c->dt, kda_beta_fwd, nb, c->beta_c, p[4], x->bt);
+    if (st == DG_OK && (flags & F_SIG)) {
+        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_beta_fwd, nb, c->beta_c, p[4], x->bt);
         x->beta = x->bt;
     }
-    KDA_CALL(c->dt, kda_gate_fwd, d, c->gate, c->lb, 0, p[3], p[5], p[6], x->gl);
+    if (st == DG_OK)
+        st = KDA_RUNV(c, ctx, kda_gate_fwd, c->gate, c->lb, 0, p[3], p[5], p[6], x->gl);
     x->g = x->gl;
-    return DG_OK;
+    if (st != DG_OK)
+        dg_tensor_free(&x->buf);
+    return st;
 }
 
 static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
@@ -246,59 +263,66 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gH = (np->flags & F_HT) ? dg__node_grad_out(n, 1) : NULL;
     if (!gO && !gH)
         return DG_OK;
-    dg_tensor *tmp[10] = {0}, *gr[8] = {0}, *raw[3] = {0};
+    /* gr: gradients of the 8 inputs; raw: of the transformed q, k, g and beta (before the
+     * in-op transforms' own backward) */
+    dg_tensor *tmp[10] = {0}, *gr[8] = {0}, *raw[4] = {0};
     const void *p[10] = {0};
     rec_tx x = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 8 && st == DG_OK; i++)
         if (n->saved[i])
-            st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+            st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK && gO)
-        st = kda_host(ctx, gO, c->dt, &tmp[8], &p[8]);
+        st = kda_ptr(ctx, gO, c->dt, &tmp[8], &p[8]);
     if (st == DG_OK && gH)
-        st = kda_host(ctx, gH, c->dt, &tmp[9], &p[9]);
+        st = kda_ptr(ctx, gH, c->dt, &tmp[9], &p[9]);
     if (st == DG_OK)
-        st = tx_build(c, np->flags, p, &x);
+        st = tx_build(ctx, c, np->flags, p, &x);
     for (int i = 0; i < 8 && st == DG_OK; i++)
         if (n->saved[i])
-            st = dg__new_like(ctx, n->saved[i], &gr[i]);
-    /* gradients w.r.t. the transformed q, k (if normalised) and log decay g, before the
-     * transforms' own backward */
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = dg__new_like(ctx, n->saved[i == 2 ? 3 : i], &raw[i]);
+            st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
+    static const int raw_of[4] = {0, 1, 3, 4}; /* q, k, g, beta */
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        st = kda_new_as(ctx, c, n->saved[raw_of[i]], &raw[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_recurrent_bwd, d, c->scale, x.q, x.k, p[2], x.g, x.beta, p[7],
-                      p[8], p[9], dg_tensor_data(raw[0]), dg_tensor_data(raw[1]),
-                      dg_tensor_data(gr[2]), dg_tensor_data(raw[2]), dg_tensor_data(gr[4]),
-                      gr[7] ? dg_tensor_data(gr[7]) : NULL);
-    if (st == DG_OK) {
-        const int64_t TT = d->B * d->T, rows = TT * d->H;
-        const size_t es = dg_dtype_size(c->dt);
-        if (np->flags & F_L2) {
-            KDA_CALL(c->dt, kda_l2norm_bwd, rows, d->K, x.q, x.rq, dg_tensor_data(raw[0]),
-                     dg_tensor_data(gr[0]));
-            KDA_CALL(c->dt, kda_l2norm_bwd, rows, d->K, x.k, x.rk, dg_tensor_data(raw[1]),
-                     dg_tensor_data(gr[1]));
-        } else {
-            memcpy(dg_tensor_data(gr[0]), dg_tensor_data(raw[0]), es * (size_t)(rows * d->K));
-            memcpy(dg_tensor_data(gr[1]), dg_tensor_data(raw[1]), es * (size_t)(rows * d->K));
+        st = KDA_RUN(c, ctx, kda_recurrent_bwd, c->scale, x.q, x.k, p[2], x.g, x.beta, p[7], p[8],
+                     p[9], dg_tensor_data(raw[0]), dg_tensor_data(raw[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(raw[2]), dg_tensor_data(raw[3]),
+                     gr[7] ? dg_tensor_data(gr[7]) : NULL);
+    const int64_t TT = d->B * d->T, rows = TT * d->H;
+    /* dq, dk, dbeta: through the transform, or the raw gradient itself */
+    if (st == DG_OK && (np->flags & F_L2)) {
+        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_bwd, rows, d->K, x.q, x.rq,
+                      dg_tensor_data(raw[0]), dg_tensor_data(gr[0]));
+        if (st == DG_OK)
+            st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_bwd, rows, d->K, x.k, x.rk,
+                          dg_tensor_data(raw[1]), dg_tensor_data(gr[1]));
+    } else if (st == DG_OK) {
+        for (int i = 0; i < 2; i++) {
+            dg_tensor_free(&gr[i]);
+            gr[i] = dg_tensor_retain(raw[i]);
         }
-        if (np->flags & F_SIG) /* in place: db = dbeta c s (1 - s) */
-            KDA_CALL(c->dt, kda_beta_bwd, TT * d->HV, c->beta_c, p[4], dg_tensor_data(gr[4]),
-                     dg_tensor_data(gr[4]));
-        KDA_CALL(c->dt, kda_gate_bwd, d, c->gate, c->lb, 0, p[3], p[5], p[6],
-                 dg_tensor_data(raw[2]), dg_tensor_data(gr[3]),
-                 gr[5] ? dg_tensor_data(gr[5]) : NULL, gr[6] ? dg_tensor_data(gr[6]) : NULL);
     }
+    if (st == DG_OK && (np->flags & F_SIG)) {
+        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_beta_bwd, TT * d->HV, c->beta_c, p[4],
+                      dg_tensor_data(raw[3]), dg_tensor_data(gr[4]));
+    } else if (st == DG_OK) {
+        dg_tensor_free(&gr[4]);
+        gr[4] = dg_tensor_retain(raw[3]);
+    }
+    if (st == DG_OK)
+        st = KDA_RUNV(c, ctx, kda_gate_bwd, c->gate, c->lb, 0, p[3], p[5], p[6],
+                      dg_tensor_data(raw[2]), dg_tensor_data(gr[3]),
+                      gr[5] ? dg_tensor_data(gr[5]) : NULL, gr[6] ? dg_tensor_data(gr[6]) : NULL);
     for (int i = 0; i < 8 && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
-    DG_FREE(x.mem);
+    dg_tensor_free(&x.buf);
     for (int i = 0; i < 10; i++)
         dg_tensor_free(&tmp[i]);
     for (int i = 0; i < 8; i++)
         dg_tensor_free(&gr[i]);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         dg_tensor_free(&raw[i]);
     return st;
 }
@@ -314,28 +338,30 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
-    DG_TRY(kda_check_inputs(OP, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
+    DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
     const int flags = (opts && opts->l2norm_qk ? F_L2 : 0) |
                       (opts && opts->beta_sigmoid ? F_SIG : 0) | (want_ht ? F_HT : 0);
-    dg_tensor *in[8] = {q, k, v, g, beta, A_log, dt_bias, h0}, *tmp[8] = {0};
+    dg_tensor *in[8] = {q, k, v, g, beta, A_log, dt_bias, h0}, *tmp[8] = {0}, *oc = NULL;
     const void *p[8] = {0};
     rec_tx x = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 8 && st == DG_OK; i++)
         if (in[i])
-            st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = tx_build(&cfg, flags, p, &x);
+        st = tx_build(ctx, &cfg, flags, p, &x);
     int64_t so[4] = {cfg.d.B, cfg.d.T, cfg.d.HV, cfg.d.V};
     int64_t s0[4] = {cfg.d.N, cfg.d.HV, cfg.d.K, cfg.d.V};
-    if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, so, o);
+    if (st == DG_OK) /* oc: o in the compute dtype; *o gets q's dtype */
+        st = kda_new(ctx, &cfg, 4, so, &oc);
     if (st == DG_OK && want_ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_recurrent_fwd, &cfg.d, cfg.scale, x.q, x.k, p[2], x.g, x.beta,
-                      p[7], dg_tensor_data(*o), want_ht ? dg_tensor_data(*ht) : NULL);
+        st = KDA_RUN(&cfg, ctx, kda_recurrent_fwd, cfg.scale, x.q, x.k, p[2], x.g, x.beta, p[7],
+                     dg_tensor_data(oc), want_ht ? dg_tensor_data(*ht) : NULL);
+    if (st == DG_OK)
+        st = kda_as_dtype(ctx, oc, q->dtype, o);
     if (st == DG_OK && dg__needs_grad(8, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
@@ -357,7 +383,8 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
         else if (n)
             dg__node_abort(n);
     }
-    DG_FREE(x.mem);
+    dg_tensor_free(&x.buf);
+    dg_tensor_free(&oc);
     for (int i = 0; i < 8; i++)
         dg_tensor_free(&tmp[i]);
     kda_cfg_free(&cfg);

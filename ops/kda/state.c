@@ -12,6 +12,7 @@
  * Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under RECOMPUTE it
  * keeps W, U, KG, G, h0 and reruns this pass in backward (spec §6.7).
  * Shapes: W, KG, G [B,T,HV,K]; U, E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V].
+ * CUDA: every tensor f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -26,45 +27,49 @@ dg_status KF(kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const K
                             const KT *h0, KT *h, KT *E, KT *ht) {
     const int HV = d->HV, K = d->K, V = d->V;
     const int64_t KV = (int64_t)K * V;
-    KT *S = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV); /* running state [K,V] */
-    if (!S)
+    /* running state [K,V] per thread */
+    KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
+    if (!Ss)
         return dg__err(DG_ERR_NOMEM, "kda_state_fwd: no memory");
-    for (int n = 0; n < d->N; n++)
-        for (int hv = 0; hv < HV; hv++) {
-            if (h0)
-                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
-            else
-                memset(S, 0, sizeof(KT) * (size_t)KV);
-            for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-                kda_chunk ch = kda_chunk_at(d, n, c);
-                memcpy(h + (ch.idx * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *wi = W + (ti * HV + hv) * K;
-                    KT *ei = E + (ti * HV + hv) * V;
-                    memcpy(ei, U + (ti * HV + hv) * V, sizeof(KT) * (size_t)V);
-                    for (int a = 0; a < K; a++)
-                        for (int b = 0; b < V; b++)
-                            ei[b] -= wi[a] * S[a * V + b];
-                }
-                const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
-                for (int a = 0; a < K; a++) {
-                    const KT dec = KEXP(lam[a]);
+    /* work item: one (sequence, value head), sequential over its chunks */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
+    for (int w = 0; w < d->N * HV; w++) {
+        const int n = w / HV, hv = w % HV;
+        KT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
+        if (h0)
+            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+        else
+            memset(S, 0, sizeof(KT) * (size_t)KV);
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            memcpy(h + (ch.idx * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+            for (int i = 0; i < ch.L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *wi = W + (ti * HV + hv) * K;
+                KT *ei = E + (ti * HV + hv) * V;
+                memcpy(ei, U + (ti * HV + hv) * V, sizeof(KT) * (size_t)V);
+                for (int a = 0; a < K; a++)
                     for (int b = 0; b < V; b++)
-                        S[a * V + b] *= dec;
-                }
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
-                    for (int a = 0; a < K; a++)
-                        for (int b = 0; b < V; b++)
-                            S[a * V + b] += kgi[a] * ei[b];
-                }
+                        ei[b] -= wi[a] * S[a * V + b];
             }
-            if (ht)
-                memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+            const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+            for (int a = 0; a < K; a++) {
+                const KT dec = KEXP(lam[a]);
+                for (int b = 0; b < V; b++)
+                    S[a * V + b] *= dec;
+            }
+            for (int i = 0; i < ch.L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
+                for (int a = 0; a < K; a++)
+                    for (int b = 0; b < V; b++)
+                        S[a * V + b] += kgi[a] * ei[b];
+            }
         }
-    DG_FREE(S);
+        if (ht)
+            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+    }
+    DG_FREE(Ss);
     return DG_OK;
 }
 
@@ -74,70 +79,73 @@ dg_status KF(kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const 
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
-    /* dH [K,V] running gradient of the state; dEc [L,V] total dE of one chunk */
-    KT *dH = (KT *)DG_MALLOC(sizeof(KT) * (size_t)(KV + (int64_t)BT * V));
-    if (!dH)
+    /* per thread: dH [K,V] running gradient of the state; dEc [L,V] total dE of one chunk */
+    const size_t per = (size_t)(KV + (int64_t)BT * V);
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_state_bwd: no memory");
-    KT *dEc = dH + KV;
-    for (int n = 0; n < d->N; n++)
-        for (int hv = 0; hv < HV; hv++) {
-            if (dht)
-                memcpy(dH, dht + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
-            else
-                memset(dH, 0, sizeof(KT) * (size_t)KV);
-            for (int64_t c = kda_nchunks(d, n) - 1; c >= 0; c--) {
-                kda_chunk ch = kda_chunk_at(d, n, c);
-                const KT *hc = h + (ch.idx * HV + hv) * KV;
-                const int64_t tl = ch.t0 + ch.L - 1;
-                const KT *lam = G + (tl * HV + hv) * K;
-                KT *dlam = dG + (tl * HV + hv) * K;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
-                    KT *de = dEc + i * V;
-                    for (int b = 0; b < V; b++)
-                        de[b] = dE ? dE[(ti * HV + hv) * V + b] : (KT)0;
-                    for (int a = 0; a < K; a++) {
-                        KT s = 0;
-                        for (int b = 0; b < V; b++) {
-                            de[b] += kgi[a] * dH[a * V + b];
-                            s += ei[b] * dH[a * V + b];
-                        }
-                        dKG[(ti * HV + hv) * K + a] = s;
-                    }
-                    memcpy(dU + (ti * HV + hv) * V, de, sizeof(KT) * (size_t)V);
-                    for (int a = 0; a < K; a++) {
-                        KT s = 0;
-                        for (int b = 0; b < V; b++)
-                            s += de[b] * hc[a * V + b];
-                        dW[(ti * HV + hv) * K + a] = -s;
-                    }
-                }
+    /* work item: one (sequence, value head), sequential over its chunks in reverse */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
+    for (int w = 0; w < d->N * HV; w++) {
+        const int n = w / HV, hv = w % HV;
+        KT *dH = scr + per * (size_t)kda_thread_id(), *dEc = dH + KV;
+        if (dht)
+            memcpy(dH, dht + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+        else
+            memset(dH, 0, sizeof(KT) * (size_t)KV);
+        for (int64_t c = kda_nchunks(d, n) - 1; c >= 0; c--) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            const KT *hc = h + (ch.idx * HV + hv) * KV;
+            const int64_t tl = ch.t0 + ch.L - 1;
+            const KT *lam = G + (tl * HV + hv) * K;
+            KT *dlam = dG + (tl * HV + hv) * K;
+            for (int i = 0; i < ch.L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
+                KT *de = dEc + i * V;
+                for (int b = 0; b < V; b++)
+                    de[b] = dE ? dE[(ti * HV + hv) * V + b] : (KT)0;
                 for (int a = 0; a < K; a++) {
-                    const KT dec = KEXP(lam[a]);
+                    KT s = 0;
+                    for (int b = 0; b < V; b++) {
+                        de[b] += kgi[a] * dH[a * V + b];
+                        s += ei[b] * dH[a * V + b];
+                    }
+                    dKG[(ti * HV + hv) * K + a] = s;
+                }
+                memcpy(dU + (ti * HV + hv) * V, de, sizeof(KT) * (size_t)V);
+                for (int a = 0; a < K; a++) {
                     KT s = 0;
                     for (int b = 0; b < V; b++)
-                        s += hc[a * V + b] * dH[a * V + b];
-                    dlam[a] += dec * s;
-                    for (int b = 0; b < V; b++)
-                        dH[a * V + b] *= dec;
-                }
-                for (int i = 0; i < ch.L; i++) {
-                    const KT *wi = W + ((ch.t0 + i) * HV + hv) * K, *de = dEc + i * V;
-                    for (int a = 0; a < K; a++)
-                        for (int b = 0; b < V; b++)
-                            dH[a * V + b] -= wi[a] * de[b];
-                }
-                if (dh) {
-                    const KT *dhc = dh + (ch.idx * HV + hv) * KV;
-                    for (int64_t e = 0; e < KV; e++)
-                        dH[e] += dhc[e];
+                        s += de[b] * hc[a * V + b];
+                    dW[(ti * HV + hv) * K + a] = -s;
                 }
             }
-            if (dh0)
-                memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dH, sizeof(KT) * (size_t)KV);
+            for (int a = 0; a < K; a++) {
+                const KT dec = KEXP(lam[a]);
+                KT s = 0;
+                for (int b = 0; b < V; b++)
+                    s += hc[a * V + b] * dH[a * V + b];
+                dlam[a] += dec * s;
+                for (int b = 0; b < V; b++)
+                    dH[a * V + b] *= dec;
+            }
+            for (int i = 0; i < ch.L; i++) {
+                const KT *wi = W + ((ch.t0 + i) * HV + hv) * K, *de = dEc + i * V;
+                for (int a = 0; a < K; a++)
+                    for (int b = 0; b < V; b++)
+                        dH[a * V + b] -= wi[a] * de[b];
+            }
+            if (dh) {
+                const KT *dhc = dh + (ch.idx * HV + hv) * KV;
+                for (int64_t e = 0; e < KV; e++)
+                    dH[e] += dhc[e];
+            }
         }
-    DG_FREE(dH);
+        if (dh0)
+            memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dH, sizeof(KT) * (size_t)KV);
+    }
+    DG_FREE(scr);
     return DG_OK;
 }
 
@@ -162,12 +170,12 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 4 && st == DG_OK; i++)
         st = kda_rc_get(np->rc, ctx, slots[i], &rt[i]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_host(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK) /* saved[0] = G */
-        st = kda_host(ctx, n->saved[0], c->dt, &tmp[4], &p[4]);
+        st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[4], &p[4]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (go[i])
-            st = kda_host(ctx, go[i], c->dt, &tmp[5 + i], &p[5 + i]);
+            st = kda_ptr(ctx, go[i], c->dt, &tmp[5 + i], &p[5 + i]);
     /* gradients of W, U, KG, G, h0 (inputs 0..4), shaped like them */
     int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     int64_t s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
@@ -176,9 +184,9 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK && n->saved[1] && dg__node_wants_grad(n, 4))
         st = kda_new(ctx, c, 4, s0, &gr[4]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, kda_state_bwd, &c->d, p[0], p[1], p[4], p[2], p[3], p[5], p[6], p[7],
-                      dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                      dg_tensor_data(gr[3]), gr[4] ? dg_tensor_data(gr[4]) : NULL);
+        st = KDA_RUN(c, ctx, kda_state_bwd, p[0], p[1], p[4], p[2], p[3], p[5], p[6], p[7],
+                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                     dg_tensor_data(gr[3]), gr[4] ? dg_tensor_data(gr[4]) : NULL);
     for (int i = 0; i < 5 && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -199,28 +207,32 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     *h = *E = NULL;
     if (ht)
         *ht = NULL;
-    DG_TRY(kda_check_first(OP, "W", W, 4, "B,T,HV,K"));
-    DG_TRY(kda_check_first(OP, "U", U, 4, "B,T,HV,V"));
+    DG_TRY(kda_check_first(OP, "W", W, ctx, 4, "B,T,HV,K"));
+    DG_TRY(kda_check_first(OP, "U", U, ctx, 4, "B,T,HV,V"));
     const int64_t B = W->shape[0], T = W->shape[1], HV = W->shape[2], K = W->shape[3];
     const int64_t V = U->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, W->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, W->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
     int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, s0[4] = {cfg.d.N, HV, K, V};
     int64_t sh[5] = {B, NC / B, HV, K, V};
     dg_tensor *in[5] = {W, U, KG, G, h0}, *tmp[5] = {0};
     const void *p[5] = {0};
     kda_rc *own = NULL;
-    dg_status st = kda_check(OP, "U", U, cfg.dt, 4, sv, "B,T,HV,V");
+    dg_status st = kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "KG", KG, cfg.dt, 4, sk, "B,T,HV,K");
+        st = kda_check(OP, "U", U, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, cfg.dt, 4, sk, "B,T,HV,K");
+        st = kda_check(OP, "KG", KG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+    if (st == DG_OK)
+        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK && h0)
-        st = kda_check(OP, "h0", h0, cfg.dt, 4, s0, "N,HV,K,V");
+        st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,HV,K,V");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
     for (int i = 0; i < 5 && st == DG_OK; i++)
         if (in[i])
-            st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
@@ -228,8 +240,8 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     if (st == DG_OK && ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_state_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4],
-                      dg_tensor_data(*h), dg_tensor_data(*E), ht ? dg_tensor_data(*ht) : NULL);
+        st = KDA_RUN(&cfg, ctx, kda_state_fwd, p[0], p[1], p[2], p[3], p[4], dg_tensor_data(*h),
+                     dg_tensor_data(*E), ht ? dg_tensor_data(*ht) : NULL);
     if (st == DG_OK && dg__needs_grad(5, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);

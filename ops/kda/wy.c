@@ -10,6 +10,7 @@
  * QG themselves are kept for the later nodes is the "kda_wy" policy, applied by dg_kda_chunk
  * through the recompute context (kda_rc.c). Shapes: q, k [B,T,H,K]; v [B,T,HV,V]; beta
  * [B,T,HV]; G [B,T,HV,K]; Tm [B,T,HV,BT]; W, KG, QG [B,T,HV,K]; U [B,T,HV,V].
+ * CUDA: q, k, v, beta each f32 or bf16; G, Tm f32; the outputs f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -23,48 +24,57 @@
 dg_status KF(kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
                          const KT *G, const KT *Tm, KT *W, KT *U, KT *KG, KT *QG) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
-                for (int i = 0; i < ch.L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *Gi = G + (ti * HV + hv) * K;
-                    const KT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
-                    const KT *trow = Tm + (ti * HV + hv) * BT;
-                    if (KG)
-                        for (int e = 0; e < K; e++)
-                            KG[(ti * HV + hv) * K + e] = ki[e] * KEXP(lam[e] - Gi[e]);
-                    if (QG)
-                        for (int e = 0; e < K; e++)
-                            QG[(ti * HV + hv) * K + e] = qi[e] * KEXP(Gi[e]);
-                    if (W) {
-                        KT *wr = W + (ti * HV + hv) * K;
-                        memset(wr, 0, sizeof(KT) * (size_t)K);
-                        for (int j = 0; j <= i; j++) {
-                            const int64_t tj = ch.t0 + j;
-                            const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                            const KT f = trow[j] * beta[tj * HV + hv];
-                            for (int e = 0; e < K; e++)
-                                wr[e] += f * kj[e] * KEXP(Gj[e]);
-                        }
-                    }
-                    if (U) {
-                        KT *ur = U + (ti * HV + hv) * V;
-                        memset(ur, 0, sizeof(KT) * (size_t)V);
-                        for (int j = 0; j <= i; j++) {
-                            const int64_t tj = ch.t0 + j;
-                            const KT *vj = v + (tj * HV + hv) * V;
-                            const KT f = trow[j] * beta[tj * HV + hv];
-                            for (int e = 0; e < V; e++)
-                                ur[e] += f * vj[e];
-                        }
-                    }
+    const int64_t NC = d->chunk_off[d->N];
+    /* gamma = exp(G) of one chunk [L,K] per thread: formed once per row instead of per (i, j) */
+    KT *gams = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * K * (size_t)kda_max_threads());
+    if (!gams)
+        return dg__err(DG_ERR_NOMEM, "kda_wy_fwd: no memory");
+    /* work item: one (chunk, value head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * HV > 1))
+    for (int64_t w = 0; w < NC * HV; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / HV);
+        const int hv = (int)(w % HV), hq = hv / grp;
+        const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+        KT *gam = gams + (size_t)BT * K * (size_t)kda_thread_id();
+        for (int j = 0; j < ch.L && W; j++)
+            for (int e = 0; e < K; e++)
+                gam[j * K + e] = KEXP(G[((ch.t0 + j) * HV + hv) * K + e]);
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ti = ch.t0 + i;
+            const KT *Gi = G + (ti * HV + hv) * K;
+            const KT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
+            const KT *trow = Tm + (ti * HV + hv) * BT;
+            if (KG)
+                for (int e = 0; e < K; e++)
+                    KG[(ti * HV + hv) * K + e] = ki[e] * KEXP(lam[e] - Gi[e]);
+            if (QG)
+                for (int e = 0; e < K; e++)
+                    QG[(ti * HV + hv) * K + e] = qi[e] * KEXP(Gi[e]);
+            if (W) {
+                KT *wr = W + (ti * HV + hv) * K;
+                memset(wr, 0, sizeof(KT) * (size_t)K);
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    const KT *kj = k + (tj * H + hq) * K, *gj = gam + j * K;
+                    const KT f = trow[j] * beta[tj * HV + hv];
+                    for (int e = 0; e < K; e++)
+                        wr[e] += f * kj[e] * gj[e];
+                }
+            }
+            if (U) {
+                KT *ur = U + (ti * HV + hv) * V;
+                memset(ur, 0, sizeof(KT) * (size_t)V);
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    const KT *vj = v + (tj * HV + hv) * V;
+                    const KT f = trow[j] * beta[tj * HV + hv];
+                    for (int e = 0; e < V; e++)
+                        ur[e] += f * vj[e];
                 }
             }
         }
+    }
+    DG_FREE(gams);
     return DG_OK;
 }
 
@@ -79,100 +89,104 @@ dg_status KF(kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *
     memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
     memset(dTm, 0, sizeof(KT) * (size_t)(TT * HV * BT));
-    /* per chunk: X [L,K], gamma [L,K], dX [L,K], dVb [L,V] */
-    KT *X = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * (3 * (size_t)K + (size_t)V));
-    if (!X)
+    const int64_t NC = d->chunk_off[d->N];
+    /* per chunk and thread: X [L,K], gamma [L,K], dX [L,K], dVb [L,V] */
+    const size_t per = (size_t)BT * (3 * (size_t)K + (size_t)V);
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_wy_bwd: no memory");
-    KT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
-    for (int n = 0; n < d->N; n++)
-        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
-            kda_chunk ch = kda_chunk_at(d, n, c);
-            const int L = ch.L;
-            for (int hv = 0; hv < HV; hv++) {
-                const int hq = hv / grp;
-                const int64_t tl = ch.t0 + L - 1;
-                const KT *lam = G + (tl * HV + hv) * K;
-                KT *dGl = dG + (tl * HV + hv) * K;
-                memset(dX, 0, sizeof(KT) * (size_t)(BT * K + BT * V));
-                for (int i = 0; i < L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
-                    const KT *qi = q + (ti * H + hq) * K;
-                    KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
-                    KT *dGi = dG + (ti * HV + hv) * K;
-                    const KT bi = beta[ti * HV + hv];
-                    for (int e = 0; e < K; e++) {
-                        gam[i * K + e] = KEXP(Gi[e]);
-                        X[i * K + e] = bi * ki[e] * gam[i * K + e];
-                    }
-                    if (dQG) /* QG = q gamma */
-                        for (int e = 0; e < K; e++) {
-                            KT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
-                            dqi[e] += t;
-                            dGi[e] += qi[e] * t;
-                        }
-                    if (dKG) /* KG = k exp(lambda - G_i): -G_i for row i, +lambda for row L-1 */
-                        for (int e = 0; e < K; e++) {
-                            KT a = dKG[(ti * HV + hv) * K + e] * KEXP(lam[e] - Gi[e]);
-                            dki[e] += a;
-                            dGi[e] -= ki[e] * a;
-                            dGl[e] += ki[e] * a;
-                        }
-                    /* dX_j += Tm[i,j] dW_i, dVb_j += Tm[i,j] dU_i; dTm[i,j] for j <= i */
-                    const KT *trow = Tm + (ti * HV + hv) * BT;
-                    KT *dtrow = dTm + (ti * HV + hv) * BT;
-                    for (int j = 0; j <= i; j++) {
-                        const int64_t tj = ch.t0 + j;
-                        KT s = 0;
-                        if (dW) {
-                            const KT *dwi = dW + (ti * HV + hv) * K;
-                            for (int e = 0; e < K; e++)
-                                dX[j * K + e] += trow[j] * dwi[e];
-                        }
-                        if (dU) {
-                            const KT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
-                            const KT bj = beta[tj * HV + hv];
-                            KT su = 0;
-                            for (int e = 0; e < V; e++) {
-                                dVb[j * V + e] += trow[j] * dui[e];
-                                su += dui[e] * vj[e];
-                            }
-                            s += su * bj;
-                        }
-                        dtrow[j] = s; /* the dW X^T part is added below, once X_j is known */
-                    }
+    /* work item: one (chunk, q/k head); the value heads of its group run in order inside, so
+     * dq and dk of a GVA group accumulate in the same order as a serial loop */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
+    for (int64_t w = 0; w < NC * H; w++) {
+        kda_chunk ch = kda_chunk_idx(d, w / H);
+        const int L = ch.L, hq = (int)(w % H);
+        KT *X = scr + per * (size_t)kda_thread_id();
+        KT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
+        for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
+            const int64_t tl = ch.t0 + L - 1;
+            const KT *lam = G + (tl * HV + hv) * K;
+            KT *dGl = dG + (tl * HV + hv) * K;
+            memset(dX, 0, sizeof(KT) * (size_t)(BT * K + BT * V));
+            for (int i = 0; i < L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
+                const KT *qi = q + (ti * H + hq) * K;
+                KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                KT *dGi = dG + (ti * HV + hv) * K;
+                const KT bi = beta[ti * HV + hv];
+                for (int e = 0; e < K; e++) {
+                    gam[i * K + e] = KEXP(Gi[e]);
+                    X[i * K + e] = bi * ki[e] * gam[i * K + e];
                 }
-                for (int i = 0; i < L && dW; i++) {
-                    const KT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
-                    KT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
-                    for (int j = 0; j <= i; j++) {
-                        KT s = 0;
+                if (dQG) /* QG = q gamma */
+                    for (int e = 0; e < K; e++) {
+                        KT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
+                        dqi[e] += t;
+                        dGi[e] += qi[e] * t;
+                    }
+                if (dKG) /* KG = k exp(lambda - G_i): -G_i for row i, +lambda for row L-1 */
+                    for (int e = 0; e < K; e++) {
+                        KT a = dKG[(ti * HV + hv) * K + e] * KEXP(lam[e] - Gi[e]);
+                        dki[e] += a;
+                        dGi[e] -= ki[e] * a;
+                        dGl[e] += ki[e] * a;
+                    }
+                /* dX_j += Tm[i,j] dW_i, dVb_j += Tm[i,j] dU_i; dTm[i,j] for j <= i */
+                const KT *trow = Tm + (ti * HV + hv) * BT;
+                KT *dtrow = dTm + (ti * HV + hv) * BT;
+                for (int j = 0; j <= i; j++) {
+                    const int64_t tj = ch.t0 + j;
+                    KT s = 0;
+                    if (dW) {
+                        const KT *dwi = dW + (ti * HV + hv) * K;
                         for (int e = 0; e < K; e++)
-                            s += dwi[e] * X[j * K + e];
-                        dtrow[j] += s;
+                            dX[j * K + e] += trow[j] * dwi[e];
                     }
-                }
-                for (int i = 0; i < L; i++) {
-                    const int64_t ti = ch.t0 + i;
-                    const KT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
-                    KT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
-                    const KT bi = beta[ti * HV + hv];
-                    KT db = 0;
-                    for (int e = 0; e < V; e++) {
-                        dv[(ti * HV + hv) * V + e] = bi * dVb[i * V + e];
-                        db += dVb[i * V + e] * vi[e];
+                    if (dU) {
+                        const KT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
+                        const KT bj = beta[tj * HV + hv];
+                        KT su = 0;
+                        for (int e = 0; e < V; e++) {
+                            dVb[j * V + e] += trow[j] * dui[e];
+                            su += dui[e] * vj[e];
+                        }
+                        s += su * bj;
                     }
-                    for (int e = 0; e < K; e++) {
-                        const KT dx = dX[i * K + e];
-                        db += dx * ki[e] * gam[i * K + e];
-                        dki[e] += bi * gam[i * K + e] * dx;
-                        dGi[e] += X[i * K + e] * dx;
-                    }
-                    dbeta[ti * HV + hv] = db;
+                    dtrow[j] = s; /* the dW X^T part is added below, once X_j is known */
                 }
             }
+            for (int i = 0; i < L && dW; i++) {
+                const KT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
+                KT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
+                for (int j = 0; j <= i; j++) {
+                    KT s = 0;
+                    for (int e = 0; e < K; e++)
+                        s += dwi[e] * X[j * K + e];
+                    dtrow[j] += s;
+                }
+            }
+            for (int i = 0; i < L; i++) {
+                const int64_t ti = ch.t0 + i;
+                const KT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
+                KT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
+                const KT bi = beta[ti * HV + hv];
+                KT db = 0;
+                for (int e = 0; e < V; e++) {
+                    dv[(ti * HV + hv) * V + e] = bi * dVb[i * V + e];
+                    db += dVb[i * V + e] * vi[e];
+                }
+                for (int e = 0; e < K; e++) {
+                    const KT dx = dX[i * K + e];
+                    db += dx * ki[e] * gam[i * K + e];
+                    dki[e] += bi * gam[i * K + e] * dx;
+                    dGi[e] += X[i * K + e] * dx;
+                }
+                dbeta[ti * HV + hv] = db;
+            }
         }
-    DG_FREE(X);
+    }
+    DG_FREE(scr);
     return DG_OK;
 }
 
@@ -194,16 +208,15 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     const void *p[10] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_host(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (go[i])
-            st = kda_host(ctx, go[i], c->dt, &tmp[6 + i], &p[6 + i]);
+            st = kda_ptr(ctx, go[i], c->dt, &tmp[6 + i], &p[6 + i]);
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = dg__new_like(ctx, n->saved[i], &gr[i]);
+        st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st =
-            KDA_CALL(c->dt, kda_wy_bwd, &c->d, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
-                     p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+        st = KDA_RUN(c, ctx, kda_wy_bwd, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
+                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
                      dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < 6 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
@@ -215,9 +228,9 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
-                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                   dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
+                   dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
     dg_tensor **outs[4] = {W, U, KG, QG};
     static const char *onames[4] = {"W", "U", "KG", "QG"};
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -225,33 +238,34 @@ dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_te
         DG_TRY(dg__check_ptr(OP, onames[i], outs[i]));
         *outs[i] = NULL;
     }
-    DG_TRY(kda_check_first(OP, "q", q, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "v", v, 4, "B,T,HV,V"));
+    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "v", v, ctx, 4, "B,T,HV,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = v->shape[2], V = v->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
+    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sb[3] = {B, T, HV};
     int64_t sg[4] = {B, T, HV, K}, st_[4] = {B, T, HV, cfg.d.BT};
     dg_tensor *in[6] = {q, k, v, beta, G, Tm}, *tmp[6] = {0};
     const void *p[6] = {0};
-    dg_status st = kda_check(OP, "k", k, cfg.dt, 4, sq, "B,T,H,K");
+    dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(OP, "v", v, cfg.dt, 4, sv, "B,T,HV,V");
+        st = kda_check(OP, "v", v, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "beta", beta, cfg.dt, 3, sb, "B,T,HV");
+        st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, cfg.dt, 4, sg, "B,T,HV,K");
+        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "Tm", Tm, cfg.dt, 4, st_, "B,T,HV,BT");
+        st = kda_check(OP, "Tm", Tm, ctx, cfg.m_f, 4, st_, "B,T,HV,BT");
+    if (st == DG_OK)
+        st = kda_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_host(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     for (int i = 0; i < 4 && st == DG_OK; i++)
         st = kda_new(ctx, &cfg, 4, i == 1 ? sv : sg, outs[i]);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, kda_wy_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4], p[5],
-                      dg_tensor_data(*W), dg_tensor_data(*U), dg_tensor_data(*KG),
-                      dg_tensor_data(*QG));
+        st = KDA_RUN(&cfg, ctx, kda_wy_fwd, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*W),
+                     dg_tensor_data(*U), dg_tensor_data(*KG), dg_tensor_data(*QG));
     if (st == DG_OK && dg__needs_grad(6, in)) {
         dg_node *n;
         st = dg__node_new("kda_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
@@ -277,5 +291,11 @@ dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_te
         for (int i = 0; i < 4; i++)
             dg_tensor_free(outs[i]);
     return st;
+}
+
+dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
+                    dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+    return kda_wy_x(ctx, q, k, v, beta, G, Tm, opts, NULL, W, U, KG, QG);
 }
 #endif

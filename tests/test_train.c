@@ -1,0 +1,652 @@
+/*
+ * tests/test_train.c -- the toy KDA language model and its training loop.
+ *
+ * cpu: (a) a few dozen steps on a slice of the bundled text lower the loss a lot, and a stream
+ *      of random bytes keeps the loss near ln 256 (a model that beats that sees the future);
+ *      (b) N steps straight == N/2 steps + checkpoint + resume N/2, loss for loss, bit for bit;
+ *      (c) SIGKILL during checkpoint writes never leaves an unreadable latest checkpoint, and a
+ *      leftover temp file is never taken for a checkpoint;
+ *      (d) causality: changing bytes after position t leaves logits at <= t bit-identical,
+ *      across chunk boundaries; chunked and recurrent mixers give the same logits;
+ *      (e) clear errors for a missing / empty / tiny --data file and malformed checkpoints;
+ *      plus config JSON round trip and parameter counts (MODEL.md §5: 28,132,896).
+ * gpu: the same model on CUDA matches the CPU (f32 logits and one training step), and bf16
+ *      compute runs and stays close.
+ */
+#define _XOPEN_SOURCE 700
+#include "tests/harness.h"
+#include "tools/commands.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/model.h"
+#include "train/train.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KJV DG_SOURCE_DIR "/data/kjv.txt"
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static char g_tmp[256];
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void tmp_setup(void) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dg_test_train_XXXXXX");
+    if (!mkdtemp(g_tmp)) {
+        perror("mkdtemp");
+        exit(1);
+    }
+}
+
+static void tmp_cleanup(void) { nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void tmp_path(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/%s", g_tmp, name);
+}
+
+/* The tiny model of the fast tests: 2 chunks of 32 per row of 64 bytes. */
+static dg_model_config tiny_config(void) {
+    dg_model_config c;
+    DG_TEST_TRY(dg_model_config_preset("cpu", &c));
+    c.d = 64;
+    c.n_layers = 1;
+    c.n_heads = c.n_v_heads = 2;
+    c.head_k = c.head_v = 32;
+    c.inter = 128;
+    c.chunk = 32;
+    return c;
+}
+
+static dg_train_opts tiny_opts(const char *out_dir) {
+    dg_train_opts o;
+    DG_TEST_TRY(dg_train_opts_default("cpu", &o));
+    o.model = tiny_config();
+    snprintf(o.data_path, sizeof o.data_path, "%s", KJV);
+    o.max_data_bytes = 200000;
+    if (out_dir)
+        snprintf(o.out_dir, sizeof o.out_dir, "%s", out_dir);
+    else
+        o.out_dir[0] = 0;
+    o.steps = 40;
+    o.warmup = 5;
+    o.batch = 4;
+    o.seq_len = 64;
+    o.lr = 3e-3;
+    o.eval_every = 0;
+    o.eval_batches = 2;
+    o.sample_every = -1;
+    o.ckpt_every = 0;
+    o.plot = 0;
+    o.seed = 1234;
+    return o;
+}
+
+static double mean_range(const double *v, int64_t a, int64_t b) {
+    double s = 0;
+    for (int64_t i = a; i < b; i++)
+        s += v[i];
+    return s / (double)(b - a);
+}
+
+/* ---- (a) the loss falls; random bytes stay at ln 256 ---------------------------------------- */
+
+static void test_loss_falls(void) {
+    dg_train_opts o = tiny_opts(NULL);
+    dg_train_result r;
+    double t0 = (double)clock() / CLOCKS_PER_SEC;
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &r), "train 40 tiny steps"))
+        return;
+    double first = mean_range(r.losses, 0, 3), last = mean_range(r.losses, o.steps - 5, o.steps);
+    printf("  loss: first 3 steps %.4f, last 5 steps %.4f, val %.4f (%.1f s cpu)\n", first, last,
+           r.final_val, (double)clock() / CLOCKS_PER_SEC - t0);
+    /* starts at ln 256 = 5.545 (small init); 40 steps of 256 bytes reach unigram level (~3.1) */
+    dg_check(first > 5.0 && first < 6.0, "initial loss %.4f is near ln 256 = 5.545", first);
+    dg_check(last < first - 1.5, "loss falls by > 1.5 nats in 40 steps (%.4f -> %.4f)", first,
+             last);
+    dg_check(r.final_val < 3.8, "validation loss %.4f < 3.8 after 40 steps", r.final_val);
+    dg_train_result_free(&r);
+
+    /* random bytes: nothing to learn, the loss must stay near ln 256 */
+    char path[512];
+    tmp_path(path, sizeof path, "random.bin");
+    FILE *f = fopen(path, "wb");
+    for (int i = 0; i < 100000; i++)
+        fputc((int)(dg_rand_u01(99, (uint64_t)i) * 256.0), f);
+    fclose(f);
+    o = tiny_opts(NULL);
+    snprintf(o.data_path, sizeof o.data_path, "%s", path);
+    o.steps = 25;
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &r), "train on random bytes"))
+        return;
+    /* 25 steps x 256 bytes cannot memorise 90 kB: any drop well below ln 256 means leakage */
+    dg_check(r.final_val > 5.3, "random bytes: val loss %.4f stays near ln 256 (> 5.3)",
+             r.final_val);
+    dg_train_result_free(&r);
+}
+
+/* ---- (b) resume reproduces the uninterrupted run ------------------------------------------- */
+
+static void test_resume(void) {
+    char a[512], b[512];
+    tmp_path(a, sizeof a, "straight");
+    tmp_path(b, sizeof b, "resumed");
+    const int64_t N = 12;
+    dg_train_opts o = tiny_opts(a);
+    o.steps = N;
+    o.accum = 2; /* the data position must advance per micro-batch */
+    o.eval_every = 3;
+    dg_train_result straight, half, rest;
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &straight), "straight run"))
+        return;
+    o = tiny_opts(b);
+    o.steps = N;
+    o.accum = 2;
+    o.eval_every = 3;
+    o.stop_at = N / 2;
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &half), "first half"))
+        return;
+    /* resume takes everything from the checkpoint: garble what it must not use */
+    dg_train_opts o2 = tiny_opts(b);
+    o2.resume = 1;
+    o2.lr = 1.0;
+    o2.seed = 777;
+    o2.batch = 3;
+    o2.data_path[0] = 0; /* the checkpoint's own text */
+    o2.eval_every = 3;
+    if (!dg_check_ok(dg_train_run(&o2, NULL, NULL, &rest), "resumed second half"))
+        return;
+    dg_check(half.last_step == N / 2 && rest.first_step == N / 2 + 1 && rest.last_step == N,
+             "resume continues at step %lld and ends at %lld", (long long)rest.first_step,
+             (long long)rest.last_step);
+    int same = 1;
+    for (int64_t s = 0; s < N; s++) {
+        double want = straight.losses[s], got = s < N / 2 ? half.losses[s] : rest.losses[s];
+        if (memcmp(&want, &got, sizeof want) != 0) {
+            printf("  step %lld: straight %.9g, interrupted %.9g\n", (long long)s + 1, want, got);
+            same = 0;
+        }
+    }
+    dg_check(same,
+             "per-step losses of straight and save/resume runs are bit-identical (%lld "
+             "steps, last %.6f)",
+             (long long)N, straight.losses[N - 1]);
+    dg_check(memcmp(&straight.final_val, &rest.final_val, sizeof(double)) == 0,
+             "final validation loss identical (%.9g vs %.9g)", straight.final_val, rest.final_val);
+
+    /* the CSV of the resumed run holds each step once */
+    char csv[600];
+    snprintf(csv, sizeof csv, "%s/log.csv", b);
+    FILE *f = fopen(csv, "r");
+    int lines = 0, header = 0;
+    char line[512];
+    while (f && fgets(line, sizeof line, f))
+        lines++, header += !strncmp(line,
+                                    "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,"
+                                    "elapsed_s,mem_bytes",
+                                    60);
+    if (f)
+        fclose(f);
+    dg_check(header == 1 && lines == N + 1, "log.csv after resume: header + %lld lines (got %d)",
+             (long long)N, lines);
+
+    /* resuming a finished run does nothing; resuming a missing one names the path */
+    dg_train_result again;
+    dg_check_ok(dg_train_run(&o2, NULL, NULL, &again), "resume of a finished run");
+    dg_check(again.last_step < again.first_step, "a finished run trains no further steps");
+    dg_train_result_free(&again);
+    char missing[600];
+    snprintf(missing, sizeof missing, "%s/nowhere", g_tmp);
+    dg_train_opts o3 = tiny_opts(missing);
+    o3.resume = 1;
+    dg_check_err(dg_train_run(&o3, NULL, NULL, NULL), DG_ERR_IO, "nowhere/ckpt_latest",
+                 "resume from a directory without a checkpoint");
+    dg_train_result_free(&straight);
+    dg_train_result_free(&half);
+    dg_train_result_free(&rest);
+}
+
+/* ---- (c) SIGKILL during checkpoint writes -------------------------------------------------- */
+
+static void ckpt_writer(const char *dir, int fd, int64_t base) {
+    dg_ctx *ctx = NULL;
+    dg_model *m = NULL;
+    dg_model_config c = tiny_config();
+    c.d = 256, c.n_layers = 2, c.inter = 768; /* ~2M parameters: ~25 MB per checkpoint */
+    if (dg_ctx_new(dg_cpu(), &ctx) || dg_model_new(ctx, &c, DG_F32, DG_F32, &m) ||
+        dg_model_init(m, 5))
+        _exit(3);
+    dg_tensor **am = calloc((size_t)m->n_params, sizeof *am);
+    for (int i = 0; i < m->n_params; i++)
+        if (dg_tensor_zeros(ctx, DG_F32, dg_tensor_ndim(m->params[i].t),
+                            dg_tensor_shape(m->params[i].t), &am[i]))
+            _exit(3);
+    dg_train_opts o = tiny_opts(dir);
+    dg_train_state st = {0, 0, 1, 1};
+    char path[600];
+    dg_ckpt_latest_path(dir, path, sizeof path);
+    for (int64_t step = base + 1;; step++) {
+        st.step = step;
+        st.data_counter = (uint64_t)step * 10;
+        if (dg_ckpt_save(path, m, am, am, &o, &st) != DG_OK)
+            _exit(4);
+        if (step == base + 1 && write(fd, "x", 1) != 1)
+            _exit(5);
+    }
+}
+
+static void test_kill_during_save(void) {
+    char dir[512], path[600];
+    tmp_path(dir, sizeof dir, "killed");
+    mkdir(dir, 0777);
+    dg_ckpt_latest_path(dir, path, sizeof path);
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    int rounds = 6, loaded = 0, temps_seen = 0;
+    for (int round = 0; round < rounds; round++) {
+        int fds[2];
+        if (pipe(fds) != 0) {
+            dg_check(0, "pipe");
+            return;
+        }
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            ckpt_writer(dir, fds[1], 1000000 * (int64_t)round);
+            _exit(0);
+        }
+        close(fds[1]);
+        char byte;
+        ssize_t got = read(fds[0], &byte, 1); /* one complete checkpoint exists */
+        close(fds[0]);
+        /* then kill it at a pseudo-random moment, usually in the middle of a write */
+        unsigned delay_us = (unsigned)(dg_rand_u01(42, (uint64_t)round) * 60000.0);
+        struct timespec ts = {0, (long)delay_us * 1000L};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int status = 0;
+        waitpid(pid, &status, 0);
+        if (got != 1) {
+            dg_check(0, "checkpoint writer failed before its first checkpoint (status %d)", status);
+            continue;
+        }
+        /* leftover temp files do not look like checkpoints */
+        DIR *d = opendir(dir);
+        struct dirent *e;
+        int stray = 0;
+        while (d && (e = readdir(d))) {
+            if (strstr(e->d_name, ".tmp."))
+                temps_seen++;
+            else if (e->d_name[0] != '.' && strcmp(e->d_name, DG_CKPT_LATEST) != 0)
+                stray++;
+        }
+        if (d)
+            closedir(d);
+        dg_check(stray == 0, "round %d: no file besides the latest checkpoint and temps", round);
+        dg_ckpt ck;
+        dg_status s = dg_ckpt_load(ctx, path, &ck);
+        if (s == DG_OK) {
+            loaded++;
+            /* this round's writer completed at least its first checkpoint before the kill */
+            dg_check(ck.state.step > 1000000 * (int64_t)round &&
+                         ck.state.data_counter == 10 * (uint64_t)ck.state.step,
+                     "round %d (killed after %u us): latest checkpoint loads, step %lld", round,
+                     delay_us, (long long)ck.state.step);
+            dg_ckpt_free(&ck);
+        } else {
+            dg_check(0, "round %d: latest checkpoint unreadable after SIGKILL: %s", round,
+                     dg_last_error());
+        }
+    }
+    dg_check(loaded == rounds, "%d of %d kills left a loadable checkpoint (%d temp files seen)",
+             loaded, rounds, temps_seen);
+    /* a new run cleans leftover temps of dead writers */
+    dg_ckpt_clean_temps(dir);
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    int temps = 0;
+    while (d && (e = readdir(d)))
+        temps += strstr(e->d_name, ".tmp.") != NULL;
+    if (d)
+        closedir(d);
+    dg_check(temps == 0, "dg_ckpt_clean_temps removed the temp files of killed writers");
+    dg_ctx_free(&ctx);
+}
+
+/* ---- (d) causality and chunked == recurrent ------------------------------------------------- */
+
+static float *logits_of(dg_model *m, const int32_t *ids, int B, int T) {
+    dg_tensor *t = NULL, *lg = NULL;
+    DG_TEST_TRY(dg_tensor_from_host(m->ctx, DG_I32, 2, (int64_t[]){B, T}, ids, &t));
+    dg_no_grad_begin();
+    DG_TEST_TRY(dg_model_forward(m, t, &lg));
+    dg_no_grad_end();
+    size_t n = (size_t)dg_tensor_numel(lg);
+    float *v = malloc(n * sizeof *v);
+    DG_TEST_TRY(dg_tensor_to_host(lg, v, n * sizeof *v));
+    dg_tensor_free(&lg);
+    dg_tensor_free(&t);
+    return v;
+}
+
+static void causality_case(int HV, int chunk) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_model_config c = tiny_config();
+    c.d = 48, c.head_k = c.head_v = 16, c.chunk = chunk, c.n_layers = 2, c.inter = 96;
+    c.n_v_heads = HV;
+    printf("  model: H=%d HV=%d chunk=%d, 2 layers\n", c.n_heads, HV, chunk);
+    dg_model *m = NULL;
+    DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
+    /* larger init than 0.02 so every path carries signal */
+    DG_TEST_TRY(dg_model_init(m, 3));
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].decay)
+            DG_TEST_TRY(dg_tensor_rand_normal(m->params[i].t, 100 + (uint64_t)i, 0.0, 0.2));
+    const int T = 56, V = c.vocab; /* chunk 16: [0,16) [16,32) [32,48) [48,56) */
+    int32_t ids[56], ids2[56];
+    for (int i = 0; i < T; i++)
+        ids[i] = (int32_t)(dg_rand_u01(7, (uint64_t)i) * 256);
+    float *base = logits_of(m, ids, 1, T);
+    const int ts[] = {5, 15, 16, 20, 31, 47};
+    for (size_t k = 0; k < sizeof ts / sizeof *ts; k++) {
+        int t = ts[k];
+        memcpy(ids2, ids, sizeof ids);
+        for (int i = t + 1; i < T; i++)
+            ids2[i] = (ids[i] + 1 + (int32_t)(dg_rand_u01(8, (uint64_t)i) * 254)) % 256;
+        float *alt = logits_of(m, ids2, 1, T);
+        int same = memcmp(base, alt, (size_t)(t + 1) * V * sizeof(float)) == 0;
+        double diff_next = 0.0;
+        for (int j = 0; j < V; j++)
+            diff_next += fabs((double)base[(t + 1) * V + j] - alt[(t + 1) * V + j]);
+        dg_check(same, "causality: bytes after %d changed, logits 0..%d bit-identical", t, t);
+        dg_check(diff_next > 0.0, "  ...and logits at %d do change (sum |diff| %.3e)", t + 1,
+                 diff_next);
+        free(alt);
+    }
+    /* two rows of a batch are independent */
+    int32_t two[112];
+    memcpy(two, ids, sizeof ids);
+    memcpy(two + T, ids2, sizeof ids2);
+    float *both = logits_of(m, two, 2, T);
+    dg_check(memcmp(both, base, (size_t)T * V * sizeof(float)) == 0,
+             "row 0 of a batch equals the same row alone (rows do not mix)");
+    free(both);
+
+    /* chunked vs token-by-token recurrence */
+    m->recurrent_mixer = 1;
+    float *rec = logits_of(m, ids, 1, T);
+    m->recurrent_mixer = 0;
+    double md = 0.0, mx = 0.0;
+    for (int i = 0; i < T * V; i++) {
+        md = fmax(md, fabs((double)rec[i] - base[i]));
+        mx = fmax(mx, fabs((double)base[i]));
+    }
+    /* f32 through 2 layers: the two orders of summation differ by a few ulps of the logits */
+    dg_check(md <= 1e-4 * (mx > 1 ? mx : 1),
+             "chunked == recurrent logits: max diff %.3e (max %.3f)", md, mx);
+    free(rec);
+    free(base);
+    dg_model_free(&m);
+    dg_tape_reset();
+    dg_ctx_free(&ctx);
+}
+
+static void test_causality(void) {
+    causality_case(2, 16);
+    causality_case(4, 32); /* GVA: 2 value heads per q/k head */
+}
+
+/* ---- (e) errors ----------------------------------------------------------------------------- */
+
+static void test_errors(void) {
+    dg_text t;
+    dg_check_err(dg_text_load("/nonexistent/dir/text.txt", 0, 64, &t), DG_ERR_IO,
+                 "'/nonexistent/dir/text.txt'", "missing --data file");
+    dg_check_err(dg_text_load("/nonexistent/dir/text.txt", 0, 64, &t), DG_ERR_IO, "--data",
+                 "the message names the flag");
+    char path[512];
+    tmp_path(path, sizeof path, "empty.txt");
+    fclose(fopen(path, "w"));
+    dg_check_err(dg_text_load(path, 0, 64, &t), DG_ERR_ARG, "is empty", "empty --data file");
+    tmp_path(path, sizeof path, "tiny.txt");
+    FILE *f = fopen(path, "w");
+    fputs("In the beginning God created the heaven and the earth.\n", f);
+    fclose(f);
+    dg_check_err(dg_text_load(path, 0, 64, &t), DG_ERR_ARG, "holds only 55 bytes",
+                 "tiny --data file");
+    dg_check_err(dg_text_load(g_tmp, 0, 64, &t), DG_ERR_IO, "is a directory",
+                 "a directory as --data");
+    dg_check_ok(dg_text_load(path, 0, 3, &t), "a small file with a short --seq-len loads");
+    dg_check(t.n == 55 && t.n_train == 50, "90/10 split of 55 bytes: %lld train",
+             (long long)t.n_train);
+    dg_text_free(&t);
+
+    /* through the command: exit code 2 and the path on stderr */
+    fflush(stdout);
+    char *argv[] = {"train", "--data", "/nonexistent/dir/text.txt", "--no-out", NULL};
+    int rc = dg_cmd_train(4, argv);
+    dg_check(rc != 0, "deltagrad train --data <missing> fails (exit %d)", rc);
+    char *argv2[] = {"train", "--steps", "abc", NULL};
+    rc = dg_cmd_train(3, argv2);
+    dg_check(rc == 2, "deltagrad train --steps abc exits 2 (got %d)", rc);
+    char *argv3[] = {"train", "--bogus", "1", NULL};
+    rc = dg_cmd_train(3, argv3);
+    dg_check(rc == 2, "an unknown flag exits 2 (got %d)", rc);
+
+    /* malformed checkpoints */
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_ckpt ck;
+    tmp_path(path, sizeof path, "garbage.safetensors");
+    f = fopen(path, "wb");
+    fputs("this is not a checkpoint at all", f);
+    fclose(f);
+    dg_status s = dg_ckpt_load(ctx, path, &ck);
+    dg_check(s != DG_OK && strstr(dg_last_error(), "garbage.safetensors"),
+             "garbage checkpoint: error names the file (%s)", dg_last_error());
+    /* a valid safetensors file that is not ours */
+    tmp_path(path, sizeof path, "plain.safetensors");
+    dg_tensor *x = NULL;
+    DG_TEST_TRY(dg_tensor_zeros(ctx, DG_F32, 1, (int64_t[]){4}, &x));
+    const char *nm = "x";
+    DG_TEST_TRY(dg_safetensors_save(path, 1, &nm, (const dg_tensor *const *)&x, 0, NULL, NULL));
+    dg_check_err(dg_ckpt_load(ctx, path, &ck), DG_ERR_FORMAT, "not a deltagrad checkpoint",
+                 "safetensors without our metadata");
+    dg_tensor_free(&x);
+    /* a real checkpoint cut short */
+    dg_model *m = NULL;
+    dg_model_config c = tiny_config();
+    DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
+    DG_TEST_TRY(dg_model_init(m, 1));
+    dg_train_opts o = tiny_opts(NULL);
+    dg_train_state st = {3, 30, 1, 1};
+    tmp_path(path, sizeof path, "cut.safetensors");
+    DG_TEST_TRY(dg_ckpt_save(path, m, NULL, NULL, &o, &st));
+    dg_check_ok(dg_ckpt_load(ctx, path, &ck), "weights-only checkpoint loads");
+    dg_check(!ck.has_optim && ck.state.step == 3, "weights-only: no optimizer state, step 3");
+    dg_model *m2 = NULL;
+    DG_TEST_TRY(dg_model_new(ctx, &ck.cfg, DG_F32, DG_F32, &m2));
+    dg_check_ok(dg_ckpt_restore_model(&ck, m2), "restore the weights into a fresh model");
+    double *w1, *w2;
+    DG_TEST_TRY(dg_tensor_to_f64(m->params[3].t, &w1));
+    DG_TEST_TRY(dg_tensor_to_f64(m2->params[3].t, &w2));
+    dg_check(memcmp(w1, w2, (size_t)dg_tensor_numel(m->params[3].t) * sizeof(double)) == 0,
+             "restored weights equal the saved ones");
+    free(w1), free(w2);
+    dg_tensor **mv = calloc((size_t)m2->n_params, sizeof *mv);
+    dg_check_err(dg_ckpt_restore_optim(&ck, m2, mv, mv), DG_ERR_FORMAT, "weights only",
+                 "resuming from a weights-only checkpoint");
+    free(mv);
+    dg_ckpt_free(&ck);
+    dg_model_free(&m2);
+    struct stat sb;
+    stat(path, &sb);
+    if (truncate(path, sb.st_size / 2) != 0)
+        perror("truncate");
+    s = dg_ckpt_load(ctx, path, &ck);
+    dg_check(s == DG_ERR_FORMAT && strstr(dg_last_error(), "cut.safetensors"),
+             "truncated checkpoint: DG_ERR_FORMAT naming the file (%s)", dg_last_error());
+    dg_model_free(&m);
+    dg_ctx_free(&ctx);
+}
+
+/* ---- configs -------------------------------------------------------------------------------- */
+
+static void test_config(void) {
+    dg_model_config c, back;
+    DG_TEST_TRY(dg_model_config_preset("bench", &c));
+    dg_check(dg_model_config_num_params(&c) == 28132896,
+             "bench config (MODEL.md §5) has 28,132,896 parameters (%lld)",
+             (long long)dg_model_config_num_params(&c));
+    char json[2048];
+    c.gate = DG_GATE_KDA;
+    c.tie = 1;
+    c.lower_bound = -3.25;
+    DG_TEST_TRY(dg_model_config_to_json(&c, json, sizeof json));
+    dg_check_ok(dg_model_config_from_json(json, &back), "config JSON parses back");
+    /* field by field: the struct has padding bytes that memcmp would read */
+    dg_check(c.vocab == back.vocab && c.d == back.d && c.n_layers == back.n_layers &&
+                 c.n_heads == back.n_heads && c.n_v_heads == back.n_v_heads &&
+                 c.head_k == back.head_k && c.head_v == back.head_v && c.inter == back.inter &&
+                 c.conv == back.conv && c.chunk == back.chunk && c.gate == back.gate &&
+                 c.lower_bound == back.lower_bound && c.norm_eps == back.norm_eps &&
+                 c.tie == back.tie && c.init_std == back.init_std,
+             "config JSON round trip is exact");
+    dg_check_err(dg_model_config_from_json("{\"vocab_size\": 256}", &back), DG_ERR_FORMAT,
+                 "hidden_size", "a config missing a key");
+    DG_TEST_TRY(dg_model_config_preset("cpu", &c));
+    c.n_v_heads = 3;
+    dg_check_err(dg_model_config_check(&c), DG_ERR_ARG, "num_v_heads", "HV not a multiple of H");
+
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    DG_TEST_TRY(dg_model_config_preset("cpu", &c));
+    for (int tie = 0; tie < 2; tie++) {
+        c.tie = tie;
+        dg_model *m = NULL;
+        DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
+        dg_check(dg_model_num_params(m) == dg_model_config_num_params(&c),
+                 "toy model (tie=%d): %lld parameters, formula %lld", tie,
+                 (long long)dg_model_num_params(m), (long long)dg_model_config_num_params(&c));
+        dg_check(dg_model_find(m, "model.layers.1.attn.q_conv1d.weight") &&
+                     dg_tensor_ndim(dg_model_find(m, "model.layers.1.attn.q_conv1d.weight")->t) ==
+                         3,
+                 "conv weights use PyTorch's [C,1,W] layout");
+        dg_check(!dg_model_find(m, "model.layers.0.attn.A_log")->decay &&
+                     !dg_model_find(m, "model.layers.0.attn.g_proj.1.bias")->decay &&
+                     !dg_model_find(m, "model.norm.weight")->decay &&
+                     dg_model_find(m, "model.layers.0.mlp.up_proj.weight")->decay,
+                 "weight decay on matrices only");
+        dg_check((dg_model_find(m, "lm_head.weight") != NULL) == !tie,
+                 "lm_head present iff untied");
+        dg_model_free(&m);
+    }
+    dg_ctx_free(&ctx);
+    dg_train_opts o;
+    DG_TEST_TRY(dg_train_opts_default("cpu", &o));
+    dg_check(fabs(dg_train_lr(&o, o.warmup) - o.lr) < 1e-15 &&
+                 fabs(dg_train_lr(&o, o.steps) - o.lr * o.min_lr_frac) < 1e-12 &&
+                 dg_train_lr(&o, 1) < o.lr / 10,
+             "schedule: warmup to lr, cosine down to 10%%");
+}
+
+/* ---- gpu: CUDA vs CPU ------------------------------------------------------------------------ */
+
+static void test_gpu(void) {
+    dg_ctx *cpu = NULL, *gpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
+    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
+    dg_model_config c = tiny_config();
+    c.chunk = 16;
+    const int B = 2, T = 50; /* 4 chunks, the last partial */
+    int32_t ids[100];
+    for (int i = 0; i < B * T; i++)
+        ids[i] = (int32_t)(dg_rand_u01(11, (uint64_t)i) * 256);
+    dg_model *mc = NULL, *mg = NULL, *mb = NULL;
+    DG_TEST_TRY(dg_model_new(cpu, &c, DG_F32, DG_F32, &mc));
+    DG_TEST_TRY(dg_model_new(gpu, &c, DG_F32, DG_F32, &mg));
+    DG_TEST_TRY(dg_model_new(gpu, &c, DG_F32, DG_BF16, &mb));
+    DG_TEST_TRY(dg_model_init(mc, 9));
+    DG_TEST_TRY(dg_model_init(mg, 9));
+    DG_TEST_TRY(dg_model_init(mb, 9));
+    float *lc = logits_of(mc, ids, B, T), *lg = logits_of(mg, ids, B, T);
+    double *dc = malloc(sizeof(double) * B * T * 256), *dgv = malloc(sizeof(double) * B * T * 256);
+    for (int i = 0; i < B * T * 256; i++)
+        dc[i] = lc[i], dgv[i] = lg[i];
+    dg_check_rel("cuda f32 logits vs cpu", dgv, dc, B * T * 256, 1e-4);
+    /* bf16 compute: logits within bf16 rounding of a few layers */
+    dg_tensor *tid = NULL, *lb = NULL;
+    DG_TEST_TRY(dg_tensor_from_host(gpu, DG_I32, 2, (int64_t[]){B, T}, ids, &tid));
+    dg_no_grad_begin();
+    dg_status s = dg_model_forward(mb, tid, &lb);
+    dg_no_grad_end();
+    if (dg_check_ok(s, "bf16 forward on CUDA")) {
+        double *bv;
+        DG_TEST_TRY(dg_tensor_to_f64(lb, &bv));
+        dg_check_rel("cuda bf16 logits vs cpu f32", bv, dc, B * T * 256, 5e-2);
+        free(bv);
+    }
+    dg_tensor_free(&lb);
+    dg_tensor_free(&tid);
+    free(lc), free(lg), free(dc), free(dgv);
+    dg_model_free(&mc);
+    dg_model_free(&mg);
+    dg_model_free(&mb);
+
+    /* a few training steps on both devices follow the same losses */
+    dg_train_opts o = tiny_opts(NULL);
+    o.steps = 5;
+    o.model.chunk = 16;
+    dg_train_result rc, rg;
+    DG_TEST_TRY(dg_train_run(&o, NULL, NULL, &rc));
+    o.device = dg_cuda(0);
+    DG_TEST_TRY(dg_train_run(&o, NULL, NULL, &rg));
+    dg_check_rel("cuda f32 training losses vs cpu (5 steps)", rg.losses, rc.losses, 5, 1e-4);
+    o.compute_dtype = DG_BF16;
+    dg_train_result rb;
+    if (dg_check_ok(dg_train_run(&o, NULL, NULL, &rb), "bf16 training on CUDA")) {
+        dg_check_rel("cuda bf16 training losses vs cpu f32 (5 steps)", rb.losses, rc.losses, 5,
+                     3e-2);
+        dg_train_result_free(&rb);
+    }
+    dg_train_result_free(&rc);
+    dg_train_result_free(&rg);
+    dg_tape_reset();
+    dg_ctx_free(&gpu);
+    dg_ctx_free(&cpu);
+}
+
+int main(int argc, char **argv) {
+    int gpu = dg_test_init(argc, argv, "train");
+    if (gpu) {
+        int skip = dg_test_need_gpu();
+        if (skip)
+            return skip;
+        test_gpu();
+        return dg_test_finish();
+    }
+    tmp_setup();
+    test_config();
+    test_errors();
+    test_causality();
+    test_loss_falls();
+    test_resume();
+    test_kill_during_save();
+    tmp_cleanup();
+    return dg_test_finish();
+}

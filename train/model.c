@@ -1,0 +1,656 @@
+/*
+ * train/model.c -- the byte-level KDA language model: config presets and JSON, the parameter
+ * list and its init, the forward pass (all dg_ ops, so it records on the tape), the loss, and
+ * sampling. Shapes: B rows of T bytes; d model width; H/HV heads; K/V head dims; I MLP width.
+ */
+#include "train/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Everything in this file reports errors through dg_last_error(); this records one. */
+#include "tensor/tensor.h"
+
+/* ---- config --------------------------------------------------------------------------------- */
+
+dg_status dg_model_config_preset(const char *name, dg_model_config *out) {
+    if (!name || !out)
+        return dg__err(DG_ERR_ARG, "dg_model_config_preset: name and out must not be NULL");
+    dg_model_config c = {
+        .vocab = 256,
+        .d = 128,
+        .n_layers = 2,
+        .n_heads = 2,
+        .n_v_heads = 2,
+        .head_k = 64,
+        .head_v = 64,
+        .inter = 384,
+        .conv = 4,
+        .chunk = 64,
+        .gate = DG_GATE_LOWERBOUND,
+        .lower_bound = -5.0,
+        .norm_eps = 1e-6,
+        .tie = 0,
+        .init_std = 0.02,
+    };
+    if (!strcmp(name, "cpu")) {
+        /* MODEL.md §4's toy as is. */
+    } else if (!strcmp(name, "gpu")) {
+        c.d = 512, c.n_layers = 6, c.n_heads = c.n_v_heads = 4, c.head_k = c.head_v = 128;
+        c.inter = 1408;
+    } else if (!strcmp(name, "bench")) {
+        c.d = 512, c.n_layers = 8, c.n_heads = c.n_v_heads = 4, c.head_k = c.head_v = 128;
+        c.inter = 1408;
+    } else {
+        return dg__err(DG_ERR_ARG, "unknown model config '%s' (expected cpu, gpu or bench)", name);
+    }
+    *out = c;
+    return DG_OK;
+}
+
+dg_status dg_model_config_check(const dg_model_config *c) {
+    if (!c)
+        return dg__err(DG_ERR_ARG, "model config: NULL");
+#define NEED(cond, ...)                                                                            \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return dg__err(DG_ERR_ARG, __VA_ARGS__);                                               \
+    } while (0)
+    NEED(c->vocab >= 2 && c->vocab <= 1 << 20, "model config: vocab_size %d out of range",
+         c->vocab);
+    NEED(c->d >= 1, "model config: hidden_size (--d) must be >= 1 (got %d)", c->d);
+    NEED(c->n_layers >= 1 && c->n_layers <= 256,
+         "model config: num_hidden_layers (--layers) %d out of range", c->n_layers);
+    NEED(c->n_heads >= 1, "model config: num_heads (--heads) must be >= 1 (got %d)", c->n_heads);
+    NEED(c->n_v_heads >= c->n_heads && c->n_v_heads % c->n_heads == 0,
+         "model config: num_v_heads (--v-heads, %d) must be a multiple of num_heads (--heads, %d)",
+         c->n_v_heads, c->n_heads);
+    NEED(c->head_k >= 1 && c->head_k <= 256,
+         "model config: head_dim (--head-dim) %d out of range [1,256]", c->head_k);
+    NEED(c->head_v >= 1, "model config: head_v_dim (--head-v-dim) must be >= 1 (got %d)",
+         c->head_v);
+    NEED(c->inter >= 1, "model config: intermediate_size (--inter) must be >= 1 (got %d)",
+         c->inter);
+    NEED(c->conv >= 1 && c->conv <= 8, "model config: conv_size %d out of range [1,8]", c->conv);
+    NEED(c->chunk == 16 || c->chunk == 32 || c->chunk == 64,
+         "model config: chunk_size (--chunk) must be 16, 32 or 64 (got %d)", c->chunk);
+    NEED(c->gate == DG_GATE_LOWERBOUND || c->gate == DG_GATE_KDA,
+         "model config: gate must be lower_bound or kda");
+    NEED(c->gate != DG_GATE_LOWERBOUND || (c->lower_bound >= -5.0 && c->lower_bound < 0.0),
+         "model config: lower_bound (--lower-bound) must be in [-5, 0) (got %g)", c->lower_bound);
+    NEED(c->norm_eps > 0.0, "model config: norm_eps must be > 0 (got %g)", c->norm_eps);
+    NEED(c->init_std > 0.0, "model config: initializer_range must be > 0 (got %g)", c->init_std);
+#undef NEED
+    return DG_OK;
+}
+
+dg_status dg_model_config_to_json(const dg_model_config *c, char *buf, size_t n) {
+    int len = snprintf(
+        buf, n,
+        "{\"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_heads\": %d, "
+        "\"num_v_heads\": %d, \"head_dim\": %d, \"head_v_dim\": %d, \"intermediate_size\": %d, "
+        "\"conv_size\": %d, \"chunk_size\": %d, \"gate\": \"%s\", \"lower_bound\": %.17g, "
+        "\"norm_eps\": %.17g, \"tie_word_embeddings\": %s, \"initializer_range\": %.17g}",
+        c->vocab, c->d, c->n_layers, c->n_heads, c->n_v_heads, c->head_k, c->head_v, c->inter,
+        c->conv, c->chunk, c->gate == DG_GATE_KDA ? "kda" : "lower_bound", c->lower_bound,
+        c->norm_eps, c->tie ? "true" : "false", c->init_std);
+    if (len < 0 || (size_t)len >= n)
+        return dg__err(DG_ERR_ARG, "model config: JSON buffer of %zu bytes is too small", n);
+    return DG_OK;
+}
+
+/* The text after `"key"` and its colon, or NULL. A match followed by something other than a
+ * colon is a string value that happens to equal the key ("gate": "lower_bound"): keep looking. */
+static const char *json_value(const char *json, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\"", key);
+    for (const char *p = strstr(json, pat); p; p = strstr(p + 1, pat)) {
+        const char *q = p + strlen(pat);
+        while (*q == ' ' || *q == '\t')
+            q++;
+        if (*q != ':')
+            continue;
+        q++;
+        while (*q == ' ' || *q == '\t')
+            q++;
+        return q;
+    }
+    return NULL;
+}
+
+static dg_status json_num(const char *json, const char *key, double *out) {
+    const char *p = json_value(json, key);
+    if (!p)
+        return dg__err(DG_ERR_FORMAT, "model config: key \"%s\" is missing", key);
+    char *end;
+    double v = strtod(p, &end);
+    if (end == p || !isfinite(v))
+        return dg__err(DG_ERR_FORMAT, "model config: key \"%s\" is not a number", key);
+    *out = v;
+    return DG_OK;
+}
+
+static dg_status json_int(const char *json, const char *key, int *out) {
+    double v = 0.0;
+    DG_TRY(json_num(json, key, &v));
+    if (v != floor(v) || fabs(v) > 1e9)
+        return dg__err(DG_ERR_FORMAT, "model config: key \"%s\" is not an integer", key);
+    *out = (int)v;
+    return DG_OK;
+}
+
+dg_status dg_model_config_from_json(const char *json, dg_model_config *out) {
+    if (!json || !out)
+        return dg__err(DG_ERR_ARG, "dg_model_config_from_json: NULL argument");
+    dg_model_config c;
+    memset(&c, 0, sizeof c);
+    DG_TRY(json_int(json, "vocab_size", &c.vocab));
+    DG_TRY(json_int(json, "hidden_size", &c.d));
+    DG_TRY(json_int(json, "num_hidden_layers", &c.n_layers));
+    DG_TRY(json_int(json, "num_heads", &c.n_heads));
+    DG_TRY(json_int(json, "num_v_heads", &c.n_v_heads));
+    DG_TRY(json_int(json, "head_dim", &c.head_k));
+    DG_TRY(json_int(json, "head_v_dim", &c.head_v));
+    DG_TRY(json_int(json, "intermediate_size", &c.inter));
+    DG_TRY(json_int(json, "conv_size", &c.conv));
+    DG_TRY(json_int(json, "chunk_size", &c.chunk));
+    DG_TRY(json_num(json, "lower_bound", &c.lower_bound));
+    DG_TRY(json_num(json, "norm_eps", &c.norm_eps));
+    DG_TRY(json_num(json, "initializer_range", &c.init_std));
+    const char *g = json_value(json, "gate");
+    if (g && !strncmp(g, "\"kda\"", 5))
+        c.gate = DG_GATE_KDA;
+    else if (g && !strncmp(g, "\"lower_bound\"", 13))
+        c.gate = DG_GATE_LOWERBOUND;
+    else
+        return dg__err(DG_ERR_FORMAT,
+                       "model config: key \"gate\" must be \"kda\" or \"lower_bound\"");
+    const char *t = json_value(json, "tie_word_embeddings");
+    if (t && !strncmp(t, "true", 4))
+        c.tie = 1;
+    else if (t && !strncmp(t, "false", 5))
+        c.tie = 0;
+    else
+        return dg__err(DG_ERR_FORMAT,
+                       "model config: key \"tie_word_embeddings\" must be true/false");
+    DG_TRY(dg_model_config_check(&c));
+    *out = c;
+    return DG_OK;
+}
+
+int64_t dg_model_config_num_params(const dg_model_config *c) {
+    int64_t d = c->d, H = c->n_heads, HV = c->n_v_heads, K = c->head_k, V = c->head_v;
+    int64_t W = c->conv, I = c->inter;
+    int64_t attn = 2 * d * H * K + d * HV * V + W * (2 * H * K + HV * V) + (d * V + V * HV * K) +
+                   d * HV + HV + HV * K + (d * V + V * HV * V + HV * V) + V + HV * V * d;
+    int64_t layer = attn + 3 * d * I + 2 * d;
+    return c->n_layers * layer + (int64_t)c->vocab * d * (c->tie ? 1 : 2) + d;
+}
+
+/* ---- parameters ----------------------------------------------------------------------------- */
+
+static dg_status add_param(dg_model *m, int *ix, const char *name, int ndim, const int64_t *shape,
+                           int decay, int keep_f32) {
+    dg_param *p = &m->params[m->n_params];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->decay = decay;
+    p->keep_f32 = keep_f32;
+    dg_dtype dt = (keep_f32 && m->param_dtype != DG_F64) ? DG_F32 : m->param_dtype;
+    DG_TRY(dg_tensor_zeros(m->ctx, dt, ndim, shape, &p->t));
+    dg_tensor_set_name(p->t, name);
+    dg_tensor_set_requires_grad(p->t, 1);
+    *ix = m->n_params++;
+    return DG_OK;
+}
+
+#define SHAPE(...)                                                                                 \
+    (sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]) { __VA_ARGS__ }
+
+static dg_status build_params(dg_model *m) {
+    const dg_model_config *c = &m->cfg;
+    int64_t d = c->d, HK = (int64_t)c->n_heads * c->head_k, HVK = (int64_t)c->n_v_heads * c->head_k;
+    int64_t HVV = (int64_t)c->n_v_heads * c->head_v, V = c->head_v, W = c->conv, I = c->inter;
+    char nm[80];
+    DG_TRY(add_param(m, &m->embed, "model.embeddings.weight", SHAPE(c->vocab, d), 1, 0));
+    for (int l = 0; l < c->n_layers; l++) {
+        dg_layer_ix *L = &m->layers[l];
+#define P(field, suffix, decay, keep, ...)                                                         \
+    do {                                                                                           \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", l, suffix);                                  \
+        DG_TRY(add_param(m, &L->field, nm, SHAPE(__VA_ARGS__), decay, keep));                      \
+    } while (0)
+        P(attn_norm, "attn_norm.weight", 0, 0, d);
+        P(q_proj, "attn.q_proj.weight", 1, 0, HK, d);
+        P(k_proj, "attn.k_proj.weight", 1, 0, HK, d);
+        P(v_proj, "attn.v_proj.weight", 1, 0, HVV, d);
+        P(q_conv, "attn.q_conv1d.weight", 1, 0, HK, 1, W);
+        P(k_conv, "attn.k_conv1d.weight", 1, 0, HK, 1, W);
+        P(v_conv, "attn.v_conv1d.weight", 1, 0, HVV, 1, W);
+        P(f_proj0, "attn.f_proj.0.weight", 1, 0, V, d);
+        P(f_proj1, "attn.f_proj.1.weight", 1, 0, HVK, V);
+        P(b_proj, "attn.b_proj.weight", 1, 0, c->n_v_heads, d);
+        P(A_log, "attn.A_log", 0, 1, c->n_v_heads);
+        P(dt_bias, "attn.dt_bias", 0, 1, HVK);
+        P(g_proj0, "attn.g_proj.0.weight", 1, 0, V, d);
+        P(g_proj1, "attn.g_proj.1.weight", 1, 0, HVV, V);
+        P(g_bias, "attn.g_proj.1.bias", 0, 0, HVV);
+        P(o_norm, "attn.o_norm.weight", 0, 0, V);
+        P(o_proj, "attn.o_proj.weight", 1, 0, d, HVV);
+        P(mlp_norm, "mlp_norm.weight", 0, 0, d);
+        P(gate_proj, "mlp.gate_proj.weight", 1, 0, I, d);
+        P(up_proj, "mlp.up_proj.weight", 1, 0, I, d);
+        P(down_proj, "mlp.down_proj.weight", 1, 0, d, I);
+#undef P
+    }
+    DG_TRY(add_param(m, &m->final_norm, "model.norm.weight", SHAPE(d), 0, 0));
+    if (c->tie)
+        m->lm_head = m->embed;
+    else
+        DG_TRY(add_param(m, &m->lm_head, "lm_head.weight", SHAPE(c->vocab, d), 1, 0));
+    return DG_OK;
+}
+
+dg_status dg_model_new(dg_ctx *ctx, const dg_model_config *cfg, dg_dtype param_dtype,
+                       dg_dtype compute_dtype, dg_model **out) {
+    if (!ctx || !cfg || !out)
+        return dg__err(DG_ERR_ARG, "dg_model_new: ctx, cfg and out must not be NULL");
+    *out = NULL;
+    DG_TRY(dg_model_config_check(cfg));
+    if (param_dtype != DG_F32 && param_dtype != DG_F64)
+        return dg__err(DG_ERR_DTYPE, "dg_model_new: parameters must be f32 or f64, not %s",
+                       dg_dtype_name(param_dtype));
+    if (!dg_dtype_is_float(compute_dtype))
+        return dg__err(DG_ERR_DTYPE, "dg_model_new: compute dtype must be f64, f32 or bf16");
+    if (compute_dtype == DG_BF16 && dg_ctx_device(ctx).kind != DG_DEV_CUDA)
+        return dg__err(DG_ERR_DTYPE, "dg_model_new: bf16 compute needs a CUDA device "
+                                     "(use --dtype f32 on the CPU)");
+    dg_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return dg__err(DG_ERR_NOMEM, "dg_model_new: out of host memory");
+    m->cfg = *cfg;
+    m->ctx = ctx;
+    m->param_dtype = param_dtype;
+    m->compute_dtype = compute_dtype;
+    m->params = calloc((size_t)(21 * cfg->n_layers + 4), sizeof *m->params);
+    m->layers = calloc((size_t)cfg->n_layers, sizeof *m->layers);
+    if (!m->params || !m->layers) {
+        dg_model_free(&m);
+        return dg__err(DG_ERR_NOMEM, "dg_model_new: out of host memory");
+    }
+    dg_status s = build_params(m);
+    if (s != DG_OK) {
+        dg_model_free(&m);
+        return s;
+    }
+    *out = m;
+    return DG_OK;
+}
+
+void dg_model_free(dg_model **mp) {
+    if (!mp || !*mp)
+        return;
+    dg_model *m = *mp;
+    for (int i = 0; i < m->n_params; i++)
+        dg_tensor_free(&m->params[i].t);
+    free(m->params);
+    free(m->layers);
+    free(m);
+    *mp = NULL;
+}
+
+dg_param *dg_model_find(dg_model *m, const char *name) {
+    for (int i = 0; m && name && i < m->n_params; i++)
+        if (!strcmp(m->params[i].name, name))
+            return &m->params[i];
+    return NULL;
+}
+
+int64_t dg_model_num_params(const dg_model *m) {
+    int64_t n = 0;
+    for (int i = 0; i < m->n_params; i++)
+        n += dg_tensor_numel(m->params[i].t);
+    return n;
+}
+
+/* splitmix64: one independent seed per parameter from the run seed. */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static dg_status fill_host(dg_tensor *t, const double *vals) {
+    dg_tensor *tmp = NULL;
+    DG_TRY(dg_tensor_from_f64(dg_tensor_ctx(t), dg_tensor_dtype(t), dg_tensor_ndim(t),
+                              dg_tensor_shape(t), vals, &tmp));
+    dg_status s = dg_tensor_copy_(t, tmp);
+    dg_tensor_free(&tmp);
+    return s;
+}
+
+dg_status dg_model_init(dg_model *m, uint64_t seed) {
+    if (!m)
+        return dg__err(DG_ERR_ARG, "dg_model_init: NULL model");
+    for (int i = 0; i < m->n_params; i++) {
+        dg_param *p = &m->params[i];
+        uint64_t ps = mix64(seed ^ mix64((uint64_t)i + 1));
+        const char *nm = p->name;
+        size_t ln = strlen(nm);
+        int64_t n = dg_tensor_numel(p->t);
+        if (ln >= 5 && !strcmp(nm + ln - 5, "A_log")) {
+            double *v = malloc((size_t)n * sizeof *v);
+            if (!v)
+                return dg__err(DG_ERR_NOMEM, "dg_model_init: out of host memory");
+            for (int64_t j = 0; j < n; j++) /* safe gate: a = 1; plain gate: A ~ U(1,16) */
+                v[j] =
+                    m->cfg.gate == DG_GATE_LOWERBOUND ? 0.0 : log(1.0 + 15.0 * dg_rand_u01(ps, j));
+            dg_status s = fill_host(p->t, v);
+            free(v);
+            DG_TRY(s);
+        } else if (ln >= 7 && !strcmp(nm + ln - 7, "dt_bias")) {
+            double *v = malloc((size_t)n * sizeof *v);
+            if (!v)
+                return dg__err(DG_ERR_NOMEM, "dg_model_init: out of host memory");
+            for (int64_t j = 0; j < n; j++) {
+                double lo = log(1e-3), hi = log(1e-1);
+                double dt = exp(lo + dg_rand_u01(ps, j) * (hi - lo));
+                if (dt < 1e-4)
+                    dt = 1e-4;
+                v[j] = dt + log(-expm1(-dt)); /* softplus^-1(dt) */
+            }
+            dg_status s = fill_host(p->t, v);
+            free(v);
+            DG_TRY(s);
+        } else if (strstr(nm, "norm")) {
+            DG_TRY(dg_tensor_fill_(p->t, 1.0));
+        } else if (ln >= 4 && !strcmp(nm + ln - 4, "bias")) {
+            DG_TRY(dg_tensor_fill_(p->t, 0.0));
+        } else {
+            DG_TRY(dg_tensor_rand_normal(p->t, ps, 0.0, m->cfg.init_std));
+        }
+    }
+    return DG_OK;
+}
+
+/* ---- forward -------------------------------------------------------------------------------- */
+
+/* Intermediates of one forward, freed together (the tape keeps what backward needs). */
+typedef struct scratch {
+    dg_tensor **t;
+    int n, cap;
+} scratch;
+
+static dg_tensor *keep(scratch *s, dg_tensor *t) {
+    if (s->n < s->cap)
+        s->t[s->n++] = t;
+    return t;
+}
+
+static void scratch_free(scratch *s) {
+    for (int i = 0; i < s->n; i++)
+        dg_tensor_free(&s->t[i]);
+    s->n = 0;
+}
+
+/* Each op writes into a fresh local and is kept for freeing; on error jump to `fail`. */
+#define RUN(expr)                                                                                  \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != DG_OK)                                                                           \
+            goto fail;                                                                             \
+    } while (0)
+#define NEWT(var, expr)                                                                            \
+    do {                                                                                           \
+        var = NULL;                                                                                \
+        RUN(expr);                                                                                 \
+        keep(sc, var);                                                                             \
+    } while (0)
+
+/* The KDA token mixer (MODEL.md §1). h: [B,T,d] -> out: [B,T,d] (a new reference). */
+static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *h,
+                           scratch *sc, dg_tensor **out) {
+    const dg_model_config *c = &m->cfg;
+    dg_ctx *ctx = m->ctx;
+    dg_status st = DG_OK;
+    int64_t B = dg_tensor_dim(h, 0), T = dg_tensor_dim(h, 1);
+    int64_t H = c->n_heads, HV = c->n_v_heads, K = c->head_k, V = c->head_v;
+    dg_tensor *a, *wq, *wk, *wv, *qc, *kc, *vc, *q, *k, *v, *g1, *g2, *g, *beta, *o, *y, *z;
+    dg_tensor *gp, *gb, *gate, *res;
+
+    /* q, k, v = SiLU(conv(x W)) viewed per head */
+    NEWT(wq, dg_reshape(W[L->q_conv], 2, (int64_t[]){H * K, c->conv}, &wq));
+    NEWT(wk, dg_reshape(W[L->k_conv], 2, (int64_t[]){H * K, c->conv}, &wk));
+    NEWT(wv, dg_reshape(W[L->v_conv], 2, (int64_t[]){HV * V, c->conv}, &wv));
+    NEWT(a, dg_linear(ctx, h, W[L->q_proj], &a));
+    NEWT(qc, dg_short_conv(ctx, a, wq, NULL, DG_ACT_SILU, NULL, 0, &qc));
+    NEWT(q, dg_reshape(qc, 4, (int64_t[]){B, T, H, K}, &q));
+    NEWT(a, dg_linear(ctx, h, W[L->k_proj], &a));
+    NEWT(kc, dg_short_conv(ctx, a, wk, NULL, DG_ACT_SILU, NULL, 0, &kc));
+    NEWT(k, dg_reshape(kc, 4, (int64_t[]){B, T, H, K}, &k));
+    NEWT(a, dg_linear(ctx, h, W[L->v_proj], &a));
+    NEWT(vc, dg_short_conv(ctx, a, wv, NULL, DG_ACT_SILU, NULL, 0, &vc));
+    NEWT(v, dg_reshape(vc, 4, (int64_t[]){B, T, HV, V}, &v));
+
+    /* raw gate through the low-rank pair, raw beta; the op applies gate, sigmoid and l2norm */
+    NEWT(g1, dg_linear(ctx, h, W[L->f_proj0], &g1));
+    NEWT(g2, dg_linear(ctx, g1, W[L->f_proj1], &g2));
+    NEWT(g, dg_reshape(g2, 4, (int64_t[]){B, T, HV, K}, &g));
+    NEWT(beta, dg_linear(ctx, h, W[L->b_proj], &beta));
+
+    dg_kda_opts opts;
+    memset(&opts, 0, sizeof opts);
+    opts.chunk_size = c->chunk;
+    opts.gate = c->gate;
+    opts.lower_bound = c->lower_bound;
+    opts.l2norm_qk = 1;
+    opts.beta_sigmoid = 1;
+    opts.scale = 1.0 / sqrt((double)K);
+    if (m->recurrent_mixer)
+        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
+                                 NULL));
+    else
+        NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
+                             NULL));
+
+    /* output gate, per-head gated RMSNorm, output projection */
+    NEWT(a, dg_linear(ctx, h, W[L->g_proj0], &a));
+    NEWT(gp, dg_linear(ctx, a, W[L->g_proj1], &gp));
+    NEWT(gb, dg_add(ctx, gp, W[L->g_bias], &gb));
+    NEWT(gate, dg_reshape(gb, 4, (int64_t[]){B, T, HV, V}, &gate));
+    NEWT(y, dg_gated_rmsnorm(ctx, o, W[L->o_norm], gate, c->norm_eps, DG_ACT_SIGMOID, &y));
+    NEWT(z, dg_reshape(y, 3, (int64_t[]){B, T, HV * V}, &z));
+    res = NULL;
+    RUN(dg_linear(ctx, z, W[L->o_proj], &res));
+    *out = res;
+    return DG_OK;
+fail:
+    return st;
+}
+
+/* SwiGLU MLP: h [B,T,d] -> [B,T,d] (a new reference). */
+static dg_status mlp(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *h,
+                     scratch *sc, dg_tensor **out) {
+    dg_ctx *ctx = m->ctx;
+    dg_status st = DG_OK;
+    dg_tensor *gt, *up, *act, *res;
+    NEWT(gt, dg_linear(ctx, h, W[L->gate_proj], &gt));
+    NEWT(up, dg_linear(ctx, h, W[L->up_proj], &up));
+    NEWT(act, dg_swiglu(ctx, gt, up, &act));
+    res = NULL;
+    RUN(dg_linear(ctx, act, W[L->down_proj], &res));
+    *out = res;
+    return DG_OK;
+fail:
+    return st;
+}
+
+dg_status dg_model_forward(dg_model *m, dg_tensor *ids, dg_tensor **logits) {
+    if (!m || !ids || !logits)
+        return dg__err(DG_ERR_ARG, "dg_model_forward: model, ids and logits must not be NULL");
+    *logits = NULL;
+    if (dg_tensor_ndim(ids) != 2)
+        return dg__err(DG_ERR_SHAPE, "dg_model_forward: ids must be [B,T], got %s",
+                       dg_tensor_desc(ids));
+    const dg_model_config *c = &m->cfg;
+    dg_ctx *ctx = m->ctx;
+    dg_status st = DG_OK;
+    int np = m->n_params;
+    dg_tensor **W = calloc((size_t)np, sizeof *W);
+    int cap = 64 * c->n_layers + 16;
+    scratch scr = {calloc((size_t)cap, sizeof(dg_tensor *)), 0, cap}, *sc = &scr;
+    dg_tensor *x = NULL, *h = NULL, *r = NULL, *x2 = NULL;
+    if (!W || !scr.t) {
+        st = dg__err(DG_ERR_NOMEM, "dg_model_forward: out of host memory");
+        goto fail;
+    }
+    /* the weights this step computes with (casts are tape nodes: grads reach the masters) */
+    for (int i = 0; i < np; i++) {
+        dg_param *p = &m->params[i];
+        if (p->keep_f32 || dg_tensor_dtype(p->t) == m->compute_dtype)
+            W[i] = dg_tensor_retain(p->t);
+        else
+            RUN(dg_to_dtype(ctx, p->t, m->compute_dtype, &W[i]));
+    }
+    RUN(dg_embedding(ctx, W[m->embed], ids, &x));
+    for (int l = 0; l < c->n_layers; l++) {
+        const dg_layer_ix *L = &m->layers[l];
+        RUN(dg_rmsnorm(ctx, x, W[L->attn_norm], c->norm_eps, &h));
+        RUN(kda_layer(m, W, L, h, sc, &r));
+        dg_tensor_free(&h);
+        RUN(dg_add(ctx, x, r, &x2));
+        dg_tensor_free(&r);
+        dg_tensor_free(&x);
+        x = x2, x2 = NULL;
+        RUN(dg_rmsnorm(ctx, x, W[L->mlp_norm], c->norm_eps, &h));
+        RUN(mlp(m, W, L, h, sc, &r));
+        dg_tensor_free(&h);
+        RUN(dg_add(ctx, x, r, &x2));
+        dg_tensor_free(&r);
+        dg_tensor_free(&x);
+        x = x2, x2 = NULL;
+        scratch_free(sc);
+    }
+    RUN(dg_rmsnorm(ctx, x, W[m->final_norm], c->norm_eps, &h));
+    RUN(dg_linear(ctx, h, W[m->lm_head], logits));
+fail:
+    dg_tensor_free(&x);
+    dg_tensor_free(&x2);
+    dg_tensor_free(&h);
+    dg_tensor_free(&r);
+    scratch_free(sc);
+    free(scr.t);
+    for (int i = 0; W && i < np; i++)
+        dg_tensor_free(&W[i]);
+    free(W);
+    return st;
+}
+
+dg_status dg_model_loss(dg_model *m, dg_tensor *ids, dg_tensor *targets, dg_tensor **loss) {
+    if (!m || !ids || !targets || !loss)
+        return dg__err(DG_ERR_ARG, "dg_model_loss: NULL argument");
+    *loss = NULL;
+    dg_tensor *logits = NULL, *flat = NULL, *tflat = NULL;
+    dg_status st = dg_model_forward(m, ids, &logits);
+    int64_t n = dg_tensor_numel(ids);
+    if (st == DG_OK)
+        st = dg_reshape(logits, 2, (int64_t[]){n, m->cfg.vocab}, &flat);
+    if (st == DG_OK)
+        st = dg_reshape(targets, 1, (int64_t[]){n}, &tflat);
+    if (st == DG_OK)
+        st = dg_cross_entropy(m->ctx, flat, tflat, -1, loss);
+    dg_tensor_free(&logits);
+    dg_tensor_free(&flat);
+    dg_tensor_free(&tflat);
+    return st;
+}
+
+/* ---- sampling ------------------------------------------------------------------------------- */
+
+static int cmp_desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
+/* Pick a token from logits[0..n) with temperature and top-k, using u in [0,1). */
+static int pick(const double *logits, int n, double temperature, int top_k, double u,
+                double *work) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    if (temperature <= 0.0)
+        return best;
+    double cut = -INFINITY;
+    if (top_k > 0 && top_k < n) {
+        memcpy(work, logits, (size_t)n * sizeof *work);
+        qsort(work, (size_t)n, sizeof *work, cmp_desc);
+        cut = work[top_k - 1];
+    }
+    double total = 0.0;
+    for (int i = 0; i < n; i++) {
+        work[i] = logits[i] >= cut ? exp((logits[i] - logits[best]) / temperature) : 0.0;
+        total += work[i];
+    }
+    double target = u * total, acc = 0.0;
+    for (int i = 0; i < n; i++) {
+        acc += work[i];
+        if (work[i] > 0.0 && acc > target)
+            return i;
+    }
+    return best;
+}
+
+dg_status dg_model_generate(dg_model *m, const uint8_t *prompt, int n_prompt, int n_new,
+                            double temperature, int top_k, uint64_t seed, int max_ctx,
+                            uint8_t *out) {
+    if (!m || (!prompt && n_prompt > 0) || n_prompt < 0 || n_new < 0 || (!out && n_new > 0))
+        return dg__err(DG_ERR_ARG, "dg_model_generate: bad arguments");
+    if (max_ctx < 1)
+        max_ctx = 1;
+    int V = m->cfg.vocab;
+    int total = n_prompt + n_new;
+    uint8_t *ctxbuf = malloc((size_t)total + 1);
+    int32_t *ids = malloc(((size_t)total + 1) * sizeof *ids);
+    double *work = malloc((size_t)V * sizeof *work);
+    if (!ctxbuf || !ids || !work) {
+        free(ctxbuf), free(ids), free(work);
+        return dg__err(DG_ERR_NOMEM, "dg_model_generate: out of host memory");
+    }
+    /* An empty prompt starts from a newline: the data is one verse per line. */
+    int n = 0;
+    if (n_prompt == 0)
+        ctxbuf[n++] = '\n';
+    else
+        memcpy(ctxbuf, prompt, (size_t)n_prompt), n = n_prompt;
+    dg_status st = DG_OK;
+    dg_no_grad_begin();
+    for (int step = 0; step < n_new && st == DG_OK; step++) {
+        int start = n > max_ctx ? n - max_ctx : 0, len = n - start;
+        for (int i = 0; i < len; i++)
+            ids[i] = ctxbuf[start + i];
+        dg_tensor *tid = NULL, *logits = NULL, *last = NULL;
+        double *lv = NULL;
+        st = dg_tensor_from_host(m->ctx, DG_I32, 2, (int64_t[]){1, len}, ids, &tid);
+        if (st == DG_OK)
+            st = dg_model_forward(m, tid, &logits);
+        if (st == DG_OK)
+            st = dg_slice(logits, 1, len - 1, len, &last);
+        if (st == DG_OK)
+            st = dg_tensor_to_f64(last, &lv);
+        if (st == DG_OK) {
+            int tok = pick(lv, V, temperature, top_k, dg_rand_u01(seed, (uint64_t)step), work);
+            out[step] = (uint8_t)tok;
+            ctxbuf[n++] = (uint8_t)tok;
+        }
+        free(lv);
+        dg_tensor_free(&last);
+        dg_tensor_free(&logits);
+        dg_tensor_free(&tid);
+    }
+    dg_no_grad_end();
+    free(ctxbuf), free(ids), free(work);
+    return st;
+}

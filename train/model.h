@@ -1,0 +1,115 @@
+/*
+ * train/model.h -- the byte-level KDA language model (MODEL.md §1-2) built from dg_ ops.
+ *
+ *   ids [B,T] -> Embed [B,T,d] -> L x Block -> RMSNorm -> logits [B,T,vocab]
+ *   Block(x): x += KDA_layer(RMSNorm(x));  x += SwiGLU_MLP(RMSNorm(x))
+ *
+ * Parameters live in one named list in FLA / PyTorch layout ([out,in] linear weights, [C,1,W]
+ * conv weights), so a checkpoint's tensors load into the PyTorch model by name:
+ *
+ *   model.embeddings.weight                     [vocab, d]
+ *   model.layers.{i}.attn_norm.weight           [d]
+ *   model.layers.{i}.attn.{q,k}_proj.weight     [H*K, d]     v_proj: [HV*V, d]
+ *   model.layers.{i}.attn.{q,k}_conv1d.weight   [H*K, 1, W]  v_conv1d: [HV*V, 1, W]
+ *   model.layers.{i}.attn.f_proj.0.weight       [V, d]       f_proj.1: [HV*K, V]
+ *   model.layers.{i}.attn.b_proj.weight         [HV, d]
+ *   model.layers.{i}.attn.A_log                 [HV]   f32   (no weight decay)
+ *   model.layers.{i}.attn.dt_bias               [HV*K] f32   (no weight decay)
+ *   model.layers.{i}.attn.g_proj.0.weight       [V, d]       g_proj.1: weight [HV*V, V], bias
+ * [HV*V] model.layers.{i}.attn.o_norm.weight         [V] model.layers.{i}.attn.o_proj.weight [d,
+ * HV*V] model.layers.{i}.mlp_norm.weight            [d] model.layers.{i}.mlp.{gate,up}_proj.weight
+ * [I, d]       down_proj: [d, I] model.norm.weight                           [d] lm_head.weight
+ * [vocab, d]   (absent when tied to the embedding)
+ *
+ * Parameters are kept in `param_dtype` (f32 master weights; f64 for tests). Each forward casts
+ * them to `compute_dtype` with dg_to_dtype (differentiable, so gradients land in the masters);
+ * A_log and dt_bias always stay f32, as the KDA op wants them.
+ */
+#ifndef DG_TRAIN_MODEL_H
+#define DG_TRAIN_MODEL_H
+
+#include "deltagrad.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct dg_model_config {
+    int vocab; /* 256: raw bytes */
+    int d;     /* hidden size */
+    int n_layers;
+    int n_heads;        /* H: q/k heads */
+    int n_v_heads;      /* HV: value heads, HV % H == 0 */
+    int head_k;         /* K */
+    int head_v;         /* V (= K * expand_v) */
+    int inter;          /* I: SwiGLU width */
+    int conv;           /* short conv width W */
+    int chunk;          /* BT of the chunked KDA op: 16, 32 or 64 */
+    dg_gate_kind gate;  /* DG_GATE_LOWERBOUND (default) or DG_GATE_KDA */
+    double lower_bound; /* lb for the lower-bound gate */
+    double norm_eps;
+    int tie;         /* tie the LM head to the embedding */
+    double init_std; /* 0.02 */
+} dg_model_config;
+
+/* Presets: "cpu" (MODEL.md §4's toy, tuned for a few CPU minutes), "gpu" (~21M parameters),
+ * "bench" (MODEL.md §5 exactly: 28,132,896 parameters). */
+dg_status dg_model_config_preset(const char *name, dg_model_config *out);
+/* Checks the config's internal consistency; the message names the offending field. */
+dg_status dg_model_config_check(const dg_model_config *c);
+/* A one-line JSON object holding every field (for checkpoint metadata). */
+dg_status dg_model_config_to_json(const dg_model_config *c, char *buf, size_t n);
+dg_status dg_model_config_from_json(const char *json, dg_model_config *out);
+/* Number of scalar parameters a model with this config has. */
+int64_t dg_model_config_num_params(const dg_model_config *c);
+
+typedef struct dg_param {
+    char name[80];
+    dg_tensor *t; /* the master weight, requires grad */
+    int decay;    /* weight decay applies (matrices and embeddings only) */
+    int keep_f32; /* never cast to the compute dtype (A_log, dt_bias) */
+} dg_param;
+
+/* Indices into dg_model.params for one block. */
+typedef struct dg_layer_ix {
+    int attn_norm, q_proj, k_proj, v_proj, q_conv, k_conv, v_conv, f_proj0, f_proj1, b_proj, A_log,
+        dt_bias, g_proj0, g_proj1, g_bias, o_norm, o_proj, mlp_norm, gate_proj, up_proj, down_proj;
+} dg_layer_ix;
+
+typedef struct dg_model {
+    dg_model_config cfg;
+    dg_ctx *ctx;
+    dg_dtype param_dtype;   /* f32 (or f64 for tests) */
+    dg_dtype compute_dtype; /* f32, bf16 (CUDA) or f64 */
+    int n_params;
+    dg_param *params;
+    int embed, final_norm, lm_head; /* lm_head == embed when tied */
+    dg_layer_ix *layers;
+    int recurrent_mixer; /* use dg_kda_recurrent instead of dg_kda_chunk (tests: same logits) */
+} dg_model;
+
+/* A model with allocated (uninitialised) parameters that require grad. */
+dg_status dg_model_new(dg_ctx *ctx, const dg_model_config *cfg, dg_dtype param_dtype,
+                       dg_dtype compute_dtype, dg_model **out);
+void dg_model_free(dg_model **m);
+/* FLA's init: weights N(0, init_std), biases 0, norms 1, A_log = 0 (lower-bound gate) or
+ * log U(1,16) (KDA gate), dt_bias = softplus^-1(dt), dt log-uniform in [1e-3, 1e-1]. Counter
+ * based: the same seed gives the same weights on every device. */
+dg_status dg_model_init(dg_model *m, uint64_t seed);
+/* The parameter called `name`, or NULL. */
+dg_param *dg_model_find(dg_model *m, const char *name);
+int64_t dg_model_num_params(const dg_model *m);
+
+/* logits [B,T,vocab] (compute dtype) for ids [B,T] i32/i64 on the model's device. Records on
+ * the tape when grad mode is on. */
+dg_status dg_model_forward(dg_model *m, dg_tensor *ids, dg_tensor **logits);
+/* Mean next-token cross entropy: position t of `ids` predicts targets[t]. Output [1] f32/f64. */
+dg_status dg_model_loss(dg_model *m, dg_tensor *ids, dg_tensor *targets, dg_tensor **loss);
+
+/* Autoregressive sampling without grad: extends `prompt` (n_prompt bytes, may be 0) by n_new
+ * bytes written to `out`. temperature <= 0 is greedy; top_k <= 0 keeps every token. The whole
+ * context (at most max_ctx bytes of it) is recomputed for each new byte. */
+dg_status dg_model_generate(dg_model *m, const uint8_t *prompt, int n_prompt, int n_new,
+                            double temperature, int top_k, uint64_t seed, int max_ctx,
+                            uint8_t *out);
+
+#endif /* DG_TRAIN_MODEL_H */

@@ -1,0 +1,768 @@
+/*
+ * train/train.c -- the training loop (see train.h): data, forward/backward with gradient
+ * accumulation, clipping, AdamW with warmup + cosine, evaluation, sampling, checkpoints, the CSV
+ * log and the gnuplot loss curve.
+ */
+#define _XOPEN_SOURCE 700
+#include "train/train.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "tensor/tensor.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CSV_HEADER "step,train_loss,val_loss,lr,grad_norm,tokens_per_s,elapsed_s,mem_bytes"
+
+/* ---- options -------------------------------------------------------------------------------- */
+
+dg_status dg_train_opts_default(const char *config, dg_train_opts *o) {
+    if (!o)
+        return dg__err(DG_ERR_ARG, "dg_train_opts_default: NULL opts");
+    memset(o, 0, sizeof *o);
+    const char *name = config ? config : "cpu";
+    DG_TRY(dg_model_config_preset(name, &o->model));
+    snprintf(o->config_name, sizeof o->config_name, "%s", name);
+    o->device = dg_cpu();
+    o->param_dtype = DG_F32;
+    o->compute_dtype = DG_F32;
+    o->accum = 1;
+    o->min_lr_frac = 0.1;
+    o->beta1 = 0.9;
+    o->beta2 = 0.95;
+    o->adam_eps = 1e-8;
+    o->weight_decay = 0.1;
+    o->clip = 1.0;
+    o->seed = 1;
+    o->temperature = 0.8;
+    o->top_k = 40;
+    o->sample_tokens = 200;
+    snprintf(o->prompt, sizeof o->prompt, "%s", "And God said");
+    o->recompute = DG_POLICY_DEFAULT;
+    o->plot = 1;
+    if (!strcmp(name, "cpu")) {
+        /* ~300k bytes: a few CPU minutes; validation reaches ~1.7 nats/byte on the KJV text */
+        o->steps = 300;
+        o->warmup = 30;
+        o->batch = 8;
+        o->seq_len = 128;
+        o->lr = 3e-3;
+        o->eval_every = 50;
+        o->eval_batches = 8;
+        o->sample_every = 0;
+        o->ckpt_every = 100;
+    } else if (!strcmp(name, "gpu")) {
+        o->steps = 2000;
+        o->warmup = 100;
+        o->batch = 16;
+        o->seq_len = 1024;
+        o->lr = 1.5e-3;
+        o->eval_every = 200;
+        o->eval_batches = 8;
+        o->sample_every = 500;
+        o->ckpt_every = 500;
+    } else { /* bench: MODEL.md §5 */
+        o->steps = 50;
+        o->warmup = 10;
+        o->batch = 16;
+        o->seq_len = 2048;
+        o->lr = 1e-3;
+        o->eval_every = 0;
+        o->eval_batches = 2;
+        o->sample_every = -1;
+        o->ckpt_every = 0;
+        o->plot = 0;
+    }
+    return DG_OK;
+}
+
+double dg_train_lr(const dg_train_opts *o, int64_t step) {
+    if (o->warmup > 0 && step <= o->warmup)
+        return o->lr * (double)step / (double)o->warmup;
+    int64_t span = o->steps - o->warmup;
+    double t = span > 0 ? (double)(step - o->warmup) / (double)span : 1.0;
+    if (t > 1.0)
+        t = 1.0;
+    if (t < 0.0)
+        t = 0.0;
+    double f = o->min_lr_frac + (1.0 - o->min_lr_frac) * 0.5 * (1.0 + cos(M_PI * t));
+    return o->lr * f;
+}
+
+static dg_status check_opts(const dg_train_opts *o) {
+#define NEED(cond, ...)                                                                            \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return dg__err(DG_ERR_ARG, __VA_ARGS__);                                               \
+    } while (0)
+    NEED(o->steps >= 1, "--steps must be >= 1 (got %lld)", (long long)o->steps);
+    NEED(o->stop_at >= 0, "--stop-at must be >= 0 (got %lld)", (long long)o->stop_at);
+    NEED(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
+    NEED(o->seq_len >= 2, "--seq-len must be >= 2 (got %d)", o->seq_len);
+    NEED(o->accum >= 1, "--accum must be >= 1 (got %d)", o->accum);
+    NEED(o->lr > 0.0 && isfinite(o->lr), "--lr must be > 0 (got %g)", o->lr);
+    NEED(o->min_lr_frac >= 0.0 && o->min_lr_frac <= 1.0, "--min-lr-frac must be in [0,1] (got %g)",
+         o->min_lr_frac);
+    NEED(o->warmup >= 0, "--warmup must be >= 0 (got %lld)", (long long)o->warmup);
+    NEED(o->beta1 >= 0.0 && o->beta1 < 1.0, "--beta1 must be in [0,1) (got %g)", o->beta1);
+    NEED(o->beta2 >= 0.0 && o->beta2 < 1.0, "--beta2 must be in [0,1) (got %g)", o->beta2);
+    NEED(o->adam_eps > 0.0, "--adam-eps must be > 0 (got %g)", o->adam_eps);
+    NEED(o->weight_decay >= 0.0, "--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    NEED(o->clip > 0.0, "--clip must be > 0 (got %g)", o->clip);
+    NEED(o->eval_every >= 0, "--eval-every must be >= 0 (got %lld)", (long long)o->eval_every);
+    NEED(o->eval_batches >= 1, "--eval-batches must be >= 1 (got %d)", o->eval_batches);
+    NEED(o->sample_tokens >= 0, "--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
+    NEED(o->top_k >= 0, "--top-k must be >= 0 (got %d)", o->top_k);
+    NEED(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %lld)", (long long)o->ckpt_every);
+    NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
+#undef NEED
+    return DG_OK;
+}
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static dg_status mkdir_p(const char *dir) {
+    char buf[DG_PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", dir);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return dg__err(DG_ERR_IO, "--out: cannot create directory '%s': %s", buf,
+                           strerror(errno));
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return dg__err(DG_ERR_IO, "--out: cannot create directory '%s': %s", buf, strerror(errno));
+    struct stat sb;
+    if (stat(buf, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return dg__err(DG_ERR_IO, "--out: '%s' is not a directory", buf);
+    return DG_OK;
+}
+
+typedef struct run {
+    dg_train_opts o;
+    dg_train_cb cb;
+    void *user;
+    dg_ctx *ctx;
+    dg_model *m;
+    dg_tensor **am, **av; /* AdamW moments, one per parameter */
+    dg_text text;
+    dg_train_state state;
+    int32_t *ids, *tgt; /* host batch buffers [B*T] */
+    FILE *csv;
+    char csv_path[DG_PATH_MAX + 32];
+    double t_start;
+    int64_t last_step;
+} run;
+
+static void emit(run *r, dg_train_event ev) {
+    ev.steps = r->o.steps;
+    ev.last_step = r->last_step;
+    if (r->cb)
+        r->cb(&ev, r->user);
+}
+
+static void emitf(run *r, dg_train_event_kind kind, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static void emitf(run *r, dg_train_event_kind kind, const char *fmt, ...) {
+    char buf[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    dg_train_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = kind;
+    ev.step = r->state.step;
+    ev.text = buf;
+    emit(r, ev);
+}
+
+static size_t mem_bytes(const run *r) {
+    if (dg_ctx_device(r->ctx).kind == DG_DEV_CUDA)
+        return dg_ctx_mem_stats(r->ctx).peak_in_use;
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0)
+        return 0;
+    return (size_t)ru.ru_maxrss * 1024; /* peak resident set of the process */
+}
+
+/* ids/targets tensors on the run's device from the host buffers. */
+static dg_status batch_tensors(run *r, dg_tensor **ids, dg_tensor **tgt) {
+    int64_t shape[2] = {r->o.batch, r->o.seq_len};
+    DG_TRY(dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->ids, ids));
+    dg_status s = dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->tgt, tgt);
+    if (s != DG_OK)
+        dg_tensor_free(ids);
+    return s;
+}
+
+static dg_status evaluate(run *r, double *out) {
+    const dg_train_opts *o = &r->o;
+    int64_t n_rows = (int64_t)o->eval_batches * o->batch;
+    double total = 0.0;
+    dg_status s = DG_OK;
+    dg_no_grad_begin();
+    for (int b = 0; b < o->eval_batches && s == DG_OK; b++) {
+        dg_text_val_batch(&r->text, (int64_t)b * o->batch, n_rows, o->batch, o->seq_len, r->ids,
+                          r->tgt);
+        dg_tensor *ids = NULL, *tgt = NULL, *loss = NULL;
+        double v = 0.0;
+        s = batch_tensors(r, &ids, &tgt);
+        if (s == DG_OK)
+            s = dg_model_loss(r->m, ids, tgt, &loss);
+        if (s == DG_OK)
+            s = dg_tensor_item(loss, &v);
+        total += v;
+        dg_tensor_free(&loss);
+        dg_tensor_free(&ids);
+        dg_tensor_free(&tgt);
+    }
+    dg_no_grad_end();
+    *out = total / o->eval_batches;
+    return s;
+}
+
+/* One optimizer step's forward/backward over `accum` micro-batches; mean loss into *loss. */
+static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int *tape_nodes) {
+    const dg_train_opts *o = &r->o;
+    double total = 0.0;
+    for (int a = 0; a < o->accum; a++) {
+        dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len, r->ids,
+                            r->tgt);
+        r->state.data_counter += (uint64_t)o->batch;
+        dg_tensor *ids = NULL, *tgt = NULL, *l = NULL, *ls = NULL;
+        double v = 0.0;
+        dg_status s = batch_tensors(r, &ids, &tgt);
+        dg_profile_mark(r->ctx); /* charge batch preparation to nobody */
+        if (s == DG_OK)
+            s = dg_model_loss(r->m, ids, tgt, &l);
+        if (s == DG_OK && tape_bytes && !*tape_bytes) {
+            *tape_bytes = dg_tape_bytes();
+            *tape_nodes = dg_tape_num_nodes();
+        }
+        if (s == DG_OK)
+            s = dg_tensor_item(l, &v);
+        if (s == DG_OK && !isfinite(v))
+            s = dg__err(DG_ERR_NUMERIC, "training diverged: loss is %g at step %lld", v,
+                        (long long)r->state.step + 1);
+        if (s == DG_OK)
+            s = o->accum > 1 ? dg_scale(r->ctx, l, 1.0 / o->accum, &ls)
+                             : (ls = dg_tensor_retain(l), DG_OK);
+        if (s == DG_OK)
+            s = dg_tape_backward(r->ctx, ls);
+        dg_tape_reset();
+        dg_tensor_free(&ls);
+        dg_tensor_free(&l);
+        dg_tensor_free(&ids);
+        dg_tensor_free(&tgt);
+        DG_TRY(s);
+        total += v;
+    }
+    *loss = total / o->accum;
+    return DG_OK;
+}
+
+/* Clip by global norm and apply AdamW to every parameter; grads are cleared. */
+static dg_status optimizer_step(run *r, int64_t step, double lr, double *gnorm) {
+    const dg_train_opts *o = &r->o;
+    dg_model *m = r->m;
+    const dg_tensor **gs = calloc((size_t)m->n_params, sizeof *gs);
+    if (!gs)
+        return dg__err(DG_ERR_NOMEM, "optimizer: out of host memory");
+    int ng = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (dg_tensor_grad(m->params[i].t))
+            gs[ng++] = dg_tensor_grad(m->params[i].t);
+    double norm = 0.0;
+    dg_status s = dg_global_norm(r->ctx, gs, ng, &norm);
+    free(gs);
+    DG_TRY(s);
+    *gnorm = norm;
+    if (!isfinite(norm))
+        return dg__err(DG_ERR_NUMERIC, "training diverged: gradient norm is %g at step %lld", norm,
+                       (long long)step);
+    double coef = norm > o->clip ? o->clip / (norm + 1e-6) : 1.0;
+    dg_adamw_hparams hp = {lr, o->beta1, o->beta2, o->adam_eps, o->weight_decay};
+    dg_no_grad_begin();
+    for (int i = 0; i < m->n_params && s == DG_OK; i++) {
+        dg_param *p = &m->params[i];
+        const dg_tensor *g = dg_tensor_grad(p->t);
+        dg_tensor *scaled = NULL;
+        if (g && coef < 1.0) {
+            s = dg_scale(r->ctx, (dg_tensor *)g, coef, &scaled);
+            g = scaled;
+        }
+        if (s == DG_OK)
+            s = dg_adamw_step(r->ctx, p->t, g, r->am[i], r->av[i], step, &hp, p->decay);
+        dg_tensor_free(&scaled);
+        dg_tensor_zero_grad(p->t);
+    }
+    dg_no_grad_end();
+    return s;
+}
+
+/* log.csv: fresh for a new run; on resume keep the lines up to the resumed step. */
+static dg_status open_csv(run *r) {
+    snprintf(r->csv_path, sizeof r->csv_path, "%s/log.csv", r->o.out_dir);
+    char tmp[DG_PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s.tmp", r->csv_path);
+    FILE *out = fopen(tmp, "w");
+    if (!out)
+        return dg__err(DG_ERR_IO, "--out: cannot write '%s': %s", tmp, strerror(errno));
+    fprintf(out, "%s\n", CSV_HEADER);
+    FILE *in = r->o.resume ? fopen(r->csv_path, "r") : NULL;
+    if (in) {
+        char line[1024];
+        while (fgets(line, sizeof line, in)) {
+            char *end;
+            long long st = strtoll(line, &end, 10);
+            if (end != line && *end == ',' && st >= 1 && st <= r->state.step)
+                fputs(line, out);
+        }
+        fclose(in);
+    }
+    if (fclose(out) != 0 || rename(tmp, r->csv_path) != 0)
+        return dg__err(DG_ERR_IO, "--out: cannot write '%s': %s", r->csv_path, strerror(errno));
+    r->csv = fopen(r->csv_path, "a");
+    if (!r->csv)
+        return dg__err(DG_ERR_IO, "--out: cannot append to '%s': %s", r->csv_path, strerror(errno));
+    return DG_OK;
+}
+
+static dg_status save_ckpt(run *r, int64_t step) {
+    char path[DG_PATH_MAX + 64];
+    dg_ckpt_latest_path(r->o.out_dir, path, sizeof path);
+    DG_TRY(dg_ckpt_save(path, r->m, r->am, r->av, &r->o, &r->state));
+    if (r->o.keep_step_ckpts) {
+        char sp[DG_PATH_MAX + 64];
+        snprintf(sp, sizeof sp, "%s/ckpt_step%06lld.safetensors", r->o.out_dir, (long long)step);
+        DG_TRY(dg_ckpt_save(sp, r->m, r->am, r->av, &r->o, &r->state));
+    }
+    emitf(r, DG_EV_CKPT, "%s", path);
+    return DG_OK;
+}
+
+static dg_status sample(run *r, int64_t step) {
+    const dg_train_opts *o = &r->o;
+    int np = (int)strlen(o->prompt);
+    uint8_t *buf = malloc((size_t)np + (size_t)o->sample_tokens + 1);
+    if (!buf)
+        return dg__err(DG_ERR_NOMEM, "sampling: out of host memory");
+    memcpy(buf, o->prompt, (size_t)np);
+    /* its own stream: sampling never moves the training data position */
+    uint64_t seed = o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)step + 0x5a5a;
+    dg_status s = dg_model_generate(r->m, (const uint8_t *)o->prompt, np, o->sample_tokens,
+                                    o->temperature, o->top_k, seed, o->seq_len, buf + np);
+    if (s == DG_OK) {
+        buf[np + o->sample_tokens] = 0;
+        dg_train_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = DG_EV_SAMPLE;
+        ev.step = step;
+        ev.text = (const char *)buf;
+        emit(r, ev);
+    }
+    free(buf);
+    return s;
+}
+
+static void header(run *r) {
+    const dg_train_opts *o = &r->o;
+    const dg_model_config *c = &o->model;
+    int64_t np = dg_model_num_params(r->m), tok = (int64_t)o->batch * o->seq_len * o->accum;
+    char out[DG_PATH_MAX + 64];
+    snprintf(out, sizeof out, "%s", o->out_dir[0] ? o->out_dir : "(none: no log, no checkpoints)");
+    emitf(r, DG_EV_HEADER,
+          "config %s: %lld parameters (%.2fM)\n"
+          "  model   d=%d layers=%d heads=%d/%d K=%d V=%d I=%d conv=%d chunk=%d gate=%s%s%s\n"
+          "  data    %s: %lld bytes (%lld train / %lld validation)\n"
+          "  batch   %d x %d bytes x accum %d = %lld tokens/step; %lld steps, first %lld, last "
+          "%lld\n"
+          "  optim   AdamW lr %g (warmup %lld, cosine to %g%%) betas %g/%g eps %g wd %g, clip "
+          "%g; seed %llu\n"
+          "  device  %s, params %s, compute %s, recompute %s\n"
+          "  eval    every %lld steps on %d x %d fixed validation windows\n"
+          "  out     %s",
+          o->config_name, (long long)np, np / 1e6, c->d, c->n_layers, c->n_heads, c->n_v_heads,
+          c->head_k, c->head_v, c->inter, c->conv, c->chunk,
+          c->gate == DG_GATE_KDA ? "kda" : "lower_bound", c->gate == DG_GATE_KDA ? "" : " lb=",
+          c->gate == DG_GATE_KDA ? "" : (c->lower_bound == -5.0 ? "-5" : "custom"), o->data_path,
+          (long long)r->text.n, (long long)r->text.n_train,
+          (long long)(r->text.n - r->text.n_train), o->batch, o->seq_len, o->accum, (long long)tok,
+          (long long)o->steps, (long long)r->state.step + 1, (long long)r->last_step, o->lr,
+          (long long)o->warmup, 100.0 * o->min_lr_frac, o->beta1, o->beta2, o->adam_eps,
+          o->weight_decay, o->clip, (unsigned long long)o->seed,
+          dg_device_str(dg_ctx_device(r->ctx)), dg_dtype_name(o->param_dtype),
+          dg_dtype_name(o->compute_dtype),
+          o->recompute == DG_POLICY_CACHE       ? "none (cache everything)"
+          : o->recompute == DG_POLICY_RECOMPUTE ? "all (recompute everything)"
+                                                : "default (per-op choice)",
+          (long long)(o->eval_every ? o->eval_every : o->steps), o->eval_batches, o->batch, out);
+}
+
+/* ---- setup ---------------------------------------------------------------------------------- */
+
+static dg_status setup(run *r, const dg_train_opts *in) {
+    r->o = *in;
+    dg_train_opts *o = &r->o;
+    DG_TRY(dg_ctx_new(o->device, &r->ctx));
+    dg_ckpt ck;
+    memset(&ck, 0, sizeof ck);
+    if (o->resume) {
+        char path[DG_PATH_MAX + 64];
+        dg_ckpt_latest_path(o->out_dir, path, sizeof path);
+        if (access(path, F_OK) != 0)
+            return dg__err(DG_ERR_IO, "--resume: no checkpoint '%s' to resume from", path);
+        DG_TRY(dg_ckpt_load(r->ctx, path, &ck));
+        /* the run is the checkpoint's: model, schedule, batch shape, seed, data */
+        const dg_train_opts *c = &ck.opts;
+        o->model = ck.cfg;
+        snprintf(o->config_name, sizeof o->config_name, "%s", c->config_name);
+        o->steps = o->resume_steps > 0 ? o->resume_steps : c->steps;
+        o->batch = c->batch, o->seq_len = c->seq_len, o->accum = c->accum;
+        o->lr = c->lr, o->min_lr_frac = c->min_lr_frac, o->warmup = c->warmup;
+        o->beta1 = c->beta1, o->beta2 = c->beta2, o->adam_eps = c->adam_eps;
+        o->weight_decay = c->weight_decay, o->clip = c->clip, o->seed = c->seed;
+        o->eval_batches = c->eval_batches, o->max_data_bytes = c->max_data_bytes;
+        o->param_dtype = c->param_dtype;
+        if (!o->data_path[0])
+            snprintf(o->data_path, sizeof o->data_path, "%s", c->data_path);
+        r->state = ck.state;
+    }
+    dg_status s = check_opts(o);
+    if (s == DG_OK)
+        s = dg_text_load(o->data_path, o->max_data_bytes, o->seq_len, &r->text);
+    if (s == DG_OK && o->resume &&
+        (r->text.hash != ck.state.data_hash || r->text.n != ck.state.data_bytes))
+        s = dg__err(DG_ERR_ARG,
+                    "--resume: the text '%s' (%lld bytes) is not the one the checkpoint was "
+                    "trained on (%lld bytes, hash %016llx); pass --data with that file",
+                    o->data_path, (long long)r->text.n, (long long)ck.state.data_bytes,
+                    (unsigned long long)ck.state.data_hash);
+    if (s == DG_OK)
+        s = dg_model_new(r->ctx, &o->model, o->param_dtype, o->compute_dtype, &r->m);
+    if (s == DG_OK && o->resume)
+        s = dg_ckpt_restore_model(&ck, r->m);
+    else if (s == DG_OK)
+        s = dg_model_init(r->m, o->seed);
+    if (s == DG_OK) {
+        r->am = calloc((size_t)r->m->n_params, sizeof *r->am);
+        r->av = calloc((size_t)r->m->n_params, sizeof *r->av);
+        if (!r->am || !r->av)
+            s = dg__err(DG_ERR_NOMEM, "optimizer: out of host memory");
+    }
+    for (int i = 0; s == DG_OK && i < r->m->n_params; i++) {
+        const dg_tensor *p = r->m->params[i].t;
+        dg_dtype dt = dg_tensor_dtype(p) == DG_F64 ? DG_F64 : DG_F32;
+        s = dg_tensor_zeros(r->ctx, dt, dg_tensor_ndim(p), dg_tensor_shape(p), &r->am[i]);
+        if (s == DG_OK)
+            s = dg_tensor_zeros(r->ctx, dt, dg_tensor_ndim(p), dg_tensor_shape(p), &r->av[i]);
+    }
+    if (s == DG_OK && o->resume)
+        s = dg_ckpt_restore_optim(&ck, r->m, r->am, r->av);
+    dg_ckpt_free(&ck);
+    DG_TRY(s);
+    if (!o->resume) {
+        r->state.step = 0;
+        r->state.data_counter = 0;
+    }
+    r->state.data_hash = r->text.hash;
+    r->state.data_bytes = r->text.n;
+    r->ids = malloc((size_t)o->batch * (size_t)o->seq_len * sizeof *r->ids);
+    r->tgt = malloc((size_t)o->batch * (size_t)o->seq_len * sizeof *r->tgt);
+    if (!r->ids || !r->tgt)
+        return dg__err(DG_ERR_NOMEM, "batches: out of host memory");
+    if (o->out_dir[0]) {
+        DG_TRY(mkdir_p(o->out_dir));
+        dg_ckpt_clean_temps(o->out_dir);
+        DG_TRY(open_csv(r));
+    }
+    return DG_OK;
+}
+
+static void teardown(run *r) {
+    if (r->csv)
+        fclose(r->csv);
+    for (int i = 0; r->m && i < r->m->n_params; i++) {
+        if (r->am)
+            dg_tensor_free(&r->am[i]);
+        if (r->av)
+            dg_tensor_free(&r->av[i]);
+    }
+    free(r->am);
+    free(r->av);
+    free(r->ids);
+    free(r->tgt);
+    dg_model_free(&r->m);
+    dg_text_free(&r->text);
+    dg_tape_reset();
+    dg_ctx_free(&r->ctx);
+}
+
+void dg_train_result_free(dg_train_result *res) {
+    if (!res)
+        return;
+    free(res->losses);
+    memset(res, 0, sizeof *res);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------- */
+
+static dg_status loop(run *r, dg_train_result *res) {
+    const dg_train_opts *o = &r->o;
+    int64_t first = r->state.step + 1;
+    r->last_step = o->stop_at > 0 && o->stop_at < o->steps ? o->stop_at : o->steps;
+    if (res) {
+        res->losses = malloc((size_t)o->steps * sizeof *res->losses);
+        if (!res->losses)
+            return dg__err(DG_ERR_NOMEM, "result: out of host memory");
+        for (int64_t i = 0; i < o->steps; i++)
+            res->losses[i] = NAN;
+        res->first_step = first;
+        res->last_step = first - 1;
+        res->final_val = NAN;
+        res->n_params = dg_model_num_params(r->m);
+    }
+    header(r);
+    if (first > r->last_step) {
+        emitf(r, DG_EV_INFO,
+              "the checkpoint is at step %lld of %lld: nothing to do (pass --steps N to train "
+              "further)",
+              (long long)r->state.step, (long long)o->steps);
+        return DG_OK;
+    }
+    if (o->resume)
+        emitf(r, DG_EV_INFO, "resumed from step %lld (data position %llu)",
+              (long long)r->state.step, (unsigned long long)r->state.data_counter);
+    int64_t tokens_per_step = (int64_t)o->batch * o->seq_len * o->accum;
+    double train_time = 0.0, val = NAN;
+    int64_t steps_timed = 0;
+    r->t_start = now_s();
+    for (int64_t step = first; step <= r->last_step; step++) {
+        double t0 = now_s(), loss = 0.0, gnorm = 0.0, lr = dg_train_lr(o, step);
+        size_t tb = 0;
+        int tn = 0;
+        if (step == first)
+            dg_ctx_reset_peak(r->ctx);
+        DG_TRY(forward_backward(r, &loss, step == first ? &tb : NULL, &tn));
+        if (step == first) {
+            if (res)
+                res->tape_bytes = tb;
+            emitf(r, DG_EV_INFO, "tape after the first forward: %d nodes holding %.2f MiB (%s)", tn,
+                  tb / 1048576.0,
+                  o->recompute == DG_POLICY_CACHE       ? "--recompute none"
+                  : o->recompute == DG_POLICY_RECOMPUTE ? "--recompute all"
+                                                        : "--recompute default");
+        }
+        DG_TRY(optimizer_step(r, step, lr, &gnorm));
+        DG_TRY(dg_ctx_sync(r->ctx));
+        r->state.step = step;
+        double dt = now_s() - t0;
+        train_time += dt;
+        steps_timed++;
+        double tok_s = tokens_per_step / (dt > 0 ? dt : 1e-9);
+        int do_eval = (o->eval_every > 0 && step % o->eval_every == 0) || step == r->last_step;
+        double v = NAN;
+        if (do_eval) {
+            DG_TRY(evaluate(r, &v));
+            val = v;
+        }
+        double elapsed = now_s() - r->t_start;
+        size_t mem = mem_bytes(r);
+        if (res) {
+            res->losses[step - 1] = loss;
+            res->last_step = step;
+            res->tokens += tokens_per_step;
+            res->final_val = val;
+        }
+        if (r->csv) {
+            fprintf(r->csv, "%lld,%.6f,", (long long)step, loss);
+            if (do_eval)
+                fprintf(r->csv, "%.6f", v);
+            fprintf(r->csv, ",%.6g,%.6g,%.1f,%.3f,%zu\n", lr, gnorm, tok_s, elapsed, mem);
+            fflush(r->csv);
+        }
+        dg_train_event ev;
+        memset(&ev, 0, sizeof ev);
+        ev.kind = DG_EV_STEP;
+        ev.step = step;
+        ev.loss = loss;
+        ev.val_loss = v;
+        ev.lr = lr;
+        ev.grad_norm = gnorm;
+        ev.tok_s = tok_s;
+        ev.elapsed_s = elapsed;
+        ev.eta_s = (train_time / steps_timed) * (double)(r->last_step - step);
+        ev.mem_bytes = mem;
+        if (do_eval) { /* first, so the step's own line can show it */
+            ev.kind = DG_EV_EVAL;
+            emit(r, ev);
+            ev.kind = DG_EV_STEP;
+        }
+        emit(r, ev);
+        int do_sample =
+            o->sample_tokens > 0 && o->sample_every >= 0 &&
+            ((o->sample_every > 0 && step % o->sample_every == 0) || step == r->last_step);
+        if (do_sample)
+            DG_TRY(sample(r, step));
+        if (o->out_dir[0] &&
+            ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step))
+            DG_TRY(save_ckpt(r, step));
+    }
+    if (res)
+        res->seconds = now_s() - r->t_start;
+    if (r->csv) {
+        fclose(r->csv);
+        r->csv = NULL;
+    }
+    if (o->plot && o->out_dir[0]) {
+        dg_status ps = dg_train_plot(o->out_dir);
+        if (ps != DG_OK)
+            emitf(r, DG_EV_WARN, "%s", dg_last_error());
+        else
+            emitf(r, DG_EV_INFO, "loss curve: %s/loss.png", o->out_dir);
+        dg_clear_error();
+    }
+    dg_train_event ev;
+    memset(&ev, 0, sizeof ev);
+    ev.kind = DG_EV_DONE;
+    ev.step = r->state.step;
+    ev.val_loss = val;
+    ev.elapsed_s = now_s() - r->t_start;
+    ev.tok_s = train_time > 0 ? (double)(steps_timed * tokens_per_step) / train_time : 0.0;
+    ev.mem_bytes = mem_bytes(r);
+    emit(r, ev);
+    return DG_OK;
+}
+
+dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user,
+                       dg_train_result *res) {
+    if (!opts)
+        return dg__err(DG_ERR_ARG, "dg_train_run: opts must not be NULL");
+    if (res)
+        memset(res, 0, sizeof *res);
+    run *r = calloc(1, sizeof *r);
+    if (!r)
+        return dg__err(DG_ERR_NOMEM, "dg_train_run: out of host memory");
+    r->cb = cb;
+    r->user = user;
+    dg_policy saved = dg_policy_get_global();
+    dg_policy_set_global(opts->recompute);
+    dg_status s = setup(r, opts);
+    if (s == DG_OK)
+        s = loop(r, res);
+    /* keep the error text across teardown */
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", dg_last_error());
+    teardown(r);
+    free(r);
+    dg_policy_set_global(saved);
+    if (s != DG_OK)
+        return dg__err(s, "%s", msg);
+    return DG_OK;
+}
+
+/* ---- the loss curve ------------------------------------------------------------------------- */
+
+static int on_path(const char *prog) {
+    const char *path = getenv("PATH");
+    if (!path)
+        return 0;
+    char buf[DG_PATH_MAX];
+    const char *p = path;
+    while (*p) {
+        const char *colon = strchr(p, ':');
+        size_t len = colon ? (size_t)(colon - p) : strlen(p);
+        snprintf(buf, sizeof buf, "%.*s/%s", (int)len, len ? p : ".", prog);
+        if (access(buf, X_OK) == 0)
+            return 1;
+        if (!colon)
+            break;
+        p = colon + 1;
+    }
+    return 0;
+}
+
+dg_status dg_train_plot(const char *dir) {
+    if (!dir || !*dir)
+        return dg__err(DG_ERR_ARG, "--plot: no directory given");
+    char csv[DG_PATH_MAX + 32], gp[DG_PATH_MAX + 32];
+    snprintf(csv, sizeof csv, "%s/log.csv", dir);
+    snprintf(gp, sizeof gp, "%s/loss.gp", dir);
+    if (access(csv, R_OK) != 0)
+        return dg__err(DG_ERR_IO, "--plot: cannot read '%s': %s", csv, strerror(errno));
+    if (!on_path("gnuplot"))
+        return dg__err(DG_ERR_UNSUPPORTED,
+                       "gnuplot is not installed (not on PATH): %s/loss.png not drawn; %s has the "
+                       "numbers (apt-get install gnuplot-nox to get the plot)",
+                       dir, csv);
+    FILE *f = fopen(gp, "w");
+    if (!f)
+        return dg__err(DG_ERR_IO, "--plot: cannot write '%s': %s", gp, strerror(errno));
+    fprintf(f, "# loss curve of a deltagrad run: gnuplot loss.gp (in the run directory)\n"
+               "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) {\n"
+               "    set terminal pngcairo size 1000,560\n"
+               "} else {\n"
+               "    set terminal png size 1000,560\n"
+               "}\n"
+               "set output 'loss.png'\n"
+               "set datafile separator ','\n"
+               "set datafile missing ''\n"
+               "set key autotitle columnhead\n"
+               "set title 'deltagrad: KDA byte-level LM'\n"
+               "set xlabel 'step'\n"
+               "set ylabel 'loss (nats/byte)'\n"
+               "set grid\n"
+               "set key top right\n"
+               "plot 'log.csv' using 1:2 with lines lw 1 lc rgb '#4a90d9' title 'train', \\\n"
+               "     'log.csv' using 1:3 with linespoints pt 7 ps 0.8 lw 2 lc rgb '#d94a4a' "
+               "title 'validation'\n");
+    if (fclose(f) != 0)
+        return dg__err(DG_ERR_IO, "--plot: cannot write '%s'", gp);
+    pid_t pid = fork();
+    if (pid < 0)
+        return dg__err(DG_ERR_IO, "--plot: fork failed: %s", strerror(errno));
+    if (pid == 0) {
+        /* child: run in the directory, quiet */
+        if (chdir(dir) != 0)
+            _exit(126);
+        FILE *null = freopen("/dev/null", "w", stdout);
+        FILE *log = freopen("loss.gp.log", "w", stderr);
+        (void)null, (void)log;
+        execlp("gnuplot", "gnuplot", "loss.gp", (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return dg__err(DG_ERR_IO, "gnuplot failed on '%s' (exit %d); see %s/loss.gp.log", gp,
+                       WIFEXITED(status) ? WEXITSTATUS(status) : -1, dir);
+    char log[DG_PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/loss.gp.log", dir);
+    remove(log);
+    return DG_OK;
+}
