@@ -16,7 +16,9 @@
  * Cases: T not a multiple of BT, B = 2, varlen with 3 odd-length sequences (one of 150 tokens:
  * three checkpoint segments of the recurrence), GVA (HV = 2H), BT = 16/32/64, K = V = 64,
  * K = 128 V = 64, K = 80 V = 40 (not multiples of 32), K = V = 256.
- * cpu mode: skipped (CUDA-only suite); gpu mode: the comparisons and a per-function error table.
+ * cpu mode: skipped (CUDA-only suite); gpu mode: the comparisons, a per-function error table, and
+ * a timing table of the backward stages at (B, T, H, K = V) = (2, 4096, 16, 128) (the environment
+ * variable DG_KDA_BWD_NO_BENCH skips it).
  */
 #include "harness.h"
 #include "ops/kda/kda.h"
@@ -25,6 +27,7 @@
 #endif
 
 #include <string.h>
+#include <time.h>
 
 #ifndef DG_HAVE_CUDA
 int main(int argc, char **argv) {
@@ -39,8 +42,8 @@ int main(int argc, char **argv) {
 #define TOL_F32 1e-5
 
 enum { F_L2, F_BETA, F_GATE, F_INTRA, F_WY, F_STATE, F_OUTPUT, F_REC, NF };
-static const char *fn_names[NF] = {"kda_l2norm_bwd", "kda_beta_bwd",  "kda_gate_bwd",
-                                   "kda_intra_bwd",  "kda_wy_bwd",    "kda_state_bwd",
+static const char *fn_names[NF] = {"kda_l2norm_bwd", "kda_beta_bwd",     "kda_gate_bwd",
+                                   "kda_intra_bwd",  "kda_wy_bwd",       "kda_state_bwd",
                                    "kda_output_bwd", "kda_recurrent_bwd"};
 static double g_worst[NF];
 static int g_seen[NF];
@@ -107,8 +110,7 @@ static void cmp(int f, const char *cname, const char *what, const dg_tensor *got
 }
 
 /* Two device results of the same call must be identical bit for bit. */
-static void same_bits(const char *cname, const char *what, const dg_tensor *a,
-                      const dg_tensor *b) {
+static void same_bits(const char *cname, const char *what, const dg_tensor *a, const dg_tensor *b) {
     const size_t n = dg_tensor_nbytes(a);
     char *ha = malloc(n ? n : 1), *hb = malloc(n ? n : 1);
     if (!ha || !hb) {
@@ -200,8 +202,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     DG_TEST_TRY(kda_intra_fwd_f32(d, scale, F(q), F(k), F(beta), F(G), F(Aqk), F(Tm)));
     dg_tensor *W = mk(cpu, TT, HV, K, 0), *U = mk(cpu, TT, HV, V, 0);
     dg_tensor *KG = mk(cpu, TT, HV, K, 0), *QG = mk(cpu, TT, HV, K, 0);
-    DG_TEST_TRY(kda_wy_fwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(W), F(U), F(KG),
-                               F(QG)));
+    DG_TEST_TRY(
+        kda_wy_fwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(W), F(U), F(KG), F(QG)));
     dg_tensor *h = mk(cpu, NC, HV, K, V), *E = mk(cpu, TT, HV, V, 0);
     DG_TEST_TRY(kda_state_fwd_f32(d, F(W), F(U), F(KG), F(G), F(h0), F(h), F(E), NULL));
     junk_upper(Aqk, d);
@@ -314,8 +316,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
                                       F(wq), F(wk), F(wb), F(wG)));
         dg_tensor *gq = poisoned(gpu, wq), *gk_ = poisoned(gpu, wk), *gb = poisoned(gpu, wb);
         dg_tensor *gG = poisoned(gpu, wG);
-        dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d),
-                                       F(Tm_d), F(uA_d), F(uT_d), F(gq), F(gk_), F(gb), F(gG)),
+        dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d), F(Tm_d),
+                                       F(uA_d), F(uT_d), F(gq), F(gk_), F(gb), F(gG)),
                     "intra bwd launch");
         char what[64];
         snprintf(what, sizeof what, "dq%s", tag[var]);
@@ -329,8 +331,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         if (var == 0) { /* determinism of the GVA and tile reductions */
             dg_tensor *gq2 = poisoned(gpu, wq), *gk2 = poisoned(gpu, wk), *gb2 = poisoned(gpu, wb);
             dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d),
-                                           F(Tm_d), F(uA_d), F(uT_d), F(gq2), F(gk2), F(gb2),
-                                           NULL),
+                                           F(Tm_d), F(uA_d), F(uT_d), F(gq2), F(gk2), F(gb2), NULL),
                         "intra bwd launch (dG NULL)");
             same_bits(cn, "intra dq", gq, gq2);
             same_bits(cn, "intra dk", gk_, gk2);
@@ -349,13 +350,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         const dg_tensor *uU = var == 2 ? NULL : dUu, *uQG = var == 2 ? NULL : dQGu;
         const dg_tensor *uW_d = var == 1 ? NULL : dWu_d, *uKG_d = var == 1 ? NULL : dKGu_d;
         const dg_tensor *uU_d = var == 2 ? NULL : dUu_d, *uQG_d = var == 2 ? NULL : dQGu_d;
-        dg_tensor *w[6] = {mk(cpu, TT, H, K, 0),   mk(cpu, TT, H, K, 0),
-                           mk(cpu, TT, HV, V, 0),  mk(cpu, TT, HV, 0, 0),
-                           mk(cpu, TT, HV, K, 0),  mk(cpu, TT, HV, BT, 0)};
+        dg_tensor *w[6] = {mk(cpu, TT, H, K, 0),  mk(cpu, TT, H, K, 0),  mk(cpu, TT, HV, V, 0),
+                           mk(cpu, TT, HV, 0, 0), mk(cpu, TT, HV, K, 0), mk(cpu, TT, HV, BT, 0)};
         static const char *nm[6] = {"dq", "dk", "dv", "dbeta", "dG", "dTm"};
-        DG_TEST_TRY(kda_wy_bwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(uW), F(uU),
-                                   F(uKG), F(uQG), F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4]),
-                                   F(w[5])));
+        DG_TEST_TRY(kda_wy_bwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(uW), F(uU), F(uKG),
+                                   F(uQG), F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4]), F(w[5])));
         dg_tensor *gt[6];
         for (int i = 0; i < 6; i++)
             gt[i] = poisoned(gpu, w[i]);
@@ -399,9 +398,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         for (int i = 0; i < 5; i++)
             gt[i] = poisoned(gpu, w[i]);
         const int want_h0 = var != 1;
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W_d), F(KG_d), F(G_d), F(h_d), F(E_d),
-                                       F(uh_d), F(uE_d), F(uht_d), F(gt[0]), F(gt[1]), F(gt[2]),
-                                       F(gt[3]), want_h0 ? F(gt[4]) : NULL),
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W_d), F(KG_d), F(G_d), F(h_d), F(E_d), F(uh_d),
+                                       F(uE_d), F(uht_d), F(gt[0]), F(gt[1]), F(gt[2]), F(gt[3]),
+                                       want_h0 ? F(gt[4]) : NULL),
                     "state bwd launch");
         for (int i = 0; i < (want_h0 ? 5 : 4); i++) {
             char what[64];
@@ -430,8 +429,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *gt[4];
         for (int i = 0; i < 4; i++)
             gt[i] = poisoned(gpu, w[i]);
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, scale, F(QG_d), F(h_d), F(Aqk_d), F(E_d),
-                                        F(dO_d), F(gt[0]), F(gt[1]), F(gt[2]), F(gt[3])),
+        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, scale, F(QG_d), F(h_d), F(Aqk_d), F(E_d), F(dO_d),
+                                        F(gt[0]), F(gt[1]), F(gt[2]), F(gt[3])),
                     "output bwd launch");
         for (int i = 0; i < 4; i++)
             cmp(F_OUTPUT, cn, nm[i], gt[i], w[i]);
@@ -445,9 +444,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *w[6] = {mk(cpu, TT, H, K, 0),  mk(cpu, TT, H, K, 0),  mk(cpu, TT, HV, V, 0),
                            mk(cpu, TT, HV, K, 0), mk(cpu, TT, HV, 0, 0), mk(cpu, N, HV, K, V)};
         static const char *nm[6] = {"dq", "dk", "dv", "dg", "dbeta", "dh0"};
-        DG_TEST_TRY(kda_recurrent_bwd_f32(d, scale, F(q), F(k), F(v), F(g), F(beta), F(h0),
-                                          F(dO), F(uht), F(w[0]), F(w[1]), F(w[2]), F(w[3]),
-                                          F(w[4]), F(w[5])));
+        DG_TEST_TRY(kda_recurrent_bwd_f32(d, scale, F(q), F(k), F(v), F(g), F(beta), F(h0), F(dO),
+                                          F(uht), F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4]),
+                                          F(w[5])));
         dg_tensor *gt[6];
         for (int i = 0; i < 6; i++)
             gt[i] = poisoned(gpu, w[i]);
@@ -477,17 +476,179 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         free_all(gt, 6);
     }
 
-    dg_tensor *all[] = {qraw,   kraw,   v,      g,      braw,  h0,     xg,     Alog,   dtb,
-                        q,      k,      rq,     beta,   G,     Aqk,    Tm,     W,      U,
-                        KG,     QG,     h,      E,      dy,    dbu,    dGu,    dAu,    dTu,
-                        dWu,    dUu,    dKGu,   dQGu,   dhu,   dEu,    dht,    dO,     q_d,
-                        k_d,    v_d,    g_d,    rq_d,   braw_d, xg_d,  Alog_d, dtb_d,  beta_d,
-                        G_d,    Aqk_d,  Tm_d,   W_d,    KG_d,  QG_d,   h_d,    E_d,    h0_d,
-                        dy_d,   dbu_d,  dGu_d,  dAu_d,  dTu_d, dWu_d,  dUu_d,  dKGu_d, dQGu_d,
-                        dhu_d,  dEu_d,  dht_d,  dO_d};
+    dg_tensor *all[] = {qraw,   kraw,   v,      g,     braw,   h0,    xg,    Alog,  dtb,   q,
+                        k,      rq,     beta,   G,     Aqk,    Tm,    W,     U,     KG,    QG,
+                        h,      E,      dy,     dbu,   dGu,    dAu,   dTu,   dWu,   dUu,   dKGu,
+                        dQGu,   dhu,    dEu,    dht,   dO,     q_d,   k_d,   v_d,   g_d,   rq_d,
+                        braw_d, xg_d,   Alog_d, dtb_d, beta_d, G_d,   Aqk_d, Tm_d,  W_d,   KG_d,
+                        QG_d,   h_d,    E_d,    h0_d,  dy_d,   dbu_d, dGu_d, dAu_d, dTu_d, dWu_d,
+                        dUu_d,  dKGu_d, dQGu_d, dhu_d, dEu_d,  dht_d, dO_d};
     free_all(all, NELEM(all));
     kda_cuda_dims_free(gpu, &dd);
     kda_cfg_free(&cfg);
+}
+
+/* ---- timing of the backward stages (printed, not asserted) */
+
+static double now_ms(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+enum { B_L2, B_BETA, B_GATE, B_INTRA, B_WY, B_STATE, B_OUTPUT, B_REC, NB };
+
+typedef struct bench_bufs {
+    kda_cuda_dims *dd;
+    float scale;
+    /* forward quantities (made by the CUDA forward) */
+    dg_tensor *q, *k, *r, *v, *x, *Alog, *dtb, *b, *beta, *g, *G, *Aqk, *Tm, *W, *U, *KG, *QG, *h,
+        *E;
+    /* upstream gradients and outputs */
+    dg_tensor *uK, *uV, *uHV, *uBT, *uH, *uS, *dqh, *dkh, *dK1, *dK2, *dK3, *dV1, *dHV1, *dBT1, *dA,
+        *ddt, *dS, *dh;
+} bench_bufs;
+
+static dg_status bench_run(dg_ctx *gpu, bench_bufs *z, int s) {
+    const kda_cuda_dims *d = z->dd;
+    switch (s) {
+    case B_L2:
+        DG_TRY(
+            kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh), F(z->dkh)));
+        return kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh), F(z->dkh));
+    case B_BETA:
+        return kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, F(z->b), F(z->uHV), F(z->dHV1));
+    case B_GATE:
+        return kda_gate_bwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, F(z->x), F(z->Alog), F(z->dtb),
+                                 F(z->uK), F(z->dK1), F(z->dA), F(z->ddt));
+    case B_INTRA:
+        return kda_intra_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->beta), F(z->G), F(z->Tm),
+                                  F(z->uBT), F(z->uBT), F(z->dqh), F(z->dkh), F(z->dHV1),
+                                  F(z->dK1));
+    case B_WY:
+        return kda_wy_bwd_cuda(gpu, d, F(z->q), F(z->k), F(z->v), F(z->beta), F(z->G), F(z->Tm),
+                               F(z->uK), F(z->uV), F(z->uK), F(z->uK), F(z->dqh), F(z->dkh),
+                               F(z->dV1), F(z->dHV1), F(z->dK1), F(z->dBT1));
+    case B_STATE:
+        return kda_state_bwd_cuda(gpu, d, F(z->W), F(z->KG), F(z->G), F(z->h), F(z->E), F(z->uH),
+                                  F(z->uV), F(z->uS), F(z->dK1), F(z->dV1), F(z->dK2), F(z->dK3),
+                                  F(z->dS));
+    case B_OUTPUT:
+        return kda_output_bwd_cuda(gpu, d, z->scale, F(z->QG), F(z->h), F(z->Aqk), F(z->E),
+                                   F(z->uV), F(z->dK1), F(z->dh), F(z->dBT1), F(z->dV1));
+    case B_REC:
+        return kda_recurrent_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->v), F(z->g),
+                                      F(z->beta), NULL, F(z->uV), F(z->uS), F(z->dqh), F(z->dkh),
+                                      F(z->dV1), F(z->dK1), F(z->dHV1), F(z->dS));
+    default:
+        return DG_ERR_ARG;
+    }
+}
+
+static void bench(dg_ctx *gpu) {
+    const int64_t B = 2, T = 4096;
+    const int H = 16, HV = 16, K = 128, V = 128, BT = 64, N = (int)B, R = 10;
+    const int64_t TT = B * T, NT = T / BT, NC = B * NT;
+    int64_t cu[3] = {0, T, 2 * T}, off[3] = {0, NT, 2 * NT};
+    kda_cuda_dims dd;
+    DG_TEST_TRY(kda_cuda_dims_new(gpu, TT, H, HV, K, V, BT, N, cu, off, &dd));
+    bench_bufs z;
+    memset(&z, 0, sizeof z);
+    z.dd = &dd;
+    z.scale = 1.0f / sqrtf((float)K);
+    dg_tensor *qraw = mk_rand(gpu, TT, H, K, 0, 101, -1, 1);
+    dg_tensor *kraw = mk_rand(gpu, TT, H, K, 0, 102, -1, 1);
+    z.v = mk_rand(gpu, TT, HV, V, 0, 103, -1, 1);
+    z.x = mk_rand(gpu, TT, HV, K, 0, 104, -3, 3);
+    z.Alog = mk_rand(gpu, HV, 0, 0, 0, 105, 0, 2.77);
+    z.dtb = mk_rand(gpu, (int64_t)HV * K, 0, 0, 0, 106, -1, 1);
+    z.b = mk_rand(gpu, TT, HV, 0, 0, 107, -3, 3);
+    z.q = mk(gpu, TT, H, K, 0);
+    z.k = mk(gpu, TT, H, K, 0);
+    z.r = mk(gpu, TT, H, 0, 0);
+    z.beta = mk(gpu, TT, HV, 0, 0);
+    z.g = mk(gpu, TT, HV, K, 0);
+    z.G = mk(gpu, TT, HV, K, 0);
+    z.Aqk = mk(gpu, TT, HV, BT, 0);
+    z.Tm = mk(gpu, TT, HV, BT, 0);
+    z.W = mk(gpu, TT, HV, K, 0);
+    z.U = mk(gpu, TT, HV, V, 0);
+    z.KG = mk(gpu, TT, HV, K, 0);
+    z.QG = mk(gpu, TT, HV, K, 0);
+    z.h = mk(gpu, NC, HV, K, V);
+    z.E = mk(gpu, TT, HV, V, 0);
+    DG_TEST_TRY(kda_l2norm_fwd_cuda(gpu, TT * H, K, F(qraw), F(z.q), F(z.r)));
+    DG_TEST_TRY(kda_l2norm_fwd_cuda(gpu, TT * H, K, F(kraw), F(z.k), NULL));
+    DG_TEST_TRY(kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, F(z.b), F(z.beta)));
+    DG_TEST_TRY(
+        kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, F(z.x), F(z.Alog), F(z.dtb), F(z.g)));
+    DG_TEST_TRY(
+        kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 1, F(z.x), F(z.Alog), F(z.dtb), F(z.G)));
+    DG_TEST_TRY(kda_intra_fwd_cuda(gpu, &dd, z.scale, F(z.q), F(z.k), F(z.beta), F(z.G), F(z.Aqk),
+                                   F(z.Tm)));
+    DG_TEST_TRY(kda_wy_fwd_cuda(gpu, &dd, F(z.q), F(z.k), F(z.v), F(z.beta), F(z.G), F(z.Tm),
+                                F(z.W), F(z.U), F(z.KG), F(z.QG)));
+    DG_TEST_TRY(
+        kda_state_fwd_cuda(gpu, &dd, F(z.W), F(z.U), F(z.KG), F(z.G), NULL, F(z.h), F(z.E), NULL));
+    z.uK = mk_rand(gpu, TT, HV, K, 0, 201, -1, 1);
+    z.uV = mk_rand(gpu, TT, HV, V, 0, 202, -1, 1);
+    z.uHV = mk_rand(gpu, TT, HV, 0, 0, 203, -1, 1);
+    z.uBT = mk_rand(gpu, TT, HV, BT, 0, 204, -1, 1);
+    z.uH = mk_rand(gpu, NC, HV, K, V, 205, -1, 1);
+    z.uS = mk_rand(gpu, N, HV, K, V, 206, -1, 1);
+    z.dqh = mk(gpu, TT, H, K, 0);
+    z.dkh = mk(gpu, TT, H, K, 0);
+    z.dK1 = mk(gpu, TT, HV, K, 0);
+    z.dK2 = mk(gpu, TT, HV, K, 0);
+    z.dK3 = mk(gpu, TT, HV, K, 0);
+    z.dV1 = mk(gpu, TT, HV, V, 0);
+    z.dHV1 = mk(gpu, TT, HV, 0, 0);
+    z.dBT1 = mk(gpu, TT, HV, BT, 0);
+    z.dA = mk(gpu, HV, 0, 0, 0);
+    z.ddt = mk(gpu, (int64_t)HV * K, 0, 0, 0);
+    z.dS = mk(gpu, N, HV, K, V);
+    z.dh = mk(gpu, NC, HV, K, V);
+    static const char *names[NB] = {
+        "l2norm (q and k)", "beta",           "gate KDA + cumsum", "intra", "wy", "state",
+        "output",           "recurrent (ref)"};
+    double med[NB], mn[NB];
+    printf("-- timing: (B,T,H,HV,K,V,BT) = (%lld,%lld,%d,%d,%d,%d,%d), median of %d runs, "
+           "host clock around dg_ctx_sync\n",
+           (long long)B, (long long)T, H, HV, K, V, BT, R);
+    for (int s = 0; s < NB; s++) {
+        double t[10];
+        DG_TEST_TRY(bench_run(gpu, &z, s)); /* warm-up (scratch blocks enter the cache) */
+        DG_TEST_TRY(dg_ctx_sync(gpu));
+        for (int r = 0; r < R; r++) {
+            double t0 = now_ms();
+            DG_TEST_TRY(bench_run(gpu, &z, s));
+            DG_TEST_TRY(dg_ctx_sync(gpu));
+            t[r] = now_ms() - t0;
+        }
+        qsort(t, R, sizeof t[0], cmp_double);
+        med[s] = 0.5 * (t[R / 2 - 1] + t[R / 2]);
+        mn[s] = t[0];
+    }
+    double chunked = 0;
+    for (int s = 0; s < B_REC; s++)
+        chunked += med[s];
+    printf("   %-22s %10s %10s %8s\n", "stage", "median ms", "min ms", "share");
+    for (int s = 0; s < NB; s++)
+        printf("   %-22s %10.3f %10.3f %7.1f%%\n", names[s], med[s], mn[s],
+               s < B_REC ? 100.0 * med[s] / chunked : 0.0);
+    printf("   %-22s %10.3f   (sum of the chunked stages' medians)\n", "chunked backward", chunked);
+    dg_check(chunked > 0 && isfinite(chunked), "timing table printed (not an assertion on speed)");
+    dg_tensor *all[] = {qraw,   kraw,  z.q,   z.k,    z.r,    z.v,  z.x,   z.Alog, z.dtb, z.b,
+                        z.beta, z.g,   z.G,   z.Aqk,  z.Tm,   z.W,  z.U,   z.KG,   z.QG,  z.h,
+                        z.E,    z.uK,  z.uV,  z.uHV,  z.uBT,  z.uH, z.uS,  z.dqh,  z.dkh, z.dK1,
+                        z.dK2,  z.dK3, z.dV1, z.dHV1, z.dBT1, z.dA, z.ddt, z.dS,   z.dh};
+    free_all(all, NELEM(all));
+    kda_cuda_dims_free(gpu, &dd);
 }
 
 int main(int argc, char **argv) {
@@ -516,6 +677,8 @@ int main(int argc, char **argv) {
            TOL_F32);
     for (int f = 0; f < NF; f++)
         printf("   %-20s %.3e%s\n", fn_names[f], g_worst[f], g_seen[f] ? "" : " (not run)");
+    if (!getenv("DG_KDA_BWD_NO_BENCH"))
+        bench(gpu);
     dg_ctx_free(&gpu);
     dg_ctx_free(&cpu);
     return dg_test_finish();

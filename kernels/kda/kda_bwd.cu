@@ -47,8 +47,7 @@ __global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const flo
     }
 }
 
-__global__ void beta_bwd_kernel(int64_t n, float c, const float *b, const float *dbeta,
-                                float *db) {
+__global__ void beta_bwd_kernel(int64_t n, float c, const float *b, const float *dbeta, float *db) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float s = sigmoidf_(b[i]);
@@ -146,8 +145,7 @@ dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, 
     const int64_t n = rows * Hout * E;
     if (n <= 0)
         return DG_OK;
-    sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P,
-                                                                        pstride);
+    sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P, pstride);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -105,8 +105,8 @@ struct Scratch {
 /* Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KB. */
 template <class Kern> static inline dg_status smem_opt_in(Kern k, size_t bytes) {
     if (bytes > 48 * 1024)
-        DG_CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes));
+        DG_CHECK_CUDA(
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     return DG_OK;
 }
 

@@ -3,7 +3,7 @@
  * kda_intra_bwd_f32 in ops/kda/intra.c.
  *
  * Per chunk (rows i, j < L) and value head, with x_ij = exp(G_i - G_j) (per key dim, j <= i):
- *   dLkk = -stril(Tm^T dTm Tm^T)             X1 = stril(dTm) Tm^T, dLkk[i,j] = -sum_m Tm[m,i] X1[m,j]
+ *   dLkk = -stril(Tm^T dTm Tm^T):  X1 = stril(dTm) Tm^T,  dLkk[i,j] = -sum_m Tm[m,i] X1[m,j]
  *   dA = s dAqk,  dP[i,j] = beta_i dLkk[i,j]
  *   dq_i  = sum_{j<=i} dA[i,j] k_j x_ij                                  (Rq)
  *   dk_i  = beta_i sum_{j<i} dLkk[i,j] k_j x_ij                          (Rk = beta_i RL_i)

@@ -48,8 +48,8 @@ template <int KPT>
 __global__ void __launch_bounds__(NTH)
     rec_bwd_kernel(Dims d, float scale, const float *q, const float *k, const float *v,
                    const float *g, const float *beta, const float *h0, const float *dO,
-                   const float *dht, float *ckpt, float *segbuf, float *dqp, float *dkp,
-                   float *dgp, float *dbp, float *dv, float *dh0) {
+                   const float *dht, float *ckpt, float *segbuf, float *dqp, float *dkp, float *dgp,
+                   float *dbp, float *dv, float *dh0) {
     __shared__ float red[2][NW][CT];
     const int n = blockIdx.x, hv = blockIdx.y, vt = blockIdx.z, nvt = gridDim.z;
     const int H = d.H, HV = d.HV, K = d.K, V = d.V, hq = hv / d.G;
@@ -226,9 +226,8 @@ static dg_status rec_launch(dg_ctx *ctx, const Dims &d, int nvt, float scale, co
 extern "C" dg_status kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
                                             const float *q, const float *k, const float *v,
                                             const float *g, const float *beta, const float *h0,
-                                            const float *dO, const float *dht, float *dq,
-                                            float *dk, float *dv, float *dg, float *dbeta,
-                                            float *dh0) {
+                                            const float *dO, const float *dht, float *dq, float *dk,
+                                            float *dv, float *dg, float *dbeta, float *dh0) {
     DG_TRY(check_dims("kda_recurrent_bwd_cuda", dd));
     if (dd->K > 8 * 32)
         return dg__err(DG_ERR_UNSUPPORTED, "kda_recurrent_bwd_cuda: K=%d > 256 is not supported",

@@ -192,10 +192,8 @@ __global__ void __launch_bounds__(NTH)
     const int L = d.chunk_len[c];
     for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
         const int row = idx / CT, col = idx % CT;
-        sQ[row][col] =
-            (row < L && e0 + col < K) ? QG[((t0 + row) * HV + hv) * K + e0 + col] : 0.f;
-        sO[row][col] =
-            (row < L && v0 + col < V) ? dO[((t0 + row) * HV + hv) * V + v0 + col] : 0.f;
+        sQ[row][col] = (row < L && e0 + col < K) ? QG[((t0 + row) * HV + hv) * K + e0 + col] : 0.f;
+        sO[row][col] = (row < L && v0 + col < V) ? dO[((t0 + row) * HV + hv) * V + v0 + col] : 0.f;
     }
     __syncthreads();
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -227,8 +225,7 @@ __global__ void __launch_bounds__(NTH)
     }
     for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
         const int row = idx / CT, col = idx % CT;
-        sO[row][col] =
-            (row < L && v0 + col < V) ? dO[((t0 + row) * HV + hv) * V + v0 + col] : 0.f;
+        sO[row][col] = (row < L && v0 + col < V) ? dO[((t0 + row) * HV + hv) * V + v0 + col] : 0.f;
     }
     __syncthreads();
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -302,10 +299,10 @@ __global__ void __launch_bounds__(NTH)
 // ---- kernel launchers
 
 template <int BT>
-static dg_status state_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W,
-                              const float *KG, const float *G, const float *h, const float *E,
-                              const float *dh, const float *dE, const float *dht, float *dW,
-                              float *dU, float *dKG, float *dG, float *dh0) {
+static dg_status state_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W, const float *KG,
+                              const float *G, const float *h, const float *E, const float *dh,
+                              const float *dE, const float *dht, float *dW, float *dU, float *dKG,
+                              float *dG, float *dh0) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const bool par = d.NC > 0 && (dW || dKG || dG);
@@ -349,9 +346,9 @@ extern "C" dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, con
 }
 
 template <int BT>
-static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
-                               const float *QG, const float *h, const float *Aqk, const float *E,
-                               const float *dO, float *dQG, float *dh, float *dAqk, float *dE) {
+static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *QG,
+                               const float *h, const float *Aqk, const float *E, const float *dO,
+                               float *dQG, float *dh, float *dAqk, float *dE) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
@@ -362,8 +359,8 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
         DG_CHECK_LAUNCH();
     }
     if (dh) {
-        out_dh_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt * nvt), NTH, 0, s>>>(d, scale, QG, dO,
-                                                                               dh);
+        out_dh_kernel<BT>
+            <<<dim3((unsigned)d.NC, d.HV, nkt * nvt), NTH, 0, s>>>(d, scale, QG, dO, dh);
         DG_CHECK_LAUNCH();
     }
     if (dAqk) {
@@ -390,8 +387,8 @@ extern "C" dg_status kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, fl
         if (dQG)
             DG_CHECK_CUDA(cudaMemsetAsync(dQG, 0, sizeof(float) * tk * d->K, s));
         if (dh)
-            DG_CHECK_CUDA(cudaMemsetAsync(
-                dh, 0, sizeof(float) * (size_t)d->NC * d->HV * d->K * d->V, s));
+            DG_CHECK_CUDA(
+                cudaMemsetAsync(dh, 0, sizeof(float) * (size_t)d->NC * d->HV * d->K * d->V, s));
         if (dAqk)
             DG_CHECK_CUDA(cudaMemsetAsync(dAqk, 0, sizeof(float) * tk * d->BT, s));
         if (dE)

@@ -32,8 +32,8 @@ template <int BT>
 __global__ void __launch_bounds__(NTH)
     wy_cols_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
                    const float *G, const float *Tm, const float *dW, const float *dU,
-                   const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv,
-                   float *dG, float *dbp) {
+                   const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv, float *dG,
+                   float *dbp) {
     __shared__ float sTm[BT][BT];
     __shared__ float sX[BT][CT];
     __shared__ float red[NW][CT];
@@ -53,9 +53,8 @@ __global__ void __launch_bounds__(NTH)
     }
     for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
         const int row = idx / CT, col = idx % CT;
-        sX[row][col] = (up && row < L && c0 + col < ncol)
-                           ? up[((t0 + row) * HV + hv) * ncol + c0 + col]
-                           : 0.f;
+        sX[row][col] =
+            (up && row < L && c0 + col < ncol) ? up[((t0 + row) * HV + hv) * ncol + c0 + col] : 0.f;
     }
     __syncthreads();
 
@@ -213,8 +212,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp);
     DG_CHECK_LAUNCH();
     if (dTm) {
-        wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU,
-                                                                     dTm);
+        wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU, dTm);
         DG_CHECK_LAUNCH();
     }
     if (per_hv && dq)
@@ -229,9 +227,8 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
 extern "C" dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
                                      const float *k, const float *v, const float *beta,
                                      const float *G, const float *Tm, const float *dW,
-                                     const float *dU, const float *dKG, const float *dQG,
-                                     float *dq, float *dk, float *dv, float *dbeta, float *dG,
-                                     float *dTm) {
+                                     const float *dU, const float *dKG, const float *dQG, float *dq,
+                                     float *dk, float *dv, float *dbeta, float *dG, float *dTm) {
     DG_TRY(check_dims("kda_wy_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
