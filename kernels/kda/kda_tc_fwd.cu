@@ -1,0 +1,361 @@
+/*
+ * kernels/kda/kda_tc_fwd.cu -- tensor-core (WMMA TF32) variants of the forward stage matmuls,
+ * run instead of the FFMA kernels when kda_cuda_dims.tc != 0 (bf16 activations; kda_cuda.h):
+ *   N7 output:  O_c = s QG_c h_c + Aqk_c E_c                                    (spec §5.4)
+ *   N6 state:   E_c = U_c - W_c h_c,  h_{c+1} = Diag(exp(lambda_c)) h_c + KG_c^T E_c   (§5.3)
+ *   N5 wy:      W = (Tm Diag(beta)) (K . exp(G)),  U = (Tm Diag(beta)) V;  KG, QG elementwise
+ * Same layouts and results (up to TF32 rounding) as kda_fwd_state.cu / kda_fwd_intra.cu.
+ * Fragments m16n16k8 TF32 (P = 1) or 3xTF32 (P = 2) with f32 accumulators, operands staged
+ * zero-padded in shared memory (kda_tc.cuh). Warp w of a block owns the 16x16 output tiles
+ * w, w + 8, ... of the block's output tile (row-major tile numbering).
+ */
+#include "kda_fwd_util.cuh"
+#include "kda_tc.cuh"
+
+using namespace kdatc;
+
+// ---- CUDA kernels
+
+#define TC_OUT_VT 64 /* output: value columns per block */
+#define TC_ST_VT 32  /* state: value columns per block (as the FFMA kernel: parallelism) */
+#define TC_KT 64     /* key-dim tile staged per step */
+#define TC_WY_CT 64  /* wy: output columns per step */
+
+/* grid (chunk, hv, V / 64). Phase 1: acc = QG h over key tiles of 64 (QG tile [BT][64], h tile
+ * [64][64]); acc *= s; phase 2: acc += Aqk E with Aqk masked to j <= i < L (row block ti needs
+ * the k-steps j < 16(ti+1) only). Static shared memory: max(BT*72 + 64*72, BT*(BT+8) + BT*72)
+ * floats = 36 KB at BT = 64; the result goes out through the same buffer. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    output_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0,
+                         const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
+                         const float *__restrict__ QG, const float *__restrict__ h,
+                         const float *__restrict__ Aqk, const float *__restrict__ E,
+                         float *__restrict__ O) {
+    constexpr int VT = TC_OUT_VT, KT = TC_KT;
+    constexpr int LDQ = KT + TC_PAD, LDV = VT + TC_PAD, LDA = BT + TC_PAD;
+    constexpr int NTJ = VT / 16, NTILE = (BT / 16) * NTJ, TPW = (NTILE + 7) / 8;
+    constexpr int S1 = BT * LDQ + KT * LDV, S2 = BT * LDA + BT * LDV;
+    __shared__ __align__(128) float sm[S1 > S2 ? S1 : S2];
+    float *Qs = sm, *Hs = sm + BT * LDQ; /* phase 1 */
+    float *As = sm, *Es = sm + BT * LDA; /* phase 2 */
+    float *Os = sm;                      /* result */
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * VT;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5;
+    const int nv = min(VT, V - v0);
+    const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V;
+
+    Acc acc[TPW];
+#pragma unroll
+    for (int r = 0; r < TPW; r++)
+        wmma::fill_fragment(acc[r], 0.f);
+    const float *hc = h + (ch * HV + hv) * (int64_t)K * V + v0;
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        const int nk = min(KT, K - kt0);
+        load_tile<BT, KT, LDQ>(Qs, QG + (t0 * HV + hv) * K + kt0, rk, L, nk);
+        load_tile<KT, VT, LDV>(Hs, hc + (int64_t)kt0 * V, V, nk, nv);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < TPW; r++) {
+            const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+            if (tile < NTILE)
+                mma_k<P, false, RM, RM>(acc[r], Qs + ti * 16 * LDQ, LDQ, Hs + tj * 16, LDV,
+                                        (nk + 7) / 8);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < TPW; r++)
+#pragma unroll
+        for (int t = 0; t < acc[r].num_elements; t++)
+            acc[r].x[t] *= scale;
+
+    for (int idx = threadIdx.x; idx < BT * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        As[i * LDA + j] = (i < L && j <= i) ? Aqk[((t0 + i) * HV + hv) * BT + j] : 0.f;
+    }
+    load_tile<BT, VT, LDV>(Es, E + (t0 * HV + hv) * V + v0, rv, L, nv);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+        if (tile < NTILE)
+            mma_k<P, false, RM, RM>(acc[r], As + ti * 16 * LDA, LDA, Es + tj * 16, LDV,
+                                    2 * (ti + 1));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+        if (tile < NTILE)
+            wmma::store_matrix_sync(Os + ti * 16 * LDV + tj * 16, acc[r], LDV,
+                                    wmma::mem_row_major);
+    }
+    __syncthreads();
+    store_tile<BT, VT, LDV>(O + (t0 * HV + hv) * V + v0, rv, Os, L, nv);
+}
+
+/* grid (sequence, hv, V / 32), chunks in order. The running state h [KP][32] (KP = K rounded up
+ * to 64) is f32 in shared memory and is the home of the update's accumulators: each 16x16 h tile
+ * is loaded into an accumulator fragment, gets KG^T E added, and is stored back. Per chunk:
+ *   store h_c; Es = U tile; warp w < BT/8 owns E tile (w/2, w%2): acc = U, acc -= W h over key
+ *   tiles of 64 (W tile [BT][64] in Ts); Es = acc; store E; h *= exp(lambda) (per row);
+ *   for each key tile: Ts = KG tile, warp w updates h rows kt0 + 16(w/2).., columns 16(w%2)..
+ *   with KG^T read as a col_major operand of Ts.
+ * Dynamic shared memory: (KP*40 + BT*40 + BT*72 + KP) floats: 49 KB at K = 128, BT = 64;
+ * 70 KB at K = 256. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    state_fwd_tc_kernel(const int64_t *__restrict__ chunk_off,
+                        const int64_t *__restrict__ chunk_t0,
+                        const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                        const float *__restrict__ W, const float *__restrict__ U,
+                        const float *__restrict__ KG, const float *__restrict__ G,
+                        const float *__restrict__ h0, float *__restrict__ h,
+                        float *__restrict__ E, float *__restrict__ ht) {
+    constexpr int VT = TC_ST_VT, KT = TC_KT, LDH = VT + TC_PAD, LDT = KT + TC_PAD;
+    extern __shared__ __align__(128) float tc_state_smem[];
+    const int KP = (K + KT - 1) / KT * KT;
+    float *hs = tc_state_smem;   /* [KP][LDH] */
+    float *Es = hs + KP * LDH;   /* [BT][LDH] */
+    float *Ts = Es + BT * LDH;   /* [BT][LDT] */
+    float *elam = Ts + BT * LDT; /* [KP] */
+
+    const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
+    const int w = threadIdx.x >> 5;
+    const int nv = min(VT, V - v0);
+    const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V, KV = (int64_t)K * V;
+    const bool ewarp = w < BT / 8; /* owns an E tile */
+    const int eti = w >> 1, etj = w & 1;
+
+    {
+        const float *h0n = h0 ? h0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
+        for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
+            const int r = idx / VT, c = idx % VT;
+            hs[r * LDH + c] = (h0n && r < K && c < nv) ? h0n[(int64_t)r * V + c] : 0.f;
+        }
+    }
+
+    const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1];
+    for (int64_t ch = c_beg; ch < c_end; ch++) {
+        const int64_t t0 = chunk_t0[ch];
+        const int L = chunk_len[ch];
+        __syncthreads(); /* hs complete (h0 or the last update); Es, Ts, elam free */
+        float *hc = h + (ch * HV + hv) * KV + v0;
+        for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
+            const int r = idx / VT, c = idx % VT;
+            if (c < nv)
+                hc[(int64_t)r * V + c] = hs[r * LDH + c];
+        }
+        for (int kk = threadIdx.x; kk < KP; kk += TC_THREADS)
+            elam[kk] = kk < K ? expf(G[((t0 + L - 1) * HV + hv) * K + kk]) : 0.f;
+        load_tile<BT, VT, LDH>(Es, U + (t0 * HV + hv) * V + v0, rv, L, nv);
+        __syncthreads();
+
+        /* E = U - W h */
+        Acc acc;
+        if (ewarp)
+            wmma::load_matrix_sync(acc, Es + eti * 16 * LDH + etj * 16, LDH, wmma::mem_row_major);
+        for (int kt0 = 0; kt0 < K; kt0 += KT) {
+            const int nk = min(KT, K - kt0);
+            load_tile<BT, KT, LDT>(Ts, W + (t0 * HV + hv) * K + kt0, rk, L, nk);
+            __syncthreads();
+            if (ewarp)
+                mma_k<P, true, RM, RM>(acc, Ts + eti * 16 * LDT, LDT, hs + kt0 * LDH + etj * 16,
+                                       LDH, (nk + 7) / 8);
+            __syncthreads();
+        }
+        if (ewarp)
+            wmma::store_matrix_sync(Es + eti * 16 * LDH + etj * 16, acc, LDH, wmma::mem_row_major);
+        __syncthreads();
+        store_tile<BT, VT, LDH>(E + (t0 * HV + hv) * V + v0, rv, Es, L, nv);
+        for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
+            const int r = idx / VT, c = idx % VT;
+            hs[r * LDH + c] *= elam[r];
+        }
+
+        /* h = exp(lambda) h + KG^T E (rows of KG and E past L are zero) */
+        for (int kt0 = 0; kt0 < K; kt0 += KT) {
+            const int nk = min(KT, K - kt0);
+            load_tile<BT, KT, LDT>(Ts, KG + (t0 * HV + hv) * K + kt0, rk, L, nk);
+            __syncthreads(); /* also: the scaling of hs is complete */
+            const int ri = w >> 1, tj = w & 1, r0 = kt0 + 16 * ri;
+            if (r0 < K) {
+                Acc hacc;
+                float *ht_ = hs + r0 * LDH + tj * 16;
+                wmma::load_matrix_sync(hacc, ht_, LDH, wmma::mem_row_major);
+                mma_k<P, false, CM, RM>(hacc, Ts + 16 * ri, LDT, Es + tj * 16, LDH, (L + 7) / 8);
+                wmma::store_matrix_sync(ht_, hacc, LDH, wmma::mem_row_major);
+            }
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    if (ht) {
+        float *htn = ht + ((int64_t)n * HV + hv) * KV + v0;
+        for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
+            const int r = idx / VT, c = idx % VT;
+            if (c < nv)
+                htn[(int64_t)r * V + c] = hs[r * LDH + c];
+        }
+    }
+}
+
+/* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
+ * Diag(beta) staged [BT][BT+8] (zero above the diagonal and past L) and X = K exp(G) (resp. V)
+ * in column tiles of 64 [BT][72]; row block ti of Tb needs the k-steps j < 16(ti+1) only.
+ * Static shared memory 2 x BT x 72 floats (36 KB at BT = 64); results go out through Xs. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    wy_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                     int H, int HV, int K, int V, const float *__restrict__ q,
+                     const float *__restrict__ k, const float *__restrict__ v,
+                     const float *__restrict__ beta, const float *__restrict__ G,
+                     const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
+                     float *__restrict__ KG, float *__restrict__ QG) {
+    constexpr int CT = TC_WY_CT, LDB = BT + TC_PAD, LDX = CT + TC_PAD;
+    constexpr int NTJ = CT / 16, NTILE = (BT / 16) * NTJ, TPW = (NTILE + 7) / 8;
+    __shared__ __align__(128) float Tb[BT * LDB];
+    __shared__ __align__(128) float Xs[BT * LDX];
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x, w = tid >> 5;
+
+    if (KG || QG) {
+        const float *lam = G + ((t0 + L - 1) * HV + hv) * K;
+        for (int idx = tid; idx < L * K; idx += TC_THREADS) {
+            const int i = idx / K, e = idx % K;
+            const int64_t og = ((t0 + i) * HV + hv) * K + e, oq = ((t0 + i) * H + hq) * K + e;
+            const float gi = G[og];
+            if (KG)
+                KG[og] = k[oq] * expf(lam[e] - gi);
+            if (QG)
+                QG[og] = q[oq] * expf(gi);
+        }
+    }
+    if (!W && !U)
+        return;
+
+    for (int idx = tid; idx < BT * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        float t = 0.f;
+        if (i < L && j <= i)
+            t = Tm[((t0 + i) * HV + hv) * BT + j] * beta[(t0 + j) * HV + hv];
+        Tb[i * LDB + j] = t;
+    }
+
+    for (int pass = 0; pass < 2; pass++) {
+        float *dst = pass == 0 ? W : U;
+        const int D = pass == 0 ? K : V;
+        if (!dst)
+            continue;
+        for (int e0 = 0; e0 < D; e0 += CT) {
+            const int ne = min(CT, D - e0);
+            __syncthreads(); /* Tb written / Xs of the previous tile stored out */
+            for (int idx = tid; idx < BT * CT; idx += TC_THREADS) {
+                const int j = idx / CT, e = idx % CT;
+                float x = 0.f;
+                if (j < L && e < ne) {
+                    if (pass == 0)
+                        x = k[((t0 + j) * H + hq) * K + e0 + e] *
+                            expf(G[((t0 + j) * HV + hv) * K + e0 + e]);
+                    else
+                        x = v[((t0 + j) * HV + hv) * V + e0 + e];
+                }
+                Xs[j * LDX + e] = x;
+            }
+            __syncthreads();
+            Acc acc[TPW];
+#pragma unroll
+            for (int r = 0; r < TPW; r++) {
+                const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+                if (tile < NTILE) {
+                    wmma::fill_fragment(acc[r], 0.f);
+                    mma_k<P, false, RM, RM>(acc[r], Tb + ti * 16 * LDB, LDB, Xs + tj * 16, LDX,
+                                            2 * (ti + 1));
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < TPW; r++) {
+                const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+                if (tile < NTILE)
+                    wmma::store_matrix_sync(Xs + ti * 16 * LDX + tj * 16, acc[r], LDX,
+                                            wmma::mem_row_major);
+            }
+            __syncthreads();
+            store_tile<BT, CT, LDX>(dst + (t0 * HV + hv) * D + e0, (int64_t)HV * D, Xs, L, ne);
+        }
+    }
+}
+
+// ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
+
+/* Run the statements with P_ bound to 1 (TF32) or 2 (3xTF32) from d->tc. */
+#define KDA_DISPATCH_P(tc, ...)                                                                    \
+    do {                                                                                           \
+        if ((tc) >= 2) {                                                                           \
+            constexpr int P_ = 2;                                                                  \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            constexpr int P_ = 1;                                                                  \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
+dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                            const float *h, const float *Aqk, const float *E, float *O) {
+    if (d->NC == 0)
+        return DG_OK;
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
+                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E,
+                            O);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
+
+dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
+                           const float *KG, const float *G, const float *h0, float *h, float *E,
+                           float *ht) {
+    const int KP = DG_CEIL_DIV(d->K, TC_KT) * TC_KT;
+    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_ST_VT));
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        const size_t smem =
+                            sizeof(float) * ((size_t)(KP + BT_) * (TC_ST_VT + TC_PAD) +
+                                             (size_t)BT_ * (TC_KT + TC_PAD) + (size_t)KP);
+                        if (smem > 48 * 1024)
+                            DG_CHECK_CUDA(cudaFuncSetAttribute(
+                                state_fwd_tc_kernel<BT_, P_>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                        state_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
+                            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, W, U, KG,
+                            G, h0, h, E, ht);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
+
+dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+                        const float *v, const float *beta, const float *G, const float *Tm,
+                        float *W, float *U, float *KG, float *QG) {
+    if (d->NC == 0)
+        return DG_OK;
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        wy_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G,
+                            Tm, W, U, KG, QG);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
