@@ -1,14 +1,14 @@
 /*
  * tests/test_kda_tc.c -- the tensor-core path of the KDA CUDA kernels (kda_cuda_dims.tc, see
  * kernels/kda/kda_cuda.h) against the CPU f64 raw functions (ops/kda/kda.h): kda_wy_fwd (W, U,
- * KG, QG), kda_state_fwd (h, E, ht), kda_output_fwd (O) and kda_output_bwd (dQG, dh, dAqk, dE),
- * each run with tc = 1 (TF32), tc = 2 (3xTF32) and tc = 0 (the f32 FFMA kernels, printed for
+ * KG, QG), kda_state_fwd (h, E, ht), kda_output_fwd (O), kda_output_bwd (dQG, dh, dAqk, dE)
+ * and kda_state_bwd (dW, dU, dKG, dG, dh0), each run with tc = 1 (TF32), tc = 2 (3xTF32) and tc = 0 (the f32 FFMA kernels, printed for
  * contrast), and the ops-layer rule that turns tc on for bf16 activations only.
  *
  * Each stage gets the f32 rounding of the f64 chain's own inputs, so an error points at one
  * kernel; device outputs are poisoned with NaN first, so an element a kernel forgets to write
  * fails. Inputs are never zero: q, k rows L2-normalised, g in [-0.5, -0.01] per step, beta in
- * (0, 1), v, h0 and dO uniform in [-1, 1]. Cases: T not a multiple of BT, varlen with odd
+ * (0, 1), v, h0 and the upstream gradients uniform in [-1, 1]. Cases: T not a multiple of BT, varlen with odd
  * lengths (1 included), GVA, BT = 16/32/64, K = V = 64, K = V = 128, K = 80 V = 40, K = V = 256
  * (the state kernel's largest shared memory).
  * cpu mode: nothing to run (CUDA-only suite).
@@ -39,9 +39,10 @@ int main(int argc, char **argv) {
 
 static const char *mode_name[3] = {"f32 FFMA (tc=0)", "TF32 (tc=1)", "3xTF32 (tc=2)"};
 static const double mode_tol[3] = {TOL_FFMA, TOL_TF32, TOL_3XTF32};
-static double g_worst[3][4]; /* [mode][kernel] */
-static const char *kern_name[4] = {"kda_wy_fwd", "kda_state_fwd", "kda_output_fwd",
-                                   "kda_output_bwd"};
+#define NKERN 5
+static double g_worst[3][NKERN]; /* [mode][kernel] */
+static const char *kern_name[NKERN] = {"kda_wy_fwd", "kda_state_fwd", "kda_output_fwd",
+                                       "kda_output_bwd", "kda_state_bwd"};
 
 typedef struct tc_case {
     const char *name;
@@ -141,12 +142,21 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     buf Aqk = mkbuf(na), Tm = mkbuf(na), W = mkbuf(nk), U = mkbuf(nv), KG = mkbuf(nk);
     buf QG = mkbuf(nk), h = mkbuf(nh), E = mkbuf(nv), ht = mkbuf(n0), O = mkbuf(nv);
     buf h0 = mkbuf(n0), dO = mkbuf(nv), dQG = mkbuf(nk), dh = mkbuf(nh), dAqk = mkbuf(na);
-    buf dE = mkbuf(nv);
+    buf dE = mkbuf(nv), uh = mkbuf(nh), uE = mkbuf(nv), uht = mkbuf(n0), dW = mkbuf(nk);
+    buf dU = mkbuf(nv), dKG = mkbuf(nk), dG = mkbuf(nk), dh0 = mkbuf(n0);
     {
         double *qraw = kt_rand(nqk, seed + 1, -1, 1), *kraw = kt_rand(nqk, seed + 2, -1, 1);
         double *g = kt_rand(nk, seed + 4, -0.5, -0.01);
         double *rv = kt_rand(nv, seed + 3, -1, 1), *rb = kt_rand(nb, seed + 5, 0.02, 0.98);
         double *r0 = kt_rand(n0, seed + 6, -1, 1), *rdo = kt_rand(nv, seed + 7, -1, 1);
+        double *ruh = kt_rand(nh, seed + 8, -1, 1), *ruE = kt_rand(nv, seed + 9, -1, 1);
+        double *ruht = kt_rand(n0, seed + 10, -1, 1);
+        memcpy(uh.x, ruh, sizeof(double) * (size_t)nh);
+        memcpy(uE.x, ruE, sizeof(double) * (size_t)nv);
+        memcpy(uht.x, ruht, sizeof(double) * (size_t)n0);
+        free(ruh);
+        free(ruE);
+        free(ruht);
         kda_l2norm_fwd_f64(TT * H, K, qraw, q.x, NULL);
         kda_l2norm_fwd_f64(TT * H, K, kraw, k.x, NULL);
         memcpy(v.x, rv, sizeof(double) * (size_t)nv);
@@ -168,7 +178,10 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     DG_TEST_TRY(kda_state_fwd_f64(d, W.x, U.x, KG.x, G.x, h0x, h.x, E.x, ht.x));
     kda_output_fwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, O.x);
     kda_output_bwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, dO.x, dQG.x, dh.x, dAqk.x, dE.x);
-    buf *ins[] = {&q, &k, &v, &beta, &G, &Tm, &Aqk, &W, &U, &KG, &QG, &h, &E, &h0, &dO};
+    DG_TEST_TRY(kda_state_bwd_f64(d, W.x, KG.x, G.x, h.x, E.x, uh.x, uE.x, uht.x, dW.x, dU.x,
+                                  dKG.x, dG.x, dh0.x));
+    buf *ins[] = {&q,  &k, &v, &beta, &G,  &Tm, &Aqk, &W,  &U,
+                  &KG, &QG, &h, &E,   &h0, &dO, &uh,  &uE, &uht};
     for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++)
         upload(gpu, ins[i]);
     const float *h0d = c->use_h0 ? F(h0.d) : NULL;
@@ -258,10 +271,54 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         dg_tensor_free(&o2);
         dg_tensor_free(&o3);
         dg_tensor_free(&o4);
+
+        /* state backward: every output, then dU + dh0 only (no chunk-parallel part), then dW
+         * alone (dE_tot in scratch) and dKG + dG alone */
+        dg_tensor *o5;
+        o1 = poisoned(gpu, nk);
+        o2 = poisoned(gpu, nv);
+        o3 = poisoned(gpu, nk);
+        o4 = poisoned(gpu, nk);
+        o5 = poisoned(gpu, n0);
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                       F(uh.d), F(uE.d), F(uht.d), F(o1), F(o2), F(o3), F(o4),
+                                       F(o5)),
+                    "state bwd launch");
+        cmp(m, 4, c->name, "dW", o1, dW.x, nk);
+        cmp(m, 4, c->name, "dU", o2, dU.x, nv);
+        cmp(m, 4, c->name, "dKG", o3, dKG.x, nk);
+        cmp(m, 4, c->name, "dG", o4, dG.x, nk);
+        cmp(m, 4, c->name, "dh0", o5, dh0.x, n0);
+        DG_TEST_TRY(dg_tensor_fill_(o1, NAN));
+        DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
+        DG_TEST_TRY(dg_tensor_fill_(o3, NAN));
+        DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
+        DG_TEST_TRY(dg_tensor_fill_(o5, NAN));
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                       F(uh.d), F(uE.d), F(uht.d), NULL, F(o2), NULL, NULL,
+                                       F(o5)),
+                    "state bwd launch (dU, dh0)");
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                       F(uh.d), F(uE.d), F(uht.d), F(o1), NULL, NULL, NULL,
+                                       NULL),
+                    "state bwd launch (dW)");
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                       F(uh.d), F(uE.d), F(uht.d), NULL, NULL, F(o3), F(o4),
+                                       NULL),
+                    "state bwd launch (dKG, dG)");
+        cmp(m, 4, c->name, "dU (with dh0 only)", o2, dU.x, nv);
+        cmp(m, 4, c->name, "dh0 (with dU only)", o5, dh0.x, n0);
+        cmp(m, 4, c->name, "dW (alone)", o1, dW.x, nk);
+        cmp(m, 4, c->name, "dKG (with dG)", o3, dKG.x, nk);
+        cmp(m, 4, c->name, "dG (with dKG)", o4, dG.x, nk);
+        dg_tensor *os[5] = {o1, o2, o3, o4, o5};
+        for (int i = 0; i < 5; i++)
+            dg_tensor_free(&os[i]);
     }
 
-    buf *all[] = {&q,  &k,  &v,  &beta, &G,  &Aqk, &Tm,  &W,    &U,  &KG, &QG,
-                  &h,  &E,  &ht, &O,    &h0, &dO,  &dQG, &dh,   &dAqk, &dE};
+    buf *all[] = {&q,  &k,  &v,   &beta, &G,  &Aqk, &Tm,  &W,  &U,  &KG,  &QG, &h,
+                  &E,  &ht, &O,   &h0,   &dO, &dQG, &dh,  &dAqk, &dE, &uh, &uE, &uht,
+                  &dW, &dU, &dKG, &dG,   &dh0};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free_buf(all[i]);
     kda_cuda_dims_free(gpu, &dd);
@@ -320,7 +377,7 @@ int main(int argc, char **argv) {
 
     printf("-- largest norm-relative error vs f64 per kernel and mode\n");
     printf("   %-16s %16s %16s %16s\n", "kernel", mode_name[0], mode_name[1], mode_name[2]);
-    for (int f = 0; f < 4; f++)
+    for (int f = 0; f < NKERN; f++)
         printf("   %-16s %16.3e %16.3e %16.3e\n", kern_name[f], g_worst[0][f], g_worst[1][f],
                g_worst[2][f]);
     dg_ctx_free(&gpu);

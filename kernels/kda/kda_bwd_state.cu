@@ -339,6 +339,8 @@ extern "C" dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, con
                                         const float *dht, float *dW, float *dU, float *dKG,
                                         float *dG, float *dh0) {
     DG_TRY(check_dims("kda_state_bwd_cuda", d));
+    if (d->tc)
+        return kda_state_bwd_tc(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
     switch (d->BT) {
     case 16:
         return state_bwd_bt<16>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);

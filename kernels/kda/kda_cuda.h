@@ -20,8 +20,9 @@
  * through the shared tables. The environment variable DG_KDA_TC, read once, overrides the mode
  * of those bf16 calls: DG_KDA_TC=0 turns the tensor-core path off (the old kernels run), =2
  * selects 3xTF32, anything else (or unset) TF32. Kernels with a tensor-core variant:
- * kda_output_fwd_cuda, kda_state_fwd_cuda, kda_wy_fwd_cuda (W and U), kda_output_bwd_cuda;
- * every other function ignores tc.
+ * kda_output_fwd_cuda, kda_state_fwd_cuda, kda_wy_fwd_cuda (W and U), kda_output_bwd_cuda,
+ * kda_state_bwd_cuda (kernels/kda/kda_tc_fwd.cu, kda_tc_bwd.cu); every other function ignores
+ * tc (the intra-chunk stages stay f32 FFMA).
  * Gradient outputs are OVERWRITTEN (never accumulated), exactly like the CPU versions; NULL means
  * "zero" for optional inputs and "skip" for optional outputs, also like the CPU versions.
  *

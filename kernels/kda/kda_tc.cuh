@@ -113,6 +113,18 @@ __device__ __forceinline__ void store_tile(float *__restrict__ dst, int64_t rs, 
 
 } // namespace kdatc
 
+/* Run the statements with P_ bound to 1 (TF32) or 2 (3xTF32) from d->tc. */
+#define KDA_DISPATCH_P(tc, ...)                                                                    \
+    do {                                                                                           \
+        if ((tc) >= 2) {                                                                           \
+            constexpr int P_ = 2;                                                                  \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            constexpr int P_ = 1;                                                                  \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
 /* The tc launchers (kda_tc_fwd.cu, kda_tc_bwd.cu); the public launchers in kda_cuda.h call them
  * when d->tc != 0, after their own argument checks, with the same arguments. */
 dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
@@ -123,6 +135,15 @@ dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, 
 dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                         const float *v, const float *beta, const float *G, const float *Tm,
                         float *W, float *U, float *KG, float *QG);
+/* The serial kernel of the state backward (kda_bwd_state.cu's state_seq): dE_tot, the dHn_c
+ * scratch [NC,HV,K,V] and dh0, each optional. */
+dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                               const float *KG, const float *G, const float *dh, const float *dE,
+                               const float *dht, float *dEtot, float *dHs, float *dh0);
+dg_status kda_state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
+                           const float *G, const float *h, const float *E, const float *dh,
+                           const float *dE, const float *dht, float *dW, float *dU, float *dKG,
+                           float *dG, float *dh0);
 dg_status kda_output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
                             const float *h, const float *Aqk, const float *E, const float *dO,
                             float *dQG, float *dh, float *dAqk, float *dE);

@@ -7,6 +7,7 @@
  * (P = 1) or 3xTF32 (P = 2) with f32 accumulators; transposed operands are row-major shared
  * tiles read as col_major (kda_tc.cuh). Static shared memory: at most 2 x 64 x 72 floats (36 KB).
  */
+#include "kda_bwd.cuh"
 #include "kda_fwd_util.cuh"
 #include "kda_tc.cuh"
 
@@ -214,6 +215,79 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
     __syncthreads();
     store_tile<BT, TC_CT, LD>(dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, sm, L, nv);
+}
+
+/* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
+ * (0 when h is NULL), every other row 0. Warp w: keys e = w, w + 8, ...; lanes over v. */
+__global__ void __launch_bounds__(TC_THREADS)
+    state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0,
+                       const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                       const float *__restrict__ G, const float *__restrict__ h,
+                       const float *__restrict__ dHs, float *__restrict__ dG) {
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int idx = threadIdx.x; idx < (L - 1) * K; idx += TC_THREADS)
+        dG[((t0 + idx / K) * HV + hv) * K + idx % K] = 0.f;
+    const int64_t sb = (ch * HV + hv) * (int64_t)K * V, rl = ((t0 + L - 1) * HV + hv) * K;
+    for (int e = w; e < K; e += 8) {
+        float s = 0.f;
+        if (h)
+            for (int v = lane; v < V; v += 32)
+                s += h[sb + (int64_t)e * V + v] * dHs[sb + (int64_t)e * V + v];
+        s = kdab::warp_sum(s);
+        if (lane == 0)
+            dG[rl + e] = h ? expf(G[rl + e]) * s : 0.f;
+    }
+}
+
+// ---- kernel launchers
+
+/* Called by kda_state_bwd_cuda when d->tc != 0; the same buffers and NULL rules as its FFMA
+ * path (state_bwd_bt). */
+dg_status kda_state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
+                           const float *G, const float *h, const float *E, const float *dh,
+                           const float *dE, const float *dht, float *dW, float *dU, float *dKG,
+                           float *dG, float *dh0) {
+    cudaStream_t s = dg__stream(ctx);
+    const bool par = d->NC > 0 && (dW || dKG || dG);
+    const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
+    const size_t nh = (size_t)d->NC * d->HV * d->K * d->V, ne = (size_t)d->TT * d->HV * d->V;
+    kdab::Scratch scr(ctx);
+    const size_t n = (par ? nh : 0) + (need_et ? ne : 0);
+    if (n)
+        DG_TRY(scr.alloc(n));
+    float *dHs = par ? scr.f() : nullptr; /* NULL: the serial kernel stores nothing */
+    float *dEtot = dU ? dU : need_et ? scr.f() + (par ? nh : 0) : nullptr;
+    DG_TRY(kda_state_seq_bwd_tc(ctx, d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0));
+    if (!par)
+        return DG_OK;
+    const dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->K, TC_CT));
+    const size_t tk = sizeof(float) * (size_t)d->TT * d->HV * d->K;
+    if (dKG && !E)
+        DG_CHECK_CUDA(cudaMemsetAsync(dKG, 0, tk, s));
+    if (dW && !h)
+        DG_CHECK_CUDA(cudaMemsetAsync(dW, 0, tk, s));
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        if (dKG && E) {
+                            out_dqg_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
+                                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, 1.f, E, dHs, dKG);
+                            DG_CHECK_LAUNCH();
+                        }
+                        if (dW && h) {
+                            out_dqg_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
+                                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, -1.f, dEtot, h, dW);
+                            DG_CHECK_LAUNCH();
+                        }
+                    }));
+    if (dG) {
+        state_dg_tc_kernel<<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
+            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, G, h, dHs, dG);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
 }
 
 // ---- kernel launcher (called by kda_output_bwd_cuda when d->tc != 0, dO != NULL, NC > 0)

@@ -99,108 +99,125 @@ __global__ void __launch_bounds__(TC_THREADS)
     store_tile<BT, VT, LDV>(O + (t0 * HV + hv) * V + v0, rv, Os, L, nv);
 }
 
-/* grid (sequence, hv, V / 32), chunks in order. The running state h [KP][32] (KP = K rounded up
- * to 64) is f32 in shared memory and is the home of the update's accumulators: each 16x16 h tile
- * is loaded into an accumulator fragment, gets KG^T E added, and is stored back. Per chunk:
- *   store h_c; Es = U tile; warp w < BT/8 owns E tile (w/2, w%2): acc = U, acc -= W h over key
- *   tiles of 64 (W tile [BT][64] in Ts); Es = acc; store E; h *= exp(lambda) (per row);
- *   for each key tile: Ts = KG tile, warp w updates h rows kt0 + 16(w/2).., columns 16(w%2)..
- *   with KG^T read as a col_major operand of Ts.
+/* The serial state pass of the forward (BWD = false) and of the backward (BWD = true, spec §6.2),
+ * which have the same shape:
+ *   forward,  chunks in order:    store S = h_c;   X = U  - W  S  -> E;
+ *                                 S = exp(lambda) S + KG^T X
+ *   backward, chunks in reverse:  store S = dHn_c; X = dE + KG S -> dE_tot;
+ *                                 S = exp(lambda) S - W^T X + dh_c
+ * i.e. X = X0 + sgnA A1 S, S = exp(lambda) S + Sup_c + sgnB A2^T X, with (A1, A2, sgnA, sgnB) =
+ * (W, KG, -, +) forward and (KG, W, +, -) backward. S0 = h0 / dht, Sst = h / dHn scratch, Xo =
+ * E / dE_tot, Sfin = ht / dh0; X0, S0, Sup, Sst, Xo, Sfin may be NULL (zero / not stored).
+ * grid (sequence, hv, V / 32). The running state S [KP][32] (KP = K rounded up to 64) is f32 in
+ * shared memory and is the home of the update's accumulators: each 16x16 tile of S is loaded
+ * into an accumulator fragment, gets sgnB A2^T X added, and is stored back. Per chunk:
+ *   store S; Xs = X0 tile; warp w < BT/8 owns X tile (w/2, w%2): acc = X0, acc += sgnA A1 S over
+ *   key tiles of 64 (A1 tile [BT][64] in Ts); Xs = acc; store Xo; S = exp(lambda) S (+ Sup_c);
+ *   for each key tile: Ts = A2 tile, warp w updates S rows kt0 + 16(w/2).., columns 16(w%2)..
+ *   with A2^T read as a col_major operand of Ts.
  * Dynamic shared memory: (KP*40 + BT*40 + BT*72 + KP) floats: 49 KB at K = 128, BT = 64;
  * 70 KB at K = 256. */
-template <int BT, int P>
+template <int BT, int P, bool BWD>
 __global__ void __launch_bounds__(TC_THREADS)
-    state_fwd_tc_kernel(const int64_t *__restrict__ chunk_off,
-                        const int64_t *__restrict__ chunk_t0,
-                        const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                        const float *__restrict__ W, const float *__restrict__ U,
-                        const float *__restrict__ KG, const float *__restrict__ G,
-                        const float *__restrict__ h0, float *__restrict__ h,
-                        float *__restrict__ E, float *__restrict__ ht) {
+    state_tc_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
+                    const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                    const float *__restrict__ A1, const float *__restrict__ X0,
+                    const float *__restrict__ A2, const float *__restrict__ G,
+                    const float *__restrict__ S0, const float *__restrict__ Sup,
+                    float *__restrict__ Sst, float *__restrict__ Xo, float *__restrict__ Sfin) {
     constexpr int VT = TC_ST_VT, KT = TC_KT, LDH = VT + TC_PAD, LDT = KT + TC_PAD;
     extern __shared__ __align__(128) float tc_state_smem[];
     const int KP = (K + KT - 1) / KT * KT;
-    float *hs = tc_state_smem;   /* [KP][LDH] */
-    float *Es = hs + KP * LDH;   /* [BT][LDH] */
-    float *Ts = Es + BT * LDH;   /* [BT][LDT] */
-    float *elam = Ts + BT * LDT; /* [KP] */
+    float *hs = tc_state_smem;   /* [KP][LDH] the running state S */
+    float *Es = hs + KP * LDH;   /* [BT][LDH] X */
+    float *Ts = Es + BT * LDH;   /* [BT][LDT] key tile of A1 or A2 */
+    float *elam = Ts + BT * LDT; /* [KP] exp(lambda) */
 
     const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
     const int w = threadIdx.x >> 5;
     const int nv = min(VT, V - v0);
     const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V, KV = (int64_t)K * V;
-    const bool ewarp = w < BT / 8; /* owns an E tile */
+    const bool ewarp = w < BT / 8; /* owns an X tile */
     const int eti = w >> 1, etj = w & 1;
 
     {
-        const float *h0n = h0 ? h0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
+        const float *s0 = S0 ? S0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
         for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
             const int r = idx / VT, c = idx % VT;
-            hs[r * LDH + c] = (h0n && r < K && c < nv) ? h0n[(int64_t)r * V + c] : 0.f;
+            hs[r * LDH + c] = (s0 && r < K && c < nv) ? s0[(int64_t)r * V + c] : 0.f;
         }
     }
 
     const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1];
-    for (int64_t ch = c_beg; ch < c_end; ch++) {
+    for (int64_t it = 0; it < c_end - c_beg; it++) {
+        const int64_t ch = BWD ? c_end - 1 - it : c_beg + it;
         const int64_t t0 = chunk_t0[ch];
         const int L = chunk_len[ch];
-        __syncthreads(); /* hs complete (h0 or the last update); Es, Ts, elam free */
-        float *hc = h + (ch * HV + hv) * KV + v0;
-        for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
-            const int r = idx / VT, c = idx % VT;
-            if (c < nv)
-                hc[(int64_t)r * V + c] = hs[r * LDH + c];
+        __syncthreads(); /* hs complete (S0 or the last update); Es, Ts, elam free */
+        if (Sst) {
+            float *sc = Sst + (ch * HV + hv) * KV + v0;
+            for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
+                const int r = idx / VT, c = idx % VT;
+                if (c < nv)
+                    sc[(int64_t)r * V + c] = hs[r * LDH + c];
+            }
         }
         for (int kk = threadIdx.x; kk < KP; kk += TC_THREADS)
             elam[kk] = kk < K ? expf(G[((t0 + L - 1) * HV + hv) * K + kk]) : 0.f;
-        load_tile<BT, VT, LDH>(Es, U + (t0 * HV + hv) * V + v0, rv, L, nv);
+        load_tile<BT, VT, LDH>(Es, X0 ? X0 + (t0 * HV + hv) * V + v0 : nullptr, rv, X0 ? L : 0,
+                               nv);
         __syncthreads();
 
-        /* E = U - W h */
+        /* X = X0 + sgnA A1 S */
         Acc acc;
         if (ewarp)
             wmma::load_matrix_sync(acc, Es + eti * 16 * LDH + etj * 16, LDH, wmma::mem_row_major);
         for (int kt0 = 0; kt0 < K; kt0 += KT) {
             const int nk = min(KT, K - kt0);
-            load_tile<BT, KT, LDT>(Ts, W + (t0 * HV + hv) * K + kt0, rk, L, nk);
+            load_tile<BT, KT, LDT>(Ts, A1 + (t0 * HV + hv) * K + kt0, rk, L, nk);
             __syncthreads();
             if (ewarp)
-                mma_k<P, true, RM, RM>(acc, Ts + eti * 16 * LDT, LDT, hs + kt0 * LDH + etj * 16,
+                mma_k<P, !BWD, RM, RM>(acc, Ts + eti * 16 * LDT, LDT, hs + kt0 * LDH + etj * 16,
                                        LDH, (nk + 7) / 8);
             __syncthreads();
         }
         if (ewarp)
             wmma::store_matrix_sync(Es + eti * 16 * LDH + etj * 16, acc, LDH, wmma::mem_row_major);
         __syncthreads();
-        store_tile<BT, VT, LDH>(E + (t0 * HV + hv) * V + v0, rv, Es, L, nv);
-        for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
-            const int r = idx / VT, c = idx % VT;
-            hs[r * LDH + c] *= elam[r];
+        if (Xo)
+            store_tile<BT, VT, LDH>(Xo + (t0 * HV + hv) * V + v0, rv, Es, L, nv);
+        {
+            const float *up = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
+            for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
+                const int r = idx / VT, c = idx % VT;
+                const float add = (up && r < K && c < nv) ? up[(int64_t)r * V + c] : 0.f;
+                hs[r * LDH + c] = hs[r * LDH + c] * elam[r] + add;
+            }
         }
 
-        /* h = exp(lambda) h + KG^T E (rows of KG and E past L are zero) */
+        /* S += sgnB A2^T X (rows of A2 and X past L are zero) */
         for (int kt0 = 0; kt0 < K; kt0 += KT) {
             const int nk = min(KT, K - kt0);
-            load_tile<BT, KT, LDT>(Ts, KG + (t0 * HV + hv) * K + kt0, rk, L, nk);
+            load_tile<BT, KT, LDT>(Ts, A2 + (t0 * HV + hv) * K + kt0, rk, L, nk);
             __syncthreads(); /* also: the scaling of hs is complete */
             const int ri = w >> 1, tj = w & 1, r0 = kt0 + 16 * ri;
             if (r0 < K) {
                 Acc hacc;
-                float *ht_ = hs + r0 * LDH + tj * 16;
-                wmma::load_matrix_sync(hacc, ht_, LDH, wmma::mem_row_major);
-                mma_k<P, false, CM, RM>(hacc, Ts + 16 * ri, LDT, Es + tj * 16, LDH, (L + 7) / 8);
-                wmma::store_matrix_sync(ht_, hacc, LDH, wmma::mem_row_major);
+                float *st = hs + r0 * LDH + tj * 16;
+                wmma::load_matrix_sync(hacc, st, LDH, wmma::mem_row_major);
+                mma_k<P, BWD, CM, RM>(hacc, Ts + 16 * ri, LDT, Es + tj * 16, LDH, (L + 7) / 8);
+                wmma::store_matrix_sync(st, hacc, LDH, wmma::mem_row_major);
             }
             __syncthreads();
         }
     }
     __syncthreads();
-    if (ht) {
-        float *htn = ht + ((int64_t)n * HV + hv) * KV + v0;
+    if (Sfin) {
+        float *sf = Sfin + ((int64_t)n * HV + hv) * KV + v0;
         for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
             const int r = idx / VT, c = idx % VT;
             if (c < nv)
-                htn[(int64_t)r * V + c] = hs[r * LDH + c];
+                sf[(int64_t)r * V + c] = hs[r * LDH + c];
         }
     }
 }
@@ -298,17 +315,6 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
 
-/* Run the statements with P_ bound to 1 (TF32) or 2 (3xTF32) from d->tc. */
-#define KDA_DISPATCH_P(tc, ...)                                                                    \
-    do {                                                                                           \
-        if ((tc) >= 2) {                                                                           \
-            constexpr int P_ = 2;                                                                  \
-            __VA_ARGS__;                                                                           \
-        } else {                                                                                   \
-            constexpr int P_ = 1;                                                                  \
-            __VA_ARGS__;                                                                           \
-        }                                                                                          \
-    } while (0)
 
 dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
                             const float *h, const float *Aqk, const float *E, float *O) {
@@ -324,9 +330,12 @@ dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
     return DG_OK;
 }
 
-dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
-                           const float *KG, const float *G, const float *h0, float *h, float *E,
-                           float *ht) {
+/* The serial state pass, forward or backward (operands as in state_tc_kernel). */
+template <bool BWD>
+static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
+                                 const float *X0, const float *A2, const float *G,
+                                 const float *S0, const float *Sup, float *Sst, float *Xo,
+                                 float *Sfin) {
     const int KP = DG_CEIL_DIV(d->K, TC_KT) * TC_KT;
     dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_ST_VT));
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
@@ -335,14 +344,27 @@ dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, 
                                              (size_t)BT_ * (TC_KT + TC_PAD) + (size_t)KP);
                         if (smem > 48 * 1024)
                             DG_CHECK_CUDA(cudaFuncSetAttribute(
-                                state_fwd_tc_kernel<BT_, P_>,
+                                state_tc_kernel<BT_, P_, BWD>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                        state_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
-                            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, W, U, KG,
-                            G, h0, h, E, ht);
+                        state_tc_kernel<BT_, P_, BWD>
+                            <<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
+                                d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1,
+                                X0, A2, G, S0, Sup, Sst, Xo, Sfin);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
+}
+
+dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
+                           const float *KG, const float *G, const float *h0, float *h, float *E,
+                           float *ht) {
+    return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
+}
+
+dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                               const float *KG, const float *G, const float *dh, const float *dE,
+                               const float *dht, float *dEtot, float *dHs, float *dh0) {
+    return state_tc_launch<true>(ctx, d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
 }
 
 dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
