@@ -1,6 +1,7 @@
 /*
  * tests/test_kda_tc.c -- the tensor-core path of the KDA CUDA kernels (kda_cuda_dims.tc, see
- * kernels/kda/kda_cuda.h) against the CPU f64 raw functions (ops/kda/kda.h): kda_wy_fwd (W, U,
+ * kernels/kda/kda_cuda.h) against the CPU f64 raw functions (ops/kda/kda.h): kda_intra_fwd (Aqk,
+ * Tm; off-diagonal blocks factorised around a reference row), kda_wy_fwd (W, U,
  * KG, QG), kda_state_fwd (h, E, ht), kda_output_fwd (O), kda_output_bwd (dQG, dh, dAqk, dE)
  * and kda_state_bwd (dW, dU, dKG, dG, dh0), each run with tc = 1 (TF32), tc = 2 (3xTF32) and tc = 0 (the f32 FFMA kernels, printed for
  * contrast), and the ops-layer rule that turns tc on for bf16 activations only.
@@ -10,7 +11,8 @@
  * fails. Inputs are never zero: q, k rows L2-normalised, g in [-0.5, -0.01] per step, beta in
  * (0, 1), v, h0 and the upstream gradients uniform in [-1, 1]. Cases: T not a multiple of BT, varlen with odd
  * lengths (1 included), GVA, BT = 16/32/64, K = V = 64, K = V = 128, K = 80 V = 40, K = V = 256
- * (the state kernel's largest shared memory).
+ * (the state kernel's largest shared memory), and two cases with g in [-45, -35] per step (the
+ * factorised intra blocks must underflow to zero, never overflow).
  * cpu mode: nothing to run (CUDA-only suite).
  */
 #include "harness.h"
@@ -39,10 +41,10 @@ int main(int argc, char **argv) {
 
 static const char *mode_name[3] = {"f32 FFMA (tc=0)", "TF32 (tc=1)", "3xTF32 (tc=2)"};
 static const double mode_tol[3] = {TOL_FFMA, TOL_TF32, TOL_3XTF32};
-#define NKERN 5
+#define NKERN 6
 static double g_worst[3][NKERN]; /* [mode][kernel] */
-static const char *kern_name[NKERN] = {"kda_wy_fwd", "kda_state_fwd", "kda_output_fwd",
-                                       "kda_output_bwd", "kda_state_bwd"};
+static const char *kern_name[NKERN] = {"kda_wy_fwd",     "kda_state_fwd", "kda_output_fwd",
+                                       "kda_output_bwd", "kda_state_bwd", "kda_intra_fwd"};
 
 typedef struct tc_case {
     const char *name;
@@ -51,6 +53,7 @@ typedef struct tc_case {
     int nseq; /* > 0: varlen, B = 1, T = sum of lens */
     int64_t lens[4];
     int use_h0;
+    double glo, ghi; /* per-step log decay range; 0, 0: [-0.5, -0.01] */
 } tc_case;
 
 /* Host f64 array of n with the device buffer holding its f32 rounding. */
@@ -146,7 +149,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     buf dU = mkbuf(nv), dKG = mkbuf(nk), dG = mkbuf(nk), dh0 = mkbuf(n0);
     {
         double *qraw = kt_rand(nqk, seed + 1, -1, 1), *kraw = kt_rand(nqk, seed + 2, -1, 1);
-        double *g = kt_rand(nk, seed + 4, -0.5, -0.01);
+        double *g = c->glo < 0 ? kt_rand(nk, seed + 4, c->glo, c->ghi)
+                               : kt_rand(nk, seed + 4, -0.5, -0.01);
         double *rv = kt_rand(nv, seed + 3, -1, 1), *rb = kt_rand(nb, seed + 5, 0.02, 0.98);
         double *r0 = kt_rand(n0, seed + 6, -1, 1), *rdo = kt_rand(nv, seed + 7, -1, 1);
         double *ruh = kt_rand(nh, seed + 8, -1, 1), *ruE = kt_rand(nv, seed + 9, -1, 1);
@@ -191,6 +195,16 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         const int m = modes[mi];
         dd.tc = m;
         dg_tensor *o1, *o2, *o3, *o4;
+        /* intra */
+        o1 = poisoned(gpu, na);
+        o2 = poisoned(gpu, na);
+        dg_check_ok(kda_intra_fwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
+                                       F(G.d), F(o1), F(o2)),
+                    "intra launch");
+        cmp(m, 5, c->name, "Aqk", o1, Aqk.x, na);
+        cmp(m, 5, c->name, "Tm", o2, Tm.x, na);
+        dg_tensor_free(&o1);
+        dg_tensor_free(&o2);
         /* wy: all four outputs, then W alone and U alone (NULL outputs are skipped) */
         o1 = poisoned(gpu, nk);
         o2 = poisoned(gpu, nv);
@@ -370,6 +384,9 @@ int main(int argc, char **argv) {
         {"varlen 7/70 BT=64 GVA K=80 V=40 no h0", 1, 77, 1, 2, 80, 40, 64, 2, {7, 70}, 0},
         {"B=1 T=45 BT=32 K=V=256", 1, 45, 1, 2, 256, 256, 32, 0, {0}, 1},
         {"B=1 T=130 BT=64 K=V=256", 1, 130, 1, 1, 256, 256, 64, 0, {0}, 1},
+        {"B=2 T=70 BT=32 gates -45..-35/step", 2, 70, 2, 2, 64, 64, 32, 0, {0}, 1, -45, -35},
+        {"varlen 1/64/20 BT=64 GVA gates -45..-35/step", 1, 85, 1, 2, 64, 64, 64, 3, {1, 64, 20},
+         0, -45, -35},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(cpu, gpu, &cases[i], 7000 * (uint64_t)(i + 1));

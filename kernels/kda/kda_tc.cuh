@@ -56,6 +56,24 @@ template <class Frag> __device__ __forceinline__ void split_tf32(Frag &hi, Frag 
     }
 }
 
+/* c += A B for one k-step from f32 fragments (rounded / split here; a and b are copies). */
+template <int P, class LA, class LB>
+__device__ __forceinline__ void mma_frag(Acc &c, FragA<LA> a, FragB<LB> b) {
+    if (P == 1) {
+        to_tf32(a);
+        to_tf32(b);
+        wmma::mma_sync(c, a, b, c);
+    } else {
+        FragA<LA> al;
+        FragB<LB> bl;
+        split_tf32(a, al);
+        split_tf32(b, bl);
+        wmma::mma_sync(c, al, b, c);
+        wmma::mma_sync(c, a, bl, c);
+        wmma::mma_sync(c, a, b, c);
+    }
+}
+
 /* c += (NEG ? -1 : 1) * A B over nk8 k-steps of 8: A is 16 x 8*nk8 at a (leading dim lda,
  * layout LA), B is 8*nk8 x 16 at b (ldb, LB). Row-major A(m,k) = a[m*lda + k], col-major
  * A(m,k) = a[m + k*lda]; B likewise with (k,n). One warp, all lanes (nk8 warp-uniform). */
@@ -73,19 +91,7 @@ __device__ __forceinline__ void mma_k(Acc &c, const float *a, unsigned lda, cons
             for (int t = 0; t < ah.num_elements; t++)
                 ah.x[t] = -ah.x[t];
         }
-        if (P == 1) {
-            to_tf32(ah);
-            to_tf32(bh);
-            wmma::mma_sync(c, ah, bh, c);
-        } else {
-            FragA<LA> al;
-            FragB<LB> bl;
-            split_tf32(ah, al);
-            split_tf32(bh, bl);
-            wmma::mma_sync(c, al, bh, c);
-            wmma::mma_sync(c, ah, bl, c);
-            wmma::mma_sync(c, ah, bh, c);
-        }
+        mma_frag<P>(c, ah, bh);
     }
 }
 
@@ -127,6 +133,9 @@ __device__ __forceinline__ void store_tile(float *__restrict__ dst, int64_t rs, 
 
 /* The tc launchers (kda_tc_fwd.cu, kda_tc_bwd.cu); the public launchers in kda_cuda.h call them
  * when d->tc != 0, after their own argument checks, with the same arguments. */
+dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                           const float *k, const float *beta, const float *G, float *Aqk,
+                           float *Tm);
 dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
                             const float *h, const float *Aqk, const float *E, float *O);
 dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,

@@ -4,6 +4,8 @@
  *   N7 output:  O_c = s QG_c h_c + Aqk_c E_c                                    (spec §5.4)
  *   N6 state:   E_c = U_c - W_c h_c,  h_{c+1} = Diag(exp(lambda_c)) h_c + KG_c^T E_c   (§5.3)
  *   N5 wy:      W = (Tm Diag(beta)) (K . exp(G)),  U = (Tm Diag(beta)) V;  KG, QG elementwise
+ *   N4 intra:   the off-diagonal 16x16 blocks of Aqk and Lkk (reference-row factorisation)
+ *   and the serial state pass of the backward (state_tc_kernel<BWD = true>)
  * Same layouts and results (up to TF32 rounding) as kda_fwd_state.cu / kda_fwd_intra.cu.
  * Fragments m16n16k8 TF32 (P = 1) or 3xTF32 (P = 2) with f32 accumulators, operands staged
  * zero-padded in shared memory (kda_tc.cuh). Warp w of a block owns the 16x16 output tiles
@@ -222,6 +224,179 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* N4 intra (spec §5.1, §5.2), grid (chunk, hv). Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i)
+ * and P[i,j] = sum_d k_i k_j exp(G_i - G_j) (j < i), then Tm = (I + Diag(beta) P)^{-1} as in the
+ * FFMA kernel. Off-diagonal 16x16 blocks (row block I > column block J) on tensor cores with the
+ * reference-row factorisation of §7 rule 2, r = 16 I (the first row of block I):
+ *   Araw_IJ = (Q_I . exp(G_I - G_r)) (K_J . exp(G_r - G_J))^T,  P_IJ likewise with K_I,
+ * where both exponents are <= 0 (G is non-increasing in a chunk), so no factor exceeds 1 for any
+ * gate values. The exponents are clamped at 0 (min(., 0)), which changes nothing for valid rows
+ * and keeps zero-padded rows (G = 0 padding past L) at exp(0) times a zero q/k row. Warp p <
+ * R(R-1)/2 owns pair p = I(I-1)/2 + J; each k-step loads f32 fragments of q, k, G and of a tile
+ * whose 16 rows all hold G_r, applies the factors element by element (fragments of one type
+ * share their element-to-position map), then rounds to TF32 (or splits, P = 2). Diagonal blocks
+ * stay exact per-pair FFMA (thread (ty, tx) owns (ty + 16a, tx + 16a)), as in the FFMA kernel.
+ * Static shared memory: one region of 3 BT x 40 + R x 16 x 40 floats (40 KB at BT = 64) holding
+ * the q, k, G, G_r key tiles, then the off-diagonal results, then Lkk and Tm. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    intra_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0,
+                        const int32_t *__restrict__ chunk_len, int H, int HV, int K, float scale,
+                        const float *__restrict__ q, const float *__restrict__ k,
+                        const float *__restrict__ beta, const float *__restrict__ G,
+                        float *__restrict__ Aqk, float *__restrict__ Tm) {
+    constexpr int R = BT / 16, KT = 32, LD = KT + TC_PAD, LDS = BT + TC_PAD;
+    constexpr int NP = R * (R - 1) / 2;
+    constexpr int REGION = 3 * BT * LD + R * 16 * LD;
+    static_assert(REGION >= BT * LDS && REGION >= 2 * BT * BT, "the region is reused");
+    __shared__ __align__(128) float sm[REGION];
+    float *qs = sm, *ks = sm + BT * LD, *gs = sm + 2 * BT * LD; /* [BT][LD] */
+    float *grs = sm + 3 * BT * LD;                              /* [R][16][LD] rows = G_16I */
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15, w = tid >> 5;
+
+    /* the block pair of warp w */
+    int pI = 1, pJ = w;
+    while (pI < R && pJ >= pI) {
+        pJ -= pI;
+        pI++;
+    }
+    const bool pwarp = w < NP && 16 * pI < L; /* block I has a valid row (else all zero) */
+
+    float accA[R][R], accP[R][R];
+#pragma unroll
+    for (int a = 0; a < R; a++)
+#pragma unroll
+        for (int b = 0; b < R; b++)
+            accA[a][b] = accP[a][b] = 0.f;
+    Acc cA, cP;
+    wmma::fill_fragment(cA, 0.f);
+    wmma::fill_fragment(cP, 0.f);
+
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
+            const int i = idx / KT, e = idx % KT;
+            const bool ok = i < L && kt0 + e < K;
+            const int64_t oq = ((t0 + i) * H + hq) * K + kt0 + e;
+            const int64_t og = ((t0 + i) * HV + hv) * K + kt0 + e;
+            qs[i * LD + e] = ok ? q[oq] : 0.f;
+            ks[i * LD + e] = ok ? k[oq] : 0.f;
+            gs[i * LD + e] = ok ? G[og] : 0.f;
+        }
+        for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+            const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+            const bool ok = 16 * I < L && kt0 + e < K;
+            grs[(I * 16 + m) * LD + e] = ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
+        }
+        __syncthreads();
+
+        /* diagonal blocks: exact exponentials, masked in the exponent above the diagonal */
+#pragma unroll 4
+        for (int e = 0; e < KT; e++) {
+#pragma unroll
+            for (int a = 0; a < R; a++) {
+                const int i = ty + 16 * a, j = tx + 16 * a;
+                const float dg = tx > ty ? -INFINITY : gs[i * LD + e] - gs[j * LD + e];
+                const float x = ks[j * LD + e] * expf(dg);
+                accA[a][a] += qs[i * LD + e] * x;
+                accP[a][a] += ks[i * LD + e] * x;
+            }
+        }
+
+        /* off-diagonal blocks: reference-row factorised tensor-core products */
+        if (pwarp) {
+            const float *qI = qs + 16 * pI * LD, *kI = ks + 16 * pI * LD, *gI = gs + 16 * pI * LD;
+            const float *kJ = ks + 16 * pJ * LD, *gJ = gs + 16 * pJ * LD, *gr = grs + 16 * pI * LD;
+            for (int s8 = 0; s8 < KT / 8 && kt0 + 8 * s8 < K; s8++) {
+                FragA<RM> fq, fk, fg, fr;
+                FragB<CM> bk, bg, br;
+                wmma::load_matrix_sync(fq, qI + 8 * s8, LD);
+                wmma::load_matrix_sync(fk, kI + 8 * s8, LD);
+                wmma::load_matrix_sync(fg, gI + 8 * s8, LD);
+                wmma::load_matrix_sync(fr, gr + 8 * s8, LD);
+                wmma::load_matrix_sync(bk, kJ + 8 * s8, LD); /* B(d, j) = k_j[d] */
+                wmma::load_matrix_sync(bg, gJ + 8 * s8, LD);
+                wmma::load_matrix_sync(br, gr + 8 * s8, LD); /* B(d, j) = G_r[d] */
+#pragma unroll
+                for (int t = 0; t < fq.num_elements; t++) {
+                    const float f = expf(fminf(fg.x[t] - fr.x[t], 0.f));
+                    fq.x[t] *= f;
+                    fk.x[t] *= f;
+                }
+#pragma unroll
+                for (int t = 0; t < bk.num_elements; t++)
+                    bk.x[t] *= expf(fminf(br.x[t] - bg.x[t], 0.f));
+                mma_frag<P>(cA, fq, bk);
+                mma_frag<P>(cP, fk, bk);
+            }
+        }
+        __syncthreads();
+    }
+
+    /* off-diagonal results into the owners' registers, through the region */
+    float *Ss = sm; /* [BT][LDS] */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pwarp) {
+            if (pass)
+                wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cP, LDS, wmma::mem_row_major);
+            else
+                wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cA, LDS, wmma::mem_row_major);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < R; a++)
+#pragma unroll
+            for (int b = 0; b < a; b++) {
+                /* blocks with no valid row were not stored: their rows are never used */
+                const int i = ty + 16 * a, j = tx + 16 * b;
+                const float x = 16 * a < L ? Ss[i * LDS + j] : 0.f;
+                if (pass)
+                    accP[a][b] = x;
+                else
+                    accA[a][b] = x;
+            }
+        __syncthreads();
+    }
+
+    /* Aqk rows of the L valid tokens, all BT columns; Lkk; Tm: as the FFMA kernel */
+    float *Ls = sm, *Ts = sm + BT * BT;
+#pragma unroll
+    for (int a = 0; a < R; a++) {
+        const int i = ty + 16 * a;
+        const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
+#pragma unroll
+        for (int b = 0; b < R; b++) {
+            const int j = tx + 16 * b;
+            const bool lower = b < a || (b == a && tx <= ty); /* j <= i */
+            if (i < L)
+                Aqk[((t0 + i) * HV + hv) * BT + j] = lower ? scale * accA[a][b] : 0.f;
+            Ls[i * BT + j] = (lower && j != i) ? bi * accP[a][b] : 0.f;
+        }
+    }
+    __syncthreads();
+
+    if (tid < L) {
+        const int j = tid;
+        Ts[j * BT + j] = 1.f;
+        for (int i = j + 1; i < L; i++) {
+            float s = 0.f;
+            for (int m = j; m < i; m++)
+                s += Ls[i * BT + m] * Ts[m * BT + j];
+            Ts[i * BT + j] = -s;
+        }
+    }
+    __syncthreads();
+
+    for (int idx = tid; idx < L * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
+    }
+}
+
 /* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
  * Diag(beta) staged [BT][BT+8] (zero above the diagonal and past L) and X = K exp(G) (resp. V)
  * in column tiles of 64 [BT][72]; row block ti of Tb needs the k-steps j < 16(ti+1) only.
@@ -315,6 +490,21 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
 
+
+dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                           const float *k, const float *beta, const float *G, float *Aqk,
+                           float *Tm) {
+    if (d->NC == 0)
+        return DG_OK;
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        intra_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, scale, q, k, beta, G,
+                            Aqk, Tm);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
 
 dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
                             const float *h, const float *Aqk, const float *E, float *O) {
