@@ -3,17 +3,18 @@
  * kernels/kda/kda_cuda.h) against the CPU f64 raw functions (ops/kda/kda.h): kda_intra_fwd (Aqk,
  * Tm; off-diagonal blocks factorised around a reference row), kda_wy_fwd (W, U,
  * KG, QG), kda_state_fwd (h, E, ht), kda_output_fwd (O), kda_output_bwd (dQG, dh, dAqk, dE)
- * and kda_state_bwd (dW, dU, dKG, dG, dh0), each run with tc = 1 (TF32), tc = 2 (3xTF32) and tc = 0 (the f32 FFMA kernels, printed for
- * contrast), and the ops-layer rule that turns tc on for bf16 activations only.
+ * and kda_state_bwd (dW, dU, dKG, dG, dh0), each run with tc = 1 (TF32), tc = 2 (3xTF32) and tc = 0
+ * (the f32 FFMA kernels, printed for contrast), and the ops-layer rule that turns tc on for bf16
+ * activations only.
  *
  * Each stage gets the f32 rounding of the f64 chain's own inputs, so an error points at one
  * kernel; device outputs are poisoned with NaN first, so an element a kernel forgets to write
  * fails. Inputs are never zero: q, k rows L2-normalised, g in [-0.5, -0.01] per step, beta in
- * (0, 1), v, h0 and the upstream gradients uniform in [-1, 1]. Cases: T not a multiple of BT, varlen with odd
- * lengths (1 included), GVA, BT = 16/32/64, K = V = 64, K = V = 128, K = 80 V = 40, K = V = 256
- * (the state kernel's largest shared memory), and two cases with g in [-45, -35] per step (the
- * factorised intra blocks must underflow to zero, never overflow).
- * cpu mode: nothing to run (CUDA-only suite).
+ * (0, 1), v, h0 and the upstream gradients uniform in [-1, 1]. Cases: T not a multiple of BT,
+ * varlen with odd lengths (1 included), GVA, BT = 16/32/64, K = V = 64, K = V = 128, K = 80 V = 40,
+ * K = V = 256 (the state kernel's largest shared memory), and two cases with g in [-45, -35] per
+ * step (the factorised intra blocks must underflow to zero, never overflow). cpu mode: nothing to
+ * run (CUDA-only suite).
  */
 #include "harness.h"
 #include "kda_testutil.h"
@@ -126,8 +127,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         opts.n_seqs = c->nseq;
     }
     kda_cfg cfg;
-    DG_TEST_TRY(kda_cfg_init("test_kda_tc", cpu, &opts, c->B, c->T, c->H, c->HV, c->K, c->V,
-                             DG_F64, &cfg));
+    DG_TEST_TRY(
+        kda_cfg_init("test_kda_tc", cpu, &opts, c->B, c->T, c->H, c->HV, c->K, c->V, DG_F64, &cfg));
     const kda_dims *d = &cfg.d;
     const int64_t TT = c->B * c->T, NC = kda_cfg_nc(&cfg);
     const int N = d->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
@@ -149,8 +150,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     buf dU = mkbuf(nv), dKG = mkbuf(nk), dG = mkbuf(nk), dh0 = mkbuf(n0);
     {
         double *qraw = kt_rand(nqk, seed + 1, -1, 1), *kraw = kt_rand(nqk, seed + 2, -1, 1);
-        double *g = c->glo < 0 ? kt_rand(nk, seed + 4, c->glo, c->ghi)
-                               : kt_rand(nk, seed + 4, -0.5, -0.01);
+        double *g =
+            c->glo < 0 ? kt_rand(nk, seed + 4, c->glo, c->ghi) : kt_rand(nk, seed + 4, -0.5, -0.01);
         double *rv = kt_rand(nv, seed + 3, -1, 1), *rb = kt_rand(nb, seed + 5, 0.02, 0.98);
         double *r0 = kt_rand(n0, seed + 6, -1, 1), *rdo = kt_rand(nv, seed + 7, -1, 1);
         double *ruh = kt_rand(nh, seed + 8, -1, 1), *ruE = kt_rand(nv, seed + 9, -1, 1);
@@ -182,10 +183,10 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     DG_TEST_TRY(kda_state_fwd_f64(d, W.x, U.x, KG.x, G.x, h0x, h.x, E.x, ht.x));
     kda_output_fwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, O.x);
     kda_output_bwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, dO.x, dQG.x, dh.x, dAqk.x, dE.x);
-    DG_TEST_TRY(kda_state_bwd_f64(d, W.x, KG.x, G.x, h.x, E.x, uh.x, uE.x, uht.x, dW.x, dU.x,
-                                  dKG.x, dG.x, dh0.x));
-    buf *ins[] = {&q,  &k, &v, &beta, &G,  &Tm, &Aqk, &W,  &U,
-                  &KG, &QG, &h, &E,   &h0, &dO, &uh,  &uE, &uht};
+    DG_TEST_TRY(kda_state_bwd_f64(d, W.x, KG.x, G.x, h.x, E.x, uh.x, uE.x, uht.x, dW.x, dU.x, dKG.x,
+                                  dG.x, dh0.x));
+    buf *ins[] = {&q,  &k,  &v, &beta, &G,  &Tm, &Aqk, &W,  &U,
+                  &KG, &QG, &h, &E,    &h0, &dO, &uh,  &uE, &uht};
     for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++)
         upload(gpu, ins[i]);
     const float *h0d = c->use_h0 ? F(h0.d) : NULL;
@@ -198,8 +199,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         /* intra */
         o1 = poisoned(gpu, na);
         o2 = poisoned(gpu, na);
-        dg_check_ok(kda_intra_fwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
-                                       F(G.d), F(o1), F(o2)),
+        dg_check_ok(kda_intra_fwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d), F(G.d),
+                                       F(o1), F(o2)),
                     "intra launch");
         cmp(m, 5, c->name, "Aqk", o1, Aqk.x, na);
         cmp(m, 5, c->name, "Tm", o2, Tm.x, na);
@@ -210,8 +211,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o2 = poisoned(gpu, nv);
         o3 = poisoned(gpu, nk);
         o4 = poisoned(gpu, nk);
-        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
-                                    F(Tm.d), F(o1), F(o2), F(o3), F(o4)),
+        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d), F(Tm.d),
+                                    F(o1), F(o2), F(o3), F(o4)),
                     "wy launch");
         cmp(m, 0, c->name, "W", o1, W.x, nk);
         cmp(m, 0, c->name, "U", o2, U.x, nv);
@@ -219,11 +220,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         cmp(m, 0, c->name, "QG", o4, QG.x, nk);
         DG_TEST_TRY(dg_tensor_fill_(o1, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
-        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, NULL, F(k.d), NULL, F(beta.d), F(G.d), F(Tm.d),
-                                    F(o1), NULL, NULL, NULL),
+        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, NULL, F(k.d), NULL, F(beta.d), F(G.d), F(Tm.d), F(o1),
+                                    NULL, NULL, NULL),
                     "wy launch (W only)");
-        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, NULL, NULL, F(v.d), F(beta.d), F(G.d), F(Tm.d),
-                                    NULL, F(o2), NULL, NULL),
+        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, NULL, NULL, F(v.d), F(beta.d), F(G.d), F(Tm.d), NULL,
+                                    F(o2), NULL, NULL),
                     "wy launch (U only)");
         cmp(m, 0, c->name, "W (alone)", o1, W.x, nk);
         cmp(m, 0, c->name, "U (alone)", o2, U.x, nv);
@@ -236,16 +237,16 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o1 = poisoned(gpu, nh);
         o2 = poisoned(gpu, nv);
         o3 = poisoned(gpu, n0);
-        dg_check_ok(kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1),
-                                       F(o2), F(o3)),
-                    "state launch");
+        dg_check_ok(
+            kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1), F(o2), F(o3)),
+            "state launch");
         cmp(m, 1, c->name, "h", o1, h.x, nh);
         cmp(m, 1, c->name, "E", o2, E.x, nv);
         cmp(m, 1, c->name, "ht", o3, ht.x, n0);
         DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
-        dg_check_ok(kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1),
-                                       F(o2), NULL),
-                    "state launch (no ht)");
+        dg_check_ok(
+            kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1), F(o2), NULL),
+            "state launch (no ht)");
         cmp(m, 1, c->name, "E (no ht)", o2, E.x, nv);
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
@@ -253,9 +254,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
 
         /* output forward */
         o1 = poisoned(gpu, nv);
-        dg_check_ok(kda_output_fwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
-                                        F(E.d), F(o1)),
-                    "output launch");
+        dg_check_ok(
+            kda_output_fwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d), F(o1)),
+            "output launch");
         cmp(m, 2, c->name, "O", o1, O.x, nv);
         dg_tensor_free(&o1);
 
@@ -264,8 +265,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o2 = poisoned(gpu, nh);
         o3 = poisoned(gpu, na);
         o4 = poisoned(gpu, nv);
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
-                                        F(E.d), F(dO.d), F(o1), F(o2), F(o3), F(o4)),
+        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
+                                        F(dO.d), F(o1), F(o2), F(o3), F(o4)),
                     "output bwd launch");
         cmp(m, 3, c->name, "dQG", o1, dQG.x, nk);
         cmp(m, 3, c->name, "dh", o2, dh.x, nh);
@@ -273,11 +274,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         cmp(m, 3, c->name, "dE", o4, dE.x, nv);
         DG_TEST_TRY(dg_tensor_fill_(o3, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
-                                        F(E.d), F(dO.d), NULL, NULL, F(o3), NULL),
+        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
+                                        F(dO.d), NULL, NULL, F(o3), NULL),
                     "output bwd launch (dAqk only)");
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
-                                        F(E.d), F(dO.d), NULL, NULL, NULL, F(o4)),
+        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
+                                        F(dO.d), NULL, NULL, NULL, F(o4)),
                     "output bwd launch (dE only)");
         cmp(m, 3, c->name, "dAqk (alone)", o3, dAqk.x, na);
         cmp(m, 3, c->name, "dE (alone)", o4, dE.x, nv);
@@ -294,9 +295,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o3 = poisoned(gpu, nk);
         o4 = poisoned(gpu, nk);
         o5 = poisoned(gpu, n0);
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
-                                       F(uh.d), F(uE.d), F(uht.d), F(o1), F(o2), F(o3), F(o4),
-                                       F(o5)),
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
+                                       F(uE.d), F(uht.d), F(o1), F(o2), F(o3), F(o4), F(o5)),
                     "state bwd launch");
         cmp(m, 4, c->name, "dW", o1, dW.x, nk);
         cmp(m, 4, c->name, "dU", o2, dU.x, nv);
@@ -308,17 +308,14 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         DG_TEST_TRY(dg_tensor_fill_(o3, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o5, NAN));
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
-                                       F(uh.d), F(uE.d), F(uht.d), NULL, F(o2), NULL, NULL,
-                                       F(o5)),
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
+                                       F(uE.d), F(uht.d), NULL, F(o2), NULL, NULL, F(o5)),
                     "state bwd launch (dU, dh0)");
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
-                                       F(uh.d), F(uE.d), F(uht.d), F(o1), NULL, NULL, NULL,
-                                       NULL),
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
+                                       F(uE.d), F(uht.d), F(o1), NULL, NULL, NULL, NULL),
                     "state bwd launch (dW)");
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
-                                       F(uh.d), F(uE.d), F(uht.d), NULL, NULL, F(o3), F(o4),
-                                       NULL),
+        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
+                                       F(uE.d), F(uht.d), NULL, NULL, F(o3), F(o4), NULL),
                     "state bwd launch (dKG, dG)");
         cmp(m, 4, c->name, "dU (with dh0 only)", o2, dU.x, nv);
         cmp(m, 4, c->name, "dh0 (with dU only)", o5, dh0.x, n0);
@@ -330,9 +327,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
             dg_tensor_free(&os[i]);
     }
 
-    buf *all[] = {&q,  &k,  &v,   &beta, &G,  &Aqk, &Tm,  &W,  &U,  &KG,  &QG, &h,
-                  &E,  &ht, &O,   &h0,   &dO, &dQG, &dh,  &dAqk, &dE, &uh, &uE, &uht,
-                  &dW, &dU, &dKG, &dG,   &dh0};
+    buf *all[] = {&q,  &k,  &v,   &beta, &G,    &Aqk, &Tm, &W,  &U,   &KG, &QG, &h,   &E,  &ht, &O,
+                  &h0, &dO, &dQG, &dh,   &dAqk, &dE,  &uh, &uE, &uht, &dW, &dU, &dKG, &dG, &dh0};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         free_buf(all[i]);
     kda_cuda_dims_free(gpu, &dd);
@@ -385,8 +381,19 @@ int main(int argc, char **argv) {
         {"B=1 T=45 BT=32 K=V=256", 1, 45, 1, 2, 256, 256, 32, 0, {0}, 1, 0, 0},
         {"B=1 T=130 BT=64 K=V=256", 1, 130, 1, 1, 256, 256, 64, 0, {0}, 1, 0, 0},
         {"B=2 T=70 BT=32 gates -45..-35/step", 2, 70, 2, 2, 64, 64, 32, 0, {0}, 1, -45, -35},
-        {"varlen 1/64/20 BT=64 GVA gates -45..-35/step", 1, 85, 1, 2, 64, 64, 64, 3, {1, 64, 20},
-         0, -45, -35},
+        {"varlen 1/64/20 BT=64 GVA gates -45..-35/step",
+         1,
+         85,
+         1,
+         2,
+         64,
+         64,
+         64,
+         3,
+         {1, 64, 20},
+         0,
+         -45,
+         -35},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(cpu, gpu, &cases[i], 7000 * (uint64_t)(i + 1));

@@ -146,9 +146,9 @@ dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, con
                         float *W, float *U, float *KG, float *QG);
 /* The serial kernel of the state backward (kda_bwd_state.cu's state_seq): dE_tot, the dHn_c
  * scratch [NC,HV,K,V] and dh0, each optional. */
-dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                               const float *KG, const float *G, const float *dh, const float *dE,
-                               const float *dht, float *dEtot, float *dHs, float *dh0);
+dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
+                               const float *G, const float *dh, const float *dE, const float *dht,
+                               float *dEtot, float *dHs, float *dh0);
 dg_status kda_state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
                            const float *G, const float *h, const float *E, const float *dh,
                            const float *dE, const float *dht, float *dW, float *dU, float *dKG,

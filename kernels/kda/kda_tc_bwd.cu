@@ -15,8 +15,8 @@ using namespace kdatc;
 
 // ---- CUDA kernels
 
-#define TC_CT 64                 /* column tile: key or value columns per step / per block */
-#define TC_LD (TC_CT + TC_PAD)   /* leading dim of a [*][64] tile */
+#define TC_CT 64               /* column tile: key or value columns per step / per block */
+#define TC_LD (TC_CT + TC_PAD) /* leading dim of a [*][64] tile */
 
 /* Warp w's output tiles of an (R16*16) x (C16*16) result: tile = w + 8r, (ti, tj) row-major. */
 #define TC_TILE(r, ti, tj, C16)                                                                    \
@@ -115,8 +115,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         }
     }
     __syncthreads();
-    store_tile<TC_CT, TC_CT, LD>(dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V,
-                                 sm, ne, nv);
+    store_tile<TC_CT, TC_CT, LD>(dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V, sm,
+                                 ne, nv);
 }
 
 /* grid (chunk, hv): dAqk[i][j] = sum_v dO[i][v] E[j][v] for j <= i, 0 above (rows < L, all BT
@@ -161,8 +161,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int r = 0; r < TPW; r++) {
         TC_TILE(r, ti, tj, R16);
         if (tile_ < NTILE && tj <= ti)
-            wmma::store_matrix_sync(sm + ti * 16 * LDS + tj * 16, acc[r], LDS,
-                                    wmma::mem_row_major);
+            wmma::store_matrix_sync(sm + ti * 16 * LDS + tj * 16, acc[r], LDS, wmma::mem_row_major);
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < L * BT; idx += TC_THREADS) {
@@ -220,10 +219,10 @@ __global__ void __launch_bounds__(TC_THREADS)
 /* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
  * (0 when h is NULL), every other row 0. Warp w: keys e = w, w + 8, ...; lanes over v. */
 __global__ void __launch_bounds__(TC_THREADS)
-    state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0,
-                       const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                       const float *__restrict__ G, const float *__restrict__ h,
-                       const float *__restrict__ dHs, float *__restrict__ dG) {
+    state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                       int HV, int K, int V, const float *__restrict__ G,
+                       const float *__restrict__ h, const float *__restrict__ dHs,
+                       float *__restrict__ dG) {
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
     const int64_t t0 = chunk_t0[ch];
@@ -297,7 +296,8 @@ dg_status kda_output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
                             float *dQG, float *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
-    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT), nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
+    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
+                   nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
     const bool p2 = d->tc >= 2;
     KDA_DISPATCH_BT(d->BT, {
         if (dQG) {

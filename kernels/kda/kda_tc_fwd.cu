@@ -94,8 +94,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int r = 0; r < TPW; r++) {
         const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
         if (tile < NTILE)
-            wmma::store_matrix_sync(Os + ti * 16 * LDV + tj * 16, acc[r], LDV,
-                                    wmma::mem_row_major);
+            wmma::store_matrix_sync(Os + ti * 16 * LDV + tj * 16, acc[r], LDV, wmma::mem_row_major);
     }
     __syncthreads();
     store_tile<BT, VT, LDV>(O + (t0 * HV + hv) * V + v0, rv, Os, L, nv);
@@ -166,8 +165,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         }
         for (int kk = threadIdx.x; kk < KP; kk += TC_THREADS)
             elam[kk] = kk < K ? expf(G[((t0 + L - 1) * HV + hv) * K + kk]) : 0.f;
-        load_tile<BT, VT, LDH>(Es, X0 ? X0 + (t0 * HV + hv) * V + v0 : nullptr, rv, X0 ? L : 0,
-                               nv);
+        load_tile<BT, VT, LDH>(Es, X0 ? X0 + (t0 * HV + hv) * V + v0 : nullptr, rv, X0 ? L : 0, nv);
         __syncthreads();
 
         /* X = X0 + sgnA A1 S */
@@ -240,11 +238,11 @@ __global__ void __launch_bounds__(TC_THREADS)
  * the q, k, G, G_r key tiles, then the off-diagonal results, then Lkk and Tm. */
 template <int BT, int P>
 __global__ void __launch_bounds__(TC_THREADS)
-    intra_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0,
-                        const int32_t *__restrict__ chunk_len, int H, int HV, int K, float scale,
-                        const float *__restrict__ q, const float *__restrict__ k,
-                        const float *__restrict__ beta, const float *__restrict__ G,
-                        float *__restrict__ Aqk, float *__restrict__ Tm) {
+    intra_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                        int H, int HV, int K, float scale, const float *__restrict__ q,
+                        const float *__restrict__ k, const float *__restrict__ beta,
+                        const float *__restrict__ G, float *__restrict__ Aqk,
+                        float *__restrict__ Tm) {
     constexpr int R = BT / 16, KT = 32, LD = KT + TC_PAD, LDS = BT + TC_PAD;
     constexpr int NP = R * (R - 1) / 2;
     constexpr int REGION = 3 * BT * LD + R * 16 * LD;
@@ -490,7 +488,6 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
 
-
 dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
                            const float *k, const float *beta, const float *G, float *Aqk,
                            float *Tm) {
@@ -499,8 +496,8 @@ dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, con
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         intra_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, scale, q, k, beta, G,
-                            Aqk, Tm);
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, scale, q, k, beta, G, Aqk,
+                            Tm);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
@@ -513,8 +510,7 @@ dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E,
-                            O);
+                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
@@ -523,9 +519,8 @@ dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
 /* The serial state pass, forward or backward (operands as in state_tc_kernel). */
 template <bool BWD>
 static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
-                                 const float *X0, const float *A2, const float *G,
-                                 const float *S0, const float *Sup, float *Sst, float *Xo,
-                                 float *Sfin) {
+                                 const float *X0, const float *A2, const float *G, const float *S0,
+                                 const float *Sup, float *Sst, float *Xo, float *Sfin) {
     const int KP = DG_CEIL_DIV(d->K, TC_KT) * TC_KT;
     dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_ST_VT));
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
@@ -536,10 +531,9 @@ static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const floa
                             DG_CHECK_CUDA(cudaFuncSetAttribute(
                                 state_tc_kernel<BT_, P_, BWD>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                        state_tc_kernel<BT_, P_, BWD>
-                            <<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
-                                d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1,
-                                X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+                        state_tc_kernel<BT_, P_, BWD><<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
+                            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1, X0, A2,
+                            G, S0, Sup, Sst, Xo, Sfin);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
@@ -551,9 +545,9 @@ dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, 
     return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
 }
 
-dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                               const float *KG, const float *G, const float *dh, const float *dE,
-                               const float *dht, float *dEtot, float *dHs, float *dh0) {
+dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
+                               const float *G, const float *dh, const float *dE, const float *dht,
+                               float *dEtot, float *dHs, float *dh0) {
     return state_tc_launch<true>(ctx, d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
 }
 
