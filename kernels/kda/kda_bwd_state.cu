@@ -22,6 +22,7 @@
  * K = 256), thread (lane = value column, warp w) owns the dH rows w, w+8, ...
  */
 #include "kda_bwd.cuh"
+#include "kda_tc.cuh"
 
 using namespace kdab;
 
@@ -335,6 +336,8 @@ extern "C" dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, con
                                         const float *dht, float *dW, float *dU, float *dKG,
                                         float *dG, float *dh0) {
     DG_TRY(check_dims("kda_state_bwd_cuda", d));
+    if (d->tc)
+        return kda_state_bwd_tc(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
     switch (d->BT) {
     case 16:
         return state_bwd_bt<16>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
@@ -395,6 +398,8 @@ extern "C" dg_status kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, fl
             DG_CHECK_CUDA(cudaMemsetAsync(dE, 0, sizeof(float) * tk * d->V, s));
         return DG_OK;
     }
+    if (d->tc)
+        return kda_output_bwd_tc(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
     switch (d->BT) {
     case 16:
         return output_bwd_bt<16>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);

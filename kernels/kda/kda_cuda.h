@@ -8,6 +8,23 @@
  *   - the sequence/chunk tables live on the device in a kda_cuda_dims (built once per call);
  *   - each function takes the dg_ctx whose stream it runs on and returns a dg_status (launch and
  *     runtime errors are checked; nothing is synchronised unless stated).
+ * Tensor cores (kda_cuda_dims.tc): 0 (what kda_cuda_dims_new sets) keeps every product in plain
+ * f32 FFMA, which is what the f32 tests pin to the CPU f32 reference within 1e-5. 1 lets the
+ * stage matmuls of the kernels listed below run on tensor cores as WMMA m16n16k8 TF32 products
+ * with f32 accumulators (operands rounded to TF32, 10 stored mantissa bits: <= 2^-11 relative per
+ * operand); 2 does the same with the 3xTF32 split (x = hi + lo, hi*hi + hi*lo + lo*hi: close to
+ * f32 accuracy at three times the tensor-core work). Rule (ops/kda/kda_common.c): the ops layer
+ * sets tc = 1 only for an entry point whose activation inputs (q, k, v, g, beta, or a stage's
+ * first activation input) are bf16 -- their 8-bit mantissa already limits such a call to ~1e-2
+ * -- and the stages of one dg_kda_chunk call (and their tape nodes) inherit the composite's tc
+ * through the shared tables. The environment variable DG_KDA_TC, read once, overrides the mode
+ * of those bf16 calls: DG_KDA_TC=0 turns the tensor-core path off (the old kernels run), =2
+ * selects 3xTF32, anything else (or unset) TF32. Kernels with a tensor-core variant
+ * (kernels/kda/kda_tc_fwd.cu, kda_tc_bwd.cu): kda_output_fwd_cuda, kda_state_fwd_cuda,
+ * kda_wy_fwd_cuda (W and U), kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and Lkk,
+ * factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the
+ * solve stay f32 FFMA), kda_output_bwd_cuda, kda_state_bwd_cuda; every other function ignores
+ * tc.
  * Gradient outputs are OVERWRITTEN (never accumulated), exactly like the CPU versions; NULL means
  * "zero" for optional inputs and "skip" for optional outputs, also like the CPU versions.
  *
@@ -35,11 +52,13 @@ typedef struct kda_cuda_dims {
     const int64_t *chunk_t0;  /* device [NC]: first flat token of each chunk */
     const int32_t *chunk_len; /* device [NC]: tokens in each chunk (the last one may be short) */
     const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
+    int tc;                   /* 0: f32 FFMA; 1: TF32 tensor cores; 2: 3xTF32 (see above) */
     void *buf;                /* owned device allocation holding the tables */
     size_t buf_bytes;
 } kda_cuda_dims;
 
-/* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. */
+/* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. out->tc = 0
+ * (the caller may set it afterwards). */
 dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V, int BT, int N,
                             const int64_t *cu_host, const int64_t *chunk_off_host,
                             kda_cuda_dims *out);

@@ -12,6 +12,7 @@
  * diagonal and beyond L, ones on Tm's diagonal), exactly like the CPU reference.
  */
 #include "kda_fwd_util.cuh"
+#include "kda_tc.cuh"
 
 #include <math.h>
 
@@ -224,6 +225,8 @@ extern "C" dg_status kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, flo
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!q || !k || !beta || !G || !Aqk || !Tm)
         return dg__err(DG_ERR_ARG, "%s: q, k, beta, G, Aqk and Tm are required", __func__);
+    if (d->tc)
+        return kda_intra_fwd_tc(ctx, d, scale, q, k, beta, G, Aqk, Tm);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_intra_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
@@ -243,6 +246,8 @@ extern "C" dg_status kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const 
                        "(W: k, beta, Tm; U: v, beta, Tm; KG: k; QG: q)", __func__);
     if (!W && !U && !KG && !QG)
         return DG_OK;
+    if (d->tc)
+        return kda_wy_fwd_tc(ctx, d, q, k, v, beta, G, Tm, W, U, KG, QG);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_wy_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(

@@ -7,6 +7,7 @@
  * chunk_off[n] + c); h0, ht [N,HV,K,V]. f32 FFMA only. lambda_c = G of the chunk's last token.
  */
 #include "kda_fwd_util.cuh"
+#include "kda_tc.cuh"
 
 // ---- CUDA kernels
 
@@ -253,6 +254,8 @@ extern "C" dg_status kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, con
     if (!W || !U || !KG || !G || !h || !E)
         return dg__err(DG_ERR_ARG, "%s: W, U, KG, G, h and E are required (h0, ht optional)",
                        __func__);
+    if (d->tc)
+        return kda_state_fwd_tc(ctx, d, W, U, KG, G, h0, h, E, ht);
     const int KP = DG_CEIL_DIV(d->K, KDA_KT) * KDA_KT;
     dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
     KDA_DISPATCH_BT(d->BT, {
@@ -276,6 +279,8 @@ extern "C" dg_status kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, fl
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!QG || !h || !Aqk || !E || !O)
         return dg__err(DG_ERR_ARG, "%s: QG, h, Aqk, E and O are required", __func__);
+    if (d->tc)
+        return kda_output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, O);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
     KDA_DISPATCH_BT(d->BT, {
         kda_output_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(

@@ -210,7 +210,13 @@ typedef struct kda_cfg {
     unsigned m_f;  /* dtypes accepted for intermediates and A_log, dt_bias, h0: DG_MASK(dt) */
     kda_dev *dev;  /* CUDA: the device tables (a reference), set by kda_cfg_dev */
     kda_cuda_dims cd; /* CUDA: dev->d with this stage's sizes (tables borrowed from dev) */
+    int tc; /* CUDA: tensor-core mode asked for by this entry point (kda_tc_mode; 0 for f32) */
 } kda_cfg;
+
+/* Tensor-core mode of an entry point whose activation inputs are bf16 on CUDA (the rule is in
+ * kernels/kda/kda_cuda.h): DG_KDA_TC unset or any other value -> 1 (TF32), "0" -> 0 (off, the
+ * f32 FFMA kernels), "2" -> 2 (3xTF32). The variable is read on the first call only. */
+int kda_tc_mode(void);
 
 /* Validate opts and build tables for tensors of B rows of T tokens. `op` names the caller in
  * messages. H, HV, K, V are taken as given (the caller checked them against the tensors). dt_in

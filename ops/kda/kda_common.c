@@ -6,6 +6,16 @@
 #include "kda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+int kda_tc_mode(void) {
+    static int mode = -1; /* read once; a racing first read computes the same value */
+    if (mode < 0) {
+        const char *e = getenv("DG_KDA_TC");
+        mode = e && e[0] == '0' && !e[1] ? 0 : e && e[0] == '2' && !e[1] ? 2 : 1;
+    }
+    return mode;
+}
 
 dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B, int64_t T,
                        int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg) {
@@ -93,6 +103,8 @@ dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int
     cfg->dt = cfg->cuda ? DG_F32 : dt_in;
     cfg->m_in = cfg->cuda ? DG_MASK(DG_F32) | DG_MASK(DG_BF16) : DG_MASK(dt_in);
     cfg->m_f = DG_MASK(cfg->dt);
+    /* bf16 activations: TF32 tensor-core products are within that dtype's accuracy */
+    cfg->tc = cfg->cuda && dt_in == DG_BF16 ? kda_tc_mode() : 0;
     cfg->scale = opts->scale > 0 ? opts->scale : 1.0 / sqrt((double)K);
     cfg->gate = opts->gate;
     cfg->lb = lb;
@@ -146,6 +158,7 @@ dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *share) {
         }
         dv->refcount = 1;
         dv->ctx = ctx;
+        dv->d.tc = c->tc; /* what the stages of a composite sharing these tables inherit */
         c->dev = dv;
     }
     /* the tables (and buf, which the launchers check) come from dev; the sizes are this stage's */
@@ -154,6 +167,8 @@ dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *share) {
     c->cd.HV = d->HV;
     c->cd.K = d->K;
     c->cd.V = d->V;
+    if (c->tc) /* bf16 inputs of this stage's own; else the composite's mode (or 0) */
+        c->cd.tc = c->tc;
     return DG_OK;
 #else
     (void)ctx;
