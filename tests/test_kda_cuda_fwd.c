@@ -15,6 +15,7 @@
  * (B, T, H, K = V) = (2, 4096, 16, 128).
  */
 #include "harness.h"
+#include "kda_cuda_testutil.h"
 #include "ops/kda/kda.h"
 #ifdef DG_HAVE_CUDA
 #include "kernels/kda/kda_cuda.h"
@@ -46,63 +47,14 @@ static const char *fn_names[NF] = {"kda_l2norm_fwd",    "kda_beta_fwd",   "kda_g
 static double g_worst[NF];
 static int g_seen[NF];
 
-static float *F(const dg_tensor *t) { return t ? (float *)dg_tensor_data(t) : NULL; }
-
-/* New f32 tensor [n0, n1, n2, n3] (trailing zeros drop dims). */
-static dg_tensor *mk(dg_ctx *ctx, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
-    int64_t s[4] = {n0, n1, n2, n3};
-    int nd = n3 ? 4 : n2 ? 3 : n1 ? 2 : 1;
-    dg_tensor *t = NULL;
-    DG_TEST_TRY(dg_tensor_new(ctx, DG_F32, nd, s, &t));
-    return t;
-}
-
-static dg_tensor *mk_rand(dg_ctx *ctx, int64_t n0, int64_t n1, int64_t n2, int64_t n3,
-                          uint64_t seed, double lo, double hi) {
-    dg_tensor *t = mk(ctx, n0, n1, n2, n3);
-    DG_TEST_TRY(dg_tensor_rand_uniform(t, seed, lo, hi));
-    return t;
-}
-
-/* A device output of the same shape as the CPU reference `like`, filled with NaN. */
-static dg_tensor *poisoned(dg_ctx *gpu, const dg_tensor *like) {
-    dg_tensor *t = NULL;
-    DG_TEST_TRY(dg_tensor_new(gpu, DG_F32, dg_tensor_ndim(like), dg_tensor_shape(like), &t));
-    DG_TEST_TRY(dg_tensor_fill_(t, NAN));
-    return t;
-}
-
-static dg_tensor *up(dg_ctx *gpu, dg_tensor *t) {
-    dg_tensor *g = NULL;
-    DG_TEST_TRY(dg_to_device(gpu, t, &g));
-    return g;
-}
-
-/* Norm-relative error (the dg_check_rel metric) recorded under function f. */
 static void cmp(int f, const char *cname, const char *what, const dg_tensor *got,
                 const dg_tensor *want, double tol) {
-    double *g = NULL, *w = NULL;
-    DG_TEST_TRY(dg_tensor_to_f64(got, &g));
-    DG_TEST_TRY(dg_tensor_to_f64(want, &w));
-    const int64_t n = dg_tensor_numel(want);
-    double num = 0, den = 0;
-    int finite = 1;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(g[i]) || !isfinite(w[i]))
-            finite = 0;
-        double d = fabs(g[i] - w[i]);
-        num = d > num ? d : num;
-        den = fabs(w[i]) > den ? fabs(w[i]) : den;
-    }
-    double rel = finite ? num / (den > 1e-12 ? den : 1e-12) : INFINITY;
+    char name[160];
+    snprintf(name, sizeof name, "%s | %s %s", cname, fn_names[f], what);
+    double rel = check_rel_tensors(name, got, want, tol);
     if (rel > g_worst[f] || !g_seen[f])
         g_worst[f] = rel;
     g_seen[f] = 1;
-    char name[160];
-    snprintf(name, sizeof name, "%s | %s %s", cname, fn_names[f], what);
-    dg_check_rel(name, g, w, n, tol);
-    free(g);
-    free(w);
 }
 
 typedef struct fwd_case {
