@@ -89,39 +89,8 @@ __global__ void __launch_bounds__(KDA_THREADS)
         __syncthreads();
     }
 
-    /* Aqk rows of the L valid tokens, all BT columns; Lkk into shared memory */
-    float *Ls = tiles;
-#pragma unroll
-    for (int a = 0; a < R; a++) {
-        const int i = ty + 16 * a;
-        const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
-#pragma unroll
-        for (int b = 0; b < R; b++) {
-            const int j = tx + 16 * b;
-            const bool lower = b < a || (b == a && tx <= ty); /* j <= i */
-            if (i < L)
-                Aqk[((t0 + i) * HV + hv) * BT + j] = lower ? scale * accA[a][b] : 0.f;
-            Ls[i * BT + j] = (lower && j != i) ? bi * accP[a][b] : 0.f;
-        }
-    }
-    __syncthreads();
-
-    if (tid < L) {
-        const int j = tid;
-        Ts[j * BT + j] = 1.f;
-        for (int i = j + 1; i < L; i++) {
-            float s = 0.f;
-            for (int m = j; m < i; m++)
-                s += Ls[i * BT + m] * Ts[m * BT + j];
-            Ts[i * BT + j] = -s;
-        }
-    }
-    __syncthreads();
-
-    for (int idx = tid; idx < L * BT; idx += KDA_THREADS) {
-        const int i = idx / BT, j = idx % BT;
-        Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
-    }
+    /* Aqk rows, Lkk into shared memory (reusing the tiles), the solve, Tm rows */
+    kda_intra_finish<BT, R>(accA, accP, tiles, Ts, beta, Aqk, Tm, t0, L, hv, HV, scale);
 }
 
 /* One block of 256 threads per (chunk, value head). KG and QG elementwise; W and U as

@@ -42,4 +42,48 @@ static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cu
     return DG_OK;
 }
 
+/* The end of both intra forward kernels (FFMA and tensor-core): write the L valid rows of Aqk
+ * (scaled, j <= i, zeros elsewhere), form Lkk = Diag(beta) P (j < i) in shared memory `Ls`, solve
+ * Tm = (I + Lkk)^{-1} by forward substitution into `Ts` (one thread per column, in the CPU's
+ * order) and write Tm's rows. accA/accP: this thread's R x R patch (rows ty + 16a, columns
+ * tx + 16b) of s-less Araw and P. Ls, Ts: [BT, BT] shared floats. 256 threads (16 x 16). */
+template <int BT, int R>
+__device__ __forceinline__ void kda_intra_finish(const float (&accA)[R][R], const float (&accP)[R][R],
+                                                 float *Ls, float *Ts, const float *beta,
+                                                 float *Aqk, float *Tm, int64_t t0, int L, int hv,
+                                                 int HV, float scale) {
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+#pragma unroll
+    for (int a = 0; a < R; a++) {
+        const int i = ty + 16 * a;
+        const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
+#pragma unroll
+        for (int b = 0; b < R; b++) {
+            const int j = tx + 16 * b;
+            const bool lower = b < a || (b == a && tx <= ty); /* j <= i */
+            if (i < L)
+                Aqk[((t0 + i) * HV + hv) * BT + j] = lower ? scale * accA[a][b] : 0.f;
+            Ls[i * BT + j] = (lower && j != i) ? bi * accP[a][b] : 0.f;
+        }
+    }
+    __syncthreads();
+
+    if (tid < L) {
+        const int j = tid;
+        Ts[j * BT + j] = 1.f;
+        for (int i = j + 1; i < L; i++) {
+            float s = 0.f;
+            for (int m = j; m < i; m++)
+                s += Ls[i * BT + m] * Ts[m * BT + j];
+            Ts[i * BT + j] = -s;
+        }
+    }
+    __syncthreads();
+
+    for (int idx = tid; idx < L * BT; idx += KDA_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
+    }
+}
+
 #endif /* DG_KDA_FWD_UTIL_CUH */

@@ -360,39 +360,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         __syncthreads();
     }
 
-    /* Aqk rows of the L valid tokens, all BT columns; Lkk; Tm: as the FFMA kernel */
-    float *Ls = sm, *Ts = sm + BT * BT;
-#pragma unroll
-    for (int a = 0; a < R; a++) {
-        const int i = ty + 16 * a;
-        const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
-#pragma unroll
-        for (int b = 0; b < R; b++) {
-            const int j = tx + 16 * b;
-            const bool lower = b < a || (b == a && tx <= ty); /* j <= i */
-            if (i < L)
-                Aqk[((t0 + i) * HV + hv) * BT + j] = lower ? scale * accA[a][b] : 0.f;
-            Ls[i * BT + j] = (lower && j != i) ? bi * accP[a][b] : 0.f;
-        }
-    }
-    __syncthreads();
-
-    if (tid < L) {
-        const int j = tid;
-        Ts[j * BT + j] = 1.f;
-        for (int i = j + 1; i < L; i++) {
-            float s = 0.f;
-            for (int m = j; m < i; m++)
-                s += Ls[i * BT + m] * Ts[m * BT + j];
-            Ts[i * BT + j] = -s;
-        }
-    }
-    __syncthreads();
-
-    for (int idx = tid; idx < L * BT; idx += TC_THREADS) {
-        const int i = idx / BT, j = idx % BT;
-        Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
-    }
+    /* Aqk rows, Lkk, the solve and Tm rows: as the FFMA kernel */
+    kda_intra_finish<BT, R>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV, scale);
 }
 
 /* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
