@@ -40,7 +40,10 @@ static inline dg_tensor *poisoned(dg_ctx *gpu, const dg_tensor *like) {
     return t;
 }
 
+/* Copy to the device; NULL (an absent optional input) stays NULL. */
 static inline dg_tensor *up(dg_ctx *gpu, dg_tensor *t) {
+    if (!t)
+        return NULL;
     dg_tensor *g = NULL;
     DG_TEST_TRY(dg_to_device(gpu, t, &g));
     return g;
