@@ -110,6 +110,48 @@ template <class Kern> static inline dg_status smem_opt_in(Kern k, size_t bytes) 
     return DG_OK;
 }
 
+/* The 16 x 16-thread "A B^T" micro-kernel of the chunk-square gradients (dAqk, dTm): thread
+ * (tx, ty) adds sum_c sA[ty + 16a][c] * sB[tx + 16b][c] over one CT-wide tile to acc[a][b]. */
+template <int BT>
+__device__ __forceinline__ void kda_tile_abt(float (&acc)[BT / 16][BT / 16],
+                                             const float (*sA)[CT + 1], const float (*sB)[CT + 1],
+                                             int tx, int ty) {
+    constexpr int RB = BT / 16;
+#pragma unroll 8
+    for (int cc = 0; cc < CT; cc++) {
+        float ar[RB], br[RB];
+#pragma unroll
+        for (int a = 0; a < RB; a++)
+            ar[a] = sA[ty + 16 * a][cc];
+#pragma unroll
+        for (int b = 0; b < RB; b++)
+            br[b] = sB[tx + 16 * b][cc];
+#pragma unroll
+        for (int a = 0; a < RB; a++)
+#pragma unroll
+            for (int b = 0; b < RB; b++)
+                acc[a][b] += ar[a] * br[b];
+    }
+}
+
+/* Store acc's lower triangle (j <= i; zeros above) into rows [t0, t0 + L) of a [TT,HV,BT]
+ * chunk-square matrix. */
+template <int BT>
+__device__ __forceinline__ void kda_store_lower(const float (&acc)[BT / 16][BT / 16], float *out,
+                                                int64_t t0, int L, int hv, int HV, int tx, int ty) {
+#pragma unroll
+    for (int a = 0; a < BT / 16; a++) {
+        const int i = ty + 16 * a;
+        if (i >= L)
+            continue;
+#pragma unroll
+        for (int b = 0; b < BT / 16; b++) {
+            const int j = tx + 16 * b;
+            out[((t0 + i) * HV + hv) * BT + j] = j <= i ? acc[a][b] : 0.f;
+        }
+    }
+}
+
 } // namespace kdab
 
 /* out[(r*Hout + h)*E + e] = sum_{p < P} sum_{g < G} in[p*pstride + ((r*Hout + h)*G + g)*E + e]

@@ -154,33 +154,9 @@ __global__ void __launch_bounds__(NTH)
             sB[row][cc] = bv;
         }
         __syncthreads();
-#pragma unroll 8
-        for (int cc = 0; cc < CT; cc++) {
-            float ar[RB], br[RB];
-#pragma unroll
-            for (int a = 0; a < RB; a++)
-                ar[a] = sA[ty + 16 * a][cc];
-#pragma unroll
-            for (int b = 0; b < RB; b++)
-                br[b] = sB[tx + 16 * b][cc];
-#pragma unroll
-            for (int a = 0; a < RB; a++)
-#pragma unroll
-                for (int b = 0; b < RB; b++)
-                    acc[a][b] += ar[a] * br[b];
-        }
+        kda_tile_abt<BT>(acc, sA, sB, tx, ty);
     }
-#pragma unroll
-    for (int a = 0; a < RB; a++) {
-        const int i = ty + 16 * a;
-        if (i >= L)
-            continue;
-#pragma unroll
-        for (int b = 0; b < RB; b++) {
-            const int j = tx + 16 * b;
-            dTm[((t0 + i) * HV + hv) * BT + j] = j <= i ? acc[a][b] : 0.f;
-        }
-    }
+    kda_store_lower<BT>(acc, dTm, t0, L, hv, HV, tx, ty);
 }
 
 // ---- kernel launchers
