@@ -116,18 +116,7 @@ __global__ void __launch_bounds__(KDA_THREADS)
     const int L = chunk_len[ch];
     const int tid = threadIdx.x;
 
-    if (KG || QG) {
-        const float *lam = G + ((t0 + L - 1) * HV + hv) * K;
-        for (int idx = tid; idx < L * K; idx += KDA_THREADS) {
-            const int i = idx / K, e = idx % K;
-            const int64_t og = ((t0 + i) * HV + hv) * K + e, oq = ((t0 + i) * H + hq) * K + e;
-            const float gi = G[og];
-            if (KG)
-                KG[og] = k[oq] * expf(lam[e] - gi);
-            if (QG)
-                QG[og] = q[oq] * expf(gi);
-        }
-    }
+    kda_wy_gates<KDA_THREADS>(q, k, G, KG, QG, t0, L, hv, hq, H, HV, K);
     if (!W && !U)
         return;
 

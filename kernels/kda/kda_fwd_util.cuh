@@ -86,4 +86,24 @@ __device__ __forceinline__ void kda_intra_finish(const float (&accA)[R][R], cons
     }
 }
 
+/* KG = k * exp(lambda - G) and QG = q * exp(G) for the L rows of one (chunk, value head); either
+ * output may be NULL. The elementwise part of both WY forward kernels (FFMA and tensor-core). */
+template <int NT>
+__device__ __forceinline__ void kda_wy_gates(const float *q, const float *k, const float *G,
+                                             float *KG, float *QG, int64_t t0, int L, int hv,
+                                             int hq, int H, int HV, int K) {
+    if (!KG && !QG)
+        return;
+    const float *lam = G + ((t0 + L - 1) * HV + hv) * K;
+    for (int idx = threadIdx.x; idx < L * K; idx += NT) {
+        const int i = idx / K, e = idx % K;
+        const int64_t og = ((t0 + i) * HV + hv) * K + e, oq = ((t0 + i) * H + hq) * K + e;
+        const float gi = G[og];
+        if (KG)
+            KG[og] = k[oq] * expf(lam[e] - gi);
+        if (QG)
+            QG[og] = q[oq] * expf(gi);
+    }
+}
+
 #endif /* DG_KDA_FWD_UTIL_CUH */
