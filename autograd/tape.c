@@ -186,6 +186,17 @@ dg_status dg__node_commit(dg_node *n) {
     return DG_OK;
 }
 
+dg_status dg__node_commit_params(dg_node *n, const void *params, size_t bytes) {
+    void *p = dg__node_params(n, bytes);
+    if (!p) {
+        const char *op = n->op;
+        dg__node_abort(n);
+        return dg__err(DG_ERR_NOMEM, "%s: out of host memory recording the tape node", op);
+    }
+    memcpy(p, params, bytes);
+    return dg__node_commit(n);
+}
+
 const dg_tensor *dg__node_grad_out(const dg_node *n, int i) {
     return (i < n->n_out && n->out[i]) ? n->out[i]->grad : NULL;
 }

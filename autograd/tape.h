@@ -67,6 +67,9 @@ dg_status dg__node_save(dg_node *n, dg_tensor *t);
 void *dg__node_params(dg_node *n, size_t bytes);
 /* Append to the active tape. On failure the node is destroyed. */
 dg_status dg__node_commit(dg_node *n);
+/* Copy `bytes` of plain parameters into the node, then commit; on failure (no memory for the
+ * copy or the tape) the node is destroyed and the error names the node's op. */
+dg_status dg__node_commit_params(dg_node *n, const void *params, size_t bytes);
 /* Destroy a node that was never committed. */
 void dg__node_abort(dg_node *n);
 

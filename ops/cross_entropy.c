@@ -242,14 +242,7 @@ dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets, i
             dg__node_save(nd, tg);
             dg__node_save(nd, cnt);
             dg__node_save(nd, stats);
-            ce_params *np = dg__node_params(nd, sizeof *np);
-            if (!np) {
-                dg__node_abort(nd);
-                s = dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
-            } else {
-                np->ignore = ignore_index;
-                s = dg__node_commit(nd);
-            }
+            s = dg__node_commit_params(nd, &(ce_params){.ignore = ignore_index}, sizeof(ce_params));
         }
     }
     dg_tensor_free(&x);

@@ -181,15 +181,7 @@ dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor
             dg__node_input(nd, weight);
             dg__node_output(nd, y);
             dg__node_save(nd, ic); /* the contiguous ids */
-            emb_params *np = dg__node_params(nd, sizeof *np);
-            if (!np) {
-                dg__node_abort(nd);
-                s = dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
-            } else {
-                np->V = V;
-                np->d = d;
-                s = dg__node_commit(nd);
-            }
+            s = dg__node_commit_params(nd, &(emb_params){.V = V, .d = d}, sizeof(emb_params));
         }
     }
     dg_tensor_free(&ic);

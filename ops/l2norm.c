@@ -119,14 +119,7 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out) {
             dg__node_output(n, y);
             dg__node_save(n, xc);
             dg__node_save(n, rstd);
-            l2_params *p = dg__node_params(n, sizeof *p);
-            if (!p) {
-                dg__node_abort(n);
-                s = dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
-            } else {
-                p->eps = eps;
-                s = dg__node_commit(n);
-            }
+            s = dg__node_commit_params(n, &(l2_params){.eps = eps}, sizeof(l2_params));
         }
     }
     dg_tensor_free(&xc);

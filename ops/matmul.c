@@ -249,14 +249,7 @@ dg_status dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out) {
             /* dA needs B and dB needs A: keep only what a wanted gradient reads */
             dg__node_save(nd, dg_tensor_requires_grad(b) ? a : NULL);
             dg__node_save(nd, dg_tensor_requires_grad(a) ? b : NULL);
-            mm_params *np = dg__node_params(nd, sizeof *np);
-            if (!np) {
-                dg__node_abort(nd);
-                s = dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
-            } else {
-                *np = p;
-                s = dg__node_commit(nd);
-            }
+            s = dg__node_commit_params(nd, &p, sizeof(mm_params));
         }
     }
     if (s != DG_OK) {
@@ -357,14 +350,7 @@ dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out) {
             dg__node_output(nd, y);
             dg__node_save(nd, dg_tensor_requires_grad(w) ? x : NULL);
             dg__node_save(nd, w); /* dx reads w; dW reads w's shape and dtype */
-            lin_params *np = dg__node_params(nd, sizeof *np);
-            if (!np) {
-                dg__node_abort(nd);
-                s = dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
-            } else {
-                *np = p;
-                s = dg__node_commit(nd);
-            }
+            s = dg__node_commit_params(nd, &p, sizeof(lin_params));
         }
     }
     if (s != DG_OK) {

@@ -246,15 +246,7 @@ static dg_status rms_impl(const char *op, const char *kind, dg_ctx *ctx, dg_tens
             dg__node_save(n, wc);
             dg__node_save(n, gc);
             dg__node_save(n, rstd);
-            rms_params *p = dg__node_params(n, sizeof *p);
-            if (!p) {
-                dg__node_abort(n);
-                s = dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
-            } else {
-                p->eps = eps;
-                p->act = act;
-                s = dg__node_commit(n);
-            }
+            s = dg__node_commit_params(n, &(rms_params){.eps = eps, .act = act}, sizeof(rms_params));
         }
     }
     dg_tensor_free(&xc);
