@@ -1,14 +1,18 @@
 /*
  * tests/kda_cuda_testutil.h -- helpers shared by the raw KDA CUDA kernel tests
- * (test_kda_cuda_fwd.c, test_kda_cuda_bwd.c): f32 tensors on either device, NaN-poisoned device
- * outputs, and a norm-relative comparison that also reports its error to the caller.
+ * (test_kda_cuda_fwd.c, test_kda_cuda_bwd.c, test_kda_tc.c): the chunk tables of a test case on
+ * both devices, f32 tensors on either device, NaN-poisoned device outputs, and a norm-relative
+ * comparison that also reports its error to the caller.
  */
 #ifndef DG_KDA_CUDA_TESTUTIL_H
 #define DG_KDA_CUDA_TESTUTIL_H
 
 #include "harness.h"
+#include "kernels/kda/kda_cuda.h"
+#include "ops/kda/kda.h"
 
 #include <math.h>
+#include <string.h>
 
 /* Device (or host) float pointer of an f32 tensor; NULL stays NULL (an optional argument). */
 static inline float *F(const dg_tensor *t) { return t ? (float *)dg_tensor_data(t) : NULL; }
@@ -70,6 +74,26 @@ static inline double check_rel_tensors(const char *name, const dg_tensor *got,
     free(g);
     free(w);
     return finite ? num / (den > 1e-12 ? den : 1e-12) : INFINITY;
+}
+
+/* The tables of a test case: B rows of T tokens, or (nseq > 0, B = 1) varlen sequences of
+ * lens[0..nseq). cu (room for nseq + 1) and opts must outlive cfg; dd lives on gpu. */
+static inline void case_tables(const char *suite, dg_ctx *cpu, dg_ctx *gpu, int64_t B, int64_t T,
+                               int H, int HV, int K, int V, int BT, int nseq, const int64_t *lens,
+                               dg_dtype dt, int64_t *cu, dg_kda_opts *opts, kda_cfg *cfg,
+                               kda_cuda_dims *dd) {
+    memset(opts, 0, sizeof *opts);
+    opts->chunk_size = BT;
+    if (nseq) {
+        cu[0] = 0;
+        for (int i = 0; i < nseq; i++)
+            cu[i + 1] = cu[i] + lens[i];
+        opts->cu_seqlens = cu;
+        opts->n_seqs = nseq;
+    }
+    DG_TEST_TRY(kda_cfg_init(suite, cpu, opts, B, T, H, HV, K, V, dt, cfg));
+    DG_TEST_TRY(kda_cuda_dims_new(gpu, B * T, H, HV, K, V, BT, cfg->d.N, cfg->d.cu,
+                                  cfg->d.chunk_off, dd));
 }
 
 #endif

@@ -108,25 +108,15 @@ static void free_all(dg_tensor **t, size_t n) {
 static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed) {
     int64_t cu[5];
     dg_kda_opts opts;
-    memset(&opts, 0, sizeof opts);
-    opts.chunk_size = c->BT;
-    if (c->nseq) {
-        cu[0] = 0;
-        for (int i = 0; i < c->nseq; i++)
-            cu[i + 1] = cu[i] + c->lens[i];
-        opts.cu_seqlens = cu;
-        opts.n_seqs = c->nseq;
-    }
     kda_cfg cfg;
-    DG_TEST_TRY(kda_cfg_init("test_kda_cuda_bwd", cpu, &opts, c->B, c->T, c->H, c->HV, c->K, c->V,
-                             DG_F32, &cfg));
+    kda_cuda_dims dd;
+    case_tables("test_kda_cuda_bwd", cpu, gpu, c->B, c->T, c->H, c->HV, c->K, c->V, c->BT, c->nseq, c->lens,
+                DG_F32, cu, &opts, &cfg, &dd);
     const kda_dims *d = &cfg.d;
     const int64_t TT = c->B * c->T, NC = kda_cfg_nc(&cfg);
     const int N = d->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
     const float scale = 1.0f / sqrtf((float)K);
     const char *cn = c->name;
-    kda_cuda_dims dd;
-    DG_TEST_TRY(kda_cuda_dims_new(gpu, TT, H, HV, K, V, BT, N, d->cu, d->chunk_off, &dd));
     printf("-- case: %s (TT=%lld N=%d NC=%lld H=%d HV=%d K=%d V=%d BT=%d, h0 %s)\n", cn,
            (long long)TT, N, (long long)NC, H, HV, K, V, BT, c->use_h0 ? "random" : "NULL");
 

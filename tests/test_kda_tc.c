@@ -18,6 +18,7 @@
  */
 #include "harness.h"
 #include "kda_testutil.h"
+#include "kda_cuda_testutil.h"
 #include "ops/kda/kda.h"
 #ifdef DG_HAVE_CUDA
 #include "kernels/kda/kda_cuda.h"
@@ -83,15 +84,14 @@ static void free_buf(buf *b) {
     dg_tensor_free(&b->d);
 }
 
-static dg_tensor *poisoned(dg_ctx *gpu, int64_t n) {
+/* A flat f32 device buffer of n elements filled with NaN. */
+static dg_tensor *poisoned_n(dg_ctx *gpu, int64_t n) {
     int64_t s[1] = {n};
     dg_tensor *t = NULL;
     DG_TEST_TRY(dg_tensor_new(gpu, DG_F32, 1, s, &t));
     DG_TEST_TRY(dg_tensor_fill_(t, NAN));
     return t;
 }
-
-static float *F(const dg_tensor *t) { return t ? (float *)dg_tensor_data(t) : NULL; }
 
 /* Norm-relative check of a device result against the f64 reference; tracks the worst error. */
 static void cmp(int mode, int kern, const char *cname, const char *what, const dg_tensor *got,
@@ -117,24 +117,14 @@ static void cmp(int mode, int kern, const char *cname, const char *what, const d
 static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) {
     int64_t cu[5];
     dg_kda_opts opts;
-    memset(&opts, 0, sizeof opts);
-    opts.chunk_size = c->BT;
-    if (c->nseq) {
-        cu[0] = 0;
-        for (int i = 0; i < c->nseq; i++)
-            cu[i + 1] = cu[i] + c->lens[i];
-        opts.cu_seqlens = cu;
-        opts.n_seqs = c->nseq;
-    }
     kda_cfg cfg;
-    DG_TEST_TRY(
-        kda_cfg_init("test_kda_tc", cpu, &opts, c->B, c->T, c->H, c->HV, c->K, c->V, DG_F64, &cfg));
+    kda_cuda_dims dd;
+    case_tables("test_kda_tc", cpu, gpu, c->B, c->T, c->H, c->HV, c->K, c->V, c->BT, c->nseq, c->lens,
+                DG_F64, cu, &opts, &cfg, &dd);
     const kda_dims *d = &cfg.d;
     const int64_t TT = c->B * c->T, NC = kda_cfg_nc(&cfg);
     const int N = d->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
     const double scale = 1.0 / sqrt((double)K);
-    kda_cuda_dims dd;
-    DG_TEST_TRY(kda_cuda_dims_new(gpu, TT, H, HV, K, V, BT, N, d->cu, d->chunk_off, &dd));
     dg_check(dd.tc == 0, "%s: kda_cuda_dims_new leaves tc = 0", c->name);
     printf("-- case: %s (TT=%lld N=%d NC=%lld H=%d HV=%d K=%d V=%d BT=%d, h0 %s)\n", c->name,
            (long long)TT, N, (long long)NC, H, HV, K, V, BT, c->use_h0 ? "random" : "NULL");
@@ -197,8 +187,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         dd.tc = m;
         dg_tensor *o1, *o2, *o3, *o4;
         /* intra */
-        o1 = poisoned(gpu, na);
-        o2 = poisoned(gpu, na);
+        o1 = poisoned_n(gpu, na);
+        o2 = poisoned_n(gpu, na);
         dg_check_ok(kda_intra_fwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d), F(G.d),
                                        F(o1), F(o2)),
                     "intra launch");
@@ -207,10 +197,10 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
         /* wy: all four outputs, then W alone and U alone (NULL outputs are skipped) */
-        o1 = poisoned(gpu, nk);
-        o2 = poisoned(gpu, nv);
-        o3 = poisoned(gpu, nk);
-        o4 = poisoned(gpu, nk);
+        o1 = poisoned_n(gpu, nk);
+        o2 = poisoned_n(gpu, nv);
+        o3 = poisoned_n(gpu, nk);
+        o4 = poisoned_n(gpu, nk);
         dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d), F(Tm.d),
                                     F(o1), F(o2), F(o3), F(o4)),
                     "wy launch");
@@ -234,9 +224,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         dg_tensor_free(&o4);
 
         /* state, with and without ht */
-        o1 = poisoned(gpu, nh);
-        o2 = poisoned(gpu, nv);
-        o3 = poisoned(gpu, n0);
+        o1 = poisoned_n(gpu, nh);
+        o2 = poisoned_n(gpu, nv);
+        o3 = poisoned_n(gpu, n0);
         dg_check_ok(
             kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1), F(o2), F(o3)),
             "state launch");
@@ -253,7 +243,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         dg_tensor_free(&o3);
 
         /* output forward */
-        o1 = poisoned(gpu, nv);
+        o1 = poisoned_n(gpu, nv);
         dg_check_ok(
             kda_output_fwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d), F(o1)),
             "output launch");
@@ -261,10 +251,10 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         dg_tensor_free(&o1);
 
         /* output backward: all four, then each alone */
-        o1 = poisoned(gpu, nk);
-        o2 = poisoned(gpu, nh);
-        o3 = poisoned(gpu, na);
-        o4 = poisoned(gpu, nv);
+        o1 = poisoned_n(gpu, nk);
+        o2 = poisoned_n(gpu, nh);
+        o3 = poisoned_n(gpu, na);
+        o4 = poisoned_n(gpu, nv);
         dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
                                         F(dO.d), F(o1), F(o2), F(o3), F(o4)),
                     "output bwd launch");
@@ -290,11 +280,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         /* state backward: every output, then dU + dh0 only (no chunk-parallel part), then dW
          * alone (dE_tot in scratch) and dKG + dG alone */
         dg_tensor *o5;
-        o1 = poisoned(gpu, nk);
-        o2 = poisoned(gpu, nv);
-        o3 = poisoned(gpu, nk);
-        o4 = poisoned(gpu, nk);
-        o5 = poisoned(gpu, n0);
+        o1 = poisoned_n(gpu, nk);
+        o2 = poisoned_n(gpu, nv);
+        o3 = poisoned_n(gpu, nk);
+        o4 = poisoned_n(gpu, nk);
+        o5 = poisoned_n(gpu, n0);
         dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
                                        F(uE.d), F(uht.d), F(o1), F(o2), F(o3), F(o4), F(o5)),
                     "state bwd launch");
