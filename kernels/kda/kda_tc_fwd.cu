@@ -500,12 +500,16 @@ static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const floa
 dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
                            const float *KG, const float *G, const float *h0, float *h, float *E,
                            float *ht) {
+    if (kda_state_mma_fits(d, W, U, KG, G, h0, nullptr, h, E, ht))
+        return kda_state_mma(ctx, d, 0, W, U, KG, G, h0, nullptr, h, E, ht);
     return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
 }
 
 dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
                                const float *G, const float *dh, const float *dE, const float *dht,
                                float *dEtot, float *dHs, float *dh0) {
+    if (kda_state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
+        return kda_state_mma(ctx, d, 1, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
     return state_tc_launch<true>(ctx, d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
 }
 
