@@ -25,41 +25,15 @@
  * keep the staged kernel.
  */
 #include "kda_fwd_util.cuh"
+#include "kda_mma.cuh"
 #include "kda_tc.cuh"
 
 // ---- device helpers
 
 namespace {
 
-constexpr int SM_VT = 32;      /* value columns per block */
+constexpr int SM_VT = 32; /* value columns per block */
 constexpr int SM_THREADS = 256;
-
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
-    const int n = pred ? 16 : 0; /* 0: fill the 16 bytes with zeros, read nothing */
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ unsigned tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
-}
-
-/* d += a b, m16n8k8, TF32 operands, f32 accumulators (PTX ISA fragment layouts: g = lane / 4,
- * t = lane % 4; a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4); b0 (k = t, n = g),
- * b1 (t + 4, g); d0 (g, 2t), d1 (g, 2t + 1), d2 (g + 8, 2t), d3 (g + 8, 2t + 1)). */
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                         unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array starting at token t0, into shared memory
  * with leading dimension LD (floats); rows >= L are zero-filled. Block-wide, 16 bytes per op. */
@@ -71,7 +45,7 @@ __device__ __forceinline__ void tile_async(float *dst, int LD, const float *__re
         const int r = idx / q, c = 4 * (idx % q);
         const bool ok = r < L;
         const float *g = ok ? src + ((t0 + r) * HV + hv) * (int64_t)K + c : src;
-        cp_async16(dst + r * LD + c, g, ok);
+        kdamma::cp_async16(dst + r * LD + c, g, ok);
     }
 }
 
@@ -128,10 +102,10 @@ __global__ void __launch_bounds__(SM_THREADS)
         const int L = chunk_len[ch];
         tile_async<BT>(A1s, LD1, A1, t0, L, HV, hv, K);
         for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
-            cp_async16(Gs + 4 * idx, G + ((t0 + L - 1) * HV + hv) * (int64_t)K + 4 * idx, true);
-        cp_async_commit();
+            kdamma::cp_async16(Gs + 4 * idx, G + ((t0 + L - 1) * HV + hv) * (int64_t)K + 4 * idx, true);
+        kdamma::cp_async_commit();
         tile_async<BT>(A2s, LD2, A2, t0, L, HV, hv, K);
-        cp_async_commit();
+        kdamma::cp_async_commit();
     }
 
     for (int64_t it = 0; it < nch; it++) {
@@ -169,7 +143,7 @@ __global__ void __launch_bounds__(SM_THREADS)
                                                             : 0.f;
             }
 
-        cp_async_wait<1>(); /* A1 and lambda of this chunk */
+        kdamma::cp_async_wait<1>(); /* A1 and lambda of this chunk */
         __syncthreads();    /* ... visible to all; Ss complete */
 
         /* X = X0 + sgnA A1 S */
@@ -177,13 +151,13 @@ __global__ void __launch_bounds__(SM_THREADS)
             float acc[2][4] = {};
             const float *a_row0 = A1s + (16 * xm + g) * LD1 + t, *a_row1 = a_row0 + 8 * LD1;
             for (int k0 = 0; k0 < K; k0 += 8) {
-                unsigned a[4] = {tf32(a_row0[k0]), tf32(a_row1[k0]), tf32(a_row0[k0 + 4]),
-                                 tf32(a_row1[k0 + 4])};
+                unsigned a[4] = {kdamma::tf32(a_row0[k0]), kdamma::tf32(a_row1[k0]), kdamma::tf32(a_row0[k0 + 4]),
+                                 kdamma::tf32(a_row1[k0 + 4])};
 #pragma unroll
                 for (int jj = 0; jj < 2; jj++) {
                     const int c = 8 * (2 * (w & 1) + jj) + g;
-                    mma_tf32(acc[jj], a, tf32(Ss[(k0 + t) * LDS + c]),
-                             tf32(Ss[(k0 + t + 4) * LDS + c]));
+                    kdamma::mma_tf32(acc[jj], a, kdamma::tf32(Ss[(k0 + t) * LDS + c]),
+                             kdamma::tf32(Ss[(k0 + t + 4) * LDS + c]));
                 }
             }
             float *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
@@ -221,10 +195,10 @@ __global__ void __launch_bounds__(SM_THREADS)
             const int Ln = chunk_len[cn];
             tile_async<BT>(A1s, LD1, A1, tn, Ln, HV, hv, K);
             for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
-                cp_async16(Gs + 4 * idx, G + ((tn + Ln - 1) * HV + hv) * (int64_t)K + 4 * idx,
+                kdamma::cp_async16(Gs + 4 * idx, G + ((tn + Ln - 1) * HV + hv) * (int64_t)K + 4 * idx,
                            true);
         }
-        cp_async_commit();
+        kdamma::cp_async_commit();
 
         /* S = exp(lambda) S + Sup_c */
         const float *sup = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
@@ -242,7 +216,7 @@ __global__ void __launch_bounds__(SM_THREADS)
                     S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + add.y;
                 }
 
-        cp_async_wait<1>(); /* A2 of this chunk */
+        kdamma::cp_async_wait<1>(); /* A2 of this chunk */
         __syncthreads();
 
         /* S += sgnB A2^T X: A(m = key row, k = token i) = A2s[i][m] */
@@ -257,21 +231,21 @@ __global__ void __launch_bounds__(SM_THREADS)
                 const float *p0 = A2s + (i0 + t) * LD2 + m0 + g, *p1 = p0 + 4 * LD2;
                 unsigned a[4];
                 if (BWD) {
-                    a[0] = tf32(-p0[0]);
-                    a[1] = tf32(-p0[8]);
-                    a[2] = tf32(-p1[0]);
-                    a[3] = tf32(-p1[8]);
+                    a[0] = kdamma::tf32(-p0[0]);
+                    a[1] = kdamma::tf32(-p0[8]);
+                    a[2] = kdamma::tf32(-p1[0]);
+                    a[3] = kdamma::tf32(-p1[8]);
                 } else {
-                    a[0] = tf32(p0[0]);
-                    a[1] = tf32(p0[8]);
-                    a[2] = tf32(p1[0]);
-                    a[3] = tf32(p1[8]);
+                    a[0] = kdamma::tf32(p0[0]);
+                    a[1] = kdamma::tf32(p0[8]);
+                    a[2] = kdamma::tf32(p1[0]);
+                    a[3] = kdamma::tf32(p1[8]);
                 }
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const int c = 8 * j + g;
-                    mma_tf32(S[m][j], a, tf32(Xs[(i0 + t) * LDX + c]),
-                             tf32(Xs[(i0 + t + 4) * LDX + c]));
+                    kdamma::mma_tf32(S[m][j], a, kdamma::tf32(Xs[(i0 + t) * LDX + c]),
+                             kdamma::tf32(Xs[(i0 + t + 4) * LDX + c]));
                 }
             }
         }
@@ -282,9 +256,9 @@ __global__ void __launch_bounds__(SM_THREADS)
             const int64_t cn = chunk_of(it + 1);
             tile_async<BT>(A2s, LD2, A2, chunk_t0[cn], chunk_len[cn], HV, hv, K);
         }
-        cp_async_commit();
+        kdamma::cp_async_commit();
     }
-    cp_async_wait<0>();
+    kdamma::cp_async_wait<0>();
 
     if (Sfin) {
         float *sf = Sfin + ((int64_t)n * HV + hv) * KV + v0;
