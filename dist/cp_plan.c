@@ -106,7 +106,7 @@ dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_s
     p->pre_ranks = rank - owner(bound, world, cu[si]);
     p->post_ranks = owner(bound, world, cu[ei] - 1) - rank;
     p->pre_tokens = b - cu[si];
-    DG_FREE(bound);
+    p->bounds = bound;
     *out = p;
     return DG_OK;
 }
@@ -115,6 +115,7 @@ void dg_cp_plan_free(dg_cp_plan **p) {
     if (!p || !*p)
         return;
     DG_FREE((*p)->cu_local);
+    DG_FREE((*p)->bounds);
     DG_FREE(*p);
     *p = NULL;
 }

@@ -596,6 +596,7 @@ typedef struct dg_cp_plan {
     int pre_ranks;      /* earlier ranks holding part of local sequence 0 (0: it starts here) */
     int post_ranks;     /* later ranks holding part of the last local sequence (0: it ends here) */
     int64_t pre_tokens; /* tokens of local sequence 0 on earlier ranks */
+    int64_t *bounds;    /* [world+1]: rank i owns global tokens [bounds[i], bounds[i+1]) */
 } dg_cp_plan;
 /* cu_seqlens: host int64 [n_seqs+1], strictly increasing from 0 to total (NULL: one sequence of
  * `total` tokens; B rows of T tokens: cu = {0, T, 2T, ...}). rank_tokens: [world] tokens per
