@@ -169,8 +169,8 @@ dg_status dg_comm_all_gather(dg_comm *c, const dg_tensor *x, dg_tensor *out) {
     for (int i = 0; ok && i < x->ndim; i++)
         ok = out->shape[i + 1] == x->shape[i];
     if (!ok)
-        return dg__err(DG_ERR_SHAPE, "%s: out must be [%d, x's shape] with x %s, got %s",
-                       OPG, c->size, dg_tensor_desc(x), dg_tensor_desc(out));
+        return dg__err(DG_ERR_SHAPE, "%s: out must be [%d, x's shape] with x %s, got %s", OPG,
+                       c->size, dg_tensor_desc(x), dg_tensor_desc(out));
     double t0 = dg__comm_now();
     staged sx, so;
     DG_TRY(stage_in(c, x, 1, &sx));
@@ -188,8 +188,7 @@ dg_status dg_comm_all_reduce(dg_comm *c, dg_tensor *x) {
     DG_TRY(comm_ready(OPR, c));
     DG_TRY(comm_tensor(OPR, "x", c, x));
     if (x->dtype != DG_F64 && x->dtype != DG_F32 && x->dtype != DG_BF16)
-        return dg__err(DG_ERR_DTYPE, OPR ": x must be f64, f32 or bf16, got %s",
-                       dg_tensor_desc(x));
+        return dg__err(DG_ERR_DTYPE, OPR ": x must be f64, f32 or bf16, got %s", dg_tensor_desc(x));
     if (c->size == 1)
         return DG_OK;
     double t0 = dg__comm_now();
@@ -199,7 +198,7 @@ dg_status dg_comm_all_reduce(dg_comm *c, dg_tensor *x) {
         dg_ctx *ctx = dg__is_cuda(x) ? (c->ctx ? c->ctx : NULL) : NULL;
         if (dg__is_cuda(x) && !ctx)
             return dg__err(DG_ERR_DEVICE, OPR ": bf16 CUDA tensors need the NCCL backend's "
-                                          "context; convert to f32 first");
+                                              "context; convert to f32 first");
         if (!ctx) {
             if (!c->host)
                 DG_TRY(dg_ctx_new(dg_cpu(), &c->host));

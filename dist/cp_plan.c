@@ -26,8 +26,8 @@ static int owner(const int64_t *bound, int world, int64_t t) {
     return lo;
 }
 
-dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_seqlens,
-                         int n_seqs, const int64_t *rank_tokens, dg_cp_plan **out) {
+dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_seqlens, int n_seqs,
+                         const int64_t *rank_tokens, dg_cp_plan **out) {
     DG_TRY(dg__check_ptr(OP, "out", out));
     *out = NULL;
     if (world < 1 || rank < 0 || rank >= world)

@@ -602,8 +602,8 @@ typedef struct dg_cp_plan {
  * `total` tokens; B rows of T tokens: cu = {0, T, 2T, ...}). rank_tokens: [world] tokens per
  * rank, each >= 1, summing to total (NULL: as even as possible, the first total % world ranks
  * one more). */
-dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_seqlens,
-                         int n_seqs, const int64_t *rank_tokens, dg_cp_plan **out);
+dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_seqlens, int n_seqs,
+                         const int64_t *rank_tokens, dg_cp_plan **out);
 void dg_cp_plan_free(dg_cp_plan **p);
 
 /* dg_kda_chunk over a context-parallel split (KCP, shared spec KCP.md): every rank calls it with

@@ -99,8 +99,8 @@ static dg_status halo_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 /* xe = [halo | x] with the halo from rank r-1 (recorded when x requires grad). */
-static dg_status halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
-                          int W, dg_tensor **xe) {
+static dg_status halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x, int W,
+                          dg_tensor **xe) {
     const int64_t h = W - 1, T = x->shape[1], C = x->shape[2];
     const int64_t valid = plan->pre_tokens < h ? plan->pre_tokens : h;
     dg_tensor *halo = NULL;
@@ -151,7 +151,8 @@ dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
         return dg__err(DG_ERR_SHAPE, OP ": w must be [C, W] with 1 <= W <= 8, got %s",
                        dg_tensor_desc(w));
     const int W = (int)w->shape[1];
-    for (int r = 0; r < plan->world; r++) /* the same answer on every rank: no one is left waiting */
+    for (int r = 0; r < plan->world;
+         r++) /* the same answer on every rank: no one is left waiting */
         if (plan->bounds[r + 1] - plan->bounds[r] < W - 1)
             return dg__err(DG_ERR_ARG,
                            OP ": every rank must hold at least W-1 = %d tokens, rank %d holds %lld",

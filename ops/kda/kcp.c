@@ -70,7 +70,7 @@ static void KF(kcp_mm)(int K, int n, const KT *A, const KT *X, int ldx, KT *Y, i
 /* Forward summary of local sequence n, per value head: hm[hv] = [h_out | M] ([K, V+K]) with
  * h_out the state after the sequence's chunks starting from hin[hv] ([K,V]; NULL: zero). */
 static dg_status KF(kcp_pre_fwd)(const kda_dims *d, int n, const KT *W, const KT *U, const KT *KG,
-                          const KT *G, const KT *hin, KT *hm) {
+                                 const KT *G, const KT *hin, KT *hm) {
     const int HV = d->HV, K = d->K, V = d->V, C = V + K;
     const size_t per = (size_t)K * K + 2 * (size_t)K * C;
     KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
@@ -82,14 +82,14 @@ static dg_status KF(kcp_pre_fwd)(const kda_dims *d, int n, const KT *W, const KT
         /* S = [h | M], starts [hin | I] */
         for (int a = 0; a < K; a++)
             for (int b = 0; b < C; b++)
-                S[a * C + b] = b < V ? (hin ? hin[((int64_t)hv * K + a) * V + b] : (KT)0)
-                                     : (KT)(b - V == a);
+                S[a * C + b] =
+                    b < V ? (hin ? hin[((int64_t)hv * K + a) * V + b] : (KT)0) : (KT)(b - V == a);
         for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
             kda_chunk ch = kda_chunk_at(d, n, c);
             const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
             KF(kcp_chunk_mat)(d, ch, hv, KG, W, lam, A); /* A = Diag - KG^T W */
-            KF(kcp_mm)(K, C, A, S, C, S2, C);             /* [h | M] <- A [h | M] */
-            for (int i = 0; i < ch.L; i++) {              /* h += KG^T U */
+            KF(kcp_mm)(K, C, A, S, C, S2, C);            /* [h | M] <- A [h | M] */
+            for (int i = 0; i < ch.L; i++) {             /* h += KG^T U */
                 const int64_t ti = ch.t0 + i;
                 const KT *kg = KG + (ti * HV + hv) * K, *u = U + (ti * HV + hv) * V;
                 for (int a = 0; a < K; a++)
@@ -110,7 +110,7 @@ static dg_status KF(kcp_pre_fwd)(const kda_dims *d, int n, const KT *W, const KT
  * gradient of the state entering the sequence given dh_out[hv] (NULL: zero) for the state that
  * leaves it, and the local upstream dh [NC,HV,K,V], dE [TT,HV,V] (either NULL: zero). */
 static dg_status KF(kcp_pre_bwd)(const kda_dims *d, int n, const KT *W, const KT *KG, const KT *G,
-                          const KT *dh, const KT *dE, const KT *dhout, KT *dhm) {
+                                 const KT *dh, const KT *dE, const KT *dhout, KT *dhm) {
     const int HV = d->HV, K = d->K, V = d->V, C = V + K;
     const size_t per = (size_t)K * K + 2 * (size_t)K * C;
     KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
@@ -313,7 +313,7 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
             st = dg__err(DG_ERR_NOMEM, OP ": backward: out of host memory");
         else
             st = KDA_CALL(c->dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, np->post,
-                     (void *)((char *)dg_tensor_data(dhtl) + (size_t)(NL - 1) * row));
+                          (void *)((char *)dg_tensor_data(dhtl) + (size_t)(NL - 1) * row));
         if (ord && ord != order)
             DG_FREE(ord);
     }
@@ -342,9 +342,8 @@ static dg_status check_plan(dg_comm *comm, const dg_cp_plan *plan, const dg_kda_
     DG_TRY(dg__check_ptr(OP, "comm", comm));
     DG_TRY(dg__check_ptr(OP, "plan", plan));
     if (plan->world != dg_comm_size(comm) || plan->rank != dg_comm_rank(comm))
-        return dg__err(DG_ERR_ARG,
-                       OP ": plan is for rank %d of %d but comm is rank %d of %d", plan->rank,
-                       plan->world, dg_comm_rank(comm), dg_comm_size(comm));
+        return dg__err(DG_ERR_ARG, OP ": plan is for rank %d of %d but comm is rank %d of %d",
+                       plan->rank, plan->world, dg_comm_rank(comm), dg_comm_size(comm));
     if (opts && opts->cu_seqlens)
         return dg__err(DG_ERR_ARG, OP ": opts->cu_seqlens must be NULL (the plan holds the "
                                       "sequences: build it with dg_cp_plan_new)");
@@ -462,7 +461,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
             st = dg__err(DG_ERR_NOMEM, OP ": out of host memory");
         else
             st = KDA_CALL(cfg.dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, plan->pre_ranks,
-                     dg_tensor_data(h0m));
+                          dg_tensor_data(h0m));
         if (ord && ord != order)
             DG_FREE(ord);
     }
@@ -536,7 +535,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         *ht = dg_tensor_retain(htu);
 
     kda_rc_release(&rc);
-    dg_tensor *locals[19] = {qn, kn, bt, G,   Aqk, Tm,  W,  U,  KG, QG,
+    dg_tensor *locals[19] = {qn, kn, bt,  G,  Aqk, Tm,  W,  U,  KG, QG,
                              h,  E,  htl, hm, ag,  h0m, h2, E2, htu};
     for (int i = 0; i < 19; i++)
         dg_tensor_free(&locals[i]);

@@ -30,7 +30,8 @@ int main(int argc, char **argv) {
     const int R = dg_comm_rank(c), S = dg_comm_size(c);
     dg_ctx *cpu = NULL;
     dg_tensor *x = NULL, *out = NULL;
-    if (dg_ctx_new(dg_cpu(), &cpu) != DG_OK || dg_tensor_zeros(cpu, DG_F32, 1, (int64_t[]){8}, &x) ||
+    if (dg_ctx_new(dg_cpu(), &cpu) != DG_OK ||
+        dg_tensor_zeros(cpu, DG_F32, 1, (int64_t[]){8}, &x) ||
         dg_tensor_new(cpu, DG_F32, 2, (int64_t[]){S, 8}, &out)) {
         fprintf(stderr, "comm_fail: %s\n", dg_last_error());
         return 1;

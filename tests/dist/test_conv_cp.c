@@ -34,8 +34,7 @@ typedef struct cres {
 } cres;
 
 static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const ccase *c, dg_dtype dt,
-                const double *x, const double *w, const double *bias, const double *dy,
-                cres *r) {
+                const double *x, const double *w, const double *bias, const double *dy, cres *r) {
     const int64_t b = plan ? plan->begin : 0, e = plan ? plan->end : c->T;
     dg_tensor *tx = kt_tensor(ctx, dt, 3, (int64_t[]){1, e - b, c->C}, x + b * c->C, 1);
     dg_tensor *tw = kt_tensor(ctx, dt, 2, (int64_t[]){c->C, c->W}, w, 1);
@@ -79,8 +78,8 @@ static void run_case(dg_ctx *ctx, dg_comm *comm, const ccase *c, dg_dtype dt, do
     run(ctx, comm, plan, c, dt, x, w, bias, dy, &got);
     const int64_t b = plan->begin, e = plan->end;
     char name[160];
-    snprintf(name, sizeof name, "%s %s [%lld,%lld) pre_tokens %lld: y", dg_dtype_name(dt),
-             c->name, (long long)b, (long long)e, (long long)plan->pre_tokens);
+    snprintf(name, sizeof name, "%s %s [%lld,%lld) pre_tokens %lld: y", dg_dtype_name(dt), c->name,
+             (long long)b, (long long)e, (long long)plan->pre_tokens);
     dg_check_rel(name, got.y, want.y + b * c->C, (e - b) * c->C, tol);
     snprintf(name, sizeof name, "%s %s: dx", dg_dtype_name(dt), c->name);
     dg_check_rel(name, got.dx, want.dx + b * c->C, (e - b) * c->C, tol);

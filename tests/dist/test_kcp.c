@@ -134,8 +134,8 @@ static dg_tensor *slice_tensor(dg_ctx *ctx, dg_dtype dt, const kdata *d, int i, 
 
 /* The unsplit reference (cp == NULL) or this rank's CP run. Results are this rank's view: slices
  * for per-token tensors, and for ht and the shared gradients the sum over the ranks. */
-static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kcase *c,
-                const kdata *d, dg_dtype dt, kres *r) {
+static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kcase *c, const kdata *d,
+                dg_dtype dt, kres *r) {
     memset(r, 0, sizeof *r);
     const int64_t b = plan ? plan->begin : 0, e = plan ? plan->end : c->T;
     dg_tensor *t[NIN];
@@ -197,8 +197,8 @@ static void run_case(dg_ctx *ctx, dg_comm *comm, const kcase *c, dg_dtype dt, do
     run(ctx, comm, plan, c, &d, dt, &got);
     const int64_t b = plan->begin, e = plan->end;
     char name[160];
-    snprintf(name, sizeof name, "%s %s [%lld,%lld) pre %d post %d: o", dg_dtype_name(dt),
-             c->name, (long long)b, (long long)e, plan->pre_ranks, plan->post_ranks);
+    snprintf(name, sizeof name, "%s %s [%lld,%lld) pre %d post %d: o", dg_dtype_name(dt), c->name,
+             (long long)b, (long long)e, plan->pre_ranks, plan->post_ranks);
     dg_check_rel(name, got.o, want.o + b * c->HV * c->V, (e - b) * c->HV * c->V, tol);
     snprintf(name, sizeof name, "%s %s: ht (summed)", dg_dtype_name(dt), c->name);
     dg_check_rel(name, got.ht, want.ht, d.nht, tol);
@@ -222,8 +222,8 @@ static void run_case(dg_ctx *ctx, dg_comm *comm, const kcase *c, dg_dtype dt, do
 /* Shared spec KCP.md §2: cu = [0,30,31,130,170,200], 4 ranks of 50 tokens. */
 static void test_plan_example(void) {
     static const int64_t cu[] = {0, 30, 31, 130, 170, 200};
-    static const int64_t loc[4][4] = {{0, 30, 31, 50}, {0, 50, -1, -1}, {0, 30, 50, -1},
-                                      {0, 20, 50, -1}};
+    static const int64_t loc[4][4] = {
+        {0, 30, 31, 50}, {0, 50, -1, -1}, {0, 30, 50, -1}, {0, 20, 50, -1}};
     static const int nloc[4] = {3, 1, 2, 2}, pre[4] = {0, 1, 2, 1}, post[4] = {2, 1, 1, 0};
     static const int64_t conv[4] = {0, 19, 69, 20};
     for (int r = 0; r < 4; r++) {
@@ -233,8 +233,9 @@ static void test_plan_example(void) {
                  p->pre_tokens == conv[r] && p->begin == 50 * r && p->end == 50 * (r + 1);
         for (int i = 0; ok && i <= p->n_local; i++)
             ok = p->cu_local[i] == loc[r][i];
-        dg_check(ok, "plan of KCP.md's example, rank %d: %d local, pre %d, post %d, pre_tokens %lld",
-                 r, p->n_local, p->pre_ranks, p->post_ranks, (long long)p->pre_tokens);
+        dg_check(ok,
+                 "plan of KCP.md's example, rank %d: %d local, pre %d, post %d, pre_tokens %lld", r,
+                 p->n_local, p->pre_ranks, p->post_ranks, (long long)p->pre_tokens);
         dg_cp_plan_free(&p);
     }
     dg_cp_plan *p = NULL;
@@ -266,8 +267,8 @@ static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     dg_check_err(dg_kda_chunk_cp(ctx, comm, other, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA],
                                  t[ID], NULL, &op, &o, &ht),
                  DG_ERR_ARG, "plan is for rank", "plan of another world size");
-    dg_check_err(dg_kda_chunk_cp(ctx, comm, plan, full, t[IK], t[IV], t[IG], t[IBETA], t[IA],
-                                 t[ID], NULL, &op, &o, &ht),
+    dg_check_err(dg_kda_chunk_cp(ctx, comm, plan, full, t[IK], t[IV], t[IG], t[IBETA], t[IA], t[ID],
+                                 NULL, &op, &o, &ht),
                  DG_ERR_SHAPE, "this rank's", "q with the global T");
     static const int64_t cu[] = {0, 64};
     op.cu_seqlens = cu;
