@@ -11,6 +11,7 @@
 #define _XOPEN_SOURCE 700
 #include "tests/harness.h"
 #include "tools/commands.h"
+#include "train/args.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/model.h"
@@ -75,6 +76,62 @@ static int check_err_all(int cls, dg_status s, dg_status want, const char *what,
     va_end(ap);
     return dg_check(ok, "%s -> %s (want %s): \"%s\"", what, dg_status_str(s), dg_status_str(want),
                     msg);
+}
+
+/* Runs an in-process command with stderr sent to a file; its text into err[n]. */
+static int run_captured(int (*fn)(int, char **), char **argv, char *err, size_t n) {
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    char path[300];
+    tmp_path(path, sizeof path, "stderr.txt");
+    fflush(stdout);
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    close(fd);
+    int out_saved = dup(1), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1); /* the commands' progress output is not what is checked */
+    close(devnull);
+    int rc = fn(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved, 2);
+    dup2(out_saved, 1);
+    close(saved);
+    close(out_saved);
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(err, 1, n - 1, f) : 0;
+    err[got] = 0;
+    if (f)
+        fclose(f);
+    return rc;
+}
+
+/* Runs the deltagrad binary (argv[0] is ignored) and returns its exit status (128+N for signal
+ * N); stderr text into err[n]. */
+static int run_binary(char **argv, char *err, size_t n) {
+    char path[300];
+    tmp_path(path, sizeof path, "bin_stderr.txt");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        dup2(nul, 1);
+        argv[0] = DG_BINARY_DIR "/deltagrad";
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(err, 1, n - 1, f) : 0;
+    err[got] = 0;
+    if (f)
+        fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 /* ---- (1) special files ---------------------------------------------------------------------- */
@@ -149,6 +206,140 @@ static void test_special_files(void) {
         close(sfd);
 }
 
+/* ---- (2) numeric flags ---------------------------------------------------------------------- */
+
+typedef struct num_case {
+    const char *text;
+    int ok;      /* accepted? */
+    double want; /* the value when accepted */
+} num_case;
+
+static void test_numeric_parser(void) {
+    /* integers in [1, 100] */
+    static const num_case ints[] = {
+        {"16", 1, 16},   {"1", 1, 1},     {"100", 1, 100},   {"+7", 1, 7},      {"16abc", 0, 0},
+        {"abc", 0, 0},   {"", 0, 0},      {" 5", 0, 0},      {"5 ", 0, 0},      {"0x10", 0, 0},
+        {"1e3", 0, 0},   {"1.0", 0, 0},   {"0", 0, 0},       {"101", 0, 0},     {"-1", 0, 0},
+        {"-", 0, 0},     {"--5", 0, 0},   {"99999999999999999999", 0, 0},       {"5\n", 0, 0},
+        {"\t3", 0, 0}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        int64_t v = -99;
+        dg_status st = dg_arg_i64("--n", ints[i].text, 1, 100, &v);
+        if (ints[i].ok)
+            CASE(2, dg_check(st == DG_OK && v == (int64_t)ints[i].want, "--n '%s' -> %lld",
+                             ints[i].text, (long long)v));
+        else
+            check_err_all(2, st, DG_ERR_ARG, "an integer flag refuses a bad value", "--n",
+                          "[1, 100]", NULL);
+    }
+    /* numbers in [-5, 0) */
+    static const num_case reals[] = {
+        {"-5", 1, -5},     {"-2.5", 1, -2.5}, {"-1e-3", 1, -1e-3}, {"-.5", 1, -0.5},
+        {"0", 0, 0},       {"-0", 0, 0},      {"-5.0001", 0, 0},   {"nan", 0, 0},
+        {"-inf", 0, 0},    {"inf", 0, 0},     {"-1e999", 0, 0},    {"-0x1p1", 0, 0},
+        {"-1abc", 0, 0},   {"", 0, 0},        {".", 0, 0},         {"-", 0, 0},
+        {"-1e", 0, 0},     {" -1", 0, 0},     {"-1 ", 0, 0},       {"e5", 0, 0}};
+    for (size_t i = 0; i < sizeof reals / sizeof *reals; i++) {
+        double v = 99;
+        dg_status st = dg_arg_f64("--lower-bound", reals[i].text, -5.0, 0.0, DG_ARG_HI_OPEN, &v);
+        if (reals[i].ok)
+            CASE(2, dg_check(st == DG_OK && v == reals[i].want, "--lower-bound '%s' -> %g",
+                             reals[i].text, v));
+        else
+            check_err_all(2, st, DG_ERR_ARG, "a number flag refuses a bad value",
+                          "--lower-bound", "[-5, 0)", NULL);
+    }
+    double v = 0;
+    check_err_all(2, dg_arg_f64("--lr", "0", 0.0, INFINITY, DG_ARG_LO_OPEN, &v), DG_ERR_ARG,
+                  "an open lower bound excludes the bound", "--lr", "> 0", NULL);
+    check_err_all(2, dg_arg_f64("--x", "1e-400", -1.0, 1.0, 0, &v), DG_ERR_ARG,
+                  "a value that underflows to zero is refused", "--x", NULL);
+    int c = 0;
+    static const int chunks[3] = {16, 32, 64};
+    CASE(2, dg_check(dg_arg_choice("--chunk", "32", chunks, 3, &c) == DG_OK && c == 32,
+                     "--chunk 32 is a valid choice"));
+    check_err_all(2, dg_arg_choice("--chunk", "48", chunks, 3, &c), DG_ERR_ARG,
+                  "--chunk 48 is not a choice", "--chunk", "one of 16, 32, 64", NULL);
+    check_err_all(2, dg_arg_choice("--chunk", "16abc", chunks, 3, &c), DG_ERR_ARG,
+                  "--chunk 16abc is refused", "16abc", NULL);
+}
+
+/* Every numeric flag of `train`, `sample`, `kda` and `bench` refuses trailing garbage, no digits,
+ * an empty value and an out-of-range value, with exit 2 and a message naming the flag. */
+typedef struct flag_case {
+    const char *flag, *out_of_range;
+} flag_case;
+
+static void test_numeric_flags(void) {
+    static const flag_case train_flags[] = {
+        {"--max-bytes", "-1"},     {"--steps", "0"},         {"--stop-at", "0"},
+        {"--seed", "-1"},          {"--batch", "65537"},     {"--seq-len", "1"},
+        {"--accum", "0"},          {"--lr", "0"},            {"--warmup", "-1"},
+        {"--min-lr-frac", "1.5"},  {"--beta1", "1"},         {"--beta2", "-0.1"},
+        {"--adam-eps", "0"},       {"--weight-decay", "-1"}, {"--clip", "0"},
+        {"--d", "0"},              {"--layers", "257"},      {"--heads", "0"},
+        {"--v-heads", "0"},        {"--head-dim", "257"},    {"--head-v-dim", "0"},
+        {"--inter", "0"},          {"--chunk", "48"},        {"--lower-bound", "0"},
+        {"--eval-every", "-1"},    {"--eval-batches", "0"},  {"--sample-every", "-2"},
+        {"--sample-tokens", "-1"}, {"--temperature", "-1"},  {"--top-k", "257"},
+        {"--ckpt-every", "-1"},    {"--log-every", "0"},     {"--threads", "-1"}};
+    static const flag_case sample_flags[] = {{"--tokens", "-1"},     {"--temperature", "-0.5"},
+                                             {"--top-k", "300"},     {"--seed", "-3"},
+                                             {"--context", "0"},     {"--threads", "5000"}};
+    static const char *const bad_values[] = {"16abc", "abc", ""};
+    char err[4096];
+    for (int which = 0; which < 2; which++) {
+        const flag_case *fl = which ? sample_flags : train_flags;
+        int n = which ? (int)(sizeof sample_flags / sizeof *sample_flags)
+                      : (int)(sizeof train_flags / sizeof *train_flags);
+        int (*fn)(int, char **) = which ? dg_cmd_sample : dg_cmd_train;
+        const char *cmd = which ? "sample" : "train";
+        for (int i = 0; i < n; i++)
+            for (int b = 0; b < 4; b++) {
+                const char *val = b < 3 ? bad_values[b] : fl[i].out_of_range;
+                char *argv[] = {(char *)cmd, (char *)fl[i].flag, (char *)val, "--ckpt", "x", NULL};
+                if (!which)
+                    argv[3] = NULL;
+                int rc = run_captured(fn, argv, err, sizeof err);
+                CASE(2, dg_check(rc == 2 && strstr(err, fl[i].flag) && strstr(err, "expected"),
+                                 "%s %s '%s' -> exit %d: %.120s", cmd, fl[i].flag, val, rc, err));
+            }
+    }
+    /* the other tools, through the binary */
+    static const char *const tool_cases[][6] = {
+        {"kda", "--in", ".", "--chunk-size", "16abc", "--chunk-size"},
+        {"kda", "--in", ".", "--chunk-size", "48", "--chunk-size"},
+        {"kda", "--in", ".", "--lower-bound", "0", "--lower-bound"},
+        {"kda", "--in", ".", "--lower-bound", "-2x", "--lower-bound"},
+        {"kda", "--in", ".", "--scale", "abc", "--scale"},
+        {"kda", "--in", ".", "--scale", "0", "--scale"},
+        {"kda", "--in", ".", "--scale", "", "--scale"},
+        {"bench", "core", "--reps", "5x", NULL, "--reps"},
+        {"bench", "core", "--warmup", "-1", NULL, "--warmup"},
+        {"bench", "core", "--m", "abc", NULL, "--m"},
+        {"bench", "core", "--copy-mib", "0", NULL, "--copy-mib"},
+        {"bench", "core", "--peak-tflops", "inf", NULL, "--peak-tflops"},
+        {"bench", "core", "--sizes", "64,1x", NULL, "--sizes"},
+        {"bench", "kda", "--reps", "3x", NULL, "--reps"},
+        {"bench", "kda", "--reps", "65", NULL, "--reps"}};
+    for (size_t i = 0; i < sizeof tool_cases / sizeof *tool_cases; i++) {
+        char *argv[12] = {"deltagrad"};
+        int k = 1;
+        for (int j = 0; j < 5 && tool_cases[i][j]; j++)
+            argv[k++] = (char *)tool_cases[i][j];
+        if (!strcmp(tool_cases[i][0], "kda")) {
+            argv[k++] = "--out";
+            argv[k++] = g_tmp;
+        }
+        argv[k] = NULL;
+        int rc = run_binary(argv, err, sizeof err);
+        CASE(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
+                         "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
+                         tool_cases[i][1], tool_cases[i][3],
+                         tool_cases[i][4] ? tool_cases[i][4] : tool_cases[i][3], rc, err));
+    }
+}
+
 /* ---- main ----------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -163,6 +354,8 @@ int main(int argc, char **argv) {
     }
     DG_TEST_TRY(dg_ctx_new(dg_cpu(), &g_ctx));
     test_special_files();
+    test_numeric_parser();
+    test_numeric_flags();
     dg_ctx_free(&g_ctx);
     nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     static const char *const names[] = {"",        "special files", "numeric flags",

@@ -11,6 +11,7 @@
  */
 #include "deltagrad.h"
 #include "tools/commands.h"
+#include "train/args.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -175,16 +176,15 @@ int dg_bench_kda(int argc, char **argv) {
     dg_dtype dt = DG_BF16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: deltagrad bench kda [--reps N] [--dtype bf16|f32]\n\n"
+            printf("usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32]\n\n"
                    "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
                    "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
                    "device memory under CACHE and RECOMPUTE and the ratio of each time to its\n"
                    "compute and memory floors (peaks measured in the same run).\n");
             return 0;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-            if (reps < 1 || reps > 64) {
-                fprintf(stderr, "bench kda: --reps must be 1..64\n");
+            if (dg_arg_int("--reps", argv[++i], 1, 64, &reps) != DG_OK) {
+                fprintf(stderr, "bench kda: %s\n", dg_last_error());
                 return 2;
             }
         } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
