@@ -17,6 +17,7 @@
 #include "train/model.h"
 #include "train/train.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -340,6 +341,246 @@ static void test_numeric_flags(void) {
     }
 }
 
+/* ---- (3) index arrays ----------------------------------------------------------------------- */
+
+static dg_tensor *tensor_of(dg_dtype dt, int ndim, const int64_t *shape, const double *v) {
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(g_ctx, dt, ndim, shape, v, &t));
+    return t;
+}
+
+static void test_index_arrays(void) {
+    int64_t out[8];
+    int n = 0;
+    const double good[3] = {0, 3, 8}, frac[3] = {0, 3.7, 8}, rows[4] = {0, 3, 3, 8};
+    dg_dtype floats[3] = {DG_F64, DG_F32, DG_BF16};
+    for (int i = 0; i < 3; i++) {
+        dg_tensor *t = tensor_of(floats[i], 1, (int64_t[]){3}, frac);
+        check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_DTYPE,
+                      "float cu_seqlens are refused, not truncated", "integer",
+                      dg_dtype_name(floats[i]), NULL);
+        dg_tensor_free(&t);
+    }
+    dg_tensor *t = tensor_of(DG_I64, 2, (int64_t[]){2, 2}, rows);
+    check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "2-d cu_seqlens", "1-d",
+                  NULL);
+    dg_tensor_free(&t);
+    t = tensor_of(DG_I64, 1, (int64_t[]){1}, good);
+    check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "one entry", "N+1", NULL);
+    dg_tensor_free(&t);
+    static const struct {
+        double v[4];
+        int n;
+        const char *needle;
+    } bad[] = {{{1, 3, 8}, 3, "start at 0"},
+               {{0, 5, 3, 8}, 4, "non-decreasing"},
+               {{0, 3, 7}, 3, "end at T=8"},
+               {{0, -1, 8}, 3, "non-decreasing"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t = tensor_of(DG_I64, 1, (int64_t[]){bad[i].n}, bad[i].v);
+        check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_ARG, "bad cu_seqlens values",
+                      bad[i].needle, NULL);
+        dg_tensor_free(&t);
+    }
+    dg_dtype ints[2] = {DG_I32, DG_I64};
+    for (int i = 0; i < 2; i++) {
+        t = tensor_of(ints[i], 1, (int64_t[]){3}, good);
+        dg_status st = dg_kda_seqlens(t, 8, out, 8, &n);
+        CASE(3, dg_check(st == DG_OK && n == 2 && out[0] == 0 && out[1] == 3 && out[2] == 8,
+                         "%s cu_seqlens [0,3,8] accepted as 2 sequences",
+                         dg_dtype_name(ints[i])));
+        dg_tensor_free(&t);
+    }
+    /* float -> integer conversions saturate (a C cast of these is undefined behaviour) */
+    const double wild[6] = {NAN, 1e30, -1e30, INFINITY, 3.9, -3.9};
+    t = tensor_of(DG_F64, 1, (int64_t[]){6}, wild);
+    for (int i = 0; i < 2; i++) {
+        dg_tensor *c = NULL;
+        DG_TEST_TRY(dg_to_dtype(g_ctx, t, ints[i], &c));
+        double *d = NULL;
+        DG_TEST_TRY(dg_tensor_to_f64(c, &d));
+        double mx = ints[i] == DG_I32 ? 2147483647.0 : 9223372036854775807.0;
+        double mn = ints[i] == DG_I32 ? -2147483648.0 : -9223372036854775808.0;
+        CASE(3, dg_check(d[0] == 0 && d[1] == mx && d[2] == mn && d[3] == mx && d[4] == 3 &&
+                             d[5] == -3,
+                         "f64 -> %s: NaN 0, +-1e30 and inf saturate, 3.9 -> 3, -3.9 -> -3",
+                         dg_dtype_name(ints[i])));
+        free(d);
+        dg_tensor_free(&c);
+    }
+    dg_tensor_free(&t);
+}
+
+/* ---- (7) the op runner ---------------------------------------------------------------------- */
+
+/* DIR/name.npy of dtype dt filled from a deterministic pattern scaled into [lo, hi]. */
+static void write_npy(const char *dir, const char *name, dg_dtype dt, int ndim,
+                      const int64_t *shape, double lo, double hi, uint64_t seed) {
+    dg_tensor *t = dg_test_rand(g_ctx, dt, ndim, shape, seed, lo, hi);
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s.npy", dir, name);
+    DG_TEST_TRY(dg_npy_save(p, t));
+    dg_tensor_free(&t);
+}
+
+static void kda_inputs(const char *dir, dg_dtype dt, int with_do) {
+    mkdir(dir, 0700);
+    const int64_t qs[4] = {1, 20, 2, 4}, vs[4] = {1, 20, 2, 4}, bs[3] = {1, 20, 2};
+    write_npy(dir, "q", dt, 4, qs, -1, 1, 1);
+    write_npy(dir, "k", dt, 4, qs, -1, 1, 2);
+    write_npy(dir, "v", dt, 4, vs, -1, 1, 3);
+    write_npy(dir, "g", dt, 4, qs, -0.5, -0.01, 4);
+    write_npy(dir, "beta", dt, 3, bs, 0.1, 0.9, 5);
+    if (with_do)
+        write_npy(dir, "do", dt, 4, vs, -1, 1, 6);
+}
+
+static dg_dtype npy_dtype(const char *dir, const char *name) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s.npy", dir, name);
+    dg_tensor *t = NULL;
+    if (dg_npy_load(g_ctx, p, &t) != DG_OK)
+        return (dg_dtype)-1;
+    dg_dtype dt = dg_tensor_dtype(t);
+    dg_tensor_free(&t);
+    return dt;
+}
+
+static void test_op_runner(void) {
+    char in[300], out[300], out64[300], err[4096];
+    tmp_path(in, sizeof in, "kda_in");
+    tmp_path(out, sizeof out, "kda_out");
+    tmp_path(out64, sizeof out64, "kda_out64");
+    kda_inputs(in, DG_F32, 1);
+    /* f32 files computed in f64: outputs come back f32, equal to the f64 outputs rounded */
+    char *argv[] = {"deltagrad", "kda", "--in", in, "--out", out, "--dtype", "f64", "--quiet",
+                    NULL, NULL, NULL};
+    int rc = run_binary(argv, err, sizeof err);
+    CASE(7, dg_check(rc == 0, "deltagrad kda on f32 files exits 0 (%d: %.200s)", rc, err));
+    static const char *const files[] = {"o", "ht", "dq", "dk", "dv", "dg", "dbeta"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        CASE(7, dg_check(npy_dtype(out, files[i]) == DG_F32, "%s.npy keeps the inputs' f32",
+                         files[i]));
+    /* exactly the files --help promises: no h0.npy, so no dh0.npy; no gate, no dA_log */
+    int extra = 0, n_files = 0;
+    DIR *d = opendir(out);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        n_files++;
+        int known = 0;
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "%s.npy", files[i]);
+            known |= !strcmp(nm, e->d_name);
+        }
+        if (!known) {
+            printf("  unexpected output file %s\n", e->d_name);
+            extra++;
+        }
+    }
+    if (d)
+        closedir(d);
+    CASE(7, dg_check(extra == 0 && n_files == 7, "OUT holds exactly o ht dq dk dv dg dbeta (%d)",
+                     n_files));
+    argv[5] = out64;
+    argv[9] = "--out-dtype";
+    argv[10] = "f64";
+    rc = run_binary(argv, err, sizeof err);
+    CASE(7, dg_check(rc == 0 && npy_dtype(out64, "o") == DG_F64,
+                     "--out-dtype f64 writes f64 (exit %d)", rc));
+    char p1[400], p2[400];
+    snprintf(p1, sizeof p1, "%s/o.npy", out);
+    snprintf(p2, sizeof p2, "%s/o.npy", out64);
+    dg_tensor *a = NULL, *b = NULL, *b32 = NULL;
+    if (dg_npy_load(g_ctx, p1, &a) == DG_OK && dg_npy_load(g_ctx, p2, &b) == DG_OK &&
+        dg_to_dtype(g_ctx, b, DG_F32, &b32) == DG_OK)
+        CASE(7, dg_check_tensor_close("o.npy (f32) == f64 result rounded to f32", a, b32, 0, 0));
+    else
+        CASE(7, dg_check(0, "reading o.npy back: %s", dg_last_error()));
+    dg_tensor_free(&a), dg_tensor_free(&b), dg_tensor_free(&b32);
+
+    /* a NaN in v: the outputs are written but the command fails, naming them */
+    char nin[300], nout[300];
+    tmp_path(nin, sizeof nin, "kda_nan_in");
+    tmp_path(nout, sizeof nout, "kda_nan_out");
+    kda_inputs(nin, DG_F64, 0);
+    const int64_t vs[4] = {1, 20, 2, 4};
+    double *vals = calloc(160, sizeof *vals);
+    vals[17] = NAN;
+    dg_tensor *v = tensor_of(DG_F64, 4, vs, vals);
+    free(vals);
+    char vp[400];
+    snprintf(vp, sizeof vp, "%s/v.npy", nin);
+    DG_TEST_TRY(dg_npy_save(vp, v));
+    dg_tensor_free(&v);
+    char *nargv[] = {"deltagrad", "kda", "--in", nin, "--out", nout, "--quiet", NULL, NULL};
+    rc = run_binary(nargv, err, sizeof err);
+    CASE(7, dg_check(rc == 3 && strstr(err, "o.npy") && strstr(err, "non-finite"),
+                     "NaN outputs: exit 3 naming o.npy (%d: %.200s)", rc, err));
+    nargv[7] = "--allow-nonfinite";
+    rc = run_binary(nargv, err, sizeof err);
+    CASE(7, dg_check(rc == 0 && strstr(err, "allowed"),
+                     "--allow-nonfinite: exit 0 with a note (%d: %.200s)", rc, err));
+    /* f64 values beyond f32's range: finite in f64, Inf once written as f32 */
+    char bin[300], bout[300];
+    tmp_path(bin, sizeof bin, "kda_big_in");
+    tmp_path(bout, sizeof bout, "kda_big_out");
+    kda_inputs(bin, DG_F64, 0);
+    write_npy(bin, "v", DG_F64, 4, vs, 1e300, 1e301, 9);
+    char *bargv[] = {"deltagrad", "kda",       "--in", bin, "--out", bout, "--out-dtype",
+                     "f32",       "--quiet", NULL};
+    rc = run_binary(bargv, err, sizeof err);
+    CASE(7, dg_check(rc == 3 && strstr(err, "o.npy"),
+                     "values that overflow the written f32 are reported (%d: %.200s)", rc, err));
+
+    /* float cu_seqlens through the runner: refused naming the file, nothing written */
+    char cin[300], cout[300];
+    tmp_path(cin, sizeof cin, "kda_cu_in");
+    tmp_path(cout, sizeof cout, "kda_cu_out");
+    kda_inputs(cin, DG_F64, 0);
+    dg_tensor *cu = tensor_of(DG_F64, 1, (int64_t[]){3}, (double[]){0, 7.5, 20});
+    snprintf(vp, sizeof vp, "%s/cu_seqlens.npy", cin);
+    DG_TEST_TRY(dg_npy_save(vp, cu));
+    dg_tensor_free(&cu);
+    char *cargv[] = {"deltagrad", "kda", "--in", cin, "--out", cout, "--quiet", NULL};
+    rc = run_binary(cargv, err, sizeof err);
+    snprintf(vp, sizeof vp, "%s/o.npy", cout);
+    CASE(3, dg_check(rc == 1 && strstr(err, "cu_seqlens") && strstr(err, "integer") &&
+                         access(vp, F_OK) != 0,
+                     "deltagrad kda with float cu_seqlens.npy: exit 1, no o.npy (%d: %.200s)",
+                     rc, err));
+    /* the help names every file and when it is written */
+    char *hargv[] = {"deltagrad", "kda", "--help", NULL};
+    char hpath[300];
+    tmp_path(hpath, sizeof hpath, "help.txt");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(hpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 1);
+        execv(DG_BINARY_DIR "/deltagrad", hargv);
+        _exit(127);
+    }
+    waitpid(pid, NULL, 0);
+    FILE *f = fopen(hpath, "r");
+    char help[8192];
+    size_t got = f ? fread(help, 1, sizeof help - 1, f) : 0;
+    help[got] = 0;
+    if (f)
+        fclose(f);
+    static const char *const promised[] = {"o.npy",     "ht.npy",  "dq dk dv dg dbeta", "dh0.npy",
+                                           "dA_log.npy", "ddt_bias.npy", "--allow-nonfinite",
+                                           "--out-dtype"};
+    int all = 1;
+    for (size_t i = 0; i < sizeof promised / sizeof *promised; i++)
+        if (!strstr(help, promised[i])) {
+            printf("  --help lacks '%s'\n", promised[i]);
+            all = 0;
+        }
+    CASE(7, dg_check(all, "deltagrad kda --help names every output file and the flags"));
+}
+
 /* ---- main ----------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
@@ -356,6 +597,8 @@ int main(int argc, char **argv) {
     test_special_files();
     test_numeric_parser();
     test_numeric_flags();
+    test_index_arrays();
+    test_op_runner();
     dg_ctx_free(&g_ctx);
     nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     static const char *const names[] = {"",        "special files", "numeric flags",

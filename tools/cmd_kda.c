@@ -48,7 +48,8 @@ static void usage(FILE *f) {
             "  --allow-nonfinite    write outputs holding NaN or Inf and exit 0 (default: exit 3)\n"
             "  --quiet              print nothing but errors\n"
             "\n"
-            "Files written to OUT (nothing is written when the inputs are refused or the op fails):\n"
+            "Files written to OUT (none when an input is refused or the forward fails; o and ht\n"
+            "but no gradients when only the backward fails):\n"
             "  always            o.npy [B,T,HV,V] (dtype of q.npy), ht.npy [N,HV,K,V] (dtype of\n"
             "                    h0.npy if given, else of q.npy)\n"
             "  with do.npy       also dq dk dv dg dbeta .npy (dtype of q k v g beta .npy), and\n"
@@ -233,17 +234,18 @@ static dg_status save(saver *sv, const char *name, const dg_tensor *t, dg_dtype 
     dg_dtype want = sv->out_dt >= 0 ? (dg_dtype)sv->out_dt : like;
     if (!dg_dtype_is_float(want) || want == DG_BF16)
         want = DG_F32;
-    int64_t bad = count_nonfinite(t);
-    if (bad != 0)
-        snprintf(sv->nonfinite + strlen(sv->nonfinite),
-                 sizeof sv->nonfinite - strlen(sv->nonfinite), " %s.npy (%lld)", name,
-                 (long long)bad);
     dg_tensor *c = NULL, *h = NULL;
     dg_status s = dg_to_device(sv->host, (dg_tensor *)t, &h);
     if (s == DG_OK)
         s = dg_to_dtype(sv->host, h, want, &c);
-    if (s == DG_OK)
+    if (s == DG_OK) { /* counted after the conversion: an f64 value may overflow f32 */
+        int64_t bad = count_nonfinite(c);
+        if (bad != 0)
+            snprintf(sv->nonfinite + strlen(sv->nonfinite),
+                     sizeof sv->nonfinite - strlen(sv->nonfinite), " %s.npy (%lld)", name,
+                     (long long)bad);
         s = dg_npy_save(p, c);
+    }
     dg_tensor_free(&c);
     dg_tensor_free(&h);
     return s;
