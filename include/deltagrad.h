@@ -193,6 +193,8 @@ dg_status dg_slice(dg_tensor *t, int axis, int64_t start, int64_t end, dg_tensor
 dg_status dg_transpose(dg_tensor *t, int axis0, int axis1, dg_tensor **out);
 /* Copies (differentiable). contiguous() returns a new reference to t when already contiguous. */
 dg_status dg_contiguous(dg_ctx *ctx, dg_tensor *t, dg_tensor **out);
+/* Float to integer conversion rounds toward zero and saturates at the integer type's range;
+ * NaN becomes 0 (never undefined behaviour). */
 dg_status dg_to_dtype(dg_ctx *ctx, dg_tensor *t, dg_dtype dtype, dg_tensor **out);
 /* Copy to the device of `dst_ctx`. */
 dg_status dg_to_device(dg_ctx *dst_ctx, dg_tensor *t, dg_tensor **out);
@@ -474,6 +476,10 @@ typedef struct dg_kda_opts {
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                        dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                        const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
+/* Checks an index tensor meant as dg_kda_opts.cu_seqlens and copies it to out[cap] (host int64):
+ * it must be a 1-d i64 or i32 tensor of N+1 >= 2 entries (float arrays are refused, never
+ * truncated), start at 0, never decrease and, when T >= 0, end at T. *n_seqs gets N. */
+dg_status dg_kda_seqlens(const dg_tensor *cu, int64_t T, int64_t *out, int64_t cap, int *n_seqs);
 /* The token-by-token recurrence, same arguments: the ground truth the chunked form must equal. */
 dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                            dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,

@@ -15,25 +15,78 @@
 
 /* ---- reading ---- */
 
+const char *dg__file_kind(unsigned mode) {
+    if (S_ISREG(mode))
+        return "regular file";
+    if (S_ISDIR(mode))
+        return "directory";
+    if (S_ISFIFO(mode))
+        return "FIFO (named pipe)";
+    if (S_ISCHR(mode))
+        return "character device";
+    if (S_ISBLK(mode))
+        return "block device";
+    if (S_ISSOCK(mode))
+        return "socket";
+    return "special file";
+}
+
 dg_status dg__open_read(const char *op, const char *path, FILE **f, uint64_t *size) {
     *f = NULL;
     *size = 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return dg__err(DG_ERR_IO, "%s: cannot open '%s' for reading: %s", op, path,
-                       strerror(errno));
-    struct stat st;
-    if (fstat(fileno(fp), &st) != 0) {
+    /* O_NONBLOCK: opening a FIFO that has no writer would otherwise wait forever. The mode is
+     * checked on the open descriptor (no window between a stat and the open), and blocking reads
+     * are restored before a regular file is handed out. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
         int e = errno;
-        fclose(fp);
+        struct stat st;
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) /* a socket cannot be opened at all */
+            return dg__err(DG_ERR_IO, "%s: '%s' is a %s, not a regular file", op, path,
+                           dg__file_kind((unsigned)st.st_mode));
+        return dg__err(DG_ERR_IO, "%s: cannot open '%s' for reading: %s", op, path, strerror(e));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
         return dg__err(DG_ERR_IO, "%s: cannot stat '%s': %s", op, path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
-        fclose(fp);
-        return dg__err(DG_ERR_IO, "%s: '%s' is not a regular file", op, path);
+        close(fd);
+        return dg__err(DG_ERR_IO, "%s: '%s' is a %s, not a regular file", op, path,
+                       dg__file_kind((unsigned)st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return dg__err(DG_ERR_IO, "%s: cannot set up reading of '%s': %s", op, path,
+                       strerror(e));
+    }
+    FILE *fp = fdopen(fd, "rb");
+    if (!fp) {
+        int e = errno;
+        close(fd);
+        return dg__err(DG_ERR_IO, "%s: cannot open '%s' for reading: %s", op, path, strerror(e));
     }
     *f = fp;
     *size = (uint64_t)st.st_size;
+    return DG_OK;
+}
+
+dg_status dg__check_not_special(const char *op, const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return DG_OK;
+        return dg__err(DG_ERR_IO, "%s: cannot stat '%s': %s", op, path, strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode) && stat(path, &st) != 0)
+        return DG_OK; /* a dangling link: creating the file replaces it */
+    if (!S_ISREG(st.st_mode))
+        return dg__err(DG_ERR_IO, "%s: '%s' is a %s, not a regular file", op, path,
+                       dg__file_kind((unsigned)st.st_mode));
     return DG_OK;
 }
 

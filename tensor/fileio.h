@@ -14,8 +14,16 @@
 #include <stdio.h>
 
 /* ---- reading ---- */
-/* Open `path` for reading and get its size in bytes. */
+/* Open `path` for reading and get its size in bytes. Anything but a regular file (a FIFO, a
+ * device, a socket, a directory) is refused with an error naming the path and what it is; the
+ * open never blocks, so a FIFO without a writer does not hang the caller. Every reader of an
+ * outside file (.npy, safetensors, checkpoints, training text) goes through here. */
 dg_status dg__open_read(const char *op, const char *path, FILE **f, uint64_t *size);
+/* DG_OK if `path` does not exist or is a regular file (links followed); else an error naming
+ * what it is. For files about to be written or appended to. */
+dg_status dg__check_not_special(const char *op, const char *path);
+/* "directory", "FIFO (named pipe)", "character device", ... for an st_mode. */
+const char *dg__file_kind(unsigned mode);
 /* Read exactly n bytes at byte offset `off`. `what` names the part of the file for messages. */
 dg_status dg__read_at(const char *op, const char *path, FILE *f, uint64_t off, void *dst, size_t n,
                       const char *what);

@@ -337,13 +337,35 @@ double dg__load_f64(const void *base, dg_dtype dt, int64_t i) {
     }
 }
 
+/* Float to integer: toward zero, saturating at the type's range, NaN to 0 -- a plain C cast of
+ * a NaN or out-of-range value is undefined behaviour. */
+static int64_t sat_i64(double v) {
+    if (v != v)
+        return 0;
+    if (v >= 9223372036854775808.0) /* 2^63 */
+        return INT64_MAX;
+    if (v < -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)v;
+}
+
+static int32_t sat_i32(double v) {
+    if (v != v)
+        return 0;
+    if (v >= 2147483648.0)
+        return INT32_MAX;
+    if (v <= -2147483649.0)
+        return INT32_MIN;
+    return (int32_t)v;
+}
+
 void dg__store_f64(void *base, dg_dtype dt, int64_t i, double v) {
     switch (dt) {
     case DG_F64: ((double *)base)[i] = v; break;
     case DG_F32: ((float *)base)[i] = (float)v; break;
     case DG_BF16: ((uint16_t *)base)[i] = dg__f32_to_bf16((float)v); break;
-    case DG_I32: ((int32_t *)base)[i] = (int32_t)v; break;
-    case DG_I64: ((int64_t *)base)[i] = (int64_t)v; break;
+    case DG_I32: ((int32_t *)base)[i] = sat_i32(v); break;
+    case DG_I64: ((int64_t *)base)[i] = sat_i64(v); break;
     default: break;
     }
 }

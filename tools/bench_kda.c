@@ -11,6 +11,7 @@
  */
 #include "deltagrad.h"
 #include "tools/commands.h"
+#include "train/args.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -222,7 +223,7 @@ int dg_bench_kda(int argc, char **argv) {
     shape_t sel[8];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: deltagrad bench kda [--reps N] [--dtype bf16|f32] [--gate ref|uniform]\n"
+            printf("usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32] [--gate ref|uniform]\n"
                    "                          [--shape B,T,H,K]... [--profile]\n\n"
                    "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
                    "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
@@ -234,9 +235,8 @@ int dg_bench_kda(int argc, char **argv) {
                    "  --profile       also print the time of every tape node of one fwd+bwd\n");
             return 0;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-            if (reps < 1 || reps > 64) {
-                fprintf(stderr, "bench kda: --reps must be 1..64\n");
+            if (dg_arg_int("--reps", argv[++i], 1, 64, &reps) != DG_OK) {
+                fprintf(stderr, "bench kda: %s\n", dg_last_error());
                 return 2;
             }
         } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
@@ -255,16 +255,25 @@ int dg_bench_kda(int argc, char **argv) {
                 return 2;
             }
         } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
-            shape_t sh;
-            char tail;
-            if (nsel == 8 || sscanf(argv[++i], "%d,%d,%d,%d%c", &sh.B, &sh.T, &sh.H, &sh.K,
-                                    &tail) != 4 ||
-                sh.B < 1 || sh.T < 1 || sh.H < 1 || sh.K < 1 || sh.K > 256) {
-                fprintf(stderr, "bench kda: --shape takes B,T,H,K (positive, K <= 256, at most 8 "
+            /* B,T,H,K: four comma-separated integers, each through the strict parser */
+            char buf[96];
+            int v[4], nv = 0;
+            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
+                static const char *names[4] = {"--shape B", "--shape T", "--shape H",
+                                               "--shape K"};
+                static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
+                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &v[nv]) != DG_OK) {
+                    fprintf(stderr, "bench kda: %s\n", dg_last_error());
+                    return 2;
+                }
+            }
+            if (nv != 4 || nsel == 8) {
+                fprintf(stderr, "bench kda: --shape takes B,T,H,K (four integers; at most 8 "
                                 "shapes), got '%s'\n", argv[i]);
                 return 2;
             }
-            sel[nsel++] = sh;
+            sel[nsel++] = (shape_t){v[0], v[1], v[2], v[3]};
         } else if (!strcmp(argv[i], "--profile")) {
             profile = 1;
         } else {

@@ -12,6 +12,7 @@
 #include "deltagrad.h"
 #include "tensor/tensor.h"
 #include "tools/commands.h"
+#include "train/args.h"
 
 #ifdef DG_HAVE_CUDA
 #include "kernels/bench_util.cuh"
@@ -28,6 +29,7 @@
 #endif
 
 #define MAX_SIZES 8
+#define BENCH_MAX_DIM 65536 /* GEMM sides: 65536^2 f32 is 16 GiB already */
 
 typedef struct {
     dg_device dev;
@@ -48,41 +50,42 @@ static void usage(FILE *f) {
             "library's copy kernels; medians of --reps runs after --warmup untimed runs.\n"
             "\n"
             "  --device D          cpu, cuda or cuda:N (default: cuda if a device is present)\n"
-            "  --sizes A,B,...     square GEMM sizes (default 4096,8192 on a GPU; 256,512,1024\n"
+            "  --sizes A,B,...     square GEMM sizes, each in [1, 65536] (default 4096,8192 on a GPU; 256,512,1024\n"
             "                      on the CPU)\n"
             "  --m M --n N --k K   also time one [M,K] @ [K,N] GEMM\n"
-            "  --reps R            timed repetitions (default 20)\n"
-            "  --warmup W          untimed runs before timing (default 3)\n"
+            "  --reps R            timed repetitions, 1..100000 (default 20)\n"
+            "  --warmup W          untimed runs before timing, 0..100000 (default 3)\n"
             "  --peak-tflops T     datasheet dense bf16 TFLOP/s (default 989, H100 SXM)\n"
             "  --peak-tflops-f32 T datasheet f32 (non-tensor-core) TFLOP/s (default 67, H100 SXM)\n"
             "  --copy-mib S        size of the bandwidth test buffers in MiB (default 1024)\n"
             "  -h, --help          this text\n");
 }
 
-static int parse_i64(const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || v < lo)
-        return 0;
-    *out = v;
-    return 1;
+/* Strict values through train/args.c; the error (naming the flag and range) is printed here. */
+static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    if (dg_arg_i64(flag, s, lo, hi, out) == DG_OK)
+        return 1;
+    fprintf(stderr, "bench core: %s\n", dg_last_error());
+    return 0;
 }
 
-static int parse_f64(const char *s, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (!*s || *end || !(v > 0) || !isfinite(v))
-        return 0;
-    *out = v;
-    return 1;
+static int parse_f64(const char *flag, const char *s, double *out) {
+    if (dg_arg_f64(flag, s, 0.0, INFINITY, DG_ARG_LO_OPEN, out) == DG_OK)
+        return 1;
+    fprintf(stderr, "bench core: %s\n", dg_last_error());
+    return 0;
 }
 
 static int parse_sizes(const char *s, bench_opts *o) {
     o->n_sizes = 0;
     char buf[256];
+    if (strlen(s) >= sizeof buf || !*s || s[strlen(s) - 1] == ',' || s[0] == ',' ||
+        strstr(s, ",,"))
+        return 0;
     snprintf(buf, sizeof buf, "%s", s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        if (o->n_sizes == MAX_SIZES || !parse_i64(tok, 1, &o->sizes[o->n_sizes]))
+        if (o->n_sizes == MAX_SIZES ||
+            !parse_i64("--sizes", tok, 1, BENCH_MAX_DIM, &o->sizes[o->n_sizes]))
             return 0;
         o->n_sizes++;
     }
@@ -113,30 +116,31 @@ static int parse_args(int argc, char **argv, bench_opts *o, int *done) {
         } else if (!strcmp(a, "--sizes")) {
             ok = parse_sizes(v, o);
         } else if (!strcmp(a, "--m")) {
-            ok = parse_i64(v, 1, &o->m);
+            ok = parse_i64(a, v, 1, BENCH_MAX_DIM, &o->m);
         } else if (!strcmp(a, "--n")) {
-            ok = parse_i64(v, 1, &o->n);
+            ok = parse_i64(a, v, 1, BENCH_MAX_DIM, &o->n);
         } else if (!strcmp(a, "--k")) {
-            ok = parse_i64(v, 1, &o->k);
+            ok = parse_i64(a, v, 1, BENCH_MAX_DIM, &o->k);
         } else if (!strcmp(a, "--reps")) {
-            ok = parse_i64(v, 1, &iv) && iv <= 100000;
+            ok = parse_i64(a, v, 1, 100000, &iv);
             o->reps = (int)iv;
         } else if (!strcmp(a, "--warmup")) {
-            ok = parse_i64(v, 0, &iv) && iv <= 100000;
+            ok = parse_i64(a, v, 0, 100000, &iv);
             o->warmup = (int)iv;
         } else if (!strcmp(a, "--peak-tflops")) {
-            ok = parse_f64(v, &o->peak_bf16);
+            ok = parse_f64(a, v, &o->peak_bf16);
         } else if (!strcmp(a, "--peak-tflops-f32")) {
-            ok = parse_f64(v, &o->peak_f32);
+            ok = parse_f64(a, v, &o->peak_f32);
         } else if (!strcmp(a, "--copy-mib")) {
-            ok = parse_f64(v, &o->copy_mib);
+            ok = parse_f64(a, v, &o->copy_mib);
         } else {
             fprintf(stderr, "bench core: unknown option '%s'\n\n", a);
             usage(stderr);
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "bench core: bad value '%s' for %s\n", v, a);
+            if (!strcmp(a, "--device") || !strcmp(a, "--sizes"))
+                fprintf(stderr, "bench core: bad value '%s' for %s\n", v, a);
             return 2;
         }
         i++;

@@ -8,9 +8,14 @@
  *   DIR/cu_seqlens.npy             optional int64 [N+1], B must be 1
  *   DIR/do.npy (+ dht.npy)         optional: also run backward
  * Writes OUT/o.npy, OUT/ht.npy and, with do.npy, dq dk dv dg dbeta dh0 (+ dA_log ddt_bias).
+ * Each output keeps the dtype of the input file it belongs to unless --out-dtype says otherwise;
+ * non-finite values in any output make the command fail (exit 3) unless --allow-nonfinite.
  */
 #include "deltagrad.h"
 #include "tools/commands.h"
+#include "train/args.h"
+
+#include <math.h>
 
 #include <errno.h>
 #include <stdio.h>
@@ -23,34 +28,48 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: deltagrad kda --in DIR --out DIR [options]\n"
             "\n"
-            "Runs KDA on .npy tensors in DIR (time-major [B,T,H,K] layout, see below) and writes\n"
-            "o.npy and ht.npy to OUT. If DIR holds do.npy (and optionally dht.npy) it also runs\n"
-            "backward and writes dq dk dv dg dbeta dh0 (+ dA_log ddt_bias with a gate).\n"
+            "Runs KDA on .npy tensors in DIR (time-major [B,T,H,K] layout, see below).\n"
             "\n"
             "  --in DIR             input folder: q k v g beta .npy (+ h0, A_log, dt_bias,\n"
             "                       cu_seqlens, do, dht)\n"
             "  --out DIR            output folder (created if missing)\n"
             "  --device cpu|cuda    where to run (default cpu)\n"
             "  --dtype f64|f32|bf16 compute dtype (default f64 on cpu, f32 on cuda; bf16: cuda)\n"
+            "  --out-dtype D        same | f64 | f32: dtype of the written files (default same:\n"
+            "                       each output has the dtype of its input file, see below)\n"
             "  --chunk-size N       16, 32 or 64 (default 64)\n"
             "  --gate none|kda|lowerbound  how g is produced (default none: g is the log decay)\n"
-            "  --lower-bound X      lower bound for --gate lowerbound (default -5)\n"
+            "  --lower-bound X      lower bound for --gate lowerbound, in [-5, 0) (default -5)\n"
             "  --l2norm-qk          L2-normalise q and k inside the op\n"
             "  --beta-sigmoid       beta.npy holds raw logits: beta = sigmoid(b)\n"
             "  --allow-neg-eigval   with --beta-sigmoid: beta = 2 sigmoid(b)\n"
-            "  --scale S            output scale (default K^-1/2)\n"
+            "  --scale S            output scale, > 0 (default K^-1/2)\n"
             "  --recurrent          run the token-by-token recurrence instead of the chunked form\n"
+            "  --allow-nonfinite    write outputs holding NaN or Inf and exit 0 (default: exit 3)\n"
             "  --quiet              print nothing but errors\n"
             "\n"
+            "Files written to OUT (none when an input is refused or the forward fails; o and ht\n"
+            "but no gradients when only the backward fails):\n"
+            "  always            o.npy [B,T,HV,V] (dtype of q.npy), ht.npy [N,HV,K,V] (dtype of\n"
+            "                    h0.npy if given, else of q.npy)\n"
+            "  with do.npy       also dq dk dv dg dbeta .npy (dtype of q k v g beta .npy), and\n"
+            "                    dh0.npy if h0.npy is given\n"
+            "  with do.npy and --gate kda|lowerbound\n"
+            "                    also dA_log.npy, and ddt_bias.npy if dt_bias.npy is given\n"
+            "A file is written whole or not at all (temp file + rename). When an output holds\n"
+            "NaN or Inf the files are still written and the command exits 3 naming the output.\n"
+            "\n"
             "Shapes: q,k [B,T,H,K]; v [B,T,HV,V]; g [B,T,HV,K]; beta [B,T,HV]; h0 [N,HV,K,V];\n"
-            "A_log [HV]; dt_bias [HV*K]; cu_seqlens int64 [N+1] with B = 1.\n");
+            "A_log [HV]; dt_bias [HV*K]; cu_seqlens [N+1] of int64 or int32 (a float array is\n"
+            "refused) with B = 1.\n");
 }
 
 typedef struct {
     const char *in, *out;
     dg_device dev;
     dg_dtype dt;
-    int dt_set, recurrent, quiet;
+    int dt_set, recurrent, quiet, allow_nonfinite;
+    int out_dt; /* -1: the dtype of each output's input file; else a dg_dtype */
     dg_kda_opts o;
 } kda_args;
 
@@ -59,9 +78,16 @@ static int bad(const char *flag, const char *why) {
     return 2;
 }
 
+static int bad_arg(void) {
+    fprintf(stderr, "deltagrad kda: %s\n", dg_last_error());
+    return 2;
+}
+
 static int parse(int argc, char **argv, kda_args *a) {
     memset(a, 0, sizeof *a);
     a->dev = dg_cpu();
+    a->out_dt = -1;
+    static const int chunks[3] = {16, 32, 64};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -91,9 +117,8 @@ static int parse(int argc, char **argv, kda_args *a) {
             a->dt_set = 1;
         } else if (!strcmp(f, "--chunk-size")) {
             NEED();
-            a->o.chunk_size = atoi(v);
-            if (a->o.chunk_size != 16 && a->o.chunk_size != 32 && a->o.chunk_size != 64)
-                return bad(f, "must be 16, 32 or 64");
+            if (dg_arg_choice(f, v, chunks, 3, &a->o.chunk_size) != DG_OK)
+                return bad_arg();
         } else if (!strcmp(f, "--gate")) {
             NEED();
             if (!strcmp(v, "none"))
@@ -106,12 +131,23 @@ static int parse(int argc, char **argv, kda_args *a) {
                 return bad(f, "must be none, kda or lowerbound");
         } else if (!strcmp(f, "--lower-bound")) {
             NEED();
-            a->o.lower_bound = atof(v);
+            if (dg_arg_f64(f, v, -5.0, 0.0, DG_ARG_HI_OPEN, &a->o.lower_bound) != DG_OK)
+                return bad_arg();
         } else if (!strcmp(f, "--scale")) {
             NEED();
-            a->o.scale = atof(v);
-            if (!(a->o.scale > 0))
-                return bad(f, "must be a positive number");
+            if (dg_arg_f64(f, v, 0.0, INFINITY, DG_ARG_LO_OPEN, &a->o.scale) != DG_OK)
+                return bad_arg();
+        } else if (!strcmp(f, "--out-dtype")) {
+            NEED();
+            dg_dtype od;
+            if (!strcmp(v, "same"))
+                a->out_dt = -1;
+            else if (dg_dtype_parse(v, &od) == DG_OK && (od == DG_F64 || od == DG_F32))
+                a->out_dt = (int)od;
+            else
+                return bad(f, "must be same, f64 or f32");
+        } else if (!strcmp(f, "--allow-nonfinite")) {
+            a->allow_nonfinite = 1;
         } else if (!strcmp(f, "--l2norm-qk")) {
             a->o.l2norm_qk = 1;
         } else if (!strcmp(f, "--beta-sigmoid")) {
@@ -146,16 +182,22 @@ static int file_exists(const char *dir, const char *name) {
     return access(p, R_OK) == 0;
 }
 
-/* Load DIR/name.npy and convert to `dt` on ctx's device. */
+/* Load DIR/name.npy and convert to `dt` on ctx's device (integer files keep their dtype);
+ * *file_dt gets the dtype the file holds. */
 static dg_status load(dg_ctx *host, dg_ctx *ctx, const char *dir, const char *name, dg_dtype dt,
-                      dg_tensor **out) {
+                      dg_tensor **out, dg_dtype *file_dt) {
     char p[4096];
     snprintf(p, sizeof p, "%s/%s.npy", dir, name);
     dg_tensor *h = NULL, *c = NULL;
     dg_status s = dg_npy_load(host, p, &h);
     if (s != DG_OK)
         return s;
-    s = dg_to_dtype(host, h, dg_dtype_is_float(dt) ? dt : dg_tensor_dtype(h), &c);
+    *file_dt = dg_tensor_dtype(h);
+    if (!dg_dtype_is_float(dt)) {
+        *out = h;
+        return DG_OK;
+    }
+    s = dg_to_dtype(host, h, dt, &c);
     dg_tensor_free(&h);
     if (s != DG_OK)
         return s;
@@ -164,12 +206,49 @@ static dg_status load(dg_ctx *host, dg_ctx *ctx, const char *dir, const char *na
     return s;
 }
 
-static dg_status save(const char *dir, const char *name, const dg_tensor *t) {
+/* Number of NaN / Inf values in t (-1 if it cannot be read). */
+static int64_t count_nonfinite(const dg_tensor *t) {
+    double *d = NULL;
+    if (dg_tensor_to_f64(t, &d) != DG_OK)
+        return -1;
+    int64_t n = dg_tensor_numel(t), bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad += !isfinite(d[i]);
+    free(d);
+    return bad;
+}
+
+typedef struct {
+    const char *dir;
+    dg_ctx *host;
+    int out_dt; /* -1: each file's own */
+    char nonfinite[512]; /* names of outputs holding NaN / Inf */
+} saver;
+
+/* Write DIR/name.npy in `like` (the dtype of its input file) or the --out-dtype. */
+static dg_status save(saver *sv, const char *name, const dg_tensor *t, dg_dtype like) {
     if (!t)
         return DG_OK;
     char p[4096];
-    snprintf(p, sizeof p, "%s/%s.npy", dir, name);
-    return dg_npy_save(p, t);
+    snprintf(p, sizeof p, "%s/%s.npy", sv->dir, name);
+    dg_dtype want = sv->out_dt >= 0 ? (dg_dtype)sv->out_dt : like;
+    if (!dg_dtype_is_float(want) || want == DG_BF16)
+        want = DG_F32;
+    dg_tensor *c = NULL, *h = NULL;
+    dg_status s = dg_to_device(sv->host, (dg_tensor *)t, &h);
+    if (s == DG_OK)
+        s = dg_to_dtype(sv->host, h, want, &c);
+    if (s == DG_OK) { /* counted after the conversion: an f64 value may overflow f32 */
+        int64_t bad = count_nonfinite(c);
+        if (bad != 0)
+            snprintf(sv->nonfinite + strlen(sv->nonfinite),
+                     sizeof sv->nonfinite - strlen(sv->nonfinite), " %s.npy (%lld)", name,
+                     (long long)bad);
+        s = dg_npy_save(p, c);
+    }
+    dg_tensor_free(&c);
+    dg_tensor_free(&h);
+    return s;
 }
 
 static int fail(const char *what) {
@@ -218,6 +297,7 @@ int dg_cmd_kda(int argc, char **argv) {
     static const char *names[NIN] = {"q",     "k",       "v",          "g",  "beta", "h0",
                                      "A_log", "dt_bias", "cu_seqlens", "do", "dht"};
     dg_tensor *in[NIN] = {0};
+    dg_dtype file_dt[NIN] = {0};
     dg_status s = DG_OK;
     for (int i = 0; i < NIN && s == DG_OK; i++) {
         int required = i <= BETA || (i == ALOG && a.o.gate != DG_GATE_NONE);
@@ -227,7 +307,7 @@ int dg_cmd_kda(int argc, char **argv) {
             continue;
         dg_ctx *where = i == CU ? host : ctx;
         dg_dtype dt = i <= BETA || i == DO ? a.dt : i == CU ? DG_I64 : aux;
-        s = load(host, where, a.in, names[i], dt, &in[i]);
+        s = load(host, where, a.in, names[i], dt, &in[i], &file_dt[i]);
         if (s != DG_OK) {
             fprintf(stderr, "deltagrad kda: %s/%s.npy: %s\n", a.in, names[i], dg_last_error());
             rc = 1;
@@ -235,16 +315,16 @@ int dg_cmd_kda(int argc, char **argv) {
     }
     int64_t *cu = NULL;
     if (s == DG_OK && in[CU]) {
-        double *d;
-        s = dg_tensor_to_f64(in[CU], &d);
-        if (s == DG_OK) {
-            int64_t n = dg_tensor_numel(in[CU]);
-            cu = malloc((size_t)n * sizeof *cu);
-            for (int64_t i = 0; cu && i < n; i++)
-                cu[i] = (int64_t)d[i];
-            free(d);
+        int64_t n = dg_tensor_numel(in[CU]);
+        int64_t T = dg_tensor_ndim(in[Q]) >= 2 ? dg_tensor_shape(in[Q])[1] : -1;
+        cu = malloc((size_t)(n > 0 ? n : 1) * sizeof *cu);
+        s = cu ? dg_kda_seqlens(in[CU], T, cu, n, &a.o.n_seqs) : DG_ERR_NOMEM;
+        if (s != DG_OK) {
+            fprintf(stderr, "deltagrad kda: %s/cu_seqlens.npy: %s\n", a.in,
+                    cu ? dg_last_error() : "out of memory");
+            rc = 1;
+        } else {
             a.o.cu_seqlens = cu;
-            a.o.n_seqs = (int)(n - 1);
         }
     }
     int backward = in[DO] != NULL;
@@ -261,7 +341,10 @@ int dg_cmd_kda(int argc, char **argv) {
         if (s != DG_OK)
             rc = fail(a.recurrent ? "dg_kda_recurrent" : "dg_kda_chunk");
     }
-    if (s == DG_OK && ((s = save(a.out, "o", o)) != DG_OK || (s = save(a.out, "ht", ht)) != DG_OK))
+    saver sv = {a.out, host, a.out_dt, ""};
+    if (s == DG_OK &&
+        ((s = save(&sv, "o", o, file_dt[Q])) != DG_OK ||
+         (s = save(&sv, "ht", ht, in[H0] ? file_dt[H0] : file_dt[Q])) != DG_OK))
         rc = fail("writing outputs");
     if (s == DG_OK && backward) {
         dg_tensor *outs[2] = {o, ht};
@@ -273,8 +356,16 @@ int dg_cmd_kda(int argc, char **argv) {
                                        "ddt_bias"};
         for (int i = Q; s == DG_OK && i <= DTB; i++)
             if (in[i] && dg_tensor_grad(in[i]))
-                if ((s = save(a.out, gnames[i], dg_tensor_grad(in[i]))) != DG_OK)
+                if ((s = save(&sv, gnames[i], dg_tensor_grad(in[i]), file_dt[i])) != DG_OK)
                     rc = fail("writing gradients");
+    }
+    if (s == DG_OK && sv.nonfinite[0]) {
+        fprintf(stderr, "deltagrad kda: %s: non-finite values (NaN/Inf) in%s%s\n", a.out,
+                sv.nonfinite,
+                a.allow_nonfinite ? " (allowed by --allow-nonfinite)"
+                                  : "; pass --allow-nonfinite to accept them");
+        if (!a.allow_nonfinite)
+            rc = 3;
     }
     if (s == DG_OK && !a.quiet) {
         printf("deltagrad kda: %s on %s (%s), wrote o.npy ht.npy%s to %s\n",
@@ -290,5 +381,5 @@ int dg_cmd_kda(int argc, char **argv) {
     if (ctx != host)
         dg_ctx_free(&ctx);
     dg_ctx_free(&host);
-    return s == DG_OK ? 0 : (rc ? rc : 1);
+    return s == DG_OK ? rc : (rc ? rc : 1);
 }

@@ -5,7 +5,9 @@
 #include "train/checkpoint.h"
 #include "tensor/tensor.h"
 
+#include <ctype.h>
 #include <dirent.h>
+#include <math.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -42,6 +44,148 @@ static void meta_put(meta *md, const char *key, const char *fmt, ...) {
     md->n++;
 }
 
+/* ---- checksums and finiteness --------------------------------------------------------------- */
+
+static uint64_t fnv1a64(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Host bytes of t into *buf (grown as needed); the count of NaN/Inf values into *bad. */
+static dg_status host_bytes(const dg_tensor *t, void **buf, size_t *cap, size_t *n, int64_t *bad) {
+    dg_dtype dt = dg_tensor_dtype(t);
+    int64_t numel = dg_tensor_numel(t);
+    *n = (size_t)numel * dg_dtype_size(dt);
+    if (*n > *cap) {
+        void *nb = realloc(*buf, *n);
+        if (!nb)
+            return dg__err(DG_ERR_NOMEM, "checkpoint: out of host memory for %zu bytes", *n);
+        *buf = nb;
+        *cap = *n;
+    }
+    DG_TRY(dg_tensor_to_host(t, *buf, *n ? *n : 1));
+    *bad = 0;
+    for (int64_t i = 0; i < numel && dg_dtype_is_float(dt); i++) {
+        double v = dt == DG_F64   ? ((const double *)*buf)[i]
+                   : dt == DG_F32 ? ((const float *)*buf)[i]
+                                  : dg__bf16_to_f32(((const uint16_t *)*buf)[i]);
+        *bad += !isfinite(v);
+    }
+    return DG_OK;
+}
+
+/* The "checksums" metadata value: "fnv1a64" then " <name>=<16 hex digits>" per tensor, over the
+ * tensor's bytes. Refuses (DG_ERR_NUMERIC) any tensor holding NaN or Inf. */
+static dg_status ckpt_checksums(const char *path, int n, const char *const *names,
+                                const dg_tensor *const *ts, char **out) {
+    size_t len = 8;
+    for (int i = 0; i < n; i++)
+        len += strlen(names[i]) + 18;
+    char *txt = malloc(len + 1);
+    if (!txt)
+        return dg__err(DG_ERR_NOMEM, "dg_ckpt_save: out of host memory");
+    size_t at = (size_t)snprintf(txt, len + 1, "fnv1a64");
+    void *buf = NULL;
+    size_t cap = 0, nb = 0;
+    dg_status s = DG_OK;
+    for (int i = 0; i < n && s == DG_OK; i++) {
+        int64_t bad = 0;
+        s = host_bytes(ts[i], &buf, &cap, &nb, &bad);
+        if (s == DG_OK && bad)
+            s = dg__err(DG_ERR_NUMERIC,
+                        "dg_ckpt_save: tensor '%s' holds %lld non-finite values (NaN/Inf): the "
+                        "checkpoint is not written and '%s' keeps its previous contents",
+                        names[i], (long long)bad, path);
+        if (s == DG_OK)
+            at += (size_t)snprintf(txt + at, len + 1 - at, " %s=%016llx", names[i],
+                                   (unsigned long long)fnv1a64(buf, nb));
+    }
+    free(buf);
+    if (s != DG_OK) {
+        free(txt);
+        return s;
+    }
+    *out = txt;
+    return DG_OK;
+}
+
+/* The recorded checksum of `name` in a "checksums" value; 0 if it is not listed. */
+static int find_checksum(const char *sums, const char *name, uint64_t *h) {
+    size_t nl = strlen(name);
+    for (const char *p = strchr(sums, ' '); p; p = strchr(p + 1, ' ')) {
+        if (strncmp(p + 1, name, nl) != 0 || p[1 + nl] != '=')
+            continue;
+        const char *hex = p + 2 + nl;
+        char *end;
+        if (strspn(hex, "0123456789abcdef") < 16)
+            return 0;
+        errno = 0;
+        unsigned long long v = strtoull(hex, &end, 16);
+        if (errno || end != hex + 16 || (*end && *end != ' '))
+            return 0;
+        *h = v;
+        return 1;
+    }
+    return 0;
+}
+
+/* Every tensor's bytes against the "checksums" metadata (checkpoints written before checksums
+ * were recorded carry none and are accepted as they are). */
+static dg_status verify_checksums(const dg_ckpt *c) {
+    const char *sums = dg_safetensors_meta(&c->st, "checksums");
+    if (!sums)
+        return DG_OK;
+    if (strncmp(sums, "fnv1a64", 7) != 0 || (sums[7] && sums[7] != ' '))
+        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': unknown checksum kind in '%.32s'",
+                       c->path, sums);
+    int listed = 0;
+    for (const char *p = strchr(sums, ' '); p; p = strchr(p + 1, ' '))
+        listed++;
+    if (listed != c->st.n)
+        return dg__err(DG_ERR_FORMAT,
+                       "checkpoint '%s': the file holds %d tensors but checksums for %d", c->path,
+                       c->st.n, listed);
+    void *buf = NULL;
+    size_t cap = 0, nb = 0;
+    dg_status s = DG_OK;
+    for (int i = 0; i < c->st.n && s == DG_OK; i++) {
+        uint64_t want = 0;
+        int64_t bad = 0;
+        if (!find_checksum(sums, c->st.names[i], &want)) {
+            s = dg__err(DG_ERR_FORMAT, "checkpoint '%s': tensor '%s' has no recorded checksum",
+                        c->path, c->st.names[i]);
+            break;
+        }
+        s = host_bytes(c->st.tensors[i], &buf, &cap, &nb, &bad);
+        if (s == DG_OK && fnv1a64(buf, nb) != want)
+            s = dg__err(DG_ERR_FORMAT,
+                        "checkpoint '%s': tensor '%s' is corrupted: its data does not match the "
+                        "recorded checksum (%016llx)",
+                        c->path, c->st.names[i], (unsigned long long)want);
+    }
+    free(buf);
+    return s;
+}
+
+/* Refuses tensors holding NaN / Inf (weights that would only produce garbage). */
+static dg_status check_finite(const dg_ckpt *c, const char *name, const dg_tensor *t) {
+    void *buf = NULL;
+    size_t cap = 0, nb = 0;
+    int64_t bad = 0;
+    dg_status s = host_bytes(t, &buf, &cap, &nb, &bad);
+    free(buf);
+    DG_TRY(s);
+    if (bad)
+        return dg__err(DG_ERR_NUMERIC,
+                       "checkpoint '%s': tensor '%s' holds %lld non-finite values (NaN/Inf): "
+                       "refusing to use these weights",
+                       c->path, name, (long long)bad);
+    return DG_OK;
+}
+
 dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *adam_m,
                        dg_tensor *const *adam_v, const dg_train_opts *o, const dg_train_state *s) {
     if (!path || !m || !o || !s)
@@ -70,7 +214,10 @@ dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *ad
         names[k] = onames[2 * i + 1];
         ts[k++] = adam_v[i];
     }
+    char *sums = NULL;
     dg_status st = dg_model_config_to_json(&m->cfg, cfg, 4096);
+    if (st == DG_OK)
+        st = ckpt_checksums(path, k, names, ts, &sums);
     if (st == DG_OK) {
         meta_put(md, "format", "%s", DG_CKPT_FORMAT);
         meta_put(md, "config", "%s", cfg);
@@ -97,12 +244,14 @@ dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *ad
         meta_put(md, "train.max_data_bytes", "%lld", (long long)o->max_data_bytes);
         meta_put(md, "train.param_dtype", "%s", dg_dtype_name(m->param_dtype));
         meta_put(md, "train.compute_dtype", "%s", dg_dtype_name(m->compute_dtype));
-        const char *mk[META_MAX], *mv[META_MAX];
+        const char *mk[META_MAX + 1], *mv[META_MAX + 1];
         for (int i = 0; i < md->n; i++)
             mk[i] = md->keys[i], mv[i] = md->vals[i];
-        st = dg_safetensors_save(path, k, names, ts, md->n, mk, mv);
+        mk[md->n] = "checksums";
+        mv[md->n] = sums;
+        st = dg_safetensors_save(path, k, names, ts, md->n + 1, mk, mv);
     }
-    free(names), free(ts), free(onames), free(md), free(cfg);
+    free(names), free(ts), free(onames), free(md), free(cfg), free(sums);
     return st;
 }
 
@@ -117,24 +266,24 @@ static dg_status meta_str(const dg_ckpt *c, const char *key, const char **out) {
     return DG_OK;
 }
 
-static dg_status meta_i64(const dg_ckpt *c, const char *key, int64_t lo, int64_t *out) {
+static dg_status meta_i64(const dg_ckpt *c, const char *key, int64_t lo, int64_t hi,
+                          int64_t *out) {
     const char *v = NULL;
     DG_TRY(meta_str(c, key, &v));
     char *end;
     errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (end == v || *end || errno || x < lo)
-        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': metadata '%s' = '%s' is not a valid count",
-                       c->path, key, v);
+    if (end == v || *end || errno || x < lo || x > hi)
+        return dg__err(DG_ERR_FORMAT,
+                       "checkpoint '%s': metadata '%s' = '%.40s' is not a count in [%lld, %lld]",
+                       c->path, key, v, (long long)lo, (long long)hi);
     *out = x;
     return DG_OK;
 }
 
-static dg_status meta_int(const dg_ckpt *c, const char *key, int lo, int *out) {
+static dg_status meta_int(const dg_ckpt *c, const char *key, int lo, int hi, int *out) {
     int64_t x = 0;
-    DG_TRY(meta_i64(c, key, lo, &x));
-    if (x > 1 << 30)
-        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': metadata '%s' is too large", c->path, key);
+    DG_TRY(meta_i64(c, key, lo, hi, &x));
     *out = (int)x;
     return DG_OK;
 }
@@ -145,7 +294,7 @@ static dg_status meta_u64(const dg_ckpt *c, const char *key, int base, uint64_t 
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, base);
-    if (end == v || *end || errno || v[0] == '-')
+    if (end == v || *end || errno || !isxdigit((unsigned char)v[0]))
         return dg__err(DG_ERR_FORMAT, "checkpoint '%s': metadata '%s' = '%s' is not a number",
                        c->path, key, v);
     *out = x;
@@ -157,7 +306,7 @@ static dg_status meta_f64(const dg_ckpt *c, const char *key, double *out) {
     DG_TRY(meta_str(c, key, &v));
     char *end;
     double x = strtod(v, &end);
-    if (end == v || *end)
+    if (end == v || *end || !isfinite(x))
         return dg__err(DG_ERR_FORMAT, "checkpoint '%s': metadata '%s' = '%s' is not a number",
                        c->path, key, v);
     *out = x;
@@ -185,31 +334,35 @@ static dg_status parse_meta(dg_ckpt *c) {
     DG_TRY(dg_train_opts_default("cpu", o));
     o->model = c->cfg;
     int64_t step;
-    DG_TRY(meta_i64(c, "step", 0, &step));
+    DG_TRY(meta_i64(c, "step", 0, DG_TRAIN_MAX_STEPS, &step));
     c->state.step = step;
     DG_TRY(meta_u64(c, "data_counter", 10, &c->state.data_counter));
+    /* windows drawn: at most steps x accum x batch, kept far from wrapping */
+    if (c->state.data_counter > ((uint64_t)1 << 62))
+        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': metadata 'data_counter' = %llu is too large",
+                       c->path, (unsigned long long)c->state.data_counter);
     DG_TRY(meta_u64(c, "data.hash", 16, &c->state.data_hash));
-    DG_TRY(meta_i64(c, "data.bytes", 0, &c->state.data_bytes));
+    DG_TRY(meta_i64(c, "data.bytes", 0, INT64_MAX, &c->state.data_bytes));
     const char *dp = NULL, *cn = NULL;
     DG_TRY(meta_str(c, "data.path", &dp));
     snprintf(o->data_path, sizeof o->data_path, "%s", dp);
     DG_TRY(meta_str(c, "train.config_name", &cn));
     snprintf(o->config_name, sizeof o->config_name, "%s", cn);
-    DG_TRY(meta_i64(c, "train.steps", 1, &o->steps));
-    DG_TRY(meta_int(c, "train.batch", 1, &o->batch));
-    DG_TRY(meta_int(c, "train.seq_len", 1, &o->seq_len));
-    DG_TRY(meta_int(c, "train.accum", 1, &o->accum));
+    DG_TRY(meta_i64(c, "train.steps", 1, DG_TRAIN_MAX_STEPS, &o->steps));
+    DG_TRY(meta_int(c, "train.batch", 1, DG_TRAIN_MAX_BATCH, &o->batch));
+    DG_TRY(meta_int(c, "train.seq_len", 2, DG_TRAIN_MAX_SEQ_LEN, &o->seq_len));
+    DG_TRY(meta_int(c, "train.accum", 1, DG_TRAIN_MAX_ACCUM, &o->accum));
     DG_TRY(meta_f64(c, "train.lr", &o->lr));
     DG_TRY(meta_f64(c, "train.min_lr_frac", &o->min_lr_frac));
-    DG_TRY(meta_i64(c, "train.warmup", 0, &o->warmup));
+    DG_TRY(meta_i64(c, "train.warmup", 0, DG_TRAIN_MAX_STEPS, &o->warmup));
     DG_TRY(meta_f64(c, "train.beta1", &o->beta1));
     DG_TRY(meta_f64(c, "train.beta2", &o->beta2));
     DG_TRY(meta_f64(c, "train.adam_eps", &o->adam_eps));
     DG_TRY(meta_f64(c, "train.weight_decay", &o->weight_decay));
     DG_TRY(meta_f64(c, "train.clip", &o->clip));
     DG_TRY(meta_u64(c, "train.seed", 10, &o->seed));
-    DG_TRY(meta_int(c, "train.eval_batches", 1, &o->eval_batches));
-    DG_TRY(meta_i64(c, "train.max_data_bytes", 0, &o->max_data_bytes));
+    DG_TRY(meta_int(c, "train.eval_batches", 1, DG_TRAIN_MAX_EVAL_BATCHES, &o->eval_batches));
+    DG_TRY(meta_i64(c, "train.max_data_bytes", 0, INT64_MAX, &o->max_data_bytes));
     const char *pd = NULL, *cd = NULL;
     DG_TRY(meta_str(c, "train.param_dtype", &pd));
     DG_TRY(meta_str(c, "train.compute_dtype", &cd));
@@ -236,6 +389,8 @@ dg_status dg_ckpt_load(dg_ctx *ctx, const char *path, dg_ckpt *out) {
         return dg__err(s, "cannot load checkpoint '%s': %s", path, msg);
     }
     s = parse_meta(out);
+    if (s == DG_OK)
+        s = verify_checksums(out);
     if (s == DG_OK) {
         /* the moments are all there or all absent */
         int nm = 0;
@@ -278,8 +433,10 @@ static dg_status copy_named(const dg_ckpt *c, const char *name, dg_tensor *dst) 
 dg_status dg_ckpt_restore_model(const dg_ckpt *c, dg_model *m) {
     if (!c || !m)
         return dg__err(DG_ERR_ARG, "dg_ckpt_restore_model: NULL argument");
-    for (int i = 0; i < m->n_params; i++)
+    for (int i = 0; i < m->n_params; i++) {
         DG_TRY(copy_named(c, m->params[i].name, m->params[i].t));
+        DG_TRY(check_finite(c, m->params[i].name, m->params[i].t));
+    }
     return DG_OK;
 }
 

@@ -5,6 +5,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include "tools/commands.h"
+#include "train/args.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/model.h"
@@ -12,6 +13,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,40 +68,25 @@ static int bad(const char *cmd, const char *fmt, const char *a, const char *b) {
     return 2;
 }
 
-static int parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end || errno)
-        return bad(cmd, "%s: expected an integer, got '%s'", flag, s);
-    if (v < lo) {
-        char lb[32];
-        snprintf(lb, sizeof lb, "%lld", (long long)lo);
-        fprintf(stderr, "deltagrad %s: %s: must be >= %s, got '%s'\n", cmd, flag, lb, s);
-        return 2;
-    }
-    *out = v;
-    return 0;
+/* Every numeric flag goes through train/args.c; a rejected value is a usage error (exit 2). */
+static int arg_fail(const char *cmd) {
+    fprintf(stderr, "deltagrad %s: %s\n(deltagrad %s --help lists the flags)\n", cmd,
+            dg_last_error(), cmd);
+    return 2;
 }
 
-static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int *out) {
-    int64_t v;
-    int rc = parse_i64(cmd, flag, s, lo, &v);
-    if (rc)
-        return rc;
-    if (v > 1 << 30)
-        return bad(cmd, "%s: value '%s' is too large", flag, s);
-    *out = (int)v;
-    return 0;
+static int parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
+                     int64_t *out) {
+    return dg_arg_i64(flag, s, lo, hi, out) == DG_OK ? 0 : arg_fail(cmd);
 }
 
-static int parse_f64(const char *cmd, const char *flag, const char *s, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !isfinite(v))
-        return bad(cmd, "%s: expected a number, got '%s'", flag, s);
-    *out = v;
-    return 0;
+static int parse_int(const char *cmd, const char *flag, const char *s, int lo, int hi, int *out) {
+    return dg_arg_int(flag, s, lo, hi, out) == DG_OK ? 0 : arg_fail(cmd);
+}
+
+static int parse_f64(const char *cmd, const char *flag, const char *s, double lo, double hi,
+                     unsigned open, double *out) {
+    return dg_arg_f64(flag, s, lo, hi, open, out) == DG_OK ? 0 : arg_fail(cmd);
 }
 
 static void fmt_time(double s, char *buf, size_t n) {
@@ -137,6 +124,18 @@ static void print_text(FILE *f, const char *s, const char *indent) {
 
 /* ---- train ---------------------------------------------------------------------------------- */
 
+/* SIGINT / SIGTERM: the first asks the loop to checkpoint and stop; a second one kills. */
+static volatile sig_atomic_t g_stop;
+
+static void on_stop_signal(int sig) {
+    if (g_stop) {
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    g_stop = sig;
+}
+
 static void train_help(FILE *f) {
     fprintf(
         f,
@@ -162,6 +161,8 @@ static void train_help(FILE *f) {
         "  --out DIR            run directory: log.csv, loss.png, ckpt_latest.safetensors\n"
         "                       (default: runs/<config>)\n"
         "  --no-out             write no files at all\n"
+        "  --overwrite          start afresh in a --out DIR that already holds a run, removing\n"
+        "                       its checkpoints (without it such a directory is refused)\n"
         "  --resume             continue the run in --out DIR from its ckpt_latest.safetensors; "
         "the\n"
         "                       model and hyperparameters come from the checkpoint\n"
@@ -219,6 +220,11 @@ static void train_help(FILE *f) {
         "  --log-every N        without a terminal: a plain log line every N steps (default 10)\n"
         "  --no-plot            do not draw loss.png at the end\n"
         "  --help               this text\n"
+        "\n"
+        "SIGINT (Ctrl-C) or SIGTERM: the step in progress finishes, a checkpoint is written\n"
+        "(atomically) and the command exits 130 / 143; --resume continues from it. A second\n"
+        "signal exits at once. DIR/train.lock keeps a second trainer out of the directory.\n"
+        "Exit codes: 0 done, 1 the run failed, 2 bad usage, 128+N stopped by signal N.\n"
         "\n"
         "log.csv columns: step,train_loss,val_loss,lr,grad_norm,tokens_per_s,elapsed_s,mem_bytes\n"
         "(val_loss empty when not evaluated; mem_bytes: peak device memory on CUDA, peak RSS on\n"
@@ -323,6 +329,8 @@ static const char *const k_run_flags[] = {
     "--inter",        "--chunk",     "--gate",         "--lower-bound", "--tie",
     "--eval-batches", NULL};
 
+static const int k_chunks[3] = {16, 32, 64};
+
 int dg_cmd_train(int argc, char **argv) {
     const char *cmd = "train";
     const char *config = NULL, *device_s = NULL;
@@ -398,6 +406,9 @@ int dg_cmd_train(int argc, char **argv) {
         } else if (!strcmp(a, "--profile")) {
             profile = 1;
             continue;
+        } else if (!strcmp(a, "--overwrite")) {
+            o.overwrite = 1;
+            continue;
         }
         if (strncmp(a, "--", 2) != 0)
             return bad(cmd, "unexpected argument '%s'%s", a, "");
@@ -420,19 +431,19 @@ int dg_cmd_train(int argc, char **argv) {
             snprintf(o.data_path, sizeof o.data_path, "%s", v);
             data_given = 1;
         } else if (!strcmp(a, "--max-bytes")) {
-            rc = parse_i64(cmd, a, v, 0, &o.max_data_bytes);
+            rc = parse_i64(cmd, a, v, 0, INT64_MAX, &o.max_data_bytes);
         } else if (!strcmp(a, "--out")) {
             if (!*v)
                 return bad(cmd, "--out: empty directory name%s%s", "", "");
             snprintf(o.out_dir, sizeof o.out_dir, "%s", v);
         } else if (!strcmp(a, "--steps")) {
-            rc = parse_i64(cmd, a, v, 1, &o.steps);
+            rc = parse_i64(cmd, a, v, 1, DG_TRAIN_MAX_STEPS, &o.steps);
             o.resume_steps = o.steps;
         } else if (!strcmp(a, "--stop-at")) {
-            rc = parse_i64(cmd, a, v, 1, &o.stop_at);
+            rc = parse_i64(cmd, a, v, 1, DG_TRAIN_MAX_STEPS, &o.stop_at);
         } else if (!strcmp(a, "--seed")) {
             int64_t s;
-            rc = parse_i64(cmd, a, v, 0, &s);
+            rc = parse_i64(cmd, a, v, 0, INT64_MAX, &s);
             o.seed = (uint64_t)s;
         } else if (!strcmp(a, "--recompute")) {
             if (!strcmp(v, "none"))
@@ -444,45 +455,45 @@ int dg_cmd_train(int argc, char **argv) {
             else
                 return bad(cmd, "--recompute: '%s' is not none, default or all%s", v, "");
         } else if (!strcmp(a, "--batch")) {
-            rc = parse_int(cmd, a, v, 1, &o.batch);
+            rc = parse_int(cmd, a, v, 1, DG_TRAIN_MAX_BATCH, &o.batch);
         } else if (!strcmp(a, "--seq-len")) {
-            rc = parse_int(cmd, a, v, 2, &o.seq_len);
+            rc = parse_int(cmd, a, v, 2, DG_TRAIN_MAX_SEQ_LEN, &o.seq_len);
         } else if (!strcmp(a, "--accum")) {
-            rc = parse_int(cmd, a, v, 1, &o.accum);
+            rc = parse_int(cmd, a, v, 1, DG_TRAIN_MAX_ACCUM, &o.accum);
         } else if (!strcmp(a, "--lr")) {
-            rc = parse_f64(cmd, a, v, &o.lr);
+            rc = parse_f64(cmd, a, v, 0, INFINITY, DG_ARG_LO_OPEN, &o.lr);
         } else if (!strcmp(a, "--warmup")) {
-            rc = parse_i64(cmd, a, v, 0, &o.warmup);
+            rc = parse_i64(cmd, a, v, 0, DG_TRAIN_MAX_STEPS, &o.warmup);
         } else if (!strcmp(a, "--min-lr-frac")) {
-            rc = parse_f64(cmd, a, v, &o.min_lr_frac);
+            rc = parse_f64(cmd, a, v, 0, 1, 0, &o.min_lr_frac);
         } else if (!strcmp(a, "--beta1")) {
-            rc = parse_f64(cmd, a, v, &o.beta1);
+            rc = parse_f64(cmd, a, v, 0, 1, DG_ARG_HI_OPEN, &o.beta1);
         } else if (!strcmp(a, "--beta2")) {
-            rc = parse_f64(cmd, a, v, &o.beta2);
+            rc = parse_f64(cmd, a, v, 0, 1, DG_ARG_HI_OPEN, &o.beta2);
         } else if (!strcmp(a, "--adam-eps")) {
-            rc = parse_f64(cmd, a, v, &o.adam_eps);
+            rc = parse_f64(cmd, a, v, 0, INFINITY, DG_ARG_LO_OPEN, &o.adam_eps);
         } else if (!strcmp(a, "--weight-decay")) {
-            rc = parse_f64(cmd, a, v, &o.weight_decay);
+            rc = parse_f64(cmd, a, v, 0, INFINITY, 0, &o.weight_decay);
         } else if (!strcmp(a, "--clip")) {
-            rc = parse_f64(cmd, a, v, &o.clip);
+            rc = parse_f64(cmd, a, v, 0, INFINITY, DG_ARG_LO_OPEN, &o.clip);
         } else if (!strcmp(a, "--d")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.d);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.d);
         } else if (!strcmp(a, "--layers")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.n_layers);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_LAYERS, &o.model.n_layers);
         } else if (!strcmp(a, "--heads")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.n_heads);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.n_heads);
             o.model.n_v_heads = o.model.n_heads;
         } else if (!strcmp(a, "--v-heads")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.n_v_heads);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.n_v_heads);
         } else if (!strcmp(a, "--head-dim")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.head_k);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_HEAD_K, &o.model.head_k);
             o.model.head_v = o.model.head_k;
         } else if (!strcmp(a, "--head-v-dim")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.head_v);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.head_v);
         } else if (!strcmp(a, "--inter")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.inter);
+            rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.inter);
         } else if (!strcmp(a, "--chunk")) {
-            rc = parse_int(cmd, a, v, 1, &o.model.chunk);
+            rc = dg_arg_choice(a, v, k_chunks, 3, &o.model.chunk) == DG_OK ? 0 : arg_fail(cmd);
         } else if (!strcmp(a, "--gate")) {
             if (!strcmp(v, "lb") || !strcmp(v, "lower_bound") || !strcmp(v, "lowerbound"))
                 o.model.gate = DG_GATE_LOWERBOUND;
@@ -491,31 +502,31 @@ int dg_cmd_train(int argc, char **argv) {
             else
                 return bad(cmd, "--gate: '%s' is not lb or kda%s", v, "");
         } else if (!strcmp(a, "--lower-bound")) {
-            rc = parse_f64(cmd, a, v, &o.model.lower_bound);
+            rc = parse_f64(cmd, a, v, -5, 0, DG_ARG_HI_OPEN, &o.model.lower_bound);
         } else if (!strcmp(a, "--eval-every")) {
-            rc = parse_i64(cmd, a, v, 0, &o.eval_every);
+            rc = parse_i64(cmd, a, v, 0, DG_TRAIN_MAX_STEPS, &o.eval_every);
         } else if (!strcmp(a, "--eval-batches")) {
-            rc = parse_int(cmd, a, v, 1, &o.eval_batches);
+            rc = parse_int(cmd, a, v, 1, DG_TRAIN_MAX_EVAL_BATCHES, &o.eval_batches);
         } else if (!strcmp(a, "--sample-every")) {
-            rc = parse_i64(cmd, a, v, -1, &o.sample_every);
+            rc = parse_i64(cmd, a, v, -1, DG_TRAIN_MAX_STEPS, &o.sample_every);
         } else if (!strcmp(a, "--sample-tokens")) {
-            rc = parse_int(cmd, a, v, 0, &o.sample_tokens);
+            rc = parse_int(cmd, a, v, 0, DG_TRAIN_MAX_SAMPLE, &o.sample_tokens);
         } else if (!strcmp(a, "--prompt")) {
             if (strlen(v) >= sizeof o.prompt)
                 return bad(cmd, "--prompt: longer than 255 bytes%s%s", "", "");
             snprintf(o.prompt, sizeof o.prompt, "%s", v);
         } else if (!strcmp(a, "--temperature")) {
-            rc = parse_f64(cmd, a, v, &o.temperature);
+            rc = parse_f64(cmd, a, v, 0, INFINITY, 0, &o.temperature);
         } else if (!strcmp(a, "--top-k")) {
-            rc = parse_int(cmd, a, v, 0, &o.top_k);
+            rc = parse_int(cmd, a, v, 0, 256, &o.top_k);
         } else if (!strcmp(a, "--ckpt-every")) {
-            rc = parse_i64(cmd, a, v, 0, &o.ckpt_every);
+            rc = parse_i64(cmd, a, v, 0, DG_TRAIN_MAX_STEPS, &o.ckpt_every);
         } else if (!strcmp(a, "--log-every")) {
-            rc = parse_i64(cmd, a, v, 1, &cs.log_every);
+            rc = parse_i64(cmd, a, v, 1, DG_TRAIN_MAX_STEPS, &cs.log_every);
         } else if (!strcmp(a, "--threads")) {
-            rc = parse_int(cmd, a, v, 0, &threads);
+            rc = parse_int(cmd, a, v, 0, 4096, &threads);
         } else if (!strcmp(a, "--cp")) {
-            rc = parse_int(cmd, a, v, 1, &o.cp);
+            rc = parse_int(cmd, a, v, 1, 4096, &o.cp);
         } else {
             return bad(cmd, "unknown flag '%s'%s", a, "");
         }
@@ -567,10 +578,29 @@ int dg_cmd_train(int argc, char **argv) {
     if (dev.kind == DG_DEV_CPU)
         cs.threads = setup_threads(threads, tbuf, sizeof tbuf);
     dg_profile_enable(profile);
+    struct sigaction sa, old_int, old_term;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    g_stop = 0;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    o.stop = &g_stop;
     dg_status s = dg_train_run(&o, on_event, &cs, NULL);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
     const int rank0 = dg_comm_rank(comm) == 0;
     if (rank0)
         end_bar(&cs);
+    if (g_stop) {
+        int sig = (int)g_stop;
+        fprintf(stderr, "deltagrad train: stopped by signal %d: %s\n", sig,
+                s != DG_OK ? dg_last_error() : "the run had just finished");
+        dg_comm_free(&comm);
+        dg_comm_finalize();
+        return 128 + sig;
+    }
     if (s == DG_OK && profile && rank0) {
         printf("\ntime per op kind over the run (device synchronised at every node; "
                "--profile slows training):\n");
@@ -643,17 +673,17 @@ int dg_cmd_sample(int argc, char **argv) {
         else if (!strcmp(a, "--prompt"))
             prompt = v;
         else if (!strcmp(a, "--tokens"))
-            rc = parse_int(cmd, a, v, 0, &tokens);
+            rc = parse_int(cmd, a, v, 0, DG_TRAIN_MAX_SAMPLE, &tokens);
         else if (!strcmp(a, "--temperature"))
-            rc = parse_f64(cmd, a, v, &temperature);
+            rc = parse_f64(cmd, a, v, 0, INFINITY, 0, &temperature);
         else if (!strcmp(a, "--top-k"))
-            rc = parse_int(cmd, a, v, 0, &top_k);
+            rc = parse_int(cmd, a, v, 0, 256, &top_k);
         else if (!strcmp(a, "--seed"))
-            rc = parse_i64(cmd, a, v, 0, &seed);
+            rc = parse_i64(cmd, a, v, 0, INT64_MAX, &seed);
         else if (!strcmp(a, "--context"))
-            rc = parse_int(cmd, a, v, 1, &context);
+            rc = parse_int(cmd, a, v, 1, DG_TRAIN_MAX_SEQ_LEN, &context);
         else if (!strcmp(a, "--threads"))
-            rc = parse_int(cmd, a, v, 0, &threads);
+            rc = parse_int(cmd, a, v, 0, 4096, &threads);
         else if (!strcmp(a, "--device")) {
             if (dg_device_parse(v, &dev) != DG_OK)
                 return bad(cmd, "--device: '%s' is not cpu, cuda or cuda:N%s", v, "");

@@ -3,6 +3,7 @@
  */
 #define _XOPEN_SOURCE 700
 #include "train/data.h"
+#include "tensor/fileio.h"
 #include "tensor/tensor.h"
 
 #include <errno.h>
@@ -25,15 +26,10 @@ dg_status dg_text_load(const char *path, int64_t max_bytes, int seq_len, dg_text
         return dg__err(DG_ERR_ARG, "--data: no file given");
     if (seq_len < 1)
         return dg__err(DG_ERR_ARG, "dg_text_load: seq_len must be >= 1 (got %d)", seq_len);
-    struct stat sb;
-    if (stat(path, &sb) != 0)
-        return dg__err(DG_ERR_IO, "--data: cannot open '%s': %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode))
-        return dg__err(DG_ERR_IO, "--data: '%s' is a directory, not a text file", path);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dg__err(DG_ERR_IO, "--data: cannot open '%s': %s", path, strerror(errno));
-    int64_t size = (int64_t)sb.st_size;
+    FILE *f = NULL;
+    uint64_t fsize = 0;
+    DG_TRY(dg__open_read("--data", path, &f, &fsize));
+    int64_t size = fsize > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)fsize;
     if (max_bytes > 0 && size > max_bytes)
         size = max_bytes;
     int64_t need = dg_text_min_bytes(seq_len);

@@ -60,19 +60,30 @@ dg_status dg_model_config_check(const dg_model_config *c) {
     } while (0)
     NEED(c->vocab >= 2 && c->vocab <= 1 << 20, "model config: vocab_size %d out of range",
          c->vocab);
-    NEED(c->d >= 1, "model config: hidden_size (--d) must be >= 1 (got %d)", c->d);
-    NEED(c->n_layers >= 1 && c->n_layers <= 256,
+    NEED(c->d >= 1 && c->d <= DG_MODEL_MAX_DIM,
+         "model config: hidden_size (--d) %d out of range [1,%d]", c->d, DG_MODEL_MAX_DIM);
+    NEED(c->n_layers >= 1 && c->n_layers <= DG_MODEL_MAX_LAYERS,
          "model config: num_hidden_layers (--layers) %d out of range", c->n_layers);
-    NEED(c->n_heads >= 1, "model config: num_heads (--heads) must be >= 1 (got %d)", c->n_heads);
+    NEED(c->n_heads >= 1 && c->n_heads <= DG_MODEL_MAX_DIM,
+         "model config: num_heads (--heads) %d out of range [1,%d]", c->n_heads, DG_MODEL_MAX_DIM);
+    NEED(c->n_v_heads <= DG_MODEL_MAX_DIM,
+         "model config: num_v_heads (--v-heads) %d out of range [1,%d]", c->n_v_heads,
+         DG_MODEL_MAX_DIM);
     NEED(c->n_v_heads >= c->n_heads && c->n_v_heads % c->n_heads == 0,
          "model config: num_v_heads (--v-heads, %d) must be a multiple of num_heads (--heads, %d)",
          c->n_v_heads, c->n_heads);
-    NEED(c->head_k >= 1 && c->head_k <= 256,
+    NEED(c->head_k >= 1 && c->head_k <= DG_MODEL_MAX_HEAD_K,
          "model config: head_dim (--head-dim) %d out of range [1,256]", c->head_k);
-    NEED(c->head_v >= 1, "model config: head_v_dim (--head-v-dim) must be >= 1 (got %d)",
-         c->head_v);
-    NEED(c->inter >= 1, "model config: intermediate_size (--inter) must be >= 1 (got %d)",
-         c->inter);
+    NEED(c->head_v >= 1 && c->head_v <= DG_MODEL_MAX_DIM,
+         "model config: head_v_dim (--head-v-dim) %d out of range [1,%d]", c->head_v,
+         DG_MODEL_MAX_DIM);
+    NEED((int64_t)c->n_v_heads * c->head_v <= DG_MODEL_MAX_DIM &&
+             (int64_t)c->n_v_heads * c->head_k <= DG_MODEL_MAX_DIM,
+         "model config: num_v_heads x head dims (%d x %d, %d) exceed %d", c->n_v_heads,
+         c->head_k, c->head_v, DG_MODEL_MAX_DIM);
+    NEED(c->inter >= 1 && c->inter <= DG_MODEL_MAX_DIM,
+         "model config: intermediate_size (--inter) %d out of range [1,%d]", c->inter,
+         DG_MODEL_MAX_DIM);
     NEED(c->conv >= 1 && c->conv <= 8, "model config: conv_size %d out of range [1,8]", c->conv);
     NEED(c->chunk == 16 || c->chunk == 32 || c->chunk == 64,
          "model config: chunk_size (--chunk) must be 16, 32 or 64 (got %d)", c->chunk);
@@ -80,8 +91,8 @@ dg_status dg_model_config_check(const dg_model_config *c) {
          "model config: gate must be lower_bound or kda");
     NEED(c->gate != DG_GATE_LOWERBOUND || (c->lower_bound >= -5.0 && c->lower_bound < 0.0),
          "model config: lower_bound (--lower-bound) must be in [-5, 0) (got %g)", c->lower_bound);
-    NEED(c->norm_eps > 0.0, "model config: norm_eps must be > 0 (got %g)", c->norm_eps);
-    NEED(c->init_std > 0.0, "model config: initializer_range must be > 0 (got %g)", c->init_std);
+    NEED(c->norm_eps > 0.0 && c->norm_eps < 1.0, "model config: norm_eps must be > 0 (got %g)", c->norm_eps);
+    NEED(c->init_std > 0.0 && c->init_std < 1e3, "model config: initializer_range must be > 0 (got %g)", c->init_std);
 #undef NEED
     return DG_OK;
 }

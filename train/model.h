@@ -33,6 +33,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Upper bounds of the config's sizes (flags and checkpoint configs alike). */
+#define DG_MODEL_MAX_DIM 65536
+#define DG_MODEL_MAX_LAYERS 256
+#define DG_MODEL_MAX_HEAD_K 256
+
 typedef struct dg_model_config {
     int vocab; /* 256: raw bytes */
     int d;     /* hidden size */

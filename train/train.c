@@ -4,17 +4,22 @@
  * log and the gnuplot loss curve.
  */
 #define _XOPEN_SOURCE 700
+#define _DEFAULT_SOURCE /* flock */
 #include "train/train.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
+#include "tensor/fileio.h"
 #include "tensor/tensor.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -105,7 +110,31 @@ static dg_status check_opts(const dg_train_opts *o) {
         if (!(cond))                                                                               \
             return dg__err(DG_ERR_ARG, __VA_ARGS__);                                               \
     } while (0)
-    NEED(o->steps >= 1, "--steps must be >= 1 (got %lld)", (long long)o->steps);
+    NEED(o->steps >= 1 && o->steps <= DG_TRAIN_MAX_STEPS, "--steps must be in [1, %lld] (got %lld)",
+         (long long)DG_TRAIN_MAX_STEPS, (long long)o->steps);
+    NEED(o->stop_at <= DG_TRAIN_MAX_STEPS, "--stop-at must be <= %lld (got %lld)",
+         (long long)DG_TRAIN_MAX_STEPS, (long long)o->stop_at);
+    NEED(o->batch <= DG_TRAIN_MAX_BATCH, "--batch must be <= %d (got %d)", DG_TRAIN_MAX_BATCH,
+         o->batch);
+    NEED(o->seq_len <= DG_TRAIN_MAX_SEQ_LEN, "--seq-len must be <= %d (got %d)",
+         DG_TRAIN_MAX_SEQ_LEN, o->seq_len);
+    NEED(o->accum <= DG_TRAIN_MAX_ACCUM, "--accum must be <= %d (got %d)", DG_TRAIN_MAX_ACCUM,
+         o->accum);
+    NEED((int64_t)o->batch * o->seq_len <= DG_TRAIN_MAX_TOKENS,
+         "--batch x --seq-len (%d x %d) exceeds %lld tokens per micro-batch", o->batch,
+         o->seq_len, (long long)DG_TRAIN_MAX_TOKENS);
+    NEED((int64_t)o->batch * o->accum <= DG_TRAIN_MAX_ROWS_PER_STEP,
+         "--batch x --accum (%d x %d) exceeds %lld rows per step", o->batch, o->accum,
+         (long long)DG_TRAIN_MAX_ROWS_PER_STEP);
+    NEED(o->eval_batches <= DG_TRAIN_MAX_EVAL_BATCHES, "--eval-batches must be <= %d (got %d)",
+         DG_TRAIN_MAX_EVAL_BATCHES, o->eval_batches);
+    NEED(o->warmup <= DG_TRAIN_MAX_STEPS, "--warmup must be <= %lld (got %lld)",
+         (long long)DG_TRAIN_MAX_STEPS, (long long)o->warmup);
+    NEED(o->sample_tokens <= DG_TRAIN_MAX_SAMPLE, "--sample-tokens must be <= %d (got %d)",
+         DG_TRAIN_MAX_SAMPLE, o->sample_tokens);
+    NEED(isfinite(o->temperature) && o->temperature >= 0.0,
+         "--temperature must be >= 0 (got %g)", o->temperature);
+    NEED(o->top_k <= 256, "--top-k must be <= 256 (got %d)", o->top_k);
     NEED(o->stop_at >= 0, "--stop-at must be >= 0 (got %lld)", (long long)o->stop_at);
     NEED(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
     NEED(o->seq_len >= 2, "--seq-len must be >= 2 (got %d)", o->seq_len);
@@ -116,9 +145,9 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->warmup >= 0, "--warmup must be >= 0 (got %lld)", (long long)o->warmup);
     NEED(o->beta1 >= 0.0 && o->beta1 < 1.0, "--beta1 must be in [0,1) (got %g)", o->beta1);
     NEED(o->beta2 >= 0.0 && o->beta2 < 1.0, "--beta2 must be in [0,1) (got %g)", o->beta2);
-    NEED(o->adam_eps > 0.0, "--adam-eps must be > 0 (got %g)", o->adam_eps);
-    NEED(o->weight_decay >= 0.0, "--weight-decay must be >= 0 (got %g)", o->weight_decay);
-    NEED(o->clip > 0.0, "--clip must be > 0 (got %g)", o->clip);
+    NEED(o->adam_eps > 0.0 && isfinite(o->adam_eps), "--adam-eps must be > 0 (got %g)", o->adam_eps);
+    NEED(o->weight_decay >= 0.0 && isfinite(o->weight_decay), "--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    NEED(o->clip > 0.0 && isfinite(o->clip), "--clip must be > 0 (got %g)", o->clip);
     NEED(o->eval_every >= 0, "--eval-every must be >= 0 (got %lld)", (long long)o->eval_every);
     NEED(o->eval_batches >= 1, "--eval-batches must be >= 1 (got %d)", o->eval_batches);
     NEED(o->sample_tokens >= 0, "--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
@@ -175,6 +204,8 @@ typedef struct run {
     int32_t *ids, *tgt; /* host batch buffers [B*T] */
     FILE *csv;
     char csv_path[DG_PATH_MAX + 32];
+    int lock_fd;      /* DIR/train.lock, flock'ed for the whole run; -1 when none */
+    int64_t ckpt_step; /* step of the last checkpoint written by this run (0: none) */
     double t_start;
     int64_t last_step;
     /* several processes: world = cp x dp ranks; this rank is cp_rank of group dp_index */
@@ -421,7 +452,8 @@ static dg_status optimizer_step(run *r, int64_t step, double lr, double *gnorm) 
     return s;
 }
 
-/* log.csv: fresh for a new run; on resume keep the lines up to the resumed step. */
+/* log.csv: fresh for a new run; on resume keep the lines up to the resumed step. Written to
+ * log.csv.tmp and renamed, so a failure leaves the old log and no temp file. */
 static dg_status open_csv(run *r) {
     snprintf(r->csv_path, sizeof r->csv_path, "%s/log.csv", r->o.out_dir);
     char tmp[DG_PATH_MAX + 64];
@@ -429,24 +461,133 @@ static dg_status open_csv(run *r) {
     FILE *out = fopen(tmp, "w");
     if (!out)
         return dg__err(DG_ERR_IO, "--out: cannot write '%s': %s", tmp, strerror(errno));
-    fprintf(out, "%s\n", CSV_HEADER);
-    FILE *in = r->o.resume ? fopen(r->csv_path, "r") : NULL;
+    int ok = fprintf(out, "%s\n", CSV_HEADER) > 0;
+    FILE *in = NULL;
+    if (r->o.resume) {
+        uint64_t size = 0;
+        if (access(r->csv_path, F_OK) == 0 &&
+            dg__open_read("--resume", r->csv_path, &in, &size) != DG_OK) {
+            fclose(out);
+            remove(tmp);
+            return DG_ERR_IO;
+        }
+    }
     if (in) {
         char line[1024];
-        while (fgets(line, sizeof line, in)) {
+        while (ok && fgets(line, sizeof line, in)) {
             char *end;
             long long st = strtoll(line, &end, 10);
             if (end != line && *end == ',' && st >= 1 && st <= r->state.step)
-                fputs(line, out);
+                ok = fputs(line, out) >= 0;
         }
         fclose(in);
     }
-    if (fclose(out) != 0 || rename(tmp, r->csv_path) != 0)
-        return dg__err(DG_ERR_IO, "--out: cannot write '%s': %s", r->csv_path, strerror(errno));
+    int e = 0;
+    if (!ok || fflush(out) != 0 || ferror(out))
+        e = errno ? errno : EIO;
+    if (fclose(out) != 0 && !e)
+        e = errno;
+    if (!e && rename(tmp, r->csv_path) != 0)
+        e = errno;
+    if (e) {
+        remove(tmp);
+        return dg__err(DG_ERR_IO, "--out: cannot write '%s': %s", r->csv_path, strerror(e));
+    }
     r->csv = fopen(r->csv_path, "a");
     if (!r->csv)
         return dg__err(DG_ERR_IO, "--out: cannot append to '%s': %s", r->csv_path, strerror(errno));
     return DG_OK;
+}
+
+/* One step's line of log.csv, flushed; any failure (a full disk) stops the run. */
+static dg_status csv_line(run *r, int64_t step, double loss, int have_val, double v, double lr,
+                          double gnorm, double tok_s, double elapsed, size_t mem) {
+    errno = 0;
+    int ok = fprintf(r->csv, "%lld,%.6f,", (long long)step, loss) > 0;
+    if (ok && have_val)
+        ok = fprintf(r->csv, "%.6f", v) > 0;
+    if (ok)
+        ok = fprintf(r->csv, ",%.6g,%.6g,%.1f,%.3f,%zu\n", lr, gnorm, tok_s, elapsed, mem) > 0;
+    if (ok)
+        ok = fflush(r->csv) == 0 && !ferror(r->csv);
+    if (ok)
+        return DG_OK;
+    int e = errno ? errno : EIO;
+    return dg__err(DG_ERR_IO,
+                   "--out: writing step %lld to '%s' failed: %s; the run stops here (the last "
+                   "checkpoint is from step %lld)",
+                   (long long)step, r->csv_path, strerror(e), (long long)r->ckpt_step);
+}
+
+/* Takes DIR/train.lock for the run (see train.h). */
+static dg_status lock_dir(run *r) {
+    char path[DG_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/train.lock", r->o.out_dir);
+    DG_TRY(dg__check_not_special("--out", path));
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+    if (fd < 0)
+        return dg__err(DG_ERR_IO, "--out: cannot create the lock file '%s': %s", path,
+                       strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char who[32] = "";
+        ssize_t n = pread(fd, who, sizeof who - 1, 0);
+        who[n > 0 ? n : 0] = 0;
+        who[strcspn(who, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return dg__err(DG_ERR_STATE,
+                           "--out: '%s' is in use by another trainer (pid %s holds '%s'); two "
+                           "runs cannot share a directory",
+                           r->o.out_dir, who[0] ? who : "?", path);
+        return dg__err(DG_ERR_IO, "--out: cannot lock '%s': %s", path, strerror(e));
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+        /* the pid is only informative; the lock itself is held */
+    }
+    r->lock_fd = fd;
+    return DG_OK;
+}
+
+/* A fresh run must not silently replace the run already in DIR. */
+static dg_status check_fresh_dir(run *r) {
+    const char *dir = r->o.out_dir;
+    char csv[DG_PATH_MAX + 32], ck[DG_PATH_MAX + 64];
+    snprintf(csv, sizeof csv, "%s/log.csv", dir);
+    dg_ckpt_latest_path(dir, ck, sizeof ck);
+    DG_TRY(dg__check_not_special("--out", csv));
+    DG_TRY(dg__check_not_special("--out", ck));
+    struct stat sb;
+    int has_csv = lstat(csv, &sb) == 0, has_ck = lstat(ck, &sb) == 0;
+    if (!has_csv && !has_ck)
+        return DG_OK;
+    if (!r->o.overwrite)
+        return dg__err(DG_ERR_ARG,
+                       "--out: '%s' already holds a run (%s%s%s): pass --resume to continue it, "
+                       "--overwrite to replace it, or another --out",
+                       dir, has_csv ? "log.csv" : "", has_csv && has_ck ? ", " : "",
+                       has_ck ? DG_CKPT_LATEST : "");
+    /* --overwrite: the old checkpoints go first, so an early failure cannot pair the new log
+     * with the old run's checkpoint */
+    DIR *d = opendir(dir);
+    if (!d)
+        return dg__err(DG_ERR_IO, "--out: cannot list '%s': %s", dir, strerror(errno));
+    struct dirent *e;
+    char p[DG_PATH_MAX + 300];
+    dg_status s = DG_OK;
+    while ((e = readdir(d)) != NULL && s == DG_OK) {
+        const char *nm = e->d_name;
+        size_t n = strlen(nm);
+        if (strncmp(nm, "ckpt_", 5) != 0 || n < 12 || strcmp(nm + n - 12, ".safetensors") != 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, nm);
+        if (remove(p) != 0)
+            s = dg__err(DG_ERR_IO, "--overwrite: cannot remove '%s': %s", p, strerror(errno));
+    }
+    closedir(d);
+    return s;
 }
 
 static dg_status save_ckpt(run *r, int64_t step) {
@@ -460,6 +601,7 @@ static dg_status save_ckpt(run *r, int64_t step) {
         snprintf(sp, sizeof sp, "%s/ckpt_step%06lld.safetensors", r->o.out_dir, (long long)step);
         DG_TRY(dg_ckpt_save(sp, r->m, r->am, r->av, &r->o, &r->state));
     }
+    r->ckpt_step = step;
     emitf(r, DG_EV_CKPT, "%s", path);
     return DG_OK;
 }
@@ -602,6 +744,9 @@ static dg_status setup(run *r, const dg_train_opts *in) {
         return dg__err(DG_ERR_NOMEM, "batches: out of host memory");
     if (o->out_dir[0] && r->rank == 0) {
         DG_TRY(mkdir_p(o->out_dir));
+        DG_TRY(lock_dir(r));
+        if (!o->resume)
+            DG_TRY(check_fresh_dir(r));
         dg_ckpt_clean_temps(o->out_dir);
         DG_TRY(open_csv(r));
     }
@@ -611,6 +756,8 @@ static dg_status setup(run *r, const dg_train_opts *in) {
 static void teardown(run *r) {
     if (r->csv)
         fclose(r->csv);
+    if (r->lock_fd >= 0)
+        close(r->lock_fd); /* releases the flock */
     for (int i = 0; r->m && i < r->m->n_params; i++) {
         if (r->am)
             dg_tensor_free(&r->am[i]);
@@ -713,13 +860,8 @@ static dg_status loop(run *r, dg_train_result *res) {
             res->tokens += tokens_per_step;
             res->final_val = val;
         }
-        if (r->csv) {
-            fprintf(r->csv, "%lld,%.6f,", (long long)step, loss);
-            if (do_eval)
-                fprintf(r->csv, "%.6f", v);
-            fprintf(r->csv, ",%.6g,%.6g,%.1f,%.3f,%zu\n", lr, gnorm, tok_s, elapsed, mem);
-            fflush(r->csv);
-        }
+        if (r->csv)
+            DG_TRY(csv_line(r, step, loss, do_eval, v, lr, gnorm, tok_s, elapsed, mem));
         dg_train_event ev;
         memset(&ev, 0, sizeof ev);
         ev.kind = DG_EV_STEP;
@@ -743,9 +885,19 @@ static dg_status loop(run *r, dg_train_result *res) {
             ((o->sample_every > 0 && step % o->sample_every == 0) || step == r->last_step);
         if (do_sample)
             DG_TRY(sample(r, step));
+        int stop = o->stop && *o->stop;
         if (o->out_dir[0] &&
-            ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step))
+            ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step || stop))
             DG_TRY(save_ckpt(r, step));
+        if (stop && step < r->last_step) {
+            if (o->out_dir[0])
+                return dg__err(DG_ERR_STATE,
+                               "interrupted after step %lld: checkpoint '%s/%s' written; "
+                               "continue with --resume --out %s",
+                               (long long)step, o->out_dir, DG_CKPT_LATEST, o->out_dir);
+            return dg__err(DG_ERR_STATE, "interrupted after step %lld (no --out: nothing saved)",
+                           (long long)step);
+        }
     }
     if (res)
         res->seconds = now_s() - r->t_start;
@@ -784,6 +936,7 @@ dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user,
         return dg__err(DG_ERR_NOMEM, "dg_train_run: out of host memory");
     r->cb = cb;
     r->user = user;
+    r->lock_fd = -1;
     dg_policy saved = dg_policy_get_global();
     dg_policy_set_global(opts->recompute);
     dg_status s = setup(r, opts);
@@ -829,6 +982,7 @@ dg_status dg_train_plot(const char *dir) {
     snprintf(gp, sizeof gp, "%s/loss.gp", dir);
     if (access(csv, R_OK) != 0)
         return dg__err(DG_ERR_IO, "--plot: cannot read '%s': %s", csv, strerror(errno));
+    DG_TRY(dg__check_not_special("--plot", csv));
     if (!on_path("gnuplot"))
         return dg__err(DG_ERR_UNSUPPORTED,
                        "gnuplot is not installed (not on PATH): %s/loss.png not drawn; %s has the "

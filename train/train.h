@@ -16,10 +16,24 @@
 #include "deltagrad.h"
 #include "train/model.h"
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define DG_PATH_MAX 4096
+
+/* Upper bounds of the counts a run may have (CLI flags and checkpoint metadata alike): with them
+ * every product the loop forms (batch * seq_len, steps * accum * batch windows drawn, ...) stays
+ * far inside int64_t. */
+#define DG_TRAIN_MAX_STEPS ((int64_t)1 << 40)
+#define DG_TRAIN_MAX_BATCH 65536
+#define DG_TRAIN_MAX_SEQ_LEN (1 << 24)
+#define DG_TRAIN_MAX_ACCUM 65536
+#define DG_TRAIN_MAX_EVAL_BATCHES 65536
+#define DG_TRAIN_MAX_SAMPLE (1 << 20)
+/* batch * seq_len (one micro-batch) and batch * accum (windows per step) */
+#define DG_TRAIN_MAX_TOKENS ((int64_t)1 << 31)
+#define DG_TRAIN_MAX_ROWS_PER_STEP ((int64_t)1 << 22)
 
 typedef struct dg_train_opts {
     char config_name[16]; /* the preset the defaults came from: cpu, gpu, bench */
@@ -60,6 +74,10 @@ typedef struct dg_train_opts {
      * rank 0 reports events and writes files. */
     dg_comm *comm;
     int cp; /* ranks per context-parallel group (0 or 1: off) */
+    int overwrite;       /* a fresh run may replace the run already in out_dir (else refused) */
+    /* Checked after every step: once non-zero (a signal handler sets it), the run writes a
+     * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never. */
+    const volatile sig_atomic_t *stop;
 } dg_train_opts;
 
 /* Defaults of a preset ("cpu", "gpu", "bench"): model config and training hyperparameters. */
@@ -97,7 +115,14 @@ typedef struct dg_train_result {
 } dg_train_result;
 void dg_train_result_free(dg_train_result *r);
 
-/* Runs training. res may be NULL. */
+/* Runs training. res may be NULL.
+ * With a run directory (out_dir), the run holds DIR/train.lock (flock) from start to end, so a
+ * second trainer on the same directory is refused (DG_ERR_STATE) instead of interleaving its
+ * log and checkpoints. A fresh run (not resume) into a directory that already holds a run
+ * (log.csv or ckpt_latest.safetensors) is refused (DG_ERR_ARG) unless opts->overwrite, which
+ * first removes the old checkpoints. A failed write of log.csv stops the run (DG_ERR_IO). A
+ * checkpoint is never written from non-finite weights: the run stops (DG_ERR_NUMERIC) and the
+ * last good checkpoint stays the latest. */
 dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user, dg_train_result *res);
 
 /* Learning rate at `step` (1-based): linear warmup to lr, cosine to min_lr_frac * lr at `steps`. */

@@ -17,6 +17,53 @@ int kda_tc_mode(void) {
     return mode;
 }
 
+dg_status dg_kda_seqlens(const dg_tensor *cu, int64_t T, int64_t *out, int64_t cap, int *n_seqs) {
+    static const char *op = "dg_kda_seqlens";
+    DG_TRY(dg__check_ptr(op, "cu", cu));
+    DG_TRY(dg__check_ptr(op, "out", out));
+    DG_TRY(dg__check_ptr(op, "n_seqs", n_seqs));
+    dg_dtype dt = dg_tensor_dtype(cu);
+    if (dt != DG_I64 && dt != DG_I32)
+        return dg__err(DG_ERR_DTYPE,
+                       "%s: cu_seqlens must be an integer array (i64 or i32), got %s %s: float "
+                       "offsets are refused rather than truncated",
+                       op, dg_dtype_name(dt), dg_tensor_desc(cu));
+    if (dg_tensor_ndim(cu) != 1)
+        return dg__err(DG_ERR_SHAPE, "%s: cu_seqlens must be 1-d [N+1], got %s", op,
+                       dg_tensor_desc(cu));
+    int64_t n = dg_tensor_numel(cu);
+    if (n < 2 || n - 1 > INT32_MAX)
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: cu_seqlens must hold N+1 entries with 1 <= N <= %d, got %lld", op,
+                       INT32_MAX, (long long)n);
+    if (cap < n)
+        return dg__err(DG_ERR_ARG, "%s: out holds %lld entries, cu_seqlens has %lld", op,
+                       (long long)cap, (long long)n);
+    void *host = DG_MALLOC((size_t)n * dg_dtype_size(dt));
+    if (!host)
+        return dg__err(DG_ERR_NOMEM, "%s: no memory for %lld offsets", op, (long long)n);
+    dg_status s = dg_tensor_to_host(cu, host, (size_t)n * dg_dtype_size(dt));
+    for (int64_t i = 0; s == DG_OK && i < n; i++)
+        out[i] = dt == DG_I64 ? ((const int64_t *)host)[i] : ((const int32_t *)host)[i];
+    DG_FREE(host);
+    DG_TRY(s);
+    if (out[0] != 0)
+        return dg__err(DG_ERR_ARG, "%s: cu_seqlens must start at 0, got %lld", op,
+                       (long long)out[0]);
+    for (int64_t i = 0; i + 1 < n; i++)
+        if (out[i + 1] < out[i])
+            return dg__err(DG_ERR_ARG,
+                           "%s: cu_seqlens must be non-decreasing, got cu_seqlens[%lld]=%lld > "
+                           "cu_seqlens[%lld]=%lld",
+                           op, (long long)i, (long long)out[i], (long long)(i + 1),
+                           (long long)out[i + 1]);
+    if (T >= 0 && out[n - 1] != T)
+        return dg__err(DG_ERR_ARG, "%s: cu_seqlens must end at T=%lld, got cu_seqlens[%lld]=%lld",
+                       op, (long long)T, (long long)(n - 1), (long long)out[n - 1]);
+    *n_seqs = (int)(n - 1);
+    return DG_OK;
+}
+
 dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B, int64_t T,
                        int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg) {
     static const dg_kda_opts defaults;

@@ -1,0 +1,612 @@
+/*
+ * tests/test_harden.c -- hostile inputs and injected faults (issue "Hardening"), one section per
+ * class; docs/RELIABILITY.md quotes the case counts that this suite prints at the end.
+ *
+ * cpu: (1) special files (FIFO, character device, socket, directory) as every kind of input file
+ *      are refused with an error naming the file and what it is, and never block;
+ *      the other sections are listed in main().
+ *
+ * A watchdog alarm fails the suite instead of letting a blocked open hang ctest.
+ */
+#define _XOPEN_SOURCE 700
+#include "tests/harness.h"
+#include "tools/commands.h"
+#include "train/args.h"
+#include "train/checkpoint.h"
+#include "train/data.h"
+#include "train/model.h"
+#include "train/train.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define KJV DG_SOURCE_DIR "/data/kjv.txt"
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static char g_tmp[256];
+static dg_ctx *g_ctx;
+static int g_cases[16]; /* cases run per class, for the summary */
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static void tmp_path(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/%s", g_tmp, name);
+}
+
+static void on_alarm(int sig) {
+    (void)sig;
+    static const char msg[] = "FATAL: test_harden: the watchdog fired (a call blocked)\n";
+    if (write(2, msg, sizeof msg - 1) < 0) {
+    }
+    _exit(1);
+}
+
+/* A check counted under class `cls`. */
+#define CASE(cls, expr)                                                                            \
+    do {                                                                                           \
+        g_cases[cls]++;                                                                            \
+        expr;                                                                                      \
+    } while (0)
+
+/* The status must be `want` and the message must hold every needle (NULL ends the list). */
+static int check_err_all(int cls, dg_status s, dg_status want, const char *what, ...) {
+    g_cases[cls]++;
+    const char *msg = dg_last_error();
+    int ok = s == want;
+    va_list ap;
+    va_start(ap, what);
+    for (const char *n = va_arg(ap, const char *); n; n = va_arg(ap, const char *))
+        if (!strstr(msg, n))
+            ok = 0;
+    va_end(ap);
+    return dg_check(ok, "%s -> %s (want %s): \"%s\"", what, dg_status_str(s), dg_status_str(want),
+                    msg);
+}
+
+/* Runs an in-process command with stderr sent to a file; its text into err[n]. */
+static int run_captured(int (*fn)(int, char **), char **argv, char *err, size_t n) {
+    int argc = 0;
+    while (argv[argc])
+        argc++;
+    char path[300];
+    tmp_path(path, sizeof path, "stderr.txt");
+    fflush(stdout);
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    close(fd);
+    int out_saved = dup(1), devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 1); /* the commands' progress output is not what is checked */
+    close(devnull);
+    int rc = fn(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved, 2);
+    dup2(out_saved, 1);
+    close(saved);
+    close(out_saved);
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(err, 1, n - 1, f) : 0;
+    err[got] = 0;
+    if (f)
+        fclose(f);
+    return rc;
+}
+
+/* Runs the deltagrad binary (argv[0] is ignored) and returns its exit status (128+N for signal
+ * N); stderr text into err[n]. */
+static int run_binary(char **argv, char *err, size_t n) {
+    char path[300];
+    tmp_path(path, sizeof path, "bin_stderr.txt");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(fd, 2);
+        dup2(nul, 1);
+        argv[0] = DG_BINARY_DIR "/deltagrad";
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(err, 1, n - 1, f) : 0;
+    err[got] = 0;
+    if (f)
+        fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* ---- (1) special files ---------------------------------------------------------------------- */
+
+typedef struct special {
+    const char *label, *path, *kind;
+} special;
+
+static void test_special_files(void) {
+    char fifo[300], sock[300], dir[300];
+    tmp_path(fifo, sizeof fifo, "fifo.npy");
+    tmp_path(sock, sizeof sock, "sock.npy");
+    tmp_path(dir, sizeof dir, "dir.npy");
+    if (mkfifo(fifo, 0600) != 0 || mkdir(dir, 0700) != 0) {
+        perror("mkfifo/mkdir");
+        exit(1);
+    }
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    int have_sock = strlen(sock) < sizeof sa.sun_path;
+    if (have_sock)
+        memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    have_sock = have_sock && sfd >= 0 && bind(sfd, (struct sockaddr *)&sa, sizeof sa) == 0;
+    special sp[] = {{"a FIFO", fifo, "FIFO"},
+                    {"/dev/zero", "/dev/zero", "character device"},
+                    {"a directory", dir, "directory"},
+                    {"a socket", sock, "socket"}};
+    int n_sp = have_sock ? 4 : 3;
+    if (!have_sock)
+        printf("note: cannot bind a unix socket here; the socket cases are left out\n");
+    for (int i = 0; i < n_sp; i++) {
+        char what[128];
+        dg_tensor *t = NULL;
+        snprintf(what, sizeof what, "dg_npy_load of %s", sp[i].label);
+        check_err_all(1, dg_npy_load(g_ctx, sp[i].path, &t), DG_ERR_IO, what, sp[i].path,
+                      sp[i].kind, "not a regular file", NULL);
+        dg_safetensors st;
+        snprintf(what, sizeof what, "dg_safetensors_load of %s", sp[i].label);
+        check_err_all(1, dg_safetensors_load(g_ctx, sp[i].path, &st), DG_ERR_IO, what, sp[i].path,
+                      sp[i].kind, NULL);
+        dg_ckpt ck;
+        snprintf(what, sizeof what, "dg_ckpt_load of %s", sp[i].label);
+        check_err_all(1, dg_ckpt_load(g_ctx, sp[i].path, &ck), DG_ERR_IO, what, sp[i].path,
+                      sp[i].kind, NULL);
+        dg_text tx;
+        snprintf(what, sizeof what, "dg_text_load (--data) of %s", sp[i].label);
+        check_err_all(1, dg_text_load(sp[i].path, 0, 16, &tx), DG_ERR_IO, what, "--data",
+                      sp[i].path, sp[i].kind, NULL);
+    }
+    /* through the commands: `sample --ckpt FIFO` and `train --data FIFO` fail without blocking */
+    fflush(stdout);
+    char *sargv[] = {"sample", "--ckpt", fifo, "--tokens", "1", NULL};
+    int rc = dg_cmd_sample(5, sargv);
+    CASE(1, dg_check(rc == 1, "deltagrad sample --ckpt <FIFO> exits 1 (got %d)", rc));
+    char *targv[] = {"train", "--data", fifo, "--no-out", "--steps", "1", NULL};
+    rc = dg_cmd_train(6, targv);
+    CASE(1, dg_check(rc == 1, "deltagrad train --data <FIFO> exits 1 (got %d)", rc));
+    /* a FIFO where the run's log.csv goes: refused, not opened for append (which would block) */
+    char run[300], csv[320];
+    tmp_path(run, sizeof run, "fifo_run");
+    mkdir(run, 0700);
+    snprintf(csv, sizeof csv, "%s/log.csv", run);
+    mkfifo(csv, 0600);
+    char *cargv[] = {"train", "--data",  KJV,  "--max-bytes", "20000", "--out", run, "--steps",
+                     "1",     "--batch", "1",  "--seq-len",   "16",    "--d",   "8", "--heads",
+                     "1",     "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
+    rc = dg_cmd_train(23, cargv);
+    CASE(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
+    if (have_sock)
+        close(sfd);
+}
+
+/* ---- (2) numeric flags ---------------------------------------------------------------------- */
+
+typedef struct num_case {
+    const char *text;
+    int ok;      /* accepted? */
+    double want; /* the value when accepted */
+} num_case;
+
+static void test_numeric_parser(void) {
+    /* integers in [1, 100] */
+    static const num_case ints[] = {
+        {"16", 1, 16},   {"1", 1, 1},     {"100", 1, 100},   {"+7", 1, 7},      {"16abc", 0, 0},
+        {"abc", 0, 0},   {"", 0, 0},      {" 5", 0, 0},      {"5 ", 0, 0},      {"0x10", 0, 0},
+        {"1e3", 0, 0},   {"1.0", 0, 0},   {"0", 0, 0},       {"101", 0, 0},     {"-1", 0, 0},
+        {"-", 0, 0},     {"--5", 0, 0},   {"99999999999999999999", 0, 0},       {"5\n", 0, 0},
+        {"\t3", 0, 0}};
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        int64_t v = -99;
+        dg_status st = dg_arg_i64("--n", ints[i].text, 1, 100, &v);
+        if (ints[i].ok)
+            CASE(2, dg_check(st == DG_OK && v == (int64_t)ints[i].want, "--n '%s' -> %lld",
+                             ints[i].text, (long long)v));
+        else
+            check_err_all(2, st, DG_ERR_ARG, "an integer flag refuses a bad value", "--n",
+                          "[1, 100]", NULL);
+    }
+    /* numbers in [-5, 0) */
+    static const num_case reals[] = {
+        {"-5", 1, -5},     {"-2.5", 1, -2.5}, {"-1e-3", 1, -1e-3}, {"-.5", 1, -0.5},
+        {"0", 0, 0},       {"-0", 0, 0},      {"-5.0001", 0, 0},   {"nan", 0, 0},
+        {"-inf", 0, 0},    {"inf", 0, 0},     {"-1e999", 0, 0},    {"-0x1p1", 0, 0},
+        {"-1abc", 0, 0},   {"", 0, 0},        {".", 0, 0},         {"-", 0, 0},
+        {"-1e", 0, 0},     {" -1", 0, 0},     {"-1 ", 0, 0},       {"e5", 0, 0}};
+    for (size_t i = 0; i < sizeof reals / sizeof *reals; i++) {
+        double v = 99;
+        dg_status st = dg_arg_f64("--lower-bound", reals[i].text, -5.0, 0.0, DG_ARG_HI_OPEN, &v);
+        if (reals[i].ok)
+            CASE(2, dg_check(st == DG_OK && v == reals[i].want, "--lower-bound '%s' -> %g",
+                             reals[i].text, v));
+        else
+            check_err_all(2, st, DG_ERR_ARG, "a number flag refuses a bad value",
+                          "--lower-bound", "[-5, 0)", NULL);
+    }
+    double v = 0;
+    check_err_all(2, dg_arg_f64("--lr", "0", 0.0, INFINITY, DG_ARG_LO_OPEN, &v), DG_ERR_ARG,
+                  "an open lower bound excludes the bound", "--lr", "> 0", NULL);
+    check_err_all(2, dg_arg_f64("--x", "1e-400", -1.0, 1.0, 0, &v), DG_ERR_ARG,
+                  "a value that underflows to zero is refused", "--x", NULL);
+    int c = 0;
+    static const int chunks[3] = {16, 32, 64};
+    CASE(2, dg_check(dg_arg_choice("--chunk", "32", chunks, 3, &c) == DG_OK && c == 32,
+                     "--chunk 32 is a valid choice"));
+    check_err_all(2, dg_arg_choice("--chunk", "48", chunks, 3, &c), DG_ERR_ARG,
+                  "--chunk 48 is not a choice", "--chunk", "one of 16, 32, 64", NULL);
+    check_err_all(2, dg_arg_choice("--chunk", "16abc", chunks, 3, &c), DG_ERR_ARG,
+                  "--chunk 16abc is refused", "16abc", NULL);
+}
+
+/* Every numeric flag of `train`, `sample`, `kda` and `bench` refuses trailing garbage, no digits,
+ * an empty value and an out-of-range value, with exit 2 and a message naming the flag. */
+typedef struct flag_case {
+    const char *flag, *out_of_range;
+} flag_case;
+
+static void test_numeric_flags(void) {
+    static const flag_case train_flags[] = {
+        {"--max-bytes", "-1"},     {"--steps", "0"},         {"--stop-at", "0"},
+        {"--seed", "-1"},          {"--batch", "65537"},     {"--seq-len", "1"},
+        {"--accum", "0"},          {"--lr", "0"},            {"--warmup", "-1"},
+        {"--min-lr-frac", "1.5"},  {"--beta1", "1"},         {"--beta2", "-0.1"},
+        {"--adam-eps", "0"},       {"--weight-decay", "-1"}, {"--clip", "0"},
+        {"--d", "0"},              {"--layers", "257"},      {"--heads", "0"},
+        {"--v-heads", "0"},        {"--head-dim", "257"},    {"--head-v-dim", "0"},
+        {"--inter", "0"},          {"--chunk", "48"},        {"--lower-bound", "0"},
+        {"--eval-every", "-1"},    {"--eval-batches", "0"},  {"--sample-every", "-2"},
+        {"--sample-tokens", "-1"}, {"--temperature", "-1"},  {"--top-k", "257"},
+        {"--ckpt-every", "-1"},    {"--log-every", "0"},     {"--threads", "-1"}};
+    static const flag_case sample_flags[] = {{"--tokens", "-1"},     {"--temperature", "-0.5"},
+                                             {"--top-k", "300"},     {"--seed", "-3"},
+                                             {"--context", "0"},     {"--threads", "5000"}};
+    static const char *const bad_values[] = {"16abc", "abc", ""};
+    char err[4096];
+    for (int which = 0; which < 2; which++) {
+        const flag_case *fl = which ? sample_flags : train_flags;
+        int n = which ? (int)(sizeof sample_flags / sizeof *sample_flags)
+                      : (int)(sizeof train_flags / sizeof *train_flags);
+        int (*fn)(int, char **) = which ? dg_cmd_sample : dg_cmd_train;
+        const char *cmd = which ? "sample" : "train";
+        for (int i = 0; i < n; i++)
+            for (int b = 0; b < 4; b++) {
+                const char *val = b < 3 ? bad_values[b] : fl[i].out_of_range;
+                char *argv[] = {(char *)cmd, (char *)fl[i].flag, (char *)val, "--ckpt", "x", NULL};
+                if (!which)
+                    argv[3] = NULL;
+                int rc = run_captured(fn, argv, err, sizeof err);
+                CASE(2, dg_check(rc == 2 && strstr(err, fl[i].flag) && strstr(err, "expected"),
+                                 "%s %s '%s' -> exit %d: %.120s", cmd, fl[i].flag, val, rc, err));
+            }
+    }
+    /* the other tools, through the binary */
+    static const char *const tool_cases[][6] = {
+        {"kda", "--in", ".", "--chunk-size", "16abc", "--chunk-size"},
+        {"kda", "--in", ".", "--chunk-size", "48", "--chunk-size"},
+        {"kda", "--in", ".", "--lower-bound", "0", "--lower-bound"},
+        {"kda", "--in", ".", "--lower-bound", "-2x", "--lower-bound"},
+        {"kda", "--in", ".", "--scale", "abc", "--scale"},
+        {"kda", "--in", ".", "--scale", "0", "--scale"},
+        {"kda", "--in", ".", "--scale", "", "--scale"},
+        {"bench", "core", "--reps", "5x", NULL, "--reps"},
+        {"bench", "core", "--warmup", "-1", NULL, "--warmup"},
+        {"bench", "core", "--m", "abc", NULL, "--m"},
+        {"bench", "core", "--copy-mib", "0", NULL, "--copy-mib"},
+        {"bench", "core", "--peak-tflops", "inf", NULL, "--peak-tflops"},
+        {"bench", "core", "--sizes", "64,1x", NULL, "--sizes"},
+        {"bench", "kda", "--reps", "3x", NULL, "--reps"},
+        {"bench", "kda", "--reps", "65", NULL, "--reps"}};
+    for (size_t i = 0; i < sizeof tool_cases / sizeof *tool_cases; i++) {
+        char *argv[12] = {"deltagrad"};
+        int k = 1;
+        for (int j = 0; j < 5 && tool_cases[i][j]; j++)
+            argv[k++] = (char *)tool_cases[i][j];
+        if (!strcmp(tool_cases[i][0], "kda")) {
+            argv[k++] = "--out";
+            argv[k++] = g_tmp;
+        }
+        argv[k] = NULL;
+        int rc = run_binary(argv, err, sizeof err);
+        CASE(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
+                         "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
+                         tool_cases[i][1], tool_cases[i][3],
+                         tool_cases[i][4] ? tool_cases[i][4] : tool_cases[i][3], rc, err));
+    }
+}
+
+/* ---- (3) index arrays ----------------------------------------------------------------------- */
+
+static dg_tensor *tensor_of(dg_dtype dt, int ndim, const int64_t *shape, const double *v) {
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(g_ctx, dt, ndim, shape, v, &t));
+    return t;
+}
+
+static void test_index_arrays(void) {
+    int64_t out[8];
+    int n = 0;
+    const double good[3] = {0, 3, 8}, frac[3] = {0, 3.7, 8}, rows[4] = {0, 3, 3, 8};
+    dg_dtype floats[3] = {DG_F64, DG_F32, DG_BF16};
+    for (int i = 0; i < 3; i++) {
+        dg_tensor *t = tensor_of(floats[i], 1, (int64_t[]){3}, frac);
+        check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_DTYPE,
+                      "float cu_seqlens are refused, not truncated", "integer",
+                      dg_dtype_name(floats[i]), NULL);
+        dg_tensor_free(&t);
+    }
+    dg_tensor *t = tensor_of(DG_I64, 2, (int64_t[]){2, 2}, rows);
+    check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "2-d cu_seqlens", "1-d",
+                  NULL);
+    dg_tensor_free(&t);
+    t = tensor_of(DG_I64, 1, (int64_t[]){1}, good);
+    check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "one entry", "N+1", NULL);
+    dg_tensor_free(&t);
+    static const struct {
+        double v[4];
+        int n;
+        const char *needle;
+    } bad[] = {{{1, 3, 8}, 3, "start at 0"},
+               {{0, 5, 3, 8}, 4, "non-decreasing"},
+               {{0, 3, 7}, 3, "end at T=8"},
+               {{0, -1, 8}, 3, "non-decreasing"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        t = tensor_of(DG_I64, 1, (int64_t[]){bad[i].n}, bad[i].v);
+        check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_ARG, "bad cu_seqlens values",
+                      bad[i].needle, NULL);
+        dg_tensor_free(&t);
+    }
+    dg_dtype ints[2] = {DG_I32, DG_I64};
+    for (int i = 0; i < 2; i++) {
+        t = tensor_of(ints[i], 1, (int64_t[]){3}, good);
+        dg_status st = dg_kda_seqlens(t, 8, out, 8, &n);
+        CASE(3, dg_check(st == DG_OK && n == 2 && out[0] == 0 && out[1] == 3 && out[2] == 8,
+                         "%s cu_seqlens [0,3,8] accepted as 2 sequences",
+                         dg_dtype_name(ints[i])));
+        dg_tensor_free(&t);
+    }
+    /* float -> integer conversions saturate (a C cast of these is undefined behaviour) */
+    const double wild[6] = {NAN, 1e30, -1e30, INFINITY, 3.9, -3.9};
+    t = tensor_of(DG_F64, 1, (int64_t[]){6}, wild);
+    for (int i = 0; i < 2; i++) {
+        dg_tensor *c = NULL;
+        DG_TEST_TRY(dg_to_dtype(g_ctx, t, ints[i], &c));
+        double *d = NULL;
+        DG_TEST_TRY(dg_tensor_to_f64(c, &d));
+        double mx = ints[i] == DG_I32 ? 2147483647.0 : 9223372036854775807.0;
+        double mn = ints[i] == DG_I32 ? -2147483648.0 : -9223372036854775808.0;
+        CASE(3, dg_check(d[0] == 0 && d[1] == mx && d[2] == mn && d[3] == mx && d[4] == 3 &&
+                             d[5] == -3,
+                         "f64 -> %s: NaN 0, +-1e30 and inf saturate, 3.9 -> 3, -3.9 -> -3",
+                         dg_dtype_name(ints[i])));
+        free(d);
+        dg_tensor_free(&c);
+    }
+    dg_tensor_free(&t);
+}
+
+/* ---- (7) the op runner ---------------------------------------------------------------------- */
+
+/* DIR/name.npy of dtype dt filled from a deterministic pattern scaled into [lo, hi]. */
+static void write_npy(const char *dir, const char *name, dg_dtype dt, int ndim,
+                      const int64_t *shape, double lo, double hi, uint64_t seed) {
+    dg_tensor *t = dg_test_rand(g_ctx, dt, ndim, shape, seed, lo, hi);
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s.npy", dir, name);
+    DG_TEST_TRY(dg_npy_save(p, t));
+    dg_tensor_free(&t);
+}
+
+static void kda_inputs(const char *dir, dg_dtype dt, int with_do) {
+    mkdir(dir, 0700);
+    const int64_t qs[4] = {1, 20, 2, 4}, vs[4] = {1, 20, 2, 4}, bs[3] = {1, 20, 2};
+    write_npy(dir, "q", dt, 4, qs, -1, 1, 1);
+    write_npy(dir, "k", dt, 4, qs, -1, 1, 2);
+    write_npy(dir, "v", dt, 4, vs, -1, 1, 3);
+    write_npy(dir, "g", dt, 4, qs, -0.5, -0.01, 4);
+    write_npy(dir, "beta", dt, 3, bs, 0.1, 0.9, 5);
+    if (with_do)
+        write_npy(dir, "do", dt, 4, vs, -1, 1, 6);
+}
+
+static dg_dtype npy_dtype(const char *dir, const char *name) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s.npy", dir, name);
+    dg_tensor *t = NULL;
+    if (dg_npy_load(g_ctx, p, &t) != DG_OK)
+        return (dg_dtype)-1;
+    dg_dtype dt = dg_tensor_dtype(t);
+    dg_tensor_free(&t);
+    return dt;
+}
+
+static void test_op_runner(void) {
+    char in[300], out[300], out64[300], err[4096];
+    tmp_path(in, sizeof in, "kda_in");
+    tmp_path(out, sizeof out, "kda_out");
+    tmp_path(out64, sizeof out64, "kda_out64");
+    kda_inputs(in, DG_F32, 1);
+    /* f32 files computed in f64: outputs come back f32, equal to the f64 outputs rounded */
+    char *argv[] = {"deltagrad", "kda", "--in", in, "--out", out, "--dtype", "f64", "--quiet",
+                    NULL, NULL, NULL};
+    int rc = run_binary(argv, err, sizeof err);
+    CASE(7, dg_check(rc == 0, "deltagrad kda on f32 files exits 0 (%d: %.200s)", rc, err));
+    static const char *const files[] = {"o", "ht", "dq", "dk", "dv", "dg", "dbeta"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++)
+        CASE(7, dg_check(npy_dtype(out, files[i]) == DG_F32, "%s.npy keeps the inputs' f32",
+                         files[i]));
+    /* exactly the files --help promises: no h0.npy, so no dh0.npy; no gate, no dA_log */
+    int extra = 0, n_files = 0;
+    DIR *d = opendir(out);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        n_files++;
+        int known = 0;
+        for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "%s.npy", files[i]);
+            known |= !strcmp(nm, e->d_name);
+        }
+        if (!known) {
+            printf("  unexpected output file %s\n", e->d_name);
+            extra++;
+        }
+    }
+    if (d)
+        closedir(d);
+    CASE(7, dg_check(extra == 0 && n_files == 7, "OUT holds exactly o ht dq dk dv dg dbeta (%d)",
+                     n_files));
+    argv[5] = out64;
+    argv[9] = "--out-dtype";
+    argv[10] = "f64";
+    rc = run_binary(argv, err, sizeof err);
+    CASE(7, dg_check(rc == 0 && npy_dtype(out64, "o") == DG_F64,
+                     "--out-dtype f64 writes f64 (exit %d)", rc));
+    char p1[400], p2[400];
+    snprintf(p1, sizeof p1, "%s/o.npy", out);
+    snprintf(p2, sizeof p2, "%s/o.npy", out64);
+    dg_tensor *a = NULL, *b = NULL, *b32 = NULL;
+    if (dg_npy_load(g_ctx, p1, &a) == DG_OK && dg_npy_load(g_ctx, p2, &b) == DG_OK &&
+        dg_to_dtype(g_ctx, b, DG_F32, &b32) == DG_OK)
+        CASE(7, dg_check_tensor_close("o.npy (f32) == f64 result rounded to f32", a, b32, 0, 0));
+    else
+        CASE(7, dg_check(0, "reading o.npy back: %s", dg_last_error()));
+    dg_tensor_free(&a), dg_tensor_free(&b), dg_tensor_free(&b32);
+
+    /* a NaN in v: the outputs are written but the command fails, naming them */
+    char nin[300], nout[300];
+    tmp_path(nin, sizeof nin, "kda_nan_in");
+    tmp_path(nout, sizeof nout, "kda_nan_out");
+    kda_inputs(nin, DG_F64, 0);
+    const int64_t vs[4] = {1, 20, 2, 4};
+    double *vals = calloc(160, sizeof *vals);
+    vals[17] = NAN;
+    dg_tensor *v = tensor_of(DG_F64, 4, vs, vals);
+    free(vals);
+    char vp[400];
+    snprintf(vp, sizeof vp, "%s/v.npy", nin);
+    DG_TEST_TRY(dg_npy_save(vp, v));
+    dg_tensor_free(&v);
+    char *nargv[] = {"deltagrad", "kda", "--in", nin, "--out", nout, "--quiet", NULL, NULL};
+    rc = run_binary(nargv, err, sizeof err);
+    CASE(7, dg_check(rc == 3 && strstr(err, "o.npy") && strstr(err, "non-finite"),
+                     "NaN outputs: exit 3 naming o.npy (%d: %.200s)", rc, err));
+    nargv[7] = "--allow-nonfinite";
+    rc = run_binary(nargv, err, sizeof err);
+    CASE(7, dg_check(rc == 0 && strstr(err, "allowed"),
+                     "--allow-nonfinite: exit 0 with a note (%d: %.200s)", rc, err));
+    /* f64 values beyond f32's range: finite in f64, Inf once written as f32 */
+    char bin[300], bout[300];
+    tmp_path(bin, sizeof bin, "kda_big_in");
+    tmp_path(bout, sizeof bout, "kda_big_out");
+    kda_inputs(bin, DG_F64, 0);
+    write_npy(bin, "v", DG_F64, 4, vs, 1e300, 1e301, 9);
+    char *bargv[] = {"deltagrad", "kda",       "--in", bin, "--out", bout, "--out-dtype",
+                     "f32",       "--quiet", NULL};
+    rc = run_binary(bargv, err, sizeof err);
+    CASE(7, dg_check(rc == 3 && strstr(err, "o.npy"),
+                     "values that overflow the written f32 are reported (%d: %.200s)", rc, err));
+
+    /* float cu_seqlens through the runner: refused naming the file, nothing written */
+    char cin[300], cout[300];
+    tmp_path(cin, sizeof cin, "kda_cu_in");
+    tmp_path(cout, sizeof cout, "kda_cu_out");
+    kda_inputs(cin, DG_F64, 0);
+    dg_tensor *cu = tensor_of(DG_F64, 1, (int64_t[]){3}, (double[]){0, 7.5, 20});
+    snprintf(vp, sizeof vp, "%s/cu_seqlens.npy", cin);
+    DG_TEST_TRY(dg_npy_save(vp, cu));
+    dg_tensor_free(&cu);
+    char *cargv[] = {"deltagrad", "kda", "--in", cin, "--out", cout, "--quiet", NULL};
+    rc = run_binary(cargv, err, sizeof err);
+    snprintf(vp, sizeof vp, "%s/o.npy", cout);
+    CASE(3, dg_check(rc == 1 && strstr(err, "cu_seqlens") && strstr(err, "integer") &&
+                         access(vp, F_OK) != 0,
+                     "deltagrad kda with float cu_seqlens.npy: exit 1, no o.npy (%d: %.200s)",
+                     rc, err));
+    /* the help names every file and when it is written */
+    char *hargv[] = {"deltagrad", "kda", "--help", NULL};
+    char hpath[300];
+    tmp_path(hpath, sizeof hpath, "help.txt");
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(hpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        dup2(fd, 1);
+        execv(DG_BINARY_DIR "/deltagrad", hargv);
+        _exit(127);
+    }
+    waitpid(pid, NULL, 0);
+    FILE *f = fopen(hpath, "r");
+    char help[8192];
+    size_t got = f ? fread(help, 1, sizeof help - 1, f) : 0;
+    help[got] = 0;
+    if (f)
+        fclose(f);
+    static const char *const promised[] = {"o.npy",     "ht.npy",  "dq dk dv dg dbeta", "dh0.npy",
+                                           "dA_log.npy", "ddt_bias.npy", "--allow-nonfinite",
+                                           "--out-dtype"};
+    int all = 1;
+    for (size_t i = 0; i < sizeof promised / sizeof *promised; i++)
+        if (!strstr(help, promised[i])) {
+            printf("  --help lacks '%s'\n", promised[i]);
+            all = 0;
+        }
+    CASE(7, dg_check(all, "deltagrad kda --help names every output file and the flags"));
+}
+
+/* ---- main ----------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    if (dg_test_init(argc, argv, "harden"))
+        return dg_test_skip("the hardening cases are host-only");
+    signal(SIGALRM, on_alarm);
+    alarm(600);
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dg_test_harden_XXXXXX");
+    if (!mkdtemp(g_tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &g_ctx));
+    test_special_files();
+    test_numeric_parser();
+    test_numeric_flags();
+    test_index_arrays();
+    test_op_runner();
+    dg_ctx_free(&g_ctx);
+    nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    static const char *const names[] = {"",        "special files", "numeric flags",
+                                        "indices", "zero decay",    "checkpoints",
+                                        "run dirs", "op runner",    "",
+                                        "faults"};
+    for (int c = 1; c < (int)(sizeof names / sizeof *names); c++)
+        if (g_cases[c])
+            printf("class %d (%s): %d cases\n", c, names[c], g_cases[c]);
+    return dg_test_finish();
+}
