@@ -74,33 +74,35 @@ __device__ __forceinline__ void gemm_abt_tile(const float *__restrict__ A, int64
                                               int nk, float s, float *sm) {
     constexpr int WN = 8 / (BT / 16);  /* warps across the columns */
     constexpr int NTW = AB_N / 8 / WN; /* 8-column tiles per warp */
-    float *As[2] = {sm, sm + BT * AB_LD};
-    float *Bs[2] = {sm + 2 * BT * AB_LD, sm + 2 * BT * AB_LD + AB_N * AB_LD};
+    /* stage b: A at sm + b * BT * AB_LD, B after both A stages (pointer arithmetic, not an
+     * array of pointers, which a run-time index would put in local memory) */
+    auto As = [&](int b) { return sm + b * BT * AB_LD; };
+    auto Bs = [&](int b) { return sm + 2 * BT * AB_LD + b * AB_N * AB_LD; };
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
     float acc[NTW][4] = {};
     const int nst = (nk + AB_KS - 1) / AB_KS;
-    tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As[0], A, rsA, L, 0, nk);
-    tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs[0], B, rsB, nn, 0, nk);
+    tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(0), A, rsA, L, 0, nk);
+    tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(0), B, rsB, nn, 0, nk);
     cp_async_commit();
     for (int st = 0; st < nst; st++) {
         const int b = st & 1;
         if (st + 1 < nst) {
-            tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As[b ^ 1], A, rsA, L, (st + 1) * AB_KS, nk);
-            tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs[b ^ 1], B, rsB, nn, (st + 1) * AB_KS,
+            tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b ^ 1), A, rsA, L, (st + 1) * AB_KS, nk);
+            tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(b ^ 1), B, rsB, nn, (st + 1) * AB_KS,
                                                         nk);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const float *a0 = As[b] + (m0 + g) * AB_LD + t, *a1 = a0 + 8 * AB_LD;
+        const float *a0 = As(b) + (m0 + g) * AB_LD + t, *a1 = a0 + 8 * AB_LD;
 #pragma unroll
         for (int k0 = 0; k0 < AB_KS; k0 += 8) {
             const unsigned a[4] = {tf32(a0[k0]), tf32(a1[k0]), tf32(a0[k0 + 4]),
                                    tf32(a1[k0 + 4])};
 #pragma unroll
             for (int j = 0; j < NTW; j++) {
-                const float *bp = Bs[b] + (n0 + 8 * j + g) * AB_LD + k0 + t;
+                const float *bp = Bs(b) + (n0 + 8 * j + g) * AB_LD + k0 + t;
                 mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
             }
         }
@@ -125,6 +127,82 @@ __device__ __forceinline__ void gemm_abt_tile(const float *__restrict__ A, int64
 
 /* Shared memory of gemm_abt_tile, in floats. */
 template <int BT> constexpr int gemm_abt_smem() { return 2 * (BT + AB_N) * AB_LD; }
+
+
+constexpr int AB_LDB = AB_N + 8; /* row-major [k][n] stage: LD % 32 == 8 keeps b-reads conflict-free */
+
+/* acc += A B for one block's BT x 64 tile, where A is k-contiguous (row i: A + i * rsA, k < nk,
+ * rows >= rows_a zero) and B is n-contiguous (row k: B + k * rsB, columns n < nn, rows >= rows_b
+ * zero). The k-range [0, nk) goes through shared memory in stages of 32 (two cp.async stages).
+ * acc is warp w's part of the tile as in gemm_abt_tile (m-tile w / WN, NTW 8-column tiles). Needs
+ * nk, rsA, rsB % 4 == 0 and 16-byte aligned A, B. Ends with a __syncthreads (sm reusable). */
+template <int BT, int NTW>
+__device__ __forceinline__ void gemm_ab_acc(float (&acc)[NTW][4], const float *__restrict__ A,
+                                            int64_t rsA, int rows_a, const float *__restrict__ B,
+                                            int64_t rsB, int rows_b, int nn, int nk, float *sm) {
+    constexpr int WN = 8 / (BT / 16);
+    static_assert(NTW == AB_N / 8 / WN, "NTW must match the warp layout");
+    auto As = [&](int b) { return sm + b * BT * AB_LD; };
+    auto Bs = [&](int b) { return sm + 2 * BT * AB_LD + b * AB_KS * AB_LDB; };
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+    const int nst = (nk + AB_KS - 1) / AB_KS;
+    auto load = [&](int st, int b) {
+        const int k0 = st * AB_KS;
+        tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
+        /* B rows k0.. : row r of the stage is B row k0 + r, valid below min(rows_b, nk) */
+        const int rok = min(rows_b, nk) - k0;
+        tile_async<AB_KS, AB_N, AB_LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB, rok, 0,
+                                                     nn);
+    };
+    load(0, 0);
+    cp_async_commit();
+    for (int st = 0; st < nst; st++) {
+        const int b = st & 1;
+        if (st + 1 < nst)
+            load(st + 1, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        const float *a0 = As(b) + (m0 + g) * AB_LD + t, *a1 = a0 + 8 * AB_LD;
+#pragma unroll
+        for (int k0 = 0; k0 < AB_KS; k0 += 8) {
+            const unsigned a[4] = {tf32(a0[k0]), tf32(a1[k0]), tf32(a0[k0 + 4]),
+                                   tf32(a1[k0 + 4])};
+            const float *bp = Bs(b) + (k0 + t) * AB_LDB + n0 + g;
+#pragma unroll
+            for (int j = 0; j < NTW; j++)
+                mma_tf32(acc[j], a, tf32(bp[8 * j]), tf32(bp[8 * j + 4 * AB_LDB]));
+        }
+        __syncthreads();
+    }
+}
+
+/* Shared memory of gemm_ab_acc, in floats. */
+template <int BT> constexpr int gemm_ab_smem() { return 2 * (BT * AB_LD + AB_KS * AB_LDB); }
+
+/* Store a BT x 64 tile held as in gemm_abt_tile: C[r][c] = s acc for r < L, c < nn. */
+template <int BT, int NTW>
+__device__ __forceinline__ void store_acc(const float (&acc)[NTW][4], float *__restrict__ C,
+                                          int64_t rsC, int L, int nn, float s) {
+    constexpr int WN = 8 / (BT / 16);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            const int r = m0 + g + 8 * hlf, c = n0 + 8 * j + 2 * t;
+            if (r < L && c < nn) {
+                float *cp = C + r * rsC + c;
+                if (c + 1 < nn)
+                    *reinterpret_cast<float2 *>(cp) =
+                        make_float2(s * acc[j][2 * hlf], s * acc[j][2 * hlf + 1]);
+                else
+                    cp[0] = s * acc[j][2 * hlf];
+            }
+        }
+}
 
 } // namespace kdamma
 

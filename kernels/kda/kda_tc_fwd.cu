@@ -14,6 +14,7 @@
  * few 1e-6 for the exponents that occur here): far below the TF32 operand rounding (2^-11).
  */
 #include "kda_fwd_util.cuh"
+#include "kda_mma.cuh"
 #include "kda_tc.cuh"
 
 using namespace kdatc;
@@ -446,6 +447,37 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* N7 on mma.sync with cp.async stages (kda_mma.cuh), TF32 only: grid (chunk, hv, V / 64),
+ * O = s QG h_c + Aqk E for the block's 64 value columns (both products accumulate into one
+ * register tile; Aqk's stored rows are zero above the diagonal, E rows past L are zero-filled).
+ * Needs K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    output_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                          float scale, const float *__restrict__ QG, const float *__restrict__ h,
+                          const float *__restrict__ Aqk, const float *__restrict__ E,
+                          float *__restrict__ O) {
+    constexpr int NTW = kdamma::AB_N / 8 / (8 / (BT / 16));
+    __shared__ __align__(16) float sm[kdamma::gemm_ab_smem<BT>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
+    const int64_t rv = (int64_t)HV * V;
+    float acc[NTW][4] = {};
+    kdamma::gemm_ab_acc<BT, NTW>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
+                                 h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] *= scale;
+    kdamma::gemm_ab_acc<BT, NTW>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
+                                 E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
+    kdamma::store_acc<BT, NTW>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
+}
+
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
 
 dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
@@ -468,6 +500,16 @@ dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
+    auto al = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
+    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && al(QG) && al(h) && al(Aqk) && al(E) &&
+        al(O)) {
+        KDA_DISPATCH_BT(d->BT, {
+            output_fwd_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+            DG_CHECK_LAUNCH();
+        });
+        return DG_OK;
+    }
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
                             d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
