@@ -364,7 +364,10 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 
     /* Aqk rows, Lkk, the solve and Tm rows: as the FFMA kernel */
-    kda_intra_finish<BT, R>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV, scale);
+    /* the block solve (kda_solve_blocked) takes its scratch behind Lkk and Tm */
+    static_assert(REGION >= 2 * BT * BT + (R - 1) * 256, "the block solve's scratch fits");
+    kda_intra_finish<BT, R, true>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV,
+                                  scale, sm + 2 * BT * BT);
 }
 
 /* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
