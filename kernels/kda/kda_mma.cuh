@@ -1,7 +1,8 @@
 /*
  * kernels/kda/kda_mma.cuh -- the mma.sync building blocks of the KDA tensor-core kernels:
- * cp.async copies into shared memory, TF32 rounding, the m16n8k8 TF32 product, and one
- * chunk-local product C = s A B^T used by several backward stages. C++ only.
+ * cp.async copies into shared memory, TF32 rounding, the m16n8k8 TF32 product, and the
+ * chunk-local tile product (A B^T or A B into a BT x 64 register tile) that the output forward
+ * and the dO h^T-shaped backward products use. C++ only.
  *
  * Fragment layouts of mma.sync.m16n8k8 (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16 x 8, row):  a0 (g, t)   a1 (g + 8, t)   a2 (g, t + 4)   a3 (g + 8, t + 4)
@@ -60,100 +61,44 @@ __device__ __forceinline__ void tile_async(float *dst, const float *__restrict__
 
 constexpr int AB_N = 64;  /* output columns per block */
 constexpr int AB_KS = 32; /* k-step staged per pipeline stage */
-constexpr int AB_LD = AB_KS + 4;
+constexpr int AB_LD = AB_KS + 4;  /* k-contiguous stage [rows][32]: LD % 32 == 4 */
+constexpr int AB_LDB = AB_N + 8;  /* n-contiguous stage [32][64]: LD % 32 == 8, also conflict-free */
 constexpr int AB_THREADS = 256;
 
-/* One block: C[i][n] = s sum_k A[i][k] B[n][k] for rows i < L of a chunk (BT rows), columns
- * n < nn of a 64-column tile, k < nk. A rows have stride rsA, B rows stride rsB, C rows stride
- * rsC; all k-contiguous. Two shared-memory stages (cp.async), 8 warps: warp w owns m-tile
- * w / WN and NTW 8-column tiles. Needs nk % 4 == 0 and 16-byte aligned rows. */
-template <int BT>
-__device__ __forceinline__ void gemm_abt_tile(const float *__restrict__ A, int64_t rsA,
-                                              const float *__restrict__ B, int64_t rsB,
-                                              float *__restrict__ C, int64_t rsC, int L, int nn,
-                                              int nk, float s, float *sm) {
-    constexpr int WN = 8 / (BT / 16);  /* warps across the columns */
-    constexpr int NTW = AB_N / 8 / WN; /* 8-column tiles per warp */
-    /* stage b: A at sm + b * BT * AB_LD, B after both A stages (pointer arithmetic, not an
-     * array of pointers, which a run-time index would put in local memory) */
+/* Warp layout of a block's BT x 64 output tile: 8 warps, warp w owns the 16-row m-tile w / WN
+ * and NTW 8-column tiles from column n0. */
+template <int BT> struct AbTile {
+    static constexpr int WN = 8 / (BT / 16);  /* warps across the columns */
+    static constexpr int NTW = AB_N / 8 / WN; /* 8-column tiles per warp */
+};
+
+/* acc += A B^T (BK: B is k-contiguous, row n at B + n * rsB, rows >= rows_b zero) or acc += A B
+ * (!BK: B is n-contiguous, row k at B + k * rsB, k rows >= rows_b zero, columns >= nn zero), for
+ * one block's BT x 64 tile. A is k-contiguous (row i at A + i * rsA, rows >= rows_a zero); the
+ * k-range [0, nk) goes through shared memory in stages of 32 with two cp.async stages. Needs nk,
+ * rsA, rsB, nn % 4 == 0 and 16-byte aligned A, B. Ends with a __syncthreads (sm reusable). */
+template <int BT, bool BK>
+__device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
+                                         const float *__restrict__ A, int64_t rsA, int rows_a,
+                                         const float *__restrict__ B, int64_t rsB, int rows_b,
+                                         int nn, int nk, float *sm) {
+    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
+    constexpr int BSTAGE = BK ? AB_N * AB_LD : AB_KS * AB_LDB;
+    /* stage b: A at sm + b * BT * AB_LD, B after both A stages (pointer arithmetic, not an array
+     * of pointers, which a run-time index would put in local memory) */
     auto As = [&](int b) { return sm + b * BT * AB_LD; };
-    auto Bs = [&](int b) { return sm + 2 * BT * AB_LD + b * AB_N * AB_LD; };
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
-    float acc[NTW][4] = {};
-    const int nst = (nk + AB_KS - 1) / AB_KS;
-    tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(0), A, rsA, L, 0, nk);
-    tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(0), B, rsB, nn, 0, nk);
-    cp_async_commit();
-    for (int st = 0; st < nst; st++) {
-        const int b = st & 1;
-        if (st + 1 < nst) {
-            tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b ^ 1), A, rsA, L, (st + 1) * AB_KS, nk);
-            tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(b ^ 1), B, rsB, nn, (st + 1) * AB_KS,
-                                                        nk);
-        }
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const float *a0 = As(b) + (m0 + g) * AB_LD + t, *a1 = a0 + 8 * AB_LD;
-#pragma unroll
-        for (int k0 = 0; k0 < AB_KS; k0 += 8) {
-            const unsigned a[4] = {tf32(a0[k0]), tf32(a1[k0]), tf32(a0[k0 + 4]),
-                                   tf32(a1[k0 + 4])};
-#pragma unroll
-            for (int j = 0; j < NTW; j++) {
-                const float *bp = Bs(b) + (n0 + 8 * j + g) * AB_LD + k0 + t;
-                mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
-            }
-        }
-        __syncthreads(); /* stage b is refilled next */
-    }
-#pragma unroll
-    for (int j = 0; j < NTW; j++)
-#pragma unroll
-        for (int hlf = 0; hlf < 2; hlf++) {
-            const int r = m0 + g + 8 * hlf, c = n0 + 8 * j + 2 * t;
-            if (r < L && c < nn) {
-                float *cp = C + r * rsC + c;
-                if (c + 1 < nn) {
-                    *reinterpret_cast<float2 *>(cp) =
-                        make_float2(s * acc[j][2 * hlf], s * acc[j][2 * hlf + 1]);
-                } else {
-                    cp[0] = s * acc[j][2 * hlf];
-                }
-            }
-        }
-}
-
-/* Shared memory of gemm_abt_tile, in floats. */
-template <int BT> constexpr int gemm_abt_smem() { return 2 * (BT + AB_N) * AB_LD; }
-
-
-constexpr int AB_LDB = AB_N + 8; /* row-major [k][n] stage: LD % 32 == 8 keeps b-reads conflict-free */
-
-/* acc += A B for one block's BT x 64 tile, where A is k-contiguous (row i: A + i * rsA, k < nk,
- * rows >= rows_a zero) and B is n-contiguous (row k: B + k * rsB, columns n < nn, rows >= rows_b
- * zero). The k-range [0, nk) goes through shared memory in stages of 32 (two cp.async stages).
- * acc is warp w's part of the tile as in gemm_abt_tile (m-tile w / WN, NTW 8-column tiles). Needs
- * nk, rsA, rsB % 4 == 0 and 16-byte aligned A, B. Ends with a __syncthreads (sm reusable). */
-template <int BT, int NTW>
-__device__ __forceinline__ void gemm_ab_acc(float (&acc)[NTW][4], const float *__restrict__ A,
-                                            int64_t rsA, int rows_a, const float *__restrict__ B,
-                                            int64_t rsB, int rows_b, int nn, int nk, float *sm) {
-    constexpr int WN = 8 / (BT / 16);
-    static_assert(NTW == AB_N / 8 / WN, "NTW must match the warp layout");
-    auto As = [&](int b) { return sm + b * BT * AB_LD; };
-    auto Bs = [&](int b) { return sm + 2 * BT * AB_LD + b * AB_KS * AB_LDB; };
+    auto Bs = [&](int b) { return sm + 2 * BT * AB_LD + b * BSTAGE; };
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
     const int nst = (nk + AB_KS - 1) / AB_KS;
     auto load = [&](int st, int b) {
         const int k0 = st * AB_KS;
         tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
-        /* B rows k0.. : row r of the stage is B row k0 + r, valid below min(rows_b, nk) */
-        const int rok = min(rows_b, nk) - k0;
-        tile_async<AB_KS, AB_N, AB_LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB, rok, 0,
-                                                     nn);
+        if (BK)
+            tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(b), B, rsB, rows_b, k0, nk);
+        else /* stage row r is B row k0 + r, valid below min(rows_b, nk) */
+            tile_async<AB_KS, AB_N, AB_LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB,
+                                                         min(rows_b, nk) - k0, 0, nn);
     };
     load(0, 0);
     cp_async_commit();
@@ -169,23 +114,33 @@ __device__ __forceinline__ void gemm_ab_acc(float (&acc)[NTW][4], const float *_
         for (int k0 = 0; k0 < AB_KS; k0 += 8) {
             const unsigned a[4] = {tf32(a0[k0]), tf32(a1[k0]), tf32(a0[k0 + 4]),
                                    tf32(a1[k0 + 4])};
-            const float *bp = Bs(b) + (k0 + t) * AB_LDB + n0 + g;
 #pragma unroll
-            for (int j = 0; j < NTW; j++)
-                mma_tf32(acc[j], a, tf32(bp[8 * j]), tf32(bp[8 * j + 4 * AB_LDB]));
+            for (int j = 0; j < NTW; j++) {
+                if (BK) { /* b0 (k = t, n = g) at row n, column k */
+                    const float *bp = Bs(b) + (n0 + 8 * j + g) * AB_LD + k0 + t;
+                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
+                } else { /* at row k, column n */
+                    const float *bp = Bs(b) + (k0 + t) * AB_LDB + n0 + 8 * j + g;
+                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * AB_LDB]));
+                }
+            }
         }
-        __syncthreads();
+        __syncthreads(); /* stage b is refilled next */
     }
 }
 
-/* Shared memory of gemm_ab_acc, in floats. */
-template <int BT> constexpr int gemm_ab_smem() { return 2 * (BT * AB_LD + AB_KS * AB_LDB); }
+/* Shared memory of gemm_acc, in floats. */
+template <int BT, bool BK> constexpr int gemm_smem() {
+    return 2 * (BT * AB_LD + (BK ? AB_N * AB_LD : AB_KS * AB_LDB));
+}
 
-/* Store a BT x 64 tile held as in gemm_abt_tile: C[r][c] = s acc for r < L, c < nn. */
-template <int BT, int NTW>
-__device__ __forceinline__ void store_acc(const float (&acc)[NTW][4], float *__restrict__ C,
-                                          int64_t rsC, int L, int nn, float s) {
-    constexpr int WN = 8 / (BT / 16);
+/* Store a BT x 64 tile held as gemm_acc leaves it: C[r][c] = s acc for r < L, c < nn (rows of C
+ * at stride rsC; float2 stores, so C and rsC even). */
+template <int BT>
+__device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4],
+                                          float *__restrict__ C, int64_t rsC, int L, int nn,
+                                          float s) {
+    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
 #pragma unroll

@@ -93,6 +93,24 @@ __global__ void __launch_bounds__(SM_THREADS)
                 }
     }
 
+    /* S -> dst (row r at dst + r * ld; global: only the nv valid columns) */
+    auto store_S = [&](float *dst, int64_t ld, bool global) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (w + 8 * m >= mtiles)
+                continue;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
+                    if (!global || c < nv)
+                        *reinterpret_cast<float2 *>(dst + r * ld + c) =
+                            make_float2(S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
+                }
+        }
+    };
+
     const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1], nch = c_end - c_beg;
     auto chunk_of = [&](int64_t it) { return BWD ? c_end - 1 - it : c_beg + it; };
 
@@ -112,23 +130,10 @@ __global__ void __launch_bounds__(SM_THREADS)
         const int64_t ch = chunk_of(it), t0 = chunk_t0[ch];
         const int L = chunk_len[ch];
 
-        /* S (the state at this chunk's start) -> Sst and -> Ss for the A1 S product */
-        float *sst = Sst ? Sst + (ch * HV + hv) * KV + v0 : nullptr;
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            if (w + 8 * m >= mtiles)
-                continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int hlf = 0; hlf < 2; hlf++) {
-                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
-                    const float2 val = make_float2(S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
-                    *reinterpret_cast<float2 *>(Ss + r * LDS + c) = val;
-                    if (sst && c < nv)
-                        *reinterpret_cast<float2 *>(sst + (int64_t)r * V + c) = val;
-                }
-        }
+        /* S (the state at this chunk's start) -> Ss for the A1 S product, and -> Sst */
+        store_S(Ss, LDS, false);
+        if (Sst)
+            store_S(Sst + (ch * HV + hv) * KV + v0, V, true);
 
         /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (2 (w % 2) + jj) + 2t */
         const int xm = w >> 1;
@@ -260,23 +265,8 @@ __global__ void __launch_bounds__(SM_THREADS)
     }
     kdamma::cp_async_wait<0>();
 
-    if (Sfin) {
-        float *sf = Sfin + ((int64_t)n * HV + hv) * KV + v0;
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            if (w + 8 * m >= mtiles)
-                continue;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-#pragma unroll
-                for (int hlf = 0; hlf < 2; hlf++) {
-                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
-                    if (c < nv)
-                        *reinterpret_cast<float2 *>(sf + (int64_t)r * V + c) =
-                            make_float2(S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
-                }
-        }
-    }
+    if (Sfin)
+        store_S(Sfin + ((int64_t)n * HV + hv) * KV + v0, V, true);
 }
 
 // ---- kernel launchers

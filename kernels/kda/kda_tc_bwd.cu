@@ -82,14 +82,16 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_dqg_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                        int HV, int K, int V, float scale, const float *__restrict__ dO,
                        const float *__restrict__ h, float *__restrict__ dQG) {
-    __shared__ __align__(16) float sm[kdamma::gemm_abt_smem<BT>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, e0 = blockIdx.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
-    kdamma::gemm_abt_tile<BT>(dO + (t0 * HV + hv) * V, (int64_t)HV * V,
-                              h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V,
-                              dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, chunk_len[ch],
-                              min(kdamma::AB_N, K - e0), V, scale, sm);
+    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0);
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
+                               h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V, ne, ne, V,
+                               sm);
+    kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
 }
 
 /* grid (chunk, hv, (K / 64) * (V / 64)): dh_c[e0 + e][v0 + v] = s sum_{i<L} QG[i][e0 + e]

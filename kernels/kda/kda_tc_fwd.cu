@@ -461,24 +461,24 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                           float scale, const float *__restrict__ QG, const float *__restrict__ h,
                           const float *__restrict__ Aqk, const float *__restrict__ E,
                           float *__restrict__ O) {
-    constexpr int NTW = kdamma::AB_N / 8 / (8 / (BT / 16));
-    __shared__ __align__(16) float sm[kdamma::gemm_ab_smem<BT>()];
+    constexpr int NTW = kdamma::AbTile<BT>::NTW;
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
     const int64_t rv = (int64_t)HV * V;
     float acc[NTW][4] = {};
-    kdamma::gemm_ab_acc<BT, NTW>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
-                                 h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
+    kdamma::gemm_acc<BT, false>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
+                                h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
 #pragma unroll
     for (int j = 0; j < NTW; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             acc[j][e] *= scale;
-    kdamma::gemm_ab_acc<BT, NTW>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
-                                 E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
-    kdamma::store_acc<BT, NTW>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
+    kdamma::gemm_acc<BT, false>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
+                                E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
+    kdamma::store_acc<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
 }
 
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
