@@ -72,28 +72,42 @@ template <int BT> struct AbTile {
     static constexpr int NTW = AB_N / 8 / WN; /* 8-column tiles per warp */
 };
 
-/* acc += A B^T (BK: B is k-contiguous, row n at B + n * rsB, rows >= rows_b zero) or acc += A B
- * (!BK: B is n-contiguous, row k at B + k * rsB, k rows >= rows_b zero, columns >= nn zero), for
- * one block's BT x 64 tile. A is k-contiguous (row i at A + i * rsA, rows >= rows_a zero); the
- * k-range [0, nk) goes through shared memory in stages of 32 with two cp.async stages. Needs nk,
- * rsA, rsB, nn % 4 == 0 and 16-byte aligned A, B. Ends with a __syncthreads (sm reusable). */
-template <int BT, bool BK>
+/* acc += op(A) op(B) for one block's BT x 64 output tile, k over [0, nk) in shared-memory stages
+ * of 32 (two cp.async stages). Layouts (all strides in floats):
+ *   AK:  A is k-contiguous: row m at A + m * rsA, rows >= rows_a zero;
+ *   !AK: A is m-contiguous (A^T stored): row k at A + k * rsA, k rows >= min(rows_b, nk) zero,
+ *        columns (m) >= rows_a zero;
+ *   BK:  B is k-contiguous (B^T stored): row n at B + n * rsB, rows >= rows_b zero;
+ *   !BK: B is n-contiguous: row k at B + k * rsB, k rows >= min(rows_b, nk) zero, columns >= nn
+ *        zero.
+ * TRI masks A to a triangle as it is read (the stored values elsewhere are ignored): 0 none,
+ * 1 keeps A(m, k) for k <= m, 2 for k >= m (m, k counted from the tile's first row / column).
+ * Needs nk, rsA, rsB, rows_a (when !AK), nn (when !BK) % 4 == 0 and 16-byte aligned A, B. Every
+ * fragment read is free of bank conflicts (k-contiguous stages have LD % 32 == 4, the others
+ * LD % 32 == 8). Ends with a __syncthreads (sm reusable). */
+template <int BT, bool AK, bool BK, int TRI = 0>
 __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
                                          const float *__restrict__ A, int64_t rsA, int rows_a,
                                          const float *__restrict__ B, int64_t rsB, int rows_b,
                                          int nn, int nk, float *sm) {
     constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
+    constexpr int LDA = AK ? AB_LD : BT + 8;
+    constexpr int ASTAGE = AK ? BT * AB_LD : AB_KS * LDA;
     constexpr int BSTAGE = BK ? AB_N * AB_LD : AB_KS * AB_LDB;
-    /* stage b: A at sm + b * BT * AB_LD, B after both A stages (pointer arithmetic, not an array
-     * of pointers, which a run-time index would put in local memory) */
-    auto As = [&](int b) { return sm + b * BT * AB_LD; };
-    auto Bs = [&](int b) { return sm + 2 * BT * AB_LD + b * BSTAGE; };
+    /* stage b: A at sm + b * ASTAGE, B after both A stages (pointer arithmetic, not an array of
+     * pointers, which a run-time index would put in local memory) */
+    auto As = [&](int b) { return sm + b * ASTAGE; };
+    auto Bs = [&](int b) { return sm + 2 * ASTAGE + b * BSTAGE; };
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
     const int nst = (nk + AB_KS - 1) / AB_KS;
     auto load = [&](int st, int b) {
         const int k0 = st * AB_KS;
-        tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
+        if (AK)
+            tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
+        else
+            tile_async<AB_KS, BT, LDA, AB_THREADS>(As(b), A + (int64_t)k0 * rsA, rsA,
+                                                    min(rows_b, nk) - k0, 0, rows_a);
         if (BK)
             tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(b), B, rsB, rows_b, k0, nk);
         else /* stage row r is B row k0 + r, valid below min(rows_b, nk) */
@@ -109,11 +123,30 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        const float *a0 = As(b) + (m0 + g) * AB_LD + t, *a1 = a0 + 8 * AB_LD;
 #pragma unroll
         for (int k0 = 0; k0 < AB_KS; k0 += 8) {
-            const unsigned a[4] = {tf32(a0[k0]), tf32(a1[k0]), tf32(a0[k0 + 4]),
-                                   tf32(a1[k0 + 4])};
+            unsigned a[4];
+            if (AK) { /* a0 (m = g, k = t) at row m, column k */
+                const float *ap = As(b) + (m0 + g) * AB_LD + k0 + t;
+                a[0] = tf32(ap[0]);
+                a[1] = tf32(ap[8 * AB_LD]);
+                a[2] = tf32(ap[4]);
+                a[3] = tf32(ap[8 * AB_LD + 4]);
+            } else { /* at row k, column m */
+                const float *ap = As(b) + (k0 + t) * LDA + m0 + g;
+                a[0] = tf32(ap[0]);
+                a[1] = tf32(ap[8]);
+                a[2] = tf32(ap[4 * LDA]);
+                a[3] = tf32(ap[4 * LDA + 8]);
+            }
+            if (TRI) { /* a0 (m0 + g, kk), a1 (+8, kk), a2 (m0 + g, kk + 4), a3 (+8, kk + 4) */
+                const int mm = m0 + g, kk = st * AB_KS + k0 + t;
+                auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
+                a[0] = keep(mm, kk) ? a[0] : 0u;
+                a[1] = keep(mm + 8, kk) ? a[1] : 0u;
+                a[2] = keep(mm, kk + 4) ? a[2] : 0u;
+                a[3] = keep(mm + 8, kk + 4) ? a[3] : 0u;
+            }
 #pragma unroll
             for (int j = 0; j < NTW; j++) {
                 if (BK) { /* b0 (k = t, n = g) at row n, column k */
@@ -130,8 +163,8 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
 }
 
 /* Shared memory of gemm_acc, in floats. */
-template <int BT, bool BK> constexpr int gemm_smem() {
-    return 2 * (BT * AB_LD + (BK ? AB_N * AB_LD : AB_KS * AB_LDB));
+template <int BT, bool AK, bool BK> constexpr int gemm_smem() {
+    return 2 * ((AK ? BT * AB_LD : AB_KS * (BT + 8)) + (BK ? AB_N * AB_LD : AB_KS * AB_LDB));
 }
 
 /* Store a BT x 64 tile held as gemm_acc leaves it: C[r][c] = s acc for r < L, c < nn (rows of C

@@ -82,13 +82,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_dqg_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                        int HV, int K, int V, float scale, const float *__restrict__ dO,
                        const float *__restrict__ h, float *__restrict__ dQG) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, e0 = blockIdx.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0);
     float acc[kdamma::AbTile<BT>::NTW][4] = {};
-    kdamma::gemm_acc<BT, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
+    kdamma::gemm_acc<BT, true, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
                                h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V, ne, ne, V,
                                sm);
     kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
@@ -263,6 +263,47 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (kda_mma.cuh), TF32 only; both read A
+ * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
+ * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk, hv, (K / 64) * (V / 64)), a 64 x 64 tile of dh_c, every
+ * element written. out_de: grid (chunk, hv, V / 64), rows < L. Need K, V % 4 == 0 and 16-byte
+ * aligned arrays (checked by the launcher). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int K, int V, float scale, const float *__restrict__ QG,
+                      const float *__restrict__ dO, float *__restrict__ dh) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, kdamma::AB_N);
+    const int e0 = (blockIdx.z / nvt) * kdamma::AB_N, v0 = (blockIdx.z % nvt) * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0), nv = min(kdamma::AB_N, V - v0);
+    float acc[kdamma::AbTile<64>::NTW][4] = {};
+    kdamma::gemm_acc<64, false, false>(acc, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, ne,
+                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                       sm);
+    kdamma::store_acc<64>(acc, dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V,
+                          ne, nv, scale);
+}
+
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_de_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
+                      float *__restrict__ dE) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, false, false, 2>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, BT,
+                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                       sm);
+    kdamma::store_acc<BT>(acc, dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, 1.f);
+}
+
 // ---- kernel launchers
 
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
@@ -335,11 +376,17 @@ dg_status kda_output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
     const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
                    nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
     const bool p2 = d->tc >= 2;
+    const bool mma = d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(QG) &&
+                     aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
+                     (!dE || aligned16(dE));
     if (dQG)
         DG_TRY(dqg_launch(ctx, d, scale, dO, h, dQG));
     KDA_DISPATCH_BT(d->BT, {
         if (dh) {
-            if (p2)
+            if (mma)
+                out_dh_mma_kernel<BT_><<<dim3(nc, hvs, nkt * nvt), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+            else if (p2)
                 out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             else
@@ -357,7 +404,10 @@ dg_status kda_output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
             DG_CHECK_LAUNCH();
         }
         if (dE) {
-            if (p2)
+            if (mma)
+                out_de_mma_kernel<BT_><<<dim3(nc, hvs, nvt), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+            else if (p2)
                 out_de_tc_kernel<BT_, 2><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
             else

@@ -452,7 +452,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* N7 on mma.sync with cp.async stages (kda_mma.cuh), TF32 only: grid (chunk, hv, V / 64),
  * O = s QG h_c + Aqk E for the block's 64 value columns (both products accumulate into one
- * register tile; Aqk's stored rows are zero above the diagonal, E rows past L are zero-filled).
+ * register tile; Aqk is read for j <= i only, E rows past L are zero-filled).
  * Needs K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
 template <int BT>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
@@ -462,21 +462,21 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                           const float *__restrict__ Aqk, const float *__restrict__ E,
                           float *__restrict__ O) {
     constexpr int NTW = kdamma::AbTile<BT>::NTW;
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, false>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
     const int64_t rv = (int64_t)HV * V;
     float acc[NTW][4] = {};
-    kdamma::gemm_acc<BT, false>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
+    kdamma::gemm_acc<BT, true, false>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
                                 h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
 #pragma unroll
     for (int j = 0; j < NTW; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             acc[j][e] *= scale;
-    kdamma::gemm_acc<BT, false>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
+    kdamma::gemm_acc<BT, true, false, 1>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
                                 E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
     kdamma::store_acc<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
 }
