@@ -8,6 +8,7 @@
  * Statistics count what this rank contributes to the wire: all_gather (size-1) x its piece (every
  * other rank receives it), all_reduce 2 (size-1)/size x the buffer (a ring), shift the bytes sent.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime, getaddrinfo */
 #include "dist.h"
 
 #include <time.h>
