@@ -315,6 +315,17 @@ int main(int argc, char **argv) {
             run_case(ctx, comm, &cases[i], DG_F64, 1e-10);
         run_case(ctx, comm, &cases[i], DG_F32, 1e-5);
     }
+    /* the tape policies: W, U, KG, QG, h, E cached instead of recomputed, and everything
+     * recomputed (the link node reads W and KG from the shared recompute context) */
+    const dg_policy pol[2] = {DG_POLICY_CACHE, DG_POLICY_RECOMPUTE};
+    for (int i = 0; i < 2; i++) {
+        dg_policy saved = dg_policy_get_global();
+        dg_policy_set_global(pol[i]);
+        kcase c = cases[4]; /* varlen uneven */
+        c.name = i == 0 ? "varlen uneven, policy CACHE" : "varlen uneven, policy RECOMPUTE";
+        run_case(ctx, comm, &c, gpu ? DG_F32 : DG_F64, gpu ? 1e-5 : 1e-10);
+        dg_policy_set_global(saved);
+    }
     dg_ctx_free(&ctx);
     return dt_finish(&comm, "kcp");
 }

@@ -35,6 +35,8 @@ runN 4 --cp 4 --out cp4
 compare "--cp 4 vs one process" one/log.csv cp4/log.csv
 runN 4 --cp 2 --out cp2dp2
 compare "--cp 2 x 2 data-parallel vs one process" one/log.csv cp2dp2/log.csv
+runN 2 --out dp2
+compare "2 data-parallel processes vs one process" one/log.csv dp2/log.csv
 # a CP checkpoint resumed by one process, and the other way round
 runN 2 --cp 2 --out a --stop-at 4
 "$dg" train --out a --resume --no-plot --threads 1 >/dev/null 2>err.txt || { cat err.txt; fail=1; }
