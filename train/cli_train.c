@@ -549,7 +549,7 @@ int dg_cmd_train(int argc, char **argv) {
     }
     /* several processes: --cp, or started by mpirun */
     dg_comm *comm = NULL;
-    if (o.cp > 1 || launched_by_mpirun()) {
+    if (o.cp > 1 || (launched_by_mpirun() && dg_have_mpi())) {
         if (dg_comm_init_mpi(0.0, &comm) != DG_OK) {
             fprintf(stderr, "deltagrad train: --cp / mpirun: %s\n", dg_last_error());
             return o.cp > 1 ? 2 : 1;
