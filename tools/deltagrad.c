@@ -10,8 +10,9 @@
 static int cmd_version(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    printf("deltagrad %s (CUDA: %s, NCCL: %s, CUDA devices: %d)\n", DG_VERSION,
-           dg_have_cuda() ? "yes" : "no", dg_have_nccl() ? "yes" : "no", dg_cuda_device_count());
+    printf("deltagrad %s (CUDA: %s, NCCL: %s, MPI: %s, CUDA devices: %d)\n", DG_VERSION,
+           dg_have_cuda() ? "yes" : "no", dg_have_nccl() ? "yes" : "no",
+           dg_have_mpi() ? "yes" : "no", dg_cuda_device_count());
     return 0;
 }
 
