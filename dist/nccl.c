@@ -4,15 +4,14 @@
  * Bootstrap (dg_comm_init_nccl):
  *   - torchrun style: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set. Rank 0 makes the
  *     ncclUniqueId, listens on MASTER_PORT and hands the id to every other rank over TCP; the
- *     others connect (retrying until the timeout). The caller picks the GPU (ctx's device; with
- *     torchrun, cuda:$LOCAL_RANK).
+ *     others connect (retrying until the timeout): dg__tcp_bcast, dist/rendezvous.c. The
+ *     caller picks the GPU (ctx's device; with torchrun, cuda:$LOCAL_RANK).
  *   - mpirun: without those variables, when built with MPI, the id travels over MPI.
  * The communicator is non-blocking (ncclConfig_t.blocking = 0) so that no call can hang: every
  * operation is enqueued on ctx's stream, then the stream and ncclCommGetAsyncError are polled
  * until the work is done, NCCL reports an error, or the timeout passes (then ncclCommAbort).
  * Calls are therefore synchronous with the host. Built without NCCL: DG_ERR_UNSUPPORTED.
  */
-#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime, getaddrinfo */
 #include "dist.h"
 
 #ifndef DG_HAVE_NCCL
@@ -31,13 +30,6 @@ dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out) {
 #pragma GCC diagnostic ignored "-Wstrict-prototypes"
 #include <nccl.h>
 #pragma GCC diagnostic pop
-
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 typedef struct nccl_impl {
     ncclComm_t comm;
@@ -212,7 +204,7 @@ static dg_status nccl_split(dg_comm *c, int color, int key, dg_comm **out) {
     return nccl_wrap(c->ctx, nc, rank, size, c->timeout, out);
 }
 
-/* ---- the TCP rendezvous: rank 0 sends the id to every other rank ---- */
+/* ---- bootstrap ---- */
 
 #define OPI "dg_comm_init_nccl"
 
@@ -226,96 +218,6 @@ static int env_int(const char *name, int *v) {
         return -1;
     *v = (int)x;
     return 1;
-}
-
-static dg_status write_all(int fd, const void *p, size_t n) {
-    const char *c = (const char *)p;
-    while (n > 0) {
-        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
-        if (w <= 0)
-            return dg__err(DG_ERR_COMM, OPI ": rendezvous: send failed: %s", strerror(errno));
-        c += w;
-        n -= (size_t)w;
-    }
-    return DG_OK;
-}
-
-static dg_status read_all(int fd, void *p, size_t n, double deadline) {
-    char *c = (char *)p;
-    while (n > 0) {
-        struct pollfd pf = {fd, POLLIN, 0};
-        int ms = (int)((deadline - dg__comm_now()) * 1000);
-        if (ms <= 0 || poll(&pf, 1, ms) <= 0)
-            return dg__err(DG_ERR_COMM, OPI ": rendezvous: rank 0 sent nothing within the timeout");
-        ssize_t r = recv(fd, c, n, 0);
-        if (r <= 0)
-            return dg__err(DG_ERR_COMM, OPI ": rendezvous: connection closed by rank 0");
-        c += r;
-        n -= (size_t)r;
-    }
-    return DG_OK;
-}
-
-static dg_status rendezvous(int rank, int size, const char *addr, int port, double timeout,
-                            ncclUniqueId *id) {
-    const double deadline = dg__comm_now() + timeout;
-    char ports[16];
-    snprintf(ports, sizeof ports, "%d", port);
-    struct addrinfo hints, *ai = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = rank == 0 ? AI_PASSIVE : 0;
-    int gr = getaddrinfo(rank == 0 ? NULL : addr, ports, &hints, &ai);
-    if (gr != 0)
-        return dg__err(DG_ERR_COMM, OPI ": MASTER_ADDR=%s MASTER_PORT=%d: %s", addr, port,
-                       gai_strerror(gr));
-    dg_status st = DG_OK;
-    if (rank == 0) {
-        int ls = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol), one = 1;
-        if (ls < 0 || setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-            bind(ls, ai->ai_addr, ai->ai_addrlen) != 0 || listen(ls, size) != 0)
-            st = dg__err(DG_ERR_COMM, OPI ": rank 0 cannot listen on port %d: %s", port,
-                         strerror(errno));
-        for (int n = 1; n < size && st == DG_OK; n++) {
-            struct pollfd pf = {ls, POLLIN, 0};
-            int ms = (int)((deadline - dg__comm_now()) * 1000);
-            if (ms <= 0 || poll(&pf, 1, ms) <= 0) {
-                st = dg__err(DG_ERR_COMM,
-                             OPI ": rank 0: only %d of %d ranks connected within %.1f s", n, size,
-                             timeout);
-                break;
-            }
-            int fd = accept(ls, NULL, NULL);
-            if (fd < 0)
-                continue;
-            st = write_all(fd, id, sizeof *id);
-            close(fd);
-        }
-        if (ls >= 0)
-            close(ls);
-    } else {
-        int fd = -1;
-        while (fd < 0 && st == DG_OK) {
-            fd = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
-            if (fd >= 0 && connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-                close(fd);
-                fd = -1;
-                if (dg__comm_now() > deadline)
-                    st = dg__err(DG_ERR_COMM,
-                                 OPI ": rank %d could not reach rank 0 at %s:%d within %.1f s",
-                                 rank, addr, port, timeout);
-                else
-                    dg__comm_backoff(1000); /* 1 ms between attempts */
-            }
-        }
-        if (st == DG_OK)
-            st = read_all(fd, id, sizeof *id, deadline);
-        if (fd >= 0)
-            close(fd);
-    }
-    freeaddrinfo(ai);
-    return st;
 }
 
 dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out) {
@@ -349,7 +251,7 @@ dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out) {
         if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess)
             return dg__err(DG_ERR_NCCL, OPI ": ncclGetUniqueId failed");
         if (size > 1)
-            DG_TRY(rendezvous(rank, size, addr, port, timeout, &id));
+            DG_TRY(dg__tcp_bcast(rank, size, addr, port, timeout, &id, sizeof id));
     } else if (dg_have_mpi()) {
         DG_TRY(dg_comm_init_mpi(timeout, &mpi));
         rank = dg_comm_rank(mpi);
