@@ -30,7 +30,8 @@ typedef struct kcase {
     const int64_t *cu; /* NULL: one sequence */
     int nseq;
     int h0;
-    int uneven; /* split by uneven_tokens() instead of evenly */
+    int uneven;      /* split by uneven_tokens() instead of evenly */
+    int lower_bound; /* DG_GATE_LOWERBOUND with allow_neg_eigval instead of DG_GATE_KDA */
 } kcase;
 
 /* Ranks get 1, 3, 5, ... parts of the tokens (the last takes the rest): early ranks are short,
@@ -114,7 +115,9 @@ static dg_kda_opts opts_of(const kcase *c) {
     dg_kda_opts o;
     memset(&o, 0, sizeof o);
     o.chunk_size = c->BT;
-    o.gate = DG_GATE_KDA;
+    o.gate = c->lower_bound ? DG_GATE_LOWERBOUND : DG_GATE_KDA;
+    o.lower_bound = c->lower_bound ? -3.0 : 0.0;
+    o.allow_neg_eigval = c->lower_bound;
     o.l2norm_qk = 1;
     o.beta_sigmoid = 1;
     o.output_final_state = 1;
@@ -254,7 +257,7 @@ static void test_plan_example(void) {
 
 static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
-    const kcase c = {"err", 64, 1, 1, 4, 4, 16, NULL, 0, 0, 0};
+    const kcase c = {"err", 64, 1, 1, 4, 4, 16, NULL, 0, 0, 0, 0};
     kdata d;
     make_data(&c, 5, &d);
     dg_cp_plan *plan = NULL, *other = NULL;
@@ -292,15 +295,16 @@ static const int64_t cu_b3[] = {0, 40, 80, 120};                /* B = 3 rows of
 static const int64_t cu_many[] = {0, 3, 9, 10, 12, 40, 41, 47, 80}; /* short ones */
 
 static const kcase cases[] = {
-    /* name             T    H  HV K  V  BT  cu       nseq h0 uneven */
-    {"one seq aligned", 128, 1, 2, 8, 8, 16, NULL, 0, 1, 0},
-    {"one seq unaligned", 101, 1, 2, 8, 8, 16, NULL, 0, 1, 0},
-    {"one seq uneven", 150, 1, 2, 8, 8, 16, NULL, 0, 1, 1},
-    {"varlen", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 0},
-    {"varlen uneven", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 1},
-    {"B=3 packed", 120, 2, 2, 8, 4, 16, cu_b3, 3, 1, 0},
-    {"short seqs", 80, 1, 1, 4, 8, 16, cu_many, 8, 0, 1},
-    {"BT=32 no h0", 160, 1, 2, 8, 8, 32, NULL, 0, 0, 0},
+    /* name             T    H  HV K  V  BT  cu       nseq h0 uneven lower_bound */
+    {"one seq aligned", 128, 1, 2, 8, 8, 16, NULL, 0, 1, 0, 0},
+    {"one seq unaligned", 101, 1, 2, 8, 8, 16, NULL, 0, 1, 0, 0},
+    {"one seq uneven", 150, 1, 2, 8, 8, 16, NULL, 0, 1, 1, 0},
+    {"varlen", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 0, 0},
+    {"varlen uneven", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 1, 0},
+    {"B=3 packed", 120, 2, 2, 8, 4, 16, cu_b3, 3, 1, 0, 0},
+    {"short seqs", 80, 1, 1, 4, 8, 16, cu_many, 8, 0, 1, 0},
+    {"BT=32 no h0", 160, 1, 2, 8, 8, 32, NULL, 0, 0, 0, 0},
+    {"lower-bound gate, neg eigval", 150, 1, 2, 8, 8, 16, NULL, 0, 1, 1, 1},
 };
 
 int main(int argc, char **argv) {

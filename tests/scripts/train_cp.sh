@@ -51,6 +51,9 @@ runN 4 --cp 2 --out cp2dp2
 compare "--cp 2 x 2 data-parallel vs one process" one/log.csv cp2dp2/log.csv
 runN 2 --out dp2
 compare "2 data-parallel processes vs one process" one/log.csv dp2/log.csv
+run1 --out one_acc --accum 2 --batch 2
+runN 4 --cp 2 --accum 2 --batch 2 --out cp2dp2_acc
+compare "--cp 2 x 2 groups, --accum 2 vs one process" one_acc/log.csv cp2dp2_acc/log.csv
 # a CP checkpoint resumed by one process, and the other way round
 runN 2 --cp 2 --out a --stop-at 4
 "$dg" train --out a --resume --no-plot --threads 1 --device cpu >/dev/null 2>err.txt ||
