@@ -313,20 +313,26 @@ static dg_status state_mma_prepare(int K, size_t *smem) {
     return DG_OK;
 }
 
-/* Estimated time of a variant: waves of resident blocks times a per-block cost that has a
- * VT-independent part (the W/KG tiles, the barriers) about as large as the VT-proportional part
- * at VT = 32. Wide tiles halve the blocks of a grid that would run in two waves; narrow ones
- * fill the chip when sequences x heads are few (one long sequence). */
+/* Rank of a variant: fewest waves of resident blocks first (each block walks every chunk of its
+ * sequence, so a second wave doubles the time); among equal waves VT = 32, then 64, then 16
+ * (measured on an H200: with one wave either way, 16-column tiles lose ~2% to the doubled
+ * W/KG traffic; 64-column tiles pay when they save a wave: -3% to -6% fwd+bwd at
+ * (4,4096,64,128) and (8,2048,32,256)). */
 template <int BT, int MT, int VT, bool BWD>
 static dg_status state_mma_cost(const kda_cuda_dims *d, int sms, double *cost) {
-    size_t smem;
-    DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
-    int per_sm = 0;
-    DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, state_mma_kernel<BT, MT, VT, BWD>, SM_THREADS, smem));
+    static int cached_K = -1, cached_per_sm = 0; /* the occupancy query, once per K */
+    if (cached_K != d->K) {
+        size_t smem;
+        DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+        DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD>, SM_THREADS, smem));
+        cached_K = d->K;
+    }
+    const int per_sm = cached_per_sm;
     const int64_t blocks = (int64_t)d->N * d->HV * DG_CEIL_DIV(d->V, VT);
     const int64_t slots = (int64_t)(per_sm > 0 ? per_sm : 1) * sms;
-    *cost = per_sm > 0 ? (double)DG_CEIL_DIV(blocks, slots) * (32.0 + VT) : 1e300;
+    *cost = per_sm > 0 ? 1000.0 * (double)DG_CEIL_DIV(blocks, slots) + (VT == 32 ? 0 : VT == 64 ? 1 : 2)
+                       : 1e300;
     return DG_OK;
 }
 
@@ -359,7 +365,7 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d, const f
     DG_TRY((state_mma_cost<BT, MT, 64, BWD>(d, sms, &c64)));
     if (c64 < c32 && c64 < c16)
         return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
-    if (c16 < c32)
+    if (c16 < c32 && c16 < c64)
         return state_mma_launch_vt<BT, MT, 16, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
     return state_mma_launch_vt<BT, MT, 32, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
 }
