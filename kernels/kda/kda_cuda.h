@@ -105,6 +105,17 @@ dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, c
                           const float *v, const float *beta, const float *G, const float *Tm,
                           const float *dW, const float *dU, const float *dKG, const float *dQG,
                           float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm);
+/* KCP summaries of sequence `seq` alone (ops/kda/kcp.c), as two state passes on the tensor-core
+ * path: Sh [HV,K,V] = the pass from S0 (NULL: zero) with input X0 (and Sup, backward) and SM
+ * [HV,K,K] = the same pass over K columns from the identity with no input, i.e. the product of
+ * the chunk transitions (forward: A1 = W, X0 = U, A2 = KG; backward, bwd = 1: A1 = KG, X0 = dE,
+ * A2 = W, Sup = dh, and SM is the transposed product). DG_ERR_UNSUPPORTED unless
+ * kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). */
+int kda_state_summary_fits(const kda_cuda_dims *d);
+dg_status kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
+                                 const float *A1, const float *X0, const float *A2,
+                                 const float *G, const float *Sup, const float *S0, float *Sh,
+                                 float *SM);
 dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
                              const float *G, const float *h, const float *E, const float *dh,
                              const float *dE, const float *dht, float *dW, float *dU, float *dKG,

@@ -387,3 +387,49 @@ dg_status kda_state_mma(dg_ctx *ctx, const kda_cuda_dims *d, int bwd, const floa
     });
     return DG_OK;
 }
+
+// ---- KCP summaries (ops/kda/kcp.c)
+
+__global__ void identity_kernel(float *I, int HV, int K) {
+    const int64_t n = (int64_t)HV * K * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i % ((int64_t)K * K);
+        I[i] = r / K == r % K ? 1.f : 0.f;
+    }
+}
+
+extern "C" int kda_state_summary_fits(const kda_cuda_dims *d) {
+    return d->tc == 1 && d->K % 16 == 0 && d->K <= 256 && d->V % 2 == 0;
+}
+
+extern "C" dg_status kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
+                                            const float *A1, const float *X0, const float *A2,
+                                            const float *G, const float *Sup, const float *S0,
+                                            float *Sh, float *SM) {
+    if (!ctx || !d || !d->buf || seq < 0 || seq >= d->N || !A1 || !A2 || !G || !Sh || !SM)
+        return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
+                       __func__);
+    if (!kda_state_summary_fits(d))
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
+                       "and V even (tc=%d K=%d V=%d)", __func__, d->tc, d->K, d->V);
+    kda_cuda_dims one = *d; /* the sequence alone: block 0 walks chunks chunk_off[seq].. */
+    one.N = 1;
+    one.chunk_off = d->chunk_off + seq;
+    DG_TRY(kda_state_mma(ctx, &one, bwd, A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh));
+    /* the transition: the same pass over K columns from the identity, with no input term */
+    const size_t ib = sizeof(float) * (size_t)d->HV * d->K * d->K;
+    void *I = nullptr;
+    DG_TRY(dg__cuda_malloc(ctx, ib, &I));
+    identity_kernel<<<dg__blocks((int64_t)d->HV * d->K * d->K, 256), 256, 0, dg__stream(ctx)>>>(
+        (float *)I, d->HV, d->K);
+    dg_status st = cudaGetLastError() == cudaSuccess
+                       ? DG_OK
+                       : dg__err(DG_ERR_CUDA, "%s: identity_kernel launch failed", __func__);
+    one.V = d->K;
+    if (st == DG_OK)
+        st = kda_state_mma(ctx, &one, bwd, A1, nullptr, A2, G, (const float *)I, nullptr, nullptr,
+                           nullptr, SM);
+    dg__cuda_free(ctx, I, ib);
+    return st;
+}

@@ -290,6 +290,57 @@ static dg_status to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
 
 static const void *hptr(const dg_tensor *t) { return t ? dg_tensor_data(t) : NULL; }
 
+/* The summary of local sequence `seq` computed on the device (CUDA, tensor-core path: see
+ * kda_state_summary_cuda) into the host tensor dst [HV, K, V+K] ([Sh | SM] per value head).
+ * A1, X0, A2, G, Sup, S0 are device tensors or pointers (S0, X0, Sup may be NULL). Returns
+ * DG_ERR_UNSUPPORTED when the sizes need the host path. */
+static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq, int bwd,
+                             const dg_tensor *A1, const dg_tensor *X0, const dg_tensor *A2,
+                             const dg_tensor *G, const dg_tensor *Sup, const void *S0,
+                             dg_tensor *dst) {
+#ifdef DG_HAVE_CUDA
+    if (!c->cuda || !kda_state_summary_fits(&c->cd))
+        return DG_ERR_UNSUPPORTED;
+    const int HV = c->d.HV, K = c->d.K, V = c->d.V;
+    int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
+    const dg_tensor *in[5] = {A1, X0, A2, G, Sup};
+    dg_tensor *tmp[5] = {0}, *dh = NULL, *dm = NULL, *hh = NULL, *hm = NULL;
+    const void *p[5] = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 5 && st == DG_OK; i++)
+        if (in[i])
+            st = kda_ptr(ctx, in[i], DG_F32, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, DG_F32, 3, sh, &dh);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, DG_F32, 3, smm, &dm);
+    if (st == DG_OK)
+        st = kda_state_summary_cuda(ctx, &c->cd, seq, bwd, p[0], p[1], p[2], p[3], p[4], S0,
+                                    dg_tensor_data(dh), dg_tensor_data(dm));
+    if (st == DG_OK)
+        st = to_host(hc, dh, c->dt, &hh);
+    if (st == DG_OK)
+        st = to_host(hc, dm, c->dt, &hm);
+    if (st == DG_OK) { /* interleave [Sh | SM] row by row */
+        const size_t es = dg_dtype_size(c->dt);
+        char *o = (char *)dg_tensor_data(dst);
+        const char *a = (const char *)dg_tensor_data(hh), *b = (const char *)dg_tensor_data(hm);
+        for (int64_t r = 0; r < (int64_t)HV * K; r++) {
+            memcpy(o + (size_t)r * (V + K) * es, a + (size_t)r * V * es, (size_t)V * es);
+            memcpy(o + ((size_t)r * (V + K) + V) * es, b + (size_t)r * K * es, (size_t)K * es);
+        }
+    }
+    dg_tensor *all[9] = {tmp[0], tmp[1], tmp[2], tmp[3], tmp[4], dh, dm, hh, hm};
+    for (int i = 0; i < 9; i++)
+        dg_tensor_free(&all[i]);
+    return st;
+#else
+    (void)ctx, (void)hc, (void)c, (void)seq, (void)bwd, (void)A1, (void)X0, (void)A2, (void)G;
+    (void)Sup, (void)S0, (void)dst;
+    return DG_ERR_UNSUPPORTED;
+#endif
+}
+
 /* ---- kda_cp_init: h0m rows from the caller's h0 (backward only routes gradients) ---- */
 static dg_status init_backward(dg_ctx *ctx, dg_node *n) {
     const kcp_np *np = (const kcp_np *)n->params;
@@ -335,8 +386,8 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     int64_t sm[3] = {HV, K, V + K}, sa[4] = {np->world, HV, K, V + K};
     int64_t sl[4] = {NL, HV, K, V};
     dg_status st = host_ctx(ctx, &hc);
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = to_host(hc, go[i], c->dt, &gh[i]);
+    if (st == DG_OK)
+        st = to_host(hc, go[2], c->dt, &gh[2]);
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, c->dt, 3, sm, &dhm);
     if (st == DG_OK)
@@ -345,18 +396,38 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
         st = kda_rc_get(np->rc, ctx, KDA_W, &W);
         if (st == DG_OK)
             st = kda_rc_get(np->rc, ctx, KDA_KG, &KG);
-        if (st == DG_OK)
-            st = to_host(hc, W, c->dt, &wh);
-        if (st == DG_OK)
-            st = to_host(hc, KG, c->dt, &kh);
-        if (st == DG_OK)
-            st = to_host(hc, n->saved[0], c->dt, &gg);
-        const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
-        if (ends_here(np, 0) && gh[2])
-            dhout = (const char *)dg_tensor_data(gh[2]) + (size_t)np->seq0 * row;
-        if (st == DG_OK)
-            st = KDA_CALL(c->dt, kcp_pre_bwd, &c->d, 0, hptr(wh), hptr(kh), hptr(gg), hptr(gh[0]),
-                          hptr(gh[1]), dhout, dg_tensor_data(dhm));
+        int on_dev = 0; /* on the device when the sizes allow (kda_state_summary_cuda) */
+        if (st == DG_OK && c->cuda) {
+            const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
+            dg_tensor *gt = NULL;
+            if (ends_here(np, 0) && go[2])
+                st = kda_ptr(ctx, go[2], DG_F32, &gt, &dhout);
+            if (st == DG_OK && dhout)
+                dhout = (const char *)dhout + (size_t)np->seq0 * HV * K * V * sizeof(float);
+            if (st == DG_OK) {
+                st = summary_dev(ctx, hc, c, 0, 1, KG, go[1], W, n->saved[0], go[0], dhout, dhm);
+                on_dev = st == DG_OK;
+                if (st == DG_ERR_UNSUPPORTED)
+                    st = DG_OK;
+            }
+            dg_tensor_free(&gt);
+        }
+        if (!on_dev) { /* on host copies */
+            for (int i = 0; i < 2 && st == DG_OK; i++)
+                st = to_host(hc, go[i], c->dt, &gh[i]);
+            if (st == DG_OK)
+                st = to_host(hc, W, c->dt, &wh);
+            if (st == DG_OK)
+                st = to_host(hc, KG, c->dt, &kh);
+            if (st == DG_OK)
+                st = to_host(hc, n->saved[0], c->dt, &gg);
+            const void *dhout = NULL;
+            if (ends_here(np, 0) && gh[2])
+                dhout = (const char *)dg_tensor_data(gh[2]) + (size_t)np->seq0 * row;
+            if (st == DG_OK)
+                st = KDA_CALL(c->dt, kcp_pre_bwd, &c->d, 0, hptr(wh), hptr(kh), hptr(gg),
+                              hptr(gh[0]), hptr(gh[1]), dhout, dg_tensor_data(dhm));
+        }
     }
     /* every rank joins the collective, whatever it has to send */
     if (st == DG_OK)
@@ -493,20 +564,42 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg_tensor *in5[5] = {W, U, KG, G, h0};
     if (st == DG_OK)
         st = host_ctx(ctx, &hc);
-    for (int i = 0; i < 5 && st == DG_OK; i++) {
-        st = to_host(hc, in5[i], cfg.dt, &hh[i]);
-        p[i] = hptr(hh[i]);
+    if (st == DG_OK) {
+        st = to_host(hc, h0, cfg.dt, &hh[4]);
+        p[4] = hptr(hh[4]);
     }
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, cfg.dt, 3, sm, &hm);
     if (st == DG_OK)
         st = dg_tensor_new(hc, cfg.dt, 4, sa, &ag);
     if (st == DG_OK && plan->post_ranks > 0) {
-        const void *hin = NULL; /* the last local sequence's known initial state */
-        if (starts_here(&probe, NL - 1) && p[4])
-            hin = (const char *)p[4] + (size_t)(plan->seq0 + NL - 1) * row;
-        st = KDA_CALL(cfg.dt, kcp_pre_fwd, &cfg.d, NL - 1, p[0], p[1], p[2], p[3], hin,
-                      dg_tensor_data(hm));
+        const int known = starts_here(&probe, NL - 1) && h0; /* its initial state is a row of h0 */
+        int on_dev = 0; /* on the device when the sizes allow (kda_state_summary_cuda) */
+        if (cfg.cuda) {
+            const void *hin = NULL;
+            dg_tensor *ht0 = NULL;
+            if (known)
+                st = kda_ptr(ctx, h0, DG_F32, &ht0, &hin);
+            if (st == DG_OK && hin)
+                hin = (const char *)hin + (size_t)(plan->seq0 + NL - 1) * HV * K * V * sizeof(float);
+            if (st == DG_OK) {
+                st = summary_dev(ctx, hc, &cfg, NL - 1, 0, W, U, KG, G, NULL, hin, hm);
+                on_dev = st == DG_OK;
+                if (st == DG_ERR_UNSUPPORTED)
+                    st = DG_OK;
+            }
+            dg_tensor_free(&ht0);
+        }
+        if (!on_dev) { /* on host copies */
+            for (int i = 0; i < 4 && st == DG_OK; i++) {
+                st = to_host(hc, in5[i], cfg.dt, &hh[i]);
+                p[i] = hptr(hh[i]);
+            }
+            const void *hin = known ? (const char *)p[4] + (size_t)(plan->seq0 + NL - 1) * row : NULL;
+            if (st == DG_OK)
+                st = KDA_CALL(cfg.dt, kcp_pre_fwd, &cfg.d, NL - 1, p[0], p[1], p[2], p[3], hin,
+                              dg_tensor_data(hm));
+        }
     }
     if (st == DG_OK)
         st = dg_comm_all_gather(comm, hm, ag);

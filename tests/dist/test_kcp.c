@@ -144,8 +144,8 @@ static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kcase 
     memset(r, 0, sizeof *r);
     const int64_t b = plan ? plan->begin : 0, e = plan ? plan->end : c->T;
     dg_tensor *t[NIN];
-    for (int i = 0; i < NIN; i++)
-        t[i] = slice_tensor(ctx, dt, d, i, b, e);
+    for (int i = 0; i < NIN; i++) /* bf16 activations; A_log, dt_bias, h0 stay f32 (CUDA) */
+        t[i] = slice_tensor(ctx, dt == DG_BF16 && i >= IA ? DG_F32 : dt, d, i, b, e);
     dg_kda_opts op = opts_of(c);
     dg_tensor *o = NULL, *ht = NULL;
     dg_tape_reset();
@@ -160,7 +160,7 @@ static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kcase 
     }
     const int64_t ov = c->HV * c->V;
     dg_tensor *dO = kt_tensor(ctx, dt, 4, dg_tensor_shape(o), d->dO + b * ov, 0);
-    dg_tensor *dht = kt_tensor(ctx, dt, 4, dg_tensor_shape(ht), d->dht, 0);
+    dg_tensor *dht = kt_tensor(ctx, dt == DG_BF16 ? DG_F32 : dt, 4, dg_tensor_shape(ht), d->dht, 0);
     dg_tensor *outs[2] = {o, ht};
     const dg_tensor *seeds[2] = {dO, dht};
     DG_TEST_TRY(dg__tape_backward_multi(ctx, 2, outs, seeds));
@@ -318,6 +318,18 @@ int main(int argc, char **argv) {
         if (!gpu) /* CUDA computes in f32 only */
             run_case(ctx, comm, &cases[i], DG_F64, 1e-10);
         run_case(ctx, comm, &cases[i], DG_F32, 1e-5);
+    }
+    if (gpu) {
+        /* bf16 on the tensor-core path, where the summaries run on the device (K % 16 == 0): CP
+         * against the unsplit bf16 op on the same GPU. Both sides round to bf16 and TF32 in
+         * different places (the summaries and merges reassociate the state pass), so the bound
+         * is the bf16 one the two-GPU acceptance uses, 2e-2 relative. */
+        static const kcase bf[] = {
+            {"tensor-core summaries, one seq uneven", 300, 1, 2, 32, 32, 64, NULL, 0, 1, 1, 0},
+            {"tensor-core summaries, varlen", 203, 1, 2, 16, 16, 16, cu_var, 6, 1, 0, 0},
+        };
+        for (size_t i = 0; i < sizeof bf / sizeof *bf; i++)
+            run_case(ctx, comm, &bf[i], DG_BF16, 2e-2);
     }
     /* the tape policies: W, U, KG, QG, h, E cached instead of recomputed, and everything
      * recomputed (the link node reads W and KG from the shared recompute context) */
