@@ -9,6 +9,7 @@
  * A watchdog alarm fails the suite instead of letting a blocked open hang ctest.
  */
 #define _XOPEN_SOURCE 700
+#define _DEFAULT_SOURCE /* flock, usleep */
 #include "tests/harness.h"
 #include "tools/commands.h"
 #include "train/args.h"
@@ -26,6 +27,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -110,30 +113,48 @@ static int run_captured(int (*fn)(int, char **), char **argv, char *err, size_t 
 }
 
 /* Runs the deltagrad binary (argv[0] is ignored) and returns its exit status (128+N for signal
- * N); stderr text into err[n]. */
-static int run_binary(char **argv, char *err, size_t n) {
-    char path[300];
-    tmp_path(path, sizeof path, "bin_stderr.txt");
+ * N); stderr text into err[n]. fsize > 0 limits the size of files it writes (RLIMIT_FSIZE, with
+ * SIGXFSZ ignored: writes past it fail as on a full disk). The library's OpenMP threads do not
+ * survive fork(), so a child always execs the binary rather than calling into the library. */
+static int run_binary_fsize(char **argv, long fsize, char *err, size_t n) {
+    int pfd[2];
+    if (pipe(pfd) != 0) {
+        perror("pipe");
+        exit(1);
+    }
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        close(pfd[0]);
         int nul = open("/dev/null", O_WRONLY);
-        dup2(fd, 2);
+        dup2(pfd[1], 2);
         dup2(nul, 1);
+        if (fsize > 0) {
+            signal(SIGXFSZ, SIG_IGN);
+            struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
+            setrlimit(RLIMIT_FSIZE, &rl);
+        }
         argv[0] = DG_BINARY_DIR "/deltagrad";
         execv(argv[0], argv);
         _exit(127);
     }
+    close(pfd[1]);
+    size_t got = 0;
+    ssize_t r;
+    char sink[256];
+    while ((r = read(pfd[0], got + 1 < n ? err + got : sink,
+                     got + 1 < n ? n - 1 - got : sizeof sink)) > 0 ||
+           (r < 0 && errno == EINTR))
+        if (r > 0 && got + 1 < n)
+            got += (size_t)r;
+    err[got] = 0;
+    close(pfd[0]);
     int st = 0;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
         ;
-    FILE *f = fopen(path, "r");
-    size_t got = f ? fread(err, 1, n - 1, f) : 0;
-    err[got] = 0;
-    if (f)
-        fclose(f);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
+
+static int run_binary(char **argv, char *err, size_t n) { return run_binary_fsize(argv, 0, err, n); }
 
 /* ---- (1) special files ---------------------------------------------------------------------- */
 
@@ -205,6 +226,366 @@ static void test_special_files(void) {
     CASE(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
     if (have_sock)
         close(sfd);
+}
+
+/* ---- shared: tiny runs ----------------------------------------------------------------------- */
+
+static dg_model_config tiny_config(void) {
+    dg_model_config c;
+    DG_TEST_TRY(dg_model_config_preset("cpu", &c));
+    c.d = 16;
+    c.n_layers = 1;
+    c.n_heads = c.n_v_heads = 1;
+    c.head_k = c.head_v = 16;
+    c.inter = 32;
+    c.chunk = 16;
+    return c;
+}
+
+static dg_train_opts tiny_opts(const char *out_dir, int64_t steps) {
+    dg_train_opts o;
+    DG_TEST_TRY(dg_train_opts_default("cpu", &o));
+    o.model = tiny_config();
+    snprintf(o.data_path, sizeof o.data_path, "%s", KJV);
+    o.max_data_bytes = 20000;
+    snprintf(o.out_dir, sizeof o.out_dir, "%s", out_dir ? out_dir : "");
+    o.steps = steps;
+    o.warmup = 1;
+    o.batch = 2;
+    o.seq_len = 32;
+    o.eval_every = 0;
+    o.eval_batches = 1;
+    o.sample_every = -1;
+    o.ckpt_every = 0;
+    o.plot = 0;
+    return o;
+}
+
+/* The bytes of a file (NULL if unreadable); its size into *n. */
+static unsigned char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc(sz > 0 ? (size_t)sz : 1);
+    *n = b && fread(b, 1, (size_t)sz, f) == (size_t)sz ? (size_t)sz : 0;
+    fclose(f);
+    return b;
+}
+
+static int same_file(const char *path, const unsigned char *bytes, size_t n) {
+    size_t m = 0;
+    unsigned char *b = slurp(path, &m);
+    int same = b && m == n && memcmp(b, bytes, n) == 0;
+    free(b);
+    return same;
+}
+
+/* Names in dir holding ".tmp" (temp files of any writer). */
+static int count_temps(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (strstr(e->d_name, ".tmp")) {
+            printf("  leftover temp file %s/%s\n", dir, e->d_name);
+            n++;
+        }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static int csv_lines(const char *dir) {
+    char p[400];
+    snprintf(p, sizeof p, "%s/log.csv", dir);
+    FILE *f = fopen(p, "r");
+    int n = 0, ch;
+    while (f && (ch = fgetc(f)) != EOF)
+        n += ch == '\n';
+    if (f)
+        fclose(f);
+    return n - 1; /* without the header */
+}
+
+/* ---- (5) checkpoints ------------------------------------------------------------------------ */
+
+/* Rewrites checkpoint `src` into `dst` with metadata `key` set to `val` (NULL: removed) and,
+ * when poison >= 0, tensor number `poison` overwritten with NaN. */
+static void rewrite_ckpt(const char *src, const char *dst, const char *key, const char *val,
+                         int poison) {
+    dg_safetensors st;
+    DG_TEST_TRY(dg_safetensors_load(g_ctx, src, &st));
+    const char *mk[64], *mv[64];
+    int nm = 0;
+    for (int i = 0; i < st.n_meta; i++) {
+        if (key && !strcmp(st.meta_keys[i], key))
+            continue;
+        if (poison >= 0 && !strcmp(st.meta_keys[i], "checksums"))
+            continue;
+        mk[nm] = st.meta_keys[i], mv[nm++] = st.meta_values[i];
+    }
+    if (key && val)
+        mk[nm] = key, mv[nm++] = val;
+    if (poison >= 0)
+        DG_TEST_TRY(dg_tensor_fill_(st.tensors[poison], NAN));
+    DG_TEST_TRY(dg_safetensors_save(dst, st.n, (const char *const *)st.names,
+                                    (const dg_tensor *const *)st.tensors, nm, mk, mv));
+    dg_safetensors_free(&st);
+}
+
+static void test_checkpoints(void) {
+    char dir[300], ck[400], bad[400];
+    tmp_path(dir, sizeof dir, "ckpt_run");
+    dg_train_opts o = tiny_opts(dir, 2);
+    DG_TEST_TRY(dg_train_run(&o, NULL, NULL, NULL));
+    dg_ckpt_latest_path(dir, ck, sizeof ck);
+    tmp_path(bad, sizeof bad, "bad.safetensors");
+    dg_ckpt c;
+    CASE(5, dg_check_ok(dg_ckpt_load(g_ctx, ck, &c), "a fresh checkpoint loads and verifies"));
+    int n_t = c.st.n;
+    char first[128], last[128];
+    snprintf(first, sizeof first, "%s", c.st.names[0]);
+    snprintf(last, sizeof last, "%s", c.st.names[n_t - 1]);
+    CASE(5, dg_check(dg_safetensors_meta(&c.st, "checksums") != NULL,
+                     "the checkpoint records checksums for its %d tensors", n_t));
+    dg_ckpt_free(&c);
+
+    /* one flipped bit in the data of the first and of the last tensor */
+    size_t n = 0;
+    unsigned char *bytes = slurp(ck, &n);
+    uint64_t hlen = 0;
+    for (int k = 7; k >= 0; k--)
+        hlen = hlen << 8 | bytes[k];
+    size_t at[2] = {(size_t)(8 + hlen + 5), n - 3};
+    const char *who[2] = {first, last};
+    for (int i = 0; i < 2; i++) {
+        bytes[at[i]] ^= 0x10;
+        FILE *f = fopen(bad, "wb");
+        fwrite(bytes, 1, n, f);
+        fclose(f);
+        bytes[at[i]] ^= 0x10;
+        check_err_all(5, dg_ckpt_load(g_ctx, bad, &c), DG_ERR_FORMAT,
+                      "a flipped bit in tensor data is detected", "corrupted", who[i], "bad.safe",
+                      NULL);
+    }
+    /* counters out of range, and non-numbers, in the metadata */
+    static const char *const meta_cases[][2] = {
+        {"step", "99999999999999999999"}, {"step", "-1"},         {"step", "1099511627777"},
+        {"train.accum", "1000000"},       {"train.accum", "0"},   {"train.eval_batches", "0"},
+        {"train.eval_batches", "70000"},  {"train.batch", "70000"}, {"train.seq_len", "1"},
+        {"train.steps", "0"},             {"train.warmup", "2199023255552"},
+        {"data_counter", "18446744073709551615"}, {"data_counter", "-5"},
+        {"train.lr", "nan"},              {"train.clip", "inf"},  {"train.beta1", "1e999"},
+        {"train.steps", "12abc"}};
+    for (size_t i = 0; i < sizeof meta_cases / sizeof *meta_cases; i++) {
+        rewrite_ckpt(ck, bad, meta_cases[i][0], meta_cases[i][1], -1);
+        char what[160];
+        snprintf(what, sizeof what, "metadata %s = %s is refused", meta_cases[i][0],
+                 meta_cases[i][1]);
+        check_err_all(5, dg_ckpt_load(g_ctx, bad, &c), DG_ERR_FORMAT, what, meta_cases[i][0],
+                      NULL);
+    }
+    rewrite_ckpt(ck, bad, "checksums", "fnv1a64 bogus=0000000000000000", -1);
+    check_err_all(5, dg_ckpt_load(g_ctx, bad, &c), DG_ERR_FORMAT,
+                  "a checksum list that does not match the tensors", "checksums", NULL);
+
+    /* non-finite weights: never written; a file holding them is refused by sample and resume */
+    dg_model *m = NULL;
+    dg_model_config cfg = tiny_config();
+    DG_TEST_TRY(dg_model_new(g_ctx, &cfg, DG_F32, DG_F32, &m));
+    DG_TEST_TRY(dg_model_init(m, 3));
+    dg_train_state tst = {2, 4, 0, 0};
+    char good[400];
+    tmp_path(good, sizeof good, "good.safetensors");
+    DG_TEST_TRY(dg_ckpt_save(good, m, NULL, NULL, &o, &tst));
+    size_t gn = 0;
+    unsigned char *gbytes = slurp(good, &gn);
+    DG_TEST_TRY(dg_tensor_fill_(m->params[2].t, INFINITY));
+    tst.step = 3;
+    check_err_all(5, dg_ckpt_save(good, m, NULL, NULL, &o, &tst), DG_ERR_NUMERIC,
+                  "a checkpoint of non-finite weights is not written", m->params[2].name,
+                  "non-finite", NULL);
+    CASE(5, dg_check(same_file(good, gbytes, gn), "the previous checkpoint is byte-identical"));
+    CASE(5, dg_check(count_temps(g_tmp) == 0, "no temp file is left behind"));
+    free(gbytes);
+    dg_model_free(&m);
+    rewrite_ckpt(ck, bad, NULL, NULL, 1);
+    char err[4096];
+    char *sargv[] = {"sample", "--ckpt", bad, "--tokens", "2", NULL};
+    int rc = run_captured(dg_cmd_sample, sargv, err, sizeof err);
+    CASE(5, dg_check(rc == 1 && strstr(err, "non-finite") && strstr(err, "bad.safetensors"),
+                     "sample refuses NaN weights (exit %d: %.200s)", rc, err));
+    /* a run whose weights overflow: stopped before any checkpoint of them is written */
+    char div[300], divck[400];
+    tmp_path(div, sizeof div, "diverged");
+    dg_train_opts d = tiny_opts(div, 3);
+    d.lr = 1e39; /* past the largest float: the first update makes the f32 weights infinite */
+    d.ckpt_every = 1;
+    check_err_all(5, dg_train_run(&d, NULL, NULL, NULL), DG_ERR_NUMERIC,
+                  "a diverged run stops with a numeric error", "non-finite", NULL);
+    dg_ckpt_latest_path(div, divck, sizeof divck);
+    CASE(5, dg_check(access(divck, F_OK) != 0, "no checkpoint of the diverged weights exists"));
+    free(bytes);
+}
+
+/* ---- (6) run directories -------------------------------------------------------------------- */
+
+static void test_run_dirs(void) {
+    char dir[300], csv[400], ck[400];
+    tmp_path(dir, sizeof dir, "rundir");
+    dg_train_opts o = tiny_opts(dir, 2);
+    o.keep_step_ckpts = 1;
+    DG_TEST_TRY(dg_train_run(&o, NULL, NULL, NULL));
+    snprintf(csv, sizeof csv, "%s/log.csv", dir);
+    dg_ckpt_latest_path(dir, ck, sizeof ck);
+    size_t cn = 0, kn = 0;
+    unsigned char *cb = slurp(csv, &cn), *kb = slurp(ck, &kn);
+    dg_train_opts again = tiny_opts(dir, 3);
+    check_err_all(6, dg_train_run(&again, NULL, NULL, NULL), DG_ERR_ARG,
+                  "a fresh run into a directory holding a run is refused", "already holds a run",
+                  "--overwrite", "--resume", NULL);
+    CASE(6, dg_check(same_file(csv, cb, cn) && same_file(ck, kb, kn),
+                     "the refused run left log.csv and the checkpoint untouched"));
+    char *argv[] = {"train",   "--data",  KJV, "--max-bytes", "20000", "--out", dir, "--steps",
+                    "1",       "--batch", "1", "--seq-len",   "16",    "--d",   "8", "--heads",
+                    "1",       "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
+    char err[4096];
+    int rc = run_captured(dg_cmd_train, argv, err, sizeof err);
+    CASE(6, dg_check(rc == 2 && strstr(err, "--overwrite"),
+                     "deltagrad train into a used --out exits 2 (%d: %.160s)", rc, err));
+    again.overwrite = 1;
+    again.keep_step_ckpts = 0;
+    CASE(6, dg_check_ok(dg_train_run(&again, NULL, NULL, NULL), "--overwrite replaces the run"));
+    char old_step[400];
+    snprintf(old_step, sizeof old_step, "%s/ckpt_step000002.safetensors", dir);
+    CASE(6, dg_check(access(old_step, F_OK) != 0 && csv_lines(dir) == 3,
+                     "--overwrite removed the old run's checkpoints; log.csv has the 3 new steps"));
+    free(cb), free(kb);
+
+    /* a second trainer on the directory */
+    char lock[400];
+    snprintf(lock, sizeof lock, "%s/train.lock", dir);
+    int fd = open(lock, O_RDWR);
+    CASE(6, dg_check(fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0,
+                     "train.lock exists and is free after the run"));
+    dg_train_opts second = tiny_opts(dir, 4);
+    second.resume = 1;
+    check_err_all(6, dg_train_run(&second, NULL, NULL, NULL), DG_ERR_STATE,
+                  "a second trainer on a locked directory is refused", "in use", "train.lock",
+                  NULL);
+    second.overwrite = 1;
+    second.resume = 0;
+    check_err_all(6, dg_train_run(&second, NULL, NULL, NULL), DG_ERR_STATE,
+                  "even with --overwrite", "in use", NULL);
+    if (fd >= 0)
+        close(fd);
+
+    /* log.csv cannot be written (a file size limit, as on a full disk): the run stops at once */
+    char full[300];
+    tmp_path(full, sizeof full, "csv_full");
+    char *fargv[] = {"deltagrad", "train", "--data",   KJV,       "--max-bytes", "20000",
+                     "--out",     full,    "--steps",  "40",      "--batch",     "2",
+                     "--seq-len", "32",    "--d",      "16",      "--heads",     "1",
+                     "--head-dim", "16",   "--inter",  "32",      "--chunk",     "16",
+                     "--eval-every", "0",  "--sample-every", "-1", "--ckpt-every", "0",
+                     "--no-plot", "--threads", "1",    NULL};
+    rc = run_binary_fsize(fargv, 400, err, sizeof err);
+    CASE(6, dg_check(rc == 1 && strstr(err, "log.csv") && strstr(err, "the run stops"),
+                     "a failed log.csv write stops the run, exit 1 naming it (%d: %.200s)", rc,
+                     err));
+    int lines = csv_lines(full);
+    CASE(6, dg_check(lines >= 1 && lines < 40, "the run stopped early (%d steps logged)", lines));
+    CASE(6, dg_check(count_temps(full) == 0, "no temp file left after the failed write"));
+}
+
+/* ---- (9) faults ----------------------------------------------------------------------------- */
+
+/* `deltagrad train` in a child, stopped by `sig` once log.csv shows `after` steps. Returns the
+ * child's exit status. */
+static int train_then_signal(const char *dir, int sig, int after) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(nul, 1);
+        dup2(nul, 2);
+        char *argv[] = {DG_BINARY_DIR "/deltagrad", "train", "--data", KJV, "--max-bytes",
+                        "20000", "--out", (char *)dir, "--steps", "1000000", "--batch", "2",
+                        "--seq-len", "32", "--d", "16", "--heads", "1", "--head-dim", "16",
+                        "--inter", "32", "--chunk", "16", "--eval-every", "0", "--sample-every",
+                        "-1", "--ckpt-every", "0", "--no-plot", "--threads", "1", NULL};
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    for (int i = 0; i < 6000 && csv_lines(dir) < after; i++)
+        usleep(10000);
+    kill(pid, sig);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void test_faults(void) {
+    static const int sigs[2] = {SIGTERM, SIGINT};
+    for (int i = 0; i < 2; i++) {
+        char dir[300], ck[400];
+        tmp_path(dir, sizeof dir, i ? "sigint" : "sigterm");
+        int rc = train_then_signal(dir, sigs[i], 3);
+        CASE(9, dg_check(rc == 128 + sigs[i], "%s during training: exit %d (want %d)",
+                         i ? "SIGINT" : "SIGTERM", rc, 128 + sigs[i]));
+        dg_ckpt_latest_path(dir, ck, sizeof ck);
+        dg_ckpt c;
+        dg_status s = dg_ckpt_load(g_ctx, ck, &c);
+        int lines = csv_lines(dir);
+        CASE(9, dg_check(s == DG_OK && c.state.step == lines && lines >= 3,
+                         "the final checkpoint loads and is at the last logged step (%lld, %d "
+                         "lines): %s",
+                         (long long)c.state.step, lines, s == DG_OK ? "ok" : dg_last_error()));
+        if (s == DG_OK)
+            dg_ckpt_free(&c);
+        CASE(9, dg_check(count_temps(dir) == 0, "no temp file after the signal"));
+        /* the run goes on from there */
+        dg_train_opts r = tiny_opts(dir, 0);
+        r.resume = 1;
+        r.data_path[0] = 0;
+        r.resume_steps = lines + 1;
+        dg_train_result res;
+        s = dg_train_run(&r, NULL, NULL, &res);
+        CASE(9, dg_check(s == DG_OK && res.first_step == lines + 1 && res.last_step == lines + 1,
+                         "--resume continues at step %d (%s)", lines + 1,
+                         s == DG_OK ? "ok" : dg_last_error()));
+        if (s == DG_OK)
+            dg_train_result_free(&res);
+    }
+
+    /* a full disk while the checkpoint is written: the previous one stays, byte for byte */
+    char dir[300], ck[400];
+    tmp_path(dir, sizeof dir, "ckpt_full");
+    dg_train_opts o = tiny_opts(dir, 4);
+    o.stop_at = 2;
+    DG_TEST_TRY(dg_train_run(&o, NULL, NULL, NULL));
+    dg_ckpt_latest_path(dir, ck, sizeof ck);
+    size_t n = 0;
+    unsigned char *before = slurp(ck, &n);
+    char *rargv[] = {"deltagrad", "train", "--resume", "--out", dir, "--steps", "4",
+                     "--threads", "1", "--no-plot", NULL};
+    char msg[4096];
+    int rc = run_binary_fsize(rargv, (long)n / 2, msg, sizeof msg);
+    CASE(9, dg_check(rc == 1, "the resumed run fails (exit %d)", rc));
+    CASE(9, dg_check(strstr(msg, "ckpt_latest") != NULL,
+                     "a checkpoint write past the size limit fails naming the file: %.200s", msg));
+    CASE(9, dg_check(before && same_file(ck, before, n),
+                     "the previous checkpoint is byte-identical after the failed save"));
+    CASE(9, dg_check(count_temps(dir) == 0, "the failed save left no temp file"));
+    dg_ckpt c;
+    dg_status s = dg_ckpt_load(g_ctx, ck, &c);
+    CASE(9, dg_check(s == DG_OK && c.state.step == 2, "it still loads, at step 2"));
+    if (s == DG_OK)
+        dg_ckpt_free(&c);
+    free(before);
 }
 
 /* ---- (2) numeric flags ---------------------------------------------------------------------- */
@@ -599,6 +980,9 @@ int main(int argc, char **argv) {
     test_numeric_flags();
     test_index_arrays();
     test_op_runner();
+    test_checkpoints();
+    test_run_dirs();
+    test_faults();
     dg_ctx_free(&g_ctx);
     nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     static const char *const names[] = {"",        "special files", "numeric flags",

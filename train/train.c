@@ -416,10 +416,12 @@ static dg_status csv_line(run *r, int64_t step, double loss, int have_val, doubl
     if (ok)
         return DG_OK;
     int e = errno ? errno : EIO;
-    return dg__err(DG_ERR_IO,
-                   "--out: writing step %lld to '%s' failed: %s; the run stops here (the last "
-                   "checkpoint is from step %lld)",
-                   (long long)step, r->csv_path, strerror(e), (long long)r->ckpt_step);
+    char last[64] = "no checkpoint was written by this run";
+    if (r->ckpt_step > 0)
+        snprintf(last, sizeof last, "the last checkpoint is from step %lld",
+                 (long long)r->ckpt_step);
+    return dg__err(DG_ERR_IO, "--out: writing step %lld to '%s' failed: %s; the run stops here (%s)",
+                   (long long)step, r->csv_path, strerror(e), last);
 }
 
 /* Takes DIR/train.lock for the run (see train.h). */
@@ -833,6 +835,11 @@ dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user,
     teardown(r);
     free(r);
     dg_policy_set_global(saved);
+    if (s == DG_ERR_NOMEM)
+        return dg__err(s,
+                       "%s\nhint: the run needs less memory with a smaller --batch or --seq-len "
+                       "(--accum N keeps the tokens per step), --recompute all, or a smaller model",
+                       msg);
     if (s != DG_OK)
         return dg__err(s, "%s", msg);
     return DG_OK;
