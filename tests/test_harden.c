@@ -21,6 +21,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <ftw.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -792,6 +793,147 @@ static void test_index_arrays(void) {
     dg_tensor_free(&t);
 }
 
+/* ---- (4) decay of exactly zero -------------------------------------------------------------- */
+
+enum { ZQ, ZK, ZV, ZG, ZB, ZH0, ZA, ZDT, ZN };
+
+typedef struct zres {
+    dg_tensor *o, *ht, *grad[ZN];
+} zres;
+
+/* Forward + backward of chunked or recurrent KDA with fixed output gradients. */
+static zres zero_decay_run(int chunked, dg_dtype dt, dg_tensor *const *src, dg_gate_kind gate,
+                           const dg_tensor *do_, const dg_tensor *dht) {
+    dg_tensor *in[ZN] = {0};
+    for (int i = 0; i < ZN; i++)
+        if (src[i]) {
+            DG_TEST_TRY(dg_to_dtype(g_ctx, src[i], dt, &in[i]));
+            dg_tensor_set_requires_grad(in[i], 1);
+        }
+    dg_kda_opts o;
+    memset(&o, 0, sizeof o);
+    o.chunk_size = 16;
+    o.gate = gate;
+    o.output_final_state = 1;
+    zres r;
+    memset(&r, 0, sizeof r);
+    DG_TEST_TRY((chunked ? dg_kda_chunk : dg_kda_recurrent)(g_ctx, in[ZQ], in[ZK], in[ZV], in[ZG],
+                                                           in[ZB], in[ZA], in[ZDT], in[ZH0], &o,
+                                                           &r.o, &r.ht));
+    dg_tensor *dd = NULL, *dh = NULL;
+    DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)do_, dt, &dd));
+    DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dht, dg_tensor_dtype(r.ht), &dh));
+    dg_tensor *outs[2] = {r.o, r.ht};
+    const dg_tensor *grads[2] = {dd, dh};
+    DG_TEST_TRY(dg_tape_backward_multi(g_ctx, 2, outs, grads));
+    for (int i = 0; i < ZN; i++)
+        if (in[i] && dg_tensor_grad(in[i]))
+            DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dg_tensor_grad(in[i]), DG_F64,
+                                    &r.grad[i]));
+    dg_tape_reset();
+    for (int i = 0; i < ZN; i++)
+        dg_tensor_free(&in[i]);
+    dg_tensor_free(&dd);
+    dg_tensor_free(&dh);
+    return r;
+}
+
+static void zres_free(zres *r) {
+    dg_tensor_free(&r->o);
+    dg_tensor_free(&r->ht);
+    for (int i = 0; i < ZN; i++)
+        dg_tensor_free(&r->grad[i]);
+}
+
+static int all_finite(const dg_tensor *t) {
+    double *d = NULL;
+    if (!t || dg_tensor_to_f64(t, &d) != DG_OK)
+        return 0;
+    int ok = 1;
+    for (int64_t i = 0; i < dg_tensor_numel(t); i++)
+        ok &= isfinite(d[i]) != 0;
+    free(d);
+    return ok;
+}
+
+static void test_zero_decay(void) {
+    const int B = 1, T = 40, H = 2, K = 8, V = 4;
+    const int64_t qs[4] = {B, T, H, K}, vs[4] = {B, T, H, V}, bs[3] = {B, T, H},
+                  hs[4] = {B, H, K, V}, as[1] = {H}, ds[1] = {H * K};
+    static const char *const gname[ZN] = {"dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log",
+                                          "ddt_bias"};
+    /* 0: a whole token with g = -inf mid-chunk; 1: single key dims at -inf, at chunk starts and
+     * ends too; 2: saturated finite gates (-1e6); 3: the KDA gate saturating (z = 1e8) */
+    for (int cs = 0; cs < 4; cs++) {
+        dg_tensor *src[ZN] = {0};
+        src[ZQ] = dg_test_randn(g_ctx, DG_F64, 4, qs, 11);
+        src[ZK] = dg_test_rand(g_ctx, DG_F64, 4, qs, 12, -0.4, 0.4);
+        src[ZV] = dg_test_randn(g_ctx, DG_F64, 4, vs, 13);
+        src[ZB] = dg_test_rand(g_ctx, DG_F64, 3, bs, 14, 0.1, 0.9);
+        src[ZH0] = dg_test_randn(g_ctx, DG_F64, 4, hs, 15);
+        double *gv = NULL;
+        dg_tensor *g0 = cs == 3 ? dg_test_randn(g_ctx, DG_F64, 4, qs, 16)
+                                : dg_test_rand(g_ctx, DG_F64, 4, qs, 16, -0.6, -0.01);
+        DG_TEST_TRY(dg_tensor_to_f64(g0, &gv));
+        dg_tensor_free(&g0);
+        const int row = H * K;
+        if (cs == 0)
+            for (int e = 0; e < row; e++)
+                gv[5 * row + e] = -INFINITY;
+        if (cs == 1 || cs == 2) {
+            const int at[5] = {0, 15, 16, 22, 39};
+            for (int i = 0; i < 5; i++)
+                gv[at[i] * row + (i * 3) % row] = cs == 1 ? -INFINITY : -1e6;
+        }
+        if (cs == 3) {
+            gv[7 * row + 3] = 1e8;
+            gv[20 * row + 9] = 1e8;
+            src[ZA] = dg_test_rand(g_ctx, DG_F64, 1, as, 17, 0.0, 1.0);
+            src[ZDT] = dg_test_rand(g_ctx, DG_F64, 1, ds, 18, -0.5, 0.5);
+        }
+        DG_TEST_TRY(dg_tensor_from_f64(g_ctx, DG_F64, 4, qs, gv, &src[ZG]));
+        free(gv);
+        dg_gate_kind gate = cs == 3 ? DG_GATE_KDA : DG_GATE_NONE;
+        dg_tensor *do_ = dg_test_randn(g_ctx, DG_F64, 4, vs, 19);
+        dg_tensor *dht = dg_test_randn(g_ctx, DG_F64, 4, hs, 20);
+        static const char *const label[4] = {"g=-inf token", "g=-inf dims", "g=-1e6",
+                                             "saturated KDA gate"};
+        zres ref = zero_decay_run(0, DG_F64, src, gate, do_, dht);
+        int ref_finite = all_finite(ref.o) && all_finite(ref.ht);
+        CASE(4, dg_check(ref_finite, "%s: the recurrence is finite", label[cs]));
+        dg_dtype dts[2] = {DG_F64, DG_F32};
+        for (int p = 0; p < 2; p++) {
+            double tol = dts[p] == DG_F64 ? 1e-10 : 1e-5;
+            zres got = zero_decay_run(1, dts[p], src, gate, do_, dht);
+            zres want = dts[p] == DG_F64 ? ref : zero_decay_run(0, DG_F32, src, gate, do_, dht);
+            char nm[128];
+            snprintf(nm, sizeof nm, "%s %s: chunked o", label[cs], dg_dtype_name(dts[p]));
+            CASE(4, dg_check(all_finite(got.o) && all_finite(got.ht), "%s and ht are finite",
+                             nm));
+            CASE(4, dg_check_tensor_rel(nm, got.o, want.o, tol));
+            snprintf(nm, sizeof nm, "%s %s: chunked ht", label[cs], dg_dtype_name(dts[p]));
+            CASE(4, dg_check_tensor_rel(nm, got.ht, want.ht, tol));
+            for (int i = 0; i < ZN; i++) {
+                if (!want.grad[i])
+                    continue;
+                snprintf(nm, sizeof nm, "%s %s: chunked %s", label[cs], dg_dtype_name(dts[p]),
+                         gname[i]);
+                CASE(4, dg_check(got.grad[i] && all_finite(got.grad[i]), "%s is finite", nm));
+                if (got.grad[i])
+                    CASE(4, dg_check_tensor_rel(nm, got.grad[i], want.grad[i], tol));
+            }
+            zres_free(&got);
+            if (dts[p] != DG_F64)
+                zres_free(&want);
+        }
+        zres_free(&ref);
+        dg_tensor_free(&do_);
+        dg_tensor_free(&dht);
+        for (int i = 0; i < ZN; i++)
+            dg_tensor_free(&src[i]);
+    }
+}
+
 /* ---- (7) the op runner ---------------------------------------------------------------------- */
 
 /* DIR/name.npy of dtype dt filled from a deterministic pattern scaled into [lo, hi]. */
@@ -979,6 +1121,7 @@ int main(int argc, char **argv) {
     test_numeric_parser();
     test_numeric_flags();
     test_index_arrays();
+    test_zero_decay();
     test_op_runner();
     test_checkpoints();
     test_run_dirs();
