@@ -52,6 +52,9 @@ static const char *setup_threads(int threads, char *buf, size_t n) {
 
 /* ---- flag parsing --------------------------------------------------------------------------- */
 
+/* Set by dg_cmd_*_check: parse and validate, print no help, run nothing. */
+static int g_check_only;
+
 static int bad(const char *cmd, const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "deltagrad %s: ", cmd);
     fprintf(stderr, fmt, a, b);
@@ -323,12 +326,15 @@ int dg_cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            train_help(stdout);
+            if (!g_check_only)
+                train_help(stdout);
             return 0;
         }
         if (!strcmp(a, "--plot")) {
             if (i + 1 >= argc)
                 return bad(cmd, "%s: needs a value%s", a, "");
+            if (g_check_only)
+                return 0;
             if (dg_train_plot(argv[i + 1]) != DG_OK) {
                 fprintf(stderr, "deltagrad train: %s\n", dg_last_error());
                 return 1;
@@ -541,6 +547,8 @@ int dg_cmd_train(int argc, char **argv) {
             return 2;
         }
     }
+    if (g_check_only)
+        return 0;
     char tbuf[128];
     if (dev.kind == DG_DEV_CPU)
         cs.threads = setup_threads(threads, tbuf, sizeof tbuf);
@@ -608,7 +616,8 @@ int dg_cmd_sample(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            sample_help(stdout);
+            if (!g_check_only)
+                sample_help(stdout);
             return 0;
         }
         if (strncmp(a, "--", 2) != 0)
@@ -643,6 +652,8 @@ int dg_cmd_sample(int argc, char **argv) {
     }
     if (!ckpt)
         return bad(cmd, "--ckpt FILE is required%s%s", "", "");
+    if (g_check_only)
+        return 0;
     char tbuf[128];
     setup_threads(threads, tbuf, sizeof tbuf);
     char path[DG_PATH_MAX + 64];
@@ -689,4 +700,18 @@ int dg_cmd_sample(int argc, char **argv) {
     dg_tape_reset();
     dg_ctx_free(&ctx);
     return s == DG_OK ? 0 : (s == DG_ERR_ARG ? 2 : 1);
+}
+
+int dg_cmd_train_check(int argc, char **argv) {
+    g_check_only = 1;
+    int rc = dg_cmd_train(argc, argv);
+    g_check_only = 0;
+    return rc;
+}
+
+int dg_cmd_sample_check(int argc, char **argv) {
+    g_check_only = 1;
+    int rc = dg_cmd_sample(argc, argv);
+    g_check_only = 0;
+    return rc;
 }
