@@ -225,6 +225,31 @@ static void test_special_files(void) {
                      "1",     "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
     rc = dg_cmd_train(23, cargv);
     CASE(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
+    /* `train --plot DIR` reading a FIFO log.csv, and `kda` reading a FIFO q.npy */
+    char *pargv[] = {"train", "--plot", run, NULL};
+    char err[4096];
+    rc = run_captured(dg_cmd_train, pargv, err, sizeof err);
+    CASE(1, dg_check(rc == 1 && strstr(err, "FIFO"), "train --plot with a FIFO log.csv: exit 1 "
+                                                      "naming it (%d: %.160s)",
+                     rc, err));
+    char kin[300], kout[300], q[320];
+    tmp_path(kin, sizeof kin, "kda_fifo_in");
+    tmp_path(kout, sizeof kout, "kda_fifo_out");
+    mkdir(kin, 0700);
+    static const char *const names[] = {"k", "v", "g", "beta"};
+    for (int i = 0; i < 4; i++) {
+        char p[320];
+        snprintf(p, sizeof p, "%s/%s.npy", kin, names[i]);
+        FILE *f = fopen(p, "wb");
+        if (f)
+            fclose(f);
+    }
+    snprintf(q, sizeof q, "%s/q.npy", kin);
+    mkfifo(q, 0600);
+    char *kargv[] = {"deltagrad", "kda", "--in", kin, "--out", kout, NULL};
+    rc = run_binary(kargv, err, sizeof err);
+    CASE(1, dg_check(rc == 1 && strstr(err, "q.npy") && strstr(err, "FIFO"),
+                     "deltagrad kda with a FIFO q.npy: exit 1 naming it (%d: %.160s)", rc, err));
     if (have_sock)
         close(sfd);
 }
