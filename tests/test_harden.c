@@ -42,7 +42,9 @@
 
 static char g_tmp[256];
 static dg_ctx *g_ctx;
-static int g_cases[16]; /* cases run per class, for the summary */
+static int g_cases[16];  /* cases run per class, for the summary */
+static int g_rejects[16]; /* of which: a bad input refused (or a bad output reported) */
+static int g_faults[16];  /* faults injected (signals, write failures, non-finite weights) */
 
 static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
@@ -68,9 +70,18 @@ static void on_alarm(int sig) {
         expr;                                                                                      \
     } while (0)
 
-/* The status must be `want` and the message must hold every needle (NULL ends the list). */
+/* A case that checks a bad input is refused. */
+#define REJ(cls, expr)                                                                             \
+    do {                                                                                           \
+        g_rejects[cls]++;                                                                          \
+        CASE(cls, expr);                                                                           \
+    } while (0)
+
+/* The status must be `want` and the message must hold every needle (NULL ends the list): a
+ * rejection case. */
 static int check_err_all(int cls, dg_status s, dg_status want, const char *what, ...) {
     g_cases[cls]++;
+    g_rejects[cls]++;
     const char *msg = dg_last_error();
     int ok = s == want;
     va_list ap;
@@ -210,10 +221,10 @@ static void test_special_files(void) {
     fflush(stdout);
     char *sargv[] = {"sample", "--ckpt", fifo, "--tokens", "1", NULL};
     int rc = dg_cmd_sample(5, sargv);
-    CASE(1, dg_check(rc == 1, "deltagrad sample --ckpt <FIFO> exits 1 (got %d)", rc));
+    REJ(1, dg_check(rc == 1, "deltagrad sample --ckpt <FIFO> exits 1 (got %d)", rc));
     char *targv[] = {"train", "--data", fifo, "--no-out", "--steps", "1", NULL};
     rc = dg_cmd_train(6, targv);
-    CASE(1, dg_check(rc == 1, "deltagrad train --data <FIFO> exits 1 (got %d)", rc));
+    REJ(1, dg_check(rc == 1, "deltagrad train --data <FIFO> exits 1 (got %d)", rc));
     /* a FIFO where the run's log.csv goes: refused, not opened for append (which would block) */
     char run[300], csv[320];
     tmp_path(run, sizeof run, "fifo_run");
@@ -224,12 +235,12 @@ static void test_special_files(void) {
                      "1",     "--batch", "1",  "--seq-len",   "16",    "--d",   "8", "--heads",
                      "1",     "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
     rc = dg_cmd_train(23, cargv);
-    CASE(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
+    REJ(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
     /* `train --plot DIR` reading a FIFO log.csv, and `kda` reading a FIFO q.npy */
     char *pargv[] = {"train", "--plot", run, NULL};
     char err[4096];
     rc = run_captured(dg_cmd_train, pargv, err, sizeof err);
-    CASE(1, dg_check(rc == 1 && strstr(err, "FIFO"), "train --plot with a FIFO log.csv: exit 1 "
+    REJ(1, dg_check(rc == 1 && strstr(err, "FIFO"), "train --plot with a FIFO log.csv: exit 1 "
                                                       "naming it (%d: %.160s)",
                      rc, err));
     char kin[300], kout[300], q[320];
@@ -248,7 +259,7 @@ static void test_special_files(void) {
     mkfifo(q, 0600);
     char *kargv[] = {"deltagrad", "kda", "--in", kin, "--out", kout, NULL};
     rc = run_binary(kargv, err, sizeof err);
-    CASE(1, dg_check(rc == 1 && strstr(err, "q.npy") && strstr(err, "FIFO"),
+    REJ(1, dg_check(rc == 1 && strstr(err, "q.npy") && strstr(err, "FIFO"),
                      "deltagrad kda with a FIFO q.npy: exit 1 naming it (%d: %.160s)", rc, err));
     if (have_sock)
         close(sfd);
@@ -431,6 +442,7 @@ static void test_checkpoints(void) {
     unsigned char *gbytes = slurp(good, &gn);
     DG_TEST_TRY(dg_tensor_fill_(m->params[2].t, INFINITY));
     tst.step = 3;
+    g_faults[5]++;
     check_err_all(5, dg_ckpt_save(good, m, NULL, NULL, &o, &tst), DG_ERR_NUMERIC,
                   "a checkpoint of non-finite weights is not written", m->params[2].name,
                   "non-finite", NULL);
@@ -442,7 +454,7 @@ static void test_checkpoints(void) {
     char err[4096];
     char *sargv[] = {"sample", "--ckpt", bad, "--tokens", "2", NULL};
     int rc = run_captured(dg_cmd_sample, sargv, err, sizeof err);
-    CASE(5, dg_check(rc == 1 && strstr(err, "non-finite") && strstr(err, "bad.safetensors"),
+    REJ(5, dg_check(rc == 1 && strstr(err, "non-finite") && strstr(err, "bad.safetensors"),
                      "sample refuses NaN weights (exit %d: %.200s)", rc, err));
     /* a run whose weights overflow: stopped before any checkpoint of them is written */
     char div[300], divck[400];
@@ -450,6 +462,7 @@ static void test_checkpoints(void) {
     dg_train_opts d = tiny_opts(div, 3);
     d.lr = 1e39; /* past the largest float: the first update makes the f32 weights infinite */
     d.ckpt_every = 1;
+    g_faults[5]++;
     check_err_all(5, dg_train_run(&d, NULL, NULL, NULL), DG_ERR_NUMERIC,
                   "a diverged run stops with a numeric error", "non-finite", NULL);
     dg_ckpt_latest_path(div, divck, sizeof divck);
@@ -480,7 +493,7 @@ static void test_run_dirs(void) {
                     "1",       "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
     char err[4096];
     int rc = run_captured(dg_cmd_train, argv, err, sizeof err);
-    CASE(6, dg_check(rc == 2 && strstr(err, "--overwrite"),
+    REJ(6, dg_check(rc == 2 && strstr(err, "--overwrite"),
                      "deltagrad train into a used --out exits 2 (%d: %.160s)", rc, err));
     again.overwrite = 1;
     again.keep_step_ckpts = 0;
@@ -518,6 +531,7 @@ static void test_run_dirs(void) {
                      "--head-dim", "16",   "--inter",  "32",      "--chunk",     "16",
                      "--eval-every", "0",  "--sample-every", "-1", "--ckpt-every", "0",
                      "--no-plot", "--threads", "1",    NULL};
+    g_faults[6]++;
     rc = run_binary_fsize(fargv, 400, err, sizeof err);
     CASE(6, dg_check(rc == 1 && strstr(err, "log.csv") && strstr(err, "the run stops"),
                      "a failed log.csv write stops the run, exit 1 naming it (%d: %.200s)", rc,
@@ -559,6 +573,7 @@ static void test_faults(void) {
     for (int i = 0; i < 2; i++) {
         char dir[300], ck[400];
         tmp_path(dir, sizeof dir, i ? "sigint" : "sigterm");
+        g_faults[9]++;
         int rc = train_then_signal(dir, sigs[i], 3);
         CASE(9, dg_check(rc == 128 + sigs[i], "%s during training: exit %d (want %d)",
                          i ? "SIGINT" : "SIGTERM", rc, 128 + sigs[i]));
@@ -599,6 +614,7 @@ static void test_faults(void) {
     char *rargv[] = {"deltagrad", "train", "--resume", "--out", dir, "--steps", "4",
                      "--threads", "1", "--no-plot", NULL};
     char msg[4096];
+    g_faults[9]++;
     int rc = run_binary_fsize(rargv, (long)n / 2, msg, sizeof msg);
     CASE(9, dg_check(rc == 1, "the resumed run fails (exit %d)", rc));
     CASE(9, dg_check(strstr(msg, "ckpt_latest") != NULL,
@@ -709,7 +725,7 @@ static void test_numeric_flags(void) {
                 if (!which)
                     argv[3] = NULL;
                 int rc = run_captured(fn, argv, err, sizeof err);
-                CASE(2, dg_check(rc == 2 && strstr(err, fl[i].flag) && strstr(err, "expected"),
+                REJ(2, dg_check(rc == 2 && strstr(err, fl[i].flag) && strstr(err, "expected"),
                                  "%s %s '%s' -> exit %d: %.120s", cmd, fl[i].flag, val, rc, err));
             }
     }
@@ -741,7 +757,7 @@ static void test_numeric_flags(void) {
         }
         argv[k] = NULL;
         int rc = run_binary(argv, err, sizeof err);
-        CASE(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
+        REJ(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
                          "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
                          tool_cases[i][1], tool_cases[i][3],
                          tool_cases[i][4] ? tool_cases[i][4] : tool_cases[i][3], rc, err));
@@ -1065,7 +1081,7 @@ static void test_op_runner(void) {
     dg_tensor_free(&v);
     char *nargv[] = {"deltagrad", "kda", "--in", nin, "--out", nout, "--quiet", NULL, NULL};
     rc = run_binary(nargv, err, sizeof err);
-    CASE(7, dg_check(rc == 3 && strstr(err, "o.npy") && strstr(err, "non-finite"),
+    REJ(7, dg_check(rc == 3 && strstr(err, "o.npy") && strstr(err, "non-finite"),
                      "NaN outputs: exit 3 naming o.npy (%d: %.200s)", rc, err));
     nargv[7] = "--allow-nonfinite";
     rc = run_binary(nargv, err, sizeof err);
@@ -1080,7 +1096,7 @@ static void test_op_runner(void) {
     char *bargv[] = {"deltagrad", "kda",       "--in", bin, "--out", bout, "--out-dtype",
                      "f32",       "--quiet", NULL};
     rc = run_binary(bargv, err, sizeof err);
-    CASE(7, dg_check(rc == 3 && strstr(err, "o.npy"),
+    REJ(7, dg_check(rc == 3 && strstr(err, "o.npy"),
                      "values that overflow the written f32 are reported (%d: %.200s)", rc, err));
 
     /* float cu_seqlens through the runner: refused naming the file, nothing written */
@@ -1095,7 +1111,7 @@ static void test_op_runner(void) {
     char *cargv[] = {"deltagrad", "kda", "--in", cin, "--out", cout, "--quiet", NULL};
     rc = run_binary(cargv, err, sizeof err);
     snprintf(vp, sizeof vp, "%s/o.npy", cout);
-    CASE(3, dg_check(rc == 1 && strstr(err, "cu_seqlens") && strstr(err, "integer") &&
+    REJ(3, dg_check(rc == 1 && strstr(err, "cu_seqlens") && strstr(err, "integer") &&
                          access(vp, F_OK) != 0,
                      "deltagrad kda with float cu_seqlens.npy: exit 1, no o.npy (%d: %.200s)",
                      rc, err));
@@ -1157,8 +1173,14 @@ int main(int argc, char **argv) {
                                         "indices", "zero decay",    "checkpoints",
                                         "run dirs", "op runner",    "",
                                         "faults"};
+    int total[3] = {0, 0, 0};
     for (int c = 1; c < (int)(sizeof names / sizeof *names); c++)
-        if (g_cases[c])
-            printf("class %d (%s): %d cases\n", c, names[c], g_cases[c]);
+        if (g_cases[c]) {
+            printf("class %d (%s): %d cases, %d inputs rejected, %d faults injected\n", c,
+                   names[c], g_cases[c], g_rejects[c], g_faults[c]);
+            total[0] += g_cases[c], total[1] += g_rejects[c], total[2] += g_faults[c];
+        }
+    printf("all classes: %d cases, %d inputs rejected, %d faults injected\n", total[0], total[1],
+           total[2]);
     return dg_test_finish();
 }
