@@ -42,7 +42,7 @@
 
 static char g_tmp[256];
 static dg_ctx *g_ctx;
-static int g_cases[16];  /* cases run per class, for the summary */
+static int g_cases[16];   /* cases run per class, for the summary */
 static int g_rejects[16]; /* of which: a bad input refused (or a bad output reported) */
 static int g_faults[16];  /* faults injected (signals, write failures, non-finite weights) */
 
@@ -166,7 +166,9 @@ static int run_binary_fsize(char **argv, long fsize, char *err, size_t n) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static int run_binary(char **argv, char *err, size_t n) { return run_binary_fsize(argv, 0, err, n); }
+static int run_binary(char **argv, char *err, size_t n) {
+    return run_binary_fsize(argv, 0, err, n);
+}
 
 /* ---- (1) special files ---------------------------------------------------------------------- */
 
@@ -231,18 +233,19 @@ static void test_special_files(void) {
     mkdir(run, 0700);
     snprintf(csv, sizeof csv, "%s/log.csv", run);
     mkfifo(csv, 0600);
-    char *cargv[] = {"train", "--data",  KJV,  "--max-bytes", "20000", "--out", run, "--steps",
-                     "1",     "--batch", "1",  "--seq-len",   "16",    "--d",   "8", "--heads",
-                     "1",     "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
+    char *cargv[] = {"train", "--data",     KJV, "--max-bytes", "20000", "--out",   run,  "--steps",
+                     "1",     "--batch",    "1", "--seq-len",   "16",    "--d",     "8",  "--heads",
+                     "1",     "--head-dim", "8", "--inter",     "8",     "--chunk", "16", NULL};
     rc = dg_cmd_train(23, cargv);
     REJ(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
     /* `train --plot DIR` reading a FIFO log.csv, and `kda` reading a FIFO q.npy */
     char *pargv[] = {"train", "--plot", run, NULL};
     char err[4096];
     rc = run_captured(dg_cmd_train, pargv, err, sizeof err);
-    REJ(1, dg_check(rc == 1 && strstr(err, "FIFO"), "train --plot with a FIFO log.csv: exit 1 "
-                                                      "naming it (%d: %.160s)",
-                     rc, err));
+    REJ(1, dg_check(rc == 1 && strstr(err, "FIFO"),
+                    "train --plot with a FIFO log.csv: exit 1 "
+                    "naming it (%d: %.160s)",
+                    rc, err));
     char kin[300], kout[300], q[320];
     tmp_path(kin, sizeof kin, "kda_fifo_in");
     tmp_path(kout, sizeof kout, "kda_fifo_out");
@@ -260,7 +263,7 @@ static void test_special_files(void) {
     char *kargv[] = {"deltagrad", "kda", "--in", kin, "--out", kout, NULL};
     rc = run_binary(kargv, err, sizeof err);
     REJ(1, dg_check(rc == 1 && strstr(err, "q.npy") && strstr(err, "FIFO"),
-                     "deltagrad kda with a FIFO q.npy: exit 1 naming it (%d: %.160s)", rc, err));
+                    "deltagrad kda with a FIFO q.npy: exit 1 naming it (%d: %.160s)", rc, err));
     if (have_sock)
         close(sfd);
 }
@@ -409,21 +412,29 @@ static void test_checkpoints(void) {
                       NULL);
     }
     /* counters out of range, and non-numbers, in the metadata */
-    static const char *const meta_cases[][2] = {
-        {"step", "99999999999999999999"}, {"step", "-1"},         {"step", "1099511627777"},
-        {"train.accum", "1000000"},       {"train.accum", "0"},   {"train.eval_batches", "0"},
-        {"train.eval_batches", "70000"},  {"train.batch", "70000"}, {"train.seq_len", "1"},
-        {"train.steps", "0"},             {"train.warmup", "2199023255552"},
-        {"data_counter", "18446744073709551615"}, {"data_counter", "-5"},
-        {"train.lr", "nan"},              {"train.clip", "inf"},  {"train.beta1", "1e999"},
-        {"train.steps", "12abc"}};
+    static const char *const meta_cases[][2] = {{"step", "99999999999999999999"},
+                                                {"step", "-1"},
+                                                {"step", "1099511627777"},
+                                                {"train.accum", "1000000"},
+                                                {"train.accum", "0"},
+                                                {"train.eval_batches", "0"},
+                                                {"train.eval_batches", "70000"},
+                                                {"train.batch", "70000"},
+                                                {"train.seq_len", "1"},
+                                                {"train.steps", "0"},
+                                                {"train.warmup", "2199023255552"},
+                                                {"data_counter", "18446744073709551615"},
+                                                {"data_counter", "-5"},
+                                                {"train.lr", "nan"},
+                                                {"train.clip", "inf"},
+                                                {"train.beta1", "1e999"},
+                                                {"train.steps", "12abc"}};
     for (size_t i = 0; i < sizeof meta_cases / sizeof *meta_cases; i++) {
         rewrite_ckpt(ck, bad, meta_cases[i][0], meta_cases[i][1], -1);
         char what[160];
         snprintf(what, sizeof what, "metadata %s = %s is refused", meta_cases[i][0],
                  meta_cases[i][1]);
-        check_err_all(5, dg_ckpt_load(g_ctx, bad, &c), DG_ERR_FORMAT, what, meta_cases[i][0],
-                      NULL);
+        check_err_all(5, dg_ckpt_load(g_ctx, bad, &c), DG_ERR_FORMAT, what, meta_cases[i][0], NULL);
     }
     rewrite_ckpt(ck, bad, "checksums", "fnv1a64 bogus=0000000000000000", -1);
     check_err_all(5, dg_ckpt_load(g_ctx, bad, &c), DG_ERR_FORMAT,
@@ -455,7 +466,7 @@ static void test_checkpoints(void) {
     char *sargv[] = {"sample", "--ckpt", bad, "--tokens", "2", NULL};
     int rc = run_captured(dg_cmd_sample, sargv, err, sizeof err);
     REJ(5, dg_check(rc == 1 && strstr(err, "non-finite") && strstr(err, "bad.safetensors"),
-                     "sample refuses NaN weights (exit %d: %.200s)", rc, err));
+                    "sample refuses NaN weights (exit %d: %.200s)", rc, err));
     /* a run whose weights overflow: stopped before any checkpoint of them is written */
     char div[300], divck[400];
     tmp_path(div, sizeof div, "diverged");
@@ -488,13 +499,13 @@ static void test_run_dirs(void) {
                   "--overwrite", "--resume", NULL);
     CASE(6, dg_check(same_file(csv, cb, cn) && same_file(ck, kb, kn),
                      "the refused run left log.csv and the checkpoint untouched"));
-    char *argv[] = {"train",   "--data",  KJV, "--max-bytes", "20000", "--out", dir, "--steps",
-                    "1",       "--batch", "1", "--seq-len",   "16",    "--d",   "8", "--heads",
-                    "1",       "--head-dim", "8", "--inter", "8", "--chunk", "16", NULL};
+    char *argv[] = {"train", "--data",     KJV, "--max-bytes", "20000", "--out",   dir,  "--steps",
+                    "1",     "--batch",    "1", "--seq-len",   "16",    "--d",     "8",  "--heads",
+                    "1",     "--head-dim", "8", "--inter",     "8",     "--chunk", "16", NULL};
     char err[4096];
     int rc = run_captured(dg_cmd_train, argv, err, sizeof err);
     REJ(6, dg_check(rc == 2 && strstr(err, "--overwrite"),
-                     "deltagrad train into a used --out exits 2 (%d: %.160s)", rc, err));
+                    "deltagrad train into a used --out exits 2 (%d: %.160s)", rc, err));
     again.overwrite = 1;
     again.keep_step_ckpts = 0;
     CASE(6, dg_check_ok(dg_train_run(&again, NULL, NULL, NULL), "--overwrite replaces the run"));
@@ -517,25 +528,53 @@ static void test_run_dirs(void) {
                   NULL);
     second.overwrite = 1;
     second.resume = 0;
-    check_err_all(6, dg_train_run(&second, NULL, NULL, NULL), DG_ERR_STATE,
-                  "even with --overwrite", "in use", NULL);
+    check_err_all(6, dg_train_run(&second, NULL, NULL, NULL), DG_ERR_STATE, "even with --overwrite",
+                  "in use", NULL);
     if (fd >= 0)
         close(fd);
 
     /* log.csv cannot be written (a file size limit, as on a full disk): the run stops at once */
     char full[300];
     tmp_path(full, sizeof full, "csv_full");
-    char *fargv[] = {"deltagrad", "train", "--data",   KJV,       "--max-bytes", "20000",
-                     "--out",     full,    "--steps",  "40",      "--batch",     "2",
-                     "--seq-len", "32",    "--d",      "16",      "--heads",     "1",
-                     "--head-dim", "16",   "--inter",  "32",      "--chunk",     "16",
-                     "--eval-every", "0",  "--sample-every", "-1", "--ckpt-every", "0",
-                     "--no-plot", "--threads", "1",    NULL};
+    char *fargv[] = {"deltagrad",
+                     "train",
+                     "--data",
+                     KJV,
+                     "--max-bytes",
+                     "20000",
+                     "--out",
+                     full,
+                     "--steps",
+                     "40",
+                     "--batch",
+                     "2",
+                     "--seq-len",
+                     "32",
+                     "--d",
+                     "16",
+                     "--heads",
+                     "1",
+                     "--head-dim",
+                     "16",
+                     "--inter",
+                     "32",
+                     "--chunk",
+                     "16",
+                     "--eval-every",
+                     "0",
+                     "--sample-every",
+                     "-1",
+                     "--ckpt-every",
+                     "0",
+                     "--no-plot",
+                     "--threads",
+                     "1",
+                     NULL};
     g_faults[6]++;
     rc = run_binary_fsize(fargv, 400, err, sizeof err);
-    CASE(6, dg_check(rc == 1 && strstr(err, "log.csv") && strstr(err, "the run stops"),
-                     "a failed log.csv write stops the run, exit 1 naming it (%d: %.200s)", rc,
-                     err));
+    CASE(6,
+         dg_check(rc == 1 && strstr(err, "log.csv") && strstr(err, "the run stops"),
+                  "a failed log.csv write stops the run, exit 1 naming it (%d: %.200s)", rc, err));
     int lines = csv_lines(full);
     CASE(6, dg_check(lines >= 1 && lines < 40, "the run stopped early (%d steps logged)", lines));
     CASE(6, dg_check(count_temps(full) == 0, "no temp file left after the failed write"));
@@ -551,11 +590,40 @@ static int train_then_signal(const char *dir, int sig, int after) {
         int nul = open("/dev/null", O_WRONLY);
         dup2(nul, 1);
         dup2(nul, 2);
-        char *argv[] = {DG_BINARY_DIR "/deltagrad", "train", "--data", KJV, "--max-bytes",
-                        "20000", "--out", (char *)dir, "--steps", "1000000", "--batch", "2",
-                        "--seq-len", "32", "--d", "16", "--heads", "1", "--head-dim", "16",
-                        "--inter", "32", "--chunk", "16", "--eval-every", "0", "--sample-every",
-                        "-1", "--ckpt-every", "0", "--no-plot", "--threads", "1", NULL};
+        char *argv[] = {DG_BINARY_DIR "/deltagrad",
+                        "train",
+                        "--data",
+                        KJV,
+                        "--max-bytes",
+                        "20000",
+                        "--out",
+                        (char *)dir,
+                        "--steps",
+                        "1000000",
+                        "--batch",
+                        "2",
+                        "--seq-len",
+                        "32",
+                        "--d",
+                        "16",
+                        "--heads",
+                        "1",
+                        "--head-dim",
+                        "16",
+                        "--inter",
+                        "32",
+                        "--chunk",
+                        "16",
+                        "--eval-every",
+                        "0",
+                        "--sample-every",
+                        "-1",
+                        "--ckpt-every",
+                        "0",
+                        "--no-plot",
+                        "--threads",
+                        "1",
+                        NULL};
         execv(argv[0], argv);
         _exit(127);
     }
@@ -611,8 +679,8 @@ static void test_faults(void) {
     dg_ckpt_latest_path(dir, ck, sizeof ck);
     size_t n = 0;
     unsigned char *before = slurp(ck, &n);
-    char *rargv[] = {"deltagrad", "train", "--resume", "--out", dir, "--steps", "4",
-                     "--threads", "1", "--no-plot", NULL};
+    char *rargv[] = {"deltagrad", "train",     "--resume", "--out",     dir, "--steps",
+                     "4",         "--threads", "1",        "--no-plot", NULL};
     char msg[4096];
     g_faults[9]++;
     int rc = run_binary_fsize(rargv, (long)n / 2, msg, sizeof msg);
@@ -640,12 +708,13 @@ typedef struct num_case {
 
 static void test_numeric_parser(void) {
     /* integers in [1, 100] */
-    static const num_case ints[] = {
-        {"16", 1, 16},   {"1", 1, 1},     {"100", 1, 100},   {"+7", 1, 7},      {"16abc", 0, 0},
-        {"abc", 0, 0},   {"", 0, 0},      {" 5", 0, 0},      {"5 ", 0, 0},      {"0x10", 0, 0},
-        {"1e3", 0, 0},   {"1.0", 0, 0},   {"0", 0, 0},       {"101", 0, 0},     {"-1", 0, 0},
-        {"-", 0, 0},     {"--5", 0, 0},   {"99999999999999999999", 0, 0},       {"5\n", 0, 0},
-        {"\t3", 0, 0}};
+    static const num_case ints[] = {{"16", 1, 16},  {"1", 1, 1},     {"100", 1, 100},
+                                    {"+7", 1, 7},   {"16abc", 0, 0}, {"abc", 0, 0},
+                                    {"", 0, 0},     {" 5", 0, 0},    {"5 ", 0, 0},
+                                    {"0x10", 0, 0}, {"1e3", 0, 0},   {"1.0", 0, 0},
+                                    {"0", 0, 0},    {"101", 0, 0},   {"-1", 0, 0},
+                                    {"-", 0, 0},    {"--5", 0, 0},   {"99999999999999999999", 0, 0},
+                                    {"5\n", 0, 0},  {"\t3", 0, 0}};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
         int64_t v = -99;
         dg_status st = dg_arg_i64("--n", ints[i].text, 1, 100, &v);
@@ -658,11 +727,10 @@ static void test_numeric_parser(void) {
     }
     /* numbers in [-5, 0) */
     static const num_case reals[] = {
-        {"-5", 1, -5},     {"-2.5", 1, -2.5}, {"-1e-3", 1, -1e-3}, {"-.5", 1, -0.5},
-        {"0", 0, 0},       {"-0", 0, 0},      {"-5.0001", 0, 0},   {"nan", 0, 0},
-        {"-inf", 0, 0},    {"inf", 0, 0},     {"-1e999", 0, 0},    {"-0x1p1", 0, 0},
-        {"-1abc", 0, 0},   {"", 0, 0},        {".", 0, 0},         {"-", 0, 0},
-        {"-1e", 0, 0},     {" -1", 0, 0},     {"-1 ", 0, 0},       {"e5", 0, 0}};
+        {"-5", 1, -5},    {"-2.5", 1, -2.5}, {"-1e-3", 1, -1e-3}, {"-.5", 1, -0.5}, {"0", 0, 0},
+        {"-0", 0, 0},     {"-5.0001", 0, 0}, {"nan", 0, 0},       {"-inf", 0, 0},   {"inf", 0, 0},
+        {"-1e999", 0, 0}, {"-0x1p1", 0, 0},  {"-1abc", 0, 0},     {"", 0, 0},       {".", 0, 0},
+        {"-", 0, 0},      {"-1e", 0, 0},     {" -1", 0, 0},       {"-1 ", 0, 0},    {"e5", 0, 0}};
     for (size_t i = 0; i < sizeof reals / sizeof *reals; i++) {
         double v = 99;
         dg_status st = dg_arg_f64("--lower-bound", reals[i].text, -5.0, 0.0, DG_ARG_HI_OPEN, &v);
@@ -670,8 +738,8 @@ static void test_numeric_parser(void) {
             CASE(2, dg_check(st == DG_OK && v == reals[i].want, "--lower-bound '%s' -> %g",
                              reals[i].text, v));
         else
-            check_err_all(2, st, DG_ERR_ARG, "a number flag refuses a bad value",
-                          "--lower-bound", "[-5, 0)", NULL);
+            check_err_all(2, st, DG_ERR_ARG, "a number flag refuses a bad value", "--lower-bound",
+                          "[-5, 0)", NULL);
     }
     double v = 0;
     check_err_all(2, dg_arg_f64("--lr", "0", 0.0, INFINITY, DG_ARG_LO_OPEN, &v), DG_ERR_ARG,
@@ -695,21 +763,26 @@ typedef struct flag_case {
 } flag_case;
 
 static void test_numeric_flags(void) {
-    static const flag_case train_flags[] = {
-        {"--max-bytes", "-1"},     {"--steps", "0"},         {"--stop-at", "0"},
-        {"--seed", "-1"},          {"--batch", "65537"},     {"--seq-len", "1"},
-        {"--accum", "0"},          {"--lr", "0"},            {"--warmup", "-1"},
-        {"--min-lr-frac", "1.5"},  {"--beta1", "1"},         {"--beta2", "-0.1"},
-        {"--adam-eps", "0"},       {"--weight-decay", "-1"}, {"--clip", "0"},
-        {"--d", "0"},              {"--layers", "257"},      {"--heads", "0"},
-        {"--v-heads", "0"},        {"--head-dim", "257"},    {"--head-v-dim", "0"},
-        {"--inter", "0"},          {"--chunk", "48"},        {"--lower-bound", "0"},
-        {"--eval-every", "-1"},    {"--eval-batches", "0"},  {"--sample-every", "-2"},
-        {"--sample-tokens", "-1"}, {"--temperature", "-1"},  {"--top-k", "257"},
-        {"--ckpt-every", "-1"},    {"--log-every", "0"},     {"--threads", "-1"}};
-    static const flag_case sample_flags[] = {{"--tokens", "-1"},     {"--temperature", "-0.5"},
-                                             {"--top-k", "300"},     {"--seed", "-3"},
-                                             {"--context", "0"},     {"--threads", "5000"}};
+    static const flag_case train_flags[] = {{"--max-bytes", "-1"},    {"--steps", "0"},
+                                            {"--stop-at", "0"},       {"--seed", "-1"},
+                                            {"--batch", "65537"},     {"--seq-len", "1"},
+                                            {"--accum", "0"},         {"--lr", "0"},
+                                            {"--warmup", "-1"},       {"--min-lr-frac", "1.5"},
+                                            {"--beta1", "1"},         {"--beta2", "-0.1"},
+                                            {"--adam-eps", "0"},      {"--weight-decay", "-1"},
+                                            {"--clip", "0"},          {"--d", "0"},
+                                            {"--layers", "257"},      {"--heads", "0"},
+                                            {"--v-heads", "0"},       {"--head-dim", "257"},
+                                            {"--head-v-dim", "0"},    {"--inter", "0"},
+                                            {"--chunk", "48"},        {"--lower-bound", "0"},
+                                            {"--eval-every", "-1"},   {"--eval-batches", "0"},
+                                            {"--sample-every", "-2"}, {"--sample-tokens", "-1"},
+                                            {"--temperature", "-1"},  {"--top-k", "257"},
+                                            {"--ckpt-every", "-1"},   {"--log-every", "0"},
+                                            {"--threads", "-1"}};
+    static const flag_case sample_flags[] = {{"--tokens", "-1"}, {"--temperature", "-0.5"},
+                                             {"--top-k", "300"}, {"--seed", "-3"},
+                                             {"--context", "0"}, {"--threads", "5000"}};
     static const char *const bad_values[] = {"16abc", "abc", ""};
     char err[4096];
     for (int which = 0; which < 2; which++) {
@@ -726,7 +799,7 @@ static void test_numeric_flags(void) {
                     argv[3] = NULL;
                 int rc = run_captured(fn, argv, err, sizeof err);
                 REJ(2, dg_check(rc == 2 && strstr(err, fl[i].flag) && strstr(err, "expected"),
-                                 "%s %s '%s' -> exit %d: %.120s", cmd, fl[i].flag, val, rc, err));
+                                "%s %s '%s' -> exit %d: %.120s", cmd, fl[i].flag, val, rc, err));
             }
     }
     /* the other tools, through the binary */
@@ -758,9 +831,9 @@ static void test_numeric_flags(void) {
         argv[k] = NULL;
         int rc = run_binary(argv, err, sizeof err);
         REJ(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
-                         "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
-                         tool_cases[i][1], tool_cases[i][3],
-                         tool_cases[i][4] ? tool_cases[i][4] : tool_cases[i][3], rc, err));
+                        "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
+                        tool_cases[i][1], tool_cases[i][3],
+                        tool_cases[i][4] ? tool_cases[i][4] : tool_cases[i][3], rc, err));
     }
 }
 
@@ -785,8 +858,7 @@ static void test_index_arrays(void) {
         dg_tensor_free(&t);
     }
     dg_tensor *t = tensor_of(DG_I64, 2, (int64_t[]){2, 2}, rows);
-    check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "2-d cu_seqlens", "1-d",
-                  NULL);
+    check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "2-d cu_seqlens", "1-d", NULL);
     dg_tensor_free(&t);
     t = tensor_of(DG_I64, 1, (int64_t[]){1}, good);
     check_err_all(3, dg_kda_seqlens(t, 8, out, 8, &n), DG_ERR_SHAPE, "one entry", "N+1", NULL);
@@ -810,8 +882,7 @@ static void test_index_arrays(void) {
         t = tensor_of(ints[i], 1, (int64_t[]){3}, good);
         dg_status st = dg_kda_seqlens(t, 8, out, 8, &n);
         CASE(3, dg_check(st == DG_OK && n == 2 && out[0] == 0 && out[1] == 3 && out[2] == 8,
-                         "%s cu_seqlens [0,3,8] accepted as 2 sequences",
-                         dg_dtype_name(ints[i])));
+                         "%s cu_seqlens [0,3,8] accepted as 2 sequences", dg_dtype_name(ints[i])));
         dg_tensor_free(&t);
     }
     /* float -> integer conversions saturate (a C cast of these is undefined behaviour) */
@@ -858,9 +929,8 @@ static zres zero_decay_run(int chunked, dg_dtype dt, dg_tensor *const *src, dg_g
     o.output_final_state = 1;
     zres r;
     memset(&r, 0, sizeof r);
-    DG_TEST_TRY((chunked ? dg_kda_chunk : dg_kda_recurrent)(g_ctx, in[ZQ], in[ZK], in[ZV], in[ZG],
-                                                           in[ZB], in[ZA], in[ZDT], in[ZH0], &o,
-                                                           &r.o, &r.ht));
+    DG_TEST_TRY((chunked ? dg_kda_chunk : dg_kda_recurrent)(
+        g_ctx, in[ZQ], in[ZK], in[ZV], in[ZG], in[ZB], in[ZA], in[ZDT], in[ZH0], &o, &r.o, &r.ht));
     dg_tensor *dd = NULL, *dh = NULL;
     DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)do_, dt, &dd));
     DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dht, dg_tensor_dtype(r.ht), &dh));
@@ -869,8 +939,7 @@ static zres zero_decay_run(int chunked, dg_dtype dt, dg_tensor *const *src, dg_g
     DG_TEST_TRY(dg_tape_backward_multi(g_ctx, 2, outs, grads));
     for (int i = 0; i < ZN; i++)
         if (in[i] && dg_tensor_grad(in[i]))
-            DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dg_tensor_grad(in[i]), DG_F64,
-                                    &r.grad[i]));
+            DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dg_tensor_grad(in[i]), DG_F64, &r.grad[i]));
     dg_tape_reset();
     for (int i = 0; i < ZN; i++)
         dg_tensor_free(&in[i]);
@@ -901,8 +970,8 @@ static void test_zero_decay(void) {
     const int B = 1, T = 40, H = 2, K = 8, V = 4;
     const int64_t qs[4] = {B, T, H, K}, vs[4] = {B, T, H, V}, bs[3] = {B, T, H},
                   hs[4] = {B, H, K, V}, as[1] = {H}, ds[1] = {H * K};
-    static const char *const gname[ZN] = {"dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log",
-                                          "ddt_bias"};
+    static const char *const gname[ZN] = {"dq",    "dk",  "dv",     "dg",
+                                          "dbeta", "dh0", "dA_log", "ddt_bias"};
     /* 0: a whole token with g = -inf mid-chunk; 1: single key dims at -inf, at chunk starts and
      * ends too; 2: saturated finite gates (-1e6); 3: the KDA gate saturating (z = 1e8) */
     for (int cs = 0; cs < 4; cs++) {
@@ -949,8 +1018,7 @@ static void test_zero_decay(void) {
             zres want = dts[p] == DG_F64 ? ref : zero_decay_run(0, DG_F32, src, gate, do_, dht);
             char nm[128];
             snprintf(nm, sizeof nm, "%s %s: chunked o", label[cs], dg_dtype_name(dts[p]));
-            CASE(4, dg_check(all_finite(got.o) && all_finite(got.ht), "%s and ht are finite",
-                             nm));
+            CASE(4, dg_check(all_finite(got.o) && all_finite(got.ht), "%s and ht are finite", nm));
             CASE(4, dg_check_tensor_rel(nm, got.o, want.o, tol));
             snprintf(nm, sizeof nm, "%s %s: chunked ht", label[cs], dg_dtype_name(dts[p]));
             CASE(4, dg_check_tensor_rel(nm, got.ht, want.ht, tol));
@@ -1017,8 +1085,8 @@ static void test_op_runner(void) {
     tmp_path(out64, sizeof out64, "kda_out64");
     kda_inputs(in, DG_F32, 1);
     /* f32 files computed in f64: outputs come back f32, equal to the f64 outputs rounded */
-    char *argv[] = {"deltagrad", "kda", "--in", in, "--out", out, "--dtype", "f64", "--quiet",
-                    NULL, NULL, NULL};
+    char *argv[] = {"deltagrad", "kda", "--in",    in,   "--out", out,
+                    "--dtype",   "f64", "--quiet", NULL, NULL,    NULL};
     int rc = run_binary(argv, err, sizeof err);
     CASE(7, dg_check(rc == 0, "deltagrad kda on f32 files exits 0 (%d: %.200s)", rc, err));
     static const char *const files[] = {"o", "ht", "dq", "dk", "dv", "dg", "dbeta"};
@@ -1082,7 +1150,7 @@ static void test_op_runner(void) {
     char *nargv[] = {"deltagrad", "kda", "--in", nin, "--out", nout, "--quiet", NULL, NULL};
     rc = run_binary(nargv, err, sizeof err);
     REJ(7, dg_check(rc == 3 && strstr(err, "o.npy") && strstr(err, "non-finite"),
-                     "NaN outputs: exit 3 naming o.npy (%d: %.200s)", rc, err));
+                    "NaN outputs: exit 3 naming o.npy (%d: %.200s)", rc, err));
     nargv[7] = "--allow-nonfinite";
     rc = run_binary(nargv, err, sizeof err);
     CASE(7, dg_check(rc == 0 && strstr(err, "allowed"),
@@ -1093,11 +1161,11 @@ static void test_op_runner(void) {
     tmp_path(bout, sizeof bout, "kda_big_out");
     kda_inputs(bin, DG_F64, 0);
     write_npy(bin, "v", DG_F64, 4, vs, 1e300, 1e301, 9);
-    char *bargv[] = {"deltagrad", "kda",       "--in", bin, "--out", bout, "--out-dtype",
-                     "f32",       "--quiet", NULL};
+    char *bargv[] = {"deltagrad", "kda",         "--in", bin,       "--out",
+                     bout,        "--out-dtype", "f32",  "--quiet", NULL};
     rc = run_binary(bargv, err, sizeof err);
     REJ(7, dg_check(rc == 3 && strstr(err, "o.npy"),
-                     "values that overflow the written f32 are reported (%d: %.200s)", rc, err));
+                    "values that overflow the written f32 are reported (%d: %.200s)", rc, err));
 
     /* float cu_seqlens through the runner: refused naming the file, nothing written */
     char cin[300], cout[300];
@@ -1112,9 +1180,9 @@ static void test_op_runner(void) {
     rc = run_binary(cargv, err, sizeof err);
     snprintf(vp, sizeof vp, "%s/o.npy", cout);
     REJ(3, dg_check(rc == 1 && strstr(err, "cu_seqlens") && strstr(err, "integer") &&
-                         access(vp, F_OK) != 0,
-                     "deltagrad kda with float cu_seqlens.npy: exit 1, no o.npy (%d: %.200s)",
-                     rc, err));
+                        access(vp, F_OK) != 0,
+                    "deltagrad kda with float cu_seqlens.npy: exit 1, no o.npy (%d: %.200s)", rc,
+                    err));
     /* the help names every file and when it is written */
     char *hargv[] = {"deltagrad", "kda", "--help", NULL};
     char hpath[300];
@@ -1133,9 +1201,9 @@ static void test_op_runner(void) {
     help[got] = 0;
     if (f)
         fclose(f);
-    static const char *const promised[] = {"o.npy",     "ht.npy",  "dq dk dv dg dbeta", "dh0.npy",
-                                           "dA_log.npy", "ddt_bias.npy", "--allow-nonfinite",
-                                           "--out-dtype"};
+    static const char *const promised[] = {
+        "o.npy",      "ht.npy",       "dq dk dv dg dbeta", "dh0.npy",
+        "dA_log.npy", "ddt_bias.npy", "--allow-nonfinite", "--out-dtype"};
     int all = 1;
     for (size_t i = 0; i < sizeof promised / sizeof *promised; i++)
         if (!strstr(help, promised[i])) {
@@ -1169,15 +1237,14 @@ int main(int argc, char **argv) {
     test_faults();
     dg_ctx_free(&g_ctx);
     nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    static const char *const names[] = {"",        "special files", "numeric flags",
-                                        "indices", "zero decay",    "checkpoints",
-                                        "run dirs", "op runner",    "",
-                                        "faults"};
+    static const char *const names[] = {"",           "special files", "numeric flags", "indices",
+                                        "zero decay", "checkpoints",   "run dirs",      "op runner",
+                                        "",           "faults"};
     int total[3] = {0, 0, 0};
     for (int c = 1; c < (int)(sizeof names / sizeof *names); c++)
         if (g_cases[c]) {
-            printf("class %d (%s): %d cases, %d inputs rejected, %d faults injected\n", c,
-                   names[c], g_cases[c], g_rejects[c], g_faults[c]);
+            printf("class %d (%s): %d cases, %d inputs rejected, %d faults injected\n", c, names[c],
+                   g_cases[c], g_rejects[c], g_faults[c]);
             total[0] += g_cases[c], total[1] += g_rejects[c], total[2] += g_faults[c];
         }
     printf("all classes: %d cases, %d inputs rejected, %d faults injected\n", total[0], total[1],

@@ -121,8 +121,8 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->accum <= DG_TRAIN_MAX_ACCUM, "--accum must be <= %d (got %d)", DG_TRAIN_MAX_ACCUM,
          o->accum);
     NEED((int64_t)o->batch * o->seq_len <= DG_TRAIN_MAX_TOKENS,
-         "--batch x --seq-len (%d x %d) exceeds %lld tokens per micro-batch", o->batch,
-         o->seq_len, (long long)DG_TRAIN_MAX_TOKENS);
+         "--batch x --seq-len (%d x %d) exceeds %lld tokens per micro-batch", o->batch, o->seq_len,
+         (long long)DG_TRAIN_MAX_TOKENS);
     NEED((int64_t)o->batch * o->accum <= DG_TRAIN_MAX_ROWS_PER_STEP,
          "--batch x --accum (%d x %d) exceeds %lld rows per step", o->batch, o->accum,
          (long long)DG_TRAIN_MAX_ROWS_PER_STEP);
@@ -132,8 +132,8 @@ static dg_status check_opts(const dg_train_opts *o) {
          (long long)DG_TRAIN_MAX_STEPS, (long long)o->warmup);
     NEED(o->sample_tokens <= DG_TRAIN_MAX_SAMPLE, "--sample-tokens must be <= %d (got %d)",
          DG_TRAIN_MAX_SAMPLE, o->sample_tokens);
-    NEED(isfinite(o->temperature) && o->temperature >= 0.0,
-         "--temperature must be >= 0 (got %g)", o->temperature);
+    NEED(isfinite(o->temperature) && o->temperature >= 0.0, "--temperature must be >= 0 (got %g)",
+         o->temperature);
     NEED(o->top_k <= 256, "--top-k must be <= 256 (got %d)", o->top_k);
     NEED(o->stop_at >= 0, "--stop-at must be >= 0 (got %lld)", (long long)o->stop_at);
     NEED(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
@@ -145,8 +145,10 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->warmup >= 0, "--warmup must be >= 0 (got %lld)", (long long)o->warmup);
     NEED(o->beta1 >= 0.0 && o->beta1 < 1.0, "--beta1 must be in [0,1) (got %g)", o->beta1);
     NEED(o->beta2 >= 0.0 && o->beta2 < 1.0, "--beta2 must be in [0,1) (got %g)", o->beta2);
-    NEED(o->adam_eps > 0.0 && isfinite(o->adam_eps), "--adam-eps must be > 0 (got %g)", o->adam_eps);
-    NEED(o->weight_decay >= 0.0 && isfinite(o->weight_decay), "--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    NEED(o->adam_eps > 0.0 && isfinite(o->adam_eps), "--adam-eps must be > 0 (got %g)",
+         o->adam_eps);
+    NEED(o->weight_decay >= 0.0 && isfinite(o->weight_decay),
+         "--weight-decay must be >= 0 (got %g)", o->weight_decay);
     NEED(o->clip > 0.0 && isfinite(o->clip), "--clip must be > 0 (got %g)", o->clip);
     NEED(o->eval_every >= 0, "--eval-every must be >= 0 (got %lld)", (long long)o->eval_every);
     NEED(o->eval_batches >= 1, "--eval-batches must be >= 1 (got %d)", o->eval_batches);
@@ -198,7 +200,7 @@ typedef struct run {
     int32_t *ids, *tgt; /* host batch buffers [B*T] */
     FILE *csv;
     char csv_path[DG_PATH_MAX + 32];
-    int lock_fd;      /* DIR/train.lock, flock'ed for the whole run; -1 when none */
+    int lock_fd;       /* DIR/train.lock, flock'ed for the whole run; -1 when none */
     int64_t ckpt_step; /* step of the last checkpoint written by this run (0: none) */
     double t_start;
     int64_t last_step;
@@ -420,7 +422,8 @@ static dg_status csv_line(run *r, int64_t step, double loss, int have_val, doubl
     if (r->ckpt_step > 0)
         snprintf(last, sizeof last, "the last checkpoint is from step %lld",
                  (long long)r->ckpt_step);
-    return dg__err(DG_ERR_IO, "--out: writing step %lld to '%s' failed: %s; the run stops here (%s)",
+    return dg__err(DG_ERR_IO,
+                   "--out: writing step %lld to '%s' failed: %s; the run stops here (%s)",
                    (long long)step, r->csv_path, strerror(e), last);
 }
 

@@ -68,7 +68,8 @@ typedef struct dg_train_opts {
     int plot;            /* render DIR/loss.png with gnuplot at the end */
     int overwrite;       /* a fresh run may replace the run already in out_dir (else refused) */
     /* Checked after every step: once non-zero (a signal handler sets it), the run writes a
-     * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never. */
+     * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never.
+     */
     const volatile sig_atomic_t *stop;
 } dg_train_opts;
 
