@@ -253,6 +253,8 @@ static dg_status save(saver *sv, const char *name, const dg_tensor *t, dg_dtype 
 
 static int fail(const char *what) {
     fprintf(stderr, "deltagrad kda: %s: %s\n", what, dg_last_error());
+    if (strstr(dg_last_error(), "out of memory"))
+        fprintf(stderr, "hint: smaller inputs (fewer tokens or heads per run), or --device cpu\n");
     return 1;
 }
 
