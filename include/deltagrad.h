@@ -79,6 +79,7 @@ typedef enum dg_status {
     DG_ERR_UNSUPPORTED, /* built without the feature (CUDA, NCCL) or not implemented for it */
     DG_ERR_STATE,       /* called at the wrong time (backward on an empty tape, ...) */
     DG_ERR_NUMERIC,     /* a non-finite value where a finite one is required */
+    DG_ERR_COMM,        /* a communication call failed, or a peer did not answer in time */
 } dg_status;
 
 /* The reason for the last failure on this thread ("" if none). */
@@ -535,6 +536,100 @@ dg_status dg_kda_state(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
 dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
                         const dg_kda_opts *opts, dg_tensor **o);
 /* KDA_STAGE_API_END */
+
+/* =============================================================================================
+ * Distributed: communicators (dist/) and context parallelism (KCP) for KDA and the short conv
+ * ============================================================================================= */
+
+/* A group of ranks. MPI backend: host tensors, and CUDA tensors staged through host buffers (so
+ * several processes may share one GPU). NCCL backend: CUDA tensors, one process per GPU. Every
+ * call is collective over the group (dg_comm_shift: over the ranks named). A peer that died or
+ * does not answer within the communicator's timeout makes the call fail with DG_ERR_COMM and a
+ * message naming the call, the rank and the timeout; the communicator is then unusable (further
+ * calls fail at once) and the caller should end the job (dg_comm_abort). */
+typedef struct dg_comm dg_comm;
+typedef enum dg_comm_backend { DG_COMM_MPI = 0, DG_COMM_NCCL = 1 } dg_comm_backend;
+
+/* Was the library built with MPI? */
+int dg_have_mpi(void);
+/* The world communicator over MPI (MPI_Init on first use; launched by mpirun, or a single rank
+ * when started directly). timeout_s > 0: the time any one call may take; <= 0 selects 300 s.
+ * Built without MPI: DG_ERR_UNSUPPORTED. */
+dg_status dg_comm_init_mpi(double timeout_s, dg_comm **out);
+/* The world communicator over NCCL for CUDA tensors on ctx's device. Bootstrap from RANK,
+ * WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun style: rank 0 hands the NCCL id to the others
+ * over TCP), or, when those are not set and the process was started by mpirun, over MPI. Built
+ * without NCCL: DG_ERR_UNSUPPORTED. */
+dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out);
+/* Split into sub-groups: ranks with equal `color` form one, ordered by `key` (MPI_Comm_split).
+ * Collective over c. */
+dg_status dg_comm_split(dg_comm *c, int color, int key, dg_comm **out);
+void dg_comm_free(dg_comm **c);
+/* Shut MPI down (after every communicator is freed); a no-op when MPI was not started here. */
+void dg_comm_finalize(void);
+/* End every process of the job (MPI_Abort); for tools after an unrecoverable DG_ERR_COMM. A
+ * NULL or NCCL communicator exits this process only. Does not return. */
+void dg_comm_abort(dg_comm *c, int code);
+int dg_comm_rank(const dg_comm *c);
+int dg_comm_size(const dg_comm *c);
+dg_comm_backend dg_comm_kind(const dg_comm *c);
+double dg_comm_timeout(const dg_comm *c);
+/* out = [size, x's shape...]: rank i's x in out[i]. x, out contiguous, same dtype and device. */
+dg_status dg_comm_all_gather(dg_comm *c, const dg_tensor *x, dg_tensor *out);
+/* x = sum over ranks of x, in place (f64, f32; bf16 summed in f32). Contiguous. */
+dg_status dg_comm_all_reduce(dg_comm *c, dg_tensor *x);
+/* Neighbour exchange: send `send` to rank dst and receive rank src's message into `recv`
+ * (dst, src: -1 for none; send/recv NULL then). Sizes in bytes must match the peer's. */
+dg_status dg_comm_shift(dg_comm *c, const dg_tensor *send, int dst, dg_tensor *recv, int src);
+dg_status dg_comm_barrier(dg_comm *c);
+/* Bytes this rank sent and seconds it spent inside communicator calls, since creation or reset. */
+typedef struct dg_comm_stats {
+    int64_t bytes_sent;
+    int64_t calls;
+    double seconds;
+} dg_comm_stats;
+void dg_comm_get_stats(const dg_comm *c, dg_comm_stats *out);
+void dg_comm_reset_stats(dg_comm *c);
+
+/* Context parallelism: one token axis of global sequences (cu_seqlens over all ranks) split into
+ * contiguous slices, rank r owning global tokens [begin, end). A plan is this rank's view. */
+typedef struct dg_cp_plan {
+    int rank, world;
+    int64_t total;      /* tokens over all ranks */
+    int64_t begin, end; /* this rank's global token range */
+    int n_seqs;         /* global sequences */
+    int n_local;        /* local sequences (pieces of global sequences on this rank) */
+    int seq0;           /* global index of local sequence 0 (local i is global seq0 + i) */
+    int64_t *cu_local;  /* [n_local+1] local cu_seqlens, cu_local[0] = 0, cu_local[n] = end-begin */
+    int pre_ranks;      /* earlier ranks holding part of local sequence 0 (0: it starts here) */
+    int post_ranks;     /* later ranks holding part of the last local sequence (0: it ends here) */
+    int64_t pre_tokens; /* tokens of local sequence 0 on earlier ranks */
+    int64_t *bounds;    /* [world+1]: rank i owns global tokens [bounds[i], bounds[i+1]) */
+} dg_cp_plan;
+/* cu_seqlens: host int64 [n_seqs+1], strictly increasing from 0 to total (NULL: one sequence of
+ * `total` tokens; B rows of T tokens: cu = {0, T, 2T, ...}). rank_tokens: [world] tokens per
+ * rank, each >= 1, summing to total (NULL: as even as possible, the first total % world ranks
+ * one more). */
+dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_seqlens, int n_seqs,
+                         const int64_t *rank_tokens, dg_cp_plan **out);
+void dg_cp_plan_free(dg_cp_plan **p);
+
+/* dg_kda_chunk over a context-parallel split (KCP, shared spec KCP.md): every rank calls it with
+ * its slice, q, k: [1,T_r,H,K] etc. (T_r = plan->end - plan->begin), on the CPU (f64, f32).
+ * opts->cu_seqlens must be NULL (the plan holds the sequences). h0: [n_seqs,HV,K,V] global or
+ * NULL; each row is read by the rank where its sequence starts. ht (output_final_state):
+ * [n_seqs,HV,K,V]; rows of sequences that end on this rank hold the final state, the others are
+ * zero (so the sum over ranks is the unsplit ht). Forward: one all_gather of a [HV,K,V+K] state
+ * summary per rank; backward: one more. Every rank must run backward through the op. */
+dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *q,
+                          dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
+                          dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                          const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
+/* dg_short_conv over a context-parallel split: x [1,T_r,C] is this rank's slice; the last W-1
+ * rows go to the next rank (and their gradient comes back in backward). Every rank must hold at
+ * least W-1 tokens. */
+dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                           dg_tensor *w, dg_tensor *bias, dg_act act, dg_tensor **out);
 
 #ifdef __cplusplus
 }

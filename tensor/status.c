@@ -39,6 +39,7 @@ const char *dg_status_str(dg_status s) {
     case DG_ERR_UNSUPPORTED: return "DG_ERR_UNSUPPORTED";
     case DG_ERR_STATE: return "DG_ERR_STATE";
     case DG_ERR_NUMERIC: return "DG_ERR_NUMERIC";
+    case DG_ERR_COMM: return "DG_ERR_COMM";
     }
     return "DG_ERR_?";
 }

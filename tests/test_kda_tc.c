@@ -16,6 +16,9 @@
  * step (the factorised intra blocks must underflow to zero, never overflow). cpu mode: nothing to
  * run (CUDA-only suite).
  */
+#include <stdlib.h>
+#include <string.h>
+
 #include "harness.h"
 #include "kda_testutil.h"
 #include "kda_cuda_testutil.h"
@@ -177,8 +180,25 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                                   dG.x, dh0.x));
     buf *ins[] = {&q,  &k,  &v, &beta, &G,  &Tm, &Aqk, &W,  &U,
                   &KG, &QG, &h, &E,    &h0, &dO, &uh,  &uE, &uht};
+    /* The device Aqk carries garbage above the diagonal (the kernels read j <= i only); the
+     * host copy, which the intra output is compared with, is restored after the upload. */
+    double *aqk_keep = malloc(sizeof(double) * (size_t)na);
+    if (!aqk_keep) {
+        fprintf(stderr, "FATAL: no host memory for the Aqk copy\n");
+        exit(1);
+    }
+    memcpy(aqk_keep, Aqk.x, sizeof(double) * (size_t)na);
+    for (int64_t ci = 0; ci < NC; ci++) {
+        const kda_chunk chk = kda_chunk_idx(d, ci);
+        for (int r = 0; r < chk.L; r++)
+            for (int hv = 0; hv < HV; hv++)
+                for (int j = r + 1; j < BT; j++)
+                    Aqk.x[((chk.t0 + r) * HV + hv) * BT + j] = 1e3 + j;
+    }
     for (size_t i = 0; i < sizeof ins / sizeof ins[0]; i++)
         upload(gpu, ins[i]);
+    memcpy(Aqk.x, aqk_keep, sizeof(double) * (size_t)na);
+    free(aqk_keep);
     const float *h0d = c->use_h0 ? F(h0.d) : NULL;
 
     static const int modes[3] = {1, 2, 0};

@@ -97,7 +97,35 @@ typedef struct {
     size_t peak_cache, peak_recompute;
 } result_t;
 
-static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, result_t *r) {
+/* g: the reference's benchmark gate (log sigmoid of a standard normal, values in (-inf, 0), mean
+ * about -0.8: strong decay), or uniform in [-0.2, -0.001] (mild decay). */
+typedef enum { GATE_REF = 0, GATE_UNIFORM } gate_mode;
+
+static int fill_gate(dg_ctx *ctx, dg_tensor *g, gate_mode gm) {
+    if (gm == GATE_UNIFORM) {
+        if (fill_gate(ctx, g, gm) != 0)
+        return -1;
+        return 0;
+    }
+    dg_tensor *x = NULL, *s = NULL, *l = NULL;
+    CHECK(dg_tensor_new(ctx, DG_F32, dg_tensor_ndim(g), dg_tensor_shape(g), &x));
+    CHECK(dg_tensor_rand_normal(x, 14, 0, 1));
+    dg_no_grad_begin();
+    dg_status st = dg_sigmoid(ctx, x, &s);
+    if (st == DG_OK)
+        st = dg_log(ctx, s, &l);
+    if (st == DG_OK)
+        st = dg_tensor_copy_(g, l);
+    dg_no_grad_end();
+    dg_tensor_free(&x);
+    dg_tensor_free(&s);
+    dg_tensor_free(&l);
+    CHECK(st);
+    return 0;
+}
+
+static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm, int profile,
+                     result_t *r) {
     int64_t sq[4] = {s.B, s.T, s.H, s.K}, sb[3] = {s.B, s.T, s.H};
     dg_tensor *q = NULL, *k = NULL, *v = NULL, *g = NULL, *beta = NULL, *dO = NULL;
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &q));
@@ -109,7 +137,8 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, result_t *r)
     CHECK(dg_tensor_rand_normal(q, 11, 0, 1));
     CHECK(dg_tensor_rand_normal(k, 12, 0, 1));
     CHECK(dg_tensor_rand_normal(v, 13, 0, 1));
-    CHECK(dg_tensor_rand_uniform(g, 14, -0.2, -0.001));
+    if (fill_gate(ctx, g, gm) != 0)
+        return -1;
     CHECK(dg_tensor_rand_uniform(beta, 15, 0.05, 0.95));
     CHECK(dg_tensor_rand_normal(dO, 16, 0, 1));
     dg_kda_opts o;
@@ -163,6 +192,22 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, result_t *r)
             r->fb_ms = 1e3 * median(t, reps);
     }
     dg_policy_set_global(DG_POLICY_DEFAULT);
+    if (profile) {
+        /* one more fwd+bwd with the tape timing every node (it synchronises at each boundary) */
+        for (int j = 0; j < 5; j++)
+            dg_tensor_zero_grad(leaves[j]);
+        dg_profile_reset();
+        dg_profile_enable(1);
+        dg_profile_mark(ctx);
+        CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
+        CHECK(dg_tape_backward_with(ctx, out, dO));
+        CHECK(dg_ctx_sync(ctx));
+        dg_profile_enable(0);
+        dg_tape_reset();
+        dg_tensor_free(&out);
+        printf("per-stage time of one fwd+bwd (default policy, synchronised at every node):\n");
+        dg_profile_dump(stdout);
+    }
     for (int j = 0; j < 5; j++)
         dg_tensor_zero_grad(leaves[j]);
     dg_tensor *all[] = {q, k, v, g, beta, dO};
@@ -172,15 +217,22 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, result_t *r)
 }
 
 int dg_bench_kda(int argc, char **argv) {
-    int reps = 10;
+    int reps = 10, profile = 0, nsel = 0;
     dg_dtype dt = DG_BF16;
+    gate_mode gm = GATE_REF;
+    shape_t sel[8];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32]\n\n"
+            printf("usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32] [--gate ref|uniform]\n"
+                   "                          [--shape B,T,H,K]... [--profile]\n\n"
                    "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
                    "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
                    "device memory under CACHE and RECOMPUTE and the ratio of each time to its\n"
-                   "compute and memory floors (peaks measured in the same run).\n");
+                   "compute and memory floors (peaks measured in the same run).\n\n"
+                   "  --gate ref      g = log(sigmoid(randn)), the reference's benchmark gate (default)\n"
+                   "  --gate uniform  g uniform in [-0.2, -0.001]\n"
+                   "  --shape         time only this shape (repeat for several; at most 8)\n"
+                   "  --profile       also print the time of every tape node of one fwd+bwd\n");
             return 0;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             if (dg_arg_int("--reps", argv[++i], 1, 64, &reps) != DG_OK) {
@@ -192,6 +244,38 @@ int dg_bench_kda(int argc, char **argv) {
                 fprintf(stderr, "bench kda: --dtype must be bf16 or f32\n");
                 return 2;
             }
+        } else if (!strcmp(argv[i], "--gate") && i + 1 < argc) {
+            const char *gv = argv[++i];
+            if (!strcmp(gv, "ref"))
+                gm = GATE_REF;
+            else if (!strcmp(gv, "uniform"))
+                gm = GATE_UNIFORM;
+            else {
+                fprintf(stderr, "bench kda: --gate must be ref or uniform, got '%s'\n", gv);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            /* B,T,H,K: four comma-separated integers, each through the strict parser */
+            char buf[96];
+            int v[4], nv = 0;
+            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
+                static const char *names[4] = {"--shape B", "--shape T", "--shape H",
+                                               "--shape K"};
+                static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
+                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &v[nv]) != DG_OK) {
+                    fprintf(stderr, "bench kda: %s\n", dg_last_error());
+                    return 2;
+                }
+            }
+            if (nv != 4 || nsel == 8) {
+                fprintf(stderr, "bench kda: --shape takes B,T,H,K (four integers; at most 8 "
+                                "shapes), got '%s'\n", argv[i]);
+                return 2;
+            }
+            sel[nsel++] = (shape_t){v[0], v[1], v[2], v[3]};
+        } else if (!strcmp(argv[i], "--profile")) {
+            profile = 1;
         } else {
             fprintf(stderr, "bench kda: unknown option '%s' (see --help)\n", argv[i]);
             return 2;
@@ -215,18 +299,23 @@ int dg_bench_kda(int argc, char **argv) {
     }
     printf("measured peaks: bf16 GEMM 8192^3 %.1f TFLOP/s, device copy %.0f GB/s\n", flops / 1e12,
            bw / 1e9);
-    static const shape_t shapes[] = {{1, 8192, 96, 128}, {2, 16384, 16, 128}, {4, 2048, 16, 128},
-                                     {4, 4096, 64, 128}, {8, 1024, 8, 64},    {8, 2048, 32, 256}};
+    static const shape_t ref_shapes[] = {{1, 8192, 96, 128}, {2, 16384, 16, 128},
+                                         {4, 2048, 16, 128}, {4, 4096, 64, 128},
+                                         {8, 1024, 8, 64},   {8, 2048, 32, 256}};
+    const shape_t *shapes = nsel ? sel : ref_shapes;
+    size_t nshapes = nsel ? (size_t)nsel : sizeof ref_shapes / sizeof *ref_shapes;
+    printf("gate: %s\n", gm == GATE_REF ? "log(sigmoid(randn)) (the reference's)"
+                                         : "uniform [-0.2, -0.001]");
     printf("\n%-20s %9s %9s %8s %8s %9s %9s %10s %10s\n", "B,T,H,K=V", "fwd ms", "fwd+bwd",
            "fwd/cf", "fwd/mf", "f+b/cf", "f+b/mf", "peak cache", "peak recomp");
     int rc = 0;
-    for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+    for (size_t i = 0; i < nshapes; i++) {
         shape_t s = shapes[i];
         result_t r;
         memset(&r, 0, sizeof r);
         char name[64];
         snprintf(name, sizeof name, "%d,%d,%d,%d", s.B, s.T, s.H, s.K);
-        if (run_shape(ctx, s, reps, dt, &r) != 0) {
+        if (run_shape(ctx, s, reps, dt, gm, profile, &r) != 0) {
             printf("%-20s failed: %s\n", name, dg_last_error());
             rc = 1;
             dg_tape_reset();

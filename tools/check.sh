@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/check.sh -- build everything and run the tests: the project's one test command.
 #
-#   1. the `default` preset: auto-detects CUDA/NCCL, so where nvcc is present every kernel is
-#      compiled; runs the cpu and gpu labels (gpu tests report "skipped" without a device).
+#   1. the `default` preset: auto-detects CUDA/NCCL/MPI, so where nvcc is present every kernel is
+#      compiled; runs the cpu, gpu and dist labels (gpu tests report "skipped" without a device;
+#      dist tests run under mpirun with 2 and 4 ranks when MPI is installed).
 #   2. the `sanitize` preset (host only, ASan + UBSan): runs the cpu label again.
 #   3. tools/fuzz.sh: the libFuzzer targets, DG_FUZZ_SECONDS (default 30) each, when clang can
 #      link libFuzzer (.ci/run installs it).
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
-echo "== [1/3] default build (CUDA if available) + cpu and gpu tests"
+echo "== [1/3] default build (CUDA if available) + cpu, gpu and dist tests"
 cmake --preset default
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs"

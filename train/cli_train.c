@@ -50,6 +50,15 @@ static const char *setup_threads(int threads, char *buf, size_t n) {
     return buf;
 }
 
+/* Started by mpirun / mpiexec (Open MPI, MPICH and PMI-based launchers set these)? */
+static int launched_by_mpirun(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", NULL};
+    for (int i = 0; vars[i]; i++)
+        if (getenv(vars[i]))
+            return 1;
+    return 0;
+}
+
 /* ---- flag parsing --------------------------------------------------------------------------- */
 
 /* Set by dg_cmd_*_check: parse and validate, print no help, run nothing. */
@@ -171,7 +180,13 @@ static void train_help(FILE *f) {
         "  --recompute P        none | default | all: tape policy (cache every intermediate, each\n"
         "                       op's own choice, or recompute in backward; default: default)\n"
         "  --threads N          CPU threads for the ops (default 0: all cores, fewer while the\n"
-        "                       machine is busy; OMP_NUM_THREADS also works)\n"
+        "                       machine is busy; OMP_NUM_THREADS also works; under mpirun: the\n"
+        "                       cores divided by the processes)\n"
+        "  --cp N               context parallelism over N processes (CPU): launch with\n"
+        "                       mpirun -np P deltagrad train --cp N ...; each group of N ranks\n"
+        "                       splits its rows, packed end to end, into N slices (KCP), and the\n"
+        "                       P / N groups share the batch (data parallelism); the run computes\n"
+        "                       what one process would. Under mpirun without --cp: --cp 1\n"
         "\n"
         "Batches and optimizer:\n"
         "  --batch B            rows per micro-batch (cpu 8, gpu 16, bench 16)\n"
@@ -516,6 +531,8 @@ int dg_cmd_train(int argc, char **argv) {
             rc = parse_i64(cmd, a, v, 1, DG_TRAIN_MAX_STEPS, &cs.log_every);
         } else if (!strcmp(a, "--threads")) {
             rc = parse_int(cmd, a, v, 0, 4096, &threads);
+        } else if (!strcmp(a, "--cp")) {
+            rc = parse_int(cmd, a, v, 1, 4096, &o.cp);
         } else {
             return bad(cmd, "unknown flag '%s'%s", a, "");
         }
@@ -549,6 +566,22 @@ int dg_cmd_train(int argc, char **argv) {
     }
     if (g_check_only)
         return 0;
+    /* several processes: --cp, or started by mpirun */
+    dg_comm *comm = NULL;
+    if (o.cp > 1 || launched_by_mpirun()) {
+        if (dg_comm_init_mpi(0.0, &comm) != DG_OK) {
+            fprintf(stderr, "deltagrad train: --cp / mpirun: %s\n", dg_last_error());
+            return o.cp > 1 ? 2 : 1;
+        }
+        o.comm = comm;
+        int world = dg_comm_size(comm);
+        if (threads == 0 && world > 1 && !getenv("OMP_NUM_THREADS")) {
+            long cores = sysconf(_SC_NPROCESSORS_ONLN);
+            threads = cores > world ? (int)(cores / world) : 1;
+        }
+        if (dg_comm_rank(comm) != 0) /* rank 0 reports; the others only print errors */
+            cs.tty = 0;
+    }
     char tbuf[128];
     if (dev.kind == DG_DEV_CPU)
         cs.threads = setup_threads(threads, tbuf, sizeof tbuf);
@@ -565,22 +598,45 @@ int dg_cmd_train(int argc, char **argv) {
     dg_status s = dg_train_run(&o, on_event, &cs, NULL);
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    end_bar(&cs);
-    if (g_stop) {
+    const int rank0 = dg_comm_rank(comm) == 0;
+    if (rank0)
+        end_bar(&cs);
+    if (g_stop || dg_train_was_interrupted()) {
+        /* every rank stopped after the same step and rank 0 wrote the checkpoint: no abort */
         int sig = (int)g_stop;
-        fprintf(stderr, "deltagrad train: stopped by signal %d: %s\n", sig,
-                s != DG_OK ? dg_last_error() : "the run had just finished");
-        return 128 + sig;
+        if (sig)
+            fprintf(stderr, "deltagrad train: stopped by signal %d: %s\n", sig,
+                    s != DG_OK ? dg_last_error() : "the run had just finished");
+        else
+            fprintf(stderr, "deltagrad train: stopped with the other ranks: %s\n",
+                    dg_last_error());
+        dg_comm_free(&comm);
+        dg_comm_finalize();
+        return sig ? 128 + sig : 1;
     }
-    if (s == DG_OK && profile) {
+    if (s == DG_OK && profile && rank0) {
         printf("\ntime per op kind over the run (device synchronised at every node; "
                "--profile slows training):\n");
         dg_profile_dump(stdout);
     }
     if (s != DG_OK) {
-        fprintf(stderr, "deltagrad train: %s\n", dg_last_error());
-        return s == DG_ERR_ARG ? 2 : 1;
+        if (comm)
+            fprintf(stderr, "deltagrad train: rank %d of %d: %s\n", dg_comm_rank(comm),
+                    dg_comm_size(comm), dg_last_error());
+        else
+            fprintf(stderr, "deltagrad train: %s\n", dg_last_error());
+        int code = s == DG_ERR_ARG ? 2 : 1;
+        if (comm && dg_comm_size(comm) > 1) { /* the other ranks may be waiting on this one */
+            fflush(stdout);
+            fflush(stderr);
+            dg_comm_abort(comm, code);
+        }
+        dg_comm_free(&comm);
+        dg_comm_finalize();
+        return code;
     }
+    dg_comm_free(&comm);
+    dg_comm_finalize();
     return 0;
 }
 

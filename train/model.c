@@ -438,13 +438,19 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     NEWT(wk, dg_reshape(W[L->k_conv], 2, (int64_t[]){H * K, c->conv}, &wk));
     NEWT(wv, dg_reshape(W[L->v_conv], 2, (int64_t[]){HV * V, c->conv}, &wv));
     NEWT(a, dg_linear(ctx, h, W[L->q_proj], &a));
-    NEWT(qc, dg_short_conv(ctx, a, wq, NULL, DG_ACT_SILU, NULL, 0, &qc));
+    NEWT(qc, m->cp_plan
+                 ? dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, wq, NULL, DG_ACT_SILU, &qc)
+                 : dg_short_conv(ctx, a, wq, NULL, DG_ACT_SILU, NULL, 0, &qc));
     NEWT(q, dg_reshape(qc, 4, (int64_t[]){B, T, H, K}, &q));
     NEWT(a, dg_linear(ctx, h, W[L->k_proj], &a));
-    NEWT(kc, dg_short_conv(ctx, a, wk, NULL, DG_ACT_SILU, NULL, 0, &kc));
+    NEWT(kc, m->cp_plan
+                 ? dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, wk, NULL, DG_ACT_SILU, &kc)
+                 : dg_short_conv(ctx, a, wk, NULL, DG_ACT_SILU, NULL, 0, &kc));
     NEWT(k, dg_reshape(kc, 4, (int64_t[]){B, T, H, K}, &k));
     NEWT(a, dg_linear(ctx, h, W[L->v_proj], &a));
-    NEWT(vc, dg_short_conv(ctx, a, wv, NULL, DG_ACT_SILU, NULL, 0, &vc));
+    NEWT(vc, m->cp_plan
+                 ? dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, wv, NULL, DG_ACT_SILU, &vc)
+                 : dg_short_conv(ctx, a, wv, NULL, DG_ACT_SILU, NULL, 0, &vc));
     NEWT(v, dg_reshape(vc, 4, (int64_t[]){B, T, HV, V}, &v));
 
     /* raw gate through the low-rank pair, raw beta; the op applies gate, sigmoid and l2norm */
@@ -464,6 +470,9 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     if (m->recurrent_mixer)
         NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
                                  NULL));
+    else if (m->cp_plan)
+        NEWT(o, dg_kda_chunk_cp(ctx, m->cp_comm, m->cp_plan, q, k, v, g, beta, W[L->A_log],
+                                W[L->dt_bias], NULL, &opts, &o, NULL));
     else
         NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
                              NULL));

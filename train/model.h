@@ -90,6 +90,11 @@ typedef struct dg_model {
     int embed, final_norm, lm_head; /* lm_head == embed when tied */
     dg_layer_ix *layers;
     int recurrent_mixer; /* use dg_kda_recurrent instead of dg_kda_chunk (tests: same logits) */
+    /* Context parallelism (set by the training loop, not owned): when cp_plan is not NULL the
+     * forward takes this rank's slice [1, T_r] of the packed sequences and runs the short convs
+     * and KDA through dg_short_conv_cp / dg_kda_chunk_cp over cp_comm. */
+    dg_comm *cp_comm;
+    const dg_cp_plan *cp_plan;
 } dg_model;
 
 /* A model with allocated (uninitialised) parameters that require grad. */

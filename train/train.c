@@ -156,6 +156,12 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->top_k >= 0, "--top-k must be >= 0 (got %d)", o->top_k);
     NEED(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %lld)", (long long)o->ckpt_every);
     NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
+    NEED(o->cp >= 0, "--cp must be >= 1 (got %d)", o->cp);
+    NEED(o->cp <= 1 || o->comm,
+         "--cp %d needs %d processes with MPI: launch with mpirun -np %d deltagrad train --cp %d",
+         o->cp, o->cp, o->cp, o->cp);
+    NEED(o->cp <= 1 || o->device.kind == DG_DEV_CPU,
+         "--cp runs on the CPU only so far (the CUDA KCP path is not written): add --device cpu");
 #undef NEED
     return DG_OK;
 }
@@ -204,12 +210,16 @@ typedef struct run {
     int64_t ckpt_step; /* step of the last checkpoint written by this run (0: none) */
     double t_start;
     int64_t last_step;
+    /* several processes: world = cp x dp ranks; this rank is cp_rank of group dp_index */
+    int rank, world, cp, dp, dp_index;
+    dg_comm *cp_comm; /* this rank's context-parallel group (owned; NULL when cp == 1) */
+    dg_cp_plan *plan; /* this rank's slice of the group's packed rows (owned) */
 } run;
 
 static void emit(run *r, dg_train_event ev) {
     ev.steps = r->o.steps;
     ev.last_step = r->last_step;
-    if (r->cb)
+    if (r->cb && r->rank == 0)
         r->cb(&ev, r->user);
 }
 
@@ -242,14 +252,102 @@ static size_t mem_bytes(const run *r) {
     return (size_t)ru.ru_maxrss * 1024; /* peak resident set of the process */
 }
 
-/* ids/targets tensors on the run's device from the host buffers. */
-static dg_status batch_tensors(run *r, dg_tensor **ids, dg_tensor **tgt) {
-    int64_t shape[2] = {r->o.batch, r->o.seq_len};
-    DG_TRY(dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->ids, ids));
-    dg_status s = dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->tgt, tgt);
+/* This rank's part of the host batch [B,T] as tensors: the rows of its data-parallel group,
+ * and under context parallelism its token slice [1, T_r] of those rows packed end to end. *frac:
+ * its share of the batch's tokens (the local mean loss times frac, summed over ranks, is the
+ * batch mean). */
+static dg_status local_batch(run *r, dg_tensor **ids, dg_tensor **tgt, double *frac) {
+    const int64_t B = r->o.batch, T = r->o.seq_len, Bd = B / r->dp;
+    int64_t off = r->dp_index * Bd * T, shape[2] = {Bd, T};
+    if (r->plan) {
+        off += r->plan->begin;
+        shape[0] = 1;
+        shape[1] = r->plan->end - r->plan->begin;
+    }
+    *frac = (double)(shape[0] * shape[1]) / (double)(B * T);
+    DG_TRY(dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->ids + off, ids));
+    dg_status s = dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->tgt + off, tgt);
     if (s != DG_OK)
         dg_tensor_free(ids);
     return s;
+}
+
+/* Set when the last dg_train_run of this thread stopped on opts->stop. */
+static _Thread_local int g_interrupted;
+
+int dg_train_was_interrupted(void) { return g_interrupted; }
+
+/* Sum *v over every rank (a no-op for one process). */
+static dg_status sum_ranks(run *r, double *v) {
+    if (r->world == 1)
+        return DG_OK;
+    dg_tensor *t = NULL;
+    DG_TRY(dg_tensor_from_f64(r->ctx, DG_F64, 1, (int64_t[]){1}, v, &t));
+    dg_status s = dg_comm_all_reduce(r->o.comm, t);
+    if (s == DG_OK)
+        s = dg_tensor_item(t, v);
+    dg_tensor_free(&t);
+    return s;
+}
+
+/* Sum every parameter gradient over the ranks (each holds its share of the batch's loss). */
+static dg_status sum_grads(run *r) {
+    if (r->world == 1)
+        return DG_OK;
+    for (int i = 0; i < r->m->n_params; i++) {
+        dg_tensor *g = (dg_tensor *)dg_tensor_grad(r->m->params[i].t);
+        if (!g)
+            return dg__err(DG_ERR_STATE,
+                           "data parallelism: parameter %s got no gradient on "
+                           "rank %d (every rank must use every parameter)",
+                           r->m->params[i].name, r->rank);
+        DG_TRY(dg_comm_all_reduce(r->o.comm, g));
+    }
+    return DG_OK;
+}
+
+/* Ranks, groups and the context-parallel plan (world = cp x dp ranks). */
+static dg_status setup_dist(run *r) {
+    const dg_train_opts *o = &r->o;
+    r->world = o->comm ? dg_comm_size(o->comm) : 1;
+    r->rank = o->comm ? dg_comm_rank(o->comm) : 0;
+    r->cp = o->cp > 1 ? o->cp : 1;
+    if (r->world < r->cp)
+        return dg__err(DG_ERR_ARG,
+                       "--cp %d needs %d processes, this job has %d: launch with mpirun -np %d "
+                       "deltagrad train --cp %d ...",
+                       r->cp, r->cp, r->world, r->cp, r->cp);
+    if (r->world % r->cp)
+        return dg__err(DG_ERR_ARG, "--cp %d must divide the number of processes (%d)", r->cp,
+                       r->world);
+    r->dp = r->world / r->cp;
+    r->dp_index = r->rank / r->cp;
+    if (o->batch % r->dp)
+        return dg__err(DG_ERR_ARG,
+                       "--batch %d must be a multiple of the %d data-parallel groups (processes "
+                       "/ --cp)",
+                       o->batch, r->dp);
+    if (r->cp == 1)
+        return DG_OK;
+    const int Bd = o->batch / r->dp;
+    int64_t *cu = malloc(sizeof(int64_t) * ((size_t)Bd + 1));
+    if (!cu)
+        return dg__err(DG_ERR_NOMEM, "--cp: out of host memory");
+    for (int b = 0; b <= Bd; b++)
+        cu[b] = (int64_t)b * o->seq_len;
+    dg_status s = dg_comm_split(o->comm, r->dp_index, r->rank, &r->cp_comm);
+    if (s == DG_OK)
+        s = dg_cp_plan_new(r->cp, r->rank % r->cp, cu[Bd], cu, Bd, NULL, &r->plan);
+    free(cu);
+    DG_TRY(s);
+    if (r->plan->end - r->plan->begin < o->model.conv - 1)
+        return dg__err(DG_ERR_ARG,
+                       "--cp %d: each rank holds %lld tokens, fewer than the conv width - 1 = %d; "
+                       "use a longer --seq-len or a smaller --cp",
+                       r->cp, (long long)(r->plan->end - r->plan->begin), o->model.conv - 1);
+    r->m->cp_comm = r->cp_comm;
+    r->m->cp_plan = r->plan;
+    return DG_OK;
 }
 
 static dg_status evaluate(run *r, double *out) {
@@ -262,18 +360,20 @@ static dg_status evaluate(run *r, double *out) {
         dg_text_val_batch(&r->text, (int64_t)b * o->batch, n_rows, o->batch, o->seq_len, r->ids,
                           r->tgt);
         dg_tensor *ids = NULL, *tgt = NULL, *loss = NULL;
-        double v = 0.0;
-        s = batch_tensors(r, &ids, &tgt);
+        double v = 0.0, frac = 1.0;
+        s = local_batch(r, &ids, &tgt, &frac);
         if (s == DG_OK)
             s = dg_model_loss(r->m, ids, tgt, &loss);
         if (s == DG_OK)
             s = dg_tensor_item(loss, &v);
-        total += v;
+        total += v * frac;
         dg_tensor_free(&loss);
         dg_tensor_free(&ids);
         dg_tensor_free(&tgt);
     }
     dg_no_grad_end();
+    if (s == DG_OK)
+        s = sum_ranks(r, &total);
     *out = total / o->eval_batches;
     return s;
 }
@@ -287,8 +387,8 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
                             r->tgt);
         r->state.data_counter += (uint64_t)o->batch;
         dg_tensor *ids = NULL, *tgt = NULL, *l = NULL, *ls = NULL;
-        double v = 0.0;
-        dg_status s = batch_tensors(r, &ids, &tgt);
+        double v = 0.0, frac = 1.0;
+        dg_status s = local_batch(r, &ids, &tgt, &frac);
         dg_profile_mark(r->ctx); /* charge batch preparation to nobody */
         if (s == DG_OK)
             s = dg_model_loss(r->m, ids, tgt, &l);
@@ -301,9 +401,9 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
         if (s == DG_OK && !isfinite(v))
             s = dg__err(DG_ERR_NUMERIC, "training diverged: loss is %g at step %lld", v,
                         (long long)r->state.step + 1);
-        if (s == DG_OK)
-            s = o->accum > 1 ? dg_scale(r->ctx, l, 1.0 / o->accum, &ls)
-                             : (ls = dg_tensor_retain(l), DG_OK);
+        if (s == DG_OK) /* this rank's share of the mean over the batch and the micro-batches */
+            s = o->accum > 1 || frac != 1.0 ? dg_scale(r->ctx, l, frac / o->accum, &ls)
+                                            : (ls = dg_tensor_retain(l), DG_OK);
         if (s == DG_OK)
             s = dg_tape_backward(r->ctx, ls);
         dg_tape_reset();
@@ -312,8 +412,10 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
         dg_tensor_free(&ids);
         dg_tensor_free(&tgt);
         DG_TRY(s);
-        total += v;
+        total += v * frac;
     }
+    DG_TRY(sum_ranks(r, &total));
+    DG_TRY(sum_grads(r));
     *loss = total / o->accum;
     return DG_OK;
 }
@@ -499,6 +601,8 @@ static dg_status check_fresh_dir(run *r) {
 }
 
 static dg_status save_ckpt(run *r, int64_t step) {
+    if (r->rank != 0) /* every rank holds the same weights: one writes */
+        return DG_OK;
     char path[DG_PATH_MAX + 64];
     dg_ckpt_latest_path(r->o.out_dir, path, sizeof path);
     DG_TRY(dg_ckpt_save(path, r->m, r->am, r->av, &r->o, &r->state));
@@ -514,6 +618,8 @@ static dg_status save_ckpt(run *r, int64_t step) {
 
 static dg_status sample(run *r, int64_t step) {
     const dg_train_opts *o = &r->o;
+    if (r->rank != 0) /* rank 0 samples alone, with the unsplit model */
+        return DG_OK;
     int np = (int)strlen(o->prompt);
     uint8_t *buf = malloc((size_t)np + (size_t)o->sample_tokens + 1);
     if (!buf)
@@ -521,8 +627,10 @@ static dg_status sample(run *r, int64_t step) {
     memcpy(buf, o->prompt, (size_t)np);
     /* its own stream: sampling never moves the training data position */
     uint64_t seed = o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)step + 0x5a5a;
+    r->m->cp_plan = NULL;
     dg_status s = dg_model_generate(r->m, (const uint8_t *)o->prompt, np, o->sample_tokens,
                                     o->temperature, o->top_k, seed, o->seq_len, buf + np);
+    r->m->cp_plan = r->plan;
     if (s == DG_OK) {
         buf[np + o->sample_tokens] = 0;
         dg_train_event ev;
@@ -611,6 +719,8 @@ static dg_status setup(run *r, const dg_train_opts *in) {
                     (unsigned long long)ck.state.data_hash);
     if (s == DG_OK)
         s = dg_model_new(r->ctx, &o->model, o->param_dtype, o->compute_dtype, &r->m);
+    if (s == DG_OK)
+        s = setup_dist(r);
     if (s == DG_OK && o->resume)
         s = dg_ckpt_restore_model(&ck, r->m);
     else if (s == DG_OK)
@@ -642,7 +752,7 @@ static dg_status setup(run *r, const dg_train_opts *in) {
     r->tgt = malloc((size_t)o->batch * (size_t)o->seq_len * sizeof *r->tgt);
     if (!r->ids || !r->tgt)
         return dg__err(DG_ERR_NOMEM, "batches: out of host memory");
-    if (o->out_dir[0]) {
+    if (o->out_dir[0] && r->rank == 0) {
         DG_TRY(mkdir_p(o->out_dir));
         DG_TRY(lock_dir(r));
         if (!o->resume)
@@ -669,6 +779,8 @@ static void teardown(run *r) {
     free(r->ids);
     free(r->tgt);
     dg_model_free(&r->m);
+    dg_cp_plan_free(&r->plan);
+    dg_comm_free(&r->cp_comm);
     dg_text_free(&r->text);
     dg_tape_reset();
     dg_ctx_free(&r->ctx);
@@ -699,6 +811,14 @@ static dg_status loop(run *r, dg_train_result *res) {
         res->n_params = dg_model_num_params(r->m);
     }
     header(r);
+    if (r->world > 1)
+        emitf(r, DG_EV_INFO,
+              "%d processes (MPI): %d data-parallel group%s of %d context-parallel rank%s; "
+              "rank 0 holds tokens [%lld, %lld) of its group's %d rows packed end to end",
+              r->world, r->dp, r->dp > 1 ? "s" : "", r->cp, r->cp > 1 ? "s" : "",
+              (long long)(r->plan ? r->plan->begin : 0),
+              (long long)(r->plan ? r->plan->end : (int64_t)o->batch / r->dp * o->seq_len),
+              o->batch / r->dp);
     if (first > r->last_step) {
         emitf(r, DG_EV_INFO,
               "the checkpoint is at step %lld of %lld: nothing to do (pass --steps N to train "
@@ -776,10 +896,20 @@ static dg_status loop(run *r, dg_train_result *res) {
         if (do_sample)
             DG_TRY(sample(r, step));
         int stop = o->stop && *o->stop;
+        if (r->world > 1) { /* every rank stops after the same step, or they would deadlock */
+            double any = stop;
+            DG_TRY(sum_ranks(r, &any));
+            stop = any > 0;
+        }
         if (o->out_dir[0] &&
             ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step || stop))
             DG_TRY(save_ckpt(r, step));
         if (stop && step < r->last_step) {
+            g_interrupted = 1;
+            if (r->world > 1) { /* the others wait until rank 0 has written the checkpoint */
+                double done = 0;
+                DG_TRY(sum_ranks(r, &done));
+            }
             if (o->out_dir[0])
                 return dg__err(DG_ERR_STATE,
                                "interrupted after step %lld: checkpoint '%s/%s' written; "
@@ -795,7 +925,7 @@ static dg_status loop(run *r, dg_train_result *res) {
         fclose(r->csv);
         r->csv = NULL;
     }
-    if (o->plot && o->out_dir[0]) {
+    if (o->plot && o->out_dir[0] && r->rank == 0) {
         dg_status ps = dg_train_plot(o->out_dir);
         if (ps != DG_OK)
             emitf(r, DG_EV_WARN, "%s", dg_last_error());
@@ -827,6 +957,7 @@ dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user,
     r->cb = cb;
     r->user = user;
     r->lock_fd = -1;
+    g_interrupted = 0;
     dg_policy saved = dg_policy_get_global();
     dg_policy_set_global(opts->recompute);
     dg_status s = setup(r, opts);

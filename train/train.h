@@ -66,6 +66,14 @@ typedef struct dg_train_opts {
     int keep_step_ckpts; /* also keep ckpt_step<N>.safetensors */
     dg_policy recompute; /* global tape policy for the run */
     int plot;            /* render DIR/loss.png with gnuplot at the end */
+    /* Several processes (launch-time only, not stored in checkpoints): `comm` is the world (not
+     * owned; NULL: one process) and the ranks form groups of `cp` (context parallelism: each
+     * group's rows are packed into one token axis and split over its cp ranks, CPU only); the
+     * world / cp groups share the batch rows (data parallelism; batch % groups == 0). Gradients
+     * and losses are summed over every rank, so the run computes what one process would. Only
+     * rank 0 reports events and writes files. */
+    dg_comm *comm;
+    int cp; /* ranks per context-parallel group (0 or 1: off) */
     int overwrite;       /* a fresh run may replace the run already in out_dir (else refused) */
     /* Checked after every step: once non-zero (a signal handler sets it), the run writes a
      * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never.
@@ -117,6 +125,9 @@ void dg_train_result_free(dg_train_result *r);
  * checkpoint is never written from non-finite weights: the run stops (DG_ERR_NUMERIC) and the
  * last good checkpoint stays the latest. */
 dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user, dg_train_result *res);
+
+/* 1 if the last dg_train_run of this thread stopped because opts->stop was set (on any rank). */
+int dg_train_was_interrupted(void);
 
 /* Learning rate at `step` (1-based): linear warmup to lr, cosine to min_lr_frac * lr at `steps`. */
 double dg_train_lr(const dg_train_opts *o, int64_t step);

@@ -25,6 +25,10 @@
  * factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the
  * solve stay f32 FFMA), kda_output_bwd_cuda, kda_state_bwd_cuda; every other function ignores
  * tc.
+ * With tc == 1 and sizes that allow it (K, V multiples of 16 / 4, 16-byte aligned arrays), the
+ * state pass (forward and backward), the output forward and the dO h^T-shaped backward products
+ * run as mma.sync m16n8k8 TF32 with cp.async staging instead (kda_state_mma.cu, kda_mma.cuh);
+ * the tensor-core path also uses the hardware exp (__expf) in the intra kernels.
  * Gradient outputs are OVERWRITTEN (never accumulated), exactly like the CPU versions; NULL means
  * "zero" for optional inputs and "skip" for optional outputs, also like the CPU versions.
  *

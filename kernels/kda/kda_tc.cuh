@@ -149,6 +149,16 @@ dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, con
 dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
                                const float *G, const float *dh, const float *dE, const float *dht,
                                float *dEtot, float *dHs, float *dh0);
+/* The serial state pass on mma.sync TF32 with the state in registers (kda_state_mma.cu), forward
+ * (bwd = 0: A1 = W, X0 = U, A2 = KG, S0 = h0, Sst = h, Xo = E, Sfin = ht) or backward (bwd = 1:
+ * A1 = KG, X0 = dE, A2 = W, S0 = dht, Sup = dh, Sst = dHn, Xo = dE_tot, Sfin = dh0). _fits says
+ * whether the sizes and alignments allow it (tc == 1, K % 16 == 0, K <= 256, V even). */
+int kda_state_mma_fits(const kda_cuda_dims *d, const float *A1, const float *X0, const float *A2,
+                       const float *G, const float *S0, const float *Sup, const float *Sst,
+                       const float *Xo, const float *Sfin);
+dg_status kda_state_mma(dg_ctx *ctx, const kda_cuda_dims *d, int bwd, const float *A1,
+                        const float *X0, const float *A2, const float *G, const float *S0,
+                        const float *Sup, float *Sst, float *Xo, float *Sfin);
 dg_status kda_state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
                            const float *G, const float *h, const float *E, const float *dh,
                            const float *dE, const float *dht, float *dW, float *dU, float *dKG,

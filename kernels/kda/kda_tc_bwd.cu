@@ -9,6 +9,7 @@
  */
 #include "kda_bwd.cuh"
 #include "kda_fwd_util.cuh"
+#include "kda_mma.cuh"
 #include "kda_tc.cuh"
 
 using namespace kdatc;
@@ -71,6 +72,26 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
     __syncthreads();
     store_tile<BT, TC_CT, LD>(dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, sm, L, ne);
+}
+
+/* The same product on mma.sync with a cp.async pipeline (kda_mma.cuh): grid (chunk, hv, K / 64),
+ * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v]. TF32 (P = 1) only; needs V % 4 == 0, K even
+ * and 16-byte aligned arrays (dqg_launch checks). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_dqg_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                       int HV, int K, int V, float scale, const float *__restrict__ dO,
+                       const float *__restrict__ h, float *__restrict__ dQG) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, e0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0);
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, true, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
+                               h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V, ne, ne, V,
+                               sm);
+    kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
 }
 
 /* grid (chunk, hv, (K / 64) * (V / 64)): dh_c[e0 + e][v0 + v] = s sum_{i<L} QG[i][e0 + e]
@@ -242,7 +263,72 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (kda_mma.cuh), TF32 only; both read A
+ * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
+ * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk, hv, (K / 64) * (V / 64)), a 64 x 64 tile of dh_c, every
+ * element written. out_de: grid (chunk, hv, V / 64), rows < L. Need K, V % 4 == 0 and 16-byte
+ * aligned arrays (checked by the launcher). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int K, int V, float scale, const float *__restrict__ QG,
+                      const float *__restrict__ dO, float *__restrict__ dh) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, kdamma::AB_N);
+    const int e0 = (blockIdx.z / nvt) * kdamma::AB_N, v0 = (blockIdx.z % nvt) * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0), nv = min(kdamma::AB_N, V - v0);
+    float acc[kdamma::AbTile<64>::NTW][4] = {};
+    kdamma::gemm_acc<64, false, false>(acc, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, ne,
+                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                       sm);
+    kdamma::store_acc<64>(acc, dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V,
+                          ne, nv, scale);
+}
+
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_de_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
+                      float *__restrict__ dE) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, false, false, 2>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, BT,
+                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                       sm);
+    kdamma::store_acc<BT>(acc, dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, 1.f);
+}
+
 // ---- kernel launchers
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* C = s A h^T chunk by chunk (the out_dqg product; see out_dqg_tc_kernel): on mma.sync when the
+ * mode is TF32 and the sizes allow it, else on WMMA (TF32 or 3xTF32). */
+static dg_status dqg_launch(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+                            const float *Hm, float *C) {
+    cudaStream_t s = dg__stream(ctx);
+    const dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->K, TC_CT));
+    const bool mma = d->tc == 1 && d->V % 4 == 0 && d->K % 2 == 0 && aligned16(A) &&
+                     aligned16(Hm) && aligned16(C);
+    KDA_DISPATCH_BT(d->BT, {
+        if (mma)
+            out_dqg_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
+        else
+            KDA_DISPATCH_P(d->tc, {
+                out_dqg_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
+            });
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
 
 /* Called by kda_state_bwd_cuda when d->tc != 0; the same buffers and NULL rules as its FFMA
  * path (state_bwd_bt). */
@@ -263,24 +349,15 @@ dg_status kda_state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, 
     DG_TRY(kda_state_seq_bwd_tc(ctx, d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0));
     if (!par)
         return DG_OK;
-    const dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->K, TC_CT));
     const size_t tk = sizeof(float) * (size_t)d->TT * d->HV * d->K;
     if (dKG && !E)
         DG_CHECK_CUDA(cudaMemsetAsync(dKG, 0, tk, s));
     if (dW && !h)
         DG_CHECK_CUDA(cudaMemsetAsync(dW, 0, tk, s));
-    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        if (dKG && E) {
-                            out_dqg_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
-                                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, 1.f, E, dHs, dKG);
-                            DG_CHECK_LAUNCH();
-                        }
-                        if (dW && h) {
-                            out_dqg_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
-                                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, -1.f, dEtot, h, dW);
-                            DG_CHECK_LAUNCH();
-                        }
-                    }));
+    if (dKG && E)
+        DG_TRY(dqg_launch(ctx, d, 1.f, E, dHs, dKG));
+    if (dW && h)
+        DG_TRY(dqg_launch(ctx, d, -1.f, dEtot, h, dW));
     if (dG) {
         state_dg_tc_kernel<<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
             d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, G, h, dHs, dG);
@@ -299,18 +376,17 @@ dg_status kda_output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
     const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
                    nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
     const bool p2 = d->tc >= 2;
+    const bool mma = d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(QG) &&
+                     aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
+                     (!dE || aligned16(dE));
+    if (dQG)
+        DG_TRY(dqg_launch(ctx, d, scale, dO, h, dQG));
     KDA_DISPATCH_BT(d->BT, {
-        if (dQG) {
-            if (p2)
-                out_dqg_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, dO, h, dQG);
-            else
-                out_dqg_tc_kernel<BT_, 1><<<dim3(nc, hvs, nkt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, dO, h, dQG);
-            DG_CHECK_LAUNCH();
-        }
         if (dh) {
-            if (p2)
+            if (mma)
+                out_dh_mma_kernel<BT_><<<dim3(nc, hvs, nkt * nvt), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+            else if (p2)
                 out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             else
@@ -328,7 +404,10 @@ dg_status kda_output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
             DG_CHECK_LAUNCH();
         }
         if (dE) {
-            if (p2)
+            if (mma)
+                out_de_mma_kernel<BT_><<<dim3(nc, hvs, nvt), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+            else if (p2)
                 out_de_tc_kernel<BT_, 2><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
             else

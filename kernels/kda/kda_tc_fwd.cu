@@ -10,8 +10,11 @@
  * Fragments m16n16k8 TF32 (P = 1) or 3xTF32 (P = 2) with f32 accumulators, operands staged
  * zero-padded in shared memory (kda_tc.cuh). Warp w of a block owns the 16x16 output tiles
  * w, w + 8, ... of the block's output tile (row-major tile numbering).
+ * Exponentials in these kernels use __expf (the hardware ex2 approximation, relative error of a
+ * few 1e-6 for the exponents that occur here): far below the TF32 operand rounding (2^-11).
  */
 #include "kda_fwd_util.cuh"
+#include "kda_mma.cuh"
 #include "kda_tc.cuh"
 
 using namespace kdatc;
@@ -299,7 +302,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int a = 0; a < R; a++) {
                 const int i = ty + 16 * a, j = tx + 16 * a;
                 const float dg = tx > ty ? -INFINITY : gs[i * LD + e] - gs[j * LD + e];
-                const float x = ks[j * LD + e] * expf(dg);
+                const float x = ks[j * LD + e] * __expf(dg);
                 accA[a][a] += qs[i * LD + e] * x;
                 accP[a][a] += ks[i * LD + e] * x;
             }
@@ -321,13 +324,13 @@ __global__ void __launch_bounds__(TC_THREADS)
                 wmma::load_matrix_sync(br, gr + 8 * s8, LD); /* B(d, j) = G_r[d] */
 #pragma unroll
                 for (int t = 0; t < fq.num_elements; t++) {
-                    const float f = expf(fminf(fg.x[t] - fr.x[t], 0.f));
+                    const float f = __expf(fminf(fg.x[t] - fr.x[t], 0.f));
                     fq.x[t] *= f;
                     fk.x[t] *= f;
                 }
 #pragma unroll
                 for (int t = 0; t < bk.num_elements; t++)
-                    bk.x[t] *= expf(fminf(br.x[t] - bg.x[t], 0.f));
+                    bk.x[t] *= __expf(fminf(br.x[t] - bg.x[t], 0.f));
                 mma_frag<P>(cA, fq, bk);
                 mma_frag<P>(cP, fk, bk);
             }
@@ -361,7 +364,10 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 
     /* Aqk rows, Lkk, the solve and Tm rows: as the FFMA kernel */
-    kda_intra_finish<BT, R>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV, scale);
+    /* the block solve (kda_solve_blocked) takes its scratch behind Lkk and Tm */
+    static_assert(REGION >= 2 * BT * BT + (R - 1) * 256, "the block solve's scratch fits");
+    kda_intra_finish<BT, R, true>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV,
+                                  scale, sm + 2 * BT * BT);
 }
 
 /* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
@@ -413,7 +419,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                 if (j < L && e < ne) {
                     if (pass == 0)
                         x = k[((t0 + j) * H + hq) * K + e0 + e] *
-                            expf(G[((t0 + j) * HV + hv) * K + e0 + e]);
+                            __expf(G[((t0 + j) * HV + hv) * K + e0 + e]);
                     else
                         x = v[((t0 + j) * HV + hv) * V + e0 + e];
                 }
@@ -444,6 +450,37 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* N7 on mma.sync with cp.async stages (kda_mma.cuh), TF32 only: grid (chunk, hv, V / 64),
+ * O = s QG h_c + Aqk E for the block's 64 value columns (both products accumulate into one
+ * register tile; Aqk is read for j <= i only, E rows past L are zero-filled).
+ * Needs K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    output_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                          float scale, const float *__restrict__ QG, const float *__restrict__ h,
+                          const float *__restrict__ Aqk, const float *__restrict__ E,
+                          float *__restrict__ O) {
+    constexpr int NTW = kdamma::AbTile<BT>::NTW;
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
+    const int64_t rv = (int64_t)HV * V;
+    float acc[NTW][4] = {};
+    kdamma::gemm_acc<BT, true, false>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
+                                h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] *= scale;
+    kdamma::gemm_acc<BT, true, false, 1>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
+                                E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
+    kdamma::store_acc<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
+}
+
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
 
 dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
@@ -466,6 +503,16 @@ dg_status kda_output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, co
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
+    auto al = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
+    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && al(QG) && al(h) && al(Aqk) && al(E) &&
+        al(O)) {
+        KDA_DISPATCH_BT(d->BT, {
+            output_fwd_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+            DG_CHECK_LAUNCH();
+        });
+        return DG_OK;
+    }
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
                             d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
@@ -500,12 +547,16 @@ static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const floa
 dg_status kda_state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
                            const float *KG, const float *G, const float *h0, float *h, float *E,
                            float *ht) {
+    if (kda_state_mma_fits(d, W, U, KG, G, h0, nullptr, h, E, ht))
+        return kda_state_mma(ctx, d, 0, W, U, KG, G, h0, nullptr, h, E, ht);
     return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
 }
 
 dg_status kda_state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
                                const float *G, const float *dh, const float *dE, const float *dht,
                                float *dEtot, float *dHs, float *dh0) {
+    if (kda_state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
+        return kda_state_mma(ctx, d, 1, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
     return state_tc_launch<true>(ctx, d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
 }
 

@@ -1,0 +1,55 @@
+/*
+ * dist/dist.h -- library-internal side of the communicators: the backend table every backend
+ * fills in, and the helpers the backends share (clock, timeout message).
+ *
+ * dist/comm.c holds the public dg_comm_* functions: argument checks, host staging of CUDA tensors
+ * for the MPI backend, statistics. A backend moves raw bytes (or raw f32/f64 arrays for the
+ * reduction) that live where the backend wants them: host memory for MPI, device memory for NCCL.
+ * Every backend call must come back within c->timeout seconds; on a timeout it marks the
+ * communicator broken and returns DG_ERR_COMM.
+ */
+#ifndef DG_DIST_H
+#define DG_DIST_H
+
+#include "../tensor/tensor.h"
+
+typedef struct dg__comm_ops {
+    /* recv[size * bytes] = every rank's send[bytes] in rank order */
+    dg_status (*all_gather)(dg_comm *c, const void *send, void *recv, size_t bytes);
+    /* in-place sum of n elements of dtype dt (DG_F64 or DG_F32) */
+    dg_status (*all_reduce)(dg_comm *c, void *buf, int64_t n, dg_dtype dt);
+    /* send sbytes to dst, receive rbytes from src (either rank may be -1) */
+    dg_status (*shift)(dg_comm *c, const void *send, size_t sbytes, int dst, void *recv,
+                       size_t rbytes, int src);
+    dg_status (*barrier)(dg_comm *c);
+    dg_status (*split)(dg_comm *c, int color, int key, dg_comm **out);
+    void (*destroy)(dg_comm *c);
+    void (*abort)(dg_comm *c, int code);
+} dg__comm_ops;
+
+struct dg_comm {
+    const dg__comm_ops *ops;
+    dg_comm_backend kind;
+    int rank, size;
+    double timeout; /* seconds any one call may take */
+    int broken;     /* a call failed or timed out: every further call fails at once */
+    int on_device;  /* the backend's buffers are device memory (NCCL) */
+    dg_ctx *ctx;    /* NCCL: the device context; MPI: NULL */
+    dg_ctx *host;   /* host context for staging (made on first use) */
+    dg_comm_stats stats;
+    void *impl;
+};
+
+/* A zeroed communicator with the given table (DG_ERR_NOMEM when out of memory). */
+dg_status dg__comm_alloc(const dg__comm_ops *ops, dg_comm_backend kind, double timeout,
+                         dg_comm **out);
+/* Monotonic seconds. */
+double dg__comm_now(void);
+/* Sleep a little while polling: grows from 20 us to 1 ms with the number of polls so far. */
+void dg__comm_backoff(int64_t polls);
+/* Mark c broken and return DG_ERR_COMM with the standard timeout message for call `op`. */
+dg_status dg__comm_timeout(dg_comm *c, const char *op);
+/* The default timeout when the caller passes <= 0 (DG_COMM_TIMEOUT overrides it). */
+double dg__comm_default_timeout(double asked);
+
+#endif /* DG_DIST_H */

@@ -1,0 +1,197 @@
+/*
+ * kernels/kda/kda_mma.cuh -- the mma.sync building blocks of the KDA tensor-core kernels:
+ * cp.async copies into shared memory, TF32 rounding, the m16n8k8 TF32 product, and the
+ * chunk-local tile product (A B^T or A B into a BT x 64 register tile) that the output forward
+ * and the dO h^T-shaped backward products use. C++ only.
+ *
+ * Fragment layouts of mma.sync.m16n8k8 (PTX ISA), g = lane / 4, t = lane % 4:
+ *   A (16 x 8, row):  a0 (g, t)   a1 (g + 8, t)   a2 (g, t + 4)   a3 (g + 8, t + 4)
+ *   B (8 x 8, col):   b0 (k = t, n = g)           b1 (k = t + 4, n = g)
+ *   C/D (16 x 8):     d0 (g, 2t)  d1 (g, 2t + 1)  d2 (g + 8, 2t)  d3 (g + 8, 2t + 1)
+ * Operands that are "k-contiguous" in shared memory (row r, k at r * LD + k) are read without
+ * bank conflicts when LD % 32 == 4: the 32 lanes then hit banks 4g + t, all distinct.
+ */
+#ifndef DG_KDA_MMA_CUH
+#define DG_KDA_MMA_CUH
+
+#include "../common.cuh"
+#include "kda_cuda.h"
+
+namespace kdamma {
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+    const int n = pred ? 16 : 0; /* 0: fill the 16 bytes with zeros, read nothing */
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ unsigned tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+
+/* d += a b on TF32 operands with f32 accumulators. */
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Rows [0, R) x columns [c0, c0 + C) of a row-major array with row stride rs (floats) into
+ * shared memory with leading dimension LD; rows >= rows_ok and 4-column pieces at or past cols
+ * are zero-filled. Block-wide over NT threads, 16 bytes per copy; src, rs and c0 must keep
+ * every piece 16-byte aligned. */
+template <int R, int C, int LD, int NT>
+__device__ __forceinline__ void tile_async(float *dst, const float *__restrict__ src, int64_t rs,
+                                           int rows_ok, int c0, int cols) {
+    constexpr int Q = C / 4;
+    for (int idx = threadIdx.x; idx < R * Q; idx += NT) {
+        const int r = idx / Q, c = 4 * (idx % Q);
+        const bool ok = r < rows_ok && c0 + c < cols;
+        cp_async16(dst + r * LD + c, ok ? src + r * rs + c0 + c : src, ok);
+    }
+}
+
+constexpr int AB_N = 64;  /* output columns per block */
+constexpr int AB_KS = 32; /* k-step staged per pipeline stage */
+constexpr int AB_LD = AB_KS + 4;  /* k-contiguous stage [rows][32]: LD % 32 == 4 */
+constexpr int AB_LDB = AB_N + 8;  /* n-contiguous stage [32][64]: LD % 32 == 8, also conflict-free */
+constexpr int AB_THREADS = 256;
+
+/* Warp layout of a block's BT x 64 output tile: 8 warps, warp w owns the 16-row m-tile w / WN
+ * and NTW 8-column tiles from column n0. */
+template <int BT> struct AbTile {
+    static constexpr int WN = 8 / (BT / 16);  /* warps across the columns */
+    static constexpr int NTW = AB_N / 8 / WN; /* 8-column tiles per warp */
+};
+
+/* acc += op(A) op(B) for one block's BT x 64 output tile, k over [0, nk) in shared-memory stages
+ * of 32 (two cp.async stages). Layouts (all strides in floats):
+ *   AK:  A is k-contiguous: row m at A + m * rsA, rows >= rows_a zero;
+ *   !AK: A is m-contiguous (A^T stored): row k at A + k * rsA, k rows >= min(rows_b, nk) zero,
+ *        columns (m) >= rows_a zero;
+ *   BK:  B is k-contiguous (B^T stored): row n at B + n * rsB, rows >= rows_b zero;
+ *   !BK: B is n-contiguous: row k at B + k * rsB, k rows >= min(rows_b, nk) zero, columns >= nn
+ *        zero.
+ * TRI masks A to a triangle as it is read (the stored values elsewhere are ignored): 0 none,
+ * 1 keeps A(m, k) for k <= m, 2 for k >= m (m, k counted from the tile's first row / column).
+ * Needs nk, rsA, rsB, rows_a (when !AK), nn (when !BK) % 4 == 0 and 16-byte aligned A, B. Every
+ * fragment read is free of bank conflicts (k-contiguous stages have LD % 32 == 4, the others
+ * LD % 32 == 8). Ends with a __syncthreads (sm reusable). */
+template <int BT, bool AK, bool BK, int TRI = 0>
+__device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
+                                         const float *__restrict__ A, int64_t rsA, int rows_a,
+                                         const float *__restrict__ B, int64_t rsB, int rows_b,
+                                         int nn, int nk, float *sm) {
+    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
+    constexpr int LDA = AK ? AB_LD : BT + 8;
+    constexpr int ASTAGE = AK ? BT * AB_LD : AB_KS * LDA;
+    constexpr int BSTAGE = BK ? AB_N * AB_LD : AB_KS * AB_LDB;
+    /* stage b: A at sm + b * ASTAGE, B after both A stages (pointer arithmetic, not an array of
+     * pointers, which a run-time index would put in local memory) */
+    auto As = [&](int b) { return sm + b * ASTAGE; };
+    auto Bs = [&](int b) { return sm + 2 * ASTAGE + b * BSTAGE; };
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+    const int nst = (nk + AB_KS - 1) / AB_KS;
+    auto load = [&](int st, int b) {
+        const int k0 = st * AB_KS;
+        if (AK)
+            tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
+        else
+            tile_async<AB_KS, BT, LDA, AB_THREADS>(As(b), A + (int64_t)k0 * rsA, rsA,
+                                                    min(rows_b, nk) - k0, 0, rows_a);
+        if (BK)
+            tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(b), B, rsB, rows_b, k0, nk);
+        else /* stage row r is B row k0 + r, valid below min(rows_b, nk) */
+            tile_async<AB_KS, AB_N, AB_LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB,
+                                                         min(rows_b, nk) - k0, 0, nn);
+    };
+    load(0, 0);
+    cp_async_commit();
+    for (int st = 0; st < nst; st++) {
+        const int b = st & 1;
+        if (st + 1 < nst)
+            load(st + 1, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+#pragma unroll
+        for (int k0 = 0; k0 < AB_KS; k0 += 8) {
+            unsigned a[4];
+            if (AK) { /* a0 (m = g, k = t) at row m, column k */
+                const float *ap = As(b) + (m0 + g) * AB_LD + k0 + t;
+                a[0] = tf32(ap[0]);
+                a[1] = tf32(ap[8 * AB_LD]);
+                a[2] = tf32(ap[4]);
+                a[3] = tf32(ap[8 * AB_LD + 4]);
+            } else { /* at row k, column m */
+                const float *ap = As(b) + (k0 + t) * LDA + m0 + g;
+                a[0] = tf32(ap[0]);
+                a[1] = tf32(ap[8]);
+                a[2] = tf32(ap[4 * LDA]);
+                a[3] = tf32(ap[4 * LDA + 8]);
+            }
+            if (TRI) { /* a0 (m0 + g, kk), a1 (+8, kk), a2 (m0 + g, kk + 4), a3 (+8, kk + 4) */
+                const int mm = m0 + g, kk = st * AB_KS + k0 + t;
+                auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
+                a[0] = keep(mm, kk) ? a[0] : 0u;
+                a[1] = keep(mm + 8, kk) ? a[1] : 0u;
+                a[2] = keep(mm, kk + 4) ? a[2] : 0u;
+                a[3] = keep(mm + 8, kk + 4) ? a[3] : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < NTW; j++) {
+                if (BK) { /* b0 (k = t, n = g) at row n, column k */
+                    const float *bp = Bs(b) + (n0 + 8 * j + g) * AB_LD + k0 + t;
+                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
+                } else { /* at row k, column n */
+                    const float *bp = Bs(b) + (k0 + t) * AB_LDB + n0 + 8 * j + g;
+                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * AB_LDB]));
+                }
+            }
+        }
+        __syncthreads(); /* stage b is refilled next */
+    }
+}
+
+/* Shared memory of gemm_acc, in floats. */
+template <int BT, bool AK, bool BK> constexpr int gemm_smem() {
+    return 2 * ((AK ? BT * AB_LD : AB_KS * (BT + 8)) + (BK ? AB_N * AB_LD : AB_KS * AB_LDB));
+}
+
+/* Store a BT x 64 tile held as gemm_acc leaves it: C[r][c] = s acc for r < L, c < nn (rows of C
+ * at stride rsC; float2 stores, so C and rsC even). */
+template <int BT>
+__device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4],
+                                          float *__restrict__ C, int64_t rsC, int L, int nn,
+                                          float s) {
+    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            const int r = m0 + g + 8 * hlf, c = n0 + 8 * j + 2 * t;
+            if (r < L && c < nn) {
+                float *cp = C + r * rsC + c;
+                if (c + 1 < nn)
+                    *reinterpret_cast<float2 *>(cp) =
+                        make_float2(s * acc[j][2 * hlf], s * acc[j][2 * hlf + 1]);
+                else
+                    cp[0] = s * acc[j][2 * hlf];
+            }
+        }
+}
+
+} // namespace kdamma
+
+#endif /* DG_KDA_MMA_CUH */

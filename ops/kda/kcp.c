@@ -1,0 +1,552 @@
+/*
+ * ops/kda/kcp.c -- dg_kda_chunk_cp: chunked KDA over a context-parallel split (KCP; shared spec
+ * KCP.md §3-4, generalised to uneven splits, an initial state and the final state).
+ *
+ * The state pass is affine in its initial state: over one piece of a sequence,
+ *     h_out = M h_in + h_ext,      M = prod_c (Diag(exp lambda_c) - KG_c^T W_c)   (last chunk left)
+ * and its backward is the transpose, dh_in = M^T dh_out + dh_ext. Each rank summarises one piece
+ * per value head as [h_ext | M] ([HV, K, V+K], the compute dtype), all ranks exchange summaries
+ * with one all_gather, and each rank chains the summaries of the earlier ranks into the true
+ * initial state of its local sequence 0. Backward does the same in reverse with [dh_ext | M^T] of
+ * the first local sequence, giving the gradient of the state that leaves the last local sequence.
+ *
+ * On the tape (stage nodes of dg_kda_chunk, plus two):
+ *   N1..N5 as dg_kda_chunk          (local, no communication)
+ *   summary + all_gather + merge    -> h0m [n_local,HV,K,V]   ("kda_cp_init": routes the
+ *                                      gradient of h0m into the rows of the caller's h0)
+ *   N6 state (h0 = h0m, ht always)  -> h, E, ht_loc
+ *   "kda_cp_link": (h, E, ht_loc) -> (h', E', ht)   forward: h', E' alias h, E; ht puts ht_loc
+ *                   into the global rows of sequences that end here. Backward (it runs after N7's
+ *                   backward, before N6's): the reverse summary of the first local sequence from
+ *                   N7's dh and dE, all_gather, merge into dht of the last local sequence.
+ *   N7 output (h', E')              -> o
+ * The dh0 that N6 produces for a local sequence 0 that started on an earlier rank is dropped: the
+ * earlier ranks already received its content through the backward all_gather (KCP.md §4.3).
+ * Both all_gathers send every rank's summary (the ones a rank does not need are zero or unused),
+ * one collective each way, HV K (V+K) values per rank.
+ */
+#ifndef KDA_TMPL
+#include "../../dist/dist.h"
+#include "kda.h"
+#define KDA_TMPL "kcp.c"
+#include "kda_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+/* A = Diag(exp(lam)) - X^T Y over the L rows of chunk ch (X, Y rows of K at token stride HV*K):
+ * A[a][b] = delta_ab exp(lam_a) - sum_i X[i][a] Y[i][b]. */
+static void KF(kcp_chunk_mat)(const kda_dims *d, kda_chunk ch, int hv, const KT *X, const KT *Y,
+                              const KT *lam, KT *A) {
+    const int HV = d->HV, K = d->K;
+    for (int a = 0; a < K; a++)
+        for (int b = 0; b < K; b++)
+            A[a * K + b] = a == b ? KEXP(lam[a]) : (KT)0;
+    for (int i = 0; i < ch.L; i++) {
+        const int64_t ti = ch.t0 + i;
+        const KT *x = X + (ti * HV + hv) * K, *y = Y + (ti * HV + hv) * K;
+        for (int a = 0; a < K; a++)
+            for (int b = 0; b < K; b++)
+                A[a * K + b] -= x[a] * y[b];
+    }
+}
+
+/* Y = A X for A [K,K], X [K,n] with row stride ldx; Y [K,n] (stride ldy), Y != X. */
+static void KF(kcp_mm)(int K, int n, const KT *A, const KT *X, int ldx, KT *Y, int ldy) {
+    for (int a = 0; a < K; a++) {
+        KT *y = Y + (int64_t)a * ldy;
+        for (int b = 0; b < n; b++)
+            y[b] = 0;
+        for (int c = 0; c < K; c++) {
+            const KT s = A[a * K + c];
+            const KT *x = X + (int64_t)c * ldx;
+            for (int b = 0; b < n; b++)
+                y[b] += s * x[b];
+        }
+    }
+}
+
+/* Forward summary of local sequence n, per value head: hm[hv] = [h_out | M] ([K, V+K]) with
+ * h_out the state after the sequence's chunks starting from hin[hv] ([K,V]; NULL: zero). */
+static dg_status KF(kcp_pre_fwd)(const kda_dims *d, int n, const KT *W, const KT *U, const KT *KG,
+                                 const KT *G, const KT *hin, KT *hm) {
+    const int HV = d->HV, K = d->K, V = d->V, C = V + K;
+    const size_t per = (size_t)K * K + 2 * (size_t)K * C;
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
+        return dg__err(DG_ERR_NOMEM, "kcp_pre_fwd: no memory");
+    KDA_OMP(parallel for schedule(dynamic, 1) if (HV > 1))
+    for (int hv = 0; hv < HV; hv++) {
+        KT *A = scr + per * (size_t)kda_thread_id(), *S = A + K * K, *S2 = S + (size_t)K * C;
+        /* S = [h | M], starts [hin | I] */
+        for (int a = 0; a < K; a++)
+            for (int b = 0; b < C; b++)
+                S[a * C + b] =
+                    b < V ? (hin ? hin[((int64_t)hv * K + a) * V + b] : (KT)0) : (KT)(b - V == a);
+        for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+            KF(kcp_chunk_mat)(d, ch, hv, KG, W, lam, A); /* A = Diag - KG^T W */
+            KF(kcp_mm)(K, C, A, S, C, S2, C);            /* [h | M] <- A [h | M] */
+            for (int i = 0; i < ch.L; i++) {             /* h += KG^T U */
+                const int64_t ti = ch.t0 + i;
+                const KT *kg = KG + (ti * HV + hv) * K, *u = U + (ti * HV + hv) * V;
+                for (int a = 0; a < K; a++)
+                    for (int b = 0; b < V; b++)
+                        S2[a * C + b] += kg[a] * u[b];
+            }
+            KT *t = S;
+            S = S2;
+            S2 = t;
+        }
+        memcpy(hm + (int64_t)hv * K * C, S, sizeof(KT) * (size_t)K * C);
+    }
+    DG_FREE(scr);
+    return DG_OK;
+}
+
+/* Backward summary of local sequence n, per value head: dhm[hv] = [dh_in | M^T] with dh_in the
+ * gradient of the state entering the sequence given dh_out[hv] (NULL: zero) for the state that
+ * leaves it, and the local upstream dh [NC,HV,K,V], dE [TT,HV,V] (either NULL: zero). */
+static dg_status KF(kcp_pre_bwd)(const kda_dims *d, int n, const KT *W, const KT *KG, const KT *G,
+                                 const KT *dh, const KT *dE, const KT *dhout, KT *dhm) {
+    const int HV = d->HV, K = d->K, V = d->V, C = V + K;
+    const size_t per = (size_t)K * K + 2 * (size_t)K * C;
+    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    if (!scr)
+        return dg__err(DG_ERR_NOMEM, "kcp_pre_bwd: no memory");
+    KDA_OMP(parallel for schedule(dynamic, 1) if (HV > 1))
+    for (int hv = 0; hv < HV; hv++) {
+        KT *A = scr + per * (size_t)kda_thread_id(), *S = A + K * K, *S2 = S + (size_t)K * C;
+        for (int a = 0; a < K; a++)
+            for (int b = 0; b < C; b++)
+                S[a * C + b] = b < V ? (dhout ? dhout[((int64_t)hv * K + a) * V + b] : (KT)0)
+                                     : (KT)(b - V == a);
+        for (int64_t c = kda_nchunks(d, n) - 1; c >= 0; c--) {
+            kda_chunk ch = kda_chunk_at(d, n, c);
+            const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+            KF(kcp_chunk_mat)(d, ch, hv, W, KG, lam, A); /* A^T = Diag - W^T KG */
+            KF(kcp_mm)(K, C, A, S, C, S2, C);
+            if (dE) /* dH -= W^T dE_loc */
+                for (int i = 0; i < ch.L; i++) {
+                    const int64_t ti = ch.t0 + i;
+                    const KT *w = W + (ti * HV + hv) * K, *de = dE + (ti * HV + hv) * V;
+                    for (int a = 0; a < K; a++)
+                        for (int b = 0; b < V; b++)
+                            S2[a * C + b] -= w[a] * de[b];
+                }
+            if (dh) { /* dH += dh_c (gradient of the state at the chunk's start) */
+                const KT *dhc = dh + (ch.idx * HV + hv) * (int64_t)K * V;
+                for (int a = 0; a < K; a++)
+                    for (int b = 0; b < V; b++)
+                        S2[a * C + b] += dhc[a * V + b];
+            }
+            KT *t = S;
+            S = S2;
+            S2 = t;
+        }
+        memcpy(dhm + (int64_t)hv * K * C, S, sizeof(KT) * (size_t)K * C);
+    }
+    DG_FREE(scr);
+    return DG_OK;
+}
+
+/* Chain gathered summaries ag [world, HV, K, V+K]: x = 0; for each j in order: x = M_j x + x_j.
+ * out [HV,K,V]. */
+static dg_status KF(kcp_merge)(int HV, int K, int V, const KT *ag, const int *order, int n,
+                               KT *out) {
+    const int C = V + K;
+    const int64_t per = (int64_t)HV * K * C;
+    KT *row = (KT *)DG_MALLOC(sizeof(KT) * (size_t)K * V); /* x_new, then copied into out */
+    if (!row)
+        return dg__err(DG_ERR_NOMEM, "kcp_merge: no memory");
+    memset(out, 0, sizeof(KT) * (size_t)HV * K * V);
+    for (int s = 0; s < n; s++)
+        for (int hv = 0; hv < HV; hv++) {
+            const KT *sm = ag + order[s] * per + (int64_t)hv * K * C;
+            KT *x = out + (int64_t)hv * K * V;
+            for (int a = 0; a < K; a++)
+                for (int b = 0; b < V; b++) {
+                    KT acc = sm[a * C + b];
+                    for (int c = 0; c < K; c++)
+                        acc += sm[a * C + V + c] * x[c * V + b];
+                    row[a * V + b] = acc;
+                }
+            memcpy(x, row, sizeof(KT) * (size_t)K * V);
+        }
+    DG_FREE(row);
+    return DG_OK;
+}
+
+#else
+/* ---- nodes ---------------------------------------------------------------------------------- */
+
+#define OP "dg_kda_chunk_cp"
+
+/* Params of the two CP nodes: the local cfg (tables copied behind), the communicator, the plan's
+ * numbers. */
+typedef struct kcp_np {
+    kda_cfg cfg;
+    kda_rc *rc;
+    dg_comm *comm;
+    int rank, world, pre, post, seq0, n_global;
+    int64_t tab[];
+} kcp_np;
+
+static void kcp_np_free(void *params) {
+    kcp_np *np = (kcp_np *)params;
+    kda_rc_release(&np->rc);
+    kda_dev_release(&np->cfg.dev);
+}
+
+static kcp_np *kcp_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc, dg_comm *comm,
+                          const dg_cp_plan *p) {
+    size_t ntab = 2 * ((size_t)cfg->d.N + 1);
+    kcp_np *np = (kcp_np *)dg__node_params(n, sizeof(kcp_np) + ntab * sizeof(int64_t));
+    if (!np)
+        return NULL;
+    np->cfg = *cfg;
+    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
+    np->cfg.tab = np->tab;
+    np->cfg.d.cu = np->tab;
+    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
+    np->cfg.dev = kda_dev_retain(cfg->dev);
+    np->rc = rc ? kda_rc_retain(rc) : NULL;
+    np->comm = comm;
+    np->rank = p->rank;
+    np->world = p->world;
+    np->pre = p->pre_ranks;
+    np->post = p->post_ranks;
+    np->seq0 = p->seq0;
+    np->n_global = p->n_seqs;
+    n->params_free = kcp_np_free;
+    return np;
+}
+
+/* Does local sequence i end on this rank (its final state is a row of ht)? */
+static int ends_here(const kcp_np *np, int i) { return i < np->cfg.d.N - 1 || np->post == 0; }
+/* Does local sequence i start on this rank (its initial state is a row of h0)? */
+static int starts_here(const kcp_np *np, int i) { return i > 0 || np->pre == 0; }
+
+static size_t kv_bytes(const kda_cfg *c) {
+    return (size_t)c->d.HV * c->d.K * c->d.V * dg_dtype_size(c->dt);
+}
+
+/* ---- kda_cp_init: h0m rows from the caller's h0 (backward only routes gradients) ---- */
+static dg_status init_backward(dg_ctx *ctx, dg_node *n) {
+    const kcp_np *np = (const kcp_np *)n->params;
+    const dg_tensor *go = dg__node_grad_out(n, 0);
+    if (!go || !dg__node_wants_grad(n, 0))
+        return DG_OK;
+    const kda_cfg *c = &np->cfg;
+    dg_tensor *tmp = NULL, *g0 = NULL;
+    const void *p = NULL;
+    int64_t s0[4] = {np->n_global, c->d.HV, c->d.K, c->d.V};
+    const size_t row = kv_bytes(c);
+    dg_status st = kda_ptr(ctx, go, c->dt, &tmp, &p);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(ctx, c->dt, 4, s0, &g0);
+    for (int i = 0; i < c->d.N && st == DG_OK; i++)
+        if (starts_here(np, i))
+            memcpy((char *)dg_tensor_data(g0) + (size_t)(np->seq0 + i) * row,
+                   (const char *)p + (size_t)i * row, row);
+    if (st == DG_OK)
+        st = dg__node_accum(ctx, n, 0, g0);
+    dg_tensor_free(&tmp);
+    dg_tensor_free(&g0);
+    return st;
+}
+
+/* ---- kda_cp_link: (h, E, ht_loc) -> (h', E', ht) ---- */
+static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
+    const kcp_np *np = (const kcp_np *)n->params;
+    const kda_cfg *c = &np->cfg;
+    const int HV = c->d.HV, K = c->d.K, V = c->d.V, NL = c->d.N;
+    const dg_tensor *go[3] = {dg__node_grad_out(n, 0), dg__node_grad_out(n, 1),
+                              dg__node_grad_out(n, 2)};
+    const size_t row = kv_bytes(c);
+    dg_tensor *tmp[4] = {0}, *W = NULL, *KG = NULL, *dhm = NULL, *ag = NULL, *dhtl = NULL;
+    const void *p[4] = {0}, *pw = NULL, *pk = NULL, *pg = NULL;
+    dg_tensor *tw = NULL, *tk = NULL, *tg = NULL;
+    int64_t sm[3] = {HV, K, V + K}, sa[4] = {np->world, HV, K, V + K};
+    int64_t sl[4] = {NL, HV, K, V};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 3 && st == DG_OK; i++)
+        if (go[i])
+            st = kda_ptr(ctx, go[i], c->dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(ctx, c->dt, 3, sm, &dhm);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, c->dt, 4, sa, &ag);
+    if (st == DG_OK && np->pre > 0) { /* reverse summary of local sequence 0 */
+        st = kda_rc_get(np->rc, ctx, KDA_W, &W);
+        if (st == DG_OK)
+            st = kda_rc_get(np->rc, ctx, KDA_KG, &KG);
+        if (st == DG_OK)
+            st = kda_ptr(ctx, W, c->dt, &tw, &pw);
+        if (st == DG_OK)
+            st = kda_ptr(ctx, KG, c->dt, &tk, &pk);
+        if (st == DG_OK)
+            st = kda_ptr(ctx, n->saved[0], c->dt, &tg, &pg);
+        const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
+        if (ends_here(np, 0) && p[2])
+            dhout = (const char *)p[2] + (size_t)np->seq0 * row;
+        if (st == DG_OK)
+            st = KDA_CALL(c->dt, kcp_pre_bwd, &c->d, 0, pw, pk, pg, p[0], p[1], dhout,
+                          dg_tensor_data(dhm));
+    }
+    /* every rank joins the collective, whatever it has to send */
+    if (st == DG_OK)
+        st = dg_comm_all_gather(np->comm, dhm, ag);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(ctx, c->dt, 4, sl, &dhtl);
+    for (int i = 0; i < NL && st == DG_OK; i++)
+        if (ends_here(np, i) && p[2])
+            memcpy((char *)dg_tensor_data(dhtl) + (size_t)i * row,
+                   (const char *)p[2] + (size_t)(np->seq0 + i) * row, row);
+    if (st == DG_OK && np->post > 0) { /* farthest rank first */
+        int order[64], *ord = np->post <= 64 ? order : (int *)DG_MALLOC(sizeof(int) * np->post);
+        for (int s = 0; ord && s < np->post; s++)
+            ord[s] = np->rank + np->post - s;
+        if (!ord)
+            st = dg__err(DG_ERR_NOMEM, OP ": backward: out of host memory");
+        else
+            st = KDA_CALL(c->dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, np->post,
+                          (void *)((char *)dg_tensor_data(dhtl) + (size_t)(NL - 1) * row));
+        if (ord && ord != order)
+            DG_FREE(ord);
+    }
+    for (int i = 0; i < 2 && st == DG_OK; i++)
+        if (go[i] && dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, (dg_tensor *)go[i]);
+    if (st == DG_OK && dg__node_wants_grad(n, 2))
+        st = dg__node_accum(ctx, n, 2, dhtl);
+    for (int i = 0; i < 4; i++)
+        dg_tensor_free(&tmp[i]);
+    dg_tensor *locals[6] = {tw, tk, tg, dhm, ag, dhtl};
+    for (int i = 0; i < 6; i++)
+        dg_tensor_free(&locals[i]);
+    return st;
+}
+
+/* A new tensor object sharing t's storage (not recorded). */
+static dg_status alias(dg_tensor *t, dg_tensor **out) {
+    dg_no_grad_begin();
+    dg_status st = dg_reshape(t, t->ndim, t->shape, out);
+    dg_no_grad_end();
+    return st;
+}
+
+static dg_status check_plan(dg_comm *comm, const dg_cp_plan *plan, const dg_kda_opts *opts) {
+    DG_TRY(dg__check_ptr(OP, "comm", comm));
+    DG_TRY(dg__check_ptr(OP, "plan", plan));
+    if (plan->world != dg_comm_size(comm) || plan->rank != dg_comm_rank(comm))
+        return dg__err(DG_ERR_ARG, OP ": plan is for rank %d of %d but comm is rank %d of %d",
+                       plan->rank, plan->world, dg_comm_rank(comm), dg_comm_size(comm));
+    if (opts && opts->cu_seqlens)
+        return dg__err(DG_ERR_ARG, OP ": opts->cu_seqlens must be NULL (the plan holds the "
+                                      "sequences: build it with dg_cp_plan_new)");
+    return DG_OK;
+}
+
+dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *q,
+                          dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
+                          dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
+                          const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "o", o));
+    *o = NULL;
+    if (ht)
+        *ht = NULL;
+    if (opts && opts->output_final_state && !ht)
+        return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
+    DG_TRY(check_plan(comm, plan, opts));
+    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "1,T_r,H,K"));
+    if (q->shape[0] != 1 || q->shape[1] != plan->end - plan->begin)
+        return dg__err(DG_ERR_SHAPE,
+                       OP ": q must be [1, %lld, H, K] (this rank's %lld tokens of the plan), "
+                          "got %s",
+                       (long long)(plan->end - plan->begin), (long long)(plan->end - plan->begin),
+                       dg_tensor_desc(q));
+    dg_kda_opts lo;
+    memset(&lo, 0, sizeof lo);
+    if (opts)
+        lo = *opts;
+    lo.cu_seqlens = plan->cu_local;
+    lo.n_seqs = plan->n_local;
+    lo.output_final_state = 0;
+    kda_cfg cfg;
+    DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, NULL, &lo, &cfg));
+    const int want_ht = opts && opts->output_final_state;
+    const int HV = cfg.d.HV, K = cfg.d.K, V = cfg.d.V, NL = cfg.d.N;
+    int64_t s0[4] = {plan->n_seqs, HV, K, V}, sl[4] = {NL, HV, K, V};
+    int64_t sm[3] = {HV, K, V + K}, sa[4] = {plan->world, HV, K, V + K};
+    dg_status st = DG_OK;
+    if (cfg.cuda)
+        st = dg__err(DG_ERR_UNSUPPORTED, OP ": the CUDA path is not written yet: run the CP op "
+                                            "on CPU tensors");
+    if (st == DG_OK && h0)
+        st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "n_seqs,HV,K,V (global sequences)");
+    if (st != DG_OK) {
+        kda_cfg_free(&cfg);
+        return st;
+    }
+
+    dg_tensor *qn = NULL, *kn = NULL, *bt = NULL, *G = NULL, *Aqk = NULL, *Tm = NULL;
+    dg_tensor *W = NULL, *U = NULL, *KG = NULL, *QG = NULL, *h = NULL, *E = NULL, *htl = NULL;
+    dg_tensor *hm = NULL, *ag = NULL, *h0m = NULL, *h2 = NULL, *E2 = NULL, *htu = NULL;
+    dg_tensor *tmp[5] = {0};
+    const void *p[5] = {0};
+    kda_rc *rc = NULL;
+    kcp_np probe; /* the plan's numbers, for ends_here / starts_here before a node exists */
+    memset(&probe, 0, sizeof probe);
+    probe.cfg = cfg;
+    probe.pre = plan->pre_ranks;
+    probe.post = plan->post_ranks;
+    const size_t row = kv_bytes(&cfg);
+
+    if (opts && opts->l2norm_qk) {
+        st = kda_l2norm_x(ctx, q, 1, &qn);
+        if (st == DG_OK)
+            st = kda_l2norm_x(ctx, k, 1, &kn);
+    } else {
+        qn = dg_tensor_retain(q);
+        kn = dg_tensor_retain(k);
+    }
+    if (st == DG_OK) {
+        if (opts && opts->beta_sigmoid)
+            st = kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &bt);
+        else
+            bt = dg_tensor_retain(beta);
+    }
+    if (st == DG_OK)
+        st = kda_gate_x(ctx, g, A_log, dt_bias, &lo, cfg.dev, &G);
+    if (st == DG_OK)
+        st = kda_intra_x(ctx, qn, kn, bt, G, &lo, cfg.dev, &Aqk, &Tm);
+    if (st == DG_OK)
+        st = kda_wy_x(ctx, qn, kn, v, bt, G, Tm, &lo, cfg.dev, &W, &U, &KG, &QG);
+
+    /* forward summary of the last local sequence, all_gather, merge into h0m */
+    dg_tensor *in4[4] = {W, U, KG, G};
+    for (int i = 0; i < 4 && st == DG_OK; i++)
+        st = kda_ptr(ctx, in4[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK && h0)
+        st = kda_ptr(ctx, h0, cfg.dt, &tmp[4], &p[4]);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(ctx, cfg.dt, 3, sm, &hm);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, cfg.dt, 4, sa, &ag);
+    if (st == DG_OK && plan->post_ranks > 0) {
+        const void *hin = NULL; /* the last local sequence's known initial state */
+        if (starts_here(&probe, NL - 1) && p[4])
+            hin = (const char *)p[4] + (size_t)(plan->seq0 + NL - 1) * row;
+        st = KDA_CALL(cfg.dt, kcp_pre_fwd, &cfg.d, NL - 1, p[0], p[1], p[2], p[3], hin,
+                      dg_tensor_data(hm));
+    }
+    if (st == DG_OK)
+        st = dg_comm_all_gather(comm, hm, ag);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(ctx, cfg.dt, 4, sl, &h0m);
+    for (int i = 0; i < NL && st == DG_OK && p[4]; i++)
+        if (starts_here(&probe, i))
+            memcpy((char *)dg_tensor_data(h0m) + (size_t)i * row,
+                   (const char *)p[4] + (size_t)(plan->seq0 + i) * row, row);
+    if (st == DG_OK && plan->pre_ranks > 0) { /* oldest rank first */
+        int order[64],
+            *ord = plan->pre_ranks <= 64 ? order : (int *)DG_MALLOC(sizeof(int) * plan->pre_ranks);
+        for (int s = 0; ord && s < plan->pre_ranks; s++)
+            ord[s] = plan->rank - plan->pre_ranks + s;
+        if (!ord)
+            st = dg__err(DG_ERR_NOMEM, OP ": out of host memory");
+        else
+            st = KDA_CALL(cfg.dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, plan->pre_ranks,
+                          dg_tensor_data(h0m));
+        if (ord && ord != order)
+            DG_FREE(ord);
+    }
+    if (st == DG_OK && h0 && dg__needs_grad(1, &h0)) {
+        dg_node *n = NULL;
+        st = dg__node_new("kda_cp_init", DG_POLICY_CACHE, init_backward, ctx, &n);
+        if (st == DG_OK)
+            st = dg__node_input(n, h0);
+        if (st == DG_OK)
+            st = dg__node_output(n, h0m);
+        kcp_np *np = st == DG_OK ? kcp_np_new(n, &cfg, NULL, comm, plan) : NULL;
+        if (st == DG_OK && !np)
+            st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+        if (st == DG_OK)
+            st = dg__node_commit(n);
+        else if (n)
+            dg__node_abort(n);
+    }
+
+    /* the local state pass from h0m, then the link node, then the output */
+    if (st == DG_OK)
+        st = kda_rc_new(&cfg, &rc);
+    if (st == DG_OK) {
+        kda_rc_set_inputs(rc, qn, kn, v, bt, G, Tm, h0m);
+        if (dg_policy_resolve("kda_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE) {
+            kda_rc_cache(rc, KDA_W, W);
+            kda_rc_cache(rc, KDA_U, U);
+            kda_rc_cache(rc, KDA_KG, KG);
+            kda_rc_cache(rc, KDA_QG, QG);
+        }
+        st = kda_state_rc(ctx, W, U, KG, G, h0m, &lo, rc, &h, &E, &htl);
+    }
+    if (st == DG_OK)
+        st = dg_tensor_zeros(ctx, cfg.dt, 4, s0, &htu);
+    for (int i = 0; i < NL && st == DG_OK; i++)
+        if (ends_here(&probe, i))
+            memcpy((char *)dg_tensor_data(htu) + (size_t)(plan->seq0 + i) * row,
+                   (const char *)dg_tensor_data(htl) + (size_t)i * row, row);
+    dg_tensor *lin[3] = {h, E, htl};
+    if (st == DG_OK && dg__needs_grad(3, lin)) {
+        st = alias(h, &h2);
+        if (st == DG_OK)
+            st = alias(E, &E2);
+        dg_node *n = NULL;
+        if (st == DG_OK)
+            st = dg__node_new("kda_cp_link", DG_POLICY_CACHE, link_backward, ctx, &n);
+        for (int i = 0; i < 3 && st == DG_OK; i++)
+            st = dg__node_input(n, lin[i]);
+        if (st == DG_OK)
+            st = dg__node_output(n, h2);
+        if (st == DG_OK)
+            st = dg__node_output(n, E2);
+        if (st == DG_OK)
+            st = dg__node_output(n, htu);
+        if (st == DG_OK)
+            st = dg__node_save(n, G);
+        kcp_np *np = st == DG_OK ? kcp_np_new(n, &cfg, rc, comm, plan) : NULL;
+        if (st == DG_OK && !np)
+            st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+        if (st == DG_OK)
+            st = dg__node_commit(n);
+        else if (n)
+            dg__node_abort(n);
+    } else if (st == DG_OK) {
+        h2 = dg_tensor_retain(h);
+        E2 = dg_tensor_retain(E);
+    }
+    if (st == DG_OK)
+        st = kda_output_rc(ctx, QG, h2, Aqk, E2, &lo, rc, q->dtype, o);
+    if (st == DG_OK && want_ht)
+        *ht = dg_tensor_retain(htu);
+
+    kda_rc_release(&rc);
+    dg_tensor *locals[19] = {qn, kn, bt,  G,  Aqk, Tm,  W,  U,  KG, QG,
+                             h,  E,  htl, hm, ag,  h0m, h2, E2, htu};
+    for (int i = 0; i < 19; i++)
+        dg_tensor_free(&locals[i]);
+    for (int i = 0; i < 5; i++)
+        dg_tensor_free(&tmp[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK) {
+        dg_tensor_free(o);
+        if (ht)
+            dg_tensor_free(ht);
+    }
+    return st;
+}
+#endif

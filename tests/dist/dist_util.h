@@ -1,0 +1,63 @@
+/*
+ * tests/dist/dist_util.h -- what every dist test shares: start the MPI communicator (or report
+ * skipped without MPI), send the check lines of ranks other than 0 to a per-rank log file, and
+ * agree on one exit code over all ranks.
+ */
+#ifndef DG_TEST_DIST_UTIL_H
+#define DG_TEST_DIST_UTIL_H
+
+#include "../harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The world communicator (timeout from DG_COMM_TIMEOUT, default 60 s here), or exit 77 when the
+ * build has no MPI. Ranks > 0 write their check lines to <suite>.rank<r>.log. */
+static inline dg_comm *dt_init(int argc, char **argv, const char *suite) {
+    if (!dg_have_mpi()) {
+        dg_test_init(argc, argv, suite);
+        exit(dg_test_skip("this build has no MPI"));
+    }
+    dg_comm *c = NULL;
+    const char *e = getenv("DG_COMM_TIMEOUT");
+    dg_status st = dg_comm_init_mpi(e && *e ? 0.0 : 60.0, &c);
+    if (st != DG_OK) {
+        fprintf(stderr, "FATAL: dg_comm_init_mpi: %s\n", dg_last_error());
+        exit(1);
+    }
+    if (dg_comm_rank(c) > 0) {
+        char path[256];
+        snprintf(path, sizeof path, "%s.rank%d.log", suite, dg_comm_rank(c));
+        if (!freopen(path, "w", stdout))
+            fprintf(stderr, "warning: cannot write %s\n", path);
+    }
+    dg_test_init(argc, argv, suite);
+    printf("ranks: %d\n", dg_comm_size(c));
+    return c;
+}
+
+/* Exit code agreed by every rank: 0 only if all ranks passed. */
+static inline int dt_finish(dg_comm **c, const char *suite) {
+    int rc = dg_test_finish();
+    dg_ctx *cpu = NULL;
+    dg_tensor *t = NULL;
+    double fails = rc != 0;
+    if (dg_ctx_new(dg_cpu(), &cpu) == DG_OK &&
+        dg_tensor_from_f64(cpu, DG_F64, 1, (int64_t[]){1}, &fails, &t) == DG_OK &&
+        dg_comm_all_reduce(*c, t) == DG_OK) {
+        fails = ((double *)dg_tensor_data(t))[0];
+        if (dg_comm_rank(*c) == 0 && fails > 0)
+            printf("%s: %.0f of %d ranks failed (ranks > 0 logged to %s.rank<r>.log)\n", suite,
+                   fails, dg_comm_size(*c), suite);
+    } else {
+        fprintf(stderr, "dt_finish: could not agree on the result: %s\n", dg_last_error());
+        fails = 1;
+    }
+    dg_tensor_free(&t);
+    dg_ctx_free(&cpu);
+    dg_comm_free(c);
+    dg_comm_finalize();
+    return fails > 0 ? 1 : 0;
+}
+
+#endif

@@ -1,0 +1,157 @@
+/*
+ * tests/dist/test_conv_cp.c -- dg_short_conv_cp on 2 and 4 ranks against dg_short_conv on one:
+ * y and dx on the rank's slice, dw and dbias summed over the ranks (f64 1e-10, f32 1e-5,
+ * norm-relative). Cases: one sequence, varlen packs with sequences that start 1 or 2 tokens
+ * before a rank boundary (fewer than W-1 halo rows are valid) or end right at one, uneven splits,
+ * W = 2 and 4, with and without bias and SiLU.
+ */
+#include "../kda_testutil.h"
+#include "dist_util.h"
+
+#include <string.h>
+
+typedef struct ccase {
+    const char *name;
+    int64_t T, C;
+    int W;
+    const int64_t *cu;
+    int nseq;
+    int uneven, bias;
+    dg_act act;
+} ccase;
+
+static void split_tokens(int world, int64_t T, int uneven, int64_t *out) {
+    int64_t used = 0;
+    for (int r = 0; r < world - 1; r++) {
+        out[r] = uneven ? T * (2 * r + 1) / ((int64_t)world * world) : T / world;
+        used += out[r];
+    }
+    out[world - 1] = T - used;
+}
+
+typedef struct cres {
+    double *y, *dx, *dw, *db;
+} cres;
+
+static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const ccase *c, dg_dtype dt,
+                const double *x, const double *w, const double *bias, const double *dy, cres *r) {
+    const int64_t b = plan ? plan->begin : 0, e = plan ? plan->end : c->T;
+    dg_tensor *tx = kt_tensor(ctx, dt, 3, (int64_t[]){1, e - b, c->C}, x + b * c->C, 1);
+    dg_tensor *tw = kt_tensor(ctx, dt, 2, (int64_t[]){c->C, c->W}, w, 1);
+    dg_tensor *tb = c->bias ? kt_tensor(ctx, dt, 1, (int64_t[]){c->C}, bias, 1) : NULL;
+    dg_tensor *y = NULL;
+    dg_tape_reset();
+    if (plan)
+        DG_TEST_TRY(dg_short_conv_cp(ctx, comm, plan, tx, tw, tb, c->act, &y));
+    else
+        DG_TEST_TRY(dg_short_conv(ctx, tx, tw, tb, c->act, c->cu, c->nseq, &y));
+    dg_tensor *g = kt_tensor(ctx, dt, 3, (int64_t[]){1, e - b, c->C}, dy + b * c->C, 0);
+    DG_TEST_TRY(dg_tape_backward_with(ctx, y, g));
+    if (plan) {
+        DG_TEST_TRY(dg_comm_all_reduce(comm, (dg_tensor *)dg_tensor_grad(tw)));
+        if (tb)
+            DG_TEST_TRY(dg_comm_all_reduce(comm, (dg_tensor *)dg_tensor_grad(tb)));
+    }
+    r->y = kt_host(y, dg_tensor_numel(y));
+    r->dx = kt_host(dg_tensor_grad(tx), dg_tensor_numel(tx));
+    r->dw = kt_host(dg_tensor_grad(tw), dg_tensor_numel(tw));
+    r->db = tb ? kt_host(dg_tensor_grad(tb), c->C) : NULL;
+    dg_tape_reset();
+    dg_tensor_free(&tx);
+    dg_tensor_free(&tw);
+    dg_tensor_free(&tb);
+    dg_tensor_free(&y);
+    dg_tensor_free(&g);
+}
+
+static void run_case(dg_ctx *ctx, dg_comm *comm, const ccase *c, dg_dtype dt, double tol) {
+    const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
+    const int64_t n = c->T * c->C;
+    double *x = kt_randn(n, 11, 1.0), *w = kt_randn(c->C * c->W, 12, 0.5);
+    double *bias = kt_randn(c->C, 13, 0.5), *dy = kt_randn(n, 14, 1.0);
+    int64_t *tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)W);
+    split_tokens(W, c->T, c->uneven, tok);
+    dg_cp_plan *plan = NULL;
+    DG_TEST_TRY(dg_cp_plan_new(W, R, c->T, c->cu, c->nseq, tok, &plan));
+    cres want, got;
+    run(ctx, comm, NULL, c, dt, x, w, bias, dy, &want);
+    run(ctx, comm, plan, c, dt, x, w, bias, dy, &got);
+    const int64_t b = plan->begin, e = plan->end;
+    char name[160];
+    snprintf(name, sizeof name, "%s %s [%lld,%lld) pre_tokens %lld: y", dg_dtype_name(dt), c->name,
+             (long long)b, (long long)e, (long long)plan->pre_tokens);
+    dg_check_rel(name, got.y, want.y + b * c->C, (e - b) * c->C, tol);
+    snprintf(name, sizeof name, "%s %s: dx", dg_dtype_name(dt), c->name);
+    dg_check_rel(name, got.dx, want.dx + b * c->C, (e - b) * c->C, tol);
+    snprintf(name, sizeof name, "%s %s: dw (summed)", dg_dtype_name(dt), c->name);
+    dg_check_rel(name, got.dw, want.dw, c->C * c->W, tol);
+    if (c->bias) {
+        snprintf(name, sizeof name, "%s %s: dbias (summed)", dg_dtype_name(dt), c->name);
+        dg_check_rel(name, got.db, want.db, c->C, tol);
+    }
+    cres *rs[2] = {&want, &got};
+    for (int i = 0; i < 2; i++) {
+        free(rs[i]->y);
+        free(rs[i]->dx);
+        free(rs[i]->dw);
+        free(rs[i]->db);
+    }
+    dg_cp_plan_free(&plan);
+    free(tok);
+    free(x);
+    free(w);
+    free(bias);
+    free(dy);
+}
+
+static void test_errors(dg_ctx *ctx, dg_comm *comm) {
+    const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
+    /* every rank holds 2 tokens: too few for W = 4 */
+    dg_cp_plan *plan = NULL;
+    DG_TEST_TRY(dg_cp_plan_new(W, R, 2 * W, NULL, 0, NULL, &plan));
+    double xs[2 * 3] = {0}, ws[3 * 4] = {0};
+    dg_tensor *x = kt_tensor(ctx, DG_F64, 3, (int64_t[]){1, 2, 3}, xs, 0);
+    dg_tensor *w = kt_tensor(ctx, DG_F64, 2, (int64_t[]){3, 4}, ws, 0), *y = NULL;
+    dg_check_err(dg_short_conv_cp(ctx, comm, plan, x, w, NULL, DG_ACT_NONE, &y), DG_ERR_ARG,
+                 "at least W-1", "ranks with fewer than W-1 tokens");
+    dg_tensor *xb = kt_tensor(ctx, DG_F64, 3, (int64_t[]){1, 1, 3}, xs, 0);
+    dg_check_err(dg_short_conv_cp(ctx, comm, plan, xb, w, NULL, DG_ACT_NONE, &y), DG_ERR_SHAPE,
+                 "this rank's tokens", "x of the wrong length");
+    dg_tensor_free(&x);
+    dg_tensor_free(&xb);
+    dg_tensor_free(&w);
+    dg_cp_plan_free(&plan);
+}
+
+/* 4 ranks of 15 tokens: boundaries 15, 30, 45; sequences start 1 before (14, 29, 44) */
+static const int64_t cu_near[] = {0, 14, 29, 31, 44, 60};
+static const int64_t cu_ends[] = {0, 15, 30, 33, 60}; /* ends exactly at boundaries */
+
+static const ccase cases[] = {
+    /* name           T    C  W  cu       nseq uneven bias act */
+    {"one seq", 64, 6, 4, NULL, 0, 0, 1, DG_ACT_SILU},
+    {"one seq W=2", 64, 5, 2, NULL, 0, 1, 0, DG_ACT_NONE},
+    {"starts near a boundary", 60, 4, 4, cu_near, 5, 0, 1, DG_ACT_SILU},
+    {"ends at boundaries", 60, 4, 4, cu_ends, 4, 0, 0, DG_ACT_SILU},
+    {"uneven", 160, 3, 4, cu_near, 5, 1, 1, DG_ACT_NONE},
+};
+
+int main(int argc, char **argv) {
+    dg_comm *comm = dt_init(argc, argv, "conv_cp");
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    test_errors(ctx, comm);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ccase c = cases[i];
+        if (c.cu == cu_near && c.T == 160) { /* the same pack stretched to 160 tokens */
+            static int64_t cu_big[6];
+            for (int j = 0; j < 6; j++)
+                cu_big[j] = cu_near[j] * 160 / 60;
+            c.cu = cu_big;
+        }
+        run_case(ctx, comm, &c, DG_F64, 1e-10);
+        run_case(ctx, comm, &c, DG_F32, 1e-5);
+    }
+    dg_ctx_free(&ctx);
+    return dt_finish(&comm, "conv_cp");
+}

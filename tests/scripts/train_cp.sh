@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# tests/scripts/train_cp.sh MPIRUN DELTAGRAD WORKDIR -- `deltagrad train --cp N` computes what one
+# process computes: the same loss curve (CPU f32, up to the order of rounding), and checkpoints
+# move between a CP run and a one-process run in both directions.
+#
+# Tolerance: 2e-5 relative per step. The CP run sums the same terms in another order (chunk grids
+# start at each rank's slice, losses and gradients are summed over ranks), so f32 results differ
+# by a few units of f32 rounding (observed ~4e-7 relative); 2e-5 leaves room for that to grow
+# over 8 optimizer steps, and is far below a real error (a lost carried state moves the loss by
+# ~1e-2 at the first step).
+set -u
+mpirun=$1 dg=$2 work=$3
+rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
+args=(--steps 8 --eval-every 4 --sample-every -1 --seq-len 64 --batch 4 --layers 1 --d 32
+      --no-plot --threads 1)
+fail=0
+run1() { "$dg" train "${args[@]}" "$@" >/dev/null 2>err.txt || { cat err.txt; echo "NOT OK: $dg train $*"; fail=1; }; }
+runN() { local np=$1; shift
+         "$mpirun" --oversubscribe -np "$np" "$dg" train "${args[@]}" "$@" >/dev/null 2>err.txt ||
+             { cat err.txt; echo "NOT OK: mpirun -np $np deltagrad train $*"; fail=1; }; }
+# compare NAME REF.csv GOT.csv: train_loss (column 2) of every step, and val_loss (column 3)
+compare() {
+    awk -F, -v name="$1" 'NR == FNR { if (FNR > 1) { a[$1] = $2; v[$1] = $3 } next }
+        FNR > 1 { n++; d = $2 - a[$1]; if (d < 0) d = -d; r = d / a[$1]; if (r > m) m = r
+                  if ($3 != "" && v[$1] != "") { d = $3 - v[$1]; if (d < 0) d = -d
+                      if (d / v[$1] > m) m = d / v[$1] } }
+        END { ok = n == 8 && m <= 2e-5
+              printf "%s %-44s %d steps, max rel diff %.2e (tol 2e-5)\n", ok ? "OK    " : "NOT OK", name, n, m
+              exit ok ? 0 : 1 }' "$2" "$3" || fail=1
+}
+run1 --out one
+runN 2 --cp 2 --out cp2
+compare "--cp 2 vs one process" one/log.csv cp2/log.csv
+runN 4 --cp 4 --out cp4
+compare "--cp 4 vs one process" one/log.csv cp4/log.csv
+runN 4 --cp 2 --out cp2dp2
+compare "--cp 2 x 2 data-parallel vs one process" one/log.csv cp2dp2/log.csv
+# a CP checkpoint resumed by one process, and the other way round
+runN 2 --cp 2 --out a --stop-at 4
+"$dg" train --out a --resume --no-plot --threads 1 >/dev/null 2>err.txt || { cat err.txt; fail=1; }
+compare "--cp 2 to step 4, resumed by one process" one/log.csv a/log.csv
+run1 --out b --stop-at 4
+"$mpirun" --oversubscribe -np 2 "$dg" train --out b --resume --cp 2 --no-plot --threads 1 \
+    >/dev/null 2>err.txt || { cat err.txt; fail=1; }
+compare "one process to step 4, resumed by --cp 2" one/log.csv b/log.csv
+# misuse gives a clear error
+out=$("$dg" train "${args[@]}" --cp 2 --no-out 2>&1); rc=$?
+if [ $rc -eq 2 ] && echo "$out" | grep -q "launch with mpirun -np 2"; then
+    echo "OK     --cp 2 without mpirun: exit 2, names the launch command"
+else echo "NOT OK --cp 2 without mpirun: exit $rc: $out"; fail=1; fi
+out=$("$mpirun" --oversubscribe -np 3 "$dg" train "${args[@]}" --cp 2 --no-out 2>&1); rc=$?
+if [ $rc -ne 0 ] && echo "$out" | grep -q "must divide the number of processes"; then
+    echo "OK     --cp 2 on 3 processes: fails, says why"
+else echo "NOT OK --cp 2 on 3 processes: exit $rc: $out"; fail=1; fi
+exit $fail
