@@ -95,6 +95,8 @@ static int parse_f64(const char *cmd, const char *flag, const char *s, double lo
 static void fmt_time(double s, char *buf, size_t n) {
     if (!isfinite(s) || s < 0)
         s = 0;
+    if (s > 1e12) /* an ETA of millennia: keep the cast below defined */
+        s = 1e12;
     long t = (long)(s + 0.5);
     if (t >= 3600)
         snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
