@@ -481,6 +481,76 @@ static void test_checkpoints(void) {
     free(bytes);
 }
 
+/* `deltagrad train` on a tiny model in a child process (a long run into dir); its pid. */
+static pid_t start_trainer(const char *dir) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int nul = open("/dev/null", O_WRONLY);
+        dup2(nul, 1);
+        dup2(nul, 2);
+        char *argv[] = {DG_BINARY_DIR "/deltagrad",
+                        "train",
+                        "--data",
+                        KJV,
+                        "--max-bytes",
+                        "20000",
+                        "--out",
+                        (char *)dir,
+                        "--steps",
+                        "1000000",
+                        "--batch",
+                        "2",
+                        "--seq-len",
+                        "32",
+                        "--d",
+                        "16",
+                        "--heads",
+                        "1",
+                        "--head-dim",
+                        "16",
+                        "--inter",
+                        "32",
+                        "--chunk",
+                        "16",
+                        "--eval-every",
+                        "0",
+                        "--sample-every",
+                        "-1",
+                        "--ckpt-every",
+                        "0",
+                        "--no-plot",
+                        "--threads",
+                        "1",
+                        NULL};
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits (at most a minute) until dir/log.csv shows `n` steps. */
+static void wait_steps(const char *dir, int n) {
+    for (int i = 0; i < 6000 && csv_lines(dir) < n; i++)
+        usleep(10000);
+}
+
+/* Signals a trainer and returns its exit status. */
+static int stop_trainer(pid_t pid, int sig) {
+    kill(pid, sig);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* `deltagrad train` in a child, stopped by `sig` once log.csv shows `after` steps. Returns the
+ * child's exit status. */
+static int train_then_signal(const char *dir, int sig, int after) {
+    pid_t pid = start_trainer(dir);
+    wait_steps(dir, after);
+    return stop_trainer(pid, sig);
+}
+
 /* ---- (6) run directories -------------------------------------------------------------------- */
 
 static void test_run_dirs(void) {
@@ -533,6 +603,30 @@ static void test_run_dirs(void) {
     if (fd >= 0)
         close(fd);
 
+    /* two processes: a second `deltagrad train` on a directory in use fails at once */
+    char busy[300], pidtxt[32];
+    tmp_path(busy, sizeof busy, "busy");
+    pid_t first = start_trainer(busy);
+    wait_steps(busy, 2);
+    snprintf(pidtxt, sizeof pidtxt, "pid %ld", (long)first);
+    char *resume[] = {"deltagrad", "train", "--resume", "--out", busy, "--threads", "1", NULL};
+    rc = run_binary(resume, err, sizeof err);
+    REJ(6, dg_check(rc == 1 && strstr(err, "in use") && strstr(err, pidtxt),
+                    "a second trainer (--resume) on a busy directory: exit 1 naming %s (%d: "
+                    "%.200s)",
+                    pidtxt, rc, err));
+    char *fresh[] = {"deltagrad", "train",      "--out",  busy,      "--overwrite",
+                     "--steps",   "1",          "--d",    "8",       "--heads",
+                     "1",         "--head-dim", "8",      "--inter", "8",
+                     "--chunk",   "16",         "--data", KJV,       NULL};
+    rc = run_binary(fresh, err, sizeof err);
+    REJ(6, dg_check(rc == 1 && strstr(err, "in use"),
+                    "a second trainer with --overwrite is refused too (%d: %.160s)", rc, err));
+    int lines_before = csv_lines(busy);
+    rc = stop_trainer(first, SIGTERM);
+    CASE(6, dg_check(rc == 128 + SIGTERM && csv_lines(busy) >= lines_before,
+                     "the first trainer ran on undisturbed and stopped cleanly (exit %d)", rc));
+
     /* log.csv cannot be written (a file size limit, as on a full disk): the run stops at once */
     char full[300];
     tmp_path(full, sizeof full, "csv_full");
@@ -581,60 +675,6 @@ static void test_run_dirs(void) {
 }
 
 /* ---- (9) faults ----------------------------------------------------------------------------- */
-
-/* `deltagrad train` in a child, stopped by `sig` once log.csv shows `after` steps. Returns the
- * child's exit status. */
-static int train_then_signal(const char *dir, int sig, int after) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int nul = open("/dev/null", O_WRONLY);
-        dup2(nul, 1);
-        dup2(nul, 2);
-        char *argv[] = {DG_BINARY_DIR "/deltagrad",
-                        "train",
-                        "--data",
-                        KJV,
-                        "--max-bytes",
-                        "20000",
-                        "--out",
-                        (char *)dir,
-                        "--steps",
-                        "1000000",
-                        "--batch",
-                        "2",
-                        "--seq-len",
-                        "32",
-                        "--d",
-                        "16",
-                        "--heads",
-                        "1",
-                        "--head-dim",
-                        "16",
-                        "--inter",
-                        "32",
-                        "--chunk",
-                        "16",
-                        "--eval-every",
-                        "0",
-                        "--sample-every",
-                        "-1",
-                        "--ckpt-every",
-                        "0",
-                        "--no-plot",
-                        "--threads",
-                        "1",
-                        NULL};
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    for (int i = 0; i < 6000 && csv_lines(dir) < after; i++)
-        usleep(10000);
-    kill(pid, sig);
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-        ;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
 
 static void test_faults(void) {
     static const int sigs[2] = {SIGTERM, SIGINT};

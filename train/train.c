@@ -684,6 +684,11 @@ static dg_status setup(run *r, const dg_train_opts *in) {
     r->o = *in;
     dg_train_opts *o = &r->o;
     DG_TRY(dg_ctx_new(o->device, &r->ctx));
+    /* an existing run directory is locked before anything in it is read */
+    struct stat dsb;
+    if (o->out_dir[0] && (!o->comm || dg_comm_rank(o->comm) == 0) && stat(o->out_dir, &dsb) == 0 &&
+        S_ISDIR(dsb.st_mode))
+        DG_TRY(lock_dir(r));
     dg_ckpt ck;
     memset(&ck, 0, sizeof ck);
     if (o->resume) {
@@ -754,7 +759,8 @@ static dg_status setup(run *r, const dg_train_opts *in) {
         return dg__err(DG_ERR_NOMEM, "batches: out of host memory");
     if (o->out_dir[0] && r->rank == 0) {
         DG_TRY(mkdir_p(o->out_dir));
-        DG_TRY(lock_dir(r));
+        if (r->lock_fd < 0)
+            DG_TRY(lock_dir(r));
         if (!o->resume)
             DG_TRY(check_fresh_dir(r));
         dg_ckpt_clean_temps(o->out_dir);
