@@ -8,6 +8,7 @@
  * Statistics count what this rank contributes to the wire: all_gather (size-1) x its piece (every
  * other rank receives it), all_reduce 2 (size-1)/size x the buffer (a ring), shift the bytes sent.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, clock_gettime, getaddrinfo */
 #include "dist.h"
 
 #include <time.h>
@@ -193,12 +194,9 @@ dg_status dg_comm_all_reduce(dg_comm *c, dg_tensor *x) {
         return DG_OK;
     double t0 = dg__comm_now();
     dg_status st = DG_OK;
-    if (x->dtype == DG_BF16) { /* summed in f32 */
+    if (x->dtype == DG_BF16) { /* summed in f32: on the device for NCCL, else on the host */
         dg_tensor *f = NULL;
-        dg_ctx *ctx = dg__is_cuda(x) ? (c->ctx ? c->ctx : NULL) : NULL;
-        if (dg__is_cuda(x) && !ctx)
-            return dg__err(DG_ERR_DEVICE, OPR ": bf16 CUDA tensors need the NCCL backend's "
-                                              "context; convert to f32 first");
+        dg_ctx *ctx = c->on_device ? c->ctx : NULL;
         if (!ctx) {
             if (!c->host)
                 DG_TRY(dg_ctx_new(dg_cpu(), &c->host));

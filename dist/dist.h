@@ -49,6 +49,11 @@ double dg__comm_now(void);
 void dg__comm_backoff(int64_t polls);
 /* Mark c broken and return DG_ERR_COMM with the standard timeout message for call `op`. */
 dg_status dg__comm_timeout(dg_comm *c, const char *op);
+/* Bootstrap broadcast over TCP (dist/rendezvous.c): rank 0 listens on `port` (all interfaces)
+ * and sends buf[0..n) to each of the size-1 other ranks; they connect to addr:port (retrying) and
+ * receive into buf. DG_ERR_COMM when a peer or rank 0 does not show up within timeout s. */
+dg_status dg__tcp_bcast(int rank, int size, const char *addr, int port, double timeout, void *buf,
+                        size_t n);
 /* The default timeout when the caller passes <= 0 (DG_COMM_TIMEOUT overrides it). */
 double dg__comm_default_timeout(double asked);
 

@@ -615,7 +615,8 @@ dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_s
 void dg_cp_plan_free(dg_cp_plan **p);
 
 /* dg_kda_chunk over a context-parallel split (KCP, shared spec KCP.md): every rank calls it with
- * its slice, q, k: [1,T_r,H,K] etc. (T_r = plan->end - plan->begin), on the CPU (f64, f32).
+ * its slice, q, k: [1,T_r,H,K] etc. (T_r = plan->end - plan->begin), with the dtypes and devices
+ * of dg_kda_chunk (on CUDA the summaries are computed on host copies; not yet run on a GPU).
  * opts->cu_seqlens must be NULL (the plan holds the sequences). h0: [n_seqs,HV,K,V] global or
  * NULL; each row is read by the rank where its sequence starts. ht (output_final_state):
  * [n_seqs,HV,K,V]; rows of sequences that end on this rank hold the final state, the others are

@@ -4,7 +4,8 @@
 #   1. the `default` preset: auto-detects CUDA/NCCL/MPI, so where nvcc is present every kernel is
 #      compiled; runs the cpu, gpu and dist labels (gpu tests report "skipped" without a device;
 #      dist tests run under mpirun with 2 and 4 ranks when MPI is installed).
-#   2. the `sanitize` preset (host only, ASan + UBSan): runs the cpu label again.
+#   2. the `sanitize` preset (host only, ASan + UBSan): runs the cpu label again, and the MPI
+#      test programs of the dist label (leak checking off there: Open MPI's own allocations).
 #   3. tools/fuzz.sh: the libFuzzer targets, DG_FUZZ_SECONDS (default 30) each, when clang can
 #      link libFuzzer (.ci/run installs it).
 # Set DG_CHECK_FAST=1 to skip steps 2 and 3.
@@ -18,7 +19,7 @@ cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs"
 
 if [ "${DG_CHECK_FAST:-0}" != 1 ]; then
-    echo "== [2/3] sanitizer build (ASan + UBSan, host only) + cpu tests"
+    echo "== [2/3] sanitizer build (ASan + UBSan, host only) + cpu and dist tests"
     cmake --preset sanitize
     cmake --build --preset sanitize -j "$jobs"
     ASAN_OPTIONS=detect_leaks=1 ctest --preset sanitize -j "$jobs"

@@ -45,6 +45,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: deltagrad bench core [options]\n"
             "       deltagrad bench kda [options]      (see deltagrad bench kda --help)\n"
+            "       mpirun -np N deltagrad bench cp [options]   (see deltagrad bench cp --help)\n"
             "\n"
             "bench core: GEMM throughput through dg_matmul and memory bandwidth through the\n"
             "library's copy kernels; medians of --reps runs after --warmup untimed runs.\n"
@@ -446,6 +447,8 @@ int dg_cmd_bench(int argc, char **argv) {
         return bench_core(argc - 2, argv + 2);
     if (!strcmp(argv[1], "kda"))
         return dg_bench_kda(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "cp"))
+        return dg_bench_cp(argc - 1, argv + 1);
     fprintf(stderr, "deltagrad bench: unknown benchmark '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

@@ -10,8 +10,9 @@
 static int cmd_version(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    printf("deltagrad %s (CUDA: %s, NCCL: %s, CUDA devices: %d)\n", DG_VERSION,
-           dg_have_cuda() ? "yes" : "no", dg_have_nccl() ? "yes" : "no", dg_cuda_device_count());
+    printf("deltagrad %s (CUDA: %s, NCCL: %s, MPI: %s, CUDA devices: %d)\n", DG_VERSION,
+           dg_have_cuda() ? "yes" : "no", dg_have_nccl() ? "yes" : "no",
+           dg_have_mpi() ? "yes" : "no", dg_cuda_device_count());
     return 0;
 }
 
@@ -23,7 +24,8 @@ static const struct {
     {"train", dg_cmd_train, "train the toy KDA language model"},
     {"sample", dg_cmd_sample, "generate text from a checkpoint"},
     {"kda", dg_cmd_kda, "run chunked KDA (forward/backward) on .npy files"},
-    {"bench", dg_cmd_bench, "benchmarks: `bench core` (matmul, bandwidth), `bench kda`"},
+    {"bench", dg_cmd_bench,
+     "benchmarks: `bench core` (matmul, bandwidth), `bench kda`, `bench cp` (under mpirun)"},
     {"explain", dg_cmd_explain, "print the chunked KDA algorithm, stage by stage"},
     {"version", cmd_version, "print version and what this build supports"},
 };

@@ -184,7 +184,7 @@ static void train_help(FILE *f) {
         "  --threads N          CPU threads for the ops (default 0: all cores, fewer while the\n"
         "                       machine is busy; OMP_NUM_THREADS also works; under mpirun: the\n"
         "                       cores divided by the processes)\n"
-        "  --cp N               context parallelism over N processes (CPU): launch with\n"
+        "  --cp N               context parallelism over N processes: launch with\n"
         "                       mpirun -np P deltagrad train --cp N ...; each group of N ranks\n"
         "                       splits its rows, packed end to end, into N slices (KCP), and the\n"
         "                       P / N groups share the batch (data parallelism); the run computes\n"
@@ -570,7 +570,7 @@ int dg_cmd_train(int argc, char **argv) {
         return 0;
     /* several processes: --cp, or started by mpirun */
     dg_comm *comm = NULL;
-    if (o.cp > 1 || launched_by_mpirun()) {
+    if (o.cp > 1 || (launched_by_mpirun() && dg_have_mpi())) {
         if (dg_comm_init_mpi(0.0, &comm) != DG_OK) {
             fprintf(stderr, "deltagrad train: --cp / mpirun: %s\n", dg_last_error());
             return o.cp > 1 ? 2 : 1;

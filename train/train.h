@@ -68,7 +68,7 @@ typedef struct dg_train_opts {
     int plot;            /* render DIR/loss.png with gnuplot at the end */
     /* Several processes (launch-time only, not stored in checkpoints): `comm` is the world (not
      * owned; NULL: one process) and the ranks form groups of `cp` (context parallelism: each
-     * group's rows are packed into one token axis and split over its cp ranks, CPU only); the
+     * group's rows are packed into one token axis and split over its cp ranks); the
      * world / cp groups share the batch rows (data parallelism; batch % groups == 0). Gradients
      * and losses are summed over every rank, so the run computes what one process would. Only
      * rank 0 reports events and writes files. */

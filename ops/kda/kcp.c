@@ -24,6 +24,11 @@
  * earlier ranks already received its content through the backward all_gather (KCP.md §4.3).
  * Both all_gathers send every rank's summary (the ones a rank does not need are zero or unused),
  * one collective each way, HV K (V+K) values per rank.
+ * CUDA: the stages run on the device as in dg_kda_chunk; the summaries, merges and row moves run
+ * on host copies (W, U, KG, G and the upstream gradients are copied down, h0m, ht and dht up),
+ * and the MPI communicator carries host buffers, so several processes can share one GPU. This
+ * path costs a device-to-host copy of the activations per call and has not been run on a GPU
+ * yet (the development machine has none); the CPU path runs the same code without copies.
  */
 #ifndef KDA_TMPL
 #include "../../dist/dist.h"
@@ -233,6 +238,58 @@ static size_t kv_bytes(const kda_cfg *c) {
     return (size_t)c->d.HV * c->d.K * c->d.V * dg_dtype_size(c->dt);
 }
 
+/* ---- host staging: the summaries, merges and row moves run on host copies, so the same code
+ * serves CPU tensors (no copy) and CUDA tensors (copied down and up; the local chunked work
+ * stays on the device). ---- */
+
+/* The context host tensors are made in: ctx itself on the CPU, else a new CPU context. */
+static dg_status host_ctx(dg_ctx *ctx, dg_ctx **hc) {
+    if (dg_ctx_device(ctx).kind == DG_DEV_CPU) {
+        *hc = ctx;
+        return DG_OK;
+    }
+    return dg_ctx_new(dg_cpu(), hc);
+}
+
+static void host_ctx_free(dg_ctx *ctx, dg_ctx **hc) {
+    if (*hc && *hc != ctx)
+        dg_ctx_free(hc);
+    *hc = NULL;
+}
+
+/* t as a contiguous host tensor of dtype dt: t itself (retained) when it is one, else a copy.
+ * Not recorded. */
+static dg_status to_host(dg_ctx *hc, const dg_tensor *t, dg_dtype dt, dg_tensor **out) {
+    *out = NULL;
+    if (!t)
+        return DG_OK;
+    if (!dg__is_cuda(t) && t->dtype == dt && dg_tensor_is_contiguous(t)) {
+        *out = dg_tensor_retain((dg_tensor *)t);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(hc, dt, t->ndim, t->shape, out));
+    dg_status st = dg_tensor_copy_(*out, t);
+    if (st != DG_OK)
+        dg_tensor_free(out);
+    return st;
+}
+
+/* Host tensor h on ctx's device: h itself (retained) on the CPU, else a copy. */
+static dg_status to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
+    *out = NULL;
+    if (dg_ctx_device(ctx).kind == DG_DEV_CPU) {
+        *out = dg_tensor_retain(h);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(ctx, h->dtype, h->ndim, h->shape, out));
+    dg_status st = dg_tensor_copy_(*out, h);
+    if (st != DG_OK)
+        dg_tensor_free(out);
+    return st;
+}
+
+static const void *hptr(const dg_tensor *t) { return t ? dg_tensor_data(t) : NULL; }
+
 /* ---- kda_cp_init: h0m rows from the caller's h0 (backward only routes gradients) ---- */
 static dg_status init_backward(dg_ctx *ctx, dg_node *n) {
     const kcp_np *np = (const kcp_np *)n->params;
@@ -240,21 +297,27 @@ static dg_status init_backward(dg_ctx *ctx, dg_node *n) {
     if (!go || !dg__node_wants_grad(n, 0))
         return DG_OK;
     const kda_cfg *c = &np->cfg;
-    dg_tensor *tmp = NULL, *g0 = NULL;
-    const void *p = NULL;
+    dg_ctx *hc = NULL;
+    dg_tensor *gh = NULL, *g0 = NULL, *g0d = NULL;
     int64_t s0[4] = {np->n_global, c->d.HV, c->d.K, c->d.V};
     const size_t row = kv_bytes(c);
-    dg_status st = kda_ptr(ctx, go, c->dt, &tmp, &p);
+    dg_status st = host_ctx(ctx, &hc);
     if (st == DG_OK)
-        st = dg_tensor_zeros(ctx, c->dt, 4, s0, &g0);
+        st = to_host(hc, go, c->dt, &gh);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(hc, c->dt, 4, s0, &g0);
     for (int i = 0; i < c->d.N && st == DG_OK; i++)
         if (starts_here(np, i))
             memcpy((char *)dg_tensor_data(g0) + (size_t)(np->seq0 + i) * row,
-                   (const char *)p + (size_t)i * row, row);
+                   (const char *)dg_tensor_data(gh) + (size_t)i * row, row);
     if (st == DG_OK)
-        st = dg__node_accum(ctx, n, 0, g0);
-    dg_tensor_free(&tmp);
+        st = to_dev(ctx, g0, &g0d);
+    if (st == DG_OK)
+        st = dg__node_accum(ctx, n, 0, g0d);
+    dg_tensor_free(&gh);
     dg_tensor_free(&g0);
+    dg_tensor_free(&g0d);
+    host_ctx_free(ctx, &hc);
     return st;
 }
 
@@ -266,45 +329,44 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *go[3] = {dg__node_grad_out(n, 0), dg__node_grad_out(n, 1),
                               dg__node_grad_out(n, 2)};
     const size_t row = kv_bytes(c);
-    dg_tensor *tmp[4] = {0}, *W = NULL, *KG = NULL, *dhm = NULL, *ag = NULL, *dhtl = NULL;
-    const void *p[4] = {0}, *pw = NULL, *pk = NULL, *pg = NULL;
-    dg_tensor *tw = NULL, *tk = NULL, *tg = NULL;
+    dg_ctx *hc = NULL;
+    dg_tensor *gh[3] = {0}, *W = NULL, *KG = NULL, *wh = NULL, *kh = NULL, *gg = NULL;
+    dg_tensor *dhm = NULL, *ag = NULL, *dhtl = NULL, *dhtd = NULL;
     int64_t sm[3] = {HV, K, V + K}, sa[4] = {np->world, HV, K, V + K};
     int64_t sl[4] = {NL, HV, K, V};
-    dg_status st = DG_OK;
+    dg_status st = host_ctx(ctx, &hc);
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        if (go[i])
-            st = kda_ptr(ctx, go[i], c->dt, &tmp[i], &p[i]);
+        st = to_host(hc, go[i], c->dt, &gh[i]);
     if (st == DG_OK)
-        st = dg_tensor_zeros(ctx, c->dt, 3, sm, &dhm);
+        st = dg_tensor_zeros(hc, c->dt, 3, sm, &dhm);
     if (st == DG_OK)
-        st = dg_tensor_new(ctx, c->dt, 4, sa, &ag);
+        st = dg_tensor_new(hc, c->dt, 4, sa, &ag);
     if (st == DG_OK && np->pre > 0) { /* reverse summary of local sequence 0 */
         st = kda_rc_get(np->rc, ctx, KDA_W, &W);
         if (st == DG_OK)
             st = kda_rc_get(np->rc, ctx, KDA_KG, &KG);
         if (st == DG_OK)
-            st = kda_ptr(ctx, W, c->dt, &tw, &pw);
+            st = to_host(hc, W, c->dt, &wh);
         if (st == DG_OK)
-            st = kda_ptr(ctx, KG, c->dt, &tk, &pk);
+            st = to_host(hc, KG, c->dt, &kh);
         if (st == DG_OK)
-            st = kda_ptr(ctx, n->saved[0], c->dt, &tg, &pg);
+            st = to_host(hc, n->saved[0], c->dt, &gg);
         const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
-        if (ends_here(np, 0) && p[2])
-            dhout = (const char *)p[2] + (size_t)np->seq0 * row;
+        if (ends_here(np, 0) && gh[2])
+            dhout = (const char *)dg_tensor_data(gh[2]) + (size_t)np->seq0 * row;
         if (st == DG_OK)
-            st = KDA_CALL(c->dt, kcp_pre_bwd, &c->d, 0, pw, pk, pg, p[0], p[1], dhout,
-                          dg_tensor_data(dhm));
+            st = KDA_CALL(c->dt, kcp_pre_bwd, &c->d, 0, hptr(wh), hptr(kh), hptr(gg), hptr(gh[0]),
+                          hptr(gh[1]), dhout, dg_tensor_data(dhm));
     }
     /* every rank joins the collective, whatever it has to send */
     if (st == DG_OK)
         st = dg_comm_all_gather(np->comm, dhm, ag);
     if (st == DG_OK)
-        st = dg_tensor_zeros(ctx, c->dt, 4, sl, &dhtl);
+        st = dg_tensor_zeros(hc, c->dt, 4, sl, &dhtl);
     for (int i = 0; i < NL && st == DG_OK; i++)
-        if (ends_here(np, i) && p[2])
+        if (ends_here(np, i) && gh[2])
             memcpy((char *)dg_tensor_data(dhtl) + (size_t)i * row,
-                   (const char *)p[2] + (size_t)(np->seq0 + i) * row, row);
+                   (const char *)dg_tensor_data(gh[2]) + (size_t)(np->seq0 + i) * row, row);
     if (st == DG_OK && np->post > 0) { /* farthest rank first */
         int order[64], *ord = np->post <= 64 ? order : (int *)DG_MALLOC(sizeof(int) * np->post);
         for (int s = 0; ord && s < np->post; s++)
@@ -320,13 +382,15 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 2 && st == DG_OK; i++)
         if (go[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, (dg_tensor *)go[i]);
-    if (st == DG_OK && dg__node_wants_grad(n, 2))
-        st = dg__node_accum(ctx, n, 2, dhtl);
-    for (int i = 0; i < 4; i++)
-        dg_tensor_free(&tmp[i]);
-    dg_tensor *locals[6] = {tw, tk, tg, dhm, ag, dhtl};
-    for (int i = 0; i < 6; i++)
+    if (st == DG_OK && dg__node_wants_grad(n, 2)) {
+        st = to_dev(ctx, dhtl, &dhtd);
+        if (st == DG_OK)
+            st = dg__node_accum(ctx, n, 2, dhtd);
+    }
+    dg_tensor *locals[10] = {gh[0], gh[1], gh[2], wh, kh, gg, dhm, ag, dhtl, dhtd};
+    for (int i = 0; i < 10; i++)
         dg_tensor_free(&locals[i]);
+    host_ctx_free(ctx, &hc);
     return st;
 }
 
@@ -383,10 +447,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     int64_t s0[4] = {plan->n_seqs, HV, K, V}, sl[4] = {NL, HV, K, V};
     int64_t sm[3] = {HV, K, V + K}, sa[4] = {plan->world, HV, K, V + K};
     dg_status st = DG_OK;
-    if (cfg.cuda)
-        st = dg__err(DG_ERR_UNSUPPORTED, OP ": the CUDA path is not written yet: run the CP op "
-                                            "on CPU tensors");
-    if (st == DG_OK && h0)
+    if (h0)
         st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "n_seqs,HV,K,V (global sequences)");
     if (st != DG_OK) {
         kda_cfg_free(&cfg);
@@ -396,9 +457,10 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg_tensor *qn = NULL, *kn = NULL, *bt = NULL, *G = NULL, *Aqk = NULL, *Tm = NULL;
     dg_tensor *W = NULL, *U = NULL, *KG = NULL, *QG = NULL, *h = NULL, *E = NULL, *htl = NULL;
     dg_tensor *hm = NULL, *ag = NULL, *h0m = NULL, *h2 = NULL, *E2 = NULL, *htu = NULL;
-    dg_tensor *tmp[5] = {0};
+    dg_tensor *hh[5] = {0}, *h0mh = NULL, *htlh = NULL, *htuh = NULL; /* host copies */
     const void *p[5] = {0};
     kda_rc *rc = NULL;
+    dg_ctx *hc = NULL;
     kcp_np probe; /* the plan's numbers, for ends_here / starts_here before a node exists */
     memset(&probe, 0, sizeof probe);
     probe.cfg = cfg;
@@ -428,15 +490,17 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         st = kda_wy_x(ctx, qn, kn, v, bt, G, Tm, &lo, cfg.dev, &W, &U, &KG, &QG);
 
     /* forward summary of the last local sequence, all_gather, merge into h0m */
-    dg_tensor *in4[4] = {W, U, KG, G};
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_ptr(ctx, in4[i], cfg.dt, &tmp[i], &p[i]);
-    if (st == DG_OK && h0)
-        st = kda_ptr(ctx, h0, cfg.dt, &tmp[4], &p[4]);
+    dg_tensor *in5[5] = {W, U, KG, G, h0};
     if (st == DG_OK)
-        st = dg_tensor_zeros(ctx, cfg.dt, 3, sm, &hm);
+        st = host_ctx(ctx, &hc);
+    for (int i = 0; i < 5 && st == DG_OK; i++) {
+        st = to_host(hc, in5[i], cfg.dt, &hh[i]);
+        p[i] = hptr(hh[i]);
+    }
     if (st == DG_OK)
-        st = dg_tensor_new(ctx, cfg.dt, 4, sa, &ag);
+        st = dg_tensor_zeros(hc, cfg.dt, 3, sm, &hm);
+    if (st == DG_OK)
+        st = dg_tensor_new(hc, cfg.dt, 4, sa, &ag);
     if (st == DG_OK && plan->post_ranks > 0) {
         const void *hin = NULL; /* the last local sequence's known initial state */
         if (starts_here(&probe, NL - 1) && p[4])
@@ -447,10 +511,10 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     if (st == DG_OK)
         st = dg_comm_all_gather(comm, hm, ag);
     if (st == DG_OK)
-        st = dg_tensor_zeros(ctx, cfg.dt, 4, sl, &h0m);
+        st = dg_tensor_zeros(hc, cfg.dt, 4, sl, &h0mh);
     for (int i = 0; i < NL && st == DG_OK && p[4]; i++)
         if (starts_here(&probe, i))
-            memcpy((char *)dg_tensor_data(h0m) + (size_t)i * row,
+            memcpy((char *)dg_tensor_data(h0mh) + (size_t)i * row,
                    (const char *)p[4] + (size_t)(plan->seq0 + i) * row, row);
     if (st == DG_OK && plan->pre_ranks > 0) { /* oldest rank first */
         int order[64],
@@ -461,10 +525,12 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
             st = dg__err(DG_ERR_NOMEM, OP ": out of host memory");
         else
             st = KDA_CALL(cfg.dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, plan->pre_ranks,
-                          dg_tensor_data(h0m));
+                          dg_tensor_data(h0mh));
         if (ord && ord != order)
             DG_FREE(ord);
     }
+    if (st == DG_OK)
+        st = to_dev(ctx, h0mh, &h0m);
     if (st == DG_OK && h0 && dg__needs_grad(1, &h0)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_cp_init", DG_POLICY_CACHE, init_backward, ctx, &n);
@@ -495,11 +561,15 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         st = kda_state_rc(ctx, W, U, KG, G, h0m, &lo, rc, &h, &E, &htl);
     }
     if (st == DG_OK)
-        st = dg_tensor_zeros(ctx, cfg.dt, 4, s0, &htu);
+        st = to_host(hc, htl, cfg.dt, &htlh);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(hc, cfg.dt, 4, s0, &htuh);
     for (int i = 0; i < NL && st == DG_OK; i++)
         if (ends_here(&probe, i))
-            memcpy((char *)dg_tensor_data(htu) + (size_t)(plan->seq0 + i) * row,
-                   (const char *)dg_tensor_data(htl) + (size_t)i * row, row);
+            memcpy((char *)dg_tensor_data(htuh) + (size_t)(plan->seq0 + i) * row,
+                   (const char *)dg_tensor_data(htlh) + (size_t)i * row, row);
+    if (st == DG_OK)
+        st = to_dev(ctx, htuh, &htu);
     dg_tensor *lin[3] = {h, E, htl};
     if (st == DG_OK && dg__needs_grad(3, lin)) {
         st = alias(h, &h2);
@@ -539,8 +609,10 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
                              h,  E,  htl, hm, ag,  h0m, h2, E2, htu};
     for (int i = 0; i < 19; i++)
         dg_tensor_free(&locals[i]);
-    for (int i = 0; i < 5; i++)
-        dg_tensor_free(&tmp[i]);
+    dg_tensor *staged[8] = {hh[0], hh[1], hh[2], hh[3], hh[4], h0mh, htlh, htuh};
+    for (int i = 0; i < 8; i++)
+        dg_tensor_free(&staged[i]);
+    host_ctx_free(ctx, &hc);
     kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(o);

@@ -36,6 +36,23 @@ static inline dg_comm *dt_init(int argc, char **argv, const char *suite) {
     return c;
 }
 
+/* The context the suite runs in: the CPU, or in gpu mode CUDA device 0 (every rank shares it:
+ * the MPI communicator stages CUDA tensors through host memory). Without a device every rank
+ * ends the job as skipped. */
+static inline dg_ctx *dt_ctx(dg_comm **c) {
+    dg_ctx *ctx = NULL;
+    if (dg_test_gpu_mode() && dg_cuda_device_count() < 1) {
+        dg_comm_free(c);
+        dg_comm_finalize();
+        exit(dg_test_skip("no CUDA device"));
+    }
+    if (dg_ctx_new(dg_test_gpu_mode() ? dg_cuda(0) : dg_cpu(), &ctx) != DG_OK) {
+        fprintf(stderr, "FATAL: dg_ctx_new: %s\n", dg_last_error());
+        exit(1);
+    }
+    return ctx;
+}
+
 /* Exit code agreed by every rank: 0 only if all ranks passed. */
 static inline int dt_finish(dg_comm **c, const char *suite) {
     int rc = dg_test_finish();

@@ -8,7 +8,9 @@
  * (each rank's share) are summed over the ranks first. Cases: one long sequence cut at and off
  * chunk boundaries, varlen packs whose sequences start, end or span rank boundaries, uneven
  * splits (a rank holding only the middle of a sequence), h0 and ht, B > 1 packed as varlen.
- * Also: the plan of shared spec KCP.md §2's worked example, and argument errors.
+ * Also: the plan of shared spec KCP.md §2's worked example, and argument errors. gpu mode: the
+ * f32 cases on CUDA (every rank on device 0, the MPI backend staging through host memory)
+ * against the unsplit op on CUDA.
  */
 #include "../kda_testutil.h"
 #include "dist_util.h"
@@ -28,7 +30,8 @@ typedef struct kcase {
     const int64_t *cu; /* NULL: one sequence */
     int nseq;
     int h0;
-    int uneven; /* split by uneven_tokens() instead of evenly */
+    int uneven;      /* split by uneven_tokens() instead of evenly */
+    int lower_bound; /* DG_GATE_LOWERBOUND with allow_neg_eigval instead of DG_GATE_KDA */
 } kcase;
 
 /* Ranks get 1, 3, 5, ... parts of the tokens (the last takes the rest): early ranks are short,
@@ -112,7 +115,9 @@ static dg_kda_opts opts_of(const kcase *c) {
     dg_kda_opts o;
     memset(&o, 0, sizeof o);
     o.chunk_size = c->BT;
-    o.gate = DG_GATE_KDA;
+    o.gate = c->lower_bound ? DG_GATE_LOWERBOUND : DG_GATE_KDA;
+    o.lower_bound = c->lower_bound ? -3.0 : 0.0;
+    o.allow_neg_eigval = c->lower_bound;
     o.l2norm_qk = 1;
     o.beta_sigmoid = 1;
     o.output_final_state = 1;
@@ -252,7 +257,7 @@ static void test_plan_example(void) {
 
 static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
-    const kcase c = {"err", 64, 1, 1, 4, 4, 16, NULL, 0, 0, 0};
+    const kcase c = {"err", 64, 1, 1, 4, 4, 16, NULL, 0, 0, 0, 0};
     kdata d;
     make_data(&c, 5, &d);
     dg_cp_plan *plan = NULL, *other = NULL;
@@ -290,26 +295,40 @@ static const int64_t cu_b3[] = {0, 40, 80, 120};                /* B = 3 rows of
 static const int64_t cu_many[] = {0, 3, 9, 10, 12, 40, 41, 47, 80}; /* short ones */
 
 static const kcase cases[] = {
-    /* name             T    H  HV K  V  BT  cu       nseq h0 uneven */
-    {"one seq aligned", 128, 1, 2, 8, 8, 16, NULL, 0, 1, 0},
-    {"one seq unaligned", 101, 1, 2, 8, 8, 16, NULL, 0, 1, 0},
-    {"one seq uneven", 150, 1, 2, 8, 8, 16, NULL, 0, 1, 1},
-    {"varlen", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 0},
-    {"varlen uneven", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 1},
-    {"B=3 packed", 120, 2, 2, 8, 4, 16, cu_b3, 3, 1, 0},
-    {"short seqs", 80, 1, 1, 4, 8, 16, cu_many, 8, 0, 1},
-    {"BT=32 no h0", 160, 1, 2, 8, 8, 32, NULL, 0, 0, 0},
+    /* name             T    H  HV K  V  BT  cu       nseq h0 uneven lower_bound */
+    {"one seq aligned", 128, 1, 2, 8, 8, 16, NULL, 0, 1, 0, 0},
+    {"one seq unaligned", 101, 1, 2, 8, 8, 16, NULL, 0, 1, 0, 0},
+    {"one seq uneven", 150, 1, 2, 8, 8, 16, NULL, 0, 1, 1, 0},
+    {"varlen", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 0, 0},
+    {"varlen uneven", 203, 1, 2, 8, 8, 16, cu_var, 6, 1, 1, 0},
+    {"B=3 packed", 120, 2, 2, 8, 4, 16, cu_b3, 3, 1, 0, 0},
+    {"short seqs", 80, 1, 1, 4, 8, 16, cu_many, 8, 0, 1, 0},
+    {"BT=32 no h0", 160, 1, 2, 8, 8, 32, NULL, 0, 0, 0, 0},
+    {"lower-bound gate, neg eigval", 150, 1, 2, 8, 8, 16, NULL, 0, 1, 1, 1},
 };
 
 int main(int argc, char **argv) {
     dg_comm *comm = dt_init(argc, argv, "kcp");
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_ctx *ctx = dt_ctx(&comm);
+    const int gpu = dg_test_gpu_mode();
     test_plan_example();
-    test_errors(ctx, comm);
+    if (!gpu)
+        test_errors(ctx, comm);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        run_case(ctx, comm, &cases[i], DG_F64, 1e-10);
+        if (!gpu) /* CUDA computes in f32 only */
+            run_case(ctx, comm, &cases[i], DG_F64, 1e-10);
         run_case(ctx, comm, &cases[i], DG_F32, 1e-5);
+    }
+    /* the tape policies: W, U, KG, QG, h, E cached instead of recomputed, and everything
+     * recomputed (the link node reads W and KG from the shared recompute context) */
+    const dg_policy pol[2] = {DG_POLICY_CACHE, DG_POLICY_RECOMPUTE};
+    for (int i = 0; i < 2; i++) {
+        dg_policy saved = dg_policy_get_global();
+        dg_policy_set_global(pol[i]);
+        kcase c = cases[4]; /* varlen uneven */
+        c.name = i == 0 ? "varlen uneven, policy CACHE" : "varlen uneven, policy RECOMPUTE";
+        run_case(ctx, comm, &c, gpu ? DG_F32 : DG_F64, gpu ? 1e-5 : 1e-10);
+        dg_policy_set_global(saved);
     }
     dg_ctx_free(&ctx);
     return dt_finish(&comm, "kcp");

@@ -8,11 +8,18 @@
 # by a few units of f32 rounding (observed ~4e-7 relative); 2e-5 leaves room for that to grow
 # over 8 optimizer steps, and is far below a real error (a lost carried state moves the loss by
 # ~1e-2 at the first step).
+#
+# A 4th argument `cuda` runs the two-process comparisons on CUDA (f32; both processes share
+# device 0 through the MPI backend's host staging), exit 77 without a device.
 set -u
-mpirun=$1 dg=$2 work=$3
+mpirun=$1 dg=$2 work=$3 device=${4:-cpu}
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 args=(--steps 8 --eval-every 4 --sample-every -1 --seq-len 64 --batch 4 --layers 1 --d 32
-      --no-plot --threads 1)
+      --no-plot --threads 1 --device "$device")
+if [ "$device" = cuda ]; then
+    "$dg" version | grep -qE "CUDA devices: [1-9]" || { echo "SKIPPED: no CUDA device"; exit 77; }
+    args+=(--dtype f32)
+fi
 fail=0
 run1() { "$dg" train "${args[@]}" "$@" >/dev/null 2>err.txt || { cat err.txt; echo "NOT OK: $dg train $*"; fail=1; }; }
 runN() { local np=$1; shift
@@ -31,17 +38,30 @@ compare() {
 run1 --out one
 runN 2 --cp 2 --out cp2
 compare "--cp 2 vs one process" one/log.csv cp2/log.csv
+if [ "$device" = cuda ]; then # the rest repeats device-independent logic
+    runN 2 --cp 2 --out a --stop-at 4
+    "$dg" train --out a --resume --no-plot --threads 1 --device cuda --dtype f32 >/dev/null \
+        2>err.txt || { cat err.txt; fail=1; }
+    compare "--cp 2 to step 4, resumed by one process" one/log.csv a/log.csv
+    exit $fail
+fi
 runN 4 --cp 4 --out cp4
 compare "--cp 4 vs one process" one/log.csv cp4/log.csv
 runN 4 --cp 2 --out cp2dp2
 compare "--cp 2 x 2 data-parallel vs one process" one/log.csv cp2dp2/log.csv
+runN 2 --out dp2
+compare "2 data-parallel processes vs one process" one/log.csv dp2/log.csv
+run1 --out one_acc --accum 2 --batch 2
+runN 4 --cp 2 --accum 2 --batch 2 --out cp2dp2_acc
+compare "--cp 2 x 2 groups, --accum 2 vs one process" one_acc/log.csv cp2dp2_acc/log.csv
 # a CP checkpoint resumed by one process, and the other way round
 runN 2 --cp 2 --out a --stop-at 4
-"$dg" train --out a --resume --no-plot --threads 1 >/dev/null 2>err.txt || { cat err.txt; fail=1; }
+"$dg" train --out a --resume --no-plot --threads 1 --device cpu >/dev/null 2>err.txt ||
+    { cat err.txt; fail=1; }
 compare "--cp 2 to step 4, resumed by one process" one/log.csv a/log.csv
 run1 --out b --stop-at 4
 "$mpirun" --oversubscribe -np 2 "$dg" train --out b --resume --cp 2 --no-plot --threads 1 \
-    >/dev/null 2>err.txt || { cat err.txt; fail=1; }
+    --device cpu >/dev/null 2>err.txt || { cat err.txt; fail=1; }
 compare "one process to step 4, resumed by --cp 2" one/log.csv b/log.csv
 # misuse gives a clear error
 out=$("$dg" train "${args[@]}" --cp 2 --no-out 2>&1); rc=$?

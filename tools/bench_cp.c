@@ -1,0 +1,374 @@
+/*
+ * tools/bench_cp.c -- `deltagrad bench cp`: chunked KDA forward+backward of one long sequence on
+ * one rank against the same sequence split over every rank of the job (KCP, dg_kda_chunk_cp),
+ * with the bytes each rank sends and the share of its time spent inside communicator calls.
+ *
+ *   mpirun -np N deltagrad bench cp [--T 8192] [--heads 2] [--K 64] [--V 64] ...
+ *
+ * The one-rank time is measured on rank 0 alone (the other ranks wait at a barrier, sleeping)
+ * with all of the cores' threads, the split time on every rank with cores / N threads each, so
+ * both runs use the same cores. A time is the median over --reps of the slowest rank's
+ * iteration. "comm" counts the seconds inside dg_comm_* calls, waiting for slower ranks
+ * included: it is the price of the split, not only of the wire. --device cuda puts every rank
+ * on a GPU (local rank modulo the devices) and uses NCCL when the torchrun variables are set,
+ * else MPI with host staging (so the ranks may share one GPU); that path has not been run on a
+ * GPU yet.
+ */
+#include "deltagrad.h"
+#include "tools/commands.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void set_threads(int n) {
+#ifdef _OPENMP
+    omp_set_dynamic(0);
+    omp_set_num_threads(n > 0 ? n : 1);
+#else
+    (void)n;
+#endif
+}
+
+#define TRY(expr)                                                                                  \
+    do {                                                                                           \
+        dg_status s__ = (expr);                                                                    \
+        if (s__ != DG_OK) {                                                                        \
+            fprintf(stderr, "bench cp: rank %d: %s failed: %s\n", rank, #expr, dg_last_error());   \
+            goto fail;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+#define RET(expr)                                                                                  \
+    do {                                                                                           \
+        dg_status r__ = (expr);                                                                    \
+        if (r__ != DG_OK)                                                                          \
+            return r__;                                                                            \
+    } while (0)
+
+typedef struct bshape {
+    int64_t T;
+    int H, K, V, BT, reps, warmup;
+    dg_dtype dt;
+} bshape;
+
+/* Inputs of the token range [b, e) of the sequence (the same numbers on every rank). */
+typedef struct binputs {
+    dg_tensor *q, *k, *v, *g, *beta, *A, *dt, *dO;
+} binputs;
+
+static void inputs_free(binputs *in) {
+    dg_tensor **t = &in->q;
+    for (int i = 0; i < 8; i++)
+        dg_tensor_free(&t[i]);
+}
+
+/* Token rows [b, e) of a [1,T,...] random tensor: generated whole, then sliced (cheap next to the
+ * benchmark, and identical on every rank). */
+static dg_status make_slice(dg_ctx *ctx, dg_dtype dt, int64_t T, int64_t row, int64_t b, int64_t e,
+                            uint64_t seed, double scale, int grad, dg_tensor **out) {
+    dg_tensor *full = NULL;
+    dg_ctx *host = NULL;
+    int64_t shf[3] = {1, T, row}, shs[3] = {1, e - b, row};
+    dg_status st = dg_ctx_new(dg_cpu(), &host); /* generated on the host, uploaded to ctx */
+    if (st == DG_OK)
+        st = dg_tensor_new(host, dt, 3, shf, &full);
+    if (st == DG_OK)
+        st = dg_tensor_rand_normal(full, seed, 0.0, scale);
+    if (st == DG_OK)
+        st = dg_tensor_from_host(
+            ctx, dt, 3, shs,
+            (const char *)dg_tensor_data(full) + (size_t)(b * row) * dg_dtype_size(dt), out);
+    dg_tensor_free(&full);
+    dg_ctx_free(&host);
+    if (st == DG_OK && grad)
+        dg_tensor_set_requires_grad(*out, 1);
+    return st;
+}
+
+static dg_status make_inputs(dg_ctx *ctx, const bshape *s, int64_t b, int64_t e, binputs *in) {
+    memset(in, 0, sizeof *in);
+    const int64_t HK = (int64_t)s->H * s->K, HV = (int64_t)s->H * s->V;
+    RET(make_slice(ctx, s->dt, s->T, HK, b, e, 1, 1.0, 1, &in->q));
+    RET(make_slice(ctx, s->dt, s->T, HK, b, e, 2, 1.0, 1, &in->k));
+    RET(make_slice(ctx, s->dt, s->T, HV, b, e, 3, 1.0, 1, &in->v));
+    RET(make_slice(ctx, s->dt, s->T, HK, b, e, 4, 1.0, 1, &in->g));
+    RET(make_slice(ctx, s->dt, s->T, s->H, b, e, 5, 1.0, 1, &in->beta));
+    RET(make_slice(ctx, s->dt, s->T, HV, b, e, 6, 1.0, 0, &in->dO));
+    const dg_dtype pdt = s->dt == DG_BF16 ? DG_F32 : s->dt; /* A_log, dt_bias: f32 on CUDA */
+    RET(dg_tensor_zeros(ctx, pdt, 1, (int64_t[]){s->H}, &in->A));
+    RET(dg_tensor_zeros(ctx, pdt, 1, (int64_t[]){HK}, &in->dt));
+    dg_tensor_set_requires_grad(in->A, 1);
+    dg_tensor_set_requires_grad(in->dt, 1);
+    /* views as [1, T_r, H, K] etc. */
+    dg_tensor **t[6] = {&in->q, &in->k, &in->v, &in->g, &in->beta, &in->dO};
+    for (int i = 0; i < 6; i++) {
+        int64_t last = i == 2 || i == 5 ? s->V : i == 4 ? 0 : s->K;
+        int64_t sh[4] = {1, e - b, s->H, last};
+        dg_tensor *r = NULL;
+        dg_no_grad_begin();
+        dg_status st = dg_reshape(*t[i], last ? 4 : 3, sh, &r);
+        dg_no_grad_end();
+        RET(st);
+        if (i != 5)
+            dg_tensor_set_requires_grad(r, 1);
+        dg_tensor_free(t[i]);
+        *t[i] = r;
+    }
+    return DG_OK;
+}
+
+/* One forward + backward; plan NULL: the unsplit op. */
+static dg_status fwd_bwd(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const bshape *s,
+                         binputs *in) {
+    dg_kda_opts op;
+    memset(&op, 0, sizeof op);
+    op.chunk_size = s->BT;
+    op.gate = DG_GATE_KDA;
+    op.l2norm_qk = 1;
+    op.beta_sigmoid = 1;
+    dg_tensor *o = NULL;
+    dg_status st = plan ? dg_kda_chunk_cp(ctx, comm, plan, in->q, in->k, in->v, in->g, in->beta,
+                                          in->A, in->dt, NULL, &op, &o, NULL)
+                        : dg_kda_chunk(ctx, in->q, in->k, in->v, in->g, in->beta, in->A, in->dt,
+                                       NULL, &op, &o, NULL);
+    if (st == DG_OK)
+        st = dg_tape_backward_with(ctx, o, in->dO);
+    if (st == DG_OK)
+        st = dg_ctx_sync(ctx);
+    dg_tape_reset();
+    dg_tensor_free(&o);
+    dg_tensor **t = &in->q;
+    for (int i = 0; i < 8; i++)
+        if (t[i] && dg_tensor_grad(t[i]))
+            dg_tensor_zero_grad(t[i]);
+    return st;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: mpirun -np N deltagrad bench cp [options]\n"
+            "\n"
+            "Chunked KDA forward+backward of one sequence of --T tokens on one rank, then split\n"
+            "over the N ranks of the job (KCP); prints both times, the bytes each rank sends per\n"
+            "iteration and the share of time inside communicator calls.\n"
+            "\n"
+            "  --T N          tokens (default 8192)\n"
+            "  --heads H      heads, q/k and value (default 2)\n"
+            "  --K K --V V    head dims (default 64, 64)\n"
+            "  --chunk BT     chunk size 16, 32 or 64 (default 64)\n"
+            "  --dtype D      f32 or f64 on the CPU, f32 or bf16 on CUDA (default f32)\n"
+            "  --device D     cpu (default) or cuda: every rank on cuda:(local rank %% devices);\n"
+            "                 over MPI (host-staged: ranks may share a GPU), or over NCCL when\n"
+            "                 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are set (torchrun style)\n"
+            "  --reps R       timed iterations (default 5), after --warmup W (default 1)\n"
+            "  --cores C      cores to share among the ranks (default: all online cores)\n");
+}
+
+int dg_bench_cp(int argc, char **argv) {
+    bshape s = {8192, 2, 64, 64, 64, 5, 1, DG_F32};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int cuda = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench cp: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long x = strtol(v, NULL, 10);
+        if (!strcmp(a, "--T"))
+            s.T = x;
+        else if (!strcmp(a, "--heads"))
+            s.H = (int)x;
+        else if (!strcmp(a, "--K"))
+            s.K = (int)x;
+        else if (!strcmp(a, "--V"))
+            s.V = (int)x;
+        else if (!strcmp(a, "--chunk"))
+            s.BT = (int)x;
+        else if (!strcmp(a, "--reps"))
+            s.reps = (int)x;
+        else if (!strcmp(a, "--warmup"))
+            s.warmup = (int)x;
+        else if (!strcmp(a, "--cores"))
+            cores = x;
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "bench cp: --device must be cpu or cuda, got '%s'\n", v);
+                return 2;
+            }
+            cuda = !strcmp(v, "cuda");
+            x = 1;
+        } else if (!strcmp(a, "--dtype")) {
+            if (dg_dtype_parse(v, &s.dt) != DG_OK ||
+                (s.dt != DG_F32 && s.dt != DG_F64 && s.dt != DG_BF16)) {
+                fprintf(stderr, "bench cp: --dtype must be f32, f64 or bf16, got '%s'\n", v);
+                return 2;
+            }
+            x = 1;
+        } else {
+            fprintf(stderr, "bench cp: unknown flag '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (x < 0 || (x < 1 && strcmp(a, "--warmup"))) {
+            fprintf(stderr, "bench cp: %s must be >= 1, got '%s'\n", a, v);
+            return 2;
+        }
+    }
+    if (s.reps > 100)
+        s.reps = 100;
+    if (cores < 1)
+        cores = 1;
+    if (cuda && dg_cuda_device_count() < 1) {
+        fprintf(stderr, "bench cp: --device cuda: no CUDA device\n");
+        return 2;
+    }
+    if ((cuda && s.dt == DG_F64) || (!cuda && s.dt == DG_BF16)) {
+        fprintf(stderr, "bench cp: --dtype %s is not available on the %s\n", dg_dtype_name(s.dt),
+                cuda ? "GPU (f32 or bf16)" : "CPU (f64 or f32)");
+        return 2;
+    }
+    dg_ctx *ctx = NULL;
+    dg_comm *comm = NULL;
+    int rank = 0, world = 1, rc = 1;
+    if (cuda) { /* the local rank picks the device */
+        const char *lr = getenv("LOCAL_RANK");
+        if (!lr)
+            lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+        int dev = (lr ? atoi(lr) : 0) % dg_cuda_device_count();
+        if (dg_ctx_new(dg_cuda(dev), &ctx) != DG_OK) {
+            fprintf(stderr, "bench cp: %s\n", dg_last_error());
+            return 1;
+        }
+    }
+    dg_status cs0 = cuda && getenv("RANK") && getenv("WORLD_SIZE") && dg_have_nccl()
+                        ? dg_comm_init_nccl(ctx, 0.0, &comm)
+                        : dg_comm_init_mpi(0.0, &comm);
+    if (cs0 != DG_OK) {
+        fprintf(stderr, "bench cp: %s\n", dg_last_error());
+        dg_ctx_free(&ctx);
+        return 1;
+    }
+    rank = dg_comm_rank(comm);
+    world = dg_comm_size(comm);
+    dg_cp_plan *plan = NULL;
+    binputs full, part;
+    memset(&full, 0, sizeof full);
+    memset(&part, 0, sizeof part);
+    double t1[100], tn[100], cs[100];
+    dg_tensor *gath = NULL, *mine = NULL;
+    if (!ctx)
+        TRY(dg_ctx_new(dg_cpu(), &ctx));
+    TRY(dg_cp_plan_new(world, rank, s.T, NULL, 0, NULL, &plan));
+
+    /* one rank, all cores */
+    if (rank == 0) {
+        set_threads((int)cores);
+        TRY(make_inputs(ctx, &s, 0, s.T, &full));
+        for (int i = -s.warmup; i < s.reps; i++) {
+            double t0 = now_s();
+            TRY(fwd_bwd(ctx, NULL, NULL, &s, &full));
+            if (i >= 0)
+                t1[i] = now_s() - t0;
+        }
+        inputs_free(&full);
+    }
+    TRY(dg_comm_barrier(comm));
+
+    /* every rank, cores / N threads each */
+    set_threads(cores > world ? (int)(cores / world) : 1);
+    TRY(make_inputs(ctx, &s, plan->begin, plan->end, &part));
+    TRY(dg_tensor_new(ctx, DG_F64, 2, (int64_t[]){world, 3}, &gath));
+    int64_t bytes = 0;
+    for (int i = -s.warmup; i < s.reps; i++) {
+        TRY(dg_comm_barrier(comm));
+        dg_comm_reset_stats(comm);
+        double t0 = now_s();
+        TRY(fwd_bwd(ctx, comm, plan, &s, &part));
+        double el = now_s() - t0;
+        dg_comm_stats st;
+        dg_comm_get_stats(comm, &st);
+        double m[3] = {el, st.seconds, (double)st.bytes_sent}, *g = NULL;
+        dg_tensor_free(&mine); /* on ctx's device: the NCCL backend takes CUDA tensors only */
+        TRY(dg_tensor_from_f64(ctx, DG_F64, 1, (int64_t[]){3}, m, &mine));
+        TRY(dg_comm_all_gather(comm, mine, gath));
+        TRY(dg_tensor_to_f64(gath, &g));
+        double worst = 0, share = 0;
+        for (int r = 0; r < world; r++) {
+            if (g[3 * r] > worst)
+                worst = g[3 * r];
+            share += g[3 * r + 1] / g[3 * r] / world;
+        }
+        free(g);
+        if (i >= 0) {
+            tn[i] = worst;
+            cs[i] = share;
+        }
+        bytes = (int64_t)m[2];
+    }
+    if (rank == 0) {
+        double a = median(t1, s.reps), b = median(tn, s.reps), c = median(cs, s.reps);
+        char where[96];
+        if (cuda)
+            snprintf(where, sizeof where, "CUDA, %s backend",
+                     dg_comm_kind(comm) == DG_COMM_NCCL ? "NCCL" : "MPI (host-staged)");
+        else
+            snprintf(where, sizeof where, "CPU (%ld cores)", cores);
+        printf("bench cp: chunked KDA fwd+bwd, one sequence of T=%lld tokens, heads %d, K=%d "
+               "V=%d, chunk %d, %s, %s\n",
+               (long long)s.T, s.H, s.K, s.V, s.BT, dg_dtype_name(s.dt), where);
+        printf("  %-10s %-12s %-12s %-9s %-22s %s\n", "ranks", "tokens/rank", "fwd+bwd ms",
+               "speedup", "bytes sent/rank/iter", "time in comm (mean over ranks)");
+        printf("  %-10d %-12lld %-12.1f %-9s %-22s %s\n", 1, (long long)s.T, 1e3 * a, "1.00", "0",
+               "-");
+        printf("  %-10d %-12lld %-12.1f %-9.2f %-22lld %.1f%%\n", world,
+               (long long)(plan->end - plan->begin), 1e3 * b, a / b, (long long)bytes, 100.0 * c);
+        if (!cuda)
+            printf("  (threads: %ld on one rank, %ld per rank split)\n", cores,
+                   cores > world ? cores / world : 1);
+        printf("  (medians of %d iterations; KCP sends two all_gathers of HV*K*(K+V) values per "
+               "rank and iteration)\n",
+               s.reps);
+    }
+    rc = 0;
+fail:
+    inputs_free(&full);
+    inputs_free(&part);
+    dg_tensor_free(&gath);
+    dg_tensor_free(&mine);
+    dg_cp_plan_free(&plan);
+    dg_ctx_free(&ctx);
+    if (rc && world > 1)
+        dg_comm_abort(comm, rc);
+    dg_comm_free(&comm);
+    dg_comm_finalize();
+    return rc;
+}
