@@ -858,7 +858,11 @@ static void test_numeric_flags(void) {
         {"bench", "core", "--peak-tflops", "inf", NULL, "--peak-tflops"},
         {"bench", "core", "--sizes", "64,1x", NULL, "--sizes"},
         {"bench", "kda", "--reps", "3x", NULL, "--reps"},
-        {"bench", "kda", "--reps", "65", NULL, "--reps"}};
+        {"bench", "kda", "--reps", "65", NULL, "--reps"},
+        {"bench", "cp", "--T", "16abc", NULL, "--T"},
+        {"bench", "cp", "--chunk", "48", NULL, "--chunk"},
+        {"bench", "cp", "--reps", "0", NULL, "--reps"},
+        {"bench", "cp", "--cores", "", NULL, "--cores"}};
     for (size_t i = 0; i < sizeof tool_cases / sizeof *tool_cases; i++) {
         char *argv[12] = {"deltagrad"};
         int k = 1;
@@ -870,10 +874,11 @@ static void test_numeric_flags(void) {
         }
         argv[k] = NULL;
         int rc = run_binary(argv, err, sizeof err);
+        int bench = !strcmp(tool_cases[i][0], "bench");
         REJ(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
                         "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
-                        tool_cases[i][1], tool_cases[i][3],
-                        tool_cases[i][4] ? tool_cases[i][4] : tool_cases[i][3], rc, err));
+                        tool_cases[i][1], tool_cases[i][bench ? 2 : 3],
+                        tool_cases[i][bench ? 3 : 4], rc, err));
     }
 }
 
