@@ -32,7 +32,6 @@
 
 namespace {
 
-constexpr int SM_VT = 32; /* value columns per block */
 constexpr int SM_THREADS = 256;
 
 /* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array starting at token t0, into shared memory
@@ -53,39 +52,42 @@ __device__ __forceinline__ void tile_async(float *dst, int LD, const float *__re
 
 // ---- CUDA kernel
 
-/* MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). Dynamic shared memory:
- *   A1s [BT][K + 4], A2s [BT][K + 8], Ss [K][40], Xs [BT][40], Gs [K]   (floats). */
-template <int BT, int MT, bool BWD>
-__global__ void __launch_bounds__(SM_THREADS)
+/* MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
+ * or 64; the launcher picks it from the grid size). Dynamic shared memory (floats):
+ *   A1s [BT][K + 4], A2s [BT][K + 8], Ss [max(K, BT)][VT + 8] (also Xs), Gs [K]. */
+template <int BT, int MT, int VT, bool BWD>
+__global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
                      const int32_t *__restrict__ chunk_len, int HV, int K, int V,
                      const float *__restrict__ A1, const float *__restrict__ X0,
                      const float *__restrict__ A2, const float *__restrict__ G,
                      const float *__restrict__ S0, const float *__restrict__ Sup,
                      float *__restrict__ Sst, float *__restrict__ Xo, float *__restrict__ Sfin) {
-    constexpr int LDS = SM_VT + 8, LDX = SM_VT + 8;
+    constexpr int LDS = VT + 8, LDX = VT + 8; /* % 32 in {8, 24}: conflict-free b-reads */
+    constexpr int NJ = VT / 8;                /* 8-column tiles of S per warp */
+    constexpr int NXT = VT / 16;              /* 8-column tiles of X per warp */
     extern __shared__ __align__(16) float sm_smem[];
     const int LD1 = K + 4, LD2 = K + 8;
     float *A1s = sm_smem;
     float *A2s = A1s + BT * LD1;
     float *Ss = A2s + BT * LD2;
-    float *Xs = Ss + K * LDS;
-    float *Gs = Xs + BT * LDX;
+    float *Xs = Ss; /* X lives where S was staged (after a barrier; max(K, BT) rows) */
+    float *Gs = Ss + (K > BT ? K : BT) * LDS;
 
-    const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * SM_VT;
+    const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int nv = min(SM_VT, V - v0);
+    const int nv = min(VT, V - v0);
     const int64_t rv = (int64_t)HV * V, KV = (int64_t)K * V;
     const int mtiles = K / 16;
 
     /* S: rows 16 (w + 8 m) + g (+ 8), columns 8 j + 2 t (+ 1). */
-    float S[MT][4][4];
+    float S[MT][NJ][4];
     {
         const float *s0 = S0 ? S0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int r = 16 * (w + 8 * m) + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
@@ -100,7 +102,7 @@ __global__ void __launch_bounds__(SM_THREADS)
             if (w + 8 * m >= mtiles)
                 continue;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
                     const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
@@ -135,15 +137,15 @@ __global__ void __launch_bounds__(SM_THREADS)
         if (Sst)
             store_S(Sst + (ch * HV + hv) * KV + v0, V, true);
 
-        /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (2 (w % 2) + jj) + 2t */
+        /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (NXT (w % 2) + jj) + 2t */
         const int xm = w >> 1;
         const bool xwarp = xm < BT / 16;
-        float X[2][4];
+        float X[NXT][4];
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++)
+        for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = 16 * xm + g + 8 * (e >> 1), c = 8 * (2 * (w & 1) + jj) + 2 * t + (e & 1);
+                const int r = 16 * xm + g + 8 * (e >> 1), c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
                 X[jj][e] = (X0 && xwarp && r < L && c < nv) ? X0[(t0 + r) * rv + hv * V + v0 + c]
                                                             : 0.f;
             }
@@ -152,25 +154,28 @@ __global__ void __launch_bounds__(SM_THREADS)
         __syncthreads();    /* ... visible to all; Ss complete */
 
         /* X = X0 + sgnA A1 S */
+        float acc[NXT][4] = {};
         if (xwarp) {
-            float acc[2][4] = {};
             const float *a_row0 = A1s + (16 * xm + g) * LD1 + t, *a_row1 = a_row0 + 8 * LD1;
             for (int k0 = 0; k0 < K; k0 += 8) {
-                unsigned a[4] = {kdamma::tf32(a_row0[k0]), kdamma::tf32(a_row1[k0]), kdamma::tf32(a_row0[k0 + 4]),
-                                 kdamma::tf32(a_row1[k0 + 4])};
+                const unsigned a[4] = {kdamma::tf32(a_row0[k0]), kdamma::tf32(a_row1[k0]),
+                                       kdamma::tf32(a_row0[k0 + 4]), kdamma::tf32(a_row1[k0 + 4])};
 #pragma unroll
-                for (int jj = 0; jj < 2; jj++) {
-                    const int c = 8 * (2 * (w & 1) + jj) + g;
+                for (int jj = 0; jj < NXT; jj++) {
+                    const int c = 8 * (NXT * (w & 1) + jj) + g;
                     kdamma::mma_tf32(acc[jj], a, kdamma::tf32(Ss[(k0 + t) * LDS + c]),
-                             kdamma::tf32(Ss[(k0 + t + 4) * LDS + c]));
+                                     kdamma::tf32(Ss[(k0 + t + 4) * LDS + c]));
                 }
             }
+        }
+        __syncthreads(); /* every read of Ss is done: Xs reuses its space */
+        if (xwarp) {
             float *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
 #pragma unroll
-            for (int jj = 0; jj < 2; jj++)
+            for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
-                    const int r = 16 * xm + g + 8 * hlf, c = 8 * (2 * (w & 1) + jj) + 2 * t;
+                    const int r = 16 * xm + g + 8 * hlf, c = 8 * (NXT * (w & 1) + jj) + 2 * t;
                     float2 val;
                     val.x = BWD ? X[jj][2 * hlf] + acc[jj][2 * hlf]
                                 : X[jj][2 * hlf] - acc[jj][2 * hlf];
@@ -210,7 +215,7 @@ __global__ void __launch_bounds__(SM_THREADS)
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
                     const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
@@ -247,7 +252,7 @@ __global__ void __launch_bounds__(SM_THREADS)
                     a[3] = kdamma::tf32(p1[8]);
                 }
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
+                for (int j = 0; j < NJ; j++) {
                     const int c = 8 * j + g;
                     kdamma::mma_tf32(S[m][j], a, kdamma::tf32(Xs[(i0 + t) * LDX + c]),
                              kdamma::tf32(Xs[(i0 + t + 4) * LDX + c]));
@@ -287,26 +292,82 @@ int kda_state_mma_fits(const kda_cuda_dims *d, const float *A1, const float *X0,
     return 1;
 }
 
+template <int BT, int MT, int VT, bool BWD>
+static size_t state_mma_smem(int K) {
+    return sizeof(float) * ((size_t)BT * (K + 4) + (size_t)BT * (K + 8) +
+                            (size_t)(K > BT ? K : BT) * (VT + 8) + K);
+}
+
+/* Shared memory of one variant, with the dynamic limit raised once (per size) when it needs
+ * more than the default 48 KB. */
+template <int BT, int MT, int VT, bool BWD>
+static dg_status state_mma_prepare(int K, size_t *smem) {
+    *smem = state_mma_smem<BT, MT, VT, BWD>(K);
+    static size_t granted = 0;
+    if (*smem > 48 * 1024 && *smem > granted) {
+        DG_CHECK_CUDA(cudaFuncSetAttribute(state_mma_kernel<BT, MT, VT, BWD>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)*smem));
+        granted = *smem;
+    }
+    return DG_OK;
+}
+
+/* Rank of a variant: fewest waves of resident blocks first (each block walks every chunk of its
+ * sequence, so a second wave doubles the time); among equal waves VT = 32, then 64, then 16
+ * (measured on an H200: with one wave either way, 16-column tiles lose ~2% to the doubled
+ * W/KG traffic; 64-column tiles pay when they save a wave: -3% to -6% fwd+bwd at
+ * (4,4096,64,128) and (8,2048,32,256)). */
+template <int BT, int MT, int VT, bool BWD>
+static dg_status state_mma_cost(const kda_cuda_dims *d, int sms, double *cost) {
+    static int cached_K = -1, cached_per_sm = 0; /* the occupancy query, once per K */
+    if (cached_K != d->K) {
+        size_t smem;
+        DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+        DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD>, SM_THREADS, smem));
+        cached_K = d->K;
+    }
+    const int per_sm = cached_per_sm;
+    const int64_t blocks = (int64_t)d->N * d->HV * DG_CEIL_DIV(d->V, VT);
+    const int64_t slots = (int64_t)(per_sm > 0 ? per_sm : 1) * sms;
+    *cost = per_sm > 0 ? 1000.0 * (double)DG_CEIL_DIV(blocks, slots) + (VT == 32 ? 0 : VT == 64 ? 1 : 2)
+                       : 1e300;
+    return DG_OK;
+}
+
+template <int BT, int MT, int VT, bool BWD>
+static dg_status state_mma_launch_vt(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
+                                     const float *X0, const float *A2, const float *G,
+                                     const float *S0, const float *Sup, float *Sst, float *Xo,
+                                     float *Sfin) {
+    size_t smem;
+    DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, VT));
+    state_mma_kernel<BT, MT, VT, BWD><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
+        d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1, X0, A2, G, S0, Sup, Sst,
+        Xo, Sfin);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
 template <int BT, int MT, bool BWD>
 static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
                                     const float *X0, const float *A2, const float *G,
                                     const float *S0, const float *Sup, float *Sst, float *Xo,
                                     float *Sfin) {
-    const int K = d->K;
-    const size_t smem = sizeof(float) * ((size_t)BT * (K + 4) + (size_t)BT * (K + 8) +
-                                         (size_t)K * (SM_VT + 8) + (size_t)BT * (SM_VT + 8) + K);
-    static size_t smem_set = 0; /* the largest dynamic size granted so far */
-    if (smem > 48 * 1024 && smem > smem_set) {
-        DG_CHECK_CUDA(cudaFuncSetAttribute(state_mma_kernel<BT, MT, BWD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        smem_set = smem;
-    }
-    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, SM_VT));
-    state_mma_kernel<BT, MT, BWD><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
-        d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, K, d->V, A1, X0, A2, G, S0, Sup, Sst, Xo,
-        Sfin);
-    DG_CHECK_LAUNCH();
-    return DG_OK;
+    int dev = 0, sms = 0;
+    DG_CHECK_CUDA(cudaGetDevice(&dev));
+    DG_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    double c16 = 1e300, c32 = 1e300, c64 = 1e300;
+    DG_TRY((state_mma_cost<BT, MT, 16, BWD>(d, sms, &c16)));
+    DG_TRY((state_mma_cost<BT, MT, 32, BWD>(d, sms, &c32)));
+    DG_TRY((state_mma_cost<BT, MT, 64, BWD>(d, sms, &c64)));
+    if (c64 < c32 && c64 < c16)
+        return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+    if (c16 < c32 && c16 < c64)
+        return state_mma_launch_vt<BT, MT, 16, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+    return state_mma_launch_vt<BT, MT, 32, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
 }
 
 dg_status kda_state_mma(dg_ctx *ctx, const kda_cuda_dims *d, int bwd, const float *A1,
