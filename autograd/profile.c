@@ -6,6 +6,7 @@
  * node are charged to the next one that does); in backward, each node's backward is timed on its
  * own. The synchronisation slows the run down, so use it for the split, not for throughput.
  */
+#define _XOPEN_SOURCE 700 /* clock_gettime */
 #include "tape.h"
 
 #include <time.h>

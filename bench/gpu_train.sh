@@ -17,7 +17,7 @@ bsteps=${DG_BENCH_STEPS:-30}
 ./build-cuda/test_train gpu > "$out/test_train_gpu.log" 2>&1
 echo "test_train gpu: rc=$? $(tail -1 "$out/test_train_gpu.log")"
 
-$dg train --config gpu --steps "$gsteps" --out runs/gpu > "$out/train_gpu.log" 2>&1
+$dg train --config gpu --steps "$gsteps" --out runs/gpu --overwrite > "$out/train_gpu.log" 2>&1
 echo "train --config gpu --steps $gsteps: rc=$?"
 cp runs/gpu/loss.png "$out/loss_gpu.png" 2>/dev/null
 cp runs/gpu/log.csv "$out/log_gpu.csv" 2>/dev/null

@@ -472,7 +472,9 @@ typedef struct dg_kda_opts {
  * On CUDA (every tensor on ctx's device, else DG_ERR_DEVICE) q, k, v, g, beta are f32 or bf16
  * (one dtype), A_log, dt_bias, h0 are f32, and the math is f32; o has q's dtype, ht is f32.
  * Outputs o: [B,T,HV,V], ht: [N,HV,K,V] when opts->output_final_state (else *ht = NULL; ht itself
- * may be NULL then). */
+ * may be NULL then). A decay of zero (g = -inf, or a gate that saturates below -128) resets the
+ * state as in the recurrence: on the CPU the log decay is floored at -128 (exp(-128) is below
+ * f64 resolution), so the result stays finite and equals dg_kda_recurrent's. */
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                        dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                        const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);

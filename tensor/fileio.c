@@ -61,8 +61,7 @@ dg_status dg__open_read(const char *op, const char *path, FILE **f, uint64_t *si
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
         int e = errno;
         close(fd);
-        return dg__err(DG_ERR_IO, "%s: cannot set up reading of '%s': %s", op, path,
-                       strerror(e));
+        return dg__err(DG_ERR_IO, "%s: cannot set up reading of '%s': %s", op, path, strerror(e));
     }
     FILE *fp = fdopen(fd, "rb");
     if (!fp) {

@@ -93,7 +93,7 @@ dg_status dg_device_parse(const char *s, dg_device *out) {
     if (strncmp(s, "cuda:", 5) == 0) {
         char *end;
         long i = strtol(s + 5, &end, 10);
-        if (*end == 0 && end != s + 5 && i >= 0 && i < 1024) {
+        if (s[5] >= '0' && s[5] <= '9' && *end == 0 && i >= 0 && i < 1024) {
             *out = dg_cuda((int)i);
             return DG_OK;
         }

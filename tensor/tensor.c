@@ -203,11 +203,21 @@ dg_status dg_tensor_new(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *sh
     dg__contig_strides(ndim, shape, t->stride);
     t->dtype = dtype;
     t->device = ctx->device;
-    dg_status s = storage_new(ctx, (size_t)dg__numel(ndim, shape) * dg_dtype_size(dtype),
-                              &t->storage);
+    size_t bytes = (size_t)dg__numel(ndim, shape) * dg_dtype_size(dtype);
+    dg_status s = storage_new(ctx, bytes, &t->storage);
     if (s != DG_OK) {
         DG_FREE(t);
-        return s;
+        if (s != DG_ERR_NOMEM)
+            return s;
+        /* name the allocation: which tensor, how big, where */
+        char dims[DG_MAX_DIMS * 22 + 4] = "[";
+        for (int i = 0; i < ndim; i++)
+            snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "%s%lld", i ? "," : "",
+                     (long long)shape[i]);
+        snprintf(dims + strlen(dims), sizeof dims - strlen(dims), "]");
+        return dg__err(s, "out of memory for a %s %s tensor (%zu bytes) on %s: %s",
+                       dg_dtype_name(dtype), dims, bytes, dg_device_str(ctx->device),
+                       dg_last_error());
     }
     *out = t;
     return DG_OK;

@@ -16,6 +16,7 @@
  */
 #include "deltagrad.h"
 #include "tools/commands.h"
+#include "train/args.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -183,8 +184,9 @@ static void usage(FILE *f) {
             "  --device D     cpu (default) or cuda: every rank on cuda:(local rank %% devices);\n"
             "                 over MPI (host-staged: ranks may share a GPU), or over NCCL when\n"
             "                 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are set (torchrun style)\n"
-            "  --reps R       timed iterations (default 5), after --warmup W (default 1)\n"
-            "  --cores C      cores to share among the ranks (default: all online cores)\n");
+            "  --reps R       timed iterations, 1..100 (default 5), after --warmup W, 0..100\n"
+            "                 (default 1)\n"
+            "  --cores C      cores to share among the ranks, 1..4096 (default: all online)\n");
 }
 
 int dg_bench_cp(int argc, char **argv) {
@@ -202,44 +204,47 @@ int dg_bench_cp(int argc, char **argv) {
             return 2;
         }
         const char *v = argv[++i];
-        long x = strtol(v, NULL, 10);
-        if (!strcmp(a, "--T"))
-            s.T = x;
-        else if (!strcmp(a, "--heads"))
-            s.H = (int)x;
+        /* numbers through the one strict parser (train/args.c): the error names flag and range */
+        static const int chunks[3] = {16, 32, 64};
+        int64_t T = 0, nc = 0;
+        dg_status ps = DG_OK;
+        if (!strcmp(a, "--T")) {
+            ps = dg_arg_i64(a, v, 1, (int64_t)1 << 30, &T);
+            s.T = T;
+        } else if (!strcmp(a, "--heads"))
+            ps = dg_arg_int(a, v, 1, 4096, &s.H);
         else if (!strcmp(a, "--K"))
-            s.K = (int)x;
+            ps = dg_arg_int(a, v, 1, 1024, &s.K);
         else if (!strcmp(a, "--V"))
-            s.V = (int)x;
+            ps = dg_arg_int(a, v, 1, 1024, &s.V);
         else if (!strcmp(a, "--chunk"))
-            s.BT = (int)x;
+            ps = dg_arg_choice(a, v, chunks, 3, &s.BT);
         else if (!strcmp(a, "--reps"))
-            s.reps = (int)x;
+            ps = dg_arg_int(a, v, 1, 100, &s.reps);
         else if (!strcmp(a, "--warmup"))
-            s.warmup = (int)x;
-        else if (!strcmp(a, "--cores"))
-            cores = x;
-        else if (!strcmp(a, "--device")) {
+            ps = dg_arg_int(a, v, 0, 100, &s.warmup);
+        else if (!strcmp(a, "--cores")) {
+            ps = dg_arg_i64(a, v, 1, 4096, &nc);
+            cores = (long)nc;
+        } else if (!strcmp(a, "--device")) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
                 fprintf(stderr, "bench cp: --device must be cpu or cuda, got '%s'\n", v);
                 return 2;
             }
             cuda = !strcmp(v, "cuda");
-            x = 1;
         } else if (!strcmp(a, "--dtype")) {
             if (dg_dtype_parse(v, &s.dt) != DG_OK ||
                 (s.dt != DG_F32 && s.dt != DG_F64 && s.dt != DG_BF16)) {
                 fprintf(stderr, "bench cp: --dtype must be f32, f64 or bf16, got '%s'\n", v);
                 return 2;
             }
-            x = 1;
         } else {
             fprintf(stderr, "bench cp: unknown flag '%s'\n", a);
             usage(stderr);
             return 2;
         }
-        if (x < 0 || (x < 1 && strcmp(a, "--warmup"))) {
-            fprintf(stderr, "bench cp: %s must be >= 1, got '%s'\n", a, v);
+        if (ps != DG_OK) {
+            fprintf(stderr, "bench cp: %s\n", dg_last_error());
             return 2;
         }
     }

@@ -6,20 +6,35 @@
 #      dist tests run under mpirun with 2 and 4 ranks when MPI is installed).
 #   2. the `sanitize` preset (host only, ASan + UBSan): runs the cpu label again, and the MPI
 #      test programs of the dist label (leak checking off there: Open MPI's own allocations).
-# Set DG_CHECK_FAST=1 to skip step 2.
+#   3. tools/fuzz.sh: the libFuzzer targets, DG_FUZZ_SECONDS (default 30) each, when clang can
+#      link libFuzzer (.ci/run installs it).
+# Set DG_CHECK_FAST=1 to skip steps 2 and 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 
-echo "== [1/2] default build (CUDA if available) + cpu, gpu and dist tests"
+echo "== [1/3] default build (CUDA if available) + cpu, gpu and dist tests"
 cmake --preset default
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs"
 
 if [ "${DG_CHECK_FAST:-0}" != 1 ]; then
-    echo "== [2/2] sanitizer build (ASan + UBSan, host only) + cpu and dist tests"
+    echo "== [2/3] sanitizer build (ASan + UBSan, host only) + cpu and dist tests"
     cmake --preset sanitize
     cmake --build --preset sanitize -j "$jobs"
     ASAN_OPTIONS=detect_leaks=1 ctest --preset sanitize -j "$jobs"
+
+    echo "== [3/3] fuzzing (clang + libFuzzer, ASan + UBSan)"
+    probe=$(mktemp -d)
+    printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }\n' \
+        >"$probe/p.c"
+    if command -v clang >/dev/null && clang -fsanitize=fuzzer "$probe/p.c" -o "$probe/p" \
+        >/dev/null 2>&1; then
+        rm -rf "$probe"
+        bash tools/fuzz.sh
+    else
+        rm -rf "$probe"
+        echo "skipped: clang with libFuzzer is not installed (apt-get install clang libclang-rt-14-dev)"
+    fi
 fi
 echo "== all checks passed"

@@ -51,7 +51,8 @@ static void usage(FILE *f) {
             "library's copy kernels; medians of --reps runs after --warmup untimed runs.\n"
             "\n"
             "  --device D          cpu, cuda or cuda:N (default: cuda if a device is present)\n"
-            "  --sizes A,B,...     square GEMM sizes, each in [1, 65536] (default 4096,8192 on a GPU; 256,512,1024\n"
+            "  --sizes A,B,...     square GEMM sizes, each in [1, 65536] (default 4096,8192 on a "
+            "GPU; 256,512,1024\n"
             "                      on the CPU)\n"
             "  --m M --n N --k K   also time one [M,K] @ [K,N] GEMM\n"
             "  --reps R            timed repetitions, 1..100000 (default 20)\n"
@@ -80,8 +81,7 @@ static int parse_f64(const char *flag, const char *s, double *out) {
 static int parse_sizes(const char *s, bench_opts *o) {
     o->n_sizes = 0;
     char buf[256];
-    if (strlen(s) >= sizeof buf || !*s || s[strlen(s) - 1] == ',' || s[0] == ',' ||
-        strstr(s, ",,"))
+    if (strlen(s) >= sizeof buf || !*s || s[strlen(s) - 1] == ',' || s[0] == ',' || strstr(s, ",,"))
         return 0;
     snprintf(buf, sizeof buf, "%s", s);
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {

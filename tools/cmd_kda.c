@@ -73,6 +73,9 @@ typedef struct {
     dg_kda_opts o;
 } kda_args;
 
+/* Set by dg_cmd_kda_check: parse and validate only. */
+static int g_check_only;
+
 static int bad(const char *flag, const char *why) {
     fprintf(stderr, "deltagrad kda: %s %s\n", flag, why);
     return 2;
@@ -98,7 +101,8 @@ static int parse(int argc, char **argv, kda_args *a) {
         i++;                                                                                       \
     } while (0)
         if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(stdout);
+            if (!g_check_only)
+                usage(stdout);
             return 1;
         } else if (!strcmp(f, "--in")) {
             NEED();
@@ -253,6 +257,8 @@ static dg_status save(saver *sv, const char *name, const dg_tensor *t, dg_dtype 
 
 static int fail(const char *what) {
     fprintf(stderr, "deltagrad kda: %s: %s\n", what, dg_last_error());
+    if (strstr(dg_last_error(), "out of memory"))
+        fprintf(stderr, "hint: smaller inputs (fewer tokens or heads per run), or --device cpu\n");
     return 1;
 }
 
@@ -382,4 +388,12 @@ int dg_cmd_kda(int argc, char **argv) {
         dg_ctx_free(&ctx);
     dg_ctx_free(&host);
     return s == DG_OK ? rc : (rc ? rc : 1);
+}
+
+int dg_cmd_kda_check(int argc, char **argv) {
+    kda_args a;
+    g_check_only = 1;
+    int rc = parse(argc, argv, &a);
+    g_check_only = 0;
+    return rc == 1 ? 0 : rc;
 }

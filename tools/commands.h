@@ -4,8 +4,14 @@
 
 int dg_cmd_train(int argc, char **argv);  /* train/cli_train.c */
 int dg_cmd_sample(int argc, char **argv); /* train/cli_train.c */
-int dg_cmd_kda(int argc, char **argv);    /* tools/cmd_kda.c */
-int dg_cmd_bench(int argc, char **argv);  /* tools/cmd_bench.c */
+/* The same argument parsing and checks, without running anything (0: the arguments are valid;
+ * else the usage error's exit code). For tests and the argument fuzzer. */
+int dg_cmd_train_check(int argc, char **argv);
+int dg_cmd_sample_check(int argc, char **argv);
+int dg_cmd_kda(int argc, char **argv); /* tools/cmd_kda.c */
+/* Its argument parsing alone: 0 when valid, else the usage error's exit code. */
+int dg_cmd_kda_check(int argc, char **argv);
+int dg_cmd_bench(int argc, char **argv); /* tools/cmd_bench.c */
 /* `deltagrad bench kda ...` (tools/bench_kda.c); argv[0] is "kda". */
 int dg_bench_kda(int argc, char **argv);
 /* `deltagrad bench cp ...` (tools/bench_cp.c): KCP on the ranks of an MPI job; argv[0] is "cp". */

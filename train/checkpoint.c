@@ -139,8 +139,8 @@ static dg_status verify_checksums(const dg_ckpt *c) {
     if (!sums)
         return DG_OK;
     if (strncmp(sums, "fnv1a64", 7) != 0 || (sums[7] && sums[7] != ' '))
-        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': unknown checksum kind in '%.32s'",
-                       c->path, sums);
+        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': unknown checksum kind in '%.32s'", c->path,
+                       sums);
     int listed = 0;
     for (const char *p = strchr(sums, ' '); p; p = strchr(p + 1, ' '))
         listed++;
@@ -266,8 +266,7 @@ static dg_status meta_str(const dg_ckpt *c, const char *key, const char **out) {
     return DG_OK;
 }
 
-static dg_status meta_i64(const dg_ckpt *c, const char *key, int64_t lo, int64_t hi,
-                          int64_t *out) {
+static dg_status meta_i64(const dg_ckpt *c, const char *key, int64_t lo, int64_t hi, int64_t *out) {
     const char *v = NULL;
     DG_TRY(meta_str(c, key, &v));
     char *end;
@@ -339,8 +338,9 @@ static dg_status parse_meta(dg_ckpt *c) {
     DG_TRY(meta_u64(c, "data_counter", 10, &c->state.data_counter));
     /* windows drawn: at most steps x accum x batch, kept far from wrapping */
     if (c->state.data_counter > ((uint64_t)1 << 62))
-        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': metadata 'data_counter' = %llu is too large",
-                       c->path, (unsigned long long)c->state.data_counter);
+        return dg__err(DG_ERR_FORMAT,
+                       "checkpoint '%s': metadata 'data_counter' = %llu is too large", c->path,
+                       (unsigned long long)c->state.data_counter);
     DG_TRY(meta_u64(c, "data.hash", 16, &c->state.data_hash));
     DG_TRY(meta_i64(c, "data.bytes", 0, INT64_MAX, &c->state.data_bytes));
     const char *dp = NULL, *cn = NULL;

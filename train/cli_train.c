@@ -61,6 +61,9 @@ static int launched_by_mpirun(void) {
 
 /* ---- flag parsing --------------------------------------------------------------------------- */
 
+/* Set by dg_cmd_*_check: parse and validate, print no help, run nothing. */
+static int g_check_only;
+
 static int bad(const char *cmd, const char *fmt, const char *a, const char *b) {
     fprintf(stderr, "deltagrad %s: ", cmd);
     fprintf(stderr, fmt, a, b);
@@ -92,6 +95,8 @@ static int parse_f64(const char *cmd, const char *flag, const char *s, double lo
 static void fmt_time(double s, char *buf, size_t n) {
     if (!isfinite(s) || s < 0)
         s = 0;
+    if (s > 1e12) /* an ETA of millennia: keep the cast below defined */
+        s = 1e12;
     long t = (long)(s + 0.5);
     if (t >= 3600)
         snprintf(buf, n, "%ldh%02ldm", t / 3600, (t / 60) % 60);
@@ -338,12 +343,15 @@ int dg_cmd_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            train_help(stdout);
+            if (!g_check_only)
+                train_help(stdout);
             return 0;
         }
         if (!strcmp(a, "--plot")) {
             if (i + 1 >= argc)
                 return bad(cmd, "%s: needs a value%s", a, "");
+            if (g_check_only)
+                return 0;
             if (dg_train_plot(argv[i + 1]) != DG_OK) {
                 fprintf(stderr, "deltagrad train: %s\n", dg_last_error());
                 return 1;
@@ -558,6 +566,8 @@ int dg_cmd_train(int argc, char **argv) {
             return 2;
         }
     }
+    if (g_check_only)
+        return 0;
     /* several processes: --cp, or started by mpirun */
     dg_comm *comm = NULL;
     if (o.cp > 1 || (launched_by_mpirun() && dg_have_mpi())) {
@@ -593,13 +603,18 @@ int dg_cmd_train(int argc, char **argv) {
     const int rank0 = dg_comm_rank(comm) == 0;
     if (rank0)
         end_bar(&cs);
-    if (g_stop) {
+    if (g_stop || dg_train_was_interrupted()) {
+        /* every rank stopped after the same step and rank 0 wrote the checkpoint: no abort */
         int sig = (int)g_stop;
-        fprintf(stderr, "deltagrad train: stopped by signal %d: %s\n", sig,
-                s != DG_OK ? dg_last_error() : "the run had just finished");
+        if (sig)
+            fprintf(stderr, "deltagrad train: stopped by signal %d: %s\n", sig,
+                    s != DG_OK ? dg_last_error() : "the run had just finished");
+        else
+            fprintf(stderr, "deltagrad train: stopped with the other ranks: %s\n",
+                    dg_last_error());
         dg_comm_free(&comm);
         dg_comm_finalize();
-        return 128 + sig;
+        return sig ? 128 + sig : 1;
     }
     if (s == DG_OK && profile && rank0) {
         printf("\ntime per op kind over the run (device synchronised at every node; "
@@ -659,7 +674,8 @@ int dg_cmd_sample(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            sample_help(stdout);
+            if (!g_check_only)
+                sample_help(stdout);
             return 0;
         }
         if (strncmp(a, "--", 2) != 0)
@@ -694,6 +710,8 @@ int dg_cmd_sample(int argc, char **argv) {
     }
     if (!ckpt)
         return bad(cmd, "--ckpt FILE is required%s%s", "", "");
+    if (g_check_only)
+        return 0;
     char tbuf[128];
     setup_threads(threads, tbuf, sizeof tbuf);
     char path[DG_PATH_MAX + 64];
@@ -740,4 +758,18 @@ int dg_cmd_sample(int argc, char **argv) {
     dg_tape_reset();
     dg_ctx_free(&ctx);
     return s == DG_OK ? 0 : (s == DG_ERR_ARG ? 2 : 1);
+}
+
+int dg_cmd_train_check(int argc, char **argv) {
+    g_check_only = 1;
+    int rc = dg_cmd_train(argc, argv);
+    g_check_only = 0;
+    return rc;
+}
+
+int dg_cmd_sample_check(int argc, char **argv) {
+    g_check_only = 1;
+    int rc = dg_cmd_sample(argc, argv);
+    g_check_only = 0;
+    return rc;
 }

@@ -79,8 +79,8 @@ dg_status dg_model_config_check(const dg_model_config *c) {
          DG_MODEL_MAX_DIM);
     NEED((int64_t)c->n_v_heads * c->head_v <= DG_MODEL_MAX_DIM &&
              (int64_t)c->n_v_heads * c->head_k <= DG_MODEL_MAX_DIM,
-         "model config: num_v_heads x head dims (%d x %d, %d) exceed %d", c->n_v_heads,
-         c->head_k, c->head_v, DG_MODEL_MAX_DIM);
+         "model config: num_v_heads x head dims (%d x %d, %d) exceed %d", c->n_v_heads, c->head_k,
+         c->head_v, DG_MODEL_MAX_DIM);
     NEED(c->inter >= 1 && c->inter <= DG_MODEL_MAX_DIM,
          "model config: intermediate_size (--inter) %d out of range [1,%d]", c->inter,
          DG_MODEL_MAX_DIM);
@@ -91,8 +91,10 @@ dg_status dg_model_config_check(const dg_model_config *c) {
          "model config: gate must be lower_bound or kda");
     NEED(c->gate != DG_GATE_LOWERBOUND || (c->lower_bound >= -5.0 && c->lower_bound < 0.0),
          "model config: lower_bound (--lower-bound) must be in [-5, 0) (got %g)", c->lower_bound);
-    NEED(c->norm_eps > 0.0 && c->norm_eps < 1.0, "model config: norm_eps must be > 0 (got %g)", c->norm_eps);
-    NEED(c->init_std > 0.0 && c->init_std < 1e3, "model config: initializer_range must be > 0 (got %g)", c->init_std);
+    NEED(c->norm_eps > 0.0 && c->norm_eps < 1.0, "model config: norm_eps must be > 0 (got %g)",
+         c->norm_eps);
+    NEED(c->init_std > 0.0 && c->init_std < 1e3,
+         "model config: initializer_range must be > 0 (got %g)", c->init_std);
 #undef NEED
     return DG_OK;
 }

@@ -121,8 +121,8 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->accum <= DG_TRAIN_MAX_ACCUM, "--accum must be <= %d (got %d)", DG_TRAIN_MAX_ACCUM,
          o->accum);
     NEED((int64_t)o->batch * o->seq_len <= DG_TRAIN_MAX_TOKENS,
-         "--batch x --seq-len (%d x %d) exceeds %lld tokens per micro-batch", o->batch,
-         o->seq_len, (long long)DG_TRAIN_MAX_TOKENS);
+         "--batch x --seq-len (%d x %d) exceeds %lld tokens per micro-batch", o->batch, o->seq_len,
+         (long long)DG_TRAIN_MAX_TOKENS);
     NEED((int64_t)o->batch * o->accum <= DG_TRAIN_MAX_ROWS_PER_STEP,
          "--batch x --accum (%d x %d) exceeds %lld rows per step", o->batch, o->accum,
          (long long)DG_TRAIN_MAX_ROWS_PER_STEP);
@@ -132,8 +132,8 @@ static dg_status check_opts(const dg_train_opts *o) {
          (long long)DG_TRAIN_MAX_STEPS, (long long)o->warmup);
     NEED(o->sample_tokens <= DG_TRAIN_MAX_SAMPLE, "--sample-tokens must be <= %d (got %d)",
          DG_TRAIN_MAX_SAMPLE, o->sample_tokens);
-    NEED(isfinite(o->temperature) && o->temperature >= 0.0,
-         "--temperature must be >= 0 (got %g)", o->temperature);
+    NEED(isfinite(o->temperature) && o->temperature >= 0.0, "--temperature must be >= 0 (got %g)",
+         o->temperature);
     NEED(o->top_k <= 256, "--top-k must be <= 256 (got %d)", o->top_k);
     NEED(o->stop_at >= 0, "--stop-at must be >= 0 (got %lld)", (long long)o->stop_at);
     NEED(o->batch >= 1, "--batch must be >= 1 (got %d)", o->batch);
@@ -145,8 +145,10 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->warmup >= 0, "--warmup must be >= 0 (got %lld)", (long long)o->warmup);
     NEED(o->beta1 >= 0.0 && o->beta1 < 1.0, "--beta1 must be in [0,1) (got %g)", o->beta1);
     NEED(o->beta2 >= 0.0 && o->beta2 < 1.0, "--beta2 must be in [0,1) (got %g)", o->beta2);
-    NEED(o->adam_eps > 0.0 && isfinite(o->adam_eps), "--adam-eps must be > 0 (got %g)", o->adam_eps);
-    NEED(o->weight_decay >= 0.0 && isfinite(o->weight_decay), "--weight-decay must be >= 0 (got %g)", o->weight_decay);
+    NEED(o->adam_eps > 0.0 && isfinite(o->adam_eps), "--adam-eps must be > 0 (got %g)",
+         o->adam_eps);
+    NEED(o->weight_decay >= 0.0 && isfinite(o->weight_decay),
+         "--weight-decay must be >= 0 (got %g)", o->weight_decay);
     NEED(o->clip > 0.0 && isfinite(o->clip), "--clip must be > 0 (got %g)", o->clip);
     NEED(o->eval_every >= 0, "--eval-every must be >= 0 (got %lld)", (long long)o->eval_every);
     NEED(o->eval_batches >= 1, "--eval-batches must be >= 1 (got %d)", o->eval_batches);
@@ -202,7 +204,7 @@ typedef struct run {
     int32_t *ids, *tgt; /* host batch buffers [B*T] */
     FILE *csv;
     char csv_path[DG_PATH_MAX + 32];
-    int lock_fd;      /* DIR/train.lock, flock'ed for the whole run; -1 when none */
+    int lock_fd;       /* DIR/train.lock, flock'ed for the whole run; -1 when none */
     int64_t ckpt_step; /* step of the last checkpoint written by this run (0: none) */
     double t_start;
     int64_t last_step;
@@ -267,6 +269,11 @@ static dg_status local_batch(run *r, dg_tensor **ids, dg_tensor **tgt, double *f
         dg_tensor_free(ids);
     return s;
 }
+
+/* Set when the last dg_train_run of this thread stopped on opts->stop. */
+static _Thread_local int g_interrupted;
+
+int dg_train_was_interrupted(void) { return g_interrupted; }
 
 /* Sum *v over every rank (a no-op for one process). */
 static dg_status sum_ranks(run *r, double *v) {
@@ -511,10 +518,13 @@ static dg_status csv_line(run *r, int64_t step, double loss, int have_val, doubl
     if (ok)
         return DG_OK;
     int e = errno ? errno : EIO;
+    char last[64] = "no checkpoint was written by this run";
+    if (r->ckpt_step > 0)
+        snprintf(last, sizeof last, "the last checkpoint is from step %lld",
+                 (long long)r->ckpt_step);
     return dg__err(DG_ERR_IO,
-                   "--out: writing step %lld to '%s' failed: %s; the run stops here (the last "
-                   "checkpoint is from step %lld)",
-                   (long long)step, r->csv_path, strerror(e), (long long)r->ckpt_step);
+                   "--out: writing step %lld to '%s' failed: %s; the run stops here (%s)",
+                   (long long)step, r->csv_path, strerror(e), last);
 }
 
 /* Takes DIR/train.lock for the run (see train.h). */
@@ -672,6 +682,11 @@ static dg_status setup(run *r, const dg_train_opts *in) {
     r->o = *in;
     dg_train_opts *o = &r->o;
     DG_TRY(dg_ctx_new(o->device, &r->ctx));
+    /* an existing run directory is locked before anything in it is read */
+    struct stat dsb;
+    if (o->out_dir[0] && (!o->comm || dg_comm_rank(o->comm) == 0) && stat(o->out_dir, &dsb) == 0 &&
+        S_ISDIR(dsb.st_mode))
+        DG_TRY(lock_dir(r));
     dg_ckpt ck;
     memset(&ck, 0, sizeof ck);
     if (o->resume) {
@@ -742,7 +757,8 @@ static dg_status setup(run *r, const dg_train_opts *in) {
         return dg__err(DG_ERR_NOMEM, "batches: out of host memory");
     if (o->out_dir[0] && r->rank == 0) {
         DG_TRY(mkdir_p(o->out_dir));
-        DG_TRY(lock_dir(r));
+        if (r->lock_fd < 0)
+            DG_TRY(lock_dir(r));
         if (!o->resume)
             DG_TRY(check_fresh_dir(r));
         dg_ckpt_clean_temps(o->out_dir);
@@ -884,10 +900,20 @@ static dg_status loop(run *r, dg_train_result *res) {
         if (do_sample)
             DG_TRY(sample(r, step));
         int stop = o->stop && *o->stop;
+        if (r->world > 1) { /* every rank stops after the same step, or they would deadlock */
+            double any = stop;
+            DG_TRY(sum_ranks(r, &any));
+            stop = any > 0;
+        }
         if (o->out_dir[0] &&
             ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step || stop))
             DG_TRY(save_ckpt(r, step));
         if (stop && step < r->last_step) {
+            g_interrupted = 1;
+            if (r->world > 1) { /* the others wait until rank 0 has written the checkpoint */
+                double done = 0;
+                DG_TRY(sum_ranks(r, &done));
+            }
             if (o->out_dir[0])
                 return dg__err(DG_ERR_STATE,
                                "interrupted after step %lld: checkpoint '%s/%s' written; "
@@ -935,6 +961,7 @@ dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user,
     r->cb = cb;
     r->user = user;
     r->lock_fd = -1;
+    g_interrupted = 0;
     dg_policy saved = dg_policy_get_global();
     dg_policy_set_global(opts->recompute);
     dg_status s = setup(r, opts);
@@ -946,6 +973,11 @@ dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user,
     teardown(r);
     free(r);
     dg_policy_set_global(saved);
+    if (s == DG_ERR_NOMEM)
+        return dg__err(s,
+                       "%s\nhint: the run needs less memory with a smaller --batch or --seq-len "
+                       "(--accum N keeps the tokens per step), --recompute all, or a smaller model",
+                       msg);
     if (s != DG_OK)
         return dg__err(s, "%s", msg);
     return DG_OK;

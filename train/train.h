@@ -76,7 +76,8 @@ typedef struct dg_train_opts {
     int cp; /* ranks per context-parallel group (0 or 1: off) */
     int overwrite;       /* a fresh run may replace the run already in out_dir (else refused) */
     /* Checked after every step: once non-zero (a signal handler sets it), the run writes a
-     * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never. */
+     * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never.
+     */
     const volatile sig_atomic_t *stop;
 } dg_train_opts;
 
@@ -124,6 +125,9 @@ void dg_train_result_free(dg_train_result *r);
  * checkpoint is never written from non-finite weights: the run stops (DG_ERR_NUMERIC) and the
  * last good checkpoint stays the latest. */
 dg_status dg_train_run(const dg_train_opts *opts, dg_train_cb cb, void *user, dg_train_result *res);
+
+/* 1 if the last dg_train_run of this thread stopped because opts->stop was set (on any rank). */
+int dg_train_was_interrupted(void);
 
 /* Learning rate at `step` (1-based): linear warmup to lr, cosine to min_lr_frac * lr at `steps`. */
 double dg_train_lr(const dg_train_opts *o, int64_t step);

@@ -11,6 +11,13 @@
  * Shapes: x, G [B,T,HV,K]. Saved: x, A_log, dt_bias (G is cheap to recompute and its backward
  * does not need it, so CACHE and RECOMPUTE keep the same).
  * CUDA: g f32 or bf16, A_log and dt_bias f32; G is f32.
+ *
+ * Decay of (nearly) zero: before the cumsum, g is floored at KDA_G_FLOOR (-128) on the CPU. A
+ * step with g = -inf (or a saturated gate, g = -1e6) wipes the state in the recurrence; in the
+ * chunked form the gate differences G_i - G_j of two tokens after that step would be
+ * -inf - (-inf) = NaN. exp(-128) ~ 2.6e-56 is far below f64 resolution relative to the state
+ * (and 0 in f32), so the floored chunked form equals the recurrence; the gradient through a
+ * floored g is 0, which is what the recurrence gives there (exp(g) = 0).
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -20,6 +27,10 @@
 
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
+
+#ifndef KDA_G_FLOOR
+#define KDA_G_FLOOR (-128)
+#endif
 
 void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
                       const KT *A_log, const KT *dt_bias, KT *G) {
@@ -39,6 +50,8 @@ void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
                     gr[c] = lb * KF(kda_sigmoid)(a * z);
                 else
                     gr[c] = xr[c];
+                if (cumsum && gr[c] < (KT)KDA_G_FLOOR) /* NaN stays NaN */
+                    gr[c] = (KT)KDA_G_FLOOR;
             }
         }
     if (!cumsum)
@@ -79,8 +92,13 @@ void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
         memset(dA_log, 0, sizeof(KT) * (size_t)HV);
     if (ddt_bias)
         memset(ddt_bias, 0, sizeof(KT) * (size_t)row);
-    if (kind == DG_GATE_NONE)
+    if (kind == DG_GATE_NONE) {
+        if (cumsum) /* a floored g does not move G */
+            for (int64_t i = 0; i < TT * row; i++)
+                if (x[i] < (KT)KDA_G_FLOOR)
+                    dx[i] = 0;
         return;
+    }
     /* one value head per work item: dA_log[hv] and ddt_bias[hv, :] are summed over the tokens
      * in token order, as a serial loop would, so the reductions are deterministic */
     KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
@@ -93,6 +111,8 @@ void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
             for (int c = 0; c < K; c++) {
                 KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
                 KT dz;
+                if (cumsum && kind == DG_GATE_KDA && -a * KF(kda_softplus)(z) < (KT)KDA_G_FLOOR)
+                    dr[c] = 0; /* floored in the forward: no gradient */
                 if (kind == DG_GATE_KDA) {
                     /* dg/dz = -a sigmoid(z), dg/dA_log = g */
                     dz = -dr[c] * a * KF(kda_sigmoid)(z);
