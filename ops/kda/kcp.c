@@ -24,11 +24,13 @@
  * earlier ranks already received its content through the backward all_gather (KCP.md §4.3).
  * Both all_gathers send every rank's summary (the ones a rank does not need are zero or unused),
  * one collective each way, HV K (V+K) values per rank.
- * CUDA: the stages run on the device as in dg_kda_chunk; the summaries, merges and row moves run
- * on host copies (W, U, KG, G and the upstream gradients are copied down, h0m, ht and dht up),
- * and the MPI communicator carries host buffers, so several processes can share one GPU. This
- * path costs a device-to-host copy of the activations per call and has not been run on a GPU
- * yet (the development machine has none); the CPU path runs the same code without copies.
+ * CUDA: the stages run on the device as in dg_kda_chunk. On the tensor-core path (bf16 inputs,
+ * K % 16 == 0) each summary is two state passes on the device (summary_dev,
+ * kda_state_summary_cuda) and only the small [HV, K, V+K] result comes to the host; otherwise
+ * W, U, KG, G and the upstream gradients are copied down and summarised by the loops below
+ * (correct but slow). Merges and row moves run on host copies, and the MPI communicator carries
+ * host buffers, so several processes can share one GPU. The CPU path runs the same code without
+ * copies.
  */
 #ifndef KDA_TMPL
 #include "../../dist/dist.h"
