@@ -959,12 +959,18 @@ typedef struct zres {
 } zres;
 
 /* Forward + backward of chunked or recurrent KDA with fixed output gradients. */
-static zres zero_decay_run(int chunked, dg_dtype dt, dg_tensor *const *src, dg_gate_kind gate,
-                           const dg_tensor *do_, const dg_tensor *dht) {
+/* On ctx (src on the CPU is moved there): activations q, k, v, g, beta in dt, h0, A_log,
+ * dt_bias in dt_state (CUDA wants them f32). */
+static zres zero_decay_run(dg_ctx *ctx, int chunked, dg_dtype dt, dg_dtype dt_state,
+                           dg_tensor *const *src, dg_gate_kind gate, const dg_tensor *do_,
+                           const dg_tensor *dht) {
     dg_tensor *in[ZN] = {0};
     for (int i = 0; i < ZN; i++)
         if (src[i]) {
-            DG_TEST_TRY(dg_to_dtype(g_ctx, src[i], dt, &in[i]));
+            dg_tensor *c = NULL;
+            DG_TEST_TRY(dg_to_dtype(g_ctx, src[i], i <= ZB ? dt : dt_state, &c));
+            DG_TEST_TRY(dg_to_device(ctx, c, &in[i]));
+            dg_tensor_free(&c);
             dg_tensor_set_requires_grad(in[i], 1);
         }
     dg_kda_opts o;
@@ -974,17 +980,35 @@ static zres zero_decay_run(int chunked, dg_dtype dt, dg_tensor *const *src, dg_g
     o.output_final_state = 1;
     zres r;
     memset(&r, 0, sizeof r);
+    dg_tensor *ro = NULL, *rht = NULL;
     DG_TEST_TRY((chunked ? dg_kda_chunk : dg_kda_recurrent)(
-        g_ctx, in[ZQ], in[ZK], in[ZV], in[ZG], in[ZB], in[ZA], in[ZDT], in[ZH0], &o, &r.o, &r.ht));
-    dg_tensor *dd = NULL, *dh = NULL;
-    DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)do_, dt, &dd));
-    DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dht, dg_tensor_dtype(r.ht), &dh));
-    dg_tensor *outs[2] = {r.o, r.ht};
+        ctx, in[ZQ], in[ZK], in[ZV], in[ZG], in[ZB], in[ZA], in[ZDT], in[ZH0], &o, &ro, &rht));
+    dg_tensor *dd = NULL, *dh = NULL, *c1 = NULL, *c2 = NULL;
+    DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)do_, dt, &c1));
+    DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dht, dg_tensor_dtype(rht), &c2));
+    DG_TEST_TRY(dg_to_device(ctx, c1, &dd));
+    DG_TEST_TRY(dg_to_device(ctx, c2, &dh));
+    dg_tensor_free(&c1);
+    dg_tensor_free(&c2);
+    dg_tensor *outs[2] = {ro, rht};
     const dg_tensor *grads[2] = {dd, dh};
-    DG_TEST_TRY(dg_tape_backward_multi(g_ctx, 2, outs, grads));
+    DG_TEST_TRY(dg_tape_backward_multi(ctx, 2, outs, grads));
+    /* results as f64 on the CPU */
+    dg_tensor *res[2 + ZN] = {ro, rht};
     for (int i = 0; i < ZN; i++)
-        if (in[i] && dg_tensor_grad(in[i]))
-            DG_TEST_TRY(dg_to_dtype(g_ctx, (dg_tensor *)dg_tensor_grad(in[i]), DG_F64, &r.grad[i]));
+        res[2 + i] = in[i] ? (dg_tensor *)dg_tensor_grad(in[i]) : NULL;
+    dg_tensor **dst[2 + ZN] = {&r.o, &r.ht};
+    for (int i = 0; i < ZN; i++)
+        dst[2 + i] = &r.grad[i];
+    for (int i = 0; i < 2 + ZN; i++)
+        if (res[i]) {
+            dg_tensor *h = NULL;
+            DG_TEST_TRY(dg_to_device(g_ctx, res[i], &h));
+            DG_TEST_TRY(dg_to_dtype(g_ctx, h, DG_F64, dst[i]));
+            dg_tensor_free(&h);
+        }
+    dg_tensor_free(&ro);
+    dg_tensor_free(&rht);
     dg_tape_reset();
     for (int i = 0; i < ZN; i++)
         dg_tensor_free(&in[i]);
@@ -1053,14 +1077,16 @@ static void test_zero_decay(void) {
         dg_tensor *dht = dg_test_randn(g_ctx, DG_F64, 4, hs, 20);
         static const char *const label[4] = {"g=-inf token", "g=-inf dims", "g=-1e6",
                                              "saturated KDA gate"};
-        zres ref = zero_decay_run(0, DG_F64, src, gate, do_, dht);
+        zres ref = zero_decay_run(g_ctx, 0, DG_F64, DG_F64, src, gate, do_, dht);
         int ref_finite = all_finite(ref.o) && all_finite(ref.ht);
         CASE(4, dg_check(ref_finite, "%s: the recurrence is finite", label[cs]));
         dg_dtype dts[2] = {DG_F64, DG_F32};
         for (int p = 0; p < 2; p++) {
             double tol = dts[p] == DG_F64 ? 1e-10 : 1e-5;
-            zres got = zero_decay_run(1, dts[p], src, gate, do_, dht);
-            zres want = dts[p] == DG_F64 ? ref : zero_decay_run(0, DG_F32, src, gate, do_, dht);
+            zres got = zero_decay_run(g_ctx, 1, dts[p], dts[p], src, gate, do_, dht);
+            zres want = dts[p] == DG_F64
+                            ? ref
+                            : zero_decay_run(g_ctx, 0, DG_F32, DG_F32, src, gate, do_, dht);
             char nm[128];
             snprintf(nm, sizeof nm, "%s %s: chunked o", label[cs], dg_dtype_name(dts[p]));
             CASE(4, dg_check(all_finite(got.o) && all_finite(got.ht), "%s and ht are finite", nm));
@@ -1278,9 +1304,102 @@ static void test_oom_message(void) {
 
 /* ---- main ----------------------------------------------------------------------------------- */
 
+/* gpu mode: class 4 on CUDA. The same inputs as test_zero_decay (without the -1e6 case, which
+ * differs from the -inf one only before the floor), chunked on the device in f32 and bf16
+ * against the f64 recurrence on the CPU of the same (for bf16: bf16-rounded) inputs. */
+static void test_zero_decay_gpu(dg_ctx *gpu) {
+    const int B = 1, T = 40, H = 2, K = 16, V = 16;
+    const int64_t qs[4] = {B, T, H, K}, vs[4] = {B, T, H, V}, bs[3] = {B, T, H},
+                  hs[4] = {B, H, K, V}, as[1] = {H}, ds[1] = {H * K};
+    static const char *const label[3] = {"g=-inf token", "g=-inf dims", "saturated KDA gate"};
+    for (int cs = 0; cs < 3; cs++)
+        for (int bf = 0; bf < 2; bf++) {
+            const dg_dtype act = bf ? DG_BF16 : DG_F32;
+            dg_tensor *src[ZN] = {0};
+            src[ZQ] = dg_test_randn(g_ctx, DG_F64, 4, qs, 31);
+            src[ZK] = dg_test_rand(g_ctx, DG_F64, 4, qs, 32, -0.4, 0.4);
+            src[ZV] = dg_test_randn(g_ctx, DG_F64, 4, vs, 33);
+            src[ZB] = dg_test_rand(g_ctx, DG_F64, 3, bs, 34, 0.1, 0.9);
+            src[ZH0] = dg_test_randn(g_ctx, DG_F64, 4, hs, 35);
+            double *gv = NULL;
+            dg_tensor *g0 = cs == 2 ? dg_test_randn(g_ctx, DG_F64, 4, qs, 36)
+                                    : dg_test_rand(g_ctx, DG_F64, 4, qs, 36, -0.6, -0.01);
+            DG_TEST_TRY(dg_tensor_to_f64(g0, &gv));
+            dg_tensor_free(&g0);
+            const int row = H * K;
+            if (cs == 0)
+                for (int e = 0; e < row; e++)
+                    gv[5 * row + e] = -INFINITY;
+            if (cs == 1) {
+                const int at[5] = {0, 15, 16, 22, 39};
+                for (int i = 0; i < 5; i++)
+                    gv[at[i] * row + (i * 7) % row] = -INFINITY;
+            }
+            if (cs == 2) {
+                gv[7 * row + 3] = 1e8;
+                gv[20 * row + 9] = 1e8;
+                src[ZA] = dg_test_rand(g_ctx, DG_F64, 1, as, 37, 0.0, 1.0);
+                src[ZDT] = dg_test_rand(g_ctx, DG_F64, 1, ds, 38, -0.5, 0.5);
+            }
+            DG_TEST_TRY(dg_tensor_from_f64(g_ctx, DG_F64, 4, qs, gv, &src[ZG]));
+            free(gv);
+            /* round the activations to the device dtype first, so both sides see one input */
+            for (int i = ZQ; i <= ZB; i++) {
+                dg_tensor *r = NULL, *back = NULL;
+                DG_TEST_TRY(dg_to_dtype(g_ctx, src[i], act, &r));
+                DG_TEST_TRY(dg_to_dtype(g_ctx, r, DG_F64, &back));
+                dg_tensor_free(&r);
+                dg_tensor_free(&src[i]);
+                src[i] = back;
+            }
+            const dg_gate_kind gate = cs == 2 ? DG_GATE_KDA : DG_GATE_NONE;
+            dg_tensor *do_ = dg_test_randn(g_ctx, DG_F64, 4, vs, 39);
+            dg_tensor *dht = dg_test_randn(g_ctx, DG_F64, 4, hs, 40);
+            zres ref = zero_decay_run(g_ctx, 0, DG_F64, DG_F64, src, gate, do_, dht);
+            zres got = zero_decay_run(gpu, 1, act, DG_F32, src, gate, do_, dht);
+            /* f32: the CUDA f32 path's bound against f64; bf16 inputs run the TF32 tensor-core
+             * path (operands rounded to 2^-11), bound 1e-2 as the other bf16 CUDA checks */
+            const double tol = bf ? 1e-2 : 1e-5;
+            static const char *const gname[ZN] = {"dq",    "dk",  "dv",     "dg",
+                                                  "dbeta", "dh0", "dA_log", "ddt_bias"};
+            char nm[160];
+            snprintf(nm, sizeof nm, "CUDA %s %s: chunked o", dg_dtype_name(act), label[cs]);
+            CASE(4, dg_check(all_finite(got.o) && all_finite(got.ht), "%s and ht are finite", nm));
+            CASE(4, dg_check_tensor_rel(nm, got.o, ref.o, tol));
+            snprintf(nm, sizeof nm, "CUDA %s %s: chunked ht", dg_dtype_name(act), label[cs]);
+            CASE(4, dg_check_tensor_rel(nm, got.ht, ref.ht, tol));
+            for (int i = 0; i < ZN; i++) {
+                if (!ref.grad[i])
+                    continue;
+                snprintf(nm, sizeof nm, "CUDA %s %s: chunked %s", dg_dtype_name(act), label[cs],
+                         gname[i]);
+                CASE(4, dg_check(got.grad[i] && all_finite(got.grad[i]), "%s is finite", nm));
+                if (got.grad[i])
+                    CASE(4, dg_check_tensor_rel(nm, got.grad[i], ref.grad[i], tol));
+            }
+            zres_free(&ref);
+            zres_free(&got);
+            dg_tensor_free(&do_);
+            dg_tensor_free(&dht);
+            for (int i = 0; i < ZN; i++)
+                dg_tensor_free(&src[i]);
+        }
+}
+
 int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "harden"))
-        return dg_test_skip("the hardening cases are host-only");
+    if (dg_test_init(argc, argv, "harden")) {
+        int rc = dg_test_need_gpu();
+        if (rc)
+            return rc;
+        DG_TEST_TRY(dg_ctx_new(dg_cpu(), &g_ctx));
+        dg_ctx *gpu = NULL;
+        DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
+        test_zero_decay_gpu(gpu);
+        printf("class 4 (zero decay) on CUDA: %d cases\n", g_cases[4]);
+        dg_ctx_free(&gpu);
+        dg_ctx_free(&g_ctx);
+        return dg_test_finish();
+    }
     signal(SIGALRM, on_alarm);
     alarm(600);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dg_test_harden_XXXXXX");

@@ -78,6 +78,12 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
         if (cumsum) {
             acc = v + acc;
             v = acc;
+            /* a g floored in the forward (kda_gate_cumsum_fwd_kernel) has no gradient */
+            const float gv = kind == DG_GATE_NONE  ? x[idx]
+                             : kind == DG_GATE_KDA ? -a * softplusf_(x[idx] + bias)
+                                                   : 0.f;
+            if (gv < -128.f)
+                v = 0.f;
         }
         if (kind == DG_GATE_KDA) {
             /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */

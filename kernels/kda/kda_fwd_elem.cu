@@ -82,7 +82,10 @@ __global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
     float acc = 0.f;
     for (int i = 0; i < L; i++) {
         const int64_t idx = (t0 + i) * row + e;
-        acc += kda_gate_value(kind, lb, x[idx], a, dt_bias, e);
+        /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would make
+         * G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
+        const float gv = kda_gate_value(kind, lb, x[idx], a, dt_bias, e);
+        acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
         G[idx] = acc;
     }
 }

@@ -10,6 +10,7 @@
 #include "kda_cuda.h"
 
 #define KDA_THREADS 256 /* every chunk kernel: 8 warps */
+#define KDA_G_FLOOR_F (-128.f) /* per-step log decay floor before the cumsum (as the CPU's) */
 
 __device__ __forceinline__ float kda_dsigmoid(float x) {
     if (x >= 0.f)
