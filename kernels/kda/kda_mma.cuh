@@ -72,6 +72,52 @@ template <int BT> struct AbTile {
     static constexpr int NTW = AB_N / 8 / WN; /* 8-column tiles per warp */
 };
 
+/* acc += op(A) op(B) over KS k-values staged in shared memory (layouts as in gemm_acc: As with
+ * leading dimension lda, Bs with ldb), for warp w's part of the BT x 64 tile. kbase: the k index
+ * of the stage's first column, for the TRI mask. */
+template <int BT, bool AK, bool BK, int TRI, int KS>
+__device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const float *As,
+                                          int lda, const float *Bs, int ldb, int kbase) {
+    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+#pragma unroll
+    for (int k0 = 0; k0 < KS; k0 += 8) {
+        unsigned a[4];
+        if (AK) { /* a0 (m = g, k = t) at row m, column k */
+            const float *ap = As + (m0 + g) * lda + k0 + t;
+            a[0] = tf32(ap[0]);
+            a[1] = tf32(ap[8 * lda]);
+            a[2] = tf32(ap[4]);
+            a[3] = tf32(ap[8 * lda + 4]);
+        } else { /* at row k, column m */
+            const float *ap = As + (k0 + t) * lda + m0 + g;
+            a[0] = tf32(ap[0]);
+            a[1] = tf32(ap[8]);
+            a[2] = tf32(ap[4 * lda]);
+            a[3] = tf32(ap[4 * lda + 8]);
+        }
+        if (TRI) { /* a0 (m0 + g, kk), a1 (+8, kk), a2 (m0 + g, kk + 4), a3 (+8, kk + 4) */
+            const int mm = m0 + g, kk = kbase + k0 + t;
+            auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
+            a[0] = keep(mm, kk) ? a[0] : 0u;
+            a[1] = keep(mm + 8, kk) ? a[1] : 0u;
+            a[2] = keep(mm, kk + 4) ? a[2] : 0u;
+            a[3] = keep(mm + 8, kk + 4) ? a[3] : 0u;
+        }
+#pragma unroll
+        for (int j = 0; j < NTW; j++) {
+            if (BK) { /* b0 (k = t, n = g) at row n, column k */
+                const float *bp = Bs + (n0 + 8 * j + g) * ldb + k0 + t;
+                mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
+            } else { /* at row k, column n */
+                const float *bp = Bs + (k0 + t) * ldb + n0 + 8 * j + g;
+                mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * ldb]));
+            }
+        }
+    }
+}
+
 /* acc += op(A) op(B) for one block's BT x 64 output tile, k over [0, nk) in shared-memory stages
  * of 32 (two cp.async stages). Layouts (all strides in floats):
  *   AK:  A is k-contiguous: row m at A + m * rsA, rows >= rows_a zero;
@@ -90,7 +136,6 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
                                          const float *__restrict__ A, int64_t rsA, int rows_a,
                                          const float *__restrict__ B, int64_t rsB, int rows_b,
                                          int nn, int nk, float *sm) {
-    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     constexpr int LDA = AK ? AB_LD : BT + 8;
     constexpr int ASTAGE = AK ? BT * AB_LD : AB_KS * LDA;
     constexpr int BSTAGE = BK ? AB_N * AB_LD : AB_KS * AB_LDB;
@@ -98,8 +143,6 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
      * pointers, which a run-time index would put in local memory) */
     auto As = [&](int b) { return sm + b * ASTAGE; };
     auto Bs = [&](int b) { return sm + 2 * ASTAGE + b * BSTAGE; };
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
     const int nst = (nk + AB_KS - 1) / AB_KS;
     auto load = [&](int st, int b) {
         const int k0 = st * AB_KS;
@@ -123,41 +166,8 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-#pragma unroll
-        for (int k0 = 0; k0 < AB_KS; k0 += 8) {
-            unsigned a[4];
-            if (AK) { /* a0 (m = g, k = t) at row m, column k */
-                const float *ap = As(b) + (m0 + g) * AB_LD + k0 + t;
-                a[0] = tf32(ap[0]);
-                a[1] = tf32(ap[8 * AB_LD]);
-                a[2] = tf32(ap[4]);
-                a[3] = tf32(ap[8 * AB_LD + 4]);
-            } else { /* at row k, column m */
-                const float *ap = As(b) + (k0 + t) * LDA + m0 + g;
-                a[0] = tf32(ap[0]);
-                a[1] = tf32(ap[8]);
-                a[2] = tf32(ap[4 * LDA]);
-                a[3] = tf32(ap[4 * LDA + 8]);
-            }
-            if (TRI) { /* a0 (m0 + g, kk), a1 (+8, kk), a2 (m0 + g, kk + 4), a3 (+8, kk + 4) */
-                const int mm = m0 + g, kk = st * AB_KS + k0 + t;
-                auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
-                a[0] = keep(mm, kk) ? a[0] : 0u;
-                a[1] = keep(mm + 8, kk) ? a[1] : 0u;
-                a[2] = keep(mm, kk + 4) ? a[2] : 0u;
-                a[3] = keep(mm + 8, kk + 4) ? a[3] : 0u;
-            }
-#pragma unroll
-            for (int j = 0; j < NTW; j++) {
-                if (BK) { /* b0 (k = t, n = g) at row n, column k */
-                    const float *bp = Bs(b) + (n0 + 8 * j + g) * AB_LD + k0 + t;
-                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
-                } else { /* at row k, column n */
-                    const float *bp = Bs(b) + (k0 + t) * AB_LDB + n0 + 8 * j + g;
-                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * AB_LDB]));
-                }
-            }
-        }
+        mma_stage<BT, AK, BK, TRI, AB_KS>(acc, As(b), LDA, Bs(b), BK ? AB_LD : AB_LDB,
+                                          st * AB_KS);
         __syncthreads(); /* stage b is refilled next */
     }
 }

@@ -481,6 +481,71 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     kdamma::store_acc<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
 }
 
+/* N5 on mma.sync (TF32 only), grid (chunk, hv, K / 64 + V / 64): block z < K / 64 makes the
+ * 64 key columns e0 = 64 z of KG, QG and W = Tm (Diag(beta) K exp(G)); the others a 64-column
+ * tile of U = Tm (Diag(beta) V). Tm (read for j <= i, rows past L zero) and the k / G or v tile
+ * come in with cp.async; the elementwise part runs on the staged tile, which is then turned into
+ * X in place and multiplied. Dynamic shared memory: Tm [BT][BT + 4], X and G [BT][72] floats
+ * (54 KB at BT = 64). Needs K, V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int H, int HV, int K, int V, const float *__restrict__ q,
+                      const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ beta, const float *__restrict__ G,
+                      const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
+                      float *__restrict__ KG, float *__restrict__ QG) {
+    using namespace kdamma;
+    constexpr int LDT = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
+    extern __shared__ __align__(16) float wy_smem[];
+    float *Ts = wy_smem, *Xs = Ts + BT * LDT, *Gs = Xs + BT * LDX;
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H), nK = DG_CEIL_DIV(K, AB_N);
+    const bool wt = (int)blockIdx.z < nK; /* a W tile (with KG, QG), else a U tile */
+    const int c0 = AB_N * (wt ? (int)blockIdx.z : (int)blockIdx.z - nK), D = wt ? K : V;
+    const int nc = min(AB_N, D - c0);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    float *dst = wt ? W : U;
+    if (!wt && !U)
+        return;
+    tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+    if (wt) {
+        tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
+    } else {
+        tile_async<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < L * AB_N; idx += NT) {
+        const int j = idx / AB_N, e = idx % AB_N;
+        if (e >= nc)
+            continue;
+        const float bj = beta[(t0 + j) * HV + hv];
+        float x = Xs[j * LDX + e];
+        if (wt) {
+            const float gj = Gs[j * LDX + e], lam = Gs[(L - 1) * LDX + e];
+            const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
+            if (KG)
+                KG[og] = x * __expf(lam - gj);
+            if (QG)
+                QG[og] = q[((t0 + j) * H + hq) * K + c0 + e] * __expf(gj);
+            x = bj * x * __expf(gj);
+        } else {
+            x = bj * x;
+        }
+        Xs[j * LDX + e] = x; /* rows past L stay zero */
+    }
+    if (!dst)
+        return; /* block-uniform */
+    __syncthreads();
+    float acc[AbTile<BT>::NTW][4] = {};
+    mma_stage<BT, true, false, 1, BT>(acc, Ts, LDT, Xs, LDX, 0);
+    store_acc<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f);
+}
+
 // ---- kernel launchers (called by the public launchers when d->tc != 0; arguments checked)
 
 dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
@@ -565,6 +630,28 @@ dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, con
                         float *W, float *U, float *KG, float *QG) {
     if (d->NC == 0)
         return DG_OK;
+    auto al = [](const void *p) { return ((uintptr_t)p & 15) == 0; };
+    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && al(q) && al(k) && al(v) && al(G) &&
+        al(Tm)) {
+        const unsigned nz = (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
+        KDA_DISPATCH_BT(d->BT, {
+            const size_t smem =
+                sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
+            static bool granted = false;
+            if (!granted && smem > 48 * 1024) {
+                DG_CHECK_CUDA(cudaFuncSetAttribute(wy_fwd_mma_kernel<BT_>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   (int)smem));
+                granted = true;
+            }
+            wy_fwd_mma_kernel<BT_><<<dim3((unsigned)d->NC, (unsigned)d->HV, nz),
+                                     kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, W, U, KG,
+                QG);
+            DG_CHECK_LAUNCH();
+        });
+        return DG_OK;
+    }
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         wy_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
