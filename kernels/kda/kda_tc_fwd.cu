@@ -507,8 +507,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
     float *dst = wt ? W : U;
-    if (!wt && !U)
-        return;
+    if (wt ? !W && !KG && !QG : !U)
+        return; /* nothing asked of this tile (its inputs may be NULL then) */
     tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
     if (wt) {
         tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
