@@ -23,6 +23,7 @@
  * wy_dtm 2 x BT x 33 floats (17 KB at BT = 64).
  */
 #include "kda_bwd.cuh"
+#include "kda_mma.cuh"
 
 using namespace kdab;
 
@@ -159,6 +160,67 @@ __global__ void __launch_bounds__(NTH)
     kda_store_lower<BT>(acc, dTm, t0, L, hv, HV, tx, ty);
 }
 
+/* dTm on mma.sync for the tensor-core path (TF32), grid (NC, HV): the same product as
+ * wy_dtm_kernel, dTm = [dW | dU] [X | Diag(beta) V]^T (j <= i), in 64-column stages of K then
+ * V: the dW / dU tile (rows i) and the k (with G) or v tile (rows j) come in with cp.async, the
+ * B tile is turned into X or beta v in place, then one mma stage. Dynamic shared memory
+ * (BT + 128) x 68 floats (52 KB at BT = 64). Needs K, V % 4 == 0, 16-byte aligned arrays. */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    wy_dtm_mma_kernel(Dims d, const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ beta, const float *__restrict__ G,
+                      const float *__restrict__ dW, const float *__restrict__ dU,
+                      float *__restrict__ dTm) {
+    using namespace kdamma;
+    constexpr int CS = AB_N, LD = CS + 4, NT = AB_THREADS;
+    extern __shared__ __align__(16) float dtm_smem[];
+    float *As = dtm_smem, *Bs = As + BT * LD, *Gs = Bs + AB_N * LD;
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int nK = DG_CEIL_DIV(K, CS), nV = DG_CEIL_DIV(V, CS);
+    float acc[AbTile<BT>::NTW][4] = {};
+    for (int st = 0; st < nK + nV; st++) {
+        const bool kp = st < nK; /* a key stage (dW, X) or a value stage (dU, beta v) */
+        const float *A = kp ? dW : dU;
+        if (!A)
+            continue; /* block-uniform: zero gradient */
+        const int D = kp ? K : V, c0 = CS * (kp ? st : st - nK);
+        __syncthreads(); /* the previous stage has been read */
+        tile_async<BT, CS, LD, NT>(As, A + (t0 * HV + hv) * D, (int64_t)HV * D, L, c0, D);
+        if (kp) {
+            tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+            tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
+        } else {
+            tile_async<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < L * CS; idx += NT) {
+            const int j = idx / CS, e = idx % CS;
+            const float bj = beta[(t0 + j) * HV + hv], x = Bs[j * LD + e];
+            Bs[j * LD + e] = kp ? bj * x * __expf(Gs[j * LD + e]) : bj * x;
+        }
+        __syncthreads();
+        mma_stage<BT, true, true, 0, CS>(acc, As, LD, Bs, LD, 0);
+    }
+    /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU writes) */
+    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = m0 + g + 8 * (e >> 1), cc = n0 + 8 * j + 2 * t + (e & 1);
+            if (r < L && cc < BT)
+                dTm[((t0 + r) * HV + hv) * BT + cc] = cc <= r ? acc[j][e] : 0.f;
+        }
+}
+
 // ---- kernel launchers
 
 template <int BT>
@@ -188,7 +250,17 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp);
     DG_CHECK_LAUNCH();
     if (dTm) {
-        wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU, dTm);
+        auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+        if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && al(k) && al(v) && al(G) && al(dW) &&
+            al(dU)) {
+            const size_t smem = sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT>, smem));
+            wy_dtm_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(
+                d, k, v, beta, G, dW, dU, dTm);
+        } else {
+            wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU,
+                                                                        dTm);
+        }
         DG_CHECK_LAUNCH();
     }
     if (per_hv && dq)
