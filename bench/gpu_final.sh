@@ -7,9 +7,9 @@ out=${OUT:-out}
 DG_LABELS=gpu bash bench/gpu_run.sh > "$out/gpu_run.txt" 2>&1
 echo "gpu tests: rc=$?"; grep -E "checks|SKIPPED|tests passed|tests failed|Failed" "$out/gpu_run.txt" | grep -v "^ *[0-9]*/[0-9]* Test.*Passed"
 ./build-cuda/deltagrad bench kda --reps 5 > "$out/bench_kda_tc.log" 2>&1
-DG_KDA_TC=0 ./build-cuda/deltagrad bench kda --reps 5 > "$out/bench_kda_ffma.log" 2>&1
+./build-cuda/deltagrad bench kda --reps 5 --tc off > "$out/bench_kda_ffma.log" 2>&1
 echo "== bench kda (TF32 tensor cores for bf16)"; tail -12 "$out/bench_kda_tc.log" | head -9
-echo "== bench kda (DG_KDA_TC=0: FFMA)"; tail -12 "$out/bench_kda_ffma.log" | head -9
+echo "== bench kda (--tc off: FFMA)"; tail -12 "$out/bench_kda_ffma.log" | head -9
 ./build-cuda/deltagrad train --config bench --steps 30 --no-out > "$out/train_bench.log" 2>&1
 echo "train bench config: rc=$? $(grep done: "$out/train_bench.log")"
 timeout 150 compute-sanitizer --tool memcheck ./build-cuda/test_kda_tc gpu > "$out/memcheck.log" 2>&1

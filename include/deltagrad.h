@@ -453,6 +453,13 @@ typedef enum dg_gate_kind {
     DG_GATE_LOWERBOUND, /* g = lb * sigmoid(exp(A_log) * (x + dt_bias)),  lb < 0 */
 } dg_gate_kind;
 
+/* How bf16 KDA on CUDA uses the tensor cores (f32 inputs always take the exact f32 path). */
+typedef enum dg_kda_tc {
+    DG_KDA_TC_DEFAULT = 0, /* TF32 products with f32 accumulation (the fast path) */
+    DG_KDA_TC_OFF,         /* plain f32 FMA kernels, as for f32 inputs */
+    DG_KDA_TC_3XTF32,      /* 3xTF32 products (close to f32) in the kernels that have them */
+} dg_kda_tc;
+
 typedef struct dg_kda_opts {
     int chunk_size;          /* BT: 16, 32 or 64; 0 selects 64 */
     dg_gate_kind gate;       /* how g is produced from the raw input */
@@ -464,6 +471,7 @@ typedef struct dg_kda_opts {
     int output_final_state;  /* return ht [N,HV,K,V] f32 */
     const int64_t *cu_seqlens; /* host int64 [n_seqs+1] with B == 1, or NULL */
     int n_seqs;
+    dg_kda_tc tensor_cores; /* bf16 inputs on CUDA only; 0 is DG_KDA_TC_DEFAULT */
 } dg_kda_opts;
 
 /* Chunked KDA. q, k: [B,T,H,K]; v: [B,T,HV,V]; g: [B,T,HV,K]; beta: [B,T,HV];

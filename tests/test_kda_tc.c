@@ -345,13 +345,29 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     kda_cfg_free(&cfg);
 }
 
-/* The ops-layer rule: tc follows bf16 activations (and DG_KDA_TC), stays 0 for f32, and the
- * stages sharing a composite's tables inherit it. */
+/* The ops-layer rule: tc follows bf16 activations (and opts.tensor_cores), stays 0 for f32, and
+ * the stages sharing a composite's tables inherit it; a bad tensor_cores is refused. */
 static void test_rule(dg_ctx *gpu) {
-    printf("-- ops-layer rule (DG_KDA_TC=%s -> mode %d)\n",
-           getenv("DG_KDA_TC") ? getenv("DG_KDA_TC") : "(unset)", kda_tc_mode());
+    printf("-- ops-layer rule\n");
     dg_kda_opts opts;
     memset(&opts, 0, sizeof opts);
+    static const dg_kda_tc modes[3] = {DG_KDA_TC_DEFAULT, DG_KDA_TC_OFF, DG_KDA_TC_3XTF32};
+    static const int want[3] = {1, 0, 2};
+    for (int i = 0; i < 3; i++) {
+        opts.tensor_cores = modes[i];
+        kda_cfg c;
+        DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &c));
+        dg_check(c.tc == want[i], "bf16 entry point, tensor_cores %d: tc = %d (want %d)",
+                 (int)modes[i], c.tc, want[i]);
+        kda_cfg_free(&c);
+    }
+    opts.tensor_cores = (dg_kda_tc)7;
+    {
+        kda_cfg c;
+        dg_check_err(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &c),
+                     DG_ERR_ARG, "tensor_cores", "tensor_cores out of range");
+    }
+    opts.tensor_cores = DG_KDA_TC_DEFAULT;
     kda_cfg cb, cf, cs;
     DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &cb));
     DG_TEST_TRY(kda_cfg_dev("test_kda_tc", gpu, &cb, NULL));
@@ -360,8 +376,7 @@ static void test_rule(dg_ctx *gpu) {
     /* an f32 stage (like state, fed f32 intermediates) sharing the bf16 composite's tables */
     DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_F32, &cs));
     DG_TEST_TRY(kda_cfg_dev("test_kda_tc", gpu, &cs, cb.dev));
-    dg_check(cb.cd.tc == kda_tc_mode(), "bf16 entry point: tc = %d (want %d)", cb.cd.tc,
-             kda_tc_mode());
+    dg_check(cb.cd.tc == 1, "bf16 entry point: tc = %d (want 1)", cb.cd.tc);
     dg_check(cf.cd.tc == 0, "f32 entry point: tc = %d (want 0)", cf.cd.tc);
     dg_check(cs.cd.tc == cb.cd.tc, "f32 stage sharing a bf16 composite's tables: tc = %d (want %d)",
              cs.cd.tc, cb.cd.tc);

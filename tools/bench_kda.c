@@ -124,8 +124,8 @@ static int fill_gate(dg_ctx *ctx, dg_tensor *g, gate_mode gm) {
     return 0;
 }
 
-static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm, int profile,
-                     result_t *r) {
+static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm,
+                     dg_kda_tc tc, int profile, result_t *r) {
     int64_t sq[4] = {s.B, s.T, s.H, s.K}, sb[3] = {s.B, s.T, s.H};
     dg_tensor *q = NULL, *k = NULL, *v = NULL, *g = NULL, *beta = NULL, *dO = NULL;
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &q));
@@ -145,6 +145,7 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm
     memset(&o, 0, sizeof o);
     o.chunk_size = 64;
     o.l2norm_qk = 1;
+    o.tensor_cores = tc;
     double t[64];
     dg_tensor *out = NULL;
 
@@ -220,11 +221,12 @@ int dg_bench_kda(int argc, char **argv) {
     int reps = 10, profile = 0, nsel = 0;
     dg_dtype dt = DG_BF16;
     gate_mode gm = GATE_REF;
+    dg_kda_tc tc = DG_KDA_TC_DEFAULT;
     shape_t sel[8];
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf("usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32] [--gate ref|uniform]\n"
-                   "                          [--shape B,T,H,K]... [--profile]\n\n"
+                   "                          [--shape B,T,H,K]... [--tc default|off|3xtf32] [--profile]\n\n"
                    "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
                    "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
                    "device memory under CACHE and RECOMPUTE and the ratio of each time to its\n"
@@ -232,6 +234,7 @@ int dg_bench_kda(int argc, char **argv) {
                    "  --gate ref      g = log(sigmoid(randn)), the reference's benchmark gate (default)\n"
                    "  --gate uniform  g uniform in [-0.2, -0.001]\n"
                    "  --shape         time only this shape (repeat for several; at most 8)\n"
+                   "  --tc            tensor cores for bf16: TF32 (default), off (f32 FMA), 3xtf32\n"
                    "  --profile       also print the time of every tape node of one fwd+bwd\n");
             return 0;
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
@@ -274,6 +277,18 @@ int dg_bench_kda(int argc, char **argv) {
                 return 2;
             }
             sel[nsel++] = (shape_t){v[0], v[1], v[2], v[3]};
+        } else if (!strcmp(argv[i], "--tc") && i + 1 < argc) {
+            const char *tv = argv[++i];
+            if (!strcmp(tv, "default"))
+                tc = DG_KDA_TC_DEFAULT;
+            else if (!strcmp(tv, "off"))
+                tc = DG_KDA_TC_OFF;
+            else if (!strcmp(tv, "3xtf32"))
+                tc = DG_KDA_TC_3XTF32;
+            else {
+                fprintf(stderr, "bench kda: --tc must be default, off or 3xtf32, got '%s'\n", tv);
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--profile")) {
             profile = 1;
         } else {
@@ -315,7 +330,7 @@ int dg_bench_kda(int argc, char **argv) {
         memset(&r, 0, sizeof r);
         char name[64];
         snprintf(name, sizeof name, "%d,%d,%d,%d", s.B, s.T, s.H, s.K);
-        if (run_shape(ctx, s, reps, dt, gm, profile, &r) != 0) {
+        if (run_shape(ctx, s, reps, dt, gm, tc, profile, &r) != 0) {
             printf("%-20s failed: %s\n", name, dg_last_error());
             rc = 1;
             dg_tape_reset();

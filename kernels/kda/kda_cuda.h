@@ -17,9 +17,9 @@
  * sets tc = 1 only for an entry point whose activation inputs (q, k, v, g, beta, or a stage's
  * first activation input) are bf16 -- their 8-bit mantissa already limits such a call to ~1e-2
  * -- and the stages of one dg_kda_chunk call (and their tape nodes) inherit the composite's tc
- * through the shared tables. The environment variable DG_KDA_TC, read once, overrides the mode
- * of those bf16 calls: DG_KDA_TC=0 turns the tensor-core path off (the old kernels run), =2
- * selects 3xTF32, anything else (or unset) TF32. Kernels with a tensor-core variant
+ * through the shared tables. dg_kda_opts.tensor_cores chooses the mode of those bf16 calls:
+ * DG_KDA_TC_OFF turns the tensor-core path off (the f32 FFMA kernels run), DG_KDA_TC_3XTF32
+ * selects 3xTF32, DG_KDA_TC_DEFAULT (0) TF32. Kernels with a tensor-core variant
  * (kernels/kda/kda_tc_fwd.cu, kda_tc_bwd.cu): kda_output_fwd_cuda, kda_state_fwd_cuda,
  * kda_wy_fwd_cuda (W and U), kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and Lkk,
  * factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the

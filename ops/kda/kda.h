@@ -210,13 +210,15 @@ typedef struct kda_cfg {
     unsigned m_f;  /* dtypes accepted for intermediates and A_log, dt_bias, h0: DG_MASK(dt) */
     kda_dev *dev;  /* CUDA: the device tables (a reference), set by kda_cfg_dev */
     kda_cuda_dims cd; /* CUDA: dev->d with this stage's sizes (tables borrowed from dev) */
-    int tc; /* CUDA: tensor-core mode asked for by this entry point (kda_tc_mode; 0 for f32) */
+    int tc; /* CUDA: tensor-core mode asked for by this entry point (kda_tc_of; 0 for f32) */
 } kda_cfg;
 
-/* Tensor-core mode of an entry point whose activation inputs are bf16 on CUDA (the rule is in
- * kernels/kda/kda_cuda.h): DG_KDA_TC unset or any other value -> 1 (TF32), "0" -> 0 (off, the
- * f32 FFMA kernels), "2" -> 2 (3xTF32). The variable is read on the first call only. */
-int kda_tc_mode(void);
+/* kda_cuda_dims.tc of an entry point whose activation inputs are bf16 on CUDA, from
+ * dg_kda_opts.tensor_cores (the modes are described in kernels/kda/kda_cuda.h): DEFAULT -> 1
+ * (TF32), OFF -> 0 (the f32 FFMA kernels), 3XTF32 -> 2. */
+static inline int kda_tc_of(dg_kda_tc opt) {
+    return opt == DG_KDA_TC_OFF ? 0 : opt == DG_KDA_TC_3XTF32 ? 2 : 1;
+}
 
 /* Validate opts and build tables for tensors of B rows of T tokens. `op` names the caller in
  * messages. H, HV, K, V are taken as given (the caller checked them against the tensors). dt_in

@@ -8,15 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-int kda_tc_mode(void) {
-    static int mode = -1; /* read once; a racing first read computes the same value */
-    if (mode < 0) {
-        const char *e = getenv("DG_KDA_TC");
-        mode = e && e[0] == '0' && !e[1] ? 0 : e && e[0] == '2' && !e[1] ? 2 : 1;
-    }
-    return mode;
-}
-
 dg_status dg_kda_seqlens(const dg_tensor *cu, int64_t T, int64_t *out, int64_t cap, int *n_seqs) {
     static const char *op = "dg_kda_seqlens";
     DG_TRY(dg__check_ptr(op, "cu", cu));
@@ -80,6 +71,11 @@ dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int
                        "%s: opts->gate must be DG_GATE_NONE, DG_GATE_KDA or "
                        "DG_GATE_LOWERBOUND, got %d",
                        op, (int)opts->gate);
+    if (opts->tensor_cores < DG_KDA_TC_DEFAULT || opts->tensor_cores > DG_KDA_TC_3XTF32)
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->tensor_cores must be DG_KDA_TC_DEFAULT, _OFF or _3XTF32 (0..2), "
+                       "got %d",
+                       op, (int)opts->tensor_cores);
     double lb = opts->lower_bound == 0 ? -5.0 : opts->lower_bound;
     if (opts->gate == DG_GATE_LOWERBOUND && !(lb >= -5.0 && lb < 0.0))
         return dg__err(DG_ERR_ARG,
@@ -151,7 +147,7 @@ dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int
     cfg->m_in = cfg->cuda ? DG_MASK(DG_F32) | DG_MASK(DG_BF16) : DG_MASK(dt_in);
     cfg->m_f = DG_MASK(cfg->dt);
     /* bf16 activations: TF32 tensor-core products are within that dtype's accuracy */
-    cfg->tc = cfg->cuda && dt_in == DG_BF16 ? kda_tc_mode() : 0;
+    cfg->tc = cfg->cuda && dt_in == DG_BF16 ? kda_tc_of(opts->tensor_cores) : 0;
     cfg->scale = opts->scale > 0 ? opts->scale : 1.0 / sqrt((double)K);
     cfg->gate = opts->gate;
     cfg->lb = lb;
