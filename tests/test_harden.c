@@ -1396,6 +1396,12 @@ int main(int argc, char **argv) {
         DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
         test_zero_decay_gpu(gpu);
         printf("class 4 (zero decay) on CUDA: %d cases\n", g_cases[4]);
+        /* class 9 on CUDA: an allocation the device cannot hold names itself */
+        dg_tensor *t = NULL;
+        const int64_t huge[2] = {(int64_t)1 << 23, (int64_t)1 << 23};
+        check_err_all(9, dg_tensor_new(gpu, DG_F32, 2, huge, &t), DG_ERR_NOMEM,
+                      "a CUDA allocation that cannot succeed names the tensor", "out of memory",
+                      "[8388608,8388608]", "281474976710656 bytes", "cuda", NULL);
         dg_ctx_free(&gpu);
         dg_ctx_free(&g_ctx);
         return dg_test_finish();
