@@ -15,6 +15,7 @@
  * GPU yet.
  */
 #include "deltagrad.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "train/args.h"
 
@@ -28,21 +29,6 @@
 #include <omp.h>
 #endif
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void set_threads(int n) {
 #ifdef _OPENMP
@@ -299,10 +285,10 @@ int dg_bench_cp(int argc, char **argv) {
         set_threads((int)cores);
         TRY(make_inputs(ctx, &s, 0, s.T, &full));
         for (int i = -s.warmup; i < s.reps; i++) {
-            double t0 = now_s();
+            double t0 = dg_bench_now_s();
             TRY(fwd_bwd(ctx, NULL, NULL, &s, &full));
             if (i >= 0)
-                t1[i] = now_s() - t0;
+                t1[i] = dg_bench_now_s() - t0;
         }
         inputs_free(&full);
     }
@@ -316,9 +302,9 @@ int dg_bench_cp(int argc, char **argv) {
     for (int i = -s.warmup; i < s.reps; i++) {
         TRY(dg_comm_barrier(comm));
         dg_comm_reset_stats(comm);
-        double t0 = now_s();
+        double t0 = dg_bench_now_s();
         TRY(fwd_bwd(ctx, comm, plan, &s, &part));
-        double el = now_s() - t0;
+        double el = dg_bench_now_s() - t0;
         dg_comm_stats st;
         dg_comm_get_stats(comm, &st);
         double m[3] = {el, st.seconds, (double)st.bytes_sent}, *g = NULL;
@@ -340,7 +326,7 @@ int dg_bench_cp(int argc, char **argv) {
         bytes = (int64_t)m[2];
     }
     if (rank == 0) {
-        double a = median(t1, s.reps), b = median(tn, s.reps), c = median(cs, s.reps);
+        double a = dg_bench_median(t1, s.reps), b = dg_bench_median(tn, s.reps), c = dg_bench_median(cs, s.reps);
         char where[96];
         if (cuda)
             snprintf(where, sizeof where, "CUDA, %s backend",

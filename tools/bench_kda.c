@@ -10,6 +10,7 @@
  * Both peaks are measured in the same run, so the ratios compare like with like.
  */
 #include "deltagrad.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "train/args.h"
 
@@ -19,21 +20,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 #define CHECK(expr)                                                                                \
     do {                                                                                           \
@@ -55,16 +41,16 @@ static double measure_gemm(dg_ctx *ctx, int64_t n, int reps) {
     double t[64];
     for (int i = -3; i < reps; i++) {
         CHECK(dg_ctx_sync(ctx));
-        double t0 = now_s();
+        double t0 = dg_bench_now_s();
         CHECK(dg_matmul(ctx, a, b, &c));
         CHECK(dg_ctx_sync(ctx));
         if (i >= 0)
-            t[i] = now_s() - t0;
+            t[i] = dg_bench_now_s() - t0;
         dg_tensor_free(&c);
     }
     dg_tensor_free(&a);
     dg_tensor_free(&b);
-    return 2.0 * (double)n * n * n / median(t, reps);
+    return 2.0 * (double)n * n * n / dg_bench_median(t, reps);
 }
 
 /* Bytes/s of a device-to-device copy of `bytes` (read + write counted). */
@@ -77,15 +63,15 @@ static double measure_copy(dg_ctx *ctx, int64_t bytes, int reps) {
     double t[64];
     for (int i = -3; i < reps; i++) {
         CHECK(dg_ctx_sync(ctx));
-        double t0 = now_s();
+        double t0 = dg_bench_now_s();
         CHECK(dg_tensor_copy_(b, a));
         CHECK(dg_ctx_sync(ctx));
         if (i >= 0)
-            t[i] = now_s() - t0;
+            t[i] = dg_bench_now_s() - t0;
     }
     dg_tensor_free(&a);
     dg_tensor_free(&b);
-    return 2.0 * (double)sh[0] * 4 / median(t, reps);
+    return 2.0 * (double)sh[0] * 4 / dg_bench_median(t, reps);
 }
 
 typedef struct {
@@ -153,15 +139,15 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm
     dg_no_grad_begin();
     for (int i = -2; i < reps; i++) {
         CHECK(dg_ctx_sync(ctx));
-        double t0 = now_s();
+        double t0 = dg_bench_now_s();
         CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
         CHECK(dg_ctx_sync(ctx));
         if (i >= 0)
-            t[i] = now_s() - t0;
+            t[i] = dg_bench_now_s() - t0;
         dg_tensor_free(&out);
     }
     dg_no_grad_end();
-    r->fwd_ms = 1e3 * median(t, reps);
+    r->fwd_ms = 1e3 * dg_bench_median(t, reps);
 
     /* forward + backward, under both policies (RECOMPUTE last: it is the default timing) */
     dg_tensor *leaves[5] = {q, k, v, g, beta};
@@ -175,12 +161,12 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm
                 dg_tensor_zero_grad(leaves[j]);
             CHECK(dg_ctx_sync(ctx));
             dg_ctx_reset_peak(ctx);
-            double t0 = now_s();
+            double t0 = dg_bench_now_s();
             CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
             CHECK(dg_tape_backward_with(ctx, out, dO));
             CHECK(dg_ctx_sync(ctx));
             if (i >= 0)
-                t[i] = now_s() - t0;
+                t[i] = dg_bench_now_s() - t0;
             size_t peak = dg_ctx_mem_stats(ctx).peak_in_use;
             if (pol == 0)
                 r->peak_cache = peak;
@@ -190,7 +176,7 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm
             dg_tensor_free(&out);
         }
         if (pol == 1)
-            r->fb_ms = 1e3 * median(t, reps);
+            r->fb_ms = 1e3 * dg_bench_median(t, reps);
     }
     dg_policy_set_global(DG_POLICY_DEFAULT);
     if (profile) {

@@ -11,6 +11,7 @@
  */
 #include "deltagrad.h"
 #include "tensor/tensor.h"
+#include "tools/bench_util.h"
 #include "tools/commands.h"
 #include "train/args.h"
 
@@ -161,16 +162,6 @@ static int parse_args(int argc, char **argv, bench_opts *o, int *done) {
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 static double now_ms(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -249,7 +240,7 @@ static dg_status time_op(bench_op *op, const bench_opts *o, double *ms) {
     dg__cuda_timer_free(&tm);
 #endif
     if (s == DG_OK)
-        *ms = median(t, o->reps);
+        *ms = dg_bench_median(t, o->reps);
     free(t);
     return s;
 }

@@ -208,17 +208,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         mma_stage<BT, true, true, 0, CS>(acc, As, LD, Bs, LD, 0);
     }
     /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU writes) */
-    constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
-#pragma unroll
-    for (int j = 0; j < NTW; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = m0 + g + 8 * (e >> 1), cc = n0 + 8 * j + 2 * t + (e & 1);
-            if (r < L && cc < BT)
-                dTm[((t0 + r) * HV + hv) * BT + cc] = cc <= r ? acc[j][e] : 0.f;
-        }
+    store_acc<BT, true>(acc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
 // ---- kernel launchers

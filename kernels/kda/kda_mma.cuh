@@ -178,8 +178,8 @@ template <int BT, bool AK, bool BK> constexpr int gemm_smem() {
 }
 
 /* Store a BT x 64 tile held as gemm_acc leaves it: C[r][c] = s acc for r < L, c < nn (rows of C
- * at stride rsC; float2 stores, so C and rsC even). */
-template <int BT>
+ * at stride rsC; float2 stores, so C and rsC even). LOWER: zero above the diagonal (c > r). */
+template <int BT, bool LOWER = false>
 __device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4],
                                           float *__restrict__ C, int64_t rsC, int L, int nn,
                                           float s) {
@@ -193,11 +193,12 @@ __device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4]
             const int r = m0 + g + 8 * hlf, c = n0 + 8 * j + 2 * t;
             if (r < L && c < nn) {
                 float *cp = C + r * rsC + c;
+                const float v0 = LOWER && c > r ? 0.f : s * acc[j][2 * hlf];
+                const float v1 = LOWER && c + 1 > r ? 0.f : s * acc[j][2 * hlf + 1];
                 if (c + 1 < nn)
-                    *reinterpret_cast<float2 *>(cp) =
-                        make_float2(s * acc[j][2 * hlf], s * acc[j][2 * hlf + 1]);
+                    *reinterpret_cast<float2 *>(cp) = make_float2(v0, v1);
                 else
-                    cp[0] = s * acc[j][2 * hlf];
+                    cp[0] = v0;
             }
         }
 }
