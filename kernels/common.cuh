@@ -45,6 +45,31 @@ __device__ __forceinline__ void dg_st(__nv_bfloat16 *p, int64_t i, float v) {
     p[i] = __float2bfloat16(v);
 }
 
+/* Raise kernel `func`'s dynamic shared-memory limit to `bytes` when that is above the 48 KB
+ * default. The attribute is per device, so the call is made once per (kernel, device, size) and
+ * remembered (per translation unit). */
+static inline dg_status dg__smem_opt_in(const void *func, size_t bytes) {
+    if (bytes <= 48 * 1024)
+        return DG_OK;
+    int dev = 0;
+    DG_CHECK_CUDA(cudaGetDevice(&dev));
+    static const void *seen_f[64];
+    static int seen_dev[64];
+    static size_t seen_bytes[64];
+    static int n_seen = 0;
+    for (int i = 0; i < n_seen; i++)
+        if (seen_f[i] == func && seen_dev[i] == dev && seen_bytes[i] >= bytes)
+            return DG_OK;
+    DG_CHECK_CUDA(
+        cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    if (n_seen < 64) {
+        seen_f[n_seen] = func;
+        seen_dev[n_seen] = dev;
+        seen_bytes[n_seen++] = bytes;
+    }
+    return DG_OK;
+}
+
 /* Blocks for a 1-d grid over n elements, capped so the grid stays within limits. */
 static inline unsigned dg__blocks(int64_t n, int threads) {
     int64_t b = DG_CEIL_DIV(n, (int64_t)threads);

@@ -102,23 +102,10 @@ struct Scratch {
     float *f() const { return (float *)p; }
 };
 
-/* Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KB; the
- * call is made once per kernel and size (remembered per translation unit, single device). */
+/* Raise a kernel's dynamic shared-memory limit when it needs more than the default 48 KB (once
+ * per kernel, device and size: dg__smem_opt_in). */
 template <class Kern> static inline dg_status smem_opt_in(Kern k, size_t bytes) {
-    if (bytes <= 48 * 1024)
-        return DG_OK;
-    static const void *seen[32];
-    static size_t granted[32];
-    static int n_seen = 0;
-    for (int i = 0; i < n_seen; i++)
-        if (seen[i] == (const void *)k && granted[i] >= bytes)
-            return DG_OK;
-    DG_CHECK_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    if (n_seen < 32) {
-        seen[n_seen] = (const void *)k;
-        granted[n_seen++] = bytes;
-    }
-    return DG_OK;
+    return dg__smem_opt_in((const void *)k, bytes);
 }
 
 /* The 16 x 16-thread "A B^T" micro-kernel of the chunk-square gradients (dAqk, dTm): thread

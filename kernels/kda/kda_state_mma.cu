@@ -298,19 +298,12 @@ static size_t state_mma_smem(int K) {
                             (size_t)(K > BT ? K : BT) * (VT + 8) + K);
 }
 
-/* Shared memory of one variant, with the dynamic limit raised once (per size) when it needs
- * more than the default 48 KB. */
+/* Shared memory of one variant, with the dynamic limit raised (once per device and size) when it
+ * needs more than the default 48 KB. */
 template <int BT, int MT, int VT, bool BWD>
 static dg_status state_mma_prepare(int K, size_t *smem) {
     *smem = state_mma_smem<BT, MT, VT, BWD>(K);
-    static size_t granted = 0;
-    if (*smem > 48 * 1024 && *smem > granted) {
-        DG_CHECK_CUDA(cudaFuncSetAttribute(state_mma_kernel<BT, MT, VT, BWD>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)*smem));
-        granted = *smem;
-    }
-    return DG_OK;
+    return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD>, *smem);
 }
 
 /* Rank of a variant: fewest waves of resident blocks first (each block walks every chunk of its
@@ -320,13 +313,16 @@ static dg_status state_mma_prepare(int K, size_t *smem) {
  * (4,4096,64,128) and (8,2048,32,256)). */
 template <int BT, int MT, int VT, bool BWD>
 static dg_status state_mma_cost(const kda_cuda_dims *d, int sms, double *cost) {
-    static int cached_K = -1, cached_per_sm = 0; /* the occupancy query, once per K */
-    if (cached_K != d->K) {
+    static int cached_K = -1, cached_dev = -1, cached_per_sm = 0; /* once per K and device */
+    int dev = 0;
+    DG_CHECK_CUDA(cudaGetDevice(&dev));
+    if (cached_K != d->K || cached_dev != dev) {
         size_t smem;
         DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
         DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
             &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD>, SM_THREADS, smem));
         cached_K = d->K;
+        cached_dev = dev;
     }
     const int per_sm = cached_per_sm;
     const int64_t blocks = (int64_t)d->N * d->HV * DG_CEIL_DIV(d->V, VT);

@@ -637,13 +637,7 @@ dg_status kda_wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, con
         KDA_DISPATCH_BT(d->BT, {
             const size_t smem =
                 sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
-            static bool granted = false;
-            if (!granted && smem > 48 * 1024) {
-                DG_CHECK_CUDA(cudaFuncSetAttribute(wy_fwd_mma_kernel<BT_>,
-                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                   (int)smem));
-                granted = true;
-            }
+            DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_>, smem));
             wy_fwd_mma_kernel<BT_><<<dim3((unsigned)d->NC, (unsigned)d->HV, nz),
                                      kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
                 d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, W, U, KG,
