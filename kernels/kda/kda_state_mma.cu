@@ -11,10 +11,11 @@
  * i.e. X = X0 + sgnA A1 S and S = exp(lambda) S + Sup_c + sgnB A2^T X with (A1, A2, sgnA, sgnB)
  * = (W, KG, -, +) forward and (KG, W, +, -) backward; lambda_c = G of the chunk's last token.
  *
- * Work split: one block of 8 warps per (sequence, value head, 32 value columns). What makes it
- * fast compared with the staged kernel:
- *   - the running state S [K][32] lives in registers as mma accumulators (warp w owns the 16-row
- *     tiles w and w + 8 of S, all four 8-column tiles), so the update S += A2^T X accumulates in
+ * Work split: one block of 8 warps per (sequence, value head, VT value columns), VT = 16, 32 or
+ * 64 picked by the launcher from the number of waves the grid needs. What makes it fast compared
+ * with the staged kernel:
+ *   - the running state S [K][VT] lives in registers as mma accumulators (warp w owns the 16-row
+ *     tiles w and w + 8 of S, all VT / 8 8-column tiles), so the update S += A2^T X accumulates in
  *     place; S goes through shared memory once per chunk only as the B operand of A1 S;
  *   - the next chunk's A1 tile (and lambda) is fetched with cp.async while the current chunk's
  *     update runs, and its A2 tile while the next A1 S runs (single buffers, two commit groups);
@@ -22,7 +23,8 @@
  *     memory (row pads chosen so that both the row-major A1 reads and the transposed A2 reads are
  *     free of bank conflicts).
  * Needs K % 16 == 0, K <= 256, V even and 16-byte aligned arrays (state_mma_fits); other sizes
- * keep the staged kernel.
+ * keep the staged kernel. The same kernel computes the KCP summaries of one sequence
+ * (kda_state_summary_cuda, at the end of this file).
  */
 #include "kda_fwd_util.cuh"
 #include "kda_mma.cuh"
