@@ -1,8 +1,9 @@
 /*
  * kernels/kda/kda_mma.cuh -- the mma.sync building blocks of the KDA tensor-core kernels:
  * cp.async copies into shared memory, TF32 rounding, the m16n8k8 TF32 product, and the
- * chunk-local tile product (A B^T or A B into a BT x 64 register tile) that the output forward
- * and the dO h^T-shaped backward products use. C++ only.
+ * chunk-local tile product (A or A^T times B or B^T into a BT x 64 register tile: mma_stage on
+ * staged operands, gemm_acc with its own two-stage cp.async pipeline, store_acc) that the output
+ * forward and backward, the WY forward and the WY dTm use. C++ only.
  *
  * Fragment layouts of mma.sync.m16n8k8 (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16 x 8, row):  a0 (g, t)   a1 (g + 8, t)   a2 (g, t + 4)   a3 (g + 8, t + 4)
