@@ -276,6 +276,106 @@ static void test_recurrent_gradcheck(dg_ctx *ctx) {
         gradcheck_case(ctx, dg_dplr_recurrent, "dg_dplr_recurrent", &gc_cases[i]);
 }
 
+/* ---- KDA written as DPLR (spec §3) ----
+ * k' = beta k, a = -exp(g) k, b = beta k, gk = g, q and v unchanged: the mapping is built with
+ * differentiable elementwise ops, so the gradients of q, k, v, g, beta, h0 flow through it into
+ * dg_dplr_recurrent and are compared with dg_kda_chunk's (f64; gate NONE, unit q and k). */
+static void kda_as_dplr(dg_ctx *ctx, int chunked_kda, const dcase *c, uint64_t seed, dres *out) {
+    const int64_t B = c->B, T = c->T, N = nseqs(c);
+    const int64_t sk[4] = {B, T, c->H, c->K}, sv[4] = {B, T, c->H, c->V}, sb[3] = {B, T, c->H};
+    const int64_t sb4[4] = {B, T, c->H, 1}, s0[4] = {N, c->H, c->K, c->V};
+    const int64_t nk = numel4(sk), nv = numel4(sv), nb = B * T * c->H, n0 = numel4(s0);
+    double *x[6];
+    x[0] = kt_randn(nk, seed + 1, 1.0);
+    x[1] = kt_randn(nk, seed + 2, 1.0);
+    kt_rownorm(x[0], nk / c->K, c->K);
+    kt_rownorm(x[1], nk / c->K, c->K);
+    x[2] = kt_randn(nv, seed + 3, 1.0);
+    x[3] = kt_rand(nk, seed + 4, -0.5, -0.01);
+    x[4] = kt_rand(nb, seed + 5, 0.05, 0.95);
+    x[5] = kt_randn(n0, seed + 6, 0.5);
+    double *dO = kt_randn(nv, seed + 7, 1.0), *dht = kt_randn(n0, seed + 8, 1.0);
+    dg_tensor *q = kt_tensor(ctx, DG_F64, 4, sk, x[0], 1),
+              *k = kt_tensor(ctx, DG_F64, 4, sk, x[1], 1);
+    dg_tensor *v = kt_tensor(ctx, DG_F64, 4, sv, x[2], 1),
+              *g = kt_tensor(ctx, DG_F64, 4, sk, x[3], 1);
+    dg_tensor *beta = kt_tensor(ctx, DG_F64, 3, sb, x[4], 1);
+    dg_tensor *h0 = kt_tensor(ctx, DG_F64, 4, s0, x[5], 1);
+    dg_tensor *o = NULL, *ht = NULL, *tmp[6] = {0};
+    dg_tape_reset();
+    if (chunked_kda) {
+        dg_kda_opts ko;
+        memset(&ko, 0, sizeof ko);
+        ko.chunk_size = c->BT;
+        ko.scale = 0.4;
+        ko.output_final_state = 1;
+        ko.cu_seqlens = c->cu;
+        ko.n_seqs = c->nseq;
+        DG_TEST_TRY(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, h0, &ko, &o, &ht));
+    } else {
+        dg_dplr_opts po = opts_of(c);
+        DG_TEST_TRY(dg_reshape(beta, 4, sb4, &tmp[0]));    /* beta [B,T,H,1] */
+        DG_TEST_TRY(dg_mul(ctx, k, tmp[0], &tmp[1]));      /* beta k: k' and b */
+        DG_TEST_TRY(dg_exp(ctx, g, &tmp[2]));              /* exp(g) */
+        DG_TEST_TRY(dg_mul(ctx, tmp[2], k, &tmp[3]));      /* exp(g) k */
+        DG_TEST_TRY(dg_scale(ctx, tmp[3], -1.0, &tmp[4])); /* a = -exp(g) k */
+        DG_TEST_TRY(dg_dplr_recurrent(ctx, q, tmp[1], v, tmp[4], tmp[1], g, h0, &po, &o, &ht));
+    }
+    dg_tensor *tO = kt_tensor(ctx, DG_F64, 4, sv, dO, 0),
+              *tH = kt_tensor(ctx, DG_F64, 4, s0, dht, 0);
+    dg_tensor *outs[2] = {o, ht};
+    const dg_tensor *seeds[2] = {tO, tH};
+    DG_TEST_TRY(dg__tape_backward_multi(ctx, 2, outs, seeds));
+    memset(out, 0, sizeof *out);
+    out->o = kt_host(o, nv);
+    out->ht = kt_host(ht, n0);
+    dg_tensor *in[6] = {q, k, v, g, beta, h0};
+    const int64_t n_in[6] = {nk, nk, nv, nk, nb, n0};
+    for (int i = 0; i < 6; i++)
+        out->grad[i] = kt_host(dg_tensor_grad(in[i]), n_in[i]);
+    dg_tape_reset();
+    for (int i = 0; i < 6; i++) {
+        dg_tensor_free(&in[i]);
+        dg_tensor_free(&tmp[i]);
+        free(x[i]);
+    }
+    dg_tensor_free(&o);
+    dg_tensor_free(&ht);
+    dg_tensor_free(&tO);
+    dg_tensor_free(&tH);
+    free(dO);
+    free(dht);
+}
+
+static void test_kda_as_dplr(dg_ctx *ctx) {
+    printf("-- KDA written as DPLR (dg_dplr_recurrent) vs dg_kda_chunk, forward and backward\n");
+    static const char *names[6] = {"dq", "dk", "dv", "dg", "dbeta", "dh0"};
+    static const dcase kc[] = {
+        {"[B=2 T=45 H=2 K=8 V=6 BT=16]", 2, 45, 2, 8, 6, 16, 1, NULL, 0},
+        {"[varlen 7+23+1+23 BT=32]", 1, 54, 1, 8, 4, 32, 1, cu4, 4},
+    };
+    for (size_t ci = 0; ci < sizeof kc / sizeof kc[0]; ci++) {
+        const dcase *c = &kc[ci];
+        dres rd, rk;
+        kda_as_dplr(ctx, 0, c, 300 + ci, &rd);
+        kda_as_dplr(ctx, 1, c, 300 + ci, &rk);
+        const int64_t nk = (int64_t)c->B * c->T * c->H * c->K, nv = nk / c->K * c->V;
+        const int64_t n0 = (int64_t)nseqs(c) * c->H * c->K * c->V;
+        const int64_t n[6] = {nk, nk, nv, nk, nk / c->K, n0};
+        char name[160];
+        snprintf(name, sizeof name, "KDA as DPLR %s o", c->name);
+        dg_check_rel(name, rd.o, rk.o, nv, 1e-10);
+        snprintf(name, sizeof name, "KDA as DPLR %s ht", c->name);
+        dg_check_rel(name, rd.ht, rk.ht, n0, 1e-10);
+        for (int i = 0; i < 6; i++) {
+            snprintf(name, sizeof name, "KDA as DPLR %s %s", c->name, names[i]);
+            dg_check_rel(name, rd.grad[i], rk.grad[i], n[i], 1e-10);
+        }
+        free_res(&rd);
+        free_res(&rk);
+    }
+}
+
 /* ---- bad inputs ---- */
 
 static void test_bad_inputs(dg_ctx *ctx, dplr_fn fn, const char *fname) {
@@ -363,6 +463,7 @@ int main(int argc, char **argv) {
     test_recurrent_dense(ctx);
     test_recurrent_f32(ctx);
     test_recurrent_gradcheck(ctx);
+    test_kda_as_dplr(ctx);
     test_bad_inputs(ctx, dg_dplr_recurrent, "dg_dplr_recurrent");
     dg_ctx_free(&ctx);
     return dg_test_finish();
