@@ -567,6 +567,11 @@ typedef struct dg_dplr_opts {
 dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
                             dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
                             dg_tensor **o, dg_tensor **ht);
+/* Stage nodes of the chunked form (CPU only). Gi, Ge = the chunk-local inclusive and exclusive
+ * cumulative sums of gk [B,T,H,K] (chunk size and cu_seqlens from opts; other fields ignored).
+ * Op kind for dg_policy_set: "dplr_gate_cumsum" (linear: the node keeps nothing). */
+dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts,
+                              dg_tensor **Gi, dg_tensor **Ge);
 
 /* =============================================================================================
  * Distributed: communicators (dist/) and context parallelism (KCP) for KDA and the short conv
