@@ -546,6 +546,34 @@ dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
 /* KDA_STAGE_API_END */
 
 /* =============================================================================================
+ * DPLR: the generalised delta rule with a diagonal-plus-low-rank transition (spec: docs/dplr.md
+ * and shared DPLR.md). Defined in ops/dplr/. CPU only for now: on a CUDA context every DPLR entry
+ * point returns DG_ERR_UNSUPPORTED.
+ * ============================================================================================= */
+
+typedef struct dg_dplr_opts {
+    int chunk_size;            /* BT: 16, 32 or 64; 0 selects 16 */
+    double scale;              /* output scale; <= 0 selects K^-1/2 */
+    int output_final_state;    /* return ht [N,H,K,V] */
+    const int64_t *cu_seqlens; /* host int64 [n_seqs+1] with B == 1, or NULL */
+    int n_seqs;
+} dg_dplr_opts;
+
+/* The token-by-token DPLR recurrence, per head (S in R^{K x V}, S_0 = h0 or 0):
+ *   S_t = Diag(exp(gk_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,   o_t = scale * S_t^T q_t.
+ * q, k, a, b, gk: [B,T,H,K]; v: [B,T,H,V]; h0: [N,H,K,V] or NULL; all one dtype (f64, or f32
+ * computed in f32). Outputs o: [B,T,H,V], ht: [N,H,K,V] when opts->output_final_state (else
+ * *ht = NULL; ht itself may be NULL then). One tape node with its own backward through time. */
+dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                            dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
+                            dg_tensor **o, dg_tensor **ht);
+/* Stage nodes of the chunked form (CPU only). Gi, Ge = the chunk-local inclusive and exclusive
+ * cumulative sums of gk [B,T,H,K] (chunk size and cu_seqlens from opts; other fields ignored).
+ * Op kind for dg_policy_set: "dplr_gate_cumsum" (linear: the node keeps nothing). */
+dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts,
+                              dg_tensor **Gi, dg_tensor **Ge);
+
+/* =============================================================================================
  * Distributed: communicators (dist/) and context parallelism (KCP) for KDA and the short conv
  * ============================================================================================= */
 

@@ -1,0 +1,58 @@
+/*
+ * ops/dplr/dplr_common.c -- option resolution and argument checks shared by the DPLR entry
+ * points. The sequence/chunk tables are KDA's (kda_cfg_init), with DPLR's default chunk size 16.
+ */
+#include "dplr.h"
+
+dg_status dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B, int64_t T,
+                        int H, int K, int V, dg_dtype dt, kda_cfg *cfg) {
+    static const dg_dplr_opts defaults;
+    memset(cfg, 0, sizeof *cfg);
+    if (!opts)
+        opts = &defaults;
+    if (ctx->device.kind == DG_DEV_CUDA)
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: DPLR on CUDA is not implemented yet", op);
+    const int BT = opts->chunk_size ? opts->chunk_size : 16;
+    if (BT != 16 && BT != 32 && BT != 64)
+        return dg__err(DG_ERR_ARG,
+                       "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 16), got %d", op,
+                       opts->chunk_size);
+    dg_kda_opts ko;
+    memset(&ko, 0, sizeof ko);
+    ko.chunk_size = BT;
+    ko.gate = DG_GATE_NONE;
+    ko.scale = opts->scale;
+    ko.output_final_state = opts->output_final_state;
+    ko.cu_seqlens = opts->cu_seqlens;
+    ko.n_seqs = opts->n_seqs;
+    return kda_cfg_init(op, ctx, &ko, B, T, H, H, K, V, dt, cfg);
+}
+
+dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                            dg_tensor *a, dg_tensor *b, dg_tensor *gk, dg_tensor *h0,
+                            const dg_dplr_opts *opts, kda_cfg *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    if (ctx->device.kind == DG_DEV_CUDA)
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: DPLR on CUDA is not implemented yet", op);
+    DG_TRY(kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(op, "v", v, ctx, 4, "B,T,H,V"));
+    const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
+    const int64_t V = v->shape[3];
+    DG_TRY(dplr_cfg_init(op, ctx, opts, B, T, (int)H, (int)K, (int)V, q->dtype, cfg));
+    const unsigned m = DG_MASK(q->dtype);
+    int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, s0[4] = {cfg->d.N, H, K, V};
+    dg_status st = kda_check(op, "k", k, ctx, m, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(op, "v", v, ctx, m, 4, sv, "B,T,H,V");
+    if (st == DG_OK)
+        st = kda_check(op, "a", a, ctx, m, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(op, "b", b, ctx, m, 4, sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = kda_check(op, "gk", gk, ctx, m, 4, sq, "B,T,H,K");
+    if (st == DG_OK && h0)
+        st = kda_check(op, "h0", h0, ctx, m, 4, s0, "N,H,K,V");
+    if (st != DG_OK)
+        kda_cfg_free(cfg);
+    return st;
+}

@@ -1,0 +1,123 @@
+/*
+ * ops/dplr/gate_cumsum.c -- dg_dplr_gate_cumsum: the chunk-local cumulative log decays of
+ * spec §4 as one tape node. Per chunk, per head and key channel:
+ *   Gi_i = sum_{r<=i} gk_r (inclusive),  Ge_i = Gi_i - gk_i = sum_{r<i} gk_r (exclusive)
+ * Backward (linear): dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r within the chunk. The node keeps
+ * nothing (CACHE and RECOMPUTE are the same). CPU only (f64, or f32 computed in f32).
+ */
+#ifndef DPLR_TMPL
+#include "dplr.h"
+#define DPLR_TMPL "gate_cumsum.c"
+#include "dplr_tmpl.h"
+#endif
+
+#ifdef KT
+void KF(dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
+    const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
+    KDA_OMP(parallel for schedule(static) if (NC > 1))
+    for (int64_t c = 0; c < NC; c++) {
+        const kda_chunk ch = kda_chunk_idx(d, c);
+        for (int64_t j = 0; j < HK; j++) {
+            KT acc = 0;
+            for (int i = 0; i < ch.L; i++) {
+                const int64_t x = (ch.t0 + i) * HK + j;
+                Ge[x] = acc;
+                acc += gk[x];
+                Gi[x] = acc;
+            }
+        }
+    }
+}
+
+void KF(dplr_cumsum_bwd)(const kda_dims *d, const KT *dGi, const KT *dGe, KT *dgk) {
+    const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
+    KDA_OMP(parallel for schedule(static) if (NC > 1))
+    for (int64_t c = 0; c < NC; c++) {
+        const kda_chunk ch = kda_chunk_idx(d, c);
+        for (int64_t j = 0; j < HK; j++) {
+            KT acc = 0; /* sum_{r>=i} dGi_r + sum_{r>i} dGe_r */
+            for (int i = ch.L - 1; i >= 0; i--) {
+                const int64_t x = (ch.t0 + i) * HK + j;
+                acc += dGi ? dGi[x] : 0;
+                dgk[x] = acc;
+                acc += dGe ? dGe[x] : 0;
+            }
+        }
+    }
+}
+#else
+
+#define OP "dg_dplr_gate_cumsum"
+
+static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
+    const kda_np *np = (const kda_np *)n->params;
+    const kda_cfg *c = &np->cfg;
+    const dg_tensor *gI = dg__node_grad_out(n, 0), *gE = dg__node_grad_out(n, 1);
+    if ((!gI && !gE) || !dg__node_wants_grad(n, 0))
+        return DG_OK;
+    dg_tensor *tmp[2] = {0}, *dgk = NULL;
+    const void *p[2] = {0};
+    dg_status st = DG_OK;
+    if (gI)
+        st = kda_ptr(ctx, gI, c->dt, &tmp[0], &p[0]);
+    if (st == DG_OK && gE)
+        st = kda_ptr(ctx, gE, c->dt, &tmp[1], &p[1]);
+    int64_t s[4] = {c->d.B, c->d.T, c->d.H, c->d.K};
+    if (st == DG_OK)
+        st = kda_new(ctx, c, 4, s, &dgk);
+    if (st == DG_OK) {
+        KDA_CALL(c->dt, dplr_cumsum_bwd, &c->d, p[0], p[1], dg_tensor_data(dgk));
+        st = dg__node_accum(ctx, n, 0, dgk);
+    }
+    dg_tensor_free(&tmp[0]);
+    dg_tensor_free(&tmp[1]);
+    dg_tensor_free(&dgk);
+    return st;
+}
+
+dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts, dg_tensor **Gi,
+                              dg_tensor **Ge) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "Gi", Gi));
+    DG_TRY(dg__check_ptr(OP, "Ge", Ge));
+    *Gi = *Ge = NULL;
+    if (ctx->device.kind == DG_DEV_CUDA)
+        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
+    DG_TRY(kda_check_first(OP, "gk", gk, ctx, 4, "B,T,H,K"));
+    kda_cfg cfg;
+    DG_TRY(dplr_cfg_init(OP, ctx, opts, gk->shape[0], gk->shape[1], (int)gk->shape[2],
+                         (int)gk->shape[3], 1, gk->dtype, &cfg));
+    dg_tensor *tmp = NULL;
+    const void *p = NULL;
+    dg_status st = kda_ptr(ctx, gk, cfg.dt, &tmp, &p);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, gk->shape, Gi);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, gk->shape, Ge);
+    if (st == DG_OK)
+        KDA_CALL(cfg.dt, dplr_cumsum_fwd, &cfg.d, p, dg_tensor_data(*Gi), dg_tensor_data(*Ge));
+    if (st == DG_OK && dg__needs_grad(1, &gk)) {
+        dg_node *n = NULL;
+        st = dg__node_new("dplr_gate_cumsum", DG_POLICY_CACHE, cumsum_backward, ctx, &n);
+        if (st == DG_OK)
+            st = dg__node_input(n, gk);
+        if (st == DG_OK)
+            st = dg__node_output(n, *Gi);
+        if (st == DG_OK)
+            st = dg__node_output(n, *Ge);
+        if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+            st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+        if (st == DG_OK)
+            st = dg__node_commit(n);
+        else if (n)
+            dg__node_abort(n);
+    }
+    dg_tensor_free(&tmp);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK) {
+        dg_tensor_free(Gi);
+        dg_tensor_free(Ge);
+    }
+    return st;
+}
+#endif
