@@ -17,6 +17,58 @@
  */
 #include "kda.h"
 
+
+dg_status kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
+                           const dg_kda_opts *opts, kda_dev *dev, kda_local *l) {
+    memset(l, 0, sizeof *l);
+    dg_status st = DG_OK;
+    if (opts && opts->l2norm_qk) {
+        st = kda_l2norm_x(ctx, q, 1, &l->qn);
+        if (st == DG_OK)
+            st = kda_l2norm_x(ctx, k, 1, &l->kn);
+    } else {
+        l->qn = dg_tensor_retain(q);
+        l->kn = dg_tensor_retain(k);
+    }
+    if (st == DG_OK) {
+        if (opts && opts->beta_sigmoid)
+            st = kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &l->bt);
+        else
+            l->bt = dg_tensor_retain(beta);
+    }
+    if (st == DG_OK)
+        st = kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, &l->G);
+    if (st == DG_OK)
+        st = kda_intra_x(ctx, l->qn, l->kn, l->bt, l->G, opts, dev, &l->Aqk, &l->Tm);
+    if (st == DG_OK)
+        st = kda_wy_x(ctx, l->qn, l->kn, v, l->bt, l->G, l->Tm, opts, dev, &l->W, &l->U, &l->KG,
+                      &l->QG);
+    if (st != DG_OK)
+        kda_local_free(l);
+    return st;
+}
+
+dg_status kda_local_rc(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
+                       kda_rc **rc) {
+    DG_TRY(kda_rc_new(cfg, rc));
+    kda_rc_set_inputs(*rc, l->qn, l->kn, v, l->bt, l->G, l->Tm, h0);
+    if (dg_policy_resolve("kda_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE) {
+        kda_rc_cache(*rc, KDA_W, l->W);
+        kda_rc_cache(*rc, KDA_U, l->U);
+        kda_rc_cache(*rc, KDA_KG, l->KG);
+        kda_rc_cache(*rc, KDA_QG, l->QG);
+    }
+    return DG_OK;
+}
+
+void kda_local_free(kda_local *l) {
+    dg_tensor **t[10] = {&l->qn, &l->kn, &l->bt, &l->G,  &l->Aqk,
+                         &l->Tm, &l->W,  &l->U,  &l->KG, &l->QG};
+    for (int i = 0; i < 10; i++)
+        dg_tensor_free(t[i]);
+}
+
 #define OP "dg_kda_chunk"
 
 dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
@@ -33,49 +85,21 @@ dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
 
-    dg_tensor *qn = NULL, *kn = NULL, *bt = NULL, *G = NULL, *Aqk = NULL, *Tm = NULL;
-    dg_tensor *W = NULL, *U = NULL, *KG = NULL, *QG = NULL, *h = NULL, *E = NULL;
+    kda_local l;
+    dg_tensor *h = NULL, *E = NULL;
     kda_rc *rc = NULL;
-    dg_status st = DG_OK;
-    if (opts && opts->l2norm_qk) {
-        st = kda_l2norm_x(ctx, q, 1, &qn);
-        if (st == DG_OK)
-            st = kda_l2norm_x(ctx, k, 1, &kn);
-    } else {
-        qn = dg_tensor_retain(q);
-        kn = dg_tensor_retain(k);
-    }
-    if (st == DG_OK) {
-        if (opts && opts->beta_sigmoid)
-            st = kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &bt);
-        else
-            bt = dg_tensor_retain(beta);
-    }
+    dg_status st = kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, opts, cfg.dev, &l);
     if (st == DG_OK)
-        st = kda_gate_x(ctx, g, A_log, dt_bias, opts, cfg.dev, &G);
+        st = kda_local_rc(&cfg, &l, v, h0, &rc);
     if (st == DG_OK)
-        st = kda_intra_x(ctx, qn, kn, bt, G, opts, cfg.dev, &Aqk, &Tm);
+        st = kda_state_rc(ctx, l.W, l.U, l.KG, l.G, h0, opts, rc, &h, &E, want_ht ? ht : NULL);
     if (st == DG_OK)
-        st = kda_wy_x(ctx, qn, kn, v, bt, G, Tm, opts, cfg.dev, &W, &U, &KG, &QG);
-    if (st == DG_OK)
-        st = kda_rc_new(&cfg, &rc);
-    if (st == DG_OK) {
-        kda_rc_set_inputs(rc, qn, kn, v, bt, G, Tm, h0);
-        if (dg_policy_resolve("kda_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE) {
-            kda_rc_cache(rc, KDA_W, W);
-            kda_rc_cache(rc, KDA_U, U);
-            kda_rc_cache(rc, KDA_KG, KG);
-            kda_rc_cache(rc, KDA_QG, QG);
-        }
-        st = kda_state_rc(ctx, W, U, KG, G, h0, opts, rc, &h, &E, want_ht ? ht : NULL);
-    }
-    if (st == DG_OK)
-        st = kda_output_rc(ctx, QG, h, Aqk, E, opts, rc, q->dtype, o);
+        st = kda_output_rc(ctx, l.QG, h, l.Aqk, E, opts, rc, q->dtype, o);
 
     kda_rc_release(&rc);
-    dg_tensor *locals[12] = {qn, kn, bt, G, Aqk, Tm, W, U, KG, QG, h, E};
-    for (int i = 0; i < 12; i++)
-        dg_tensor_free(&locals[i]);
+    kda_local_free(&l);
+    dg_tensor_free(&h);
+    dg_tensor_free(&E);
     kda_cfg_free(&cfg);
     if (st != DG_OK && ht)
         dg_tensor_free(ht);

@@ -527,8 +527,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         return st;
     }
 
-    dg_tensor *qn = NULL, *kn = NULL, *bt = NULL, *G = NULL, *Aqk = NULL, *Tm = NULL;
-    dg_tensor *W = NULL, *U = NULL, *KG = NULL, *QG = NULL, *h = NULL, *E = NULL, *htl = NULL;
+    dg_tensor *h = NULL, *E = NULL, *htl = NULL;
     dg_tensor *hm = NULL, *ag = NULL, *h0m = NULL, *h2 = NULL, *E2 = NULL, *htu = NULL;
     dg_tensor *hh[5] = {0}, *h0mh = NULL, *htlh = NULL, *htuh = NULL; /* host copies */
     const void *p[5] = {0};
@@ -541,29 +540,11 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     probe.post = plan->post_ranks;
     const size_t row = kv_bytes(&cfg);
 
-    if (opts && opts->l2norm_qk) {
-        st = kda_l2norm_x(ctx, q, 1, &qn);
-        if (st == DG_OK)
-            st = kda_l2norm_x(ctx, k, 1, &kn);
-    } else {
-        qn = dg_tensor_retain(q);
-        kn = dg_tensor_retain(k);
-    }
-    if (st == DG_OK) {
-        if (opts && opts->beta_sigmoid)
-            st = kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &bt);
-        else
-            bt = dg_tensor_retain(beta);
-    }
-    if (st == DG_OK)
-        st = kda_gate_x(ctx, g, A_log, dt_bias, &lo, cfg.dev, &G);
-    if (st == DG_OK)
-        st = kda_intra_x(ctx, qn, kn, bt, G, &lo, cfg.dev, &Aqk, &Tm);
-    if (st == DG_OK)
-        st = kda_wy_x(ctx, qn, kn, v, bt, G, Tm, &lo, cfg.dev, &W, &U, &KG, &QG);
+    kda_local l;
+    st = kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, &lo, cfg.dev, &l);
 
     /* forward summary of the last local sequence, all_gather, merge into h0m */
-    dg_tensor *in5[5] = {W, U, KG, G, h0};
+    dg_tensor *in5[5] = {l.W, l.U, l.KG, l.G, h0};
     if (st == DG_OK)
         st = host_ctx(ctx, &hc);
     if (st == DG_OK) {
@@ -585,7 +566,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
             if (st == DG_OK && hin)
                 hin = (const char *)hin + (size_t)(plan->seq0 + NL - 1) * HV * K * V * sizeof(float);
             if (st == DG_OK) {
-                st = summary_dev(ctx, hc, &cfg, NL - 1, 0, W, U, KG, G, NULL, hin, hm);
+                st = summary_dev(ctx, hc, &cfg, NL - 1, 0, l.W, l.U, l.KG, l.G, NULL, hin, hm);
                 on_dev = st == DG_OK;
                 if (st == DG_ERR_UNSUPPORTED)
                     st = DG_OK;
@@ -644,17 +625,9 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = kda_rc_new(&cfg, &rc);
-    if (st == DG_OK) {
-        kda_rc_set_inputs(rc, qn, kn, v, bt, G, Tm, h0m);
-        if (dg_policy_resolve("kda_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE) {
-            kda_rc_cache(rc, KDA_W, W);
-            kda_rc_cache(rc, KDA_U, U);
-            kda_rc_cache(rc, KDA_KG, KG);
-            kda_rc_cache(rc, KDA_QG, QG);
-        }
-        st = kda_state_rc(ctx, W, U, KG, G, h0m, &lo, rc, &h, &E, &htl);
-    }
+        st = kda_local_rc(&cfg, &l, v, h0m, &rc);
+    if (st == DG_OK)
+        st = kda_state_rc(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, rc, &h, &E, &htl);
     if (st == DG_OK)
         st = to_host(hc, htl, cfg.dt, &htlh);
     if (st == DG_OK)
@@ -682,7 +655,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         if (st == DG_OK)
             st = dg__node_output(n, htu);
         if (st == DG_OK)
-            st = dg__node_save(n, G);
+            st = dg__node_save(n, l.G);
         kcp_np *np = st == DG_OK ? kcp_np_new(n, &cfg, rc, comm, plan) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
@@ -695,14 +668,14 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         E2 = dg_tensor_retain(E);
     }
     if (st == DG_OK)
-        st = kda_output_rc(ctx, QG, h2, Aqk, E2, &lo, rc, q->dtype, o);
+        st = kda_output_rc(ctx, l.QG, h2, l.Aqk, E2, &lo, rc, q->dtype, o);
     if (st == DG_OK && want_ht)
         *ht = dg_tensor_retain(htu);
 
     kda_rc_release(&rc);
-    dg_tensor *locals[19] = {qn, kn, bt,  G,  Aqk, Tm,  W,  U,  KG, QG,
-                             h,  E,  htl, hm, ag,  h0m, h2, E2, htu};
-    for (int i = 0; i < 19; i++)
+    kda_local_free(&l);
+    dg_tensor *locals[9] = {h, E, htl, hm, ag, h0m, h2, E2, htu};
+    for (int i = 0; i < 9; i++)
         dg_tensor_free(&locals[i]);
     dg_tensor *staged[8] = {hh[0], hh[1], hh[2], hh[3], hh[4], h0mh, htlh, htuh};
     for (int i = 0; i < 8; i++)

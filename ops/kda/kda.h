@@ -338,6 +338,20 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
 dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
                        dg_tensor *h0, const dg_kda_opts *opts, kda_rc *rc, dg_tensor **h,
                        dg_tensor **E, dg_tensor **ht);
+/* The local part of the chunked composite, N1..N5 (ops/kda/chunk.c), shared by dg_kda_chunk and
+ * the context-parallel dg_kda_chunk_cp: normalised q, k (qn, kn), beta (bt), G, Aqk, Tm, W, U,
+ * KG, QG, each an owned reference (kda_local_free releases them; on error nothing is held). */
+typedef struct kda_local {
+    dg_tensor *qn, *kn, *bt, *G, *Aqk, *Tm, *W, *U, *KG, *QG;
+} kda_local;
+dg_status kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
+                           const dg_kda_opts *opts, kda_dev *dev, kda_local *l);
+/* The recompute context of the wy/state/output nodes over l, from initial state h0 (W, U, KG,
+ * QG cached in it when kda_wy's policy is CACHE). */
+dg_status kda_local_rc(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
+                       kda_rc **rc);
+void kda_local_free(kda_local *l);
 /* out_dt: dtype of o (DG_NDTYPES: the compute dtype); o is computed in the compute dtype and
  * converted. */
 dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
