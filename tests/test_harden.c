@@ -79,6 +79,13 @@ static void on_alarm(int sig) {
 
 /* The status must be `want` and the message must hold every needle (NULL ends the list): a
  * rejection case. */
+/* The flags of the tiny training run the fault cases use (one thread, no eval, samples or
+ * periodic checkpoints), spliced into their argv lists. */
+#define DG_TINY_RUN_ARGS                                                                           \
+    "--batch", "2", "--seq-len", "32", "--d", "16", "--heads", "1", "--head-dim", "16", "--inter", \
+        "32", "--chunk", "16", "--eval-every", "0", "--sample-every", "-1", "--ckpt-every", "0",   \
+        "--no-plot", "--threads", "1"
+
 static int check_err_all(int cls, dg_status s, dg_status want, const char *what, ...) {
     g_cases[cls]++;
     g_rejects[cls]++;
@@ -498,29 +505,7 @@ static pid_t start_trainer(const char *dir) {
                         (char *)dir,
                         "--steps",
                         "1000000",
-                        "--batch",
-                        "2",
-                        "--seq-len",
-                        "32",
-                        "--d",
-                        "16",
-                        "--heads",
-                        "1",
-                        "--head-dim",
-                        "16",
-                        "--inter",
-                        "32",
-                        "--chunk",
-                        "16",
-                        "--eval-every",
-                        "0",
-                        "--sample-every",
-                        "-1",
-                        "--ckpt-every",
-                        "0",
-                        "--no-plot",
-                        "--threads",
-                        "1",
+                        DG_TINY_RUN_ARGS,
                         NULL};
         execv(argv[0], argv);
         _exit(127);
@@ -630,40 +615,8 @@ static void test_run_dirs(void) {
     /* log.csv cannot be written (a file size limit, as on a full disk): the run stops at once */
     char full[300];
     tmp_path(full, sizeof full, "csv_full");
-    char *fargv[] = {"deltagrad",
-                     "train",
-                     "--data",
-                     KJV,
-                     "--max-bytes",
-                     "20000",
-                     "--out",
-                     full,
-                     "--steps",
-                     "40",
-                     "--batch",
-                     "2",
-                     "--seq-len",
-                     "32",
-                     "--d",
-                     "16",
-                     "--heads",
-                     "1",
-                     "--head-dim",
-                     "16",
-                     "--inter",
-                     "32",
-                     "--chunk",
-                     "16",
-                     "--eval-every",
-                     "0",
-                     "--sample-every",
-                     "-1",
-                     "--ckpt-every",
-                     "0",
-                     "--no-plot",
-                     "--threads",
-                     "1",
-                     NULL};
+    char *fargv[] = {"deltagrad", "train", "--data",  KJV,  "--max-bytes",    "20000",
+                     "--out",     full,    "--steps", "40", DG_TINY_RUN_ARGS, NULL};
     g_faults[6]++;
     rc = run_binary_fsize(fargv, 400, err, sizeof err);
     CASE(6,
