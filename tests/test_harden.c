@@ -77,8 +77,6 @@ static void on_alarm(int sig) {
         CASE(cls, expr);                                                                           \
     } while (0)
 
-/* The status must be `want` and the message must hold every needle (NULL ends the list): a
- * rejection case. */
 /* The flags of the tiny training run the fault cases use (one thread, no eval, samples or
  * periodic checkpoints), spliced into their argv lists. */
 #define DG_TINY_RUN_ARGS                                                                           \
@@ -86,6 +84,8 @@ static void on_alarm(int sig) {
         "32", "--chunk", "16", "--eval-every", "0", "--sample-every", "-1", "--ckpt-every", "0",   \
         "--no-plot", "--threads", "1"
 
+/* The status must be `want` and the message must hold every needle (NULL ends the list): a
+ * rejection case. */
 static int check_err_all(int cls, dg_status s, dg_status want, const char *what, ...) {
     g_cases[cls]++;
     g_rejects[cls]++;
