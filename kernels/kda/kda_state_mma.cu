@@ -27,6 +27,7 @@
  * (kda_state_summary_cuda, at the end of this file).
  */
 #include "kda_fwd_util.cuh"
+#include <stdint.h>
 #include "kda_mma.cuh"
 #include "kda_tc.cuh"
 
@@ -308,16 +309,11 @@ static dg_status state_mma_prepare(int K, size_t *smem) {
     return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD>, *smem);
 }
 
-/* Rank of a variant: fewest waves of resident blocks first (each block walks every chunk of its
- * sequence, so a second wave doubles the time); among equal waves VT = 32, then 64, then 16
- * (measured on an H200: with one wave either way, 16-column tiles lose ~2% to the doubled
- * W/KG traffic; 64-column tiles pay when they save a wave: -3% to -6% fwd+bwd at
- * (4,4096,64,128) and (8,2048,32,256)). */
+/* Waves of resident blocks the grid of a variant needs on device dev (sms multiprocessors);
+ * the occupancy query runs once per K and device. */
 template <int BT, int MT, int VT, bool BWD>
-static dg_status state_mma_cost(const kda_cuda_dims *d, int sms, double *cost) {
-    static int cached_K = -1, cached_dev = -1, cached_per_sm = 0; /* once per K and device */
-    int dev = 0;
-    DG_CHECK_CUDA(cudaGetDevice(&dev));
+static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64_t *waves) {
+    static int cached_K = -1, cached_dev = -1, cached_per_sm = 0;
     if (cached_K != d->K || cached_dev != dev) {
         size_t smem;
         DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
@@ -326,11 +322,8 @@ static dg_status state_mma_cost(const kda_cuda_dims *d, int sms, double *cost) {
         cached_K = d->K;
         cached_dev = dev;
     }
-    const int per_sm = cached_per_sm;
     const int64_t blocks = (int64_t)d->N * d->HV * DG_CEIL_DIV(d->V, VT);
-    const int64_t slots = (int64_t)(per_sm > 0 ? per_sm : 1) * sms;
-    *cost = per_sm > 0 ? 1000.0 * (double)DG_CEIL_DIV(blocks, slots) + (VT == 32 ? 0 : VT == 64 ? 1 : 2)
-                       : 1e300;
+    *waves = cached_per_sm > 0 ? DG_CEIL_DIV(blocks, (int64_t)cached_per_sm * sms) : INT64_MAX;
     return DG_OK;
 }
 
@@ -354,16 +347,20 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d, const f
                                     const float *X0, const float *A2, const float *G,
                                     const float *S0, const float *Sup, float *Sst, float *Xo,
                                     float *Sfin) {
+    /* Fewest waves first (each block walks every chunk of its sequence, so a second wave doubles
+     * the time); among equal waves 32 columns, then 64, then 16 (measured on an H200: with one
+     * wave either way, 16-column tiles lose ~2% to the doubled W/KG traffic; 64-column tiles pay
+     * when they save a wave: -3% to -6% fwd+bwd at (4,4096,64,128) and (8,2048,32,256)). */
     int dev = 0, sms = 0;
     DG_CHECK_CUDA(cudaGetDevice(&dev));
     DG_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    double c16 = 1e300, c32 = 1e300, c64 = 1e300;
-    DG_TRY((state_mma_cost<BT, MT, 16, BWD>(d, sms, &c16)));
-    DG_TRY((state_mma_cost<BT, MT, 32, BWD>(d, sms, &c32)));
-    DG_TRY((state_mma_cost<BT, MT, 64, BWD>(d, sms, &c64)));
-    if (c64 < c32 && c64 < c16)
+    int64_t w16 = INT64_MAX, w32 = INT64_MAX, w64 = INT64_MAX;
+    DG_TRY((state_mma_waves<BT, MT, 16, BWD>(d, dev, sms, &w16)));
+    DG_TRY((state_mma_waves<BT, MT, 32, BWD>(d, dev, sms, &w32)));
+    DG_TRY((state_mma_waves<BT, MT, 64, BWD>(d, dev, sms, &w64)));
+    if (w64 < w32 && w64 <= w16)
         return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
-    if (c16 < c32 && c16 < c64)
+    if (w16 < w32 && w16 < w64)
         return state_mma_launch_vt<BT, MT, 16, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
     return state_mma_launch_vt<BT, MT, 32, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
 }
