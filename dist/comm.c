@@ -2,9 +2,12 @@
  * dist/comm.c -- the public communicator calls (dg_comm_*): argument checks, host staging,
  * statistics; the backends (dist/mpi.c, dist/nccl.c) only move bytes.
  *
- * Staging: the MPI backend works on host memory. A CUDA tensor handed to it is copied into a host
- * tensor, communicated, and copied back, so two processes that share one GPU can run the CUDA
- * path (NCCL refuses two ranks on one device). The NCCL backend takes CUDA tensors only.
+ * Staging: each backend works on one side of the bus. The MPI backend works on host memory: a
+ * CUDA tensor handed to it is copied into a host tensor, communicated, and copied back, so two
+ * processes that share one GPU can run the CUDA path (NCCL refuses two ranks on one device). The
+ * NCCL backend works on device memory: a host tensor handed to it goes through a device copy on
+ * the communicator's context the same way (small host-side buffers such as KCP's merged
+ * summaries and the tests' agreement flags need no second communicator).
  * Statistics count what this rank contributes to the wire: all_gather (size-1) x its piece (every
  * other rank receives it), all_reduce 2 (size-1)/size x the buffer (a ring), shift the bytes sent.
  */
@@ -110,9 +113,9 @@ static dg_status comm_tensor(const char *op, const char *arg, const dg_comm *c,
     if (!dg_tensor_is_contiguous(t))
         return dg__err(DG_ERR_ARG, "%s: %s must be contiguous, got a strided view %s", op, arg,
                        dg_tensor_desc(t));
-    if (c->on_device && !dg__is_cuda(t))
-        return dg__err(DG_ERR_DEVICE, "%s: %s must be a CUDA tensor for the NCCL backend, got %s",
-                       op, arg, dg_tensor_desc(t));
+    if (c->on_device && dg__is_cuda(t) && !dg_device_eq(t->device, dg_ctx_device(c->ctx)))
+        return dg__err(DG_ERR_DEVICE, "%s: %s is on %s, but this NCCL communicator runs on %s", op,
+                       arg, dg_device_str(t->device), dg_device_str(dg_ctx_device(c->ctx)));
     return DG_OK;
 }
 
@@ -120,7 +123,8 @@ static size_t tbytes(const dg_tensor *t) {
     return (size_t)dg_tensor_numel(t) * dg_dtype_size(t->dtype);
 }
 
-/* Where the backend reads/writes t: t's own data, or a host copy (MPI with a CUDA tensor). */
+/* Where the backend reads/writes t: t's own data, or a copy on the backend's side of the bus (a
+ * host copy of a CUDA tensor for MPI, a device copy of a host tensor for NCCL). */
 typedef struct {
     dg_tensor *host; /* the staging copy, or NULL */
     void *ptr;
@@ -129,11 +133,14 @@ typedef struct {
 static dg_status stage_in(dg_comm *c, const dg_tensor *t, int copy, staged *s) {
     s->host = NULL;
     s->ptr = dg_tensor_data(t);
-    if (c->on_device || !dg__is_cuda(t))
+    if (c->on_device == dg__is_cuda(t))
         return DG_OK;
-    if (!c->host)
+    dg_ctx *side = c->on_device ? c->ctx : c->host;
+    if (!side) {
         DG_TRY(dg_ctx_new(dg_cpu(), &c->host));
-    DG_TRY(dg_tensor_new(c->host, t->dtype, t->ndim, t->shape, &s->host));
+        side = c->host;
+    }
+    DG_TRY(dg_tensor_new(side, t->dtype, t->ndim, t->shape, &s->host));
     if (copy) {
         dg_status st = dg_tensor_copy_(s->host, t);
         if (st != DG_OK) {

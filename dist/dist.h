@@ -54,6 +54,9 @@ dg_status dg__comm_timeout(dg_comm *c, const char *op);
  * receive into buf. DG_ERR_COMM when a peer or rank 0 does not show up within timeout s. */
 dg_status dg__tcp_bcast(int rank, int size, const char *addr, int port, double timeout, void *buf,
                         size_t n);
+/* An integer environment variable in [0, 2^30]: 1 and *v set; 0 when unset or empty; -1 when it
+ * is not such an integer (dist/launch.c). */
+int dg__env_int(const char *name, int *v);
 /* The default timeout when the caller passes <= 0 (DG_COMM_TIMEOUT overrides it). */
 double dg__comm_default_timeout(double asked);
 

@@ -10,7 +10,9 @@
  * The communicator is non-blocking (ncclConfig_t.blocking = 0) so that no call can hang: every
  * operation is enqueued on ctx's stream, then the stream and ncclCommGetAsyncError are polled
  * until the work is done, NCCL reports an error, or the timeout passes (then ncclCommAbort).
- * Calls are therefore synchronous with the host. Built without NCCL: DG_ERR_UNSUPPORTED.
+ * Calls are therefore synchronous with the host, and they wait for the device first: the tensors
+ * may come from kernels queued on another context's stream (the training loop's own context, say),
+ * and that work must be finished before NCCL reads them. Built without NCCL: DG_ERR_UNSUPPORTED.
  */
 #include "dist.h"
 
@@ -97,12 +99,24 @@ static dg_status nccl_wait(dg_comm *c, const char *op, ncclResult_t r) {
     }
 }
 
+/* Before an enqueue: everything already queued on this device (any stream) is finished. */
+static dg_status nccl_ready(dg_comm *c, const char *op) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess)
+        return DG_OK;
+    c->broken = 1;
+    return dg__err(DG_ERR_CUDA, "%s: rank %d: CUDA error before the call: %s", op, c->rank,
+                   cudaGetErrorString(e));
+}
+
 static dg_status nccl_all_gather(dg_comm *c, const void *send, void *recv, size_t bytes) {
+    DG_TRY(nccl_ready(c, "dg_comm_all_gather"));
     ncclResult_t r = ncclAllGather(send, recv, bytes, ncclChar, impl(c)->comm, impl(c)->stream);
     return nccl_wait(c, "dg_comm_all_gather", r);
 }
 
 static dg_status nccl_all_reduce(dg_comm *c, void *buf, int64_t n, dg_dtype dt) {
+    DG_TRY(nccl_ready(c, "dg_comm_all_reduce"));
     ncclResult_t r = ncclAllReduce(buf, buf, (size_t)n, dt == DG_F64 ? ncclDouble : ncclFloat,
                                    ncclSum, impl(c)->comm, impl(c)->stream);
     return nccl_wait(c, "dg_comm_all_reduce", r);
@@ -111,6 +125,7 @@ static dg_status nccl_all_reduce(dg_comm *c, void *buf, int64_t n, dg_dtype dt) 
 static dg_status nccl_shift(dg_comm *c, const void *send, size_t sbytes, int dst, void *recv,
                             size_t rbytes, int src) {
     nccl_impl *m = impl(c);
+    DG_TRY(nccl_ready(c, "dg_comm_shift"));
     ncclResult_t r = ncclGroupStart();
     if (r == ncclSuccess && dst >= 0)
         r = ncclSend(send, sbytes, ncclChar, dst, m->comm, m->stream);
@@ -124,6 +139,7 @@ static dg_status nccl_shift(dg_comm *c, const void *send, size_t sbytes, int dst
 
 static dg_status nccl_barrier(dg_comm *c) {
     nccl_impl *m = impl(c);
+    DG_TRY(nccl_ready(c, "dg_comm_barrier"));
     ncclResult_t r = ncclAllReduce(m->one, m->one, 1, ncclFloat, ncclSum, m->comm, m->stream);
     return nccl_wait(c, "dg_comm_barrier", r);
 }
@@ -208,18 +224,6 @@ static dg_status nccl_split(dg_comm *c, int color, int key, dg_comm **out) {
 
 #define OPI "dg_comm_init_nccl"
 
-static int env_int(const char *name, int *v) {
-    const char *e = getenv(name);
-    if (!e || !*e)
-        return 0;
-    char *end = NULL;
-    long x = strtol(e, &end, 10);
-    if (*end || x < 0 || x > 1 << 30)
-        return -1;
-    *v = (int)x;
-    return 1;
-}
-
 dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out) {
     DG_TRY(dg__check_ptr(OPI, "ctx", ctx));
     DG_TRY(dg__check_ptr(OPI, "out", out));
@@ -232,8 +236,8 @@ dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out) {
     const double timeout = dg__comm_default_timeout(timeout_s);
     int rank = 0, size = 0, port = 0, have_env = 0;
     const char *addr = getenv("MASTER_ADDR");
-    int er = env_int("RANK", &rank), ew = env_int("WORLD_SIZE", &size),
-        ep = env_int("MASTER_PORT", &port);
+    int er = dg__env_int("RANK", &rank), ew = dg__env_int("WORLD_SIZE", &size),
+        ep = dg__env_int("MASTER_PORT", &port);
     if (er < 0 || ew < 0 || ep < 0)
         return dg__err(DG_ERR_ARG, OPI ": RANK, WORLD_SIZE and MASTER_PORT must be integers");
     have_env = er > 0 && ew > 0;

@@ -597,6 +597,27 @@ dg_status dg_comm_init_mpi(double timeout_s, dg_comm **out);
  * over TCP), or, when those are not set and the process was started by mpirun, over MPI. Built
  * without NCCL: DG_ERR_UNSUPPORTED. */
 dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out);
+/* How this process was started (from the launcher's environment variables): torchrun (RANK,
+ * WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), mpirun (Open MPI's OMPI_COMM_WORLD_*, or PMI), or
+ * alone (rank 0 of 1). */
+typedef struct dg_launch {
+    int by_torchrun, by_mpirun;
+    int rank, world;             /* this process in the job */
+    int local_rank, local_world; /* this process among those on this machine */
+} dg_launch;
+dg_launch dg_launch_info(void);
+/* The device a rank should use: `asked` when it is the CPU or names its index explicitly
+ * (explicit_index != 0), else GPU (local rank modulo the number of GPUs). */
+dg_device dg_launch_device(dg_device asked, int explicit_index);
+typedef enum dg_comm_pick {
+    DG_COMM_PICK_AUTO = 0, /* NCCL when ctx is CUDA, NCCL is built in and every local rank has a
+                              GPU of its own; else MPI */
+    DG_COMM_PICK_MPI = 1,
+    DG_COMM_PICK_NCCL = 2
+} dg_comm_pick;
+/* The world communicator for this launch (see dg_comm_pick). ctx: the rank's context (NULL or a
+ * CPU context means MPI). A torchrun launch that would need MPI is an error naming the fix. */
+dg_status dg_comm_init_launch(dg_ctx *ctx, dg_comm_pick pick, double timeout_s, dg_comm **out);
 /* Split into sub-groups: ranks with equal `color` form one, ordered by `key` (MPI_Comm_split).
  * Collective over c. */
 dg_status dg_comm_split(dg_comm *c, int color, int key, dg_comm **out);

@@ -10,9 +10,8 @@
  * both runs use the same cores. A time is the median over --reps of the slowest rank's
  * iteration. "comm" counts the seconds inside dg_comm_* calls, waiting for slower ranks
  * included: it is the price of the split, not only of the wire. --device cuda puts every rank
- * on a GPU (local rank modulo the devices) and uses NCCL when the torchrun variables are set,
- * else MPI with host staging (so the ranks may share one GPU); that path has not been run on a
- * GPU yet.
+ * on a GPU (local rank modulo the devices) and picks the communicator with dg_comm_init_launch:
+ * NCCL when every rank has a GPU of its own, else MPI with host staging (ranks sharing a GPU).
  */
 #include "deltagrad.h"
 #include "tools/bench_util.h"
@@ -168,8 +167,8 @@ static void usage(FILE *f) {
             "  --chunk BT     chunk size 16, 32 or 64 (default 64)\n"
             "  --dtype D      f32 or f64 on the CPU, f32 or bf16 on CUDA (default f32)\n"
             "  --device D     cpu (default) or cuda: every rank on cuda:(local rank %% devices);\n"
-            "                 over MPI (host-staged: ranks may share a GPU), or over NCCL when\n"
-            "                 RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT are set (torchrun style)\n"
+            "                 over NCCL when every rank has a GPU of its own (mpirun or\n"
+            "                 torchrun), else over MPI (host-staged: ranks may share a GPU)\n"
             "  --reps R       timed iterations, 1..100 (default 5), after --warmup W, 0..100\n"
             "                 (default 1)\n"
             "  --cores C      cores to share among the ranks, 1..4096 (default: all online)\n");
@@ -251,18 +250,12 @@ int dg_bench_cp(int argc, char **argv) {
     dg_comm *comm = NULL;
     int rank = 0, world = 1, rc = 1;
     if (cuda) { /* the local rank picks the device */
-        const char *lr = getenv("LOCAL_RANK");
-        if (!lr)
-            lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-        int dev = (lr ? atoi(lr) : 0) % dg_cuda_device_count();
-        if (dg_ctx_new(dg_cuda(dev), &ctx) != DG_OK) {
+        if (dg_ctx_new(dg_launch_device(dg_cuda(0), 0), &ctx) != DG_OK) {
             fprintf(stderr, "bench cp: %s\n", dg_last_error());
             return 1;
         }
     }
-    dg_status cs0 = cuda && getenv("RANK") && getenv("WORLD_SIZE") && dg_have_nccl()
-                        ? dg_comm_init_nccl(ctx, 0.0, &comm)
-                        : dg_comm_init_mpi(0.0, &comm);
+    dg_status cs0 = dg_comm_init_launch(ctx, DG_COMM_PICK_AUTO, 0.0, &comm);
     if (cs0 != DG_OK) {
         fprintf(stderr, "bench cp: %s\n", dg_last_error());
         dg_ctx_free(&ctx);

@@ -50,15 +50,6 @@ static const char *setup_threads(int threads, char *buf, size_t n) {
     return buf;
 }
 
-/* Started by mpirun / mpiexec (Open MPI, MPICH and PMI-based launchers set these)? */
-static int launched_by_mpirun(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", NULL};
-    for (int i = 0; vars[i]; i++)
-        if (getenv(vars[i]))
-            return 1;
-    return 0;
-}
-
 /* ---- flag parsing --------------------------------------------------------------------------- */
 
 /* Set by dg_cmd_*_check: parse and validate, print no help, run nothing. */
@@ -188,7 +179,12 @@ static void train_help(FILE *f) {
         "                       mpirun -np P deltagrad train --cp N ...; each group of N ranks\n"
         "                       splits its rows, packed end to end, into N slices (KCP), and the\n"
         "                       P / N groups share the batch (data parallelism); the run computes\n"
-        "                       what one process would. Under mpirun without --cp: --cp 1\n"
+        "                       what one process would. Under mpirun without --cp: --cp 1.\n"
+        "                       On GPUs: torchrun --nproc-per-node P --no-python deltagrad train\n"
+        "                       --cp N ... (NCCL), or mpirun as above; each rank takes GPU\n"
+        "                       (local rank mod GPUs)\n"
+        "  --comm C             auto | mpi | nccl: the communicator (default auto: NCCL when every\n"
+        "                       rank has a GPU of its own, else MPI, which lets ranks share a GPU)\n"
         "\n"
         "Batches and optimizer:\n"
         "  --batch B            rows per micro-batch (cpu 8, gpu 16, bench 16)\n"
@@ -370,6 +366,8 @@ int dg_cmd_train(int argc, char **argv) {
     dg_device dev = dg_cuda_device_count() > 0 ? dg_cuda(0) : dg_cpu();
     if (device_s && dg_device_parse(device_s, &dev) != DG_OK)
         return bad(cmd, "--device: '%s' is not cpu, cuda or cuda:N%s", device_s, "");
+    /* several ranks on one machine: each takes GPU (local rank mod GPUs) unless cuda:N is given */
+    dev = dg_launch_device(dev, device_s && strchr(device_s, ':') != NULL);
     if (dev.kind == DG_DEV_CUDA && !dg_have_cuda())
         return bad(cmd, "--device %s: this build has no CUDA support%s", device_s, "");
     if (dev.kind == DG_DEV_CUDA && dev.index >= dg_cuda_device_count())
@@ -387,6 +385,7 @@ int dg_cmd_train(int argc, char **argv) {
     cli_state cs = {isatty(STDOUT_FILENO), 10, 0, NAN, NULL};
     const char *run_flag_given = NULL;
     int threads = 0, profile = 0;
+    dg_comm_pick pick = DG_COMM_PICK_AUTO;
 
     /* pass 2: everything else */
     for (int i = 1; i < argc; i++) {
@@ -535,6 +534,15 @@ int dg_cmd_train(int argc, char **argv) {
             rc = parse_int(cmd, a, v, 0, 4096, &threads);
         } else if (!strcmp(a, "--cp")) {
             rc = parse_int(cmd, a, v, 1, 4096, &o.cp);
+        } else if (!strcmp(a, "--comm")) {
+            if (!strcmp(v, "auto"))
+                pick = DG_COMM_PICK_AUTO;
+            else if (!strcmp(v, "mpi"))
+                pick = DG_COMM_PICK_MPI;
+            else if (!strcmp(v, "nccl"))
+                pick = DG_COMM_PICK_NCCL;
+            else
+                return bad(cmd, "--comm: '%s' is not auto, mpi or nccl%s", v, "");
         } else {
             return bad(cmd, "unknown flag '%s'%s", a, "");
         }
@@ -568,11 +576,18 @@ int dg_cmd_train(int argc, char **argv) {
     }
     if (g_check_only)
         return 0;
-    /* several processes: --cp, or started by mpirun */
+    /* several processes: --cp, or started by mpirun / torchrun */
     dg_comm *comm = NULL;
-    if (o.cp > 1 || (launched_by_mpirun() && dg_have_mpi())) {
-        if (dg_comm_init_mpi(0.0, &comm) != DG_OK) {
-            fprintf(stderr, "deltagrad train: --cp / mpirun: %s\n", dg_last_error());
+    dg_ctx *comm_ctx = NULL; /* NCCL's context (the run makes its own; NCCL waits for both) */
+    const dg_launch launch = dg_launch_info();
+    if (o.cp > 1 || launch.world > 1 || (launch.by_mpirun && dg_have_mpi())) {
+        dg_status cs0 = dev.kind == DG_DEV_CUDA ? dg_ctx_new(dev, &comm_ctx) : DG_OK;
+        if (cs0 == DG_OK)
+            cs0 = dg_comm_init_launch(comm_ctx, pick, 0.0, &comm);
+        if (cs0 != DG_OK) {
+            fprintf(stderr, "deltagrad train: --cp / %s: %s\n",
+                    launch.by_torchrun ? "torchrun" : "mpirun", dg_last_error());
+            dg_ctx_free(&comm_ctx);
             return o.cp > 1 ? 2 : 1;
         }
         o.comm = comm;
@@ -613,6 +628,7 @@ int dg_cmd_train(int argc, char **argv) {
             fprintf(stderr, "deltagrad train: stopped with the other ranks: %s\n",
                     dg_last_error());
         dg_comm_free(&comm);
+        dg_ctx_free(&comm_ctx);
         dg_comm_finalize();
         return sig ? 128 + sig : 1;
     }
@@ -634,10 +650,12 @@ int dg_cmd_train(int argc, char **argv) {
             dg_comm_abort(comm, code);
         }
         dg_comm_free(&comm);
+        dg_ctx_free(&comm_ctx);
         dg_comm_finalize();
         return code;
     }
     dg_comm_free(&comm);
+    dg_ctx_free(&comm_ctx);
     dg_comm_finalize();
     return 0;
 }

@@ -158,8 +158,9 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
     NEED(o->cp >= 0, "--cp must be >= 1 (got %d)", o->cp);
     NEED(o->cp <= 1 || o->comm,
-         "--cp %d needs %d processes with MPI: launch with mpirun -np %d deltagrad train --cp %d",
-         o->cp, o->cp, o->cp, o->cp);
+         "--cp %d needs %d processes: launch with mpirun -np %d deltagrad train --cp %d (or "
+         "torchrun --nproc-per-node %d on GPUs)",
+         o->cp, o->cp, o->cp, o->cp, o->cp);
 #undef NEED
     return DG_OK;
 }
@@ -313,8 +314,8 @@ static dg_status setup_dist(run *r) {
     if (r->world < r->cp)
         return dg__err(DG_ERR_ARG,
                        "--cp %d needs %d processes, this job has %d: launch with mpirun -np %d "
-                       "deltagrad train --cp %d ...",
-                       r->cp, r->cp, r->world, r->cp, r->cp);
+                       "deltagrad train --cp %d ... (or torchrun --nproc-per-node %d on GPUs)",
+                       r->cp, r->cp, r->world, r->cp, r->cp, r->cp);
     if (r->world % r->cp)
         return dg__err(DG_ERR_ARG, "--cp %d must divide the number of processes (%d)", r->cp,
                        r->world);
@@ -817,9 +818,9 @@ static dg_status loop(run *r, dg_train_result *res) {
     header(r);
     if (r->world > 1)
         emitf(r, DG_EV_INFO,
-              "%d processes (MPI): %d data-parallel group%s of %d context-parallel rank%s; "
+              "%d processes (%s): %d data-parallel group%s of %d context-parallel rank%s; "
               "rank 0 holds tokens [%lld, %lld) of its group's %d rows packed end to end",
-              r->world, r->dp, r->dp > 1 ? "s" : "", r->cp, r->cp > 1 ? "s" : "",
+              r->world, dg_comm_kind(o->comm) == DG_COMM_NCCL ? "NCCL" : "MPI", r->dp, r->dp > 1 ? "s" : "", r->cp, r->cp > 1 ? "s" : "",
               (long long)(r->plan ? r->plan->begin : 0),
               (long long)(r->plan ? r->plan->end : (int64_t)o->batch / r->dp * o->seq_len),
               o->batch / r->dp);

@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* The world communicator (timeout from DG_COMM_TIMEOUT, default 60 s here), or exit 77 when the
  * build has no MPI. Ranks > 0 write their check lines to <suite>.rank<r>.log. */
@@ -37,18 +38,41 @@ static inline dg_comm *dt_init(int argc, char **argv, const char *suite) {
 }
 
 /* The context the suite runs in: the CPU, or in gpu mode CUDA device 0 (every rank shares it:
- * the MPI communicator stages CUDA tensors through host memory). Without a device every rank
- * ends the job as skipped. */
+ * the MPI communicator stages CUDA tensors through host memory). With DG_TEST_COMM=nccl in gpu
+ * mode, each rank takes a GPU of its own (local rank) and *c becomes an NCCL communicator over
+ * the same ranks (bootstrapped over MPI); skipped with fewer GPUs than ranks or without NCCL.
+ * Without a device every rank ends the job as skipped. */
 static inline dg_ctx *dt_ctx(dg_comm **c) {
     dg_ctx *ctx = NULL;
-    if (dg_test_gpu_mode() && dg_cuda_device_count() < 1) {
+    const char *want = getenv("DG_TEST_COMM");
+    const int nccl = dg_test_gpu_mode() && want && !strcmp(want, "nccl");
+    const char *skip = NULL;
+    if (dg_test_gpu_mode() && dg_cuda_device_count() < 1)
+        skip = "no CUDA device";
+    else if (nccl && !dg_have_nccl())
+        skip = "DG_TEST_COMM=nccl: this build has no NCCL";
+    else if (nccl && dg_cuda_device_count() < dg_comm_size(*c))
+        skip = "DG_TEST_COMM=nccl: fewer GPUs than ranks (NCCL needs one GPU per rank)";
+    if (skip) {
         dg_comm_free(c);
         dg_comm_finalize();
-        exit(dg_test_skip("no CUDA device"));
+        exit(dg_test_skip(skip));
     }
-    if (dg_ctx_new(dg_test_gpu_mode() ? dg_cuda(0) : dg_cpu(), &ctx) != DG_OK) {
+    dg_device dev = !dg_test_gpu_mode() ? dg_cpu() : nccl ? dg_cuda(dg_comm_rank(*c)) : dg_cuda(0);
+    if (dg_ctx_new(dev, &ctx) != DG_OK) {
         fprintf(stderr, "FATAL: dg_ctx_new: %s\n", dg_last_error());
         exit(1);
+    }
+    if (nccl) {
+        dg_comm *n = NULL;
+        if (dg_comm_init_launch(ctx, DG_COMM_PICK_NCCL, dg_comm_timeout(*c), &n) != DG_OK) {
+            fprintf(stderr, "FATAL: dg_comm_init_launch (NCCL): %s\n", dg_last_error());
+            exit(1);
+        }
+        dg_comm_free(c);
+        *c = n;
+        printf("communicator: NCCL, rank %d on %s\n", dg_comm_rank(n),
+               dg_device_str(dg_ctx_device(ctx)));
     }
     return ctx;
 }

@@ -9,8 +9,10 @@
 # over 8 optimizer steps, and is far below a real error (a lost carried state moves the loss by
 # ~1e-2 at the first step).
 #
-# A 4th argument `cuda` runs the two-process comparisons on CUDA (f32; both processes share
-# device 0 through the MPI backend's host staging), exit 77 without a device.
+# A 4th argument `cuda` runs the two-process comparisons on CUDA (f32), exit 77 without a device.
+# With one GPU both processes share it through the MPI backend's host staging; with two or more,
+# mpirun gives each rank its own GPU and the NCCL backend, and a torchrun-style launch (RANK,
+# WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the NCCL id over TCP) is compared too.
 set -u
 mpirun=$1 dg=$2 work=$3 device=${4:-cpu}
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
@@ -23,7 +25,7 @@ fi
 fail=0
 run1() { "$dg" train "${args[@]}" "$@" >/dev/null 2>err.txt || { cat err.txt; echo "NOT OK: $dg train $*"; fail=1; }; }
 runN() { local np=$1; shift
-         "$mpirun" --oversubscribe -np "$np" "$dg" train "${args[@]}" "$@" >/dev/null 2>err.txt ||
+         "$mpirun" --oversubscribe -np "$np" "$dg" train "${args[@]}" "$@" >last.out 2>err.txt ||
              { cat err.txt; echo "NOT OK: mpirun -np $np deltagrad train $*"; fail=1; }; }
 # compare NAME REF.csv GOT.csv: train_loss (column 2) of every step, and val_loss (column 3)
 compare() {
@@ -43,6 +45,21 @@ if [ "$device" = cuda ]; then # the rest repeats device-independent logic
     "$dg" train --out a --resume --no-plot --threads 1 --device cuda --dtype f32 >/dev/null \
         2>err.txt || { cat err.txt; fail=1; }
     compare "--cp 2 to step 4, resumed by one process" one/log.csv a/log.csv
+    ngpu=$("$dg" version | sed -n 's/.*CUDA devices: \([0-9]*\).*/\1/p')
+    if [ "${ngpu:-0}" -ge 2 ]; then
+        port=$((29500 + RANDOM % 2000))
+        for r in 0 1; do
+            RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+                MASTER_PORT=$port "$dg" train "${args[@]}" --cp 2 --out tr >"tr$r.out" 2>&1 &
+            pids[$r]=$!
+        done
+        for r in 0 1; do wait "${pids[$r]}" || { cat "tr$r.out"; echo "NOT OK: rank $r"; fail=1; }; done
+        if grep -q "2 processes (NCCL)" tr0.out; then echo "OK     torchrun-style launch uses NCCL"
+        else echo "NOT OK torchrun-style launch: no '2 processes (NCCL)' line"; fail=1; fi
+        compare "--cp 2 torchrun-style (NCCL) vs one process" one/log.csv tr/log.csv
+        if grep -q "2 processes (NCCL)" last.out; then echo "OK     mpirun with 2 GPUs uses NCCL"
+        else echo "NOT OK mpirun with 2 GPUs: no '2 processes (NCCL)' line"; fail=1; fi
+    fi
     exit $fail
 fi
 runN 4 --cp 4 --out cp4
