@@ -37,7 +37,8 @@ typedef struct nccl_impl {
     ncclComm_t comm;
     cudaStream_t stream;
     int device;
-    float *one; /* a device float for the barrier */
+    float *one;  /* a device float for the barrier */
+    dg_ctx *own; /* the communicator's own context on the caller's device (its stream) */
 } nccl_impl;
 
 static nccl_impl *impl(dg_comm *c) { return (nccl_impl *)c->impl; }
@@ -156,6 +157,7 @@ static void nccl_destroy(dg_comm *c) {
     }
     if (m->one)
         cudaFree(m->one);
+    dg_ctx_free(&m->own);
     DG_FREE(m);
     c->impl = NULL;
 }
@@ -173,7 +175,8 @@ static dg_status nccl_split(dg_comm *c, int color, int key, dg_comm **out);
 static const dg__comm_ops g_nccl_ops = {nccl_all_gather, nccl_all_reduce, nccl_shift, nccl_barrier,
                                         nccl_split,      nccl_destroy,    nccl_abort};
 
-/* A communicator object around an initialised NCCL comm. */
+/* A communicator object around an initialised NCCL comm. It makes its own context on ctx's
+ * device, so it does not depend on the caller's context staying alive. */
 static dg_status nccl_wrap(dg_ctx *ctx, ncclComm_t nc, int rank, int size, double timeout,
                            dg_comm **out) {
     dg_comm *c = NULL;
@@ -185,13 +188,18 @@ static dg_status nccl_wrap(dg_ctx *ctx, ncclComm_t nc, int rank, int size, doubl
         return dg__err(DG_ERR_NOMEM, "dg_comm_init_nccl: out of host memory");
     }
     m->comm = nc;
-    m->stream = (cudaStream_t)ctx->stream;
-    m->device = dg_ctx_device(ctx).index;
     c->impl = m;
     c->rank = rank;
     c->size = size;
     c->on_device = 1;
-    c->ctx = ctx;
+    dg_status st = dg_ctx_new(dg_ctx_device(ctx), &m->own);
+    if (st != DG_OK) {
+        dg_comm_free(&c);
+        return st;
+    }
+    m->stream = (cudaStream_t)m->own->stream;
+    m->device = dg_ctx_device(ctx).index;
+    c->ctx = m->own;
     cudaError_t e = cudaMalloc((void **)&m->one, sizeof(float));
     if (e == cudaSuccess)
         e = cudaMemset(m->one, 0, sizeof(float));
@@ -203,20 +211,75 @@ static dg_status nccl_wrap(dg_ctx *ctx, ncclComm_t nc, int rank, int size, doubl
     return DG_OK;
 }
 
-static dg_status nccl_split(dg_comm *c, int color, int key, dg_comm **out) {
+/* A new NCCL communicator from an id and a rank, created non-blocking and waited for with the
+ * timeout. */
+static dg_status nccl_init_rank(dg_comm *probe, const char *op, const ncclUniqueId *id, int rank,
+                                int size, ncclComm_t *out) {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t nc = NULL;
-    ncclResult_t r = ncclCommSplit(impl(c)->comm, color, key, &nc, &cfg);
-    DG_TRY(nccl_settle(c, "dg_comm_split", impl(c)->comm, r, dg__comm_now()));
-    if (nc) {
-        ncclResult_t s = ncclInProgress;
-        ncclCommGetAsyncError(nc, &s);
-        DG_TRY(nccl_settle(c, "dg_comm_split", nc, s, dg__comm_now()));
+    ncclResult_t r = ncclCommInitRankConfig(&nc, size, *id, rank, &cfg);
+    if (r != ncclSuccess && r != ncclInProgress)
+        return nccl_fail(probe, op, r);
+    if (r == ncclInProgress)
+        ncclCommGetAsyncError(nc, &r);
+    DG_TRY(nccl_settle(probe, op, nc, r, dg__comm_now()));
+    *out = nc;
+    return DG_OK;
+}
+
+/* Split without ncclCommSplit: every rank's (color, key) over the parent, then each group's first
+ * rank makes an NCCL id and a second all_gather hands it to the group; the new communicators are
+ * created like the world one (non-blocking, with the timeout). The parent's calls stage the small
+ * host arrays through the device. */
+#define ID_WORDS ((int64_t)((sizeof(ncclUniqueId) + 3) / 4))
+static dg_status nccl_split(dg_comm *c, int color, int key, dg_comm **out) {
+    const int P = c->size;
+    dg_tensor *mine = NULL, *all = NULL;
+    if (!c->host)
+        DG_TRY(dg_ctx_new(dg_cpu(), &c->host));
+    const int64_t w = 2 + ID_WORDS;
+    dg_status st = dg_tensor_zeros(c->host, DG_I32, 1, (int64_t[]){w}, &mine);
+    if (st == DG_OK)
+        st = dg_tensor_new(c->host, DG_I32, 2, (int64_t[]){P, w}, &all);
+    int32_t *me = st == DG_OK ? (int32_t *)dg_tensor_data(mine) : NULL;
+    const int32_t *a = st == DG_OK ? (const int32_t *)dg_tensor_data(all) : NULL;
+    if (st == DG_OK) {
+        me[0] = color;
+        me[1] = key;
+        st = dg_comm_all_gather(c, mine, all);
     }
-    int rank = 0, size = 0;
-    ncclCommUserRank(nc, &rank);
-    ncclCommCount(nc, &size);
+    /* my rank in the group: ranks of my colour ordered by (key, parent rank) */
+    int rank = 0, size = 0, leader = -1;
+    for (int p = 0; st == DG_OK && p < P; p++) {
+        if (a[p * w] != color)
+            continue;
+        const int before = a[p * w + 1] < key || (a[p * w + 1] == key && p < c->rank);
+        rank += before;
+        size++;
+        if (leader < 0 || a[p * w + 1] < a[leader * w + 1])
+            leader = p;
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (st == DG_OK && leader == c->rank && ncclGetUniqueId(&id) != ncclSuccess)
+        st = dg__err(DG_ERR_NCCL, "dg_comm_split: ncclGetUniqueId failed");
+    if (st == DG_OK) {
+        memcpy(me + 2, &id, sizeof id);
+        st = dg_comm_all_gather(c, mine, all);
+    }
+    if (st == DG_OK)
+        memcpy(&id, a + leader * w + 2, sizeof id);
+    dg_tensor_free(&mine);
+    dg_tensor_free(&all);
+    DG_TRY(st);
+    dg_comm probe; /* messages name the new rank and size */
+    memset(&probe, 0, sizeof probe);
+    probe.rank = rank;
+    probe.size = size;
+    probe.timeout = c->timeout;
+    ncclComm_t nc = NULL;
+    DG_TRY(nccl_init_rank(&probe, "dg_comm_split", &id, rank, size, &nc));
     return nccl_wrap(c->ctx, nc, rank, size, c->timeout, out);
 }
 
@@ -280,20 +343,13 @@ dg_status dg_comm_init_nccl(dg_ctx *ctx, double timeout_s, dg_comm **out) {
     if (ce != cudaSuccess)
         return dg__err(DG_ERR_CUDA, OPI ": cudaSetDevice(%d): %s", dg_ctx_device(ctx).index,
                        cudaGetErrorString(ce));
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
-    ncclComm_t nc = NULL;
-    ncclResult_t r = ncclCommInitRankConfig(&nc, size, id, rank, &cfg);
     dg_comm probe; /* for the messages while there is no communicator yet */
     memset(&probe, 0, sizeof probe);
     probe.rank = rank;
     probe.size = size;
     probe.timeout = timeout;
-    if (r != ncclSuccess && r != ncclInProgress)
-        return nccl_fail(&probe, OPI, r);
-    if (r == ncclInProgress)
-        ncclCommGetAsyncError(nc, &r);
-    DG_TRY(nccl_settle(&probe, OPI, nc, r, dg__comm_now()));
+    ncclComm_t nc = NULL;
+    DG_TRY(nccl_init_rank(&probe, OPI, &id, rank, size, &nc));
     return nccl_wrap(ctx, nc, rank, size, timeout, out);
 }
 #endif

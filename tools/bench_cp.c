@@ -171,18 +171,26 @@ static void usage(FILE *f) {
             "                 torchrun), else over MPI (host-staged: ranks may share a GPU)\n"
             "  --reps R       timed iterations, 1..100 (default 5), after --warmup W, 0..100\n"
             "                 (default 1)\n"
-            "  --cores C      cores to share among the ranks, 1..4096 (default: all online)\n");
+            "  --cores C      cores to share among the ranks, 1..4096 (default: all online)\n"
+            "  --profile      then one more split fwd+bwd with every tape node timed, each\n"
+            "                 rank's table printed in rank order (the device is synchronised at\n"
+            "                 every node, and the wait for other ranks shows in the node that\n"
+            "                 communicates)\n");
 }
 
 int dg_bench_cp(int argc, char **argv) {
     bshape s = {8192, 2, 64, 64, 64, 5, 1, DG_F32};
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int cuda = 0;
+    int cuda = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--profile")) {
+            profile = 1;
+            continue;
         }
         if (i + 1 >= argc) {
             fprintf(stderr, "bench cp: %s needs a value\n", a);
@@ -341,6 +349,24 @@ int dg_bench_cp(int argc, char **argv) {
         printf("  (medians of %d iterations; KCP sends two all_gathers of HV*K*(K+V) values per "
                "rank and iteration)\n",
                s.reps);
+    }
+    if (profile) {
+        dg_profile_reset();
+        dg_profile_enable(1);
+        TRY(dg_comm_barrier(comm));
+        dg_profile_mark(ctx);
+        TRY(fwd_bwd(ctx, comm, plan, &s, &part));
+        dg_profile_enable(0);
+        for (int r = 0; r < world; r++) { /* in rank order */
+            TRY(dg_comm_barrier(comm));
+            if (r == rank) {
+                printf("rank %d: per-node time of one split fwd+bwd (tokens [%lld, %lld)):\n", rank,
+                       (long long)plan->begin, (long long)plan->end);
+                dg_profile_dump(stdout);
+                fflush(stdout);
+            }
+        }
+        TRY(dg_comm_barrier(comm));
     }
     rc = 0;
 fail:

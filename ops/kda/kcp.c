@@ -607,6 +607,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     }
     if (st == DG_OK)
         st = to_dev(ctx, h0mh, &h0m);
+    dg__profile_forward(ctx, "kda_cp_merge"); /* summary, all_gather, merge: timed apart */
     if (st == DG_OK && h0 && dg__needs_grad(1, &h0)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_cp_init", DG_POLICY_CACHE, init_backward, ctx, &n);
