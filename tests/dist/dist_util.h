@@ -42,10 +42,15 @@ static inline dg_comm *dt_init(int argc, char **argv, const char *suite) {
  * mode, each rank takes a GPU of its own (local rank) and *c becomes an NCCL communicator over
  * the same ranks (bootstrapped over MPI); skipped with fewer GPUs than ranks or without NCCL.
  * Without a device every rank ends the job as skipped. */
+/* gpu mode with DG_TEST_COMM=nccl: the suite runs over the NCCL backend */
+static inline int dt_nccl(void) {
+    const char *want = getenv("DG_TEST_COMM");
+    return dg_test_gpu_mode() && want && !strcmp(want, "nccl");
+}
+
 static inline dg_ctx *dt_ctx(dg_comm **c) {
     dg_ctx *ctx = NULL;
-    const char *want = getenv("DG_TEST_COMM");
-    const int nccl = dg_test_gpu_mode() && want && !strcmp(want, "nccl");
+    const int nccl = dt_nccl();
     const char *skip = NULL;
     if (dg_test_gpu_mode() && dg_cuda_device_count() < 1)
         skip = "no CUDA device";
