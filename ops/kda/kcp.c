@@ -165,24 +165,30 @@ static dg_status KF(kcp_merge)(int HV, int K, int V, const KT *ag, const int *or
                                KT *out) {
     const int C = V + K;
     const int64_t per = (int64_t)HV * K * C;
-    KT *row = (KT *)DG_MALLOC(sizeof(KT) * (size_t)K * V); /* x_new, then copied into out */
-    if (!row)
+    KT *rows = (KT *)DG_MALLOC(sizeof(KT) * (size_t)HV * K * V); /* x_new per head */
+    if (!rows)
         return dg__err(DG_ERR_NOMEM, "kcp_merge: no memory");
     memset(out, 0, sizeof(KT) * (size_t)HV * K * V);
-    for (int s = 0; s < n; s++)
+    for (int s = 0; s < n; s++) {
+#pragma omp parallel for schedule(static) if (HV * (int64_t)K * K * V > 1 << 20)
         for (int hv = 0; hv < HV; hv++) {
             const KT *sm = ag + order[s] * per + (int64_t)hv * K * C;
-            KT *x = out + (int64_t)hv * K * V;
-            for (int a = 0; a < K; a++)
-                for (int b = 0; b < V; b++) {
-                    KT acc = sm[a * C + b];
-                    for (int c = 0; c < K; c++)
-                        acc += sm[a * C + V + c] * x[c * V + b];
-                    row[a * V + b] = acc;
+            KT *x = out + (int64_t)hv * K * V, *row = rows + (int64_t)hv * K * V;
+            for (int a = 0; a < K; a++) { /* row a of Sh + SM x, x walked row by row */
+                KT *r = row + (int64_t)a * V;
+                for (int b = 0; b < V; b++)
+                    r[b] = sm[a * C + b];
+                for (int c = 0; c < K; c++) {
+                    const KT m = sm[a * C + V + c];
+                    const KT *xc = x + (int64_t)c * V;
+                    for (int b = 0; b < V; b++)
+                        r[b] += m * xc[b];
                 }
+            }
             memcpy(x, row, sizeof(KT) * (size_t)K * V);
         }
-    DG_FREE(row);
+    }
+    DG_FREE(rows);
     return DG_OK;
 }
 
@@ -584,8 +590,10 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
                               dg_tensor_data(hm));
         }
     }
+    dg__profile_forward(ctx, "kda_cp_summary"); /* the CP phases are timed apart */
     if (st == DG_OK)
         st = dg_comm_all_gather(comm, hm, ag);
+    dg__profile_forward(ctx, "kda_cp_all_gather");
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, cfg.dt, 4, sl, &h0mh);
     for (int i = 0; i < NL && st == DG_OK && p[4]; i++)
@@ -607,7 +615,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     }
     if (st == DG_OK)
         st = to_dev(ctx, h0mh, &h0m);
-    dg__profile_forward(ctx, "kda_cp_merge"); /* summary, all_gather, merge: timed apart */
+    dg__profile_forward(ctx, "kda_cp_merge");
     if (st == DG_OK && h0 && dg__needs_grad(1, &h0)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_cp_init", DG_POLICY_CACHE, init_backward, ctx, &n);
