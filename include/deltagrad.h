@@ -569,7 +569,9 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
                             dg_tensor **o, dg_tensor **ht);
 /* Stage nodes of the chunked form (CPU only). Gi, Ge = the chunk-local inclusive and exclusive
  * cumulative sums of gk [B,T,H,K] (chunk size and cu_seqlens from opts; other fields ignored).
- * Op kind for dg_policy_set: "dplr_gate_cumsum" (linear: the node keeps nothing). */
+ * gk is floored at -128 first (exp(-128) ~ 2.6e-56: a decay of zero, gk = -inf, then gives the
+ * recurrence's result instead of NaN; the gradient of a floored entry is 0).
+ * Op kind for dg_policy_set: "dplr_gate_cumsum" (keeps only gk itself). */
 dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts,
                               dg_tensor **Gi, dg_tensor **Ge);
 

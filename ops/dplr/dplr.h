@@ -29,10 +29,13 @@
                                        const KT *v, const KT *a, const KT *b, const KT *gk,        \
                                        const KT *h0, const KT *dO, const KT *dht, KT *dq, KT *dk,  \
                                        KT *dv, KT *da, KT *db, KT *dgk, KT *dh0);                  \
-    /* §4: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]. */          \
+    /* §4: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
+     * at -128 (a decay of exp(-128) ~ 0, see gate_cumsum.c). */                                   \
     void dplr_cumsum_fwd_##SFX(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge);                   \
-    /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk; dGi, dGe optional (zero). */          \
-    void dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *dGi, const KT *dGe, KT *dgk);
+    /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk (0 where gk is below the floor);       \
+     * dGi, dGe optional (zero). */                                                                \
+    void dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,      \
+                               KT *dgk);
 
 DPLR_DECLARE_RAW(double, f64)
 DPLR_DECLARE_RAW(float, f32)
