@@ -567,6 +567,16 @@ typedef struct dg_dplr_opts {
 dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
                             dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
                             dg_tensor **o, dg_tensor **ht);
+/* The chunked form of the same recurrence (spec DPLR.md §4), same arguments and outputs as
+ * dg_dplr_recurrent: a chain of the stage nodes below (gate_cumsum, intra, wy, state, output),
+ * chunks of opts->chunk_size tokens from each sequence's start (the last one may be partial).
+ * What the state and output stages keep for backward follows the policies of "dplr_wy" and
+ * "dplr_state" (dg_policy_set; default RECOMPUTE: w, u, qg, kg, bg, h, v2 are rebuilt in
+ * backward from the kept intra matrices and h0; CACHE keeps them). Both give the same
+ * gradients. CPU only (f64, or f32 computed in f32). */
+dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                        dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
+                        dg_tensor **o, dg_tensor **ht);
 
 /* ---- DPLR stage nodes (the chunked algorithm, one tape node each; see ops/dplr/) ----
  * CPU only; every tensor has one dtype (f64, or f32 computed in f32). `opts` supplies
