@@ -567,11 +567,58 @@ typedef struct dg_dplr_opts {
 dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
                             dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
                             dg_tensor **o, dg_tensor **ht);
-/* Stage nodes of the chunked form (CPU only). Gi, Ge = the chunk-local inclusive and exclusive
- * cumulative sums of gk [B,T,H,K] (chunk size and cu_seqlens from opts; other fields ignored).
- * Op kind for dg_policy_set: "dplr_gate_cumsum" (linear: the node keeps nothing). */
+/* The chunked form of the same recurrence (spec DPLR.md §4), same arguments and outputs as
+ * dg_dplr_recurrent: a chain of the stage nodes below (gate_cumsum, intra, wy, state, output),
+ * chunks of opts->chunk_size tokens from each sequence's start (the last one may be partial).
+ * What the state and output stages keep for backward follows the policies of "dplr_wy" and
+ * "dplr_state" (dg_policy_set; default RECOMPUTE: w, u, qg, kg, bg, h, v2 are rebuilt in
+ * backward from the kept intra matrices and h0; CACHE keeps them). Both give the same
+ * gradients. CPU only (f64, or f32 computed in f32). */
+dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                        dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
+                        dg_tensor **o, dg_tensor **ht);
+
+/* ---- DPLR stage nodes (the chunked algorithm, one tape node each; see ops/dplr/) ----
+ * CPU only; every tensor has one dtype (f64, or f32 computed in f32). `opts` supplies
+ * chunk_size, scale and cu_seqlens exactly as for dg_dplr_chunk (other fields are ignored).
+ * Per-chunk matrices [B,T,H,BT]: token row t holds row (t - chunk start) of its chunk's matrix;
+ * h: [B,NT,H,K,V] (varlen: [1,NC,H,K,V], NC = total chunks over all sequences), the state at the
+ * START of each chunk. Op kinds for dg_policy_set: "dplr_gate_cumsum" (keeps only gk itself),
+ * "dplr_intra" (Aqk, Aqb, Aak, Tab are always kept), "dplr_wy" and "dplr_state"
+ * (default RECOMPUTE, see dg_dplr_chunk), "dplr_output", "dplr_recurrent". */
+
+/* Gi, Ge = the chunk-local inclusive and exclusive cumulative sums of gk [B,T,H,K]. gk is floored
+ * at -128 first (exp(-128) ~ 2.6e-56: a decay of zero, gk = -inf, then gives the recurrence's
+ * result instead of NaN; the gradient of a floored entry is 0). */
 dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts,
                               dg_tensor **Gi, dg_tensor **Ge);
+/* The four intra-chunk matrices and the WY solve, per chunk:
+ *   Aqk = scale (q_i . k_j exp(Gi_i - Gi_j))_{j<=i}   Aqb = the same with b_j in place of k_j
+ *   Aak = (a_i . k_j exp(Ge_i - Gi_j))_{j<i}          Tab = (I - Aab)^{-1}, Aab likewise with b
+ * q, k, a, b, Gi, Ge: [B,T,H,K]; Aqk, Aqb, Aak, Tab: [B,T,H,BT] (zero outside the triangle that
+ * is read; Tab is unit lower triangular). */
+dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, dg_tensor *b,
+                        dg_tensor *Gi, dg_tensor *Ge, const dg_dplr_opts *opts, dg_tensor **Aqk,
+                        dg_tensor **Aqb, dg_tensor **Aak, dg_tensor **Tab);
+/* WY: w = Tab (a exp(Ge)), u = Tab Aak v, qg = scale q exp(Gi), kg = k exp(lam - Gi),
+ * bg = b exp(lam - Gi) with lam = Gi at the chunk's last row. q, k, a, b, Gi, Ge: [B,T,H,K];
+ * v: [B,T,H,V]; Aak, Tab: [B,T,H,BT] (read for j < i and j <= i). w, qg, kg, bg: [B,T,H,K];
+ * u: [B,T,H,V]. */
+dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                     dg_tensor *b, dg_tensor *Gi, dg_tensor *Ge, dg_tensor *Aak, dg_tensor *Tab,
+                     const dg_dplr_opts *opts, dg_tensor **w, dg_tensor **u, dg_tensor **qg,
+                     dg_tensor **kg, dg_tensor **bg);
+/* State pass, sequential over the chunks of each sequence: h_c (state at chunk start),
+ * v2_c = w_c h_c + u_c, h_{c+1} = Diag(exp(lam_c)) h_c + kg_c^T v_c + bg_c^T v2_c.
+ * w, kg, bg, Gi: [B,T,H,K]; u, v: [B,T,H,V]; h0: [N,H,K,V] or NULL (zero). h: [B,NT,H,K,V];
+ * v2: [B,T,H,V]; ht: [N,H,K,V] (pass NULL to skip it). */
+dg_status dg_dplr_state(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
+                        dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
+                        dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
+/* Output: o_c = qg_c h_c + Aqk_c v_c + Aqb_c v2_c (Aqk, Aqb read for j <= i; the scale is inside
+ * qg, Aqk and Aqb). qg: [B,T,H,K]; h: [B,NT,H,K,V]; Aqk, Aqb: [B,T,H,BT]; v, v2, o: [B,T,H,V]. */
+dg_status dg_dplr_output(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
+                         dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg_tensor **o);
 
 /* =============================================================================================
  * Distributed: communicators (dist/) and context parallelism (KCP) for KDA and the short conv

@@ -29,10 +29,57 @@
                                        const KT *v, const KT *a, const KT *b, const KT *gk,        \
                                        const KT *h0, const KT *dO, const KT *dht, KT *dq, KT *dk,  \
                                        KT *dv, KT *da, KT *db, KT *dgk, KT *dh0);                  \
-    /* §4: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]. */          \
+    /* §4: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
+     * at -128 (a decay of exp(-128) ~ 0, see gate_cumsum.c). */                                   \
     void dplr_cumsum_fwd_##SFX(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge);                   \
-    /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk; dGi, dGe optional (zero). */          \
-    void dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *dGi, const KT *dGe, KT *dgk);
+    /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk (0 where gk is below the floor);       \
+     * dGi, dGe optional (zero). */                                                                \
+    void dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,      \
+                               KT *dgk);                                                           \
+    /* §4 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all           \
+     * [TT,H,BT]; entries outside the read triangle are written as zero (Tab: 1 on the             \
+     * diagonal). Exponents Gi_i - Gi_j (j <= i) and Ge_i - Gi_j (j < i) are never positive. */    \
+    dg_status dplr_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,          \
+                                   const KT *a, const KT *b, const KT *Gi, const KT *Ge, KT *Aqk,  \
+                                   KT *Aqb, KT *Aak, KT *Tab);                                     \
+    /* §5 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward    \
+     * writes are read, dTab strictly below the diagonal): dq, dk, da, db, dGi, dGe [TT,H,K]. */   \
+    dg_status dplr_intra_bwd_##SFX(                                                                \
+        const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a, const KT *b,           \
+        const KT *Gi, const KT *Ge, const KT *Tab, const KT *dAqk, const KT *dAqb, const KT *dAak, \
+        const KT *dTab, KT *dq, KT *dk, KT *da, KT *db, KT *dGi, KT *dGe);                         \
+    /* §4 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                    \
+     * kg = k exp(lam - Gi), bg = b exp(lam - Gi), lam = Gi at the chunk's last row. Any           \
+     * output may be NULL (skipped). */                                                            \
+    dg_status dplr_wy_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,             \
+                                const KT *v, const KT *a, const KT *b, const KT *Gi, const KT *Ge, \
+                                const KT *Aak, const KT *Tab, KT *w, KT *u, KT *qg, KT *kg,        \
+                                KT *bg);                                                           \
+    /* Backward of dplr_wy_fwd; dw, du, dqg, dkg, dbg each optional. dAak, dTab [TT,H,BT]. */      \
+    dg_status dplr_wy_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,             \
+                                const KT *v, const KT *a, const KT *b, const KT *Gi, const KT *Ge, \
+                                const KT *Aak, const KT *Tab, const KT *dw, const KT *du,          \
+                                const KT *dqg, const KT *dkg, const KT *dbg, KT *dq, KT *dk,       \
+                                KT *dv, KT *da, KT *db, KT *dGi, KT *dGe, KT *dAak, KT *dTab);     \
+    /* §4 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,  \
+     * v2 = w h + u, h <- Diag(exp(lam)) h + kg^T v + bg^T v2. h0 NULL = zero; ht optional. */     \
+    dg_status dplr_state_fwd_##SFX(const kda_dims *d, const KT *w, const KT *u, const KT *kg,      \
+                                   const KT *bg, const KT *v, const KT *Gi, const KT *h0, KT *h,   \
+                                   KT *v2, KT *ht);                                                \
+    /* §5 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0        \
+     * optional. dGi is non-zero only at the last row of each chunk (the gradient of lam). */      \
+    dg_status dplr_state_bwd_##SFX(const kda_dims *d, const KT *w, const KT *kg, const KT *bg,     \
+                                   const KT *v, const KT *Gi, const KT *h, const KT *v2,           \
+                                   const KT *dh, const KT *dv2, const KT *dht, KT *dw, KT *du,     \
+                                   KT *dkg, KT *dbg, KT *dv, KT *dGi, KT *dh0);                    \
+    /* §4 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                        \
+    void dplr_output_fwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,        \
+                               const KT *Aqb, const KT *v, const KT *v2, KT *o);                   \
+    /* §5 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),          \
+     * dv = Aqk^T dO, dv2 = Aqb^T dO. */                                                           \
+    void dplr_output_bwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,        \
+                               const KT *Aqb, const KT *v, const KT *v2, const KT *dO, KT *dqg,    \
+                               KT *dh, KT *dAqk, KT *dAqb, KT *dv, KT *dv2);
 
 DPLR_DECLARE_RAW(double, f64)
 DPLR_DECLARE_RAW(float, f32)
@@ -50,5 +97,58 @@ dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor
  * the caller. */
 dg_status dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B, int64_t T,
                         int H, int K, int V, dg_dtype dt, kda_cfg *cfg);
+
+/* ---- node parameters and the recompute context ------------------------------------------
+ * Params block of the DPLR nodes: the cfg (tables copied behind it), an optional recompute
+ * context and a few node-specific flags. */
+typedef struct dplr_rc dplr_rc;
+typedef struct dplr_np {
+    kda_cfg cfg;
+    dplr_rc *rc;
+    int flags;
+    int64_t tab[]; /* cfg.tab points here */
+} dplr_np;
+/* Allocate the params of n from cfg (tables copied); a non-NULL rc is retained and released
+ * with the node. */
+dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dplr_rc *rc);
+
+/* The recompute context (dplr_rc.c), shared by the state and output nodes of one dg_dplr_chunk
+ * call and used alone by dg_dplr_state / dg_dplr_output: either the cached tensors w, u, qg, kg,
+ * bg, h, v2, or the inputs needed to rebuild them in backward (q, k, v, a, b, Gi, Ge, Aak, Tab,
+ * h0), as ops/kda/kda_rc.c does for KDA. A tensor recomputed in backward is kept until
+ * dplr_rc_drop_recomputed(). */
+typedef enum {
+    DPLR_W = 0,
+    DPLR_U,
+    DPLR_QG,
+    DPLR_KG,
+    DPLR_BG,
+    DPLR_H,
+    DPLR_V2,
+    DPLR_RC_NSLOT
+} dplr_rc_slot;
+
+dg_status dplr_rc_new(const kda_cfg *cfg, dplr_rc **out);
+dplr_rc *dplr_rc_retain(dplr_rc *rc);
+void dplr_rc_release(dplr_rc **rc);
+/* Inputs of the recomputation (retained; any may be NULL when not needed). */
+void dplr_rc_set_inputs(dplr_rc *rc, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                        dg_tensor *b, dg_tensor *Gi, dg_tensor *Ge, dg_tensor *Aak, dg_tensor *Tab,
+                        dg_tensor *h0);
+/* Keep t (retained) as slot s. */
+void dplr_rc_cache(dplr_rc *rc, dplr_rc_slot s, dg_tensor *t);
+/* Borrowed pointer to slot s, recomputed on first use. */
+dg_status dplr_rc_get(dplr_rc *rc, dg_ctx *ctx, dplr_rc_slot s, dg_tensor **out);
+/* Add every tensor the context holds to n's saved list (so dg_tape_bytes counts them). */
+dg_status dplr_rc_save_all(dplr_rc *rc, dg_node *n);
+void dplr_rc_drop_recomputed(dplr_rc *rc);
+
+/* ---- internal entry points used by the composite (the public ones pass rc = NULL) ---- */
+dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
+                        dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
+                        dplr_rc *rc, dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
+dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
+                         dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dplr_rc *rc,
+                         dg_tensor **o);
 
 #endif /* DG_OPS_DPLR_H */

@@ -1,6 +1,7 @@
 /*
  * ops/dplr/dplr_common.c -- option resolution and argument checks shared by the DPLR entry
- * points. The sequence/chunk tables are KDA's (kda_cfg_init), with DPLR's default chunk size 16.
+ * points, and the params block of a DPLR tape node. The sequence/chunk tables are KDA's
+ * (kda_cfg_init), with DPLR's default chunk size 16.
  */
 #include "dplr.h"
 
@@ -55,4 +56,25 @@ dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor
     if (st != DG_OK)
         kda_cfg_free(cfg);
     return st;
+}
+
+static void np_free(void *params) {
+    dplr_np *np = (dplr_np *)params;
+    dplr_rc_release(&np->rc);
+}
+
+dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dplr_rc *rc) {
+    const size_t ntab = 2 * ((size_t)cfg->d.N + 1);
+    dplr_np *np = (dplr_np *)dg__node_params(n, sizeof(dplr_np) + ntab * sizeof(int64_t));
+    if (!np)
+        return NULL;
+    np->cfg = *cfg;
+    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
+    np->cfg.tab = np->tab;
+    np->cfg.d.cu = np->tab;
+    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
+    np->cfg.dev = NULL; /* CPU only */
+    np->rc = rc ? dplr_rc_retain(rc) : NULL;
+    n->params_free = np_free;
+    return np;
 }

@@ -3,7 +3,15 @@
  * spec §4 as one tape node. Per chunk, per head and key channel:
  *   Gi_i = sum_{r<=i} gk_r (inclusive),  Ge_i = Gi_i - gk_i = sum_{r<i} gk_r (exclusive)
  * Backward (linear): dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r within the chunk. The node keeps
- * nothing (CACHE and RECOMPUTE are the same). CPU only (f64, or f32 computed in f32).
+ * a reference to gk (for the floor below) under either policy. CPU only (f64, or f32 computed in
+ * f32).
+ *
+ * Decay of (nearly) zero: gk is floored at DPLR_G_FLOOR (-128) before the cumsum, as KDA's gate
+ * does (ops/kda/gate_cumsum.c). A step with gk = -inf wipes the decayed part of the state in the
+ * recurrence; in the chunked form the differences Gi_i - Gi_j after that step would be
+ * -inf - (-inf) = NaN. exp(-128) ~ 2.6e-56 is far below f64 resolution relative to the state (0 in
+ * f32), so the floored chunked form equals the recurrence; the gradient through a floored gk is
+ * 0, which is what the recurrence gives there (exp(gk) = 0).
  */
 #ifndef DPLR_TMPL
 #include "dplr.h"
@@ -12,6 +20,10 @@
 #endif
 
 #ifdef KT
+#ifndef DPLR_G_FLOOR
+#define DPLR_G_FLOOR (-128)
+#endif
+
 void KF(dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
@@ -22,14 +34,14 @@ void KF(dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
             for (int i = 0; i < ch.L; i++) {
                 const int64_t x = (ch.t0 + i) * HK + j;
                 Ge[x] = acc;
-                acc += gk[x];
+                acc += gk[x] < (KT)DPLR_G_FLOOR ? (KT)DPLR_G_FLOOR : gk[x]; /* NaN stays NaN */
                 Gi[x] = acc;
             }
         }
     }
 }
 
-void KF(dplr_cumsum_bwd)(const kda_dims *d, const KT *dGi, const KT *dGe, KT *dgk) {
+void KF(dplr_cumsum_bwd)(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe, KT *dgk) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
     for (int64_t c = 0; c < NC; c++) {
@@ -39,7 +51,7 @@ void KF(dplr_cumsum_bwd)(const kda_dims *d, const KT *dGi, const KT *dGe, KT *dg
             for (int i = ch.L - 1; i >= 0; i--) {
                 const int64_t x = (ch.t0 + i) * HK + j;
                 acc += dGi ? dGi[x] : 0;
-                dgk[x] = acc;
+                dgk[x] = gk[x] < (KT)DPLR_G_FLOOR ? (KT)0 : acc;
                 acc += dGe ? dGe[x] : 0;
             }
         }
@@ -55,10 +67,10 @@ static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gI = dg__node_grad_out(n, 0), *gE = dg__node_grad_out(n, 1);
     if ((!gI && !gE) || !dg__node_wants_grad(n, 0))
         return DG_OK;
-    dg_tensor *tmp[2] = {0}, *dgk = NULL;
-    const void *p[2] = {0};
-    dg_status st = DG_OK;
-    if (gI)
+    dg_tensor *tmp[3] = {0}, *dgk = NULL;
+    const void *p[3] = {0};
+    dg_status st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[2], &p[2]);
+    if (st == DG_OK && gI)
         st = kda_ptr(ctx, gI, c->dt, &tmp[0], &p[0]);
     if (st == DG_OK && gE)
         st = kda_ptr(ctx, gE, c->dt, &tmp[1], &p[1]);
@@ -66,11 +78,11 @@ static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = kda_new(ctx, c, 4, s, &dgk);
     if (st == DG_OK) {
-        KDA_CALL(c->dt, dplr_cumsum_bwd, &c->d, p[0], p[1], dg_tensor_data(dgk));
+        KDA_CALL(c->dt, dplr_cumsum_bwd, &c->d, p[2], p[0], p[1], dg_tensor_data(dgk));
         st = dg__node_accum(ctx, n, 0, dgk);
     }
-    dg_tensor_free(&tmp[0]);
-    dg_tensor_free(&tmp[1]);
+    for (int i = 0; i < 3; i++)
+        dg_tensor_free(&tmp[i]);
     dg_tensor_free(&dgk);
     return st;
 }
@@ -105,6 +117,8 @@ dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *op
             st = dg__node_output(n, *Gi);
         if (st == DG_OK)
             st = dg__node_output(n, *Ge);
+        if (st == DG_OK)
+            st = dg__node_save(n, gk);
         if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

@@ -1,0 +1,66 @@
+/*
+ * ops/dplr/chunk.c -- dg_dplr_chunk: the chunked DPLR forward as a chain of stage nodes (spec §4,
+ * FLA's kernel sequence cumsum -> intra -> wy -> h -> o):
+ *
+ *   gk --gate_cumsum--> Gi, Ge
+ *   (q, k, a, b, Gi, Ge) --intra--> Aqk, Aqb, Aak, Tab
+ *   (q, k, v, a, b, Gi, Ge, Aak, Tab) --wy--> w, u, qg, kg, bg
+ *   (w, u, kg, bg, v, Gi, h0) --state--> h, v2, ht
+ *   (qg, h, Aqk, Aqb, v, v2) --output--> o
+ * The tape gets one node per stage and backward runs them in reverse. The state and output nodes
+ * share a recompute context (dplr_rc.c): under the default policies ("dplr_wy", "dplr_state":
+ * RECOMPUTE) w, u, qg, kg, bg, h and v2 are not kept after the forward; the output node's
+ * backward rebuilds them once from Tab, Aak and h0 (spec §5). Under CACHE they are kept. The
+ * gradients are the same either way (the recomputation repeats the forward's arithmetic).
+ * CPU only (f64, or f32 computed in f32); a CUDA context gets DG_ERR_UNSUPPORTED.
+ */
+#include "dplr.h"
+
+#define OP "dg_dplr_chunk"
+
+dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                        dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
+                        dg_tensor **o, dg_tensor **ht) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "o", o));
+    *o = NULL;
+    if (ht)
+        *ht = NULL;
+    if (opts && opts->output_final_state && !ht)
+        return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
+    kda_cfg cfg;
+    DG_TRY(dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
+    const int want_ht = opts && opts->output_final_state;
+
+    /* Gi Ge | Aqk Aqb Aak Tab | w u qg kg bg | h v2 */
+    enum { GI, GE, AQK, AQB, AAK, TAB, W, U, QG, KG, BG, HS, V2, NT_ };
+    dg_tensor *t[NT_] = {0};
+    dplr_rc *rc = NULL;
+    dg_status st = dg_dplr_gate_cumsum(ctx, gk, opts, &t[GI], &t[GE]);
+    if (st == DG_OK)
+        st = dg_dplr_intra(ctx, q, k, a, b, t[GI], t[GE], opts, &t[AQK], &t[AQB], &t[AAK], &t[TAB]);
+    if (st == DG_OK)
+        st = dg_dplr_wy(ctx, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], opts, &t[W], &t[U],
+                        &t[QG], &t[KG], &t[BG]);
+    if (st == DG_OK)
+        st = dplr_rc_new(&cfg, &rc);
+    if (st == DG_OK) {
+        dplr_rc_set_inputs(rc, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], h0);
+        if (dg_policy_resolve("dplr_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE)
+            for (int s = DPLR_W; s <= DPLR_BG; s++)
+                dplr_rc_cache(rc, (dplr_rc_slot)s, t[W + s - DPLR_W]);
+    }
+    if (st == DG_OK)
+        st = dplr_state_rc(ctx, t[W], t[U], t[KG], t[BG], v, t[GI], h0, opts, rc, &t[HS], &t[V2],
+                           want_ht ? ht : NULL);
+    if (st == DG_OK)
+        st = dplr_output_rc(ctx, t[QG], t[HS], t[AQK], t[AQB], v, t[V2], opts, rc, o);
+
+    dplr_rc_release(&rc);
+    for (int i = 0; i < NT_; i++)
+        dg_tensor_free(&t[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK && ht)
+        dg_tensor_free(ht);
+    return st;
+}

@@ -1,0 +1,230 @@
+/*
+ * ops/dplr/output.c -- dg_dplr_output: the output (spec §4; backward §5 step 1) as one tape node.
+ *
+ *   o_c = qg_c h_c + Aqk_c v_c + Aqb_c v2_c     (inter-chunk through the state + causal intra)
+ * qg carries the scale (wy.c), Aqk and Aqb too (intra.c), so no scale appears here.
+ * Backward: dqg = dO h^T, dh_c = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T) (j <= i),
+ * dv = Aqk^T dO, dv2 = Aqb^T dO. Aqk, Aqb are read only for j <= i, so their other entries get a
+ * zero gradient. The node reads qg, h and v2 through the recompute context: inside dg_dplr_chunk
+ * they are rebuilt in backward under the default policies; used alone, the node keeps its inputs.
+ * Shapes: qg [B,T,H,K]; h [B,NT,H,K,V]; Aqk, Aqb [B,T,H,BT]; v, v2, o [B,T,H,V]. CPU only (f64,
+ * or f32 computed in f32).
+ */
+#ifndef DPLR_TMPL
+#include "dplr.h"
+#define DPLR_TMPL "output.c"
+#include "dplr_tmpl.h"
+#endif
+
+#ifdef KT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+void KF(dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
+                         const KT *v, const KT *v2, KT *o) {
+    const int H = d->H, K = d->K, V = d->V, BT = d->BT;
+    const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
+    /* work item: one (chunk, head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
+    for (int64_t it = 0; it < NC * H; it++) {
+        const kda_chunk ch = kda_chunk_idx(d, it / H);
+        const int hh = (int)(it % H);
+        const KT *hc = h + (ch.idx * H + hh) * KV;
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ri = (ch.t0 + i) * H + hh;
+            const KT *qgi = qg + ri * K, *r1 = Aqk + ri * BT, *r2 = Aqb + ri * BT;
+            KT *oi = o + ri * V;
+            memset(oi, 0, sizeof(KT) * (size_t)V);
+            for (int x = 0; x < K; x++)
+                for (int y = 0; y < V; y++)
+                    oi[y] += qgi[x] * hc[x * V + y];
+            for (int j = 0; j <= i; j++) {
+                const int64_t rj = (ch.t0 + j) * H + hh;
+                const KT *vj = v + rj * V, *v2j = v2 + rj * V;
+                for (int y = 0; y < V; y++)
+                    oi[y] += r1[j] * vj[y] + r2[j] * v2j[y];
+            }
+        }
+    }
+}
+
+void KF(dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
+                         const KT *v, const KT *v2, const KT *dO, KT *dqg, KT *dh, KT *dAqk,
+                         KT *dAqb, KT *dv, KT *dv2) {
+    const int H = d->H, K = d->K, V = d->V, BT = d->BT;
+    const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N], rows = d->B * d->T * H;
+    /* rows of empty sequences are never visited: clear every output first */
+    memset(dqg, 0, sizeof(KT) * (size_t)(rows * K));
+    memset(dAqk, 0, sizeof(KT) * (size_t)(rows * BT));
+    memset(dAqb, 0, sizeof(KT) * (size_t)(rows * BT));
+    memset(dv, 0, sizeof(KT) * (size_t)(rows * V));
+    memset(dv2, 0, sizeof(KT) * (size_t)(rows * V));
+    memset(dh, 0, sizeof(KT) * (size_t)(NC * H * KV));
+    /* work item: one (chunk, head); it writes only its own rows */
+    KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
+    for (int64_t it = 0; it < NC * H; it++) {
+        const kda_chunk ch = kda_chunk_idx(d, it / H);
+        const int hh = (int)(it % H);
+        const KT *hc = h + (ch.idx * H + hh) * KV;
+        KT *dhc = dh + (ch.idx * H + hh) * KV;
+        for (int i = 0; i < ch.L; i++) {
+            const int64_t ri = (ch.t0 + i) * H + hh;
+            const KT *qgi = qg + ri * K, *doi = dO + ri * V;
+            const KT *r1 = Aqk + ri * BT, *r2 = Aqb + ri * BT;
+            for (int x = 0; x < K; x++) {
+                KT s = 0;
+                for (int y = 0; y < V; y++) {
+                    s += doi[y] * hc[x * V + y];
+                    dhc[x * V + y] += qgi[x] * doi[y];
+                }
+                dqg[ri * K + x] = s;
+            }
+            for (int j = 0; j <= i; j++) {
+                const int64_t rj = (ch.t0 + j) * H + hh;
+                const KT *vj = v + rj * V, *v2j = v2 + rj * V;
+                KT *dvj = dv + rj * V, *dv2j = dv2 + rj * V;
+                KT s1 = 0, s2 = 0;
+                for (int y = 0; y < V; y++) {
+                    s1 += doi[y] * vj[y];
+                    s2 += doi[y] * v2j[y];
+                    dvj[y] += r1[j] * doi[y];
+                    dv2j[y] += r2[j] * doi[y];
+                }
+                dAqk[ri * BT + j] = s1;
+                dAqb[ri * BT + j] = s2;
+            }
+        }
+    }
+}
+
+#else
+/* ---- node ----------------------------------------------------------------------------------- */
+
+#define OP "dg_dplr_output"
+#define DROP_AFTER 1 /* no state node follows in backward: drop recomputed tensors here */
+
+enum { NIN = 6 }; /* qg, h, Aqk, Aqb, v, v2 */
+
+static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
+    const dplr_np *np = (const dplr_np *)n->params;
+    const kda_cfg *c = &np->cfg;
+    const dg_tensor *gO = dg__node_grad_out(n, 0);
+    if (!gO)
+        return DG_OK;
+    /* qg, h, v2 from the recompute context; saved: Aqk, Aqb, v */
+    static const dplr_rc_slot slots[3] = {DPLR_QG, DPLR_H, DPLR_V2};
+    dg_tensor *rt[3], *tmp[7] = {0}, *gr[NIN] = {0};
+    const void *p[7] = {0};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 3 && st == DG_OK; i++)
+        st = dplr_rc_get(np->rc, ctx, slots[i], &rt[i]);
+    for (int i = 0; i < 3 && st == DG_OK; i++)
+        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+    for (int i = 0; i < 3 && st == DG_OK; i++)
+        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[3 + i], &p[3 + i]);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, gO, c->dt, &tmp[6], &p[6]);
+    /* inputs in node order: qg, h, Aqk, Aqb, v, v2 */
+    dg_tensor *like[NIN] = {rt[0], rt[1], n->saved[0], n->saved[1], n->saved[2], rt[2]};
+    for (int i = 0; i < NIN && st == DG_OK; i++)
+        st = kda_new_as(ctx, c, like[i], &gr[i]);
+    if (st == DG_OK)
+        KDA_CALL(c->dt, dplr_output_bwd, &c->d, p[0], p[1], p[3], p[4], p[5], p[2], p[6],
+                 dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                 dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+    for (int i = 0; i < NIN && st == DG_OK; i++)
+        if (dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, gr[i]);
+    for (int i = 0; i < 7; i++)
+        dg_tensor_free(&tmp[i]);
+    for (int i = 0; i < NIN; i++)
+        dg_tensor_free(&gr[i]);
+    if (np->flags & DROP_AFTER)
+        dplr_rc_drop_recomputed(np->rc);
+    return st;
+}
+
+dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
+                         dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dplr_rc *rc,
+                         dg_tensor **o) {
+    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
+    DG_TRY(dg__check_ptr(OP, "o", o));
+    *o = NULL;
+    if (ctx->device.kind == DG_DEV_CUDA)
+        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
+    DG_TRY(kda_check_first(OP, "qg", qg, ctx, 4, "B,T,H,K"));
+    DG_TRY(kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
+    const int64_t B = qg->shape[0], T = qg->shape[1], H = qg->shape[2], K = qg->shape[3];
+    const int64_t V = v->shape[3];
+    kda_cfg cfg;
+    DG_TRY(dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, qg->dtype, &cfg));
+    const int64_t NC = kda_cfg_nc(&cfg);
+    const int64_t sv[4] = {B, T, H, V}, sa[4] = {B, T, H, cfg.d.BT};
+    const int64_t sh[5] = {B, NC / B, H, K, V};
+    dg_tensor *in[NIN] = {qg, h, Aqk, Aqb, v, v2}, *tmp[NIN] = {0};
+    const void *p[NIN] = {0};
+    dplr_rc *own = NULL;
+    dg_status st = kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,H,K,V");
+    if (st == DG_OK)
+        st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
+    if (st == DG_OK)
+        st = kda_check(OP, "Aqb", Aqb, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
+    if (st == DG_OK)
+        st = kda_check(OP, "v", v, ctx, cfg.m_f, 4, sv, "B,T,H,V");
+    if (st == DG_OK)
+        st = kda_check(OP, "v2", v2, ctx, cfg.m_f, 4, sv, "B,T,H,V");
+    for (int i = 0; i < NIN && st == DG_OK; i++)
+        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sv, o);
+    if (st == DG_OK)
+        KDA_CALL(cfg.dt, dplr_output_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4], p[5],
+                 dg_tensor_data(*o));
+    if (st == DG_OK && dg__needs_grad(NIN, in)) {
+        dg_node *n = NULL;
+        st = dg__node_new("dplr_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);
+        if (st == DG_OK && !rc) { /* used alone: qg, h, v2 are this node's own inputs */
+            st = dplr_rc_new(&cfg, &own);
+            if (st == DG_OK) {
+                dplr_rc_cache(own, DPLR_QG, qg);
+                dplr_rc_cache(own, DPLR_H, h);
+                dplr_rc_cache(own, DPLR_V2, v2);
+                rc = own;
+            }
+        }
+        for (int i = 0; i < NIN && st == DG_OK; i++)
+            st = dg__node_input(n, in[i]);
+        if (st == DG_OK)
+            st = dg__node_output(n, *o);
+        if (st == DG_OK)
+            st = dg__node_save(n, Aqk);
+        if (st == DG_OK)
+            st = dg__node_save(n, Aqb);
+        if (st == DG_OK)
+            st = dg__node_save(n, v);
+        if (st == DG_OK)
+            st = dplr_rc_save_all(rc, n);
+        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, rc) : NULL;
+        if (st == DG_OK && !np)
+            st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
+        /* without a state node recorded (h, v2 need no grad) nobody else drops recomputed ones */
+        if (np && !dg_tensor_requires_grad(h) && !dg_tensor_requires_grad(v2))
+            np->flags = DROP_AFTER;
+        if (st == DG_OK)
+            st = dg__node_commit(n);
+        else if (n)
+            dg__node_abort(n);
+    }
+    dplr_rc_release(&own);
+    for (int i = 0; i < NIN; i++)
+        dg_tensor_free(&tmp[i]);
+    kda_cfg_free(&cfg);
+    if (st != DG_OK)
+        dg_tensor_free(o);
+    return st;
+}
+
+dg_status dg_dplr_output(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
+                         dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg_tensor **o) {
+    return dplr_output_rc(ctx, qg, h, Aqk, Aqb, v, v2, opts, NULL, o);
+}
+#endif
