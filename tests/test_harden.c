@@ -773,9 +773,11 @@ static void test_numeric_flags(void) {
                                             {"--temperature", "-1"},  {"--top-k", "257"},
                                             {"--ckpt-every", "-1"},   {"--log-every", "0"},
                                             {"--threads", "-1"}};
-    static const flag_case sample_flags[] = {{"--tokens", "-1"}, {"--temperature", "-0.5"},
-                                             {"--top-k", "300"}, {"--seed", "-3"},
-                                             {"--context", "0"}, {"--threads", "5000"}};
+    static const flag_case sample_flags[] = {{"--tokens", "0"},
+                                             {"--temperature", "-0.5"},
+                                             {"--top-k", "300"},
+                                             {"--seed", "-3"},
+                                             {"--threads", "5000"}};
     static const char *const bad_values[] = {"16abc", "abc", ""};
     char err[4096];
     for (int which = 0; which < 2; which++) {

@@ -1,7 +1,8 @@
 /*
  * train/model.c -- the byte-level KDA language model: config presets and JSON, the parameter
- * list and its init, the forward pass (all dg_ ops, so it records on the tape), the loss, and
- * sampling. Shapes: B rows of T bytes; d model width; H/HV heads; K/V head dims; I MLP width.
+ * list and its init, the forward pass (all dg_ ops, so it records on the tape), the loss, the
+ * decoding state (conv tails and KDA states carried between pieces of a sequence) and sampling.
+ * Shapes: B rows of T bytes; d model width; H/HV heads; K/V head dims; I MLP width.
  */
 #include "train/model.h"
 
@@ -422,9 +423,60 @@ static void scratch_free(scratch *s) {
         keep(sc, var);                                                                             \
     } while (0)
 
-/* The KDA token mixer (MODEL.md §1). h: [B,T,d] -> out: [B,T,d] (a new reference). */
+/* The short convolution of q, k or v with its SiLU: a [B,T,C] -> out [B,T,C]. With tail_in /
+ * tail_out (state mode, B == 1, W > 1) the sequence continues after the W-1 inputs *tail_in
+ * ([1,W-1,C], NULL: zeros, the sequence start), and *tail_out gets the last W-1 inputs of
+ * tail_in ++ a. The conv runs over [tail_in ++ a] and drops the first W-1 rows, so every output
+ * row sums exactly the terms of the full-sequence conv. */
+static dg_status conv_silu(dg_model *m, dg_tensor *a, dg_tensor *w, dg_tensor *tail_in,
+                           dg_tensor **tail_out, dg_tensor **out) {
+    dg_ctx *ctx = m->ctx;
+    if (m->cp_plan)
+        return dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, w, NULL, DG_ACT_SILU, out);
+    if (!tail_out || m->cfg.conv == 1)
+        return dg_short_conv(ctx, a, w, NULL, DG_ACT_SILU, NULL, 0, out);
+    const int64_t P = m->cfg.conv - 1, T = dg_tensor_dim(a, 1), C = dg_tensor_dim(a, 2);
+    const dg_dtype dt = dg_tensor_dtype(a);
+    dg_tensor *x = NULL, *dst = NULL, *y = NULL, *src = NULL, *tail = NULL;
+    dg_status st = dg_tensor_zeros(ctx, dt, 3, (int64_t[]){1, P + T, C}, &x);
+    if (st == DG_OK && tail_in)
+        st = dg_slice(x, 1, 0, P, &dst);
+    if (st == DG_OK && tail_in)
+        st = dg_tensor_copy_(dst, tail_in);
+    dg_tensor_free(&dst);
+    if (st == DG_OK)
+        st = dg_slice(x, 1, P, P + T, &dst);
+    if (st == DG_OK)
+        st = dg_tensor_copy_(dst, a);
+    if (st == DG_OK)
+        st = dg_short_conv(ctx, x, w, NULL, DG_ACT_SILU, NULL, 0, &y);
+    if (st == DG_OK) /* [1,T,C] rows of a contiguous [1,P+T,C]: a contiguous view */
+        st = dg_slice(y, 1, P, P + T, out);
+    /* the new tail is copied out, so the state never pins this call's buffers */
+    if (st == DG_OK)
+        st = dg_slice(x, 1, T, T + P, &src);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, dt, 3, (int64_t[]){1, P, C}, &tail);
+    if (st == DG_OK)
+        st = dg_tensor_copy_(tail, src);
+    if (st == DG_OK)
+        *tail_out = tail, tail = NULL;
+    else
+        dg_tensor_free(out);
+    dg_tensor_free(&tail);
+    dg_tensor_free(&src);
+    dg_tensor_free(&y);
+    dg_tensor_free(&dst);
+    dg_tensor_free(&x);
+    return st;
+}
+
+/* The KDA token mixer (MODEL.md §1). h: [B,T,d] -> out: [B,T,d] (a new reference).
+ * State mode (sin, sout not NULL; B == 1): sin[0..2] are the q, k, v conv tails and sin[3] the
+ * KDA state the sequence continues from (NULL: the sequence start); sout[0..3] get the new
+ * ones. */
 static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *h,
-                           scratch *sc, dg_tensor **out) {
+                           dg_tensor *const *sin, dg_tensor **sout, scratch *sc, dg_tensor **out) {
     const dg_model_config *c = &m->cfg;
     dg_ctx *ctx = m->ctx;
     dg_status st = DG_OK;
@@ -432,25 +484,20 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     int64_t H = c->n_heads, HV = c->n_v_heads, K = c->head_k, V = c->head_v;
     dg_tensor *a, *wq, *wk, *wv, *qc, *kc, *vc, *q, *k, *v, *g1, *g2, *g, *beta, *o, *y, *z;
     dg_tensor *gp, *gb, *gate, *res;
+    const int state = sin && sout;
 
     /* q, k, v = SiLU(conv(x W)) viewed per head */
     NEWT(wq, dg_reshape(W[L->q_conv], 2, (int64_t[]){H * K, c->conv}, &wq));
     NEWT(wk, dg_reshape(W[L->k_conv], 2, (int64_t[]){H * K, c->conv}, &wk));
     NEWT(wv, dg_reshape(W[L->v_conv], 2, (int64_t[]){HV * V, c->conv}, &wv));
     NEWT(a, dg_linear(ctx, h, W[L->q_proj], &a));
-    NEWT(qc, m->cp_plan
-                 ? dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, wq, NULL, DG_ACT_SILU, &qc)
-                 : dg_short_conv(ctx, a, wq, NULL, DG_ACT_SILU, NULL, 0, &qc));
+    NEWT(qc, conv_silu(m, a, wq, state ? sin[0] : NULL, state ? &sout[0] : NULL, &qc));
     NEWT(q, dg_reshape(qc, 4, (int64_t[]){B, T, H, K}, &q));
     NEWT(a, dg_linear(ctx, h, W[L->k_proj], &a));
-    NEWT(kc, m->cp_plan
-                 ? dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, wk, NULL, DG_ACT_SILU, &kc)
-                 : dg_short_conv(ctx, a, wk, NULL, DG_ACT_SILU, NULL, 0, &kc));
+    NEWT(kc, conv_silu(m, a, wk, state ? sin[1] : NULL, state ? &sout[1] : NULL, &kc));
     NEWT(k, dg_reshape(kc, 4, (int64_t[]){B, T, H, K}, &k));
     NEWT(a, dg_linear(ctx, h, W[L->v_proj], &a));
-    NEWT(vc, m->cp_plan
-                 ? dg_short_conv_cp(ctx, m->cp_comm, m->cp_plan, a, wv, NULL, DG_ACT_SILU, &vc)
-                 : dg_short_conv(ctx, a, wv, NULL, DG_ACT_SILU, NULL, 0, &vc));
+    NEWT(vc, conv_silu(m, a, wv, state ? sin[2] : NULL, state ? &sout[2] : NULL, &vc));
     NEWT(v, dg_reshape(vc, 4, (int64_t[]){B, T, HV, V}, &v));
 
     /* raw gate through the low-rank pair, raw beta; the op applies gate, sigmoid and l2norm */
@@ -467,15 +514,17 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     opts.l2norm_qk = 1;
     opts.beta_sigmoid = 1;
     opts.scale = 1.0 / sqrt((double)K);
-    if (m->recurrent_mixer)
-        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
-                                 NULL));
+    opts.output_final_state = state;
+    dg_tensor *h0 = state ? sin[3] : NULL, **ht = state ? &sout[3] : NULL;
+    /* one token: the recurrence is the whole work (O(K V) per head) */
+    if (m->recurrent_mixer || (state && T == 1))
+        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], h0, &opts, &o,
+                                 ht));
     else if (m->cp_plan)
         NEWT(o, dg_kda_chunk_cp(ctx, m->cp_comm, m->cp_plan, q, k, v, g, beta, W[L->A_log],
                                 W[L->dt_bias], NULL, &opts, &o, NULL));
     else
-        NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], NULL, &opts, &o,
-                             NULL));
+        NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], h0, &opts, &o, ht));
 
     /* output gate, per-head gated RMSNorm, output projection */
     NEWT(a, dg_linear(ctx, h, W[L->g_proj0], &a));
@@ -509,38 +558,44 @@ fail:
     return st;
 }
 
-dg_status dg_model_forward(dg_model *m, dg_tensor *ids, dg_tensor **logits) {
-    if (!m || !ids || !logits)
-        return dg__err(DG_ERR_ARG, "dg_model_forward: model, ids and logits must not be NULL");
-    *logits = NULL;
-    if (dg_tensor_ndim(ids) != 2)
-        return dg__err(DG_ERR_SHAPE, "dg_model_forward: ids must be [B,T], got %s",
-                       dg_tensor_desc(ids));
-    const dg_model_config *c = &m->cfg;
-    dg_ctx *ctx = m->ctx;
-    dg_status st = DG_OK;
-    int np = m->n_params;
-    dg_tensor **W = calloc((size_t)np, sizeof *W);
-    int cap = 64 * c->n_layers + 16;
-    scratch scr = {calloc((size_t)cap, sizeof(dg_tensor *)), 0, cap}, *sc = &scr;
-    dg_tensor *x = NULL, *h = NULL, *r = NULL, *x2 = NULL;
-    if (!W || !scr.t) {
-        st = dg__err(DG_ERR_NOMEM, "dg_model_forward: out of host memory");
-        goto fail;
-    }
-    /* the weights this step computes with (casts are tape nodes: grads reach the masters) */
-    for (int i = 0; i < np; i++) {
+/* W[i] = parameter i in the compute dtype (casts are tape nodes in grad mode, so gradients reach
+ * the masters); A_log and dt_bias stay f32. On failure the entries set so far are freed. */
+static dg_status cast_weights(dg_model *m, dg_tensor **W) {
+    for (int i = 0; i < m->n_params; i++) {
         dg_param *p = &m->params[i];
+        dg_status st = DG_OK;
         if (p->keep_f32 || dg_tensor_dtype(p->t) == m->compute_dtype)
             W[i] = dg_tensor_retain(p->t);
         else
-            RUN(dg_to_dtype(ctx, p->t, m->compute_dtype, &W[i]));
+            st = dg_to_dtype(m->ctx, p->t, m->compute_dtype, &W[i]);
+        if (st != DG_OK) {
+            for (int j = 0; j < i; j++)
+                dg_tensor_free(&W[j]);
+            return st;
+        }
+    }
+    return DG_OK;
+}
+
+/* Embedding -> blocks -> final norm -> logits with the weights W. sin/sout: NULL, or the state
+ * slots (4 per layer) the sequence continues from / the new ones (see kda_layer). */
+static dg_status model_run(dg_model *m, dg_tensor *const *W, dg_tensor *ids, dg_tensor *const *sin,
+                           dg_tensor **sout, dg_tensor **logits) {
+    const dg_model_config *c = &m->cfg;
+    dg_ctx *ctx = m->ctx;
+    dg_status st = DG_OK;
+    int cap = 64;
+    scratch scr = {calloc((size_t)cap, sizeof(dg_tensor *)), 0, cap}, *sc = &scr;
+    dg_tensor *x = NULL, *h = NULL, *r = NULL, *x2 = NULL;
+    if (!scr.t) {
+        st = dg__err(DG_ERR_NOMEM, "dg_model_forward: out of host memory");
+        goto fail;
     }
     RUN(dg_embedding(ctx, W[m->embed], ids, &x));
     for (int l = 0; l < c->n_layers; l++) {
         const dg_layer_ix *L = &m->layers[l];
         RUN(dg_rmsnorm(ctx, x, W[L->attn_norm], c->norm_eps, &h));
-        RUN(kda_layer(m, W, L, h, sc, &r));
+        RUN(kda_layer(m, W, L, h, sin ? sin + 4 * l : NULL, sout ? sout + 4 * l : NULL, sc, &r));
         dg_tensor_free(&h);
         RUN(dg_add(ctx, x, r, &x2));
         dg_tensor_free(&r);
@@ -564,8 +619,25 @@ fail:
     dg_tensor_free(&r);
     scratch_free(sc);
     free(scr.t);
-    for (int i = 0; W && i < np; i++)
-        dg_tensor_free(&W[i]);
+    return st;
+}
+
+dg_status dg_model_forward(dg_model *m, dg_tensor *ids, dg_tensor **logits) {
+    if (!m || !ids || !logits)
+        return dg__err(DG_ERR_ARG, "dg_model_forward: model, ids and logits must not be NULL");
+    *logits = NULL;
+    if (dg_tensor_ndim(ids) != 2)
+        return dg__err(DG_ERR_SHAPE, "dg_model_forward: ids must be [B,T], got %s",
+                       dg_tensor_desc(ids));
+    dg_tensor **W = calloc((size_t)m->n_params, sizeof *W);
+    if (!W)
+        return dg__err(DG_ERR_NOMEM, "dg_model_forward: out of host memory");
+    dg_status st = cast_weights(m, W);
+    if (st == DG_OK) {
+        st = model_run(m, W, ids, NULL, NULL, logits);
+        for (int i = 0; i < m->n_params; i++)
+            dg_tensor_free(&W[i]);
+    }
     free(W);
     return st;
 }
@@ -586,6 +658,93 @@ dg_status dg_model_loss(dg_model *m, dg_tensor *ids, dg_tensor *targets, dg_tens
     dg_tensor_free(&logits);
     dg_tensor_free(&flat);
     dg_tensor_free(&tflat);
+    return st;
+}
+
+/* ---- decoding with a recurrent state -------------------------------------------------------- */
+
+dg_status dg_model_state_new(dg_model *m, dg_model_state **out) {
+    if (!m || !out)
+        return dg__err(DG_ERR_ARG, "dg_model_state_new: model and out must not be NULL");
+    *out = NULL;
+    if (m->cp_plan)
+        return dg__err(DG_ERR_STATE, "dg_model_state_new: the model is set up for context "
+                                     "parallelism (cp_plan); decoding runs on one rank");
+    dg_model_state *s = calloc(1, sizeof *s);
+    if (s) {
+        s->W = calloc((size_t)m->n_params, sizeof *s->W);
+        s->slot = calloc((size_t)m->cfg.n_layers * 4, sizeof *s->slot);
+    }
+    if (!s || !s->W || !s->slot) {
+        if (s)
+            free(s->W), free(s->slot);
+        free(s);
+        return dg__err(DG_ERR_NOMEM, "dg_model_state_new: out of host memory");
+    }
+    s->m = m;
+    dg_no_grad_begin(); /* plain copies: the state's weights are not on the tape */
+    dg_status st = cast_weights(m, s->W);
+    dg_no_grad_end();
+    if (st != DG_OK) {
+        free(s->W), free(s->slot), free(s);
+        return st;
+    }
+    *out = s;
+    return DG_OK;
+}
+
+void dg_model_state_reset(dg_model_state *s) {
+    if (!s)
+        return;
+    for (int i = 0; i < 4 * s->m->cfg.n_layers; i++)
+        dg_tensor_free(&s->slot[i]);
+    s->n_tokens = 0;
+}
+
+void dg_model_state_free(dg_model_state **sp) {
+    if (!sp || !*sp)
+        return;
+    dg_model_state *s = *sp;
+    dg_model_state_reset(s);
+    for (int i = 0; i < s->m->n_params; i++)
+        dg_tensor_free(&s->W[i]);
+    free(s->W), free(s->slot), free(s);
+    *sp = NULL;
+}
+
+dg_status dg_model_forward_state(dg_model_state *s, dg_tensor *ids, dg_tensor **logits) {
+    if (!s || !ids || !logits)
+        return dg__err(DG_ERR_ARG,
+                       "dg_model_forward_state: state, ids and logits must not be NULL");
+    *logits = NULL;
+    if (dg_tensor_ndim(ids) != 2 || dg_tensor_dim(ids, 0) != 1 || dg_tensor_dim(ids, 1) < 1)
+        return dg__err(DG_ERR_SHAPE,
+                       "dg_model_forward_state: ids must be [1,T] with T >= 1 (one sequence), "
+                       "got %s",
+                       dg_tensor_desc(ids));
+    dg_model *m = s->m;
+    if (m->cp_plan)
+        return dg__err(DG_ERR_STATE, "dg_model_forward_state: the model is set up for context "
+                                     "parallelism (cp_plan)");
+    const int n = 4 * m->cfg.n_layers;
+    dg_tensor **next = calloc((size_t)n, sizeof *next);
+    if (!next)
+        return dg__err(DG_ERR_NOMEM, "dg_model_forward_state: out of host memory");
+    dg_no_grad_begin();
+    dg_status st = model_run(m, s->W, ids, s->slot, next, logits);
+    dg_no_grad_end();
+    /* commit the new states only when every layer succeeded */
+    for (int i = 0; i < n; i++) {
+        if (st == DG_OK) {
+            dg_tensor_free(&s->slot[i]);
+            s->slot[i] = next[i];
+        } else {
+            dg_tensor_free(&next[i]);
+        }
+    }
+    free(next);
+    if (st == DG_OK)
+        s->n_tokens += dg_tensor_dim(ids, 1);
     return st;
 }
 
@@ -625,54 +784,70 @@ static int pick(const double *logits, int n, double temperature, int top_k, doub
     return best;
 }
 
+/* Feeds ids[0..n) to the state and copies the logits of the last one to host lv[vocab]. */
+static dg_status feed(dg_model_state *s, const int32_t *ids, int n, double *lv) {
+    dg_model *m = s->m;
+    dg_tensor *tid = NULL, *logits = NULL, *last = NULL;
+    dg_status st = dg_tensor_from_host(m->ctx, DG_I32, 2, (int64_t[]){1, n}, ids, &tid);
+    if (st == DG_OK)
+        st = dg_model_forward_state(s, tid, &logits);
+    if (st == DG_OK)
+        st = dg_slice(logits, 1, n - 1, n, &last);
+    double *v = NULL;
+    if (st == DG_OK)
+        st = dg_tensor_to_f64(last, &v);
+    if (st == DG_OK)
+        memcpy(lv, v, (size_t)m->cfg.vocab * sizeof *lv);
+    free(v);
+    dg_tensor_free(&last);
+    dg_tensor_free(&logits);
+    dg_tensor_free(&tid);
+    return st;
+}
+
 dg_status dg_model_generate(dg_model *m, const uint8_t *prompt, int n_prompt, int n_new,
-                            double temperature, int top_k, uint64_t seed, int max_ctx,
-                            uint8_t *out) {
-    if (!m || (!prompt && n_prompt > 0) || n_prompt < 0 || n_new < 0 || (!out && n_new > 0))
-        return dg__err(DG_ERR_ARG, "dg_model_generate: bad arguments");
-    if (max_ctx < 1)
-        max_ctx = 1;
-    int V = m->cfg.vocab;
-    int total = n_prompt + n_new;
-    uint8_t *ctxbuf = malloc((size_t)total + 1);
-    int32_t *ids = malloc(((size_t)total + 1) * sizeof *ids);
-    double *work = malloc((size_t)V * sizeof *work);
-    if (!ctxbuf || !ids || !work) {
-        free(ctxbuf), free(ids), free(work);
-        return dg__err(DG_ERR_NOMEM, "dg_model_generate: out of host memory");
-    }
-    /* An empty prompt starts from a newline: the data is one verse per line. */
-    int n = 0;
-    if (n_prompt == 0)
-        ctxbuf[n++] = '\n';
-    else
-        memcpy(ctxbuf, prompt, (size_t)n_prompt), n = n_prompt;
+                            double temperature, int top_k, uint64_t seed, uint8_t *out,
+                            dg_byte_fn on_byte, void *user) {
+    if (!m)
+        return dg__err(DG_ERR_ARG, "dg_model_generate: model must not be NULL");
+    if (!prompt || n_prompt < 1)
+        return dg__err(DG_ERR_ARG,
+                       "dg_model_generate: the prompt must hold at least one byte (got %d)",
+                       n_prompt);
+    if (n_new < 0)
+        return dg__err(DG_ERR_ARG, "dg_model_generate: n_new must be >= 0 (got %d)", n_new);
+    if (!(temperature >= 0.0) || !isfinite(temperature))
+        return dg__err(DG_ERR_ARG,
+                       "dg_model_generate: temperature must be finite and >= 0 (got %g)",
+                       temperature);
+    if (top_k < 0)
+        return dg__err(DG_ERR_ARG, "dg_model_generate: top_k must be >= 0 (got %d)", top_k);
+    if (n_new == 0)
+        return DG_OK;
+    const int V = m->cfg.vocab;
+    int32_t *ids = malloc((size_t)n_prompt * sizeof *ids);
+    double *lv = malloc((size_t)V * sizeof *lv), *work = malloc((size_t)V * sizeof *work);
+    dg_model_state *s = NULL;
     dg_status st = DG_OK;
-    dg_no_grad_begin();
-    for (int step = 0; step < n_new && st == DG_OK; step++) {
-        int start = n > max_ctx ? n - max_ctx : 0, len = n - start;
-        for (int i = 0; i < len; i++)
-            ids[i] = ctxbuf[start + i];
-        dg_tensor *tid = NULL, *logits = NULL, *last = NULL;
-        double *lv = NULL;
-        st = dg_tensor_from_host(m->ctx, DG_I32, 2, (int64_t[]){1, len}, ids, &tid);
-        if (st == DG_OK)
-            st = dg_model_forward(m, tid, &logits);
-        if (st == DG_OK)
-            st = dg_slice(logits, 1, len - 1, len, &last);
-        if (st == DG_OK)
-            st = dg_tensor_to_f64(last, &lv);
-        if (st == DG_OK) {
-            int tok = pick(lv, V, temperature, top_k, dg_rand_u01(seed, (uint64_t)step), work);
-            out[step] = (uint8_t)tok;
-            ctxbuf[n++] = (uint8_t)tok;
-        }
-        free(lv);
-        dg_tensor_free(&last);
-        dg_tensor_free(&logits);
-        dg_tensor_free(&tid);
+    if (!ids || !lv || !work)
+        st = dg__err(DG_ERR_NOMEM, "dg_model_generate: out of host memory");
+    if (st == DG_OK)
+        st = dg_model_state_new(m, &s);
+    /* the prompt in one forward (chunked KDA), then one token step per new byte */
+    for (int i = 0; st == DG_OK && i < n_prompt; i++)
+        ids[i] = prompt[i];
+    if (st == DG_OK)
+        st = feed(s, ids, n_prompt, lv);
+    for (int i = 0; st == DG_OK && i < n_new; i++) {
+        int32_t tok = pick(lv, V, temperature, top_k, dg_rand_u01(seed, (uint64_t)i), work);
+        if (out)
+            out[i] = (uint8_t)tok;
+        if (on_byte)
+            st = on_byte((uint8_t)tok, user);
+        if (st == DG_OK && i + 1 < n_new)
+            st = feed(s, &tok, 1, lv);
     }
-    dg_no_grad_end();
-    free(ctxbuf), free(ids), free(work);
+    dg_model_state_free(&s);
+    free(ids), free(lv), free(work);
     return st;
 }

@@ -153,6 +153,8 @@ static dg_status check_opts(const dg_train_opts *o) {
     NEED(o->eval_every >= 0, "--eval-every must be >= 0 (got %lld)", (long long)o->eval_every);
     NEED(o->eval_batches >= 1, "--eval-batches must be >= 1 (got %d)", o->eval_batches);
     NEED(o->sample_tokens >= 0, "--sample-tokens must be >= 0 (got %d)", o->sample_tokens);
+    NEED(o->prompt[0] || o->sample_tokens == 0 || o->sample_every < 0,
+         "--prompt must not be empty (the sample continues its bytes)");
     NEED(o->top_k >= 0, "--top-k must be >= 0 (got %d)", o->top_k);
     NEED(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %lld)", (long long)o->ckpt_every);
     NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
@@ -628,7 +630,7 @@ static dg_status sample(run *r, int64_t step) {
     uint64_t seed = o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)step + 0x5a5a;
     r->m->cp_plan = NULL;
     dg_status s = dg_model_generate(r->m, (const uint8_t *)o->prompt, np, o->sample_tokens,
-                                    o->temperature, o->top_k, seed, o->seq_len, buf + np);
+                                    o->temperature, o->top_k, seed, buf + np, NULL, NULL);
     r->m->cp_plan = r->plan;
     if (s == DG_OK) {
         buf[np + o->sample_tokens] = 0;
