@@ -159,6 +159,19 @@ static dg_status stage_out(dg_tensor *t, staged *s, dg_status st) {
     return st;
 }
 
+/* DG_COMM_TRACE=1: one line per call on stderr with the time spent staging in, in the backend,
+ * and staging out (to find where a slow collective spends its time). */
+static void trace(const dg_comm *c, const char *op, size_t bytes, double t0, double t1, double t2) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DG_COMM_TRACE");
+        on = e && *e && strcmp(e, "0") != 0;
+    }
+    if (on)
+        fprintf(stderr, "%s: rank %d: %zu bytes: stage in %.3f ms, backend %.3f ms, stage out %.3f ms\n",
+                op, c->rank, bytes, 1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (dg__comm_now() - t2));
+}
+
 static void account(dg_comm *c, double t0, double bytes) {
     c->stats.seconds += dg__comm_now() - t0;
     c->stats.bytes_sent += (int64_t)bytes;
@@ -183,10 +196,13 @@ dg_status dg_comm_all_gather(dg_comm *c, const dg_tensor *x, dg_tensor *out) {
     staged sx, so;
     DG_TRY(stage_in(c, x, 1, &sx));
     dg_status st = stage_in(c, out, 0, &so);
+    const double t1 = dg__comm_now();
     if (st == DG_OK)
         st = c->ops->all_gather(c, sx.ptr, so.ptr, tbytes(x));
+    const double t2 = dg__comm_now();
     st = stage_out(out, &so, st);
     dg_tensor_free(&sx.host);
+    trace(c, OPG, tbytes(x), t0, t1, t2);
     account(c, t0, (double)tbytes(x) * (c->size - 1));
     return st;
 }

@@ -322,9 +322,13 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
         st = dg_tensor_new(ctx, DG_F32, 3, sh, &dh);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, DG_F32, 3, smm, &dm);
+    if (st == DG_OK && !bwd)
+        dg__profile_forward(ctx, "kda_cp_summary_prep");
     if (st == DG_OK)
         st = kda_state_summary_cuda(ctx, &c->cd, seq, bwd, p[0], p[1], p[2], p[3], p[4], S0,
                                     dg_tensor_data(dh), dg_tensor_data(dm));
+    if (st == DG_OK && !bwd)
+        dg__profile_forward(ctx, "kda_cp_summary_kernels");
     if (st == DG_OK)
         st = to_host(hc, dh, c->dt, &hh);
     if (st == DG_OK)
