@@ -518,10 +518,16 @@ dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src) {
                                      layout_of(dst), dg_tensor_data(src), src->dtype,
                                      layout_of(src), dg_tensor_numel(src));
     }
-    /* Across devices: stage through a host buffer in the source dtype. */
+    /* Across devices: one memcpy when the dtypes match (and, host to device, the source is
+     * contiguous); else stage through a host buffer in the source dtype and convert there. */
     if (!dg_tensor_is_contiguous(dst))
         return dg__err(DG_ERR_ARG, "%s: a copy across devices needs a contiguous dst", op);
     size_t sb = dg_tensor_nbytes(src);
+    if (dst->dtype == src->dtype && dst->device.kind == DG_DEV_CPU)
+        return dg_tensor_to_host(src, dg_tensor_data(dst), sb);
+    if (dst->dtype == src->dtype && src->device.kind == DG_DEV_CPU && dg_tensor_is_contiguous(src))
+        return dg__cuda_memcpy(dst->storage->ctx, dg_tensor_data(dst), dg_tensor_data(src), sb,
+                               DG_COPY_H2D);
     void *host = DG_MALLOC(sb ? sb : 1);
     if (!host)
         return dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
