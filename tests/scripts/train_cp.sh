@@ -85,6 +85,11 @@ out=$("$dg" train "${args[@]}" --cp 2 --no-out 2>&1); rc=$?
 if [ $rc -eq 2 ] && echo "$out" | grep -q "launch with mpirun -np 2"; then
     echo "OK     --cp 2 without mpirun: exit 2, names the launch command"
 else echo "NOT OK --cp 2 without mpirun: exit $rc: $out"; fail=1; fi
+out=$(RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29999 \
+      "$dg" train "${args[@]}" --cp 2 --no-out 2>&1); rc=$?
+if [ $rc -eq 2 ] && echo "$out" | grep -q "started by torchrun" && echo "$out" | grep -q "mpirun"; then
+    echo "OK     torchrun-style launch on the CPU: exit 2, says to use mpirun"
+else echo "NOT OK torchrun-style launch on the CPU: exit $rc: $out"; fail=1; fi
 out=$("$mpirun" --oversubscribe -np 3 "$dg" train "${args[@]}" --cp 2 --no-out 2>&1); rc=$?
 if [ $rc -ne 0 ] && echo "$out" | grep -q "must divide the number of processes"; then
     echo "OK     --cp 2 on 3 processes: fails, says why"
