@@ -22,6 +22,7 @@
  * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in).
  */
 #include "kda_bwd.cuh"
+#include "kda_mma.cuh"
 
 using namespace kdab;
 
@@ -164,6 +165,375 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
+/* ---- the tensor-core variant (tc == 1): the sums as products on mma.sync TF32
+ *
+ * Block per (chunk, 64-column key tile, value head); warp w owns row block rb = w / 2 (rows
+ * 16 rb .. 16 rb + 15) and the 32 key columns 32 (w % 2) .. + 31 of the tile, i.e. four m16n8
+ * accumulator tiles per sum (Rq, RL, and C = Cq + Ck, which only ever appear summed). Each
+ * exponential is split around a reference row p, exp(G_a - G_b) = exp(G_a - G_p) exp(G_p - G_b),
+ * so that a sum over j (or m) becomes an MMA with dA, dL (or their transposes) as the A operand,
+ * k_j exp(G_p - G_j) (or q_m exp(G_m - G_p), beta_m k_m exp(G_m - G_p)) as the B operand, formed
+ * as its fragment is read, and the factor of the row applied to the accumulator afterwards.
+ *   Common case: p = the block's middle row for the whole row side (j < 16 rb + 16) and column
+ *     side (m >= 16 rb). Factors from blocks further away are <= 1 (G falls within a chunk);
+ *     factors within the block are bounded by the block's own spread of G, which is checked
+ *     against MMA_SPAN per column first. Every warp does NB + 1 16-wide steps per side.
+ *   Steep gates (spread above MMA_SPAN): the blocks off the diagonal use p = the block's first
+ *     row (row side) or the next block's first row (column side), where both factors are <= 1,
+ *     and the diagonal block is summed with exact exponentials per accumulator element in f32.
+ * A factor that underflows stands only for terms that underflow (or are negligible) anyway. */
+constexpr int MMA_C = 64;          /* key columns per block */
+constexpr int MMA_LDK = MMA_C + 8; /* q, k, G tiles: B-fragment reads (k = t, n = g) hit banks 8t + g */
+/* Largest |G_j - G_pm| (a block's rows against its middle row) for which the diagonal block is
+ * factorised too: factors up to e^40 ~ 2e17 keep every product far inside f32 range, and a
+ * factor that underflows stands for a term below e^-47 of the diagonal's. */
+constexpr float MMA_SPAN = 40.f;
+
+template <int BT> struct IntraMma {
+    static constexpr int NB = BT / 16;      /* row blocks */
+    static constexpr int NTHR = 64 * NB;    /* two warps per row block */
+    static constexpr int LDA = BT + 4;      /* dA, dL: A-fragment reads (g, t) hit banks 4g + t */
+    static constexpr size_t smem_floats = 3 * BT * MMA_LDK + 2 * BT * LDA + 3 * BT;
+};
+
+template <int BT>
+__global__ void __launch_bounds__(IntraMma<BT>::NTHR)
+    intra_main_mma_kernel(Dims d, int nkt, float scale, const float *q, const float *k,
+                          const float *beta, const float *G, const float *dAqk, const float *dL,
+                          float *dqv, float *dkv, float *dG, float *dbp) {
+    using kdamma::mma_tf32;
+    using kdamma::tf32;
+    constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
+    constexpr int LDK = MMA_LDK;
+    extern __shared__ __align__(16) float imma_smem[];
+    float *sq = imma_smem, *sk = sq + BT * LDK, *sG = sk + BT * LDK;
+    float *sdA = sG + BT * LDK, *sdL = sdA + BT * LDA, *sb = sdL + BT * LDA, *sdb = sb + BT;
+
+    const int64_t c = blockIdx.x / nkt;
+    const int kt = (int)(blockIdx.x % nkt);
+    const int hv = blockIdx.y, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, e0 = kt * MMA_C;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    if (K % 4 == 0) { /* 16-byte pieces in flight all at once; rows >= L and columns >= K zero */
+        using kdamma::tile_async;
+        tile_async<BT, MMA_C, LDK, NT>(sq, q + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
+        tile_async<BT, MMA_C, LDK, NT>(sk, k + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
+        tile_async<BT, MMA_C, LDK, NT>(sG, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, e0, K);
+        if (dAqk)
+            tile_async<BT, BT, LDA, NT>(sdA, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+        if (dL)
+            tile_async<BT, BT, LDA, NT>(sdL, dL + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+        kdamma::cp_async_commit();
+    } else {
+        for (int idx = threadIdx.x; idx < BT * MMA_C; idx += NT) {
+            const int r = idx / MMA_C, cc = idx % MMA_C, e = e0 + cc;
+            const bool ok = r < L && e < K;
+            sq[r * LDK + cc] = ok ? q[((t0 + r) * H + hq) * K + e] : 0.f;
+            sk[r * LDK + cc] = ok ? k[((t0 + r) * H + hq) * K + e] : 0.f;
+            sG[r * LDK + cc] = ok ? G[((t0 + r) * HV + hv) * K + e] : 0.f;
+        }
+        for (int idx = threadIdx.x; idx < BT * BT; idx += NT) {
+            const int r = idx / BT, j = idx % BT;
+            const int64_t gi = ((t0 + r) * HV + hv) * BT + j;
+            if (dAqk)
+                sdA[r * LDA + j] = r < L ? dAqk[gi] : 0.f;
+            if (dL)
+                sdL[r * LDA + j] = r < L ? dL[gi] : 0.f;
+        }
+    }
+    for (int i = threadIdx.x; i < BT; i += NT)
+        sb[i] = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
+    kdamma::cp_async_wait<0>();
+    __syncthreads();
+    /* dA = scale * dAqk on and below the diagonal, dL strictly below; zero elsewhere */
+    for (int idx = threadIdx.x; idx < BT * BT; idx += NT) {
+        const int r = idx / BT, j = idx % BT;
+        float *a = sdA + r * LDA + j, *l = sdL + r * LDA + j;
+        *a = dAqk && j <= r ? scale * *a : 0.f;
+        *l = dL && j < r ? *l : 0.f;
+    }
+    __syncthreads();
+
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int rb = w >> 1, cb = 32 * (w & 1);
+    const int r0 = 16 * rb + g, r1 = r0 + 8; /* the two rows of this thread's accumulators */
+    const bool active = 16 * rb < L;         /* warp-uniform */
+    /* accumulator element e of tile n: row (e < 2 ? r0 : r1), column cb + 8n + 2t + (e & 1) */
+    float Rq[4][4] = {}, Rl[4][4] = {}, Cs[4][4] = {};
+    float db0 = 0.f, db1 = 0.f;
+    if (active) {
+        float G0[4][2], G1[4][2]; /* G at this thread's accumulator elements */
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                const int col = cb + 8 * n + 2 * t + p;
+                G0[n][p] = sG[r0 * LDK + col];
+                G1[n][p] = sG[r1 * LDK + col];
+            }
+        /* The block's middle row pm as the one reference row of the whole row and column
+         * sides when no exponent formed from it exceeds SPAN in size (checked per column, lane =
+         * column): then the diagonal block is an MMA too. */
+        const int pm = min(16 * rb + 8, L - 1);
+        float dev = 0.f;
+        for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
+            dev = fmaxf(dev, fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
+        if (__all_sync(0xffffffffu, dev <= MMA_SPAN)) {
+            const float *gp = sG + pm * LDK;
+            /* row side: j over [0, 16 rb + 16); B(j, col) = k_j exp(G_pm - G_j) */
+            for (int kk = 0; kk < 16 * rb + 16; kk += 8) {
+                unsigned aq[4], al[4];
+                const float *pa = sdA + r0 * LDA + kk + t, *pl = sdL + r0 * LDA + kk + t;
+                aq[0] = tf32(pa[0]);
+                aq[1] = tf32(pa[8 * LDA]);
+                aq[2] = tf32(pa[4]);
+                aq[3] = tf32(pa[8 * LDA + 4]);
+                al[0] = tf32(pl[0]);
+                al[1] = tf32(pl[8 * LDA]);
+                al[2] = tf32(pl[4]);
+                al[3] = tf32(pl[8 * LDA + 4]);
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const int col = cb + 8 * n + g;
+                    const float gr = gp[col];
+                    const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
+                    /* rows past L: k = 0, G = 0 >= G_pm, so the factor stays <= 1 */
+                    const unsigned b0 = tf32(sk[i0] * __expf(gr - sG[i0]));
+                    const unsigned b1 = tf32(sk[i1] * __expf(gr - sG[i1]));
+                    mma_tf32(Rq[n], aq, b0, b1);
+                    mma_tf32(Rl[n], al, b0, b1);
+                }
+            }
+            /* column side: m over [16 rb, BT); B(m, col) = (q_m | beta_m k_m) exp(G_m - G_pm) */
+            for (int mm = 16 * rb; mm < BT; mm += 8) {
+                unsigned aq[4], al[4];
+                const float *pa = sdA + (mm + t) * LDA + 16 * rb + g;
+                const float *pl = sdL + (mm + t) * LDA + 16 * rb + g;
+                aq[0] = tf32(pa[0]);
+                aq[1] = tf32(pa[8]);
+                aq[2] = tf32(pa[4 * LDA]);
+                aq[3] = tf32(pa[4 * LDA + 8]);
+                al[0] = tf32(pl[0]);
+                al[1] = tf32(pl[8]);
+                al[2] = tf32(pl[4 * LDA]);
+                al[3] = tf32(pl[4 * LDA + 8]);
+                const int ma = mm + t, mb = ma + 4;
+                const bool va = ma < L, vb = mb < L;
+                const float ba = sb[ma], bb = sb[mb];
+#pragma unroll
+                for (int n = 0; n < 4; n++) {
+                    const int col = cb + 8 * n + g;
+                    const float gr = gp[col];
+                    const int ia = ma * LDK + col, ib = mb * LDK + col;
+                    const float xa = va ? __expf(sG[ia] - gr) : 0.f;
+                    const float xb = vb ? __expf(sG[ib] - gr) : 0.f;
+                    mma_tf32(Cs[n], aq, tf32(sq[ia] * xa), tf32(sq[ib] * xb));
+                    mma_tf32(Cs[n], al, tf32(ba * sk[ia] * xa), tf32(bb * sk[ib] * xb));
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const float gr = gp[cb + 8 * n + 2 * t + p];
+                    const float s0 = r0 < L ? __expf(G0[n][p] - gr) : 0.f;
+                    const float s1 = r1 < L ? __expf(G1[n][p] - gr) : 0.f;
+                    const float c0 = r0 < L ? __expf(gr - G0[n][p]) : 0.f;
+                    const float c1 = r1 < L ? __expf(gr - G1[n][p]) : 0.f;
+                    Rq[n][p] *= s0;
+                    Rl[n][p] *= s0;
+                    Rq[n][2 + p] *= s1;
+                    Rl[n][2 + p] *= s1;
+                    Cs[n][p] *= c0;
+                    Cs[n][2 + p] *= c1;
+                }
+        } else {
+            /* Steep gates: blocks off the diagonal factorised around their first rows (both
+             * factors <= 1), the diagonal block with exact exponentials. */
+            /* row side, blocks below the diagonal */
+            if (rb > 0) {
+                const float *gp = sG + 16 * rb * LDK;
+                for (int kk = 0; kk < 16 * rb; kk += 8) {
+                    unsigned aq[4], al[4];
+                    const float *pa = sdA + r0 * LDA + kk + t, *pl = sdL + r0 * LDA + kk + t;
+                    aq[0] = tf32(pa[0]);
+                    aq[1] = tf32(pa[8 * LDA]);
+                    aq[2] = tf32(pa[4]);
+                    aq[3] = tf32(pa[8 * LDA + 4]);
+                    al[0] = tf32(pl[0]);
+                    al[1] = tf32(pl[8 * LDA]);
+                    al[2] = tf32(pl[4]);
+                    al[3] = tf32(pl[8 * LDA + 4]);
+    #pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        const int col = cb + 8 * n + g;
+                        const float gr = gp[col];
+                        const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
+                        const unsigned b0 = tf32(sk[i0] * __expf(gr - sG[i0]));
+                        const unsigned b1 = tf32(sk[i1] * __expf(gr - sG[i1]));
+                        mma_tf32(Rq[n], aq, b0, b1);
+                        mma_tf32(Rl[n], al, b0, b1);
+                    }
+                }
+    #pragma unroll
+                for (int n = 0; n < 4; n++)
+    #pragma unroll
+                    for (int p = 0; p < 2; p++) {
+                        const float gr = gp[cb + 8 * n + 2 * t + p];
+                        const float s0 = r0 < L ? __expf(G0[n][p] - gr) : 0.f;
+                        const float s1 = r1 < L ? __expf(G1[n][p] - gr) : 0.f;
+                        Rq[n][p] *= s0;
+                        Rl[n][p] *= s0;
+                        Rq[n][2 + p] *= s1;
+                        Rl[n][2 + p] *= s1;
+                    }
+            }
+            /* row side, the diagonal block: j from the block's first row to r, exact exponentials */
+            for (int jj = 0; jj < 16; jj++) {
+                const int j = 16 * rb + jj;
+                if (j >= L)
+                    break;
+                const bool in0 = jj <= g && r0 < L, in1 = jj <= g + 8 && r1 < L;
+                const float a0 = sdA[r0 * LDA + j], a1 = sdA[r1 * LDA + j];
+                const float l0 = sdL[r0 * LDA + j], l1 = sdL[r1 * LDA + j];
+    #pragma unroll
+                for (int n = 0; n < 4; n++)
+    #pragma unroll
+                    for (int p = 0; p < 2; p++) {
+                        const int i = j * LDK + cb + 8 * n + 2 * t + p;
+                        const float kj = sk[i], gj = sG[i];
+                        if (in0) {
+                            const float x = kj * __expf(G0[n][p] - gj);
+                            Rq[n][p] += a0 * x;
+                            Rl[n][p] += l0 * x;
+                        }
+                        if (in1) {
+                            const float x = kj * __expf(G1[n][p] - gj);
+                            Rq[n][2 + p] += a1 * x;
+                            Rl[n][2 + p] += l1 * x;
+                        }
+                    }
+            }
+            /* column side, blocks above the diagonal: A(i, m) = dA[m][16 rb + i] (transposed) */
+            const int p16 = 16 * (rb + 1);
+            if (p16 < L) {
+                const float *gp = sG + p16 * LDK;
+                for (int mm = p16; mm < BT; mm += 8) {
+                    unsigned aq[4], al[4];
+                    const float *pa = sdA + (mm + t) * LDA + 16 * rb + g;
+                    const float *pl = sdL + (mm + t) * LDA + 16 * rb + g;
+                    aq[0] = tf32(pa[0]);
+                    aq[1] = tf32(pa[8]);
+                    aq[2] = tf32(pa[4 * LDA]);
+                    aq[3] = tf32(pa[4 * LDA + 8]);
+                    al[0] = tf32(pl[0]);
+                    al[1] = tf32(pl[8]);
+                    al[2] = tf32(pl[4 * LDA]);
+                    al[3] = tf32(pl[4 * LDA + 8]);
+                    const int ma = mm + t, mb = ma + 4;
+                    const bool va = ma < L, vb = mb < L; /* rows past L hold G = 0: never exp them */
+                    const float ba = sb[ma], bb = sb[mb];
+    #pragma unroll
+                    for (int n = 0; n < 4; n++) {
+                        const int col = cb + 8 * n + g;
+                        const float gr = gp[col];
+                        const int ia = ma * LDK + col, ib = mb * LDK + col;
+                        const float xa = va ? __expf(sG[ia] - gr) : 0.f;
+                        const float xb = vb ? __expf(sG[ib] - gr) : 0.f;
+                        mma_tf32(Cs[n], aq, tf32(sq[ia] * xa), tf32(sq[ib] * xb));
+                        mma_tf32(Cs[n], al, tf32(ba * sk[ia] * xa), tf32(bb * sk[ib] * xb));
+                    }
+                }
+    #pragma unroll
+                for (int n = 0; n < 4; n++)
+    #pragma unroll
+                    for (int p = 0; p < 2; p++) {
+                        const float gr = gp[cb + 8 * n + 2 * t + p];
+                        Cs[n][p] *= r0 < L ? __expf(gr - G0[n][p]) : 0.f;
+                        Cs[n][2 + p] *= r1 < L ? __expf(gr - G1[n][p]) : 0.f;
+                    }
+            }
+            /* column side, the diagonal block: m from r to the block's last row, exact exponentials */
+            for (int mm = 0; mm < 16; mm++) {
+                const int m = 16 * rb + mm;
+                if (m >= L)
+                    break;
+                const bool in0 = mm >= g, in1 = mm >= g + 8;
+                const float a0 = sdA[m * LDA + r0], a1 = sdA[m * LDA + r1];
+                const float l0 = sdL[m * LDA + r0] * sb[m], l1 = sdL[m * LDA + r1] * sb[m];
+    #pragma unroll
+                for (int n = 0; n < 4; n++)
+    #pragma unroll
+                    for (int p = 0; p < 2; p++) {
+                        const int i = m * LDK + cb + 8 * n + 2 * t + p;
+                        const float qm = sq[i], km = sk[i], gm = sG[i];
+                        if (in0)
+                            Cs[n][p] += (a0 * qm + l0 * km) * __expf(gm - G0[n][p]);
+                        if (in1)
+                            Cs[n][2 + p] += (a1 * qm + l1 * km) * __expf(gm - G1[n][p]);
+                    }
+            }
+        }
+        /* outputs: dq = Rq, dk = beta_r RL + C, dG = q Rq + k beta_r RL - k C, dbeta = k . RL;
+         * a thread's two adjacent columns go out as one float2 where K allows */
+        const bool pair = K % 2 == 0;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = h ? r1 : r0, col = cb + 8 * n + 2 * t, ke = e0 + col;
+                float oq[2], ok[2], og[2];
+#pragma unroll
+                for (int p = 0; p < 2; p++) {
+                    const int e = 2 * h + p;
+                    const float kr = sk[r * LDK + col + p], qr = sq[r * LDK + col + p];
+                    const float rk = sb[r] * Rl[n][e], cs = Cs[n][e];
+                    if (h)
+                        db1 += kr * Rl[n][e];
+                    else
+                        db0 += kr * Rl[n][e];
+                    oq[p] = Rq[n][e];
+                    ok[p] = rk + cs;
+                    og[p] = qr * Rq[n][e] + kr * rk - kr * cs;
+                }
+                if (r >= L || ke >= K)
+                    continue;
+                const int64_t idx = ((t0 + r) * HV + hv) * K + ke;
+                if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
+                    if (dqv)
+                        *reinterpret_cast<float2 *>(dqv + idx) = make_float2(oq[0], oq[1]);
+                    if (dkv)
+                        *reinterpret_cast<float2 *>(dkv + idx) = make_float2(ok[0], ok[1]);
+                    if (dG)
+                        *reinterpret_cast<float2 *>(dG + idx) = make_float2(og[0], og[1]);
+                } else {
+                    for (int p = 0; p < 2 && ke + p < K; p++) {
+                        if (dqv)
+                            dqv[idx + p] = oq[p];
+                        if (dkv)
+                            dkv[idx + p] = ok[p];
+                        if (dG)
+                            dG[idx + p] = og[p];
+                    }
+                }
+            }
+    }
+    /* dbeta: the four lanes of a row, then the two column halves, in a fixed order */
+    db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
+    db0 += __shfl_xor_sync(0xffffffffu, db0, 2);
+    db1 += __shfl_xor_sync(0xffffffffu, db1, 1);
+    db1 += __shfl_xor_sync(0xffffffffu, db1, 2);
+    if (active && t == 0) {
+        sdb[(w & 1) * BT + r0] = db0;
+        sdb[(w & 1) * BT + r1] = db1;
+    }
+    __syncthreads();
+    if (dbp)
+        for (int i = threadIdx.x; i < L; i += NT)
+            dbp[(int64_t)kt * d.TT * HV + (t0 + i) * HV + hv] = sdb[i] + sdb[BT + i];
+}
+
 // ---- kernel launchers
 
 template <int BT>
@@ -173,7 +543,9 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
                               float *dbeta, float *dG) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
-    const int nkt = DG_CEIL_DIV(d.K, CT);
+    /* tc == 1: the mma.sync kernel on 64-column key tiles; otherwise the FFMA kernel on 32 */
+    const bool mma = dd->tc == 1;
+    const int nkt = DG_CEIL_DIV(d.K, mma ? MMA_C : CT);
     const size_t vk = (size_t)d.TT * d.HV * d.K;
     /* scratch: dLkk [TT,HV,BT]; dq, dk per value head when G > 1; dbeta partials when nkt > 1 */
     const bool need_dl = dTm != nullptr, per_hv = d.G > 1, parts = nkt > 1;
@@ -199,16 +571,24 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         intra_dl_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, Tm, dTm, dL);
         DG_CHECK_LAUNCH();
     }
-    const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
-    const dim3 grid((unsigned)d.NC, d.HV, nkt);
-    if (dd->tc) {
-        DG_TRY(smem_opt_in(intra_main_kernel<BT, true>, smem));
-        intra_main_kernel<BT, true><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk, dL,
-                                                             dqv, dkv, dG, dbp);
+    if (mma) {
+        const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
+        DG_TRY(smem_opt_in(intra_main_mma_kernel<BT>, smem));
+        const dim3 grid((unsigned)(d.NC * nkt), d.HV);
+        intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
+            d, nkt, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp);
     } else {
-        DG_TRY(smem_opt_in(intra_main_kernel<BT, false>, smem));
-        intra_main_kernel<BT, false><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk, dL,
-                                                              dqv, dkv, dG, dbp);
+        const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
+        const dim3 grid((unsigned)d.NC, d.HV, nkt);
+        if (dd->tc) {
+            DG_TRY(smem_opt_in(intra_main_kernel<BT, true>, smem));
+            intra_main_kernel<BT, true><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk,
+                                                                 dL, dqv, dkv, dG, dbp);
+        } else {
+            DG_TRY(smem_opt_in(intra_main_kernel<BT, false>, smem));
+            intra_main_kernel<BT, false><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk,
+                                                                  dL, dqv, dkv, dG, dbp);
+        }
     }
     DG_CHECK_LAUNCH();
     if (per_hv && dq)
