@@ -1,6 +1,7 @@
 /*
  * ops/dplr/dplr.h -- internal declarations shared by the DPLR stage files: the raw-array
- * reference functions (f64 and f32) and the argument checks of the public entry points.
+ * reference functions (f64 and f32), their dispatch by dtype (dplr_run_*) and the argument checks
+ * of the public entry points.
  *
  * Spec: shared/spec/DPLR.md (section numbers below refer to it). DPLR reuses KDA's sizes and
  * sequence/chunk tables (kda_dims, kda_cfg with HV = H: DPLR has no GVA) and KDA's helpers for
@@ -85,6 +86,123 @@ DPLR_DECLARE_RAW(double, f64)
 DPLR_DECLARE_RAW(float, f32)
 
 #define DPLR_REC_SEG 64 /* recurrent backward: tokens between stored state checkpoints */
+
+/* ---- dispatch: dplr_run_<fn> calls <fn>_f64 or <fn>_f32 by c->dt with &c->d (and c->scale
+ * where the function takes a scale), arrays of the compute dtype passed as void pointers. It
+ * returns a dg_status: DG_OK after a function that returns void. DPLR runs on the CPU only. */
+static inline dg_status dplr_run_recurrent_fwd(const kda_cfg *c, const void *q, const void *k,
+                                               const void *v, const void *a, const void *b,
+                                               const void *gk, const void *h0, void *o, void *ht) {
+    if (c->dt == DG_F64)
+        return dplr_recurrent_fwd_f64(&c->d, c->scale, q, k, v, a, b, gk, h0, o, ht);
+    return dplr_recurrent_fwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, o, ht);
+}
+static inline dg_status dplr_run_recurrent_bwd(const kda_cfg *c, const void *q, const void *k,
+                                               const void *v, const void *a, const void *b,
+                                               const void *gk, const void *h0, const void *dO,
+                                               const void *dht, void *dq, void *dk, void *dv,
+                                               void *da, void *db, void *dgk, void *dh0) {
+    if (c->dt == DG_F64)
+        return dplr_recurrent_bwd_f64(&c->d, c->scale, q, k, v, a, b, gk, h0, dO, dht, dq, dk, dv,
+                                      da, db, dgk, dh0);
+    return dplr_recurrent_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, dO, dht, dq, dk,
+                                  dv, da, db, dgk, dh0);
+}
+static inline dg_status dplr_run_cumsum_fwd(const kda_cfg *c, const void *gk, void *Gi, void *Ge) {
+    if (c->dt == DG_F64)
+        dplr_cumsum_fwd_f64(&c->d, gk, Gi, Ge);
+    else
+        dplr_cumsum_fwd_f32(&c->d, gk, Gi, Ge);
+    return DG_OK;
+}
+static inline dg_status dplr_run_cumsum_bwd(const kda_cfg *c, const void *gk, const void *dGi,
+                                            const void *dGe, void *dgk) {
+    if (c->dt == DG_F64)
+        dplr_cumsum_bwd_f64(&c->d, gk, dGi, dGe, dgk);
+    else
+        dplr_cumsum_bwd_f32(&c->d, gk, dGi, dGe, dgk);
+    return DG_OK;
+}
+static inline dg_status dplr_run_intra_fwd(const kda_cfg *c, const void *q, const void *k,
+                                           const void *a, const void *b, const void *Gi,
+                                           const void *Ge, void *Aqk, void *Aqb, void *Aak,
+                                           void *Tab) {
+    if (c->dt == DG_F64)
+        return dplr_intra_fwd_f64(&c->d, c->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab);
+    return dplr_intra_fwd_f32(&c->d, (float)c->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab);
+}
+static inline dg_status dplr_run_intra_bwd(const kda_cfg *c, const void *q, const void *k,
+                                           const void *a, const void *b, const void *Gi,
+                                           const void *Ge, const void *Tab, const void *dAqk,
+                                           const void *dAqb, const void *dAak, const void *dTab,
+                                           void *dq, void *dk, void *da, void *db, void *dGi,
+                                           void *dGe) {
+    if (c->dt == DG_F64)
+        return dplr_intra_bwd_f64(&c->d, c->scale, q, k, a, b, Gi, Ge, Tab, dAqk, dAqb, dAak, dTab,
+                                  dq, dk, da, db, dGi, dGe);
+    return dplr_intra_bwd_f32(&c->d, (float)c->scale, q, k, a, b, Gi, Ge, Tab, dAqk, dAqb, dAak,
+                              dTab, dq, dk, da, db, dGi, dGe);
+}
+static inline dg_status dplr_run_wy_fwd(const kda_cfg *c, const void *q, const void *k,
+                                        const void *v, const void *a, const void *b, const void *Gi,
+                                        const void *Ge, const void *Aak, const void *Tab, void *w,
+                                        void *u, void *qg, void *kg, void *bg) {
+    if (c->dt == DG_F64)
+        return dplr_wy_fwd_f64(&c->d, c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg, bg);
+    return dplr_wy_fwd_f32(&c->d, (float)c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg,
+                           bg);
+}
+static inline dg_status dplr_run_wy_bwd(const kda_cfg *c, const void *q, const void *k,
+                                        const void *v, const void *a, const void *b, const void *Gi,
+                                        const void *Ge, const void *Aak, const void *Tab,
+                                        const void *dw, const void *du, const void *dqg,
+                                        const void *dkg, const void *dbg, void *dq, void *dk,
+                                        void *dv, void *da, void *db, void *dGi, void *dGe,
+                                        void *dAak, void *dTab) {
+    if (c->dt == DG_F64)
+        return dplr_wy_bwd_f64(&c->d, c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, dw, du, dqg, dkg,
+                               dbg, dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
+    return dplr_wy_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, dw, du, dqg,
+                           dkg, dbg, dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
+}
+static inline dg_status dplr_run_state_fwd(const kda_cfg *c, const void *w, const void *u,
+                                           const void *kg, const void *bg, const void *v,
+                                           const void *Gi, const void *h0, void *h, void *v2,
+                                           void *ht) {
+    if (c->dt == DG_F64)
+        return dplr_state_fwd_f64(&c->d, w, u, kg, bg, v, Gi, h0, h, v2, ht);
+    return dplr_state_fwd_f32(&c->d, w, u, kg, bg, v, Gi, h0, h, v2, ht);
+}
+static inline dg_status dplr_run_state_bwd(const kda_cfg *c, const void *w, const void *kg,
+                                           const void *bg, const void *v, const void *Gi,
+                                           const void *h, const void *v2, const void *dh,
+                                           const void *dv2, const void *dht, void *dw, void *du,
+                                           void *dkg, void *dbg, void *dv, void *dGi, void *dh0) {
+    if (c->dt == DG_F64)
+        return dplr_state_bwd_f64(&c->d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht, dw, du, dkg, dbg,
+                                  dv, dGi, dh0);
+    return dplr_state_bwd_f32(&c->d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht, dw, du, dkg, dbg, dv,
+                              dGi, dh0);
+}
+static inline dg_status dplr_run_output_fwd(const kda_cfg *c, const void *qg, const void *h,
+                                            const void *Aqk, const void *Aqb, const void *v,
+                                            const void *v2, void *o) {
+    if (c->dt == DG_F64)
+        dplr_output_fwd_f64(&c->d, qg, h, Aqk, Aqb, v, v2, o);
+    else
+        dplr_output_fwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, o);
+    return DG_OK;
+}
+static inline dg_status dplr_run_output_bwd(const kda_cfg *c, const void *qg, const void *h,
+                                            const void *Aqk, const void *Aqb, const void *v,
+                                            const void *v2, const void *dO, void *dqg, void *dh,
+                                            void *dAqk, void *dAqb, void *dv, void *dv2) {
+    if (c->dt == DG_F64)
+        dplr_output_bwd_f64(&c->d, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2);
+    else
+        dplr_output_bwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2);
+    return DG_OK;
+}
 
 /* The arguments of dg_dplr_chunk / dg_dplr_recurrent: q fixes B, T, H, K and the dtype (f64 or
  * f32), v fixes V; k, a, b, gk must be [B,T,H,K], v [B,T,H,V], h0 (optional) [N,H,K,V], all of

@@ -123,9 +123,9 @@ static dg_status recompute_wy(dplr_rc *rc, dg_ctx *ctx) {
     for (int i = 0; i <= IN_TAB && st == DG_OK; i++)
         st = kda_ptr(ctx, rc->in[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, dplr_wy_fwd, &c->d, c->scale, p[IN_Q], p[IN_K], p[IN_V], p[IN_A],
-                      p[IN_B], p[IN_GI], p[IN_GE], p[IN_AAK], p[IN_TAB], o[DPLR_W], o[DPLR_U],
-                      o[DPLR_QG], o[DPLR_KG], o[DPLR_BG]);
+        st = dplr_run_wy_fwd(c, p[IN_Q], p[IN_K], p[IN_V], p[IN_A], p[IN_B], p[IN_GI], p[IN_GE],
+                             p[IN_AAK], p[IN_TAB], o[DPLR_W], o[DPLR_U], o[DPLR_QG], o[DPLR_KG],
+                             o[DPLR_BG]);
     for (int i = 0; i <= IN_TAB; i++)
         dg_tensor_free(&tmp[i]);
     if (st != DG_OK) /* nothing half-written stays behind */
@@ -156,9 +156,9 @@ static dg_status recompute_state(dplr_rc *rc, dg_ctx *ctx) {
         if (rc->in[ins[i]])
             st = kda_ptr(ctx, rc->in[ins[i]], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, dplr_state_fwd, &c->d, dg_tensor_data(w), dg_tensor_data(u),
-                      dg_tensor_data(kg), dg_tensor_data(bg), p[0], p[1], p[2], dg_tensor_data(h),
-                      dg_tensor_data(v2), NULL);
+        st = dplr_run_state_fwd(c, dg_tensor_data(w), dg_tensor_data(u), dg_tensor_data(kg),
+                                dg_tensor_data(bg), p[0], p[1], p[2], dg_tensor_data(h),
+                                dg_tensor_data(v2), NULL);
     if (st == DG_OK) {
         dg_tensor *made[2] = {h, v2};
         const dplr_rc_slot s[2] = {DPLR_H, DPLR_V2};

@@ -77,10 +77,10 @@ static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
     int64_t s[4] = {c->d.B, c->d.T, c->d.H, c->d.K};
     if (st == DG_OK)
         st = kda_new(ctx, c, 4, s, &dgk);
-    if (st == DG_OK) {
-        KDA_CALL(c->dt, dplr_cumsum_bwd, &c->d, p[2], p[0], p[1], dg_tensor_data(dgk));
+    if (st == DG_OK)
+        st = dplr_run_cumsum_bwd(c, p[2], p[0], p[1], dg_tensor_data(dgk));
+    if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, dgk);
-    }
     for (int i = 0; i < 3; i++)
         dg_tensor_free(&tmp[i]);
     dg_tensor_free(&dgk);
@@ -107,7 +107,7 @@ dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *op
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, gk->shape, Ge);
     if (st == DG_OK)
-        KDA_CALL(cfg.dt, dplr_cumsum_fwd, &cfg.d, p, dg_tensor_data(*Gi), dg_tensor_data(*Ge));
+        st = dplr_run_cumsum_fwd(&cfg, p, dg_tensor_data(*Gi), dg_tensor_data(*Ge));
     if (st == DG_OK && dg__needs_grad(1, &gk)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_gate_cumsum", DG_POLICY_CACHE, cumsum_backward, ctx, &n);

@@ -197,10 +197,10 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < NIN && st == DG_OK; i++)
         st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, dplr_intra_bwd, &c->d, c->scale, p[0], p[1], p[2], p[3], p[4], p[5],
-                      p[6], p[7], p[8], p[9], p[10], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
-                      dg_tensor_data(gr[2]), dg_tensor_data(gr[3]), dg_tensor_data(gr[4]),
-                      dg_tensor_data(gr[5]));
+        st =
+            dplr_run_intra_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                               dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                               dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -239,9 +239,8 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         st = kda_new(ctx, &cfg, 4, sa, outs[i]);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, dplr_intra_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3], p[4], p[5],
-                      dg_tensor_data(*Aqk), dg_tensor_data(*Aqb), dg_tensor_data(*Aak),
-                      dg_tensor_data(*Tab));
+        st = dplr_run_intra_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*Aqk),
+                                dg_tensor_data(*Aqb), dg_tensor_data(*Aak), dg_tensor_data(*Tab));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);

@@ -128,9 +128,10 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < NIN && st == DG_OK; i++)
         st = kda_new_as(ctx, c, like[i], &gr[i]);
     if (st == DG_OK)
-        KDA_CALL(c->dt, dplr_output_bwd, &c->d, p[0], p[1], p[3], p[4], p[5], p[2], p[6],
-                 dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                 dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+        st =
+            dplr_run_output_bwd(c, p[0], p[1], p[3], p[4], p[5], p[2], p[6], dg_tensor_data(gr[0]),
+                                dg_tensor_data(gr[1]), dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
+                                dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -177,8 +178,7 @@ dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aq
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sv, o);
     if (st == DG_OK)
-        KDA_CALL(cfg.dt, dplr_output_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4], p[5],
-                 dg_tensor_data(*o));
+        st = dplr_run_output_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*o));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);

@@ -203,10 +203,10 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
         if (n->saved[i])
             st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, dplr_recurrent_bwd, &c->d, c->scale, p[0], p[1], p[2], p[3], p[4],
-                      p[5], p[6], p[NIN], p[NIN + 1], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
-                      dg_tensor_data(gr[2]), dg_tensor_data(gr[3]), dg_tensor_data(gr[4]),
-                      dg_tensor_data(gr[5]), gr[6] ? dg_tensor_data(gr[6]) : NULL);
+        st = dplr_run_recurrent_bwd(
+            c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[NIN], p[NIN + 1], dg_tensor_data(gr[0]),
+            dg_tensor_data(gr[1]), dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
+            dg_tensor_data(gr[4]), dg_tensor_data(gr[5]), gr[6] ? dg_tensor_data(gr[6]) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -243,8 +243,8 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
     if (st == DG_OK && want_ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, dplr_recurrent_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3], p[4],
-                      p[5], p[6], dg_tensor_data(*o), want_ht ? dg_tensor_data(*ht) : NULL);
+        st = dplr_run_recurrent_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
+                                    dg_tensor_data(*o), want_ht ? dg_tensor_data(*ht) : NULL);
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);

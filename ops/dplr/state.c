@@ -202,10 +202,10 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK && n->saved[2] && dg__node_wants_grad(n, 6))
         st = kda_new(ctx, c, 4, s0, &gr[6]);
     if (st == DG_OK)
-        st = KDA_CALL(c->dt, dplr_state_bwd, &c->d, p[0], p[1], p[2], p[5], p[6], p[3], p[4], p[7],
-                      p[8], p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
-                      dg_tensor_data(gr[2]), dg_tensor_data(gr[3]), dg_tensor_data(gr[4]),
-                      dg_tensor_data(gr[5]), gr[6] ? dg_tensor_data(gr[6]) : NULL);
+        st = dplr_run_state_bwd(c, p[0], p[1], p[2], p[5], p[6], p[3], p[4], p[7], p[8], p[9],
+                                dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
+                                dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]),
+                                gr[6] ? dg_tensor_data(gr[6]) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -259,8 +259,8 @@ dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, 
     if (st == DG_OK && ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, dplr_state_fwd, &cfg.d, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
-                      dg_tensor_data(*h), dg_tensor_data(*v2), ht ? dg_tensor_data(*ht) : NULL);
+        st = dplr_run_state_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6], dg_tensor_data(*h),
+                                dg_tensor_data(*v2), ht ? dg_tensor_data(*ht) : NULL);
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);

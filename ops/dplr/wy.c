@@ -220,9 +220,9 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < NIN; i++)
         g[i] = gr[i] ? dg_tensor_data(gr[i]) : NULL;
     if (st == DG_OK) /* gradient order: dq, dk, dv, da, db, dGi, dGe, dAak, dTab */
-        st = KDA_CALL(c->dt, dplr_wy_bwd, &c->d, c->scale, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
-                      p[7], p[8], p[9], p[10], p[11], p[12], p[13], g[0], g[1], g[2], g[3], g[4],
-                      g[5], g[6], g[7], g[8]);
+        st = dplr_run_wy_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
+                             p[11], p[12], p[13], g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7],
+                             g[8]);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -267,9 +267,9 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         st = kda_new(ctx, &cfg, 4, i == 1 ? sv : sk, outs[i]);
     if (st == DG_OK)
-        st = KDA_CALL(cfg.dt, dplr_wy_fwd, &cfg.d, cfg.scale, p[0], p[1], p[2], p[3], p[4], p[5],
-                      p[6], p[7], p[8], dg_tensor_data(*w), dg_tensor_data(*u), dg_tensor_data(*qg),
-                      dg_tensor_data(*kg), dg_tensor_data(*bg));
+        st = dplr_run_wy_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                             dg_tensor_data(*w), dg_tensor_data(*u), dg_tensor_data(*qg),
+                             dg_tensor_data(*kg), dg_tensor_data(*bg));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);

@@ -54,8 +54,8 @@ static dg_status beta_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg_tensor_new(ctx, p->dt, b->ndim, b->shape, &db);
     if (st == DG_OK)
-        st = KDA_RUN0(p->cuda, p->dt, ctx, kda_beta_bwd, dg_tensor_numel(db), p->c, pb, pg,
-                      dg_tensor_data(db));
+        st = kda_run_beta_bwd(ctx, p->cuda, p->dt, dg_tensor_numel(db), p->c, pb, pg,
+                              dg_tensor_data(db));
     if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, db);
     dg_tensor_free(&tg);
@@ -84,8 +84,8 @@ dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f
     if (st == DG_OK)
         st = dg_tensor_new(ctx, bp.dt, b->ndim, b->shape, &bc);
     if (st == DG_OK)
-        st = KDA_RUN0(bp.cuda, bp.dt, ctx, kda_beta_fwd, dg_tensor_numel(b), bp.c, pb,
-                      dg_tensor_data(bc));
+        st =
+            kda_run_beta_fwd(ctx, bp.cuda, bp.dt, dg_tensor_numel(b), bp.c, pb, dg_tensor_data(bc));
     if (st == DG_OK)
         st = kda_as_dtype(ctx, bc, keep_f32 ? bp.dt : b->dtype, beta);
     if (st == DG_OK && dg__needs_grad(1, &b)) {

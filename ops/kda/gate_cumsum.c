@@ -139,40 +139,49 @@ void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
 
 #define OP "dg_kda_gate_cumsum"
 
+/* The node's inputs, also its saved tensors in the same order (A_log, dt_bias may be NULL). */
+enum { IN_X, IN_A_LOG, IN_DT_BIAS };
+
 static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const dg_tensor *gG = dg__node_grad_out(n, 0);
     if (!gG)
         return DG_OK;
-    dg_tensor *x = n->saved[0], *A = n->saved[1], *bias = n->saved[2];
-    dg_tensor *tmp[4] = {0}, *dx = NULL, *dA = NULL, *db = NULL;
-    const void *p[4] = {0};
-    dg_status st = kda_ptr(ctx, x, c->dt, &tmp[0], &p[0]);
+    dg_tensor *x = n->saved[IN_X], *A = n->saved[IN_A_LOG], *bias = n->saved[IN_DT_BIAS];
+    /* converted copies (NULL where the tensor already has the compute dtype) */
+    dg_tensor *tx = NULL, *tA = NULL, *tbias = NULL, *tgG = NULL;
+    dg_tensor *dx = NULL, *dA = NULL, *db = NULL;
+    kda_gate_bwd_io io = {0};
+    dg_status st = kda_ptr(ctx, x, c->dt, &tx, &io.x);
     if (st == DG_OK && A)
-        st = kda_ptr(ctx, A, c->dt, &tmp[1], &p[1]);
+        st = kda_ptr(ctx, A, c->dt, &tA, &io.A_log);
     if (st == DG_OK && bias)
-        st = kda_ptr(ctx, bias, c->dt, &tmp[2], &p[2]);
+        st = kda_ptr(ctx, bias, c->dt, &tbias, &io.dt_bias);
     if (st == DG_OK)
-        st = kda_ptr(ctx, gG, c->dt, &tmp[3], &p[3]);
+        st = kda_ptr(ctx, gG, c->dt, &tgG, &io.dG);
     if (st == DG_OK)
         st = kda_new_as(ctx, c, x, &dx);
-    if (st == DG_OK && A && dg__node_wants_grad(n, 1))
+    if (st == DG_OK && A && dg__node_wants_grad(n, IN_A_LOG))
         st = kda_new_as(ctx, c, A, &dA);
-    if (st == DG_OK && bias && dg__node_wants_grad(n, 2))
+    if (st == DG_OK && bias && dg__node_wants_grad(n, IN_DT_BIAS))
         st = kda_new_as(ctx, c, bias, &db);
-    if (st == DG_OK)
-        st = KDA_RUNV(c, ctx, kda_gate_bwd, c->gate, c->lb, 1, p[0], p[1], p[2], p[3],
-                      dg_tensor_data(dx), dA ? dg_tensor_data(dA) : NULL,
-                      db ? dg_tensor_data(db) : NULL);
-    if (st == DG_OK && dg__node_wants_grad(n, 0))
-        st = dg__node_accum(ctx, n, 0, dx);
+    if (st == DG_OK) {
+        io.dx = dg_tensor_data(dx);
+        io.dA_log = dA ? dg_tensor_data(dA) : NULL;
+        io.ddt_bias = db ? dg_tensor_data(db) : NULL;
+        st = kda_run_gate_bwd(ctx, c, 1, &io);
+    }
+    if (st == DG_OK && dg__node_wants_grad(n, IN_X))
+        st = dg__node_accum(ctx, n, IN_X, dx);
     if (st == DG_OK && dA)
-        st = dg__node_accum(ctx, n, 1, dA);
+        st = dg__node_accum(ctx, n, IN_A_LOG, dA);
     if (st == DG_OK && db)
-        st = dg__node_accum(ctx, n, 2, db);
-    for (int i = 0; i < 4; i++)
-        dg_tensor_free(&tmp[i]);
+        st = dg__node_accum(ctx, n, IN_DT_BIAS, db);
+    dg_tensor_free(&tx);
+    dg_tensor_free(&tA);
+    dg_tensor_free(&tbias);
+    dg_tensor_free(&tgG);
     dg_tensor_free(&dx);
     dg_tensor_free(&dA);
     dg_tensor_free(&db);
@@ -202,17 +211,21 @@ dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_
         st = kda_check(OP, "dt_bias", dt_bias, ctx, cfg.m_f, 1, shB, "HV*K");
     if (st == DG_OK)
         st = kda_cfg_dev(OP, ctx, &cfg, share);
-    dg_tensor *tmp[3] = {0};
-    const void *p[3] = {0};
-    dg_tensor *in[3] = {g, A_log, dt_bias};
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        if (in[i])
-            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    dg_tensor *tg = NULL, *tA = NULL, *tbias = NULL; /* converted copies */
+    kda_gate_fwd_io io = {0};
+    if (st == DG_OK)
+        st = kda_ptr(ctx, g, cfg.dt, &tg, &io.x);
+    if (st == DG_OK && A_log)
+        st = kda_ptr(ctx, A_log, cfg.dt, &tA, &io.A_log);
+    if (st == DG_OK && dt_bias)
+        st = kda_ptr(ctx, dt_bias, cfg.dt, &tbias, &io.dt_bias);
     if (st == DG_OK) /* G is an f32 intermediate on CUDA whatever g's dtype */
         st = kda_new(ctx, &cfg, 4, g->shape, G);
-    if (st == DG_OK)
-        st = KDA_RUNV(&cfg, ctx, kda_gate_fwd, cfg.gate, cfg.lb, 1, p[0], p[1], p[2],
-                      dg_tensor_data(*G));
+    if (st == DG_OK) {
+        io.G = dg_tensor_data(*G);
+        st = kda_run_gate_fwd(ctx, &cfg, 1, &io);
+    }
+    dg_tensor *in[3] = {g, A_log, dt_bias}; /* IN_X, IN_A_LOG, IN_DT_BIAS */
     if (st == DG_OK && dg__needs_grad(3, in)) {
         dg_node *n;
         st = dg__node_new("kda_gate_cumsum", DG_POLICY_RECOMPUTE, gate_backward, ctx, &n);
@@ -231,8 +244,9 @@ dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_
                 dg__node_abort(n);
         }
     }
-    for (int i = 0; i < 3; i++)
-        dg_tensor_free(&tmp[i]);
+    dg_tensor_free(&tg);
+    dg_tensor_free(&tA);
+    dg_tensor_free(&tbias);
     kda_cfg_free(&cfg);
     if (st != DG_OK)
         dg_tensor_free(G);

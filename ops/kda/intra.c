@@ -162,34 +162,55 @@ dg_status KF(kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *
 
 #define OP "dg_kda_intra"
 
+/* The node's inputs; n->saved holds them in the same order, then the output Tm. */
+enum { IN_Q, IN_K, IN_BETA, IN_G, SAVED_TM };
+
 static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     const kda_cfg *c = &((const kda_np *)n->params)->cfg;
     const dg_tensor *gA = dg__node_grad_out(n, 0), *gT = dg__node_grad_out(n, 1);
     if (!gA && !gT)
         return DG_OK;
-    /* saved: q, k, beta, G, Tm */
-    dg_tensor *tmp[7] = {0}, *gr[4] = {0};
-    const void *p[7] = {0};
-    dg_status st = DG_OK;
-    for (int i = 0; i < 5 && st == DG_OK; i++)
-        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
-    if (st == DG_OK && gA)
-        st = kda_ptr(ctx, gA, c->dt, &tmp[5], &p[5]);
-    if (st == DG_OK && gT)
-        st = kda_ptr(ctx, gT, c->dt, &tmp[6], &p[6]);
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
+    dg_tensor *q = n->saved[IN_Q], *k = n->saved[IN_K], *beta = n->saved[IN_BETA];
+    dg_tensor *G = n->saved[IN_G], *Tm = n->saved[SAVED_TM];
+    /* converted copies (NULL where the tensor already has the compute dtype), the gradients */
+    dg_tensor *tq = NULL, *tk = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL, *tgA = NULL;
+    dg_tensor *tgT = NULL, *dq = NULL, *dk = NULL, *dbeta = NULL, *dG = NULL;
+    kda_intra_bwd_io io = {0};
+    dg_status st = kda_ptr(ctx, q, c->dt, &tq, &io.q);
     if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_intra_bwd, c->scale, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
-                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                     dg_tensor_data(gr[3]));
+        st = kda_ptr(ctx, k, c->dt, &tk, &io.k);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, G, c->dt, &tG, &io.G);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, Tm, c->dt, &tTm, &io.Tm);
+    if (st == DG_OK && gA)
+        st = kda_ptr(ctx, gA, c->dt, &tgA, &io.dAqk);
+    if (st == DG_OK && gT)
+        st = kda_ptr(ctx, gT, c->dt, &tgT, &io.dTm);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, q, &dq);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, k, &dk);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, beta, &dbeta);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, G, &dG);
+    if (st == DG_OK) {
+        io.dq = dg_tensor_data(dq);
+        io.dk = dg_tensor_data(dk);
+        io.dbeta = dg_tensor_data(dbeta);
+        io.dG = dg_tensor_data(dG);
+        st = kda_run_intra_bwd(ctx, c, &io);
+    }
+    dg_tensor *grads[4] = {dq, dk, dbeta, dG}; /* IN_Q, IN_K, IN_BETA, IN_G */
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, gr[i]);
-    for (int i = 0; i < 7; i++)
-        dg_tensor_free(&tmp[i]);
-    for (int i = 0; i < 4; i++)
-        dg_tensor_free(&gr[i]);
+            st = dg__node_accum(ctx, n, i, grads[i]);
+    dg_tensor *owned[11] = {tq, tk, tbeta, tG, tTm, tgA, tgT, dq, dk, dbeta, dG};
+    for (int i = 0; i < 11; i++)
+        dg_tensor_free(&owned[i]);
     return st;
 }
 
@@ -207,8 +228,9 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
     kda_cfg cfg;
     DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
     int64_t sa[4] = {B, T, HV, cfg.d.BT};
-    dg_tensor *in[4] = {q, k, beta, G}, *tmp[4] = {0};
-    const void *p[4] = {0};
+    dg_tensor *in[4] = {q, k, beta, G};                          /* IN_Q, IN_K, IN_BETA, IN_G */
+    dg_tensor *tq = NULL, *tk = NULL, *tbeta = NULL, *tG = NULL; /* converted copies */
+    kda_intra_fwd_io io = {0};
     dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
     if (st == DG_OK)
         st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
@@ -216,15 +238,23 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
         st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
         st = kda_cfg_dev(OP, ctx, &cfg, share);
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sa, Aqk);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sa, Tm);
-    if (st == DG_OK)
-        st = KDA_RUN(&cfg, ctx, kda_intra_fwd, cfg.scale, p[0], p[1], p[2], p[3],
-                     dg_tensor_data(*Aqk), dg_tensor_data(*Tm));
+    if (st == DG_OK) {
+        io.Aqk = dg_tensor_data(*Aqk);
+        io.Tm = dg_tensor_data(*Tm);
+        st = kda_run_intra_fwd(ctx, &cfg, &io);
+    }
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n;
         st = dg__node_new("kda_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
@@ -238,7 +268,7 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
             for (int i = 0; i < 4 && st == DG_OK; i++)
                 st = dg__node_save(n, in[i]);
             if (st == DG_OK)
-                st = dg__node_save(n, *Tm);
+                st = dg__node_save(n, *Tm); /* SAVED_TM */
             if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
@@ -247,8 +277,10 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
                 dg__node_abort(n);
         }
     }
-    for (int i = 0; i < 4; i++)
-        dg_tensor_free(&tmp[i]);
+    dg_tensor_free(&tq);
+    dg_tensor_free(&tk);
+    dg_tensor_free(&tbeta);
+    dg_tensor_free(&tG);
     kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(Aqk);

@@ -298,6 +298,27 @@ static dg_status to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
 
 static const void *hptr(const dg_tensor *t) { return t ? dg_tensor_data(t) : NULL; }
 
+/* The reference summaries and merge on host arrays of the compute dtype: the _f64 or _f32
+ * function by c->dt (or dt). */
+static dg_status run_pre_fwd(const kda_cfg *c, int n, const void *W, const void *U, const void *KG,
+                             const void *G, const void *hin, void *hm) {
+    if (c->dt == DG_F64)
+        return kcp_pre_fwd_f64(&c->d, n, W, U, KG, G, hin, hm);
+    return kcp_pre_fwd_f32(&c->d, n, W, U, KG, G, hin, hm);
+}
+static dg_status run_pre_bwd(const kda_cfg *c, int n, const void *W, const void *KG, const void *G,
+                             const void *dh, const void *dE, const void *dhout, void *dhm) {
+    if (c->dt == DG_F64)
+        return kcp_pre_bwd_f64(&c->d, n, W, KG, G, dh, dE, dhout, dhm);
+    return kcp_pre_bwd_f32(&c->d, n, W, KG, G, dh, dE, dhout, dhm);
+}
+static dg_status run_merge(dg_dtype dt, int HV, int K, int V, const void *ag, const int *order,
+                           int n, void *out) {
+    if (dt == DG_F64)
+        return kcp_merge_f64(HV, K, V, ag, order, n, out);
+    return kcp_merge_f32(HV, K, V, ag, order, n, out);
+}
+
 /* The summary of local sequence `seq` computed on the device (CUDA, tensor-core path: see
  * kda_state_summary_cuda) into the host tensor dst [HV, K, V+K] ([Sh | SM] per value head).
  * A1, X0, A2, G, Sup, S0 are device tensors or pointers (S0, X0, Sup may be NULL). Returns
@@ -311,13 +332,21 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
         return DG_ERR_UNSUPPORTED;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V;
     int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
-    const dg_tensor *in[5] = {A1, X0, A2, G, Sup};
-    dg_tensor *tmp[5] = {0}, *dh = NULL, *dm = NULL, *hh = NULL, *hm = NULL;
-    const void *p[5] = {0};
+    /* converted copies (NULL where the tensor is already f32) and the f32 pointers */
+    dg_tensor *tA1 = NULL, *tX0 = NULL, *tA2 = NULL, *tG = NULL, *tSup = NULL;
+    dg_tensor *dh = NULL, *dm = NULL, *hh = NULL, *hm = NULL;
+    const void *pA1 = NULL, *pX0 = NULL, *pA2 = NULL, *pG = NULL, *pSup = NULL;
     dg_status st = DG_OK;
-    for (int i = 0; i < 5 && st == DG_OK; i++)
-        if (in[i])
-            st = kda_ptr(ctx, in[i], DG_F32, &tmp[i], &p[i]);
+    if (A1)
+        st = kda_ptr(ctx, A1, DG_F32, &tA1, &pA1);
+    if (st == DG_OK && X0)
+        st = kda_ptr(ctx, X0, DG_F32, &tX0, &pX0);
+    if (st == DG_OK && A2)
+        st = kda_ptr(ctx, A2, DG_F32, &tA2, &pA2);
+    if (st == DG_OK && G)
+        st = kda_ptr(ctx, G, DG_F32, &tG, &pG);
+    if (st == DG_OK && Sup)
+        st = kda_ptr(ctx, Sup, DG_F32, &tSup, &pSup);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, DG_F32, 3, sh, &dh);
     if (st == DG_OK)
@@ -325,7 +354,7 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
     if (st == DG_OK && !bwd)
         dg__profile_forward(ctx, "kda_cp_summary_prep");
     if (st == DG_OK)
-        st = kda_state_summary_cuda(ctx, &c->cd, seq, bwd, p[0], p[1], p[2], p[3], p[4], S0,
+        st = kda_state_summary_cuda(ctx, &c->cd, seq, bwd, pA1, pX0, pA2, pG, pSup, S0,
                                     dg_tensor_data(dh), dg_tensor_data(dm));
     if (st == DG_OK && !bwd)
         dg__profile_forward(ctx, "kda_cp_summary_kernels");
@@ -342,7 +371,7 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
             memcpy(o + ((size_t)r * (V + K) + V) * es, b + (size_t)r * K * es, (size_t)K * es);
         }
     }
-    dg_tensor *all[9] = {tmp[0], tmp[1], tmp[2], tmp[3], tmp[4], dh, dm, hh, hm};
+    dg_tensor *all[9] = {tA1, tX0, tA2, tG, tSup, dh, dm, hh, hm};
     for (int i = 0; i < 9; i++)
         dg_tensor_free(&all[i]);
     return st;
@@ -389,17 +418,19 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     const kcp_np *np = (const kcp_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V, NL = c->d.N;
-    const dg_tensor *go[3] = {dg__node_grad_out(n, 0), dg__node_grad_out(n, 1),
-                              dg__node_grad_out(n, 2)};
+    /* the gradients of the outputs h', E', ht, and their host copies */
+    const dg_tensor *gh = dg__node_grad_out(n, 0), *gE = dg__node_grad_out(n, 1);
+    const dg_tensor *ght = dg__node_grad_out(n, 2);
     const size_t row = kv_bytes(c);
     dg_ctx *hc = NULL;
-    dg_tensor *gh[3] = {0}, *W = NULL, *KG = NULL, *wh = NULL, *kh = NULL, *gg = NULL;
+    dg_tensor *gh_h = NULL, *gE_h = NULL, *ght_h = NULL;
+    dg_tensor *W = NULL, *KG = NULL, *wh = NULL, *kh = NULL, *gg = NULL;
     dg_tensor *dhm = NULL, *ag = NULL, *dhtl = NULL, *dhtd = NULL;
     int64_t sm[3] = {HV, K, V + K}, sa[4] = {np->world, HV, K, V + K};
     int64_t sl[4] = {NL, HV, K, V};
     dg_status st = host_ctx(ctx, &hc);
     if (st == DG_OK)
-        st = to_host(hc, go[2], c->dt, &gh[2]);
+        st = to_host(hc, ght, c->dt, &ght_h);
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, c->dt, 3, sm, &dhm);
     if (st == DG_OK)
@@ -412,12 +443,12 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
         if (st == DG_OK && c->cuda) {
             const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
             dg_tensor *gt = NULL;
-            if (ends_here(np, 0) && go[2])
-                st = kda_ptr(ctx, go[2], DG_F32, &gt, &dhout);
+            if (ends_here(np, 0) && ght)
+                st = kda_ptr(ctx, ght, DG_F32, &gt, &dhout);
             if (st == DG_OK && dhout)
                 dhout = (const char *)dhout + (size_t)np->seq0 * HV * K * V * sizeof(float);
             if (st == DG_OK) {
-                st = summary_dev(ctx, hc, c, 0, 1, KG, go[1], W, n->saved[0], go[0], dhout, dhm);
+                st = summary_dev(ctx, hc, c, 0, 1, KG, gE, W, n->saved[0], gh, dhout, dhm);
                 on_dev = st == DG_OK;
                 if (st == DG_ERR_UNSUPPORTED)
                     st = DG_OK;
@@ -425,8 +456,10 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
             dg_tensor_free(&gt);
         }
         if (!on_dev) { /* on host copies */
-            for (int i = 0; i < 2 && st == DG_OK; i++)
-                st = to_host(hc, go[i], c->dt, &gh[i]);
+            if (st == DG_OK)
+                st = to_host(hc, gh, c->dt, &gh_h);
+            if (st == DG_OK)
+                st = to_host(hc, gE, c->dt, &gE_h);
             if (st == DG_OK)
                 st = to_host(hc, W, c->dt, &wh);
             if (st == DG_OK)
@@ -434,11 +467,11 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
             if (st == DG_OK)
                 st = to_host(hc, n->saved[0], c->dt, &gg);
             const void *dhout = NULL;
-            if (ends_here(np, 0) && gh[2])
-                dhout = (const char *)dg_tensor_data(gh[2]) + (size_t)np->seq0 * row;
+            if (ends_here(np, 0) && ght_h)
+                dhout = (const char *)dg_tensor_data(ght_h) + (size_t)np->seq0 * row;
             if (st == DG_OK)
-                st = KDA_CALL(c->dt, kcp_pre_bwd, &c->d, 0, hptr(wh), hptr(kh), hptr(gg),
-                              hptr(gh[0]), hptr(gh[1]), dhout, dg_tensor_data(dhm));
+                st = run_pre_bwd(c, 0, hptr(wh), hptr(kh), hptr(gg), hptr(gh_h), hptr(gE_h), dhout,
+                                 dg_tensor_data(dhm));
         }
     }
     /* every rank joins the collective, whatever it has to send */
@@ -447,9 +480,9 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, c->dt, 4, sl, &dhtl);
     for (int i = 0; i < NL && st == DG_OK; i++)
-        if (ends_here(np, i) && gh[2])
+        if (ends_here(np, i) && ght_h)
             memcpy((char *)dg_tensor_data(dhtl) + (size_t)i * row,
-                   (const char *)dg_tensor_data(gh[2]) + (size_t)(np->seq0 + i) * row, row);
+                   (const char *)dg_tensor_data(ght_h) + (size_t)(np->seq0 + i) * row, row);
     if (st == DG_OK && np->post > 0) { /* farthest rank first */
         int order[64], *ord = np->post <= 64 ? order : (int *)DG_MALLOC(sizeof(int) * np->post);
         for (int s = 0; ord && s < np->post; s++)
@@ -457,20 +490,21 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
         if (!ord)
             st = dg__err(DG_ERR_NOMEM, OP ": backward: out of host memory");
         else
-            st = KDA_CALL(c->dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, np->post,
-                          (void *)((char *)dg_tensor_data(dhtl) + (size_t)(NL - 1) * row));
+            st = run_merge(c->dt, HV, K, V, dg_tensor_data(ag), ord, np->post,
+                           (void *)((char *)dg_tensor_data(dhtl) + (size_t)(NL - 1) * row));
         if (ord && ord != order)
             DG_FREE(ord);
     }
-    for (int i = 0; i < 2 && st == DG_OK; i++)
-        if (go[i] && dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, (dg_tensor *)go[i]);
+    if (st == DG_OK && gh && dg__node_wants_grad(n, 0)) /* h' aliases h */
+        st = dg__node_accum(ctx, n, 0, (dg_tensor *)gh);
+    if (st == DG_OK && gE && dg__node_wants_grad(n, 1)) /* E' aliases E */
+        st = dg__node_accum(ctx, n, 1, (dg_tensor *)gE);
     if (st == DG_OK && dg__node_wants_grad(n, 2)) {
         st = to_dev(ctx, dhtl, &dhtd);
         if (st == DG_OK)
             st = dg__node_accum(ctx, n, 2, dhtd);
     }
-    dg_tensor *locals[10] = {gh[0], gh[1], gh[2], wh, kh, gg, dhm, ag, dhtl, dhtd};
+    dg_tensor *locals[10] = {gh_h, gE_h, ght_h, wh, kh, gg, dhm, ag, dhtl, dhtd};
     for (int i = 0; i < 10; i++)
         dg_tensor_free(&locals[i]);
     host_ctx_free(ctx, &hc);
@@ -539,8 +573,10 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 
     dg_tensor *h = NULL, *E = NULL, *htl = NULL;
     dg_tensor *hm = NULL, *ag = NULL, *h0m = NULL, *h2 = NULL, *E2 = NULL, *htu = NULL;
-    dg_tensor *hh[5] = {0}, *h0mh = NULL, *htlh = NULL, *htuh = NULL; /* host copies */
-    const void *p[5] = {0};
+    /* host copies */
+    dg_tensor *Wh = NULL, *Uh = NULL, *KGh = NULL, *Gh = NULL, *h0h = NULL;
+    dg_tensor *h0mh = NULL, *htlh = NULL, *htuh = NULL;
+    const void *h0p = NULL; /* h0's host values (NULL without h0) */
     kda_rc *rc = NULL;
     dg_ctx *hc = NULL;
     kcp_np probe; /* the plan's numbers, for ends_here / starts_here before a node exists */
@@ -554,12 +590,11 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     st = kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, &lo, cfg.dev, &l);
 
     /* forward summary of the last local sequence, all_gather, merge into h0m */
-    dg_tensor *in5[5] = {l.W, l.U, l.KG, l.G, h0};
     if (st == DG_OK)
         st = host_ctx(ctx, &hc);
     if (st == DG_OK) {
-        st = to_host(hc, h0, cfg.dt, &hh[4]);
-        p[4] = hptr(hh[4]);
+        st = to_host(hc, h0, cfg.dt, &h0h);
+        h0p = hptr(h0h);
     }
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, cfg.dt, 3, sm, &hm);
@@ -584,14 +619,19 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
             dg_tensor_free(&ht0);
         }
         if (!on_dev) { /* on host copies */
-            for (int i = 0; i < 4 && st == DG_OK; i++) {
-                st = to_host(hc, in5[i], cfg.dt, &hh[i]);
-                p[i] = hptr(hh[i]);
-            }
-            const void *hin = known ? (const char *)p[4] + (size_t)(plan->seq0 + NL - 1) * row : NULL;
             if (st == DG_OK)
-                st = KDA_CALL(cfg.dt, kcp_pre_fwd, &cfg.d, NL - 1, p[0], p[1], p[2], p[3], hin,
-                              dg_tensor_data(hm));
+                st = to_host(hc, l.W, cfg.dt, &Wh);
+            if (st == DG_OK)
+                st = to_host(hc, l.U, cfg.dt, &Uh);
+            if (st == DG_OK)
+                st = to_host(hc, l.KG, cfg.dt, &KGh);
+            if (st == DG_OK)
+                st = to_host(hc, l.G, cfg.dt, &Gh);
+            const void *hin =
+                known ? (const char *)h0p + (size_t)(plan->seq0 + NL - 1) * row : NULL;
+            if (st == DG_OK)
+                st = run_pre_fwd(&cfg, NL - 1, hptr(Wh), hptr(Uh), hptr(KGh), hptr(Gh), hin,
+                                 dg_tensor_data(hm));
         }
     }
     dg__profile_forward(ctx, "kda_cp_summary"); /* the CP phases are timed apart */
@@ -600,10 +640,10 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg__profile_forward(ctx, "kda_cp_all_gather");
     if (st == DG_OK)
         st = dg_tensor_zeros(hc, cfg.dt, 4, sl, &h0mh);
-    for (int i = 0; i < NL && st == DG_OK && p[4]; i++)
+    for (int i = 0; i < NL && st == DG_OK && h0p; i++)
         if (starts_here(&probe, i))
             memcpy((char *)dg_tensor_data(h0mh) + (size_t)i * row,
-                   (const char *)p[4] + (size_t)(plan->seq0 + i) * row, row);
+                   (const char *)h0p + (size_t)(plan->seq0 + i) * row, row);
     if (st == DG_OK && plan->pre_ranks > 0) { /* oldest rank first */
         int order[64],
             *ord = plan->pre_ranks <= 64 ? order : (int *)DG_MALLOC(sizeof(int) * plan->pre_ranks);
@@ -612,8 +652,8 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         if (!ord)
             st = dg__err(DG_ERR_NOMEM, OP ": out of host memory");
         else
-            st = KDA_CALL(cfg.dt, kcp_merge, HV, K, V, dg_tensor_data(ag), ord, plan->pre_ranks,
-                          dg_tensor_data(h0mh));
+            st = run_merge(cfg.dt, HV, K, V, dg_tensor_data(ag), ord, plan->pre_ranks,
+                           dg_tensor_data(h0mh));
         if (ord && ord != order)
             DG_FREE(ord);
     }
@@ -690,7 +730,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg_tensor *locals[9] = {h, E, htl, hm, ag, h0m, h2, E2, htu};
     for (int i = 0; i < 9; i++)
         dg_tensor_free(&locals[i]);
-    dg_tensor *staged[8] = {hh[0], hh[1], hh[2], hh[3], hh[4], h0mh, htlh, htuh};
+    dg_tensor *staged[8] = {Wh, Uh, KGh, Gh, h0h, h0mh, htlh, htuh};
     for (int i = 0; i < 8; i++)
         dg_tensor_free(&staged[i]);
     host_ctx_free(ctx, &hc);

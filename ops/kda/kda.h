@@ -1,8 +1,8 @@
 /*
  * ops/kda/kda.h -- internal declarations shared by the KDA stage files (and by the CUDA twins of
- * the raw kernels): the raw-array reference functions of every stage, forward and backward, the
- * option/shape validation shared by the public entry points, and the recompute context of the
- * composite.
+ * the raw kernels): the raw-array reference functions of every stage, forward and backward, their
+ * dispatch to the CUDA twin or the f64/f32 reference (kda_run_*), the option/shape validation
+ * shared by the public entry points, and the recompute context of the composite.
  *
  * Spec: shared/spec/KDA.md (section numbers below refer to it). Letters: B, T, H, HV, K, V, BT, N,
  * NC (total chunks over all sequences), G = HV / H (value heads per q/k head).
@@ -156,8 +156,6 @@ KDA_DECLARE_RAW(double, f64)
 KDA_DECLARE_RAW(float, f32)
 
 #define KDA_L2_EPS 1e-6
-/* Call the f64 or f32 instantiation of raw function `fn` (pointer arguments as void *). */
-#define KDA_CALL(dt, fn, ...) ((dt) == DG_F64 ? fn##_f64(__VA_ARGS__) : fn##_f32(__VA_ARGS__))
 
 /* Overflow-free sigmoid and softplus in both precisions. */
 static inline double kda_sigmoid_f64(double x) {
@@ -265,24 +263,275 @@ static inline dg_status kda_new_as(dg_ctx *ctx, const kda_cfg *c, const dg_tenso
  * has that dtype). Not recorded. */
 dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out);
 
-/* Run raw stage function `fn`: its CUDA twin fn_cuda(ctx, &c->cd, ...) when the cfg is on CUDA,
- * else the f64/f32 reference with &c->d. KDA_RUN for functions returning dg_status, KDA_RUNV for
- * those returning void on the CPU. Both evaluate to a dg_status. */
+/* ---- dispatch: one raw function on the cfg's device -----------------------------------------
+ * kda_run_X calls the CUDA twin kda_X_cuda(ctx, &c->cd, ...) when the cfg is on CUDA (builds
+ * without CUDA never get there: dg__no_cuda), else the reference kda_X_f64 or kda_X_f32, by
+ * c->dt, with &c->d. Arrays are in the compute dtype (f32 on CUDA), passed as void pointers;
+ * scale, lb and beta's c are converted to the function's float type. Every kda_run_X returns a
+ * dg_status, DG_OK after a CPU function that returns void. The struct kda_X_io names the arrays
+ * of one call; the declarations above say which may be NULL. */
+
+/* l2norm and beta have no dims: they take the device (`cuda`) and the compute dtype `dt`. */
+static inline dg_status kda_run_l2norm_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
+                                           const void *x, void *y, void *r) {
 #ifdef DG_HAVE_CUDA
-#define KDA_CUDA_OR(c, ctx, fn, cpu, ...)                                                          \
-    ((c)->cuda ? fn##_cuda((ctx), &(c)->cd, __VA_ARGS__) : (cpu))
-#define KDA_CUDA_OR0(cuda, ctx, fn, cpu, ...) ((cuda) ? fn##_cuda((ctx), __VA_ARGS__) : (cpu))
-#else
-#define KDA_CUDA_OR(c, ctx, fn, cpu, ...) (cpu)
-#define KDA_CUDA_OR0(cuda, ctx, fn, cpu, ...) (cpu)
+    if (cuda)
+        return kda_l2norm_fwd_cuda(ctx, rows, K, x, y, r);
 #endif
-#define KDA_RUN(c, ctx, fn, ...)                                                                   \
-    KDA_CUDA_OR(c, ctx, fn, KDA_CALL((c)->dt, fn, &(c)->d, __VA_ARGS__), __VA_ARGS__)
-#define KDA_RUNV(c, ctx, fn, ...)                                                                  \
-    KDA_CUDA_OR(c, ctx, fn, (KDA_CALL((c)->dt, fn, &(c)->d, __VA_ARGS__), DG_OK), __VA_ARGS__)
-/* For the dims-free l2norm and beta functions. */
-#define KDA_RUN0(cuda, dt, ctx, fn, ...)                                                           \
-    KDA_CUDA_OR0(cuda, ctx, fn, (KDA_CALL(dt, fn, __VA_ARGS__), DG_OK), __VA_ARGS__)
+    if (dt == DG_F64)
+        kda_l2norm_fwd_f64(rows, K, x, y, r);
+    else
+        kda_l2norm_fwd_f32(rows, K, x, y, r);
+    return DG_OK;
+}
+static inline dg_status kda_run_l2norm_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
+                                           const void *y, const void *r, const void *dy, void *dx) {
+#ifdef DG_HAVE_CUDA
+    if (cuda)
+        return kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, dx);
+#endif
+    if (dt == DG_F64)
+        kda_l2norm_bwd_f64(rows, K, y, r, dy, dx);
+    else
+        kda_l2norm_bwd_f32(rows, K, y, r, dy, dx);
+    return DG_OK;
+}
+static inline dg_status kda_run_beta_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
+                                         const void *b, void *beta) {
+#ifdef DG_HAVE_CUDA
+    if (cuda)
+        return kda_beta_fwd_cuda(ctx, n, (float)c, b, beta);
+#endif
+    if (dt == DG_F64)
+        kda_beta_fwd_f64(n, c, b, beta);
+    else
+        kda_beta_fwd_f32(n, (float)c, b, beta);
+    return DG_OK;
+}
+static inline dg_status kda_run_beta_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
+                                         const void *b, const void *dbeta, void *db) {
+#ifdef DG_HAVE_CUDA
+    if (cuda)
+        return kda_beta_bwd_cuda(ctx, n, (float)c, b, dbeta, db);
+#endif
+    if (dt == DG_F64)
+        kda_beta_bwd_f64(n, c, b, dbeta, db);
+    else
+        kda_beta_bwd_f32(n, (float)c, b, dbeta, db);
+    return DG_OK;
+}
+
+/* N3 with c->gate and c->lb; cumsum as in kda_gate_fwd. */
+typedef struct kda_gate_fwd_io {
+    const void *x, *A_log, *dt_bias;
+    void *G;
+} kda_gate_fwd_io;
+static inline dg_status kda_run_gate_fwd(dg_ctx *ctx, const kda_cfg *c, int cumsum,
+                                         const kda_gate_fwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_gate_fwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
+                                 a->dt_bias, a->G);
+#endif
+    if (c->dt == DG_F64)
+        kda_gate_fwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->G);
+    else
+        kda_gate_fwd_f32(&c->d, c->gate, (float)c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->G);
+    return DG_OK;
+}
+typedef struct kda_gate_bwd_io {
+    const void *x, *A_log, *dt_bias, *dG;
+    void *dx, *dA_log, *ddt_bias;
+} kda_gate_bwd_io;
+static inline dg_status kda_run_gate_bwd(dg_ctx *ctx, const kda_cfg *c, int cumsum,
+                                         const kda_gate_bwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_gate_bwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
+                                 a->dt_bias, a->dG, a->dx, a->dA_log, a->ddt_bias);
+#endif
+    if (c->dt == DG_F64)
+        kda_gate_bwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->dG, a->dx,
+                         a->dA_log, a->ddt_bias);
+    else
+        kda_gate_bwd_f32(&c->d, c->gate, (float)c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->dG,
+                         a->dx, a->dA_log, a->ddt_bias);
+    return DG_OK;
+}
+
+/* N4 with scale c->scale. */
+typedef struct kda_intra_fwd_io {
+    const void *q, *k, *beta, *G;
+    void *Aqk, *Tm;
+} kda_intra_fwd_io;
+static inline dg_status kda_run_intra_fwd(dg_ctx *ctx, const kda_cfg *c,
+                                          const kda_intra_fwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_intra_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk,
+                                  a->Tm);
+#endif
+    if (c->dt == DG_F64)
+        return kda_intra_fwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
+    return kda_intra_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
+}
+typedef struct kda_intra_bwd_io {
+    const void *q, *k, *beta, *G, *Tm, *dAqk, *dTm;
+    void *dq, *dk, *dbeta, *dG;
+} kda_intra_bwd_io;
+static inline dg_status kda_run_intra_bwd(dg_ctx *ctx, const kda_cfg *c,
+                                          const kda_intra_bwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_intra_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm,
+                                  a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+#endif
+    if (c->dt == DG_F64)
+        return kda_intra_bwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk, a->dTm,
+                                 a->dq, a->dk, a->dbeta, a->dG);
+    return kda_intra_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk,
+                             a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+}
+
+/* N5. */
+typedef struct kda_wy_fwd_io {
+    const void *q, *k, *v, *beta, *G, *Tm;
+    void *W, *U, *KG, *QG;
+} kda_wy_fwd_io;
+static inline dg_status kda_run_wy_fwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_fwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_wy_fwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
+                               a->KG, a->QG);
+#endif
+    if (c->dt == DG_F64)
+        return kda_wy_fwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
+                              a->QG);
+    return kda_wy_fwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG, a->QG);
+}
+typedef struct kda_wy_bwd_io {
+    const void *q, *k, *v, *beta, *G, *Tm, *dW, *dU, *dKG, *dQG;
+    void *dq, *dk, *dv, *dbeta, *dG, *dTm;
+} kda_wy_bwd_io;
+static inline dg_status kda_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_bwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_wy_bwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
+                               a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
+#endif
+    if (c->dt == DG_F64)
+        return kda_wy_bwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
+                              a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
+    return kda_wy_bwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
+                          a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
+}
+
+/* N6. */
+typedef struct kda_state_fwd_io {
+    const void *W, *U, *KG, *G, *h0;
+    void *h, *E, *ht;
+} kda_state_fwd_io;
+static inline dg_status kda_run_state_fwd(dg_ctx *ctx, const kda_cfg *c,
+                                          const kda_state_fwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_state_fwd_cuda(ctx, &c->cd, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
+#endif
+    if (c->dt == DG_F64)
+        return kda_state_fwd_f64(&c->d, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
+    return kda_state_fwd_f32(&c->d, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
+}
+typedef struct kda_state_bwd_io {
+    const void *W, *KG, *G, *h, *E, *dh, *dE, *dht;
+    void *dW, *dU, *dKG, *dG, *dh0;
+} kda_state_bwd_io;
+static inline dg_status kda_run_state_bwd(dg_ctx *ctx, const kda_cfg *c,
+                                          const kda_state_bwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_state_bwd_cuda(ctx, &c->cd, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht,
+                                  a->dW, a->dU, a->dKG, a->dG, a->dh0);
+#endif
+    if (c->dt == DG_F64)
+        return kda_state_bwd_f64(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht, a->dW,
+                                 a->dU, a->dKG, a->dG, a->dh0);
+    return kda_state_bwd_f32(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht, a->dW,
+                             a->dU, a->dKG, a->dG, a->dh0);
+}
+
+/* N7 with scale c->scale. */
+typedef struct kda_output_fwd_io {
+    const void *QG, *h, *Aqk, *E;
+    void *O;
+} kda_output_fwd_io;
+static inline dg_status kda_run_output_fwd(dg_ctx *ctx, const kda_cfg *c,
+                                           const kda_output_fwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_output_fwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+#endif
+    if (c->dt == DG_F64)
+        kda_output_fwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+    else
+        kda_output_fwd_f32(&c->d, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+    return DG_OK;
+}
+typedef struct kda_output_bwd_io {
+    const void *QG, *h, *Aqk, *E, *dO;
+    void *dQG, *dh, *dAqk, *dE;
+} kda_output_bwd_io;
+static inline dg_status kda_run_output_bwd(dg_ctx *ctx, const kda_cfg *c,
+                                           const kda_output_bwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_output_bwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->dO,
+                                   a->dQG, a->dh, a->dAqk, a->dE);
+#endif
+    if (c->dt == DG_F64)
+        kda_output_bwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG, a->dh,
+                           a->dAqk, a->dE);
+    else
+        kda_output_bwd_f32(&c->d, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG, a->dh,
+                           a->dAqk, a->dE);
+    return DG_OK;
+}
+
+/* The recurrence (§2) with scale c->scale: q, k normalised, g the log decay, beta transformed. */
+typedef struct kda_recurrent_fwd_io {
+    const void *q, *k, *v, *g, *beta, *h0;
+    void *o, *ht;
+} kda_recurrent_fwd_io;
+static inline dg_status kda_run_recurrent_fwd(dg_ctx *ctx, const kda_cfg *c,
+                                              const kda_recurrent_fwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_recurrent_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->v, a->g, a->beta,
+                                      a->h0, a->o, a->ht);
+#endif
+    if (c->dt == DG_F64)
+        return kda_recurrent_fwd_f64(&c->d, c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0, a->o,
+                                     a->ht);
+    return kda_recurrent_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
+                                 a->o, a->ht);
+}
+typedef struct kda_recurrent_bwd_io {
+    const void *q, *k, *v, *g, *beta, *h0, *dO, *dht;
+    void *dq, *dk, *dv, *dg, *dbeta, *dh0;
+} kda_recurrent_bwd_io;
+static inline dg_status kda_run_recurrent_bwd(dg_ctx *ctx, const kda_cfg *c,
+                                              const kda_recurrent_bwd_io *a) {
+#ifdef DG_HAVE_CUDA
+    if (c->cuda)
+        return kda_recurrent_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->v, a->g, a->beta,
+                                      a->h0, a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta,
+                                      a->dh0);
+#endif
+    if (c->dt == DG_F64)
+        return kda_recurrent_bwd_f64(&c->d, c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0, a->dO,
+                                     a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta, a->dh0);
+    return kda_recurrent_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
+                                 a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta, a->dh0);
+}
 
 /* Params block of every KDA node: the cfg (tables copied behind it), an optional recompute
  * context, and a few node-specific integers. */

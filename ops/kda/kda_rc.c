@@ -98,6 +98,18 @@ static dg_status in_ptr(dg_ctx *ctx, kda_rc *rc, int i, dg_tensor **tmp, const v
     return kda_ptr(ctx, rc->in[i], rc->cfg.dt, tmp, p);
 }
 
+/* Slot s of the wy outputs: when missing, a new tensor of `shape` is made for it (marked
+ * recomputed) and *out is its data; when held, *out = NULL (kda_wy_fwd skips that output). */
+static dg_status wy_slot(kda_rc *rc, dg_ctx *ctx, kda_rc_slot s, const int64_t *shape, void **out) {
+    *out = NULL;
+    if (rc->slot[s])
+        return DG_OK;
+    DG_TRY(kda_new(ctx, &rc->cfg, 4, shape, &rc->slot[s]));
+    rc->recomputed[s] = 1;
+    *out = dg_tensor_data(rc->slot[s]);
+    return DG_OK;
+}
+
 /* W, U, KG, QG: recompute_w_u (spec §5.2) for the slots that are missing. */
 static dg_status recompute_wy(kda_rc *rc, dg_ctx *ctx) {
     const kda_cfg *c = &rc->cfg;
@@ -105,27 +117,42 @@ static dg_status recompute_wy(kda_rc *rc, dg_ctx *ctx) {
     for (int i = IN_Q; i <= IN_TM; i++)
         DG_TRY(need_input(rc, i, what));
     int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
-    dg_tensor *tmp[6] = {0};
-    const void *p[6] = {0};
-    void *o[4] = {0};
-    dg_status st = DG_OK;
-    for (int s = KDA_W; s <= KDA_QG && st == DG_OK; s++) {
-        if (rc->slot[s])
-            continue;
-        st = kda_new(ctx, c, 4, s == KDA_U ? sv : sk, &rc->slot[s]);
-        if (st == DG_OK) {
-            rc->recomputed[s] = 1;
-            o[s] = dg_tensor_data(rc->slot[s]);
-        }
-    }
-    for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = in_ptr(ctx, rc, i, &tmp[i], &p[i]);
+    /* converted copies (NULL where the input already has the compute dtype) */
+    dg_tensor *tq = NULL, *tk = NULL, *tv = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL;
+    kda_wy_fwd_io io = {0};
+    dg_status st = wy_slot(rc, ctx, KDA_W, sk, &io.W);
     if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_wy_fwd, p[IN_Q], p[IN_K], p[IN_V], p[IN_BETA], p[IN_G], p[IN_TM],
-                     o[KDA_W], o[KDA_U], o[KDA_KG], o[KDA_QG]);
+        st = wy_slot(rc, ctx, KDA_U, sv, &io.U);
+    if (st == DG_OK)
+        st = wy_slot(rc, ctx, KDA_KG, sk, &io.KG);
+    if (st == DG_OK)
+        st = wy_slot(rc, ctx, KDA_QG, sk, &io.QG);
+    if (st == DG_OK)
+        st = in_ptr(ctx, rc, IN_Q, &tq, &io.q);
+    if (st == DG_OK)
+        st = in_ptr(ctx, rc, IN_K, &tk, &io.k);
+    if (st == DG_OK)
+        st = in_ptr(ctx, rc, IN_V, &tv, &io.v);
+    if (st == DG_OK)
+        st = in_ptr(ctx, rc, IN_BETA, &tbeta, &io.beta);
+    if (st == DG_OK)
+        st = in_ptr(ctx, rc, IN_G, &tG, &io.G);
+    if (st == DG_OK)
+        st = in_ptr(ctx, rc, IN_TM, &tTm, &io.Tm);
+    if (st == DG_OK)
+        st = kda_run_wy_fwd(ctx, c, &io);
+    dg_tensor *owned[6] = {tq, tk, tv, tbeta, tG, tTm};
     for (int i = 0; i < 6; i++)
-        dg_tensor_free(&tmp[i]);
+        dg_tensor_free(&owned[i]);
     return st;
+}
+
+/* Keep t (retained, marked recomputed) as slot s unless the slot is already held. */
+static void keep_recomputed(kda_rc *rc, kda_rc_slot s, dg_tensor *t) {
+    if (!rc->slot[s]) {
+        rc->slot[s] = dg_tensor_retain(t);
+        rc->recomputed[s] = 1;
+    }
 }
 
 /* h, E: the sequential state pass (spec §5.3) rerun from h0. */
@@ -140,26 +167,25 @@ static dg_status recompute_state(kda_rc *rc, dg_ctx *ctx) {
     int64_t sh[5] = {c->d.B, NC / c->d.B, c->d.HV, c->d.K, c->d.V};
     int64_t se[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     dg_tensor *h = NULL, *E = NULL, *tg = NULL, *th = NULL;
-    const void *pg = NULL, *ph0 = NULL;
+    kda_state_fwd_io io = {0}; /* ht: not needed */
     dg_status st = kda_new(ctx, c, 5, sh, &h);
     if (st == DG_OK)
         st = kda_new(ctx, c, 4, se, &E);
     if (st == DG_OK)
-        st = in_ptr(ctx, rc, IN_G, &tg, &pg);
+        st = in_ptr(ctx, rc, IN_G, &tg, &io.G);
     if (st == DG_OK && rc->in[IN_H0])
-        st = in_ptr(ctx, rc, IN_H0, &th, &ph0);
-    if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_state_fwd, dg_tensor_data(W), dg_tensor_data(U),
-                     dg_tensor_data(KG), pg, ph0, dg_tensor_data(h), dg_tensor_data(E), NULL);
+        st = in_ptr(ctx, rc, IN_H0, &th, &io.h0);
     if (st == DG_OK) {
-        dg_tensor *made[2] = {h, E};
-        for (int i = 0; i < 2; i++) {
-            int s = i ? KDA_E : KDA_H;
-            if (!rc->slot[s]) {
-                rc->slot[s] = dg_tensor_retain(made[i]);
-                rc->recomputed[s] = 1;
-            }
-        }
+        io.W = dg_tensor_data(W);
+        io.U = dg_tensor_data(U);
+        io.KG = dg_tensor_data(KG);
+        io.h = dg_tensor_data(h);
+        io.E = dg_tensor_data(E);
+        st = kda_run_state_fwd(ctx, c, &io);
+    }
+    if (st == DG_OK) {
+        keep_recomputed(rc, KDA_H, h);
+        keep_recomputed(rc, KDA_E, E);
     }
     dg_tensor_free(&h);
     dg_tensor_free(&E);

@@ -76,7 +76,7 @@ static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
         if (st == DG_OK) {
             void *y = dg_tensor_data(scratch);
             void *r = (char *)y + dg_dtype_size(p->dt) * (size_t)(p->rows * p->K);
-            st = KDA_RUN0(p->cuda, p->dt, ctx, kda_l2norm_fwd, p->rows, p->K, px, y, r);
+            st = kda_run_l2norm_fwd(ctx, p->cuda, p->dt, p->rows, p->K, px, y, r);
             py = y;
             pr = r;
         }
@@ -84,8 +84,8 @@ static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg_tensor_new(ctx, p->dt, n->saved[0]->ndim, n->saved[0]->shape, &dx);
     if (st == DG_OK)
-        st = KDA_RUN0(p->cuda, p->dt, ctx, kda_l2norm_bwd, p->rows, p->K, py, pr, pdy,
-                      dg_tensor_data(dx));
+        st =
+            kda_run_l2norm_bwd(ctx, p->cuda, p->dt, p->rows, p->K, py, pr, pdy, dg_tensor_data(dx));
     if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, dx);
     dg_tensor_free(&scratch);
@@ -122,8 +122,8 @@ dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
     if (st == DG_OK)
         st = dg_tensor_new(ctx, lp.dt, 1, rshape, &r);
     if (st == DG_OK)
-        st = KDA_RUN0(lp.cuda, lp.dt, ctx, kda_l2norm_fwd, lp.rows, lp.K, px, dg_tensor_data(yc),
-                      dg_tensor_data(r));
+        st = kda_run_l2norm_fwd(ctx, lp.cuda, lp.dt, lp.rows, lp.K, px, dg_tensor_data(yc),
+                                dg_tensor_data(r));
     if (st == DG_OK)
         st = kda_as_dtype(ctx, yc, keep_f32 ? lp.dt : x->dtype, y);
     if (st == DG_OK && dg__needs_grad(1, &x)) {

@@ -98,39 +98,60 @@ void KF(kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, 
 #define OP "dg_kda_output"
 #define DROP_AFTER 1 /* no state node follows in backward: drop recomputed tensors here */
 
+/* The node's inputs; QG, h, E reach backward through the recompute context, n->saved holds
+ * Aqk. */
+enum { IN_QG, IN_H, IN_AQK, IN_E };
+enum { SAVED_AQK };
+
 static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const dg_tensor *gO = dg__node_grad_out(n, 0);
     if (!gO)
         return DG_OK;
-    dg_tensor *rt[3]; /* QG, h, E */
-    static const kda_rc_slot slots[3] = {KDA_QG, KDA_H, KDA_E};
-    dg_tensor *tmp[5] = {0}, *gr[4] = {0};
-    const void *p[5] = {0};
-    dg_status st = DG_OK;
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = kda_rc_get(np->rc, ctx, slots[i], &rt[i]);
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
-    if (st == DG_OK) /* saved[0] = Aqk */
-        st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[3], &p[3]);
-    if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
-        st = kda_ptr(ctx, gO, c->dt, &tmp[4], &p[4]);
-    dg_tensor *like[4] = {rt[0], rt[1], n->saved[0], rt[2]}; /* inputs QG, h, Aqk, E */
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_new(ctx, c, like[i]->ndim, like[i]->shape, &gr[i]);
+    dg_tensor *QG = NULL, *h = NULL, *E = NULL; /* from the recompute context */
+    dg_tensor *Aqk = n->saved[SAVED_AQK];
+    /* converted copies (NULL where the tensor already has the compute dtype), the gradients */
+    dg_tensor *tQG = NULL, *th = NULL, *tE = NULL, *tAqk = NULL, *tgO = NULL;
+    dg_tensor *dQG = NULL, *dh = NULL, *dAqk = NULL, *dE = NULL;
+    kda_output_bwd_io io = {0};
+    dg_status st = kda_rc_get(np->rc, ctx, KDA_QG, &QG);
     if (st == DG_OK)
-        st = KDA_RUNV(c, ctx, kda_output_bwd, c->scale, p[0], p[1], p[3], p[2], p[4],
-                      dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                      dg_tensor_data(gr[3]));
+        st = kda_rc_get(np->rc, ctx, KDA_H, &h);
+    if (st == DG_OK)
+        st = kda_rc_get(np->rc, ctx, KDA_E, &E);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, QG, c->dt, &tQG, &io.QG);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, h, c->dt, &th, &io.h);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, E, c->dt, &tE, &io.E);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, Aqk, c->dt, &tAqk, &io.Aqk);
+    if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
+        st = kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, QG, &dQG);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, h, &dh);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, Aqk, &dAqk);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, E, &dE);
+    if (st == DG_OK) {
+        io.dQG = dg_tensor_data(dQG);
+        io.dh = dg_tensor_data(dh);
+        io.dAqk = dg_tensor_data(dAqk);
+        io.dE = dg_tensor_data(dE);
+        st = kda_run_output_bwd(ctx, c, &io);
+    }
+    dg_tensor *grads[4] = {dQG, dh, dAqk, dE}; /* IN_QG .. IN_E */
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, gr[i]);
-    for (int i = 0; i < 5; i++)
-        dg_tensor_free(&tmp[i]);
-    for (int i = 0; i < 4; i++)
-        dg_tensor_free(&gr[i]);
+            st = dg__node_accum(ctx, n, i, grads[i]);
+    dg_tensor *owned[9] = {tQG, th, tE, tAqk, tgO, dQG, dh, dAqk, dE};
+    for (int i = 0; i < 9; i++)
+        dg_tensor_free(&owned[i]);
     if (np->flags & DROP_AFTER)
         kda_rc_drop_recomputed(np->rc);
     return st;
@@ -150,8 +171,10 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
     const int64_t NC = kda_cfg_nc(&cfg);
     int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, sa[4] = {B, T, HV, cfg.d.BT};
     int64_t sh[5] = {B, NC / B, HV, K, V};
-    dg_tensor *in[4] = {QG, h, Aqk, E}, *tmp[4] = {0}, *oc = NULL;
-    const void *p[4] = {0};
+    dg_tensor *in[4] = {QG, h, Aqk, E}, *oc = NULL; /* in: IN_QG .. IN_E */
+    /* converted copies (NULL where the tensor already has the compute dtype) */
+    dg_tensor *tQG = NULL, *th = NULL, *tAqk = NULL, *tE = NULL;
+    kda_output_fwd_io io = {0};
     kda_rc *own = NULL;
     dg_status st = kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
@@ -162,13 +185,20 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
         st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
     if (st == DG_OK)
         st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, QG, cfg.dt, &tQG, &io.QG);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, h, cfg.dt, &th, &io.h);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, Aqk, cfg.dt, &tAqk, &io.Aqk);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, E, cfg.dt, &tE, &io.E);
     if (st == DG_OK) /* oc: o in the compute dtype */
         st = kda_new(ctx, &cfg, 4, sv, &oc);
-    if (st == DG_OK)
-        st = KDA_RUNV(&cfg, ctx, kda_output_fwd, cfg.scale, p[0], p[1], p[2], p[3],
-                      dg_tensor_data(oc));
+    if (st == DG_OK) {
+        io.O = dg_tensor_data(oc);
+        st = kda_run_output_fwd(ctx, &cfg, &io);
+    }
     if (st == DG_OK)
         st = kda_as_dtype(ctx, oc, out_dt == DG_NDTYPES ? cfg.dt : out_dt, o);
     if (st == DG_OK && dg__needs_grad(4, in)) {
@@ -188,7 +218,7 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqk);
+            st = dg__node_save(n, Aqk); /* SAVED_AQK */
         if (st == DG_OK)
             st = kda_rc_save_all(rc, n);
         kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, rc) : NULL;
@@ -203,8 +233,9 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
             dg__node_abort(n);
     }
     kda_rc_release(&own);
+    dg_tensor *owned[4] = {tQG, th, tAqk, tE};
     for (int i = 0; i < 4; i++)
-        dg_tensor_free(&tmp[i]);
+        dg_tensor_free(&owned[i]);
     dg_tensor_free(&oc);
     kda_cfg_free(&cfg);
     if (st != DG_OK)

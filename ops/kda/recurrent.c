@@ -208,6 +208,49 @@ dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const 
 #define F_SIG 2
 #define F_HT 4
 
+/* The node's inputs, also its saved tensors in the same order (A_log, dt_bias, h0 may be NULL). */
+enum { IN_Q, IN_K, IN_V, IN_G, IN_BETA, IN_A_LOG, IN_DT_BIAS, IN_H0, N_IN };
+
+/* The inputs as tensors, and as pointers in the compute dtype (NULL for a missing input). */
+typedef struct rec_tensors {
+    dg_tensor *q, *k, *v, *g, *beta, *A_log, *dt_bias, *h0;
+} rec_tensors;
+typedef struct rec_ptrs {
+    const void *q, *k, *v, *g, *beta, *A_log, *dt_bias, *h0;
+} rec_ptrs;
+
+/* p->X: t->X in the compute dtype, for every input present; tmp gets the converted copies (free
+ * them with rec_free, also on error). */
+static dg_status rec_ptrs_of(dg_ctx *ctx, dg_dtype dt, const rec_tensors *t, rec_tensors *tmp,
+                             rec_ptrs *p) {
+    memset(tmp, 0, sizeof *tmp);
+    memset(p, 0, sizeof *p);
+    dg_status st = DG_OK;
+    if (st == DG_OK && t->q)
+        st = kda_ptr(ctx, t->q, dt, &tmp->q, &p->q);
+    if (st == DG_OK && t->k)
+        st = kda_ptr(ctx, t->k, dt, &tmp->k, &p->k);
+    if (st == DG_OK && t->v)
+        st = kda_ptr(ctx, t->v, dt, &tmp->v, &p->v);
+    if (st == DG_OK && t->g)
+        st = kda_ptr(ctx, t->g, dt, &tmp->g, &p->g);
+    if (st == DG_OK && t->beta)
+        st = kda_ptr(ctx, t->beta, dt, &tmp->beta, &p->beta);
+    if (st == DG_OK && t->A_log)
+        st = kda_ptr(ctx, t->A_log, dt, &tmp->A_log, &p->A_log);
+    if (st == DG_OK && t->dt_bias)
+        st = kda_ptr(ctx, t->dt_bias, dt, &tmp->dt_bias, &p->dt_bias);
+    if (st == DG_OK && t->h0)
+        st = kda_ptr(ctx, t->h0, dt, &tmp->h0, &p->h0);
+    return st;
+}
+
+static void rec_free(rec_tensors *t) {
+    dg_tensor **all[N_IN] = {&t->q, &t->k, &t->v, &t->g, &t->beta, &t->A_log, &t->dt_bias, &t->h0};
+    for (int i = 0; i < N_IN; i++)
+        dg_tensor_free(all[i]);
+}
+
 /* The transformed inputs of the recurrence: normalised q, k (+ 1/norms), beta, log decay g, all
  * in the compute dtype, in one scratch tensor on the context's device. */
 typedef struct rec_tx {
@@ -216,9 +259,8 @@ typedef struct rec_tx {
     void *qn, *kn, *rq, *rk, *bt, *gl;
 } rec_tx;
 
-/* p[]: pointers (compute dtype) to q, k, v, g, beta, A_log, dt_bias, h0. */
-static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const void *const *p,
-                          rec_tx *x) {
+/* p: the inputs in the compute dtype. */
+static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const rec_ptrs *p, rec_tx *x) {
     const kda_dims *d = &c->d;
     const int64_t TT = d->B * d->T, nq = TT * d->H * d->K, nb = TT * d->HV, ng = nb * d->K;
     const size_t es = dg_dtype_size(c->dt);
@@ -232,23 +274,25 @@ static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const void *
     x->rk = m + es * (size_t)(2 * nq + TT * d->H);
     x->bt = m + es * (size_t)(2 * nq + 2 * TT * d->H);
     x->gl = m + es * (size_t)(2 * nq + 2 * TT * d->H + nb);
-    x->q = p[0];
-    x->k = p[1];
+    x->q = p->q;
+    x->k = p->k;
     dg_status st = DG_OK;
     if (flags & F_L2) {
-        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[0], x->qn, x->rq);
+        st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, p->q, x->qn, x->rq);
         if (st == DG_OK)
-            st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_fwd, TT * d->H, d->K, p[1], x->kn, x->rk);
+            st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, p->k, x->kn, x->rk);
         x->q = x->qn;
         x->k = x->kn;
     }
-    x->beta = p[4];
+    x->beta = p->beta;
     if (st == DG_OK && (flags & F_SIG)) {
-        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_beta_fwd, nb, c->beta_c, p[4], x->bt);
+        st = kda_run_beta_fwd(ctx, c->cuda, c->dt, nb, c->beta_c, p->beta, x->bt);
         x->beta = x->bt;
     }
-    if (st == DG_OK)
-        st = KDA_RUNV(c, ctx, kda_gate_fwd, c->gate, c->lb, 0, p[3], p[5], p[6], x->gl);
+    if (st == DG_OK) {
+        kda_gate_fwd_io gate = {.x = p->g, .A_log = p->A_log, .dt_bias = p->dt_bias, .G = x->gl};
+        st = kda_run_gate_fwd(ctx, c, 0, &gate);
+    }
     x->g = x->gl;
     if (st != DG_OK)
         dg_tensor_free(&x->buf);
@@ -263,67 +307,113 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gH = (np->flags & F_HT) ? dg__node_grad_out(n, 1) : NULL;
     if (!gO && !gH)
         return DG_OK;
-    /* gr: gradients of the 8 inputs; raw: of the transformed q, k, g and beta (before the
-     * in-op transforms' own backward) */
-    dg_tensor *tmp[10] = {0}, *gr[8] = {0}, *raw[4] = {0};
-    const void *p[10] = {0};
+    const rec_tensors in = {.q = n->saved[IN_Q],
+                            .k = n->saved[IN_K],
+                            .v = n->saved[IN_V],
+                            .g = n->saved[IN_G],
+                            .beta = n->saved[IN_BETA],
+                            .A_log = n->saved[IN_A_LOG],
+                            .dt_bias = n->saved[IN_DT_BIAS],
+                            .h0 = n->saved[IN_H0]};
+    /* tmp: converted copies of the inputs; gr: gradients of the inputs; dq_n, dk_n, dg_l,
+     * dbeta_t: the gradients of the transformed q, k, g and beta (before the in-op transforms'
+     * own backward) */
+    rec_tensors tmp = {0}, gr = {0};
+    rec_ptrs p = {0};
+    dg_tensor *tgO = NULL, *tgH = NULL, *dq_n = NULL, *dk_n = NULL, *dg_l = NULL, *dbeta_t = NULL;
+    kda_recurrent_bwd_io io = {0};
     rec_tx x = {0};
-    dg_status st = DG_OK;
-    for (int i = 0; i < 8 && st == DG_OK; i++)
-        if (n->saved[i])
-            st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+    dg_status st = rec_ptrs_of(ctx, c->dt, &in, &tmp, &p);
     if (st == DG_OK && gO)
-        st = kda_ptr(ctx, gO, c->dt, &tmp[8], &p[8]);
+        st = kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
     if (st == DG_OK && gH)
-        st = kda_ptr(ctx, gH, c->dt, &tmp[9], &p[9]);
+        st = kda_ptr(ctx, gH, c->dt, &tgH, &io.dht);
     if (st == DG_OK)
-        st = tx_build(ctx, c, np->flags, p, &x);
-    for (int i = 0; i < 8 && st == DG_OK; i++)
-        if (n->saved[i])
-            st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
-    static const int raw_of[4] = {0, 1, 3, 4}; /* q, k, g, beta */
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_new_as(ctx, c, n->saved[raw_of[i]], &raw[i]);
+        st = tx_build(ctx, c, np->flags, &p, &x);
     if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_recurrent_bwd, c->scale, x.q, x.k, p[2], x.g, x.beta, p[7], p[8],
-                     p[9], dg_tensor_data(raw[0]), dg_tensor_data(raw[1]), dg_tensor_data(gr[2]),
-                     dg_tensor_data(raw[2]), dg_tensor_data(raw[3]),
-                     gr[7] ? dg_tensor_data(gr[7]) : NULL);
+        st = kda_new_as(ctx, c, in.q, &gr.q);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.k, &gr.k);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.v, &gr.v);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.g, &gr.g);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.beta, &gr.beta);
+    if (st == DG_OK && in.A_log)
+        st = kda_new_as(ctx, c, in.A_log, &gr.A_log);
+    if (st == DG_OK && in.dt_bias)
+        st = kda_new_as(ctx, c, in.dt_bias, &gr.dt_bias);
+    if (st == DG_OK && in.h0)
+        st = kda_new_as(ctx, c, in.h0, &gr.h0);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.q, &dq_n);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.k, &dk_n);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.g, &dg_l);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, in.beta, &dbeta_t);
+    if (st == DG_OK) {
+        io.q = x.q;
+        io.k = x.k;
+        io.v = p.v;
+        io.g = x.g;
+        io.beta = x.beta;
+        io.h0 = p.h0;
+        io.dq = dg_tensor_data(dq_n);
+        io.dk = dg_tensor_data(dk_n);
+        io.dv = dg_tensor_data(gr.v);
+        io.dg = dg_tensor_data(dg_l);
+        io.dbeta = dg_tensor_data(dbeta_t);
+        io.dh0 = gr.h0 ? dg_tensor_data(gr.h0) : NULL;
+        st = kda_run_recurrent_bwd(ctx, c, &io);
+    }
     const int64_t TT = d->B * d->T, rows = TT * d->H;
     /* dq, dk, dbeta: through the transform, or the raw gradient itself */
     if (st == DG_OK && (np->flags & F_L2)) {
-        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_bwd, rows, d->K, x.q, x.rq,
-                      dg_tensor_data(raw[0]), dg_tensor_data(gr[0]));
+        st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n),
+                                dg_tensor_data(gr.q));
         if (st == DG_OK)
-            st = KDA_RUN0(c->cuda, c->dt, ctx, kda_l2norm_bwd, rows, d->K, x.k, x.rk,
-                          dg_tensor_data(raw[1]), dg_tensor_data(gr[1]));
+            st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.k, x.rk,
+                                    dg_tensor_data(dk_n), dg_tensor_data(gr.k));
     } else if (st == DG_OK) {
-        for (int i = 0; i < 2; i++) {
-            dg_tensor_free(&gr[i]);
-            gr[i] = dg_tensor_retain(raw[i]);
-        }
+        dg_tensor_free(&gr.q);
+        gr.q = dg_tensor_retain(dq_n);
+        dg_tensor_free(&gr.k);
+        gr.k = dg_tensor_retain(dk_n);
     }
     if (st == DG_OK && (np->flags & F_SIG)) {
-        st = KDA_RUN0(c->cuda, c->dt, ctx, kda_beta_bwd, TT * d->HV, c->beta_c, p[4],
-                      dg_tensor_data(raw[3]), dg_tensor_data(gr[4]));
+        st = kda_run_beta_bwd(ctx, c->cuda, c->dt, TT * d->HV, c->beta_c, p.beta,
+                              dg_tensor_data(dbeta_t), dg_tensor_data(gr.beta));
     } else if (st == DG_OK) {
-        dg_tensor_free(&gr[4]);
-        gr[4] = dg_tensor_retain(raw[3]);
+        dg_tensor_free(&gr.beta);
+        gr.beta = dg_tensor_retain(dbeta_t);
     }
-    if (st == DG_OK)
-        st = KDA_RUNV(c, ctx, kda_gate_bwd, c->gate, c->lb, 0, p[3], p[5], p[6],
-                      dg_tensor_data(raw[2]), dg_tensor_data(gr[3]),
-                      gr[5] ? dg_tensor_data(gr[5]) : NULL, gr[6] ? dg_tensor_data(gr[6]) : NULL);
-    for (int i = 0; i < 8 && st == DG_OK; i++)
-        if (gr[i] && dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, gr[i]);
+    if (st == DG_OK) {
+        kda_gate_bwd_io gate = {.x = p.g,
+                                .A_log = p.A_log,
+                                .dt_bias = p.dt_bias,
+                                .dG = dg_tensor_data(dg_l),
+                                .dx = dg_tensor_data(gr.g),
+                                .dA_log = gr.A_log ? dg_tensor_data(gr.A_log) : NULL,
+                                .ddt_bias = gr.dt_bias ? dg_tensor_data(gr.dt_bias) : NULL};
+        st = kda_run_gate_bwd(ctx, c, 0, &gate);
+    }
+    dg_tensor *grads[N_IN] = {gr.q,    gr.k,     gr.v,       gr.g,
+                              gr.beta, gr.A_log, gr.dt_bias, gr.h0}; /* IN_Q .. IN_H0 */
+    for (int i = 0; i < N_IN && st == DG_OK; i++)
+        if (grads[i] && dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, grads[i]);
     dg_tensor_free(&x.buf);
-    for (int i = 0; i < 10; i++)
-        dg_tensor_free(&tmp[i]);
-    for (int i = 0; i < 8; i++)
-        dg_tensor_free(&gr[i]);
-    for (int i = 0; i < 4; i++)
-        dg_tensor_free(&raw[i]);
+    rec_free(&tmp);
+    dg_tensor_free(&tgO);
+    dg_tensor_free(&tgH);
+    rec_free(&gr);
+    dg_tensor_free(&dq_n);
+    dg_tensor_free(&dk_n);
+    dg_tensor_free(&dg_l);
+    dg_tensor_free(&dbeta_t);
     return st;
 }
 
@@ -342,36 +432,44 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     const int want_ht = opts && opts->output_final_state;
     const int flags = (opts && opts->l2norm_qk ? F_L2 : 0) |
                       (opts && opts->beta_sigmoid ? F_SIG : 0) | (want_ht ? F_HT : 0);
-    dg_tensor *in[8] = {q, k, v, g, beta, A_log, dt_bias, h0}, *tmp[8] = {0}, *oc = NULL;
-    const void *p[8] = {0};
+    dg_tensor *in[N_IN] = {q, k, v, g, beta, A_log, dt_bias, h0}, *oc = NULL; /* IN_Q .. IN_H0 */
+    const rec_tensors inputs = {q, k, v, g, beta, A_log, dt_bias, h0};
+    rec_tensors tmp; /* converted copies */
+    rec_ptrs p;
+    kda_recurrent_fwd_io io = {0};
     rec_tx x = {0};
-    dg_status st = DG_OK;
-    for (int i = 0; i < 8 && st == DG_OK; i++)
-        if (in[i])
-            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    dg_status st = rec_ptrs_of(ctx, cfg.dt, &inputs, &tmp, &p);
     if (st == DG_OK)
-        st = tx_build(ctx, &cfg, flags, p, &x);
+        st = tx_build(ctx, &cfg, flags, &p, &x);
     int64_t so[4] = {cfg.d.B, cfg.d.T, cfg.d.HV, cfg.d.V};
     int64_t s0[4] = {cfg.d.N, cfg.d.HV, cfg.d.K, cfg.d.V};
     if (st == DG_OK) /* oc: o in the compute dtype; *o gets q's dtype */
         st = kda_new(ctx, &cfg, 4, so, &oc);
     if (st == DG_OK && want_ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
-    if (st == DG_OK)
-        st = KDA_RUN(&cfg, ctx, kda_recurrent_fwd, cfg.scale, x.q, x.k, p[2], x.g, x.beta, p[7],
-                     dg_tensor_data(oc), want_ht ? dg_tensor_data(*ht) : NULL);
+    if (st == DG_OK) {
+        io.q = x.q;
+        io.k = x.k;
+        io.v = p.v;
+        io.g = x.g;
+        io.beta = x.beta;
+        io.h0 = p.h0;
+        io.o = dg_tensor_data(oc);
+        io.ht = want_ht ? dg_tensor_data(*ht) : NULL;
+        st = kda_run_recurrent_fwd(ctx, &cfg, &io);
+    }
     if (st == DG_OK)
         st = kda_as_dtype(ctx, oc, q->dtype, o);
-    if (st == DG_OK && dg__needs_grad(8, in)) {
+    if (st == DG_OK && dg__needs_grad(N_IN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
-        for (int i = 0; i < 8 && st == DG_OK; i++)
+        for (int i = 0; i < N_IN && st == DG_OK; i++)
             st = dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK && want_ht)
             st = dg__node_output(n, *ht);
-        for (int i = 0; i < 8 && st == DG_OK; i++)
+        for (int i = 0; i < N_IN && st == DG_OK; i++)
             st = dg__node_save(n, in[i]);
         kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, NULL) : NULL;
         if (st == DG_OK && !np)
@@ -385,8 +483,7 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     }
     dg_tensor_free(&x.buf);
     dg_tensor_free(&oc);
-    for (int i = 0; i < 8; i++)
-        dg_tensor_free(&tmp[i]);
+    rec_free(&tmp);
     kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(o);

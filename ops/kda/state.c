@@ -155,45 +155,75 @@ dg_status KF(kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const 
 #define OP "dg_kda_state"
 #define HAS_HT 1
 
+/* The node's inputs (h0 may be NULL); W, U, KG reach backward through the recompute context,
+ * n->saved holds G, then h0. */
+enum { IN_W, IN_U, IN_KG, IN_G, IN_H0 };
+enum { SAVED_G, SAVED_H0 };
+
 static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
     const kda_cfg *c = &np->cfg;
-    const dg_tensor *go[3] = {dg__node_grad_out(n, 0), dg__node_grad_out(n, 1),
-                              (np->flags & HAS_HT) ? dg__node_grad_out(n, 2) : NULL};
-    if (!go[0] && !go[1] && !go[2])
+    const dg_tensor *gh = dg__node_grad_out(n, 0), *gE = dg__node_grad_out(n, 1);
+    const dg_tensor *ght = (np->flags & HAS_HT) ? dg__node_grad_out(n, 2) : NULL;
+    if (!gh && !gE && !ght)
         return DG_OK;
-    dg_tensor *rt[4]; /* W, KG, h, E from the recompute context */
-    static const kda_rc_slot slots[4] = {KDA_W, KDA_KG, KDA_H, KDA_E};
-    dg_tensor *tmp[8] = {0}, *gr[5] = {0};
-    const void *p[8] = {0};
-    dg_status st = DG_OK;
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_rc_get(np->rc, ctx, slots[i], &rt[i]);
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
-    if (st == DG_OK) /* saved[0] = G */
-        st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[4], &p[4]);
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        if (go[i])
-            st = kda_ptr(ctx, go[i], c->dt, &tmp[5 + i], &p[5 + i]);
-    /* gradients of W, U, KG, G, h0 (inputs 0..4), shaped like them */
+    dg_tensor *W = NULL, *KG = NULL, *h = NULL, *E = NULL; /* from the recompute context */
+    /* converted copies (NULL where the tensor already has the compute dtype), the gradients */
+    dg_tensor *tW = NULL, *tKG = NULL, *th = NULL, *tE = NULL, *tG = NULL, *tgh = NULL;
+    dg_tensor *tgE = NULL, *tght = NULL;
+    dg_tensor *dW = NULL, *dU = NULL, *dKG = NULL, *dG = NULL, *dh0 = NULL;
+    kda_state_bwd_io io = {0};
+    dg_status st = kda_rc_get(np->rc, ctx, KDA_W, &W);
+    if (st == DG_OK)
+        st = kda_rc_get(np->rc, ctx, KDA_KG, &KG);
+    if (st == DG_OK)
+        st = kda_rc_get(np->rc, ctx, KDA_H, &h);
+    if (st == DG_OK)
+        st = kda_rc_get(np->rc, ctx, KDA_E, &E);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, W, c->dt, &tW, &io.W);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, KG, c->dt, &tKG, &io.KG);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, h, c->dt, &th, &io.h);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, E, c->dt, &tE, &io.E);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, n->saved[SAVED_G], c->dt, &tG, &io.G);
+    if (st == DG_OK && gh)
+        st = kda_ptr(ctx, gh, c->dt, &tgh, &io.dh);
+    if (st == DG_OK && gE)
+        st = kda_ptr(ctx, gE, c->dt, &tgE, &io.dE);
+    if (st == DG_OK && ght)
+        st = kda_ptr(ctx, ght, c->dt, &tght, &io.dht);
+    /* gradients of the inputs, shaped like them */
     int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     int64_t s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_new(ctx, c, 4, i == 1 ? sv : sk, &gr[i]);
-    if (st == DG_OK && n->saved[1] && dg__node_wants_grad(n, 4))
-        st = kda_new(ctx, c, 4, s0, &gr[4]);
     if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_state_bwd, p[0], p[1], p[4], p[2], p[3], p[5], p[6], p[7],
-                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                     dg_tensor_data(gr[3]), gr[4] ? dg_tensor_data(gr[4]) : NULL);
+        st = kda_new(ctx, c, 4, sk, &dW);
+    if (st == DG_OK)
+        st = kda_new(ctx, c, 4, sv, &dU);
+    if (st == DG_OK)
+        st = kda_new(ctx, c, 4, sk, &dKG);
+    if (st == DG_OK)
+        st = kda_new(ctx, c, 4, sk, &dG);
+    if (st == DG_OK && n->saved[SAVED_H0] && dg__node_wants_grad(n, IN_H0))
+        st = kda_new(ctx, c, 4, s0, &dh0);
+    if (st == DG_OK) {
+        io.dW = dg_tensor_data(dW);
+        io.dU = dg_tensor_data(dU);
+        io.dKG = dg_tensor_data(dKG);
+        io.dG = dg_tensor_data(dG);
+        io.dh0 = dh0 ? dg_tensor_data(dh0) : NULL;
+        st = kda_run_state_bwd(ctx, c, &io);
+    }
+    dg_tensor *grads[5] = {dW, dU, dKG, dG, dh0}; /* IN_W .. IN_H0 */
     for (int i = 0; i < 5 && st == DG_OK; i++)
-        if (gr[i] && dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, gr[i]);
-    for (int i = 0; i < 8; i++)
-        dg_tensor_free(&tmp[i]);
-    for (int i = 0; i < 5; i++)
-        dg_tensor_free(&gr[i]);
+        if (grads[i] && dg__node_wants_grad(n, i))
+            st = dg__node_accum(ctx, n, i, grads[i]);
+    dg_tensor *owned[13] = {tW, tKG, th, tE, tG, tgh, tgE, tght, dW, dU, dKG, dG, dh0};
+    for (int i = 0; i < 13; i++)
+        dg_tensor_free(&owned[i]);
     kda_rc_drop_recomputed(np->rc); /* this node is the last user of recomputed tensors */
     return st;
 }
@@ -216,8 +246,10 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     const int64_t NC = kda_cfg_nc(&cfg);
     int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, s0[4] = {cfg.d.N, HV, K, V};
     int64_t sh[5] = {B, NC / B, HV, K, V};
-    dg_tensor *in[5] = {W, U, KG, G, h0}, *tmp[5] = {0};
-    const void *p[5] = {0};
+    dg_tensor *in[5] = {W, U, KG, G, h0}; /* IN_W .. IN_H0 */
+    /* converted copies (NULL where the tensor already has the compute dtype) */
+    dg_tensor *tW = NULL, *tU = NULL, *tKG = NULL, *tG = NULL, *th0 = NULL;
+    kda_state_fwd_io io = {0};
     kda_rc *own = NULL;
     dg_status st = kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
@@ -230,18 +262,28 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
         st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,HV,K,V");
     if (st == DG_OK)
         st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
-    for (int i = 0; i < 5 && st == DG_OK; i++)
-        if (in[i])
-            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, W, cfg.dt, &tW, &io.W);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, U, cfg.dt, &tU, &io.U);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, KG, cfg.dt, &tKG, &io.KG);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
+    if (st == DG_OK && h0)
+        st = kda_ptr(ctx, h0, cfg.dt, &th0, &io.h0);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
         st = kda_new(ctx, &cfg, 4, sv, E);
     if (st == DG_OK && ht)
         st = kda_new(ctx, &cfg, 4, s0, ht);
-    if (st == DG_OK)
-        st = KDA_RUN(&cfg, ctx, kda_state_fwd, p[0], p[1], p[2], p[3], p[4], dg_tensor_data(*h),
-                     dg_tensor_data(*E), ht ? dg_tensor_data(*ht) : NULL);
+    if (st == DG_OK) {
+        io.h = dg_tensor_data(*h);
+        io.E = dg_tensor_data(*E);
+        io.ht = ht ? dg_tensor_data(*ht) : NULL;
+        st = kda_run_state_fwd(ctx, &cfg, &io);
+    }
     if (st == DG_OK && dg__needs_grad(5, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);
@@ -268,9 +310,9 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
         if (st == DG_OK && ht)
             st = dg__node_output(n, *ht);
         if (st == DG_OK)
-            st = dg__node_save(n, G);
+            st = dg__node_save(n, G); /* SAVED_G */
         if (st == DG_OK)
-            st = dg__node_save(n, h0);
+            st = dg__node_save(n, h0); /* SAVED_H0 */
         if (st == DG_OK)
             st = kda_rc_save_all(rc, n);
         kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, rc) : NULL;
@@ -284,8 +326,9 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
             dg__node_abort(n);
     }
     kda_rc_release(&own);
+    dg_tensor *owned[5] = {tW, tU, tKG, tG, th0};
     for (int i = 0; i < 5; i++)
-        dg_tensor_free(&tmp[i]);
+        dg_tensor_free(&owned[i]);
     kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(h);

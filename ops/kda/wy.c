@@ -195,36 +195,70 @@ dg_status KF(kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *
 
 #define OP "dg_kda_wy"
 
+/* The node's inputs, also its saved tensors in the same order. */
+enum { IN_Q, IN_K, IN_V, IN_BETA, IN_G, IN_TM };
+
 static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     const kda_cfg *c = &((const kda_np *)n->params)->cfg;
-    const dg_tensor *go[4];
-    int any = 0;
-    for (int i = 0; i < 4; i++)
-        any |= (go[i] = dg__node_grad_out(n, i)) != NULL;
-    if (!any)
+    const dg_tensor *gW = dg__node_grad_out(n, 0), *gU = dg__node_grad_out(n, 1);
+    const dg_tensor *gKG = dg__node_grad_out(n, 2), *gQG = dg__node_grad_out(n, 3);
+    if (!gW && !gU && !gKG && !gQG)
         return DG_OK;
-    /* saved: q, k, v, beta, G, Tm; then the output grads dW, dU, dKG, dQG */
-    dg_tensor *tmp[10] = {0}, *gr[6] = {0};
-    const void *p[10] = {0};
-    dg_status st = DG_OK;
-    for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        if (go[i])
-            st = kda_ptr(ctx, go[i], c->dt, &tmp[6 + i], &p[6 + i]);
-    for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
+    dg_tensor *q = n->saved[IN_Q], *k = n->saved[IN_K], *v = n->saved[IN_V];
+    dg_tensor *beta = n->saved[IN_BETA], *G = n->saved[IN_G], *Tm = n->saved[IN_TM];
+    /* converted copies (NULL where the tensor already has the compute dtype), the gradients */
+    dg_tensor *tq = NULL, *tk = NULL, *tv = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL;
+    dg_tensor *tgW = NULL, *tgU = NULL, *tgKG = NULL, *tgQG = NULL;
+    dg_tensor *dq = NULL, *dk = NULL, *dv = NULL, *dbeta = NULL, *dG = NULL, *dTm = NULL;
+    kda_wy_bwd_io io = {0};
+    dg_status st = kda_ptr(ctx, q, c->dt, &tq, &io.q);
     if (st == DG_OK)
-        st = KDA_RUN(c, ctx, kda_wy_bwd, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9],
-                     dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                     dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+        st = kda_ptr(ctx, k, c->dt, &tk, &io.k);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, v, c->dt, &tv, &io.v);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, G, c->dt, &tG, &io.G);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, Tm, c->dt, &tTm, &io.Tm);
+    if (st == DG_OK && gW)
+        st = kda_ptr(ctx, gW, c->dt, &tgW, &io.dW);
+    if (st == DG_OK && gU)
+        st = kda_ptr(ctx, gU, c->dt, &tgU, &io.dU);
+    if (st == DG_OK && gKG)
+        st = kda_ptr(ctx, gKG, c->dt, &tgKG, &io.dKG);
+    if (st == DG_OK && gQG)
+        st = kda_ptr(ctx, gQG, c->dt, &tgQG, &io.dQG);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, q, &dq);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, k, &dk);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, v, &dv);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, beta, &dbeta);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, G, &dG);
+    if (st == DG_OK)
+        st = kda_new_as(ctx, c, Tm, &dTm);
+    if (st == DG_OK) {
+        io.dq = dg_tensor_data(dq);
+        io.dk = dg_tensor_data(dk);
+        io.dv = dg_tensor_data(dv);
+        io.dbeta = dg_tensor_data(dbeta);
+        io.dG = dg_tensor_data(dG);
+        io.dTm = dg_tensor_data(dTm);
+        st = kda_run_wy_bwd(ctx, c, &io);
+    }
+    dg_tensor *grads[6] = {dq, dk, dv, dbeta, dG, dTm}; /* IN_Q .. IN_TM */
     for (int i = 0; i < 6 && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, gr[i]);
-    for (int i = 0; i < 10; i++)
-        dg_tensor_free(&tmp[i]);
-    for (int i = 0; i < 6; i++)
-        dg_tensor_free(&gr[i]);
+            st = dg__node_accum(ctx, n, i, grads[i]);
+    dg_tensor *owned[16] = {tq,   tk,   tv, tbeta, tG, tTm,   tgW, tgU,
+                            tgKG, tgQG, dq, dk,    dv, dbeta, dG,  dTm};
+    for (int i = 0; i < 16; i++)
+        dg_tensor_free(&owned[i]);
     return st;
 }
 
@@ -246,8 +280,10 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
     DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sb[3] = {B, T, HV};
     int64_t sg[4] = {B, T, HV, K}, st_[4] = {B, T, HV, cfg.d.BT};
-    dg_tensor *in[6] = {q, k, v, beta, G, Tm}, *tmp[6] = {0};
-    const void *p[6] = {0};
+    dg_tensor *in[6] = {q, k, v, beta, G, Tm}; /* IN_Q .. IN_TM */
+    /* converted copies (NULL where the tensor already has the compute dtype) */
+    dg_tensor *tq = NULL, *tk = NULL, *tv = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL;
+    kda_wy_fwd_io io = {0};
     dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
     if (st == DG_OK)
         st = kda_check(OP, "v", v, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
@@ -259,13 +295,33 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
         st = kda_check(OP, "Tm", Tm, ctx, cfg.m_f, 4, st_, "B,T,HV,BT");
     if (st == DG_OK)
         st = kda_cfg_dev(OP, ctx, &cfg, share);
-    for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
-    for (int i = 0; i < 4 && st == DG_OK; i++)
-        st = kda_new(ctx, &cfg, 4, i == 1 ? sv : sg, outs[i]);
     if (st == DG_OK)
-        st = KDA_RUN(&cfg, ctx, kda_wy_fwd, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*W),
-                     dg_tensor_data(*U), dg_tensor_data(*KG), dg_tensor_data(*QG));
+        st = kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, v, cfg.dt, &tv, &io.v);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
+    if (st == DG_OK)
+        st = kda_ptr(ctx, Tm, cfg.dt, &tTm, &io.Tm);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sg, W);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sv, U);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sg, KG);
+    if (st == DG_OK)
+        st = kda_new(ctx, &cfg, 4, sg, QG);
+    if (st == DG_OK) {
+        io.W = dg_tensor_data(*W);
+        io.U = dg_tensor_data(*U);
+        io.KG = dg_tensor_data(*KG);
+        io.QG = dg_tensor_data(*QG);
+        st = kda_run_wy_fwd(ctx, &cfg, &io);
+    }
     if (st == DG_OK && dg__needs_grad(6, in)) {
         dg_node *n;
         st = dg__node_new("kda_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
@@ -284,8 +340,9 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
                 dg__node_abort(n);
         }
     }
+    dg_tensor *owned[6] = {tq, tk, tv, tbeta, tG, tTm};
     for (int i = 0; i < 6; i++)
-        dg_tensor_free(&tmp[i]);
+        dg_tensor_free(&owned[i]);
     kda_cfg_free(&cfg);
     if (st != DG_OK)
         for (int i = 0; i < 4; i++)
