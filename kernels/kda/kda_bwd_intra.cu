@@ -16,10 +16,13 @@
  * once per chunk); (2) intra_main: block per (chunk, hv, 32-wide key tile); lane = key dim, warp w
  * = rows w, w+8, ...; each thread forms its row side (j <= r) and column side (m >= r) sums, so no
  * reduction crosses threads except dbeta's sum over d (warp butterfly per tile, then the tiles in
- * a fixed order). dq, dk are produced per value head and summed over the G heads of a group by a
+ * a fixed order) -- the f32 path (tc == 0); (2') intra_main_mma, the tensor-core path (tc != 0):
+ * block per (chunk, 64-wide key tile, hv), the same sums as 3xTF32 MMAs over 16-row blocks (see
+ * its comment). dq, dk are produced per value head and summed over the G heads of a group by a
  * second kernel (deterministic GVA reduction); with G = 1 they are written in place.
  * Shared memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main
- * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in).
+ * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma
+ * (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT = 64).
  */
 #include "kda_bwd.cuh"
 #include "kda_mma.cuh"
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
-/* ---- the tensor-core variant (tc == 1): the sums as products on mma.sync TF32
+/* ---- the tensor-core variant (tc != 0): the sums as products on mma.sync, 3xTF32
  *
  * Block per (chunk, 64-column key tile, value head); warp w owns row block rb = w / 2 (rows
  * 16 rb .. 16 rb + 15) and the 32 key columns 32 (w % 2) .. + 31 of the tile, i.e. four m16n8
@@ -201,8 +204,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
     intra_main_mma_kernel(Dims d, int nkt, float scale, const float *q, const float *k,
                           const float *beta, const float *G, const float *dAqk, const float *dL,
                           float *dqv, float *dkv, float *dG, float *dbp) {
-    using kdamma::mma_tf32;
-    using kdamma::tf32;
+    using kdamma::mma_3xtf32;
+    using kdamma::tf32_split;
     constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
     constexpr int LDK = MMA_LDK;
     extern __shared__ __align__(16) float imma_smem[];
@@ -283,41 +286,43 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
             const float *gp = sG + pm * LDK;
             /* row side: j over [0, 16 rb + 16); B(j, col) = k_j exp(G_pm - G_j) */
             for (int kk = 0; kk < 16 * rb + 16; kk += 8) {
-                unsigned aq[4], al[4];
+                unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
                 const float *pa = sdA + r0 * LDA + kk + t, *pl = sdL + r0 * LDA + kk + t;
-                aq[0] = tf32(pa[0]);
-                aq[1] = tf32(pa[8 * LDA]);
-                aq[2] = tf32(pa[4]);
-                aq[3] = tf32(pa[8 * LDA + 4]);
-                al[0] = tf32(pl[0]);
-                al[1] = tf32(pl[8 * LDA]);
-                al[2] = tf32(pl[4]);
-                al[3] = tf32(pl[8 * LDA + 4]);
+                tf32_split(pa[0], aq[0], aqs[0]);
+                tf32_split(pa[8 * LDA], aq[1], aqs[1]);
+                tf32_split(pa[4], aq[2], aqs[2]);
+                tf32_split(pa[8 * LDA + 4], aq[3], aqs[3]);
+                tf32_split(pl[0], al[0], als[0]);
+                tf32_split(pl[8 * LDA], al[1], als[1]);
+                tf32_split(pl[4], al[2], als[2]);
+                tf32_split(pl[8 * LDA + 4], al[3], als[3]);
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
                     const int col = cb + 8 * n + g;
                     const float gr = gp[col];
                     const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
                     /* rows past L: k = 0, G = 0 >= G_pm, so the factor stays <= 1 */
-                    const unsigned b0 = tf32(sk[i0] * __expf(gr - sG[i0]));
-                    const unsigned b1 = tf32(sk[i1] * __expf(gr - sG[i1]));
-                    mma_tf32(Rq[n], aq, b0, b1);
-                    mma_tf32(Rl[n], al, b0, b1);
+                    unsigned b0, b0s;
+                    tf32_split(sk[i0] * __expf(gr - sG[i0]), b0, b0s);
+                    unsigned b1, b1s;
+                    tf32_split(sk[i1] * __expf(gr - sG[i1]), b1, b1s);
+                    mma_3xtf32(Rq[n], aq, aqs, b0, b1, b0s, b1s);
+                    mma_3xtf32(Rl[n], al, als, b0, b1, b0s, b1s);
                 }
             }
             /* column side: m over [16 rb, BT); B(m, col) = (q_m | beta_m k_m) exp(G_m - G_pm) */
             for (int mm = 16 * rb; mm < BT; mm += 8) {
-                unsigned aq[4], al[4];
+                unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
                 const float *pa = sdA + (mm + t) * LDA + 16 * rb + g;
                 const float *pl = sdL + (mm + t) * LDA + 16 * rb + g;
-                aq[0] = tf32(pa[0]);
-                aq[1] = tf32(pa[8]);
-                aq[2] = tf32(pa[4 * LDA]);
-                aq[3] = tf32(pa[4 * LDA + 8]);
-                al[0] = tf32(pl[0]);
-                al[1] = tf32(pl[8]);
-                al[2] = tf32(pl[4 * LDA]);
-                al[3] = tf32(pl[4 * LDA + 8]);
+                tf32_split(pa[0], aq[0], aqs[0]);
+                tf32_split(pa[8], aq[1], aqs[1]);
+                tf32_split(pa[4 * LDA], aq[2], aqs[2]);
+                tf32_split(pa[4 * LDA + 8], aq[3], aqs[3]);
+                tf32_split(pl[0], al[0], als[0]);
+                tf32_split(pl[8], al[1], als[1]);
+                tf32_split(pl[4 * LDA], al[2], als[2]);
+                tf32_split(pl[4 * LDA + 8], al[3], als[3]);
                 const int ma = mm + t, mb = ma + 4;
                 const bool va = ma < L, vb = mb < L;
                 const float ba = sb[ma], bb = sb[mb];
@@ -328,8 +333,13 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     const int ia = ma * LDK + col, ib = mb * LDK + col;
                     const float xa = va ? __expf(sG[ia] - gr) : 0.f;
                     const float xb = vb ? __expf(sG[ib] - gr) : 0.f;
-                    mma_tf32(Cs[n], aq, tf32(sq[ia] * xa), tf32(sq[ib] * xb));
-                    mma_tf32(Cs[n], al, tf32(ba * sk[ia] * xa), tf32(bb * sk[ib] * xb));
+                    unsigned b0, b0s, b1, b1s;
+                    tf32_split(sq[ia] * xa, b0, b0s);
+                    tf32_split(sq[ib] * xb, b1, b1s);
+                    mma_3xtf32(Cs[n], aq, aqs, b0, b1, b0s, b1s);
+                    tf32_split(ba * sk[ia] * xa, b0, b0s);
+                    tf32_split(bb * sk[ib] * xb, b1, b1s);
+                    mma_3xtf32(Cs[n], al, als, b0, b1, b0s, b1s);
                 }
             }
 #pragma unroll
@@ -355,25 +365,27 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
             if (rb > 0) {
                 const float *gp = sG + 16 * rb * LDK;
                 for (int kk = 0; kk < 16 * rb; kk += 8) {
-                    unsigned aq[4], al[4];
+                    unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
                     const float *pa = sdA + r0 * LDA + kk + t, *pl = sdL + r0 * LDA + kk + t;
-                    aq[0] = tf32(pa[0]);
-                    aq[1] = tf32(pa[8 * LDA]);
-                    aq[2] = tf32(pa[4]);
-                    aq[3] = tf32(pa[8 * LDA + 4]);
-                    al[0] = tf32(pl[0]);
-                    al[1] = tf32(pl[8 * LDA]);
-                    al[2] = tf32(pl[4]);
-                    al[3] = tf32(pl[8 * LDA + 4]);
+                    tf32_split(pa[0], aq[0], aqs[0]);
+                    tf32_split(pa[8 * LDA], aq[1], aqs[1]);
+                    tf32_split(pa[4], aq[2], aqs[2]);
+                    tf32_split(pa[8 * LDA + 4], aq[3], aqs[3]);
+                    tf32_split(pl[0], al[0], als[0]);
+                    tf32_split(pl[8 * LDA], al[1], als[1]);
+                    tf32_split(pl[4], al[2], als[2]);
+                    tf32_split(pl[8 * LDA + 4], al[3], als[3]);
     #pragma unroll
                     for (int n = 0; n < 4; n++) {
                         const int col = cb + 8 * n + g;
                         const float gr = gp[col];
                         const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
-                        const unsigned b0 = tf32(sk[i0] * __expf(gr - sG[i0]));
-                        const unsigned b1 = tf32(sk[i1] * __expf(gr - sG[i1]));
-                        mma_tf32(Rq[n], aq, b0, b1);
-                        mma_tf32(Rl[n], al, b0, b1);
+                        unsigned b0, b0s;
+                        tf32_split(sk[i0] * __expf(gr - sG[i0]), b0, b0s);
+                        unsigned b1, b1s;
+                        tf32_split(sk[i1] * __expf(gr - sG[i1]), b1, b1s);
+                        mma_3xtf32(Rq[n], aq, aqs, b0, b1, b0s, b1s);
+                        mma_3xtf32(Rl[n], al, als, b0, b1, b0s, b1s);
                     }
                 }
     #pragma unroll
@@ -420,17 +432,17 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
             if (p16 < L) {
                 const float *gp = sG + p16 * LDK;
                 for (int mm = p16; mm < BT; mm += 8) {
-                    unsigned aq[4], al[4];
+                    unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
                     const float *pa = sdA + (mm + t) * LDA + 16 * rb + g;
                     const float *pl = sdL + (mm + t) * LDA + 16 * rb + g;
-                    aq[0] = tf32(pa[0]);
-                    aq[1] = tf32(pa[8]);
-                    aq[2] = tf32(pa[4 * LDA]);
-                    aq[3] = tf32(pa[4 * LDA + 8]);
-                    al[0] = tf32(pl[0]);
-                    al[1] = tf32(pl[8]);
-                    al[2] = tf32(pl[4 * LDA]);
-                    al[3] = tf32(pl[4 * LDA + 8]);
+                    tf32_split(pa[0], aq[0], aqs[0]);
+                    tf32_split(pa[8], aq[1], aqs[1]);
+                    tf32_split(pa[4 * LDA], aq[2], aqs[2]);
+                    tf32_split(pa[4 * LDA + 8], aq[3], aqs[3]);
+                    tf32_split(pl[0], al[0], als[0]);
+                    tf32_split(pl[8], al[1], als[1]);
+                    tf32_split(pl[4 * LDA], al[2], als[2]);
+                    tf32_split(pl[4 * LDA + 8], al[3], als[3]);
                     const int ma = mm + t, mb = ma + 4;
                     const bool va = ma < L, vb = mb < L; /* rows past L hold G = 0: never exp them */
                     const float ba = sb[ma], bb = sb[mb];
@@ -441,8 +453,13 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                         const int ia = ma * LDK + col, ib = mb * LDK + col;
                         const float xa = va ? __expf(sG[ia] - gr) : 0.f;
                         const float xb = vb ? __expf(sG[ib] - gr) : 0.f;
-                        mma_tf32(Cs[n], aq, tf32(sq[ia] * xa), tf32(sq[ib] * xb));
-                        mma_tf32(Cs[n], al, tf32(ba * sk[ia] * xa), tf32(bb * sk[ib] * xb));
+                        unsigned b0, b0s, b1, b1s;
+                        tf32_split(sq[ia] * xa, b0, b0s);
+                        tf32_split(sq[ib] * xb, b1, b1s);
+                        mma_3xtf32(Cs[n], aq, aqs, b0, b1, b0s, b1s);
+                        tf32_split(ba * sk[ia] * xa, b0, b0s);
+                        tf32_split(bb * sk[ib] * xb, b1, b1s);
+                        mma_3xtf32(Cs[n], al, als, b0, b1, b0s, b1s);
                     }
                 }
     #pragma unroll
@@ -543,8 +560,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
                               float *dbeta, float *dG) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
-    /* tc == 1: the mma.sync kernel on 64-column key tiles; otherwise the FFMA kernel on 32 */
-    const bool mma = dd->tc == 1;
+    /* tc != 0: the mma.sync kernel on 64-column key tiles; tc == 0 the FFMA kernel on 32 */
+    const bool mma = dd->tc != 0;
     const int nkt = DG_CEIL_DIV(d.K, mma ? MMA_C : CT);
     const size_t vk = (size_t)d.TT * d.HV * d.K;
     /* scratch: dLkk [TT,HV,BT]; dq, dk per value head when G > 1; dbeta partials when nkt > 1 */

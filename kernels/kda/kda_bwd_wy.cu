@@ -211,114 +211,6 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     store_acc<BT, true>(acc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
-/* wy_cols on mma.sync for the tensor-core path (TF32), grid (NC, HV, nK + nV) over 64-column
- * tiles of the K key dims, then of the V value dims: S = Tm^T up (up = dW or dU) as one chunk
- * tile product (gemm_acc: Tm read as its own transpose, masked to i >= j as it is read), parked
- * in shared memory, then the elementwise part of wy_cols with lane = column (coalesced rows),
- * warp w = rows w, w + 8, ...: dbeta's row sums are warp butterflies, lambda's column sums go
- * through shared memory in warp order. Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU. */
-constexpr int WYC_LD = kdamma::AB_N + 4;
-template <int BT> constexpr int wy_cols_mma_smem() {
-    return (kdamma::gemm_smem<BT, false, false>() > BT * WYC_LD
-                ? kdamma::gemm_smem<BT, false, false>()
-                : BT * WYC_LD) +
-           NW * kdamma::AB_N;
-}
-
-template <int BT>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
-    wy_cols_mma_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
-                       const float *G, const float *Tm, const float *dW, const float *dU,
-                       const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv,
-                       float *dG, float *dbp) {
-    using namespace kdamma;
-    static_assert(AB_THREADS == NTH, "one warp layout for the product and the elementwise part");
-    constexpr int NTW = AbTile<BT>::NTW, CS = AB_N;
-    extern __shared__ __align__(16) float wyc_smem[];
-    float *sS = wyc_smem; /* [BT][WYC_LD], after the product (which uses the same space) */
-    float *red = wyc_smem + (wy_cols_mma_smem<BT>() - NW * CS); /* [NW][64] column sums */
-    const int64_t c = blockIdx.x;
-    const int hv = blockIdx.y, z = blockIdx.z, hq = hv / d.G;
-    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
-    const int nK = DG_CEIL_DIV(K, CS);
-    const bool key = z < nK;
-    const int D = key ? K : V, c0 = CS * (key ? z : z - nK);
-    const float *up = key ? dW : dU;
-    const int64_t t0 = d.chunk_t0[c];
-    const int L = d.chunk_len[c];
-
-    float acc[NTW][4] = {};
-    if (up) /* block-uniform */
-        gemm_acc<BT, false, false, 2>(acc, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, BT,
-                                      up + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, D - c0, BT,
-                                      wyc_smem); /* ends with a __syncthreads */
-    store_acc<BT>(acc, sS, WYC_LD, BT, CS, 1.f);
-    __syncthreads();
-
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float lam[2], colsum[2] = {0.f, 0.f};
-#pragma unroll
-    for (int p = 0; p < 2; p++) {
-        const int e = c0 + lane + 32 * p;
-        lam[p] = key && e < K ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
-    }
-    for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
-        const int64_t tj = t0 + j;
-        const float bj = beta[tj * HV + hv];
-        float pb = 0.f;
-#pragma unroll
-        for (int p = 0; p < 2; p++) {
-            const int col = lane + 32 * p, e = c0 + col;
-            if (e >= D)
-                continue;
-            const float sv = sS[j * WYC_LD + col];
-            if (key) {
-                const int64_t ig = (tj * HV + hv) * K + e, iq = (tj * H + hq) * K + e;
-                const float Gj = G[ig], kj = k[iq];
-                const float gam = __expf(Gj);
-                const float tq = dQG ? dQG[ig] * gam : 0.f;
-                const float a = dKG ? dKG[ig] * __expf(lam[p] - Gj) : 0.f;
-                if (dqv)
-                    dqv[ig] = tq;
-                if (dkv)
-                    dkv[ig] = a + bj * gam * sv;
-                const float gv = (dQG ? q[iq] * tq : 0.f) - kj * a + bj * kj * gam * sv;
-                if (j == L - 1)
-                    lam[p] = gv; /* lam no longer needed: row L - 1 is this warp's last */
-                else if (dG)
-                    dG[ig] = gv;
-                colsum[p] += kj * a;
-                pb += sv * kj * gam;
-            } else {
-                const int64_t iv = (tj * HV + hv) * V + e;
-                if (dv)
-                    dv[iv] = bj * sv;
-                pb += sv * v[iv];
-            }
-        }
-        pb = warp_sum(pb);
-        if (dbp && lane == 0)
-            dbp[(int64_t)z * d.TT * HV + tj * HV + hv] = pb;
-    }
-    if (!key || !dG)
-        return; /* block-uniform */
-#pragma unroll
-    for (int p = 0; p < 2; p++)
-        red[w * CS + lane + 32 * p] = colsum[p];
-    __syncthreads();
-    if (w == (L - 1) % NW)
-#pragma unroll
-        for (int p = 0; p < 2; p++) {
-            const int e = c0 + lane + 32 * p;
-            if (e >= K)
-                continue;
-            float x = lam[p];
-            for (int ww = 0; ww < NW; ww++)
-                x += red[ww * CS + lane + 32 * p];
-            dG[((t0 + L - 1) * HV + hv) * K + e] = x;
-        }
-}
-
 // ---- kernel launchers
 
 template <int BT>
@@ -328,11 +220,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
                            float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
-    auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
-    /* tc == 1 with aligned sizes: the mma.sync kernels on 64-column tiles; else FFMA on 32 */
-    const bool mma = dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && al(Tm) && al(dW) && al(dU);
-    const int ct = mma ? kdamma::AB_N : CT;
-    const int nkt = DG_CEIL_DIV(d.K, ct), nvt = DG_CEIL_DIV(d.V, ct);
+    const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
     const size_t vk = (size_t)d.TT * d.HV * d.K;
     const bool per_hv = d.G > 1;
     size_t n = (per_hv ? 2 * vk : 0) + (dbeta ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
@@ -348,18 +236,11 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
     }
     if (dbeta)
         dbp = p;
-    if (mma) {
-        const size_t smem = sizeof(float) * wy_cols_mma_smem<BT>();
-        DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT>, smem));
-        wy_cols_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), kdamma::AB_THREADS, smem,
-                                 s>>>(d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG,
-                                      dbp);
-    } else {
-        wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
-            d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp);
-    }
+    wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
+        d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp);
     DG_CHECK_LAUNCH();
     if (dTm) {
+        auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
         if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && al(k) && al(v) && al(G) && al(dW) &&
             al(dU)) {
             const size_t smem = sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);

@@ -23,9 +23,9 @@
  * (kernels/kda/kda_tc_fwd.cu, kda_tc_bwd.cu): kda_output_fwd_cuda, kda_state_fwd_cuda,
  * kda_wy_fwd_cuda (W and U), kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and Lkk,
  * factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the
- * solve stay f32 FFMA), kda_output_bwd_cuda, kda_state_bwd_cuda, kda_intra_bwd_cuda (tc == 1:
- * the off-diagonal 16-row blocks on mma.sync TF32, factorised the same way; tc == 2 keeps the
- * f32 FFMA kernel); every other function ignores tc.
+ * solve stay f32 FFMA), kda_output_bwd_cuda, kda_state_bwd_cuda, kda_intra_bwd_cuda (tc = 1
+ * and 2: mma.sync 3xTF32, as the sums of its gradients feed dA_log's long sums, where TF32
+ * rounding showed); every other function ignores tc.
  * With tc == 1 and sizes that allow it (K, V multiples of 16 / 4, 16-byte aligned arrays), the
  * state pass (forward and backward), the output forward and the dO h^T-shaped backward products
  * run as mma.sync m16n8k8 TF32 with cp.async staging instead (kda_state_mma.cu, kda_mma.cuh);

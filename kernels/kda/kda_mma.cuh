@@ -36,6 +36,12 @@ __device__ __forceinline__ unsigned tf32(float x) {
     return r;
 }
 
+/* x = hi + lo, both TF32 (the 3xTF32 split): hi carries 11 bits of x, lo the next 11. */
+__device__ __forceinline__ void tf32_split(float x, unsigned &hi, unsigned &lo) {
+    hi = tf32(x);
+    lo = tf32(x - __uint_as_float(hi));
+}
+
 /* d += a b on TF32 operands with f32 accumulators. */
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {
@@ -43,6 +49,16 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], 
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* d += a b to about f32 accuracy from split operands: lo*hi + hi*lo + hi*hi (lo*lo, ~2^-22
+ * relative, dropped), the small products first. */
+__device__ __forceinline__ void mma_3xtf32(float (&d)[4], const unsigned (&ah)[4],
+                                           const unsigned (&al)[4], unsigned bh0, unsigned bh1,
+                                           unsigned bl0, unsigned bl1) {
+    mma_tf32(d, al, bh0, bh1);
+    mma_tf32(d, ah, bl0, bl1);
+    mma_tf32(d, ah, bh0, bh1);
 }
 
 /* Rows [0, R) x columns [c0, c0 + C) of a row-major array with row stride rs (floats) into
