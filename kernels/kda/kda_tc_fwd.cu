@@ -238,11 +238,12 @@ __global__ void __launch_bounds__(TC_THREADS)
  * share their element-to-position map), then rounds to TF32 (or splits, P = 2). Diagonal blocks
  * stay exact per-pair FFMA (thread (ty, tx) owns (ty + 16a, tx + 16a)), as in the FFMA kernel.
  * Static shared memory: one region of 3 BT x 40 + R x 16 x 40 floats (40 KB at BT = 64) holding
- * the q, k, G, G_r key tiles, then the off-diagonal results, then Lkk and Tm. */
+ * the q, k, G, G_r key tiles (cp.async 16-byte pieces when K % 4 == 0 and the arrays are aligned:
+ * vec), then the off-diagonal results, then Lkk and Tm. */
 template <int BT, int P>
 __global__ void __launch_bounds__(TC_THREADS)
     intra_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                        int H, int HV, int K, float scale, const float *__restrict__ q,
+                        int H, int HV, int K, bool vec, float scale, const float *__restrict__ q,
                         const float *__restrict__ k, const float *__restrict__ beta,
                         const float *__restrict__ G, float *__restrict__ Aqk,
                         float *__restrict__ Tm) {
@@ -279,19 +280,36 @@ __global__ void __launch_bounds__(TC_THREADS)
     wmma::fill_fragment(cP, 0.f);
 
     for (int kt0 = 0; kt0 < K; kt0 += KT) {
-        for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
-            const int i = idx / KT, e = idx % KT;
-            const bool ok = i < L && kt0 + e < K;
-            const int64_t oq = ((t0 + i) * H + hq) * K + kt0 + e;
-            const int64_t og = ((t0 + i) * HV + hv) * K + kt0 + e;
-            qs[i * LD + e] = ok ? q[oq] : 0.f;
-            ks[i * LD + e] = ok ? k[oq] : 0.f;
-            gs[i * LD + e] = ok ? G[og] : 0.f;
-        }
-        for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
-            const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
-            const bool ok = 16 * I < L && kt0 + e < K;
-            grs[(I * 16 + m) * LD + e] = ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
+        if (vec) { /* 16-byte pieces all in flight at once; rows >= L, columns >= K zero */
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(qs, q + (t0 * H + hq) * K, (int64_t)H * K, L,
+                                                      kt0, K);
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(ks, k + (t0 * H + hq) * K, (int64_t)H * K, L,
+                                                      kt0, K);
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(gs, G + (t0 * HV + hv) * K,
+                                                      (int64_t)HV * K, L, kt0, K);
+            kdamma::cp_async_commit();
+            kdamma::cp_async_wait<0>();
+            __syncthreads();
+            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+                grs[(I * 16 + m) * LD + e] = 16 * I < L ? gs[16 * I * LD + e] : 0.f;
+            }
+        } else {
+            for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
+                const int i = idx / KT, e = idx % KT;
+                const bool ok = i < L && kt0 + e < K;
+                const int64_t oq = ((t0 + i) * H + hq) * K + kt0 + e;
+                const int64_t og = ((t0 + i) * HV + hv) * K + kt0 + e;
+                qs[i * LD + e] = ok ? q[oq] : 0.f;
+                ks[i * LD + e] = ok ? k[oq] : 0.f;
+                gs[i * LD + e] = ok ? G[og] : 0.f;
+            }
+            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+                const bool ok = 16 * I < L && kt0 + e < K;
+                grs[(I * 16 + m) * LD + e] =
+                    ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
+            }
         }
         __syncthreads();
 
@@ -554,10 +572,12 @@ dg_status kda_intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, con
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+    const bool vec = d->K % 4 == 0 && al(q) && al(k) && al(G); /* cp.async tile loads */
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         intra_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, scale, q, k, beta, G, Aqk,
-                            Tm);
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta,
+                            G, Aqk, Tm);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
