@@ -192,6 +192,23 @@ constexpr int MMA_LDK = MMA_C + 8; /* q, k, G tiles: B-fragment reads (k = t, n 
  * factor that underflows stands for a term below e^-47 of the diagonal's. */
 constexpr float MMA_SPAN = 40.f;
 
+/* The 3xTF32 halves of an m16n8k8 A fragment read from a row-major shared tile: frag_rows at
+ * p = &M[m0 + g][k0 + t] (A = M), frag_cols at p = &M[k0 + t][m0 + g] (A = M^T). */
+template <int LD>
+__device__ __forceinline__ void frag_rows(const float *p, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    kdamma::tf32_split(p[0], hi[0], lo[0]);
+    kdamma::tf32_split(p[8 * LD], hi[1], lo[1]);
+    kdamma::tf32_split(p[4], hi[2], lo[2]);
+    kdamma::tf32_split(p[8 * LD + 4], hi[3], lo[3]);
+}
+template <int LD>
+__device__ __forceinline__ void frag_cols(const float *p, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    kdamma::tf32_split(p[0], hi[0], lo[0]);
+    kdamma::tf32_split(p[8], hi[1], lo[1]);
+    kdamma::tf32_split(p[4 * LD], hi[2], lo[2]);
+    kdamma::tf32_split(p[4 * LD + 8], hi[3], lo[3]);
+}
+
 template <int BT> struct IntraMma {
     static constexpr int NB = BT / 16;      /* row blocks */
     static constexpr int NTHR = 64 * NB;    /* two warps per row block */
@@ -275,56 +292,36 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                 G0[n][p] = sG[r0 * LDK + col];
                 G1[n][p] = sG[r1 * LDK + col];
             }
-        /* The block's middle row pm as the one reference row of the whole row and column
-         * sides when no exponent formed from it exceeds SPAN in size (checked per column, lane =
-         * column): then the diagonal block is an MMA too. */
-        const int pm = min(16 * rb + 8, L - 1);
-        float dev = 0.f;
-        for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
-            dev = fmaxf(dev, fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
-        if (__all_sync(0xffffffffu, dev <= MMA_SPAN)) {
-            const float *gp = sG + pm * LDK;
-            /* row side: j over [0, 16 rb + 16); B(j, col) = k_j exp(G_pm - G_j) */
-            for (int kk = 0; kk < 16 * rb + 16; kk += 8) {
-                unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
-                const float *pa = sdA + r0 * LDA + kk + t, *pl = sdL + r0 * LDA + kk + t;
-                tf32_split(pa[0], aq[0], aqs[0]);
-                tf32_split(pa[8 * LDA], aq[1], aqs[1]);
-                tf32_split(pa[4], aq[2], aqs[2]);
-                tf32_split(pa[8 * LDA + 4], aq[3], aqs[3]);
-                tf32_split(pl[0], al[0], als[0]);
-                tf32_split(pl[8 * LDA], al[1], als[1]);
-                tf32_split(pl[4], al[2], als[2]);
-                tf32_split(pl[8 * LDA + 4], al[3], als[3]);
+        /* Row side over j in [0, kend): Rq += dA[r, j] k_j exp(G_p - G_j), RL likewise with dL
+         * (A = dA, dL rows r0, r0 + 8; B formed from k, G as its fragment is read). */
+        auto row_side = [&](const float *gp, int kend) {
+            for (int kk = 0; kk < kend; kk += 8) {
+                unsigned aq[4], aqs[4], al[4], als[4]; /* hi, lo halves */
+                frag_rows<LDA>(sdA + r0 * LDA + kk + t, aq, aqs);
+                frag_rows<LDA>(sdL + r0 * LDA + kk + t, al, als);
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
                     const int col = cb + 8 * n + g;
                     const float gr = gp[col];
                     const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
-                    /* rows past L: k = 0, G = 0 >= G_pm, so the factor stays <= 1 */
-                    unsigned b0, b0s;
+                    /* rows past L: k = 0 and G = 0 >= G_p, so the factor stays <= 1 */
+                    unsigned b0, b0s, b1, b1s;
                     tf32_split(sk[i0] * __expf(gr - sG[i0]), b0, b0s);
-                    unsigned b1, b1s;
                     tf32_split(sk[i1] * __expf(gr - sG[i1]), b1, b1s);
                     mma_3xtf32(Rq[n], aq, aqs, b0, b1, b0s, b1s);
                     mma_3xtf32(Rl[n], al, als, b0, b1, b0s, b1s);
                 }
             }
-            /* column side: m over [16 rb, BT); B(m, col) = (q_m | beta_m k_m) exp(G_m - G_pm) */
-            for (int mm = 16 * rb; mm < BT; mm += 8) {
-                unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
-                const float *pa = sdA + (mm + t) * LDA + 16 * rb + g;
-                const float *pl = sdL + (mm + t) * LDA + 16 * rb + g;
-                tf32_split(pa[0], aq[0], aqs[0]);
-                tf32_split(pa[8], aq[1], aqs[1]);
-                tf32_split(pa[4 * LDA], aq[2], aqs[2]);
-                tf32_split(pa[4 * LDA + 8], aq[3], aqs[3]);
-                tf32_split(pl[0], al[0], als[0]);
-                tf32_split(pl[8], al[1], als[1]);
-                tf32_split(pl[4 * LDA], al[2], als[2]);
-                tf32_split(pl[4 * LDA + 8], al[3], als[3]);
+        };
+        /* Column side over m in [mbeg, BT): C += (dA[m, r] q_m + dL[m, r] beta_m k_m) exp(G_m -
+         * G_p) (A = dA, dL transposed: columns r0, r0 + 8). */
+        auto col_side = [&](const float *gp, int mbeg) {
+            for (int mm = mbeg; mm < BT; mm += 8) {
+                unsigned aq[4], aqs[4], al[4], als[4];
+                frag_cols<LDA>(sdA + (mm + t) * LDA + 16 * rb + g, aq, aqs);
+                frag_cols<LDA>(sdL + (mm + t) * LDA + 16 * rb + g, al, als);
                 const int ma = mm + t, mb = ma + 4;
-                const bool va = ma < L, vb = mb < L;
+                const bool va = ma < L, vb = mb < L; /* rows past L hold G = 0: never exp them */
                 const float ba = sb[ma], bb = sb[mb];
 #pragma unroll
                 for (int n = 0; n < 4; n++) {
@@ -342,66 +339,47 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     mma_3xtf32(Cs[n], al, als, b0, b1, b0s, b1s);
                 }
             }
+        };
+        /* The factors of the rows: exp(G_r - G_p) on the row side, exp(G_p - G_r) on the column
+         * side (rows past L: zero, their G is padding). */
+        auto scale_rows = [&](const float *gp, bool row, bool col) {
 #pragma unroll
             for (int n = 0; n < 4; n++)
 #pragma unroll
                 for (int p = 0; p < 2; p++) {
                     const float gr = gp[cb + 8 * n + 2 * t + p];
-                    const float s0 = r0 < L ? __expf(G0[n][p] - gr) : 0.f;
-                    const float s1 = r1 < L ? __expf(G1[n][p] - gr) : 0.f;
-                    const float c0 = r0 < L ? __expf(gr - G0[n][p]) : 0.f;
-                    const float c1 = r1 < L ? __expf(gr - G1[n][p]) : 0.f;
-                    Rq[n][p] *= s0;
-                    Rl[n][p] *= s0;
-                    Rq[n][2 + p] *= s1;
-                    Rl[n][2 + p] *= s1;
-                    Cs[n][p] *= c0;
-                    Cs[n][2 + p] *= c1;
-                }
-        } else {
-            /* Steep gates: blocks off the diagonal factorised around their first rows (both
-             * factors <= 1), the diagonal block with exact exponentials. */
-            /* row side, blocks below the diagonal */
-            if (rb > 0) {
-                const float *gp = sG + 16 * rb * LDK;
-                for (int kk = 0; kk < 16 * rb; kk += 8) {
-                    unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
-                    const float *pa = sdA + r0 * LDA + kk + t, *pl = sdL + r0 * LDA + kk + t;
-                    tf32_split(pa[0], aq[0], aqs[0]);
-                    tf32_split(pa[8 * LDA], aq[1], aqs[1]);
-                    tf32_split(pa[4], aq[2], aqs[2]);
-                    tf32_split(pa[8 * LDA + 4], aq[3], aqs[3]);
-                    tf32_split(pl[0], al[0], als[0]);
-                    tf32_split(pl[8 * LDA], al[1], als[1]);
-                    tf32_split(pl[4], al[2], als[2]);
-                    tf32_split(pl[8 * LDA + 4], al[3], als[3]);
-    #pragma unroll
-                    for (int n = 0; n < 4; n++) {
-                        const int col = cb + 8 * n + g;
-                        const float gr = gp[col];
-                        const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
-                        unsigned b0, b0s;
-                        tf32_split(sk[i0] * __expf(gr - sG[i0]), b0, b0s);
-                        unsigned b1, b1s;
-                        tf32_split(sk[i1] * __expf(gr - sG[i1]), b1, b1s);
-                        mma_3xtf32(Rq[n], aq, aqs, b0, b1, b0s, b1s);
-                        mma_3xtf32(Rl[n], al, als, b0, b1, b0s, b1s);
-                    }
-                }
-    #pragma unroll
-                for (int n = 0; n < 4; n++)
-    #pragma unroll
-                    for (int p = 0; p < 2; p++) {
-                        const float gr = gp[cb + 8 * n + 2 * t + p];
-                        const float s0 = r0 < L ? __expf(G0[n][p] - gr) : 0.f;
-                        const float s1 = r1 < L ? __expf(G1[n][p] - gr) : 0.f;
+                    const float d0 = G0[n][p] - gr, d1 = G1[n][p] - gr;
+                    if (row) {
+                        const float s0 = r0 < L ? __expf(d0) : 0.f, s1 = r1 < L ? __expf(d1) : 0.f;
                         Rq[n][p] *= s0;
                         Rl[n][p] *= s0;
                         Rq[n][2 + p] *= s1;
                         Rl[n][2 + p] *= s1;
                     }
+                    if (col) {
+                        Cs[n][p] *= r0 < L ? __expf(-d0) : 0.f;
+                        Cs[n][2 + p] *= r1 < L ? __expf(-d1) : 0.f;
+                    }
+                }
+        };
+
+        /* The block's middle row pm as the one reference row of both sides, diagonal block
+         * included, when no exponent formed from it exceeds MMA_SPAN in size (checked per
+         * column, lane = column); otherwise first rows off the diagonal, exact pairs on it. */
+        const int pm = min(16 * rb + 8, L - 1);
+        float dev = 0.f;
+        for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
+            dev = fmaxf(dev, fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
+        if (__all_sync(0xffffffffu, dev <= MMA_SPAN)) {
+            row_side(sG + pm * LDK, 16 * rb + 16);
+            col_side(sG + pm * LDK, 16 * rb);
+            scale_rows(sG + pm * LDK, true, true);
+        } else {
+            if (rb > 0) {
+                row_side(sG + 16 * rb * LDK, 16 * rb);
+                scale_rows(sG + 16 * rb * LDK, true, false);
             }
-            /* row side, the diagonal block: j from the block's first row to r, exact exponentials */
+            /* row side, the diagonal block: j from the block's first row to r */
             for (int jj = 0; jj < 16; jj++) {
                 const int j = 16 * rb + jj;
                 if (j >= L)
@@ -409,9 +387,9 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                 const bool in0 = jj <= g && r0 < L, in1 = jj <= g + 8 && r1 < L;
                 const float a0 = sdA[r0 * LDA + j], a1 = sdA[r1 * LDA + j];
                 const float l0 = sdL[r0 * LDA + j], l1 = sdL[r1 * LDA + j];
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 4; n++)
-    #pragma unroll
+#pragma unroll
                     for (int p = 0; p < 2; p++) {
                         const int i = j * LDK + cb + 8 * n + 2 * t + p;
                         const float kj = sk[i], gj = sG[i];
@@ -427,51 +405,12 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                         }
                     }
             }
-            /* column side, blocks above the diagonal: A(i, m) = dA[m][16 rb + i] (transposed) */
             const int p16 = 16 * (rb + 1);
             if (p16 < L) {
-                const float *gp = sG + p16 * LDK;
-                for (int mm = p16; mm < BT; mm += 8) {
-                    unsigned aq[4], al[4], aqs[4], als[4]; /* hi, lo halves */
-                    const float *pa = sdA + (mm + t) * LDA + 16 * rb + g;
-                    const float *pl = sdL + (mm + t) * LDA + 16 * rb + g;
-                    tf32_split(pa[0], aq[0], aqs[0]);
-                    tf32_split(pa[8], aq[1], aqs[1]);
-                    tf32_split(pa[4 * LDA], aq[2], aqs[2]);
-                    tf32_split(pa[4 * LDA + 8], aq[3], aqs[3]);
-                    tf32_split(pl[0], al[0], als[0]);
-                    tf32_split(pl[8], al[1], als[1]);
-                    tf32_split(pl[4 * LDA], al[2], als[2]);
-                    tf32_split(pl[4 * LDA + 8], al[3], als[3]);
-                    const int ma = mm + t, mb = ma + 4;
-                    const bool va = ma < L, vb = mb < L; /* rows past L hold G = 0: never exp them */
-                    const float ba = sb[ma], bb = sb[mb];
-    #pragma unroll
-                    for (int n = 0; n < 4; n++) {
-                        const int col = cb + 8 * n + g;
-                        const float gr = gp[col];
-                        const int ia = ma * LDK + col, ib = mb * LDK + col;
-                        const float xa = va ? __expf(sG[ia] - gr) : 0.f;
-                        const float xb = vb ? __expf(sG[ib] - gr) : 0.f;
-                        unsigned b0, b0s, b1, b1s;
-                        tf32_split(sq[ia] * xa, b0, b0s);
-                        tf32_split(sq[ib] * xb, b1, b1s);
-                        mma_3xtf32(Cs[n], aq, aqs, b0, b1, b0s, b1s);
-                        tf32_split(ba * sk[ia] * xa, b0, b0s);
-                        tf32_split(bb * sk[ib] * xb, b1, b1s);
-                        mma_3xtf32(Cs[n], al, als, b0, b1, b0s, b1s);
-                    }
-                }
-    #pragma unroll
-                for (int n = 0; n < 4; n++)
-    #pragma unroll
-                    for (int p = 0; p < 2; p++) {
-                        const float gr = gp[cb + 8 * n + 2 * t + p];
-                        Cs[n][p] *= r0 < L ? __expf(gr - G0[n][p]) : 0.f;
-                        Cs[n][2 + p] *= r1 < L ? __expf(gr - G1[n][p]) : 0.f;
-                    }
+                col_side(sG + p16 * LDK, p16);
+                scale_rows(sG + p16 * LDK, false, true);
             }
-            /* column side, the diagonal block: m from r to the block's last row, exact exponentials */
+            /* column side, the diagonal block: m from r to the block's last row */
             for (int mm = 0; mm < 16; mm++) {
                 const int m = 16 * rb + mm;
                 if (m >= L)
@@ -479,9 +418,9 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                 const bool in0 = mm >= g, in1 = mm >= g + 8;
                 const float a0 = sdA[m * LDA + r0], a1 = sdA[m * LDA + r1];
                 const float l0 = sdL[m * LDA + r0] * sb[m], l1 = sdL[m * LDA + r1] * sb[m];
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 4; n++)
-    #pragma unroll
+#pragma unroll
                     for (int p = 0; p < 2; p++) {
                         const int i = m * LDK + cb + 8 * n + 2 * t + p;
                         const float qm = sq[i], km = sk[i], gm = sG[i];
