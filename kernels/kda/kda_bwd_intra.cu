@@ -186,7 +186,8 @@ __global__ void __launch_bounds__(NTH)
  *     and the diagonal block is summed with exact exponentials per accumulator element in f32.
  * A factor that underflows stands only for terms that underflow (or are negligible) anyway. */
 constexpr int MMA_C = 64;          /* key columns per block */
-constexpr int MMA_LDK = MMA_C + 8; /* q, k, G tiles: B-fragment reads (k = t, n = g) hit banks 8t + g */
+/* q, k, G tiles: B-fragment reads (k = t, n = g) hit banks 8t + g */
+constexpr int MMA_LDK = MMA_C + 8;
 /* Largest |G_j - G_pm| (a block's rows against its middle row) for which the diagonal block is
  * factorised too: factors up to e^40 ~ 2e17 keep every product far inside f32 range, and a
  * factor that underflows stands for a term below e^-47 of the diagonal's. */
@@ -218,9 +219,9 @@ template <int BT> struct IntraMma {
 
 template <int BT>
 __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
-    intra_main_mma_kernel(Dims d, int nkt, float scale, const float *q, const float *k,
-                          const float *beta, const float *G, const float *dAqk, const float *dL,
-                          float *dqv, float *dkv, float *dG, float *dbp) {
+    intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const float *q,
+                          const float *k, const float *beta, const float *G, const float *dAqk,
+                          const float *dL, float *dqv, float *dkv, float *dG, float *dbp) {
     using kdamma::mma_3xtf32;
     using kdamma::tf32_split;
     constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
@@ -235,13 +236,14 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
     const int H = d.H, HV = d.HV, K = d.K, e0 = kt * MMA_C;
     const int64_t t0 = d.chunk_t0[c];
     const int L = d.chunk_len[c];
-    if (K % 4 == 0) { /* 16-byte pieces in flight all at once; rows >= L and columns >= K zero */
+    if (vec) { /* 16-byte pieces in flight all at once; rows >= L and columns >= K zero */
         using kdamma::tile_async;
         tile_async<BT, MMA_C, LDK, NT>(sq, q + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
         tile_async<BT, MMA_C, LDK, NT>(sk, k + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
         tile_async<BT, MMA_C, LDK, NT>(sG, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, e0, K);
         if (dAqk)
-            tile_async<BT, BT, LDA, NT>(sdA, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+            tile_async<BT, BT, LDA, NT>(sdA, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
+                                        BT);
         if (dL)
             tile_async<BT, BT, LDA, NT>(sdL, dL + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
         kdamma::cp_async_commit();
@@ -369,7 +371,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         const int pm = min(16 * rb + 8, L - 1);
         float dev = 0.f;
         for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
-            dev = fmaxf(dev, fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
+            dev = fmaxf(dev,
+                        fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
         if (__all_sync(0xffffffffu, dev <= MMA_SPAN)) {
             row_side(sG + pm * LDK, 16 * rb + 16);
             col_side(sG + pm * LDK, 16 * rb);
@@ -531,8 +534,10 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
         DG_TRY(smem_opt_in(intra_main_mma_kernel<BT>, smem));
         const dim3 grid((unsigned)(d.NC * nkt), d.HV);
+        auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+        const bool vec = d.K % 4 == 0 && al(q) && al(k) && al(G) && al(dAqk) && al(dL);
         intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
-            d, nkt, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp);
+            d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp);
     } else {
         const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
         const dim3 grid((unsigned)d.NC, d.HV, nkt);
