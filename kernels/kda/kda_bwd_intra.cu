@@ -493,6 +493,93 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
             dbp[(int64_t)kt * d.TT * HV + (t0 + i) * HV + hv] = sdb[i] + sdb[BT + i];
 }
 
+/* intra_dl on mma.sync 3xTF32 for the tensor-core path, grid (NC, HV): the same two products,
+ * X1 = stril(dTm) Tm^T (kept strictly lower: only j < m is used) and dLkk = -stril(Tm^T X1), on
+ * Tm (lower with its diagonal) and dTm (strictly lower) staged by cp.async and masked in place.
+ * Warp (wm, wn) owns rows 16 wm .. + 15 and columns NCW wn .. + NCW - 1 of each product. */
+template <int BT> struct IntraDlMma {
+    static constexpr int NCW = BT < 32 ? BT : 32; /* columns per warp */
+    static constexpr int WM = BT / 16, WN = BT / NCW, NTHR = 32 * WM * WN;
+    static constexpr int LDT = BT + 4; /* Tm, dTm: k-contiguous reads hit banks 4g + t */
+    static constexpr int LDX = BT + 8; /* X1: n-contiguous reads hit banks 8t + g */
+    static constexpr size_t smem_floats = 2 * BT * LDT + BT * LDX;
+};
+
+template <int BT>
+__global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
+    intra_dl_mma_kernel(Dims d, const float *Tm, const float *dTm, float *dL) {
+    using C = IntraDlMma<BT>;
+    constexpr int LDT = C::LDT, LDX = C::LDX, NT = C::NTHR, NJ = C::NCW / 8;
+    extern __shared__ __align__(16) float dl_smem[];
+    float *sT = dl_smem, *sD = sT + BT * LDT, *sX = sD + BT * LDT;
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, HV = d.HV;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int64_t base = (t0 * HV + hv) * BT;
+    kdamma::tile_async<BT, BT, LDT, NT>(sT, Tm + base, (int64_t)HV * BT, L, 0, BT);
+    kdamma::tile_async<BT, BT, LDT, NT>(sD, dTm + base, (int64_t)HV * BT, L, 0, BT);
+    kdamma::cp_async_commit();
+    kdamma::cp_async_wait<0>();
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < BT * BT; idx += NT) {
+        const int r = idx / BT, j = idx % BT;
+        if (j > r)
+            sT[r * LDT + j] = 0.f;
+        if (j >= r)
+            sD[r * LDT + j] = 0.f;
+    }
+    __syncthreads();
+
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (w / C::WN), n0 = C::NCW * (w % C::WN);
+    float acc[NJ][4] = {};
+    /* X1[m][j] = sum_a dTm[m][a] Tm[j][a]: A = dTm rows, B(a, j) = Tm[j][a] */
+    for (int k0 = 0; k0 < BT; k0 += 8) {
+        unsigned ah[4], al[4];
+        frag_rows<LDT>(sD + (m0 + g) * LDT + k0 + t, ah, al);
+#pragma unroll
+        for (int n = 0; n < NJ; n++) {
+            const float *bp = sT + (n0 + 8 * n + g) * LDT + k0 + t;
+            unsigned b0, b0s, b1, b1s;
+            kdamma::tf32_split(bp[0], b0, b0s);
+            kdamma::tf32_split(bp[4], b1, b1s);
+            kdamma::mma_3xtf32(acc[n], ah, al, b0, b1, b0s, b1s);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NJ; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int m = m0 + g + 8 * (e >> 1), j = n0 + 8 * n + 2 * t + (e & 1);
+            sX[m * LDX + j] = j < m ? acc[n][e] : 0.f;
+            acc[n][e] = 0.f;
+        }
+    __syncthreads();
+    /* dLkk[i][j] = -sum_m Tm[m][i] X1[m][j]: A(i, m) = Tm[m][i], B(m, j) = X1[m][j] */
+    for (int k0 = 0; k0 < BT; k0 += 8) {
+        unsigned ah[4], al[4];
+        frag_cols<LDT>(sT + (k0 + t) * LDT + m0 + g, ah, al);
+#pragma unroll
+        for (int n = 0; n < NJ; n++) {
+            const float *bp = sX + (k0 + t) * LDX + n0 + 8 * n + g;
+            unsigned b0, b0s, b1, b1s;
+            kdamma::tf32_split(bp[0], b0, b0s);
+            kdamma::tf32_split(bp[4 * LDX], b1, b1s);
+            kdamma::mma_3xtf32(acc[n], ah, al, b0, b1, b0s, b1s);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NJ; n++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int i = m0 + g + 8 * h, j = n0 + 8 * n + 2 * t;
+            if (i < L)
+                *reinterpret_cast<float2 *>(dL + base + (int64_t)i * HV * BT + j) =
+                    make_float2(j < i ? -acc[n][2 * h] : 0.f, j + 1 < i ? -acc[n][2 * h + 1] : 0.f);
+        }
+}
+
 // ---- kernel launchers
 
 template <int BT>
@@ -527,15 +614,23 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
     if (parts && dbeta)
         dbp = p;
     if (need_dl) {
-        intra_dl_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, Tm, dTm, dL);
+        auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+        if (mma && al(Tm) && al(dTm)) {
+            const size_t smem = sizeof(float) * IntraDlMma<BT>::smem_floats;
+            DG_TRY(smem_opt_in(intra_dl_mma_kernel<BT>, smem));
+            intra_dl_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV), IntraDlMma<BT>::NTHR, smem, s>>>(
+                d, Tm, dTm, dL);
+        } else {
+            intra_dl_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, Tm, dTm, dL);
+        }
         DG_CHECK_LAUNCH();
     }
     if (mma) {
         const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
         DG_TRY(smem_opt_in(intra_main_mma_kernel<BT>, smem));
         const dim3 grid((unsigned)(d.NC * nkt), d.HV);
-        auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
-        const bool vec = d.K % 4 == 0 && al(q) && al(k) && al(G) && al(dAqk) && al(dL);
+        auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
+        const bool vec = d.K % 4 == 0 && al16(q) && al16(k) && al16(G) && al16(dAqk) && al16(dL);
         intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
             d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp);
     } else {
