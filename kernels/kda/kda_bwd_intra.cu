@@ -180,18 +180,14 @@ __global__ void __launch_bounds__(NTH)
  *   Common case: p = the block's middle row for the whole row side (j < 16 rb + 16) and column
  *     side (m >= 16 rb). Factors from blocks further away are <= 1 (G falls within a chunk);
  *     factors within the block are bounded by the block's own spread of G, which is checked
- *     against MMA_SPAN per column first. Every warp does NB + 1 16-wide steps per side.
- *   Steep gates (spread above MMA_SPAN): the blocks off the diagonal use p = the block's first
+ *     against MID_SPAN per column first. Every warp does NB + 1 16-wide steps per side.
+ *   Steep gates (spread above MID_SPAN): the blocks off the diagonal use p = the block's first
  *     row (row side) or the next block's first row (column side), where both factors are <= 1,
  *     and the diagonal block is summed with exact exponentials per accumulator element in f32.
  * A factor that underflows stands only for terms that underflow (or are negligible) anyway. */
 constexpr int MMA_C = 64;          /* key columns per block */
 /* q, k, G tiles: B-fragment reads (k = t, n = g) hit banks 8t + g */
 constexpr int MMA_LDK = MMA_C + 8;
-/* Largest |G_j - G_pm| (a block's rows against its middle row) for which the diagonal block is
- * factorised too: factors up to e^40 ~ 2e17 keep every product far inside f32 range, and a
- * factor that underflows stands for a term below e^-47 of the diagonal's. */
-constexpr float MMA_SPAN = 40.f;
 
 /* The 3xTF32 halves of an m16n8k8 A fragment read from a row-major shared tile: frag_rows at
  * p = &M[m0 + g][k0 + t] (A = M), frag_cols at p = &M[k0 + t][m0 + g] (A = M^T). */
@@ -366,14 +362,14 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         };
 
         /* The block's middle row pm as the one reference row of both sides, diagonal block
-         * included, when no exponent formed from it exceeds MMA_SPAN in size (checked per
+         * included, when no exponent formed from it exceeds MID_SPAN in size (checked per
          * column, lane = column); otherwise first rows off the diagonal, exact pairs on it. */
         const int pm = min(16 * rb + 8, L - 1);
         float dev = 0.f;
         for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
             dev = fmaxf(dev,
                         fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
-        if (__all_sync(0xffffffffu, dev <= MMA_SPAN)) {
+        if (__all_sync(0xffffffffu, dev <= kdamma::MID_SPAN)) {
             row_side(sG + pm * LDK, 16 * rb + 16);
             col_side(sG + pm * LDK, 16 * rb);
             scale_rows(sG + pm * LDK, true, true);

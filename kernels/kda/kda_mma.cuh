@@ -42,6 +42,12 @@ __device__ __forceinline__ void tf32_split(float x, unsigned &hi, unsigned &lo) 
     lo = tf32(x - __uint_as_float(hi));
 }
 
+/* Largest |G_j - G_mid| (rows of a 16-row block against its middle row) for which the intra
+ * kernels factorise the block's diagonal exponentials around the middle row: factors up to
+ * e^40 ~ 2e17 keep every product far inside f32 range, and a factor that underflows stands only
+ * for terms below e^-47 of the diagonal's. Checked per key column from the data. */
+constexpr float MID_SPAN = 40.f;
+
 /* d += a b on TF32 operands with f32 accumulators. */
 __device__ __forceinline__ void mma_tf32(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {

@@ -235,8 +235,12 @@ __global__ void __launch_bounds__(TC_THREADS)
  * and keeps zero-padded rows (G = 0 padding past L) at exp(0) times a zero q/k row. Warp p <
  * R(R-1)/2 owns pair p = I(I-1)/2 + J; each k-step loads f32 fragments of q, k, G and of a tile
  * whose 16 rows all hold G_r, applies the factors element by element (fragments of one type
- * share their element-to-position map), then rounds to TF32 (or splits, P = 2). Diagonal blocks
- * stay exact per-pair FFMA (thread (ty, tx) owns (ty + 16a, tx + 16a)), as in the FFMA kernel.
+ * share their element-to-position map), then rounds to TF32 (or splits, P = 2). Diagonal blocks:
+ * per key tile, when every valid row of every block is within MID_SPAN of its block's middle row
+ * (all key columns of the tile), the same products around the middle row (clamped at MID_SPAN,
+ * which only zero-padded rows reach), as 3xTF32 by warps 0..R-1; otherwise exact per-pair FFMA
+ * (thread (ty, tx) owns (ty + 16a, tx + 16a)), as in the FFMA kernel. The factor split of a
+ * product over d may change from one key tile to the next: both factors go into the operands.
  * Static shared memory: one region of 3 BT x 40 + R x 16 x 40 floats (40 KB at BT = 64) holding
  * the q, k, G, G_r key tiles (cp.async 16-byte pieces when K % 4 == 0 and the arrays are aligned:
  * vec), then the off-diagonal results, then Lkk and Tm. */
@@ -275,9 +279,44 @@ __global__ void __launch_bounds__(TC_THREADS)
 #pragma unroll
         for (int b = 0; b < R; b++)
             accA[a][b] = accP[a][b] = 0.f;
-    Acc cA, cP;
+    Acc cA, cP, dA, dP; /* dA, dP: diagonal block w (w < R), when it is factorised */
     wmma::fill_fragment(cA, 0.f);
     wmma::fill_fragment(cP, 0.f);
+    wmma::fill_fragment(dA, 0.f);
+    wmma::fill_fragment(dP, 0.f);
+    bool dwarp = false; /* this warp's diagonal block took at least one factorised key tile */
+    /* Block pair (I, J) over this key tile: A = q_I, k_I times exp(G_I - G_r), B = k_J times
+     * exp(G_r - G_J), with G_r the rows of gr (a tile of 16 copies of one row); exponents
+     * clamped at cap (0 off the diagonal, where both factors are <= 1; MID_SPAN on it, which
+     * only zero-padded rows past L can reach). */
+    auto pair_mma = [&](Acc &a, Acc &p_, int I, int J, const float *gr, float cap, int kt0,
+                        auto pconst) {
+        constexpr int PP = decltype(pconst)::value;
+        const float *qI = qs + 16 * I * LD, *kI = ks + 16 * I * LD, *gI = gs + 16 * I * LD;
+        const float *kJ = ks + 16 * J * LD, *gJ = gs + 16 * J * LD;
+        for (int s8 = 0; s8 < KT / 8 && kt0 + 8 * s8 < K; s8++) {
+            FragA<RM> fq, fk, fg, fr;
+            FragB<CM> bk, bg, br;
+            wmma::load_matrix_sync(fq, qI + 8 * s8, LD);
+            wmma::load_matrix_sync(fk, kI + 8 * s8, LD);
+            wmma::load_matrix_sync(fg, gI + 8 * s8, LD);
+            wmma::load_matrix_sync(fr, gr + 8 * s8, LD);
+            wmma::load_matrix_sync(bk, kJ + 8 * s8, LD); /* B(d, j) = k_j[d] */
+            wmma::load_matrix_sync(bg, gJ + 8 * s8, LD);
+            wmma::load_matrix_sync(br, gr + 8 * s8, LD); /* B(d, j) = G_r[d] */
+#pragma unroll
+            for (int t = 0; t < fq.num_elements; t++) {
+                const float f = __expf(fminf(fg.x[t] - fr.x[t], cap));
+                fq.x[t] *= f;
+                fk.x[t] *= f;
+            }
+#pragma unroll
+            for (int t = 0; t < bk.num_elements; t++)
+                bk.x[t] *= __expf(fminf(br.x[t] - bg.x[t], cap));
+            mma_frag<PP>(a, fq, bk);
+            mma_frag<PP>(p_, fk, bk);
+        }
+    };
 
     for (int kt0 = 0; kt0 < K; kt0 += KT) {
         if (vec) { /* 16-byte pieces all in flight at once; rows >= L, columns >= K zero */
@@ -313,51 +352,53 @@ __global__ void __launch_bounds__(TC_THREADS)
         }
         __syncthreads();
 
-        /* diagonal blocks: exact exponentials, masked in the exponent above the diagonal */
-#pragma unroll 4
-        for (int e = 0; e < KT; e++) {
-#pragma unroll
-            for (int a = 0; a < R; a++) {
-                const int i = ty + 16 * a, j = tx + 16 * a;
-                const float dg = tx > ty ? -INFINITY : gs[i * LD + e] - gs[j * LD + e];
-                const float x = ks[j * LD + e] * __expf(dg);
-                accA[a][a] += qs[i * LD + e] * x;
-                accP[a][a] += ks[i * LD + e] * x;
-            }
-        }
-
         /* off-diagonal blocks: reference-row factorised tensor-core products */
-        if (pwarp) {
-            const float *qI = qs + 16 * pI * LD, *kI = ks + 16 * pI * LD, *gI = gs + 16 * pI * LD;
-            const float *kJ = ks + 16 * pJ * LD, *gJ = gs + 16 * pJ * LD, *gr = grs + 16 * pI * LD;
-            for (int s8 = 0; s8 < KT / 8 && kt0 + 8 * s8 < K; s8++) {
-                FragA<RM> fq, fk, fg, fr;
-                FragB<CM> bk, bg, br;
-                wmma::load_matrix_sync(fq, qI + 8 * s8, LD);
-                wmma::load_matrix_sync(fk, kI + 8 * s8, LD);
-                wmma::load_matrix_sync(fg, gI + 8 * s8, LD);
-                wmma::load_matrix_sync(fr, gr + 8 * s8, LD);
-                wmma::load_matrix_sync(bk, kJ + 8 * s8, LD); /* B(d, j) = k_j[d] */
-                wmma::load_matrix_sync(bg, gJ + 8 * s8, LD);
-                wmma::load_matrix_sync(br, gr + 8 * s8, LD); /* B(d, j) = G_r[d] */
+        if (pwarp)
+            pair_mma(cA, cP, pI, pJ, grs + 16 * pI * LD, 0.f, kt0,
+                     std::integral_constant<int, P>());
+
+        /* diagonal blocks: factorised around their middle rows when every |G_j - G_mid| of the
+         * tile's valid rows is <= MID_SPAN (block-wide decision), else exact exponentials,
+         * masked in the exponent above the diagonal */
+        bool fast = true;
+        for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
+            const int i = idx / KT, e = idx % KT, a = i / 16, mid = min(16 * a + 8, L - 1);
+            if (i < L && fabsf(gs[i * LD + e] - gs[mid * LD + e]) > kdamma::MID_SPAN)
+                fast = false;
+        }
+        fast = __syncthreads_and(fast);
+        if (fast) {
+            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+                const int mid = min(16 * I + 8, L - 1);
+                grs[(I * 16 + m) * LD + e] = 16 * I < L ? gs[mid * LD + e] : 0.f;
+            }
+            __syncthreads();
+            if (w < R && 16 * w < L) {
+                pair_mma(dA, dP, w, w, grs + 16 * w * LD, kdamma::MID_SPAN, kt0,
+                         std::integral_constant<int, 2>());
+                dwarp = true;
+            }
+        } else {
+#pragma unroll 4
+            for (int e = 0; e < KT; e++) {
 #pragma unroll
-                for (int t = 0; t < fq.num_elements; t++) {
-                    const float f = __expf(fminf(fg.x[t] - fr.x[t], 0.f));
-                    fq.x[t] *= f;
-                    fk.x[t] *= f;
+                for (int a = 0; a < R; a++) {
+                    const int i = ty + 16 * a, j = tx + 16 * a;
+                    const float dg = tx > ty ? -INFINITY : gs[i * LD + e] - gs[j * LD + e];
+                    const float x = ks[j * LD + e] * __expf(dg);
+                    accA[a][a] += qs[i * LD + e] * x;
+                    accP[a][a] += ks[i * LD + e] * x;
                 }
-#pragma unroll
-                for (int t = 0; t < bk.num_elements; t++)
-                    bk.x[t] *= __expf(fminf(br.x[t] - bg.x[t], 0.f));
-                mma_frag<P>(cA, fq, bk);
-                mma_frag<P>(cP, fk, bk);
             }
         }
         __syncthreads();
     }
 
-    /* off-diagonal results into the owners' registers, through the region */
+    /* tensor-core results into the owners' registers, through the region: off-diagonal blocks
+     * replace, diagonal blocks add to the exact tiles' sums (on and below the diagonal) */
     float *Ss = sm; /* [BT][LDS] */
+    const bool anyd = __syncthreads_or(dwarp);
     for (int pass = 0; pass < 2; pass++) {
         if (pwarp) {
             if (pass)
@@ -365,9 +406,12 @@ __global__ void __launch_bounds__(TC_THREADS)
             else
                 wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cA, LDS, wmma::mem_row_major);
         }
+        if (anyd && w < R)
+            wmma::store_matrix_sync(Ss + 16 * w * LDS + 16 * w, pass ? dP : dA, LDS,
+                                    wmma::mem_row_major);
         __syncthreads();
 #pragma unroll
-        for (int a = 0; a < R; a++)
+        for (int a = 0; a < R; a++) {
 #pragma unroll
             for (int b = 0; b < a; b++) {
                 /* blocks with no valid row were not stored: their rows are never used */
@@ -378,6 +422,14 @@ __global__ void __launch_bounds__(TC_THREADS)
                 else
                     accA[a][b] = x;
             }
+            if (anyd && 16 * a < L && tx <= ty) {
+                const float x = Ss[(ty + 16 * a) * LDS + tx + 16 * a];
+                if (pass)
+                    accP[a][a] += x;
+                else
+                    accA[a][a] += x;
+            }
+        }
         __syncthreads();
     }
 
