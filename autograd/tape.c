@@ -231,6 +231,19 @@ dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g) {
     return s;
 }
 
+dg_tensor *dg__node_grad_inplace(dg_node *n, int i, dg_dtype dt) {
+    if (!dg__node_wants_grad(n, i))
+        return NULL;
+    for (int j = 0; j < n->n_in; j++) /* one tensor passed as two inputs: accumulate normally */
+        if (j != i && n->in[j] == n->in[i])
+            return NULL;
+    dg_tensor *g = n->in[i]->grad;
+    if (!g || g->dtype != dt || g->refcount != 1 || g->storage->refcount != 1 ||
+        !dg_tensor_is_contiguous(g))
+        return NULL;
+    return g;
+}
+
 /* ---- the tape ---- */
 
 void dg_tape_reset(void) {

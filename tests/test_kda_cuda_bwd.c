@@ -257,7 +257,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *gq = poisoned(gpu, wq), *gk_ = poisoned(gpu, wk), *gb = poisoned(gpu, wb);
         dg_tensor *gG = poisoned(gpu, wG);
         dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d), F(Tm_d),
-                                       F(uA_d), F(uT_d), F(gq), F(gk_), F(gb), F(gG)),
+                                       F(uA_d), F(uT_d), F(gq), F(gk_), F(gb), F(gG), 0),
                     "intra bwd launch");
         char what[64];
         snprintf(what, sizeof what, "dq%s", tag[var]);
@@ -271,7 +271,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         if (var == 0) { /* determinism of the GVA and tile reductions */
             dg_tensor *gq2 = poisoned(gpu, wq), *gk2 = poisoned(gpu, wk), *gb2 = poisoned(gpu, wb);
             dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d),
-                                           F(Tm_d), F(uA_d), F(uT_d), F(gq2), F(gk2), F(gb2), NULL),
+                                           F(Tm_d), F(uA_d), F(uT_d), F(gq2), F(gk2), F(gb2), NULL,
+                                           0),
                         "intra bwd launch (dG NULL)");
             same_bits(cn, "intra dq", gq, gq2);
             same_bits(cn, "intra dk", gk_, gk2);
@@ -300,7 +301,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
             gt[i] = poisoned(gpu, w[i]);
         dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q_d), F(k_d), F(v_d), F(beta_d), F(G_d), F(Tm_d),
                                     F(uW_d), F(uU_d), F(uKG_d), F(uQG_d), F(gt[0]), F(gt[1]),
-                                    F(gt[2]), F(gt[3]), F(gt[4]), F(gt[5])),
+                                    F(gt[2]), F(gt[3]), F(gt[4]), F(gt[5]), 0),
                     "wy bwd launch");
         for (int i = 0; i < 6; i++) {
             char what[64];
@@ -311,7 +312,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
             dg_tensor *g2[3] = {poisoned(gpu, w[0]), poisoned(gpu, w[1]), poisoned(gpu, w[3])};
             dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q_d), F(k_d), F(v_d), F(beta_d), F(G_d),
                                         F(Tm_d), F(uW_d), F(uU_d), F(uKG_d), F(uQG_d), F(g2[0]),
-                                        F(g2[1]), NULL, F(g2[2]), NULL, NULL),
+                                        F(g2[1]), NULL, F(g2[2]), NULL, NULL, 0),
                         "wy bwd launch (dv, dG, dTm NULL)");
             same_bits(cn, "wy dq", gt[0], g2[0]);
             same_bits(cn, "wy dk", gt[1], g2[1]);
@@ -469,11 +470,11 @@ static dg_status bench_run(dg_ctx *gpu, bench_bufs *z, int s) {
     case B_INTRA:
         return kda_intra_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->beta), F(z->G), F(z->Tm),
                                   F(z->uBT), F(z->uBT), F(z->dqh), F(z->dkh), F(z->dHV1),
-                                  F(z->dK1));
+                                  F(z->dK1), 0);
     case B_WY:
         return kda_wy_bwd_cuda(gpu, d, F(z->q), F(z->k), F(z->v), F(z->beta), F(z->G), F(z->Tm),
                                F(z->uK), F(z->uV), F(z->uK), F(z->uK), F(z->dqh), F(z->dkh),
-                               F(z->dV1), F(z->dHV1), F(z->dK1), F(z->dBT1));
+                               F(z->dV1), F(z->dHV1), F(z->dK1), F(z->dBT1), 0);
     case B_STATE:
         return kda_state_bwd_cuda(gpu, d, F(z->W), F(z->KG), F(z->G), F(z->h), F(z->E), F(z->uH),
                                   F(z->uV), F(z->uS), F(z->dK1), F(z->dV1), F(z->dK2), F(z->dK3),

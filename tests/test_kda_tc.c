@@ -118,10 +118,51 @@ static double max_abs(const double *x, int64_t n) {
  * of larger terms (the intra dG = q.Rq + k.Rk - k.C), the f32 kernels round at the size of the
  * terms, not of what is left after they cancel (with steep gates dG cancels to ~1e-17 exactly,
  * the diagonal terms q dA k - k dA q). */
+static void cmp_host(int mode, int kern, const char *cname, const char *what, double *g,
+                     const double *want, int64_t n, double floor);
 static void cmp_floor(int mode, int kern, const char *cname, const char *what,
                       const dg_tensor *got, const double *want, int64_t n, double floor) {
     double *g = NULL;
     DG_TEST_TRY(dg_tensor_to_f64(got, &g));
+    cmp_host(mode, kern, cname, what, g, want, n, floor);
+}
+
+/* The accumulating mode (acc): got started from the device rounding of pre; what the kernel
+ * added is got - pre, compared like cmp_floor. */
+static void cmp_added(int mode, int kern, const char *cname, const char *what,
+                      const dg_tensor *got, const dg_tensor *pre, const double *want, int64_t n,
+                      double floor) {
+    double *g = NULL, *p0 = NULL;
+    DG_TEST_TRY(dg_tensor_to_f64(got, &g));
+    DG_TEST_TRY(dg_tensor_to_f64(pre, &p0));
+    for (int64_t i = 0; i < n; i++)
+        g[i] -= p0[i];
+    free(p0);
+    cmp_host(mode, kern, cname, what, g, want, n, floor);
+}
+
+/* A device f32 copy of a random start value per element for the acc mode, in [-s, s] with s
+ * half the largest expected addition (like accumulating gradients of similar size; far larger
+ * start values would swallow what is added below their own f32 rounding). */
+static dg_tensor *start_values(dg_ctx *gpu, int64_t n, uint64_t seed, const double *want) {
+    if (n < 1 || n > ((int64_t)1 << 40)) {
+        fprintf(stderr, "FATAL: start_values: bad size %lld\n", (long long)n);
+        exit(1);
+    }
+    double amp = 0;
+    for (int64_t i = 0; i < n; i++)
+        amp = fmax(amp, fabs(want[i]));
+    amp = amp > 0 ? 0.5 * amp : 1e-30;
+    double *x = kt_rand(n, seed, -amp, amp);
+    int64_t shape[1] = {n};
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(gpu, DG_F32, 1, shape, x, &t));
+    free(x);
+    return t;
+}
+
+static void cmp_host(int mode, int kern, const char *cname, const char *what, double *g,
+                     const double *want, int64_t n, double floor) {
     double num = 0, den = floor;
     int finite = 1;
     for (int64_t i = 0; i < n; i++) {
@@ -413,7 +454,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
             o4 = poisoned_n(gpu, nk);
             dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
                                            F(G.d), F(Tm.d), u == 2 ? NULL : F(uA.d),
-                                           u == 1 ? NULL : F(uT.d), F(o1), F(o2), F(o3), F(o4)),
+                                           u == 1 ? NULL : F(uT.d), F(o1), F(o2), F(o3), F(o4),
+                                           0),
                         "intra bwd launch");
             char what[64];
             snprintf(what, sizeof what, "dq%s", itag[u]);
@@ -430,9 +472,29 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                 DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
                 dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
                                                F(G.d), F(Tm.d), F(uA.d), F(uT.d), NULL, F(o2),
-                                               NULL, NULL),
+                                               NULL, NULL, 0),
                             "intra bwd launch (dk only)");
                 cmp(m, 6, c->name, "dk (alone)", o2, ik[0].x, nqk);
+                /* acc: dq, dk, dG added to start values */
+                dg_tensor *p1 = start_values(gpu, nqk, seed + 21, iq[0].x);
+                dg_tensor *p2 = start_values(gpu, nqk, seed + 22, ik[0].x);
+                dg_tensor *p4 = start_values(gpu, nk, seed + 23, iG[0].x);
+                DG_TEST_TRY(dg_tensor_copy_(o1, p1));
+                DG_TEST_TRY(dg_tensor_copy_(o2, p2));
+                DG_TEST_TRY(dg_tensor_copy_(o4, p4));
+                dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
+                                               F(G.d), F(Tm.d), F(uA.d), F(uT.d), F(o1), F(o2),
+                                               F(o3), F(o4), KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG),
+                            "intra bwd launch (acc)");
+                cmp_added(m, 6, c->name, "dq (acc)", o1, p1, iq[0].x, nqk, 0.0);
+                cmp_added(m, 6, c->name, "dk (acc)", o2, p2, ik[0].x, nqk, 0.0);
+                cmp(m, 6, c->name, "dbeta (with acc)", o3, ib[0].x, nb);
+                cmp_added(m, 6, c->name, "dG (acc)", o4, p4, iG[0].x, nk,
+                          max_abs(q.x, nqk) * max_abs(iq[0].x, nqk) +
+                              max_abs(k.x, nqk) * max_abs(ik[0].x, nqk));
+                dg_tensor_free(&p1);
+                dg_tensor_free(&p2);
+                dg_tensor_free(&p4);
             }
             dg_tensor *io[4] = {o1, o2, o3, o4};
             for (int i = 0; i < 4; i++)
@@ -452,7 +514,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                                         F(Tm.d), u == 1 ? NULL : F(uW.d), u == 2 ? NULL : F(uU.d),
                                         u == 1 ? NULL : F(uKG.d), u == 2 ? NULL : F(uQG.d),
                                         F(wo[0]), F(wo[1]), F(wo[2]), F(wo[3]), F(wo[4]),
-                                        F(wo[5])),
+                                        F(wo[5]), 0),
                         "wy bwd launch");
             for (int i = 0; i < 6; i++) {
                 char what[64];
@@ -463,8 +525,34 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                                   max_abs(k.x, nqk) * max_abs(wk[u].x, nqk));
                 else
                     cmp(m, 7, c->name, what, wo[i], want[i]->x, wn[i]);
-                dg_tensor_free(&wo[i]);
             }
+            if (u == 0) { /* acc: dq, dk, dG added to start values */
+                const int ai[3] = {0, 1, 4};
+                dg_tensor *pre[3];
+                for (int a = 0; a < 3; a++) {
+                    pre[a] =
+                        start_values(gpu, wn[ai[a]], seed + 31 + (uint64_t)a, want[ai[a]]->x);
+                    DG_TEST_TRY(dg_tensor_copy_(wo[ai[a]], pre[a]));
+                }
+                dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
+                                            F(Tm.d), F(uW.d), F(uU.d), F(uKG.d), F(uQG.d),
+                                            F(wo[0]), F(wo[1]), F(wo[2]), F(wo[3]), F(wo[4]),
+                                            F(wo[5]), KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG),
+                            "wy bwd launch (acc)");
+                for (int a = 0; a < 3; a++) {
+                    char what[64];
+                    snprintf(what, sizeof what, "%s (acc)", wname[ai[a]]);
+                    cmp_added(m, 7, c->name, what, wo[ai[a]], pre[a], want[ai[a]]->x, wn[ai[a]],
+                              ai[a] == 4 ? max_abs(q.x, nqk) * max_abs(wq[u].x, nqk) +
+                                               max_abs(k.x, nqk) * max_abs(wk[u].x, nqk)
+                                         : 0.0);
+                    dg_tensor_free(&pre[a]);
+                }
+                cmp(m, 7, c->name, "dv (with acc)", wo[2], want[2]->x, wn[2]);
+                cmp(m, 7, c->name, "dTm (with acc)", wo[5], want[5]->x, wn[5]);
+            }
+            for (int i = 0; i < 6; i++)
+                dg_tensor_free(&wo[i]);
         }
     }
 

@@ -16,7 +16,7 @@ using namespace kdab;
 // ---- CUDA kernels
 
 __global__ void sum_parts_kernel(float *out, const float *in, int64_t n_out, int E, int G, int P,
-                                 int64_t pstride) {
+                                 int64_t pstride, bool acc) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_out;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int64_t rh = i / E, e = i % E;
@@ -25,7 +25,7 @@ __global__ void sum_parts_kernel(float *out, const float *in, int64_t n_out, int
         for (int p = 0; p < P; p++)
             for (int g = 0; g < G; g++)
                 s += in[p * pstride + base + (int64_t)g * E];
-        out[i] = s;
+        out[i] = acc ? out[i] + s : s;
     }
 }
 
@@ -147,11 +147,12 @@ __global__ void gate_dA_reduce_kernel(int64_t NC, int HV, int K, const float *pA
 // ---- kernel launchers
 
 dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
-                        int E, int P, int64_t pstride) {
+                        int E, int P, int64_t pstride, int acc) {
     const int64_t n = rows * Hout * E;
     if (n <= 0)
         return DG_OK;
-    sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P, pstride);
+    sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P, pstride,
+                                                                      acc != 0);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -153,10 +153,10 @@ __device__ __forceinline__ void kda_store_lower(const float (&acc)[BT / 16][BT /
 } // namespace kdab
 
 /* out[(r*Hout + h)*E + e] = sum_{p < P} sum_{g < G} in[p*pstride + ((r*Hout + h)*G + g)*E + e]
- * for rows r < rows, in this fixed order (kernels/kda/kda_bwd.cu). With P = 1 it is the GVA
- * reduction of a per-value-head buffer [rows, Hout*G, E] onto Hout heads; with G = 1 the sum of
- * P partial buffers. */
+ * for rows r < rows, in this fixed order (kernels/kda/kda_bwd.cu); acc != 0 adds the sum to out
+ * instead. With P = 1 it is the GVA reduction of a per-value-head buffer [rows, Hout*G, E] onto
+ * Hout heads; with G = 1 the sum of P partial buffers. */
 dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
-                        int E, int P, int64_t pstride);
+                        int E, int P, int64_t pstride, int acc);
 
 #endif /* DG_KDA_BWD_CUH */

@@ -102,7 +102,7 @@ template <int BT, bool FAST>
 __global__ void __launch_bounds__(NTH)
     intra_main_kernel(Dims d, float scale, const float *q, const float *k, const float *beta,
                       const float *G, const float *dAqk, const float *dL, float *dqv, float *dkv,
-                      float *dG, float *dbp) {
+                      float *dG, float *dbp, unsigned acc) {
     extern __shared__ float sm[];
     float(*sq)[CT] = (float(*)[CT])sm;
     float(*sk)[CT] = sq + BT;
@@ -156,11 +156,11 @@ __global__ void __launch_bounds__(NTH)
         if (e < K) {
             const int64_t idx = ((t0 + r) * HV + hv) * K + e;
             if (dqv)
-                dqv[idx] = rq;
+                dqv[idx] = (acc & KDA_ACC_DQ ? dqv[idx] : 0.f) + rq;
             if (dkv)
-                dkv[idx] = rk + col;
+                dkv[idx] = (acc & KDA_ACC_DK ? dkv[idx] : 0.f) + rk + col;
             if (dG)
-                dG[idx] = qr * rq + kr * rk - kr * col;
+                dG[idx] = (acc & KDA_ACC_DG ? dG[idx] : 0.f) + qr * rq + kr * rk - kr * col;
         }
         const float pb = warp_sum(kr * rl); /* lanes past K hold k = 0 */
         if (dbp && lane == 0)
@@ -217,7 +217,8 @@ template <int BT>
 __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
     intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const float *q,
                           const float *k, const float *beta, const float *G, const float *dAqk,
-                          const float *dL, float *dqv, float *dkv, float *dG, float *dbp) {
+                          const float *dL, float *dqv, float *dkv, float *dG, float *dbp,
+                          unsigned acc) {
     using kdamma::mma_3xtf32;
     using kdamma::tf32_split;
     constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
@@ -455,23 +456,22 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                 if (r >= L || ke >= K)
                     continue;
                 const int64_t idx = ((t0 + r) * HV + hv) * K + ke;
-                if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
-                    if (dqv)
-                        *reinterpret_cast<float2 *>(dqv + idx) = make_float2(oq[0], oq[1]);
-                    if (dkv)
-                        *reinterpret_cast<float2 *>(dkv + idx) = make_float2(ok[0], ok[1]);
-                    if (dG)
-                        *reinterpret_cast<float2 *>(dG + idx) = make_float2(og[0], og[1]);
-                } else {
-                    for (int p = 0; p < 2 && ke + p < K; p++) {
-                        if (dqv)
-                            dqv[idx + p] = oq[p];
-                        if (dkv)
-                            dkv[idx + p] = ok[p];
-                        if (dG)
-                            dG[idx + p] = og[p];
+                /* write, or add to what is there (acc) */
+                auto put = [&](float *o, const float (&v)[2], unsigned flag) {
+                    if (!o)
+                        return;
+                    if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
+                        float2 *o2 = reinterpret_cast<float2 *>(o + idx);
+                        const float2 old = acc & flag ? *o2 : make_float2(0.f, 0.f);
+                        *o2 = make_float2(old.x + v[0], old.y + v[1]);
+                    } else {
+                        for (int p = 0; p < 2 && ke + p < K; p++)
+                            o[idx + p] = (acc & flag ? o[idx + p] : 0.f) + v[p];
                     }
-                }
+                };
+                put(dqv, oq, KDA_ACC_DQ);
+                put(dkv, ok, KDA_ACC_DK);
+                put(dG, og, KDA_ACC_DG);
             }
     }
     /* dbeta: the four lanes of a row, then the two column halves, in a fixed order */
@@ -582,7 +582,7 @@ template <int BT>
 static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *q,
                               const float *k, const float *beta, const float *G, const float *Tm,
                               const float *dAqk, const float *dTm, float *dq, float *dk,
-                              float *dbeta, float *dG) {
+                              float *dbeta, float *dG, unsigned acc) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     /* tc != 0: the mma.sync kernel on 64-column key tiles; tc == 0 the FFMA kernel on 32 */
@@ -609,6 +609,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
     }
     if (parts && dbeta)
         dbp = p;
+    /* the kernels add to dq, dk only where they write the final arrays (no GVA scratch) */
+    const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
     if (need_dl) {
         auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
         if (mma && al(Tm) && al(dTm)) {
@@ -628,27 +630,27 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
         const bool vec = d.K % 4 == 0 && al16(q) && al16(k) && al16(G) && al16(dAqk) && al16(dL);
         intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
-            d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp);
+            d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
     } else {
         const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
         const dim3 grid((unsigned)d.NC, d.HV, nkt);
         if (dd->tc) {
             DG_TRY(smem_opt_in(intra_main_kernel<BT, true>, smem));
             intra_main_kernel<BT, true><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk,
-                                                                 dL, dqv, dkv, dG, dbp);
+                                                                 dL, dqv, dkv, dG, dbp, kacc);
         } else {
             DG_TRY(smem_opt_in(intra_main_kernel<BT, false>, smem));
             intra_main_kernel<BT, false><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk,
-                                                                  dL, dqv, dkv, dG, dbp);
+                                                                  dL, dqv, dkv, dG, dbp, kacc);
         }
     }
     DG_CHECK_LAUNCH();
     if (per_hv && dq)
-        DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0));
+        DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DQ));
     if (per_hv && dk)
-        DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0));
+        DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DK));
     if (parts && dbeta)
-        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt, d.TT * d.HV));
+        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt, d.TT * d.HV, 0));
     return DG_OK;
 }
 
@@ -656,16 +658,19 @@ extern "C" dg_status kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, flo
                                         const float *q, const float *k, const float *beta,
                                         const float *G, const float *Tm, const float *dAqk,
                                         const float *dTm, float *dq, float *dk, float *dbeta,
-                                        float *dG) {
+                                        float *dG, unsigned acc) {
     DG_TRY(check_dims("kda_intra_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
     switch (d->BT) {
     case 16:
-        return intra_bwd_bt<16>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG);
+        return intra_bwd_bt<16>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
+                                  acc);
     case 32:
-        return intra_bwd_bt<32>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG);
+        return intra_bwd_bt<32>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
+                                  acc);
     default:
-        return intra_bwd_bt<64>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG);
+        return intra_bwd_bt<64>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
+                                  acc);
     }
 }

@@ -274,12 +274,12 @@ extern "C" dg_status kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *dd
                             dkp, dgp, dbp, dv, dh0);
     DG_TRY(st);
     if (sum_qk && dq)
-        DG_TRY(kda_sum_parts(ctx, dq, dqp, d.TT, d.H, d.G, d.K, nvt, (int64_t)tk));
+        DG_TRY(kda_sum_parts(ctx, dq, dqp, d.TT, d.H, d.G, d.K, nvt, (int64_t)tk, 0));
     if (sum_qk && dk)
-        DG_TRY(kda_sum_parts(ctx, dk, dkp, d.TT, d.H, d.G, d.K, nvt, (int64_t)tk));
+        DG_TRY(kda_sum_parts(ctx, dk, dkp, d.TT, d.H, d.G, d.K, nvt, (int64_t)tk, 0));
     if (sum_v && dg)
-        DG_TRY(kda_sum_parts(ctx, dg, dgp, d.TT, d.HV, 1, d.K, nvt, (int64_t)tk));
+        DG_TRY(kda_sum_parts(ctx, dg, dgp, d.TT, d.HV, 1, d.K, nvt, (int64_t)tk, 0));
     if (sum_v && dbeta)
-        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, (int64_t)tb, 1, 1, 1, nvt, (int64_t)tb));
+        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, (int64_t)tb, 1, 1, 1, nvt, (int64_t)tb, 0));
     return DG_OK;
 }

@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(NTH)
     wy_cols_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
                    const float *G, const float *Tm, const float *dW, const float *dU,
                    const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv, float *dG,
-                   float *dbp) {
+                   float *dbp, unsigned acc) {
     __shared__ float sTm[BT][BT];
     __shared__ float sX[BT][CT];
     __shared__ float red[NW][CT];
@@ -79,14 +79,14 @@ __global__ void __launch_bounds__(NTH)
             const float tq = dQG ? dQG[ig] * gam : 0.f;
             const float a = dKG ? dKG[ig] * expf(lam - Gj) : 0.f;
             if (dqv)
-                dqv[ig] = tq;
+                dqv[ig] = (acc & KDA_ACC_DQ ? dqv[ig] : 0.f) + tq;
             if (dkv)
-                dkv[ig] = a + bj * gam * s;
+                dkv[ig] = (acc & KDA_ACC_DK ? dkv[ig] : 0.f) + a + bj * gam * s;
             const float g = qj * tq - kj * a + X * s;
             if (j == L - 1)
                 last = g;
             else if (dG)
-                dG[ig] = g;
+                dG[ig] = (acc & KDA_ACC_DG ? dG[ig] : 0.f) + g;
             colsum += kj * a;
             pb = s * kj * gam;
         } else if (ok) {
@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(NTH)
 #pragma unroll
         for (int ww = 0; ww < NW; ww++)
             s += red[ww][lane];
-        dG[((t0 + L - 1) * HV + hv) * K + e] = last + s;
+        float *o = dG + ((t0 + L - 1) * HV + hv) * K + e;
+        *o = (acc & KDA_ACC_DG ? *o : 0.f) + last + s;
     }
 }
 
@@ -217,7 +218,8 @@ template <int BT>
 static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
                            const float *v, const float *beta, const float *G, const float *Tm,
                            const float *dW, const float *dU, const float *dKG, const float *dQG,
-                           float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm) {
+                           float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                           unsigned acc) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
@@ -236,8 +238,10 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
     }
     if (dbeta)
         dbp = p;
+    /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
+    const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
     wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
-        d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp);
+        d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
     DG_CHECK_LAUNCH();
     if (dTm) {
         auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
@@ -254,11 +258,11 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         DG_CHECK_LAUNCH();
     }
     if (per_hv && dq)
-        DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0));
+        DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DQ));
     if (per_hv && dk)
-        DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0));
+        DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DK));
     if (dbeta)
-        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt + nvt, d.TT * d.HV));
+        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt + nvt, d.TT * d.HV, 0));
     return DG_OK;
 }
 
@@ -266,19 +270,20 @@ extern "C" dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const 
                                      const float *k, const float *v, const float *beta,
                                      const float *G, const float *Tm, const float *dW,
                                      const float *dU, const float *dKG, const float *dQG, float *dq,
-                                     float *dk, float *dv, float *dbeta, float *dG, float *dTm) {
+                                     float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                                     unsigned acc) {
     DG_TRY(check_dims("kda_wy_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
     switch (d->BT) {
     case 16:
         return wy_bwd_bt<16>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
-                             dTm);
+                             dTm, acc);
     case 32:
         return wy_bwd_bt<32>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
-                             dTm);
+                             dTm, acc);
     default:
         return wy_bwd_bt<64>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
-                             dTm);
+                             dTm, acc);
     }
 }

@@ -91,6 +91,10 @@ dg_status kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scal
                                  const float *beta, const float *h0, float *o, float *ht);
 
 /* ---- backward (kernels/kda/kda_bwd.cu) ---- */
+/* acc of kda_intra_bwd_cuda and kda_wy_bwd_cuda (no CPU twin: a CUDA-only saving): the flagged
+ * gradients are ADDED to what their arrays hold instead of overwriting them, so a tape node can
+ * accumulate into a gradient slot in place of a separate f32 axpy. 0 keeps the rule above. */
+enum { KDA_ACC_DQ = 1, KDA_ACC_DK = 2, KDA_ACC_DG = 4 };
 dg_status kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y, const float *r,
                               const float *dy, float *dx);
 dg_status kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, const float *dbeta,
@@ -101,11 +105,12 @@ dg_status kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind ki
 dg_status kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
                              const float *k, const float *beta, const float *G, const float *Tm,
                              const float *dAqk, const float *dTm, float *dq, float *dk,
-                             float *dbeta, float *dG);
+                             float *dbeta, float *dG, unsigned acc);
 dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                           const float *v, const float *beta, const float *G, const float *Tm,
                           const float *dW, const float *dU, const float *dKG, const float *dQG,
-                          float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm);
+                          float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                          unsigned acc);
 /* KCP summaries of sequence `seq` alone (ops/kda/kcp.c), as two state passes on the tensor-core
  * path: Sh [HV,K,V] = the pass from S0 (NULL: zero) with input X0 (and Sup, backward) and SM
  * [HV,K,K] = the same pass over K columns from the identity with no input, i.e. the product of

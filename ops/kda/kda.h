@@ -375,17 +375,23 @@ static inline dg_status kda_run_intra_fwd(dg_ctx *ctx, const kda_cfg *c,
         return kda_intra_fwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
     return kda_intra_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
 }
+/* acc (CUDA only, KDA_ACC_* of kernels/kda/kda_cuda.h): dq, dk, dG flagged there are added to
+ * what their arrays hold (a gradient slot written in place); the CPU references only overwrite,
+ * so a CPU call with acc != 0 is refused. Same for kda_wy_bwd_io. */
 typedef struct kda_intra_bwd_io {
     const void *q, *k, *beta, *G, *Tm, *dAqk, *dTm;
     void *dq, *dk, *dbeta, *dG;
+    unsigned acc;
 } kda_intra_bwd_io;
 static inline dg_status kda_run_intra_bwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_intra_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
         return kda_intra_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm,
-                                  a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+                                  a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG, a->acc);
 #endif
+    if (a->acc)
+        return dg__err(DG_ERR_STATE, "kda intra backward: accumulating outputs is CUDA-only");
     if (c->dt == DG_F64)
         return kda_intra_bwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk, a->dTm,
                                  a->dq, a->dk, a->dbeta, a->dG);
@@ -412,13 +418,17 @@ static inline dg_status kda_run_wy_fwd(dg_ctx *ctx, const kda_cfg *c, const kda_
 typedef struct kda_wy_bwd_io {
     const void *q, *k, *v, *beta, *G, *Tm, *dW, *dU, *dKG, *dQG;
     void *dq, *dk, *dv, *dbeta, *dG, *dTm;
+    unsigned acc;
 } kda_wy_bwd_io;
 static inline dg_status kda_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
         return kda_wy_bwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
-                               a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
+                               a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm,
+                               a->acc);
 #endif
+    if (a->acc)
+        return dg__err(DG_ERR_STATE, "kda wy backward: accumulating outputs is CUDA-only");
     if (c->dt == DG_F64)
         return kda_wy_bwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
                               a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
