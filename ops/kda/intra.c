@@ -189,30 +189,19 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
         st = kda_ptr(ctx, gA, c->dt, &tgA, &io.dAqk);
     if (st == DG_OK && gT)
         st = kda_ptr(ctx, gT, c->dt, &tgT, &io.dTm);
-    /* On CUDA the kernels add dq, dk, dG straight into gradients the slots already hold (the
-     * wy node's, run before this one) instead of a separate f32 accumulation. */
-    dg_tensor *aq = NULL, *ak = NULL, *aG = NULL;
-    if (c->cuda) {
-        aq = dg__node_grad_inplace(n, IN_Q, DG_F32);
-        ak = dg__node_grad_inplace(n, IN_K, DG_F32);
-        aG = dg__node_grad_inplace(n, IN_G, DG_F32);
-    }
-    if (st == DG_OK && !aq)
-        st = kda_new_as(ctx, c, q, &dq);
-    if (st == DG_OK && !ak)
-        st = kda_new_as(ctx, c, k, &dk);
+    /* on CUDA dq, dk, dG are added into gradients the tape already holds (the wy node's) */
+    const kda_acc_targets at = kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
+    io.acc = at.acc;
     if (st == DG_OK)
-        st = kda_new_as(ctx, c, beta, &dbeta);
-    if (st == DG_OK && !aG)
-        st = kda_new_as(ctx, c, G, &dG);
-    if (st == DG_OK) {
-        io.dq = dg_tensor_data(aq ? aq : dq);
-        io.dk = dg_tensor_data(ak ? ak : dk);
-        io.dbeta = dg_tensor_data(dbeta);
-        io.dG = dg_tensor_data(aG ? aG : dG);
-        io.acc = (aq ? KDA_ACC_DQ : 0u) | (ak ? KDA_ACC_DK : 0u) | (aG ? KDA_ACC_DG : 0u);
+        st = kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
+    if (st == DG_OK)
+        st = kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
+    if (st == DG_OK)
+        st = kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
+    if (st == DG_OK)
+        st = kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
+    if (st == DG_OK)
         st = kda_run_intra_bwd(ctx, c, &io);
-    }
     dg_tensor *grads[4] = {dq, dk, dbeta, dG}; /* IN_Q, IN_K, IN_BETA, IN_G (NULL: added) */
     for (int i = 0; i < 4 && st == DG_OK; i++)
         if (grads[i] && dg__node_wants_grad(n, i))

@@ -259,6 +259,20 @@ static inline dg_status kda_new_as(dg_ctx *ctx, const kda_cfg *c, const dg_tenso
                                    dg_tensor **out) {
     return kda_new(ctx, c, t->ndim, t->shape, out);
 }
+/* The gradients of a backward's q, k and G inputs (input indices iq, ik, iG) that the tape
+ * already holds and the CUDA kernels may add to in place (dg__node_grad_inplace), with the
+ * matching KDA_ACC_* bits in acc; NULL where the node needs a fresh buffer (and always on the
+ * CPU, whose references only overwrite). */
+typedef struct kda_acc_targets {
+    dg_tensor *dq, *dk, *dG;
+    unsigned acc;
+} kda_acc_targets;
+kda_acc_targets kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, int iG);
+/* *out = a fresh gradient buffer shaped like t, unless `into` (a tape gradient to add to) is
+ * given: then *out stays NULL and *ptr points into `into`. */
+dg_status kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t, dg_tensor *into,
+                          dg_tensor **out, void **ptr);
+
 /* *out = a new tensor of dtype dt holding src's values (src itself, retained, when it already
  * has that dtype). Not recorded. */
 dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out);

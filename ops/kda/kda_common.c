@@ -373,3 +373,26 @@ dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor 
         kda_cfg_free(cfg);
     return st;
 }
+
+kda_acc_targets kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, int iG) {
+    kda_acc_targets t = {NULL, NULL, NULL, 0u};
+    if (!c->cuda)
+        return t;
+    t.dq = dg__node_grad_inplace(n, iq, DG_F32);
+    t.dk = dg__node_grad_inplace(n, ik, DG_F32);
+    t.dG = dg__node_grad_inplace(n, iG, DG_F32);
+    t.acc = (t.dq ? KDA_ACC_DQ : 0u) | (t.dk ? KDA_ACC_DK : 0u) | (t.dG ? KDA_ACC_DG : 0u);
+    return t;
+}
+
+dg_status kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t, dg_tensor *into,
+                          dg_tensor **out, void **ptr) {
+    *out = NULL;
+    if (into) {
+        *ptr = dg_tensor_data(into);
+        return DG_OK;
+    }
+    DG_TRY(kda_new_as(ctx, c, t, out));
+    *ptr = dg_tensor_data(*out);
+    return DG_OK;
+}

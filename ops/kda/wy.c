@@ -230,36 +230,24 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
         st = kda_ptr(ctx, gKG, c->dt, &tgKG, &io.dKG);
     if (st == DG_OK && gQG)
         st = kda_ptr(ctx, gQG, c->dt, &tgQG, &io.dQG);
-    /* On CUDA the kernels add dq, dk, dG straight into gradients the slots already hold (G's
-     * from the state node, run before this one) instead of a separate f32 accumulation. */
-    dg_tensor *aq = NULL, *ak = NULL, *aG = NULL;
-    if (c->cuda) {
-        aq = dg__node_grad_inplace(n, IN_Q, DG_F32);
-        ak = dg__node_grad_inplace(n, IN_K, DG_F32);
-        aG = dg__node_grad_inplace(n, IN_G, DG_F32);
-    }
-    if (st == DG_OK && !aq)
-        st = kda_new_as(ctx, c, q, &dq);
-    if (st == DG_OK && !ak)
-        st = kda_new_as(ctx, c, k, &dk);
+    /* on CUDA dq, dk, dG are added into gradients the tape already holds (G's from the state
+     * node) */
+    const kda_acc_targets at = kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
+    io.acc = at.acc;
     if (st == DG_OK)
-        st = kda_new_as(ctx, c, v, &dv);
+        st = kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
     if (st == DG_OK)
-        st = kda_new_as(ctx, c, beta, &dbeta);
-    if (st == DG_OK && !aG)
-        st = kda_new_as(ctx, c, G, &dG);
+        st = kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
     if (st == DG_OK)
-        st = kda_new_as(ctx, c, Tm, &dTm);
-    if (st == DG_OK) {
-        io.dq = dg_tensor_data(aq ? aq : dq);
-        io.dk = dg_tensor_data(ak ? ak : dk);
-        io.dv = dg_tensor_data(dv);
-        io.dbeta = dg_tensor_data(dbeta);
-        io.dG = dg_tensor_data(aG ? aG : dG);
-        io.dTm = dg_tensor_data(dTm);
-        io.acc = (aq ? KDA_ACC_DQ : 0u) | (ak ? KDA_ACC_DK : 0u) | (aG ? KDA_ACC_DG : 0u);
+        st = kda_grad_buffer(ctx, c, v, NULL, &dv, &io.dv);
+    if (st == DG_OK)
+        st = kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
+    if (st == DG_OK)
+        st = kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
+    if (st == DG_OK)
+        st = kda_grad_buffer(ctx, c, Tm, NULL, &dTm, &io.dTm);
+    if (st == DG_OK)
         st = kda_run_wy_bwd(ctx, c, &io);
-    }
     dg_tensor *grads[6] = {dq, dk, dv, dbeta, dG, dTm}; /* IN_Q .. IN_TM (NULL: added) */
     for (int i = 0; i < 6 && st == DG_OK; i++)
         if (grads[i] && dg__node_wants_grad(n, i))
