@@ -14,8 +14,9 @@
  * fails. Inputs are never zero: q, k rows L2-normalised, g in [-0.5, -0.01] per step, beta in
  * (0, 1), v, h0 and the upstream gradients uniform in [-1, 1]. Cases: T not a multiple of BT,
  * varlen with odd lengths (1 included), GVA, BT = 16/32/64, K = V = 64, K = V = 128, K = 80 V = 40,
- * K = V = 256 (the state kernel's largest shared memory), and two cases with g in [-45, -35] per
- * step (the factorised intra blocks must underflow to zero, never overflow). cpu mode: nothing to
+ * K = V = 256 (the state kernel's largest shared memory), two cases with g in [-45, -35] per
+ * step (the factorised intra blocks must underflow to zero, never overflow) and one with g in
+ * [-7, -0.01] (blocks on both sides of the intra kernels' middle-row limit). cpu mode: nothing to
  * run (CUDA-only suite).
  */
 #include <stdlib.h>
@@ -643,6 +644,10 @@ int main(int argc, char **argv) {
         {"B=1 T=45 BT=32 K=V=256", 1, 45, 1, 2, 256, 256, 32, 0, {0}, 1, 0, 0},
         {"B=1 T=130 BT=64 K=V=256", 1, 130, 1, 1, 256, 256, 64, 0, {0}, 1, 0, 0},
         {"B=2 T=70 BT=32 gates -45..-35/step", 2, 70, 2, 2, 64, 64, 32, 0, {0}, 1, -45, -35},
+        /* blocks on both sides of the intra kernels' middle-row limit (MID_SPAN = 40): some
+         * blocks / key tiles factorised, others exact, within one chunk */
+        {"B=2 T=90 BT=64 K=V=128 gates -7..-0.01/step (mixed)", 2, 90, 2, 2, 128, 128, 64, 0,
+         {0}, 1, -7, -0.01},
         {"varlen 1/64/20 BT=64 GVA gates -45..-35/step",
          1,
          85,
