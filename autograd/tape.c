@@ -241,6 +241,9 @@ dg_tensor *dg__node_grad_inplace(dg_node *n, int i, dg_dtype dt) {
     if (!g || g->dtype != dt || g->refcount != 1 || g->storage->refcount != 1 ||
         !dg_tensor_is_contiguous(g))
         return NULL;
+    /* kernels write it with vector stores: a view at an odd offset takes the ordinary path */
+    if (((uintptr_t)dg_tensor_data(g) & 15) != 0)
+        return NULL;
     return g;
 }
 

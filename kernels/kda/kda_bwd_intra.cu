@@ -303,10 +303,14 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     const int col = cb + 8 * n + g;
                     const float gr = gp[col];
                     const int i0 = (kk + t) * LDK + col, i1 = i0 + 4 * LDK;
-                    /* rows past L: k = 0 and G = 0 >= G_p, so the factor stays <= 1 */
+                    /* rows past L hold k = 0 and G = 0 padding: never exponentiate it (with a
+                     * G_p > 0, possible for gates passed to the stage directly, it would
+                     * overflow) */
+                    const float x0 = kk + t < L ? sk[i0] * __expf(gr - sG[i0]) : 0.f;
+                    const float x1 = kk + t + 4 < L ? sk[i1] * __expf(gr - sG[i1]) : 0.f;
                     unsigned b0, b0s, b1, b1s;
-                    tf32_split(sk[i0] * __expf(gr - sG[i0]), b0, b0s);
-                    tf32_split(sk[i1] * __expf(gr - sG[i1]), b1, b1s);
+                    tf32_split(x0, b0, b0s);
+                    tf32_split(x1, b1, b1s);
                     mma_3xtf32(Rq[n], aq, aqs, b0, b1, b0s, b1s);
                     mma_3xtf32(Rl[n], al, als, b0, b1, b0s, b1s);
                 }
