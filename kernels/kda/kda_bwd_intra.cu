@@ -90,15 +90,9 @@ __global__ void __launch_bounds__(NTH)
         }
 }
 
-/* exp on the tensor-core path (FAST: bf16 inputs, TF32 products) is the hardware approximation
- * (ex2.approx; relative error a few 1e-6 for the exponents that occur, far below TF32's 2^-11);
- * the f32 path keeps the accurate expf that pins it to the CPU reference within 1e-5. */
-template <bool FAST> __device__ __forceinline__ float intra_exp(float x) {
-    return FAST ? __expf(x) : expf(x);
-}
-
-/* grid (NC, HV, ceil(K/32)), 256 threads, dynamic shared memory (see the file comment). */
-template <int BT, bool FAST>
+/* grid (NC, HV, ceil(K/32)), 256 threads, dynamic shared memory (see the file comment). The f32
+ * path (tc == 0): the accurate expf pins it to the CPU reference within 1e-5. */
+template <int BT>
 __global__ void __launch_bounds__(NTH)
     intra_main_kernel(Dims d, float scale, const float *q, const float *k, const float *beta,
                       const float *G, const float *dAqk, const float *dL, float *dqv, float *dkv,
@@ -141,14 +135,14 @@ __global__ void __launch_bounds__(NTH)
         /* row side: j <= r (sdL[r][r] = 0) */
         float rq = 0.f, rl = 0.f;
         for (int j = 0; j <= r; j++) {
-            const float kx = sk[j][lane] * intra_exp<FAST>(Gr - sG[j][lane]);
+            const float kx = sk[j][lane] * expf(Gr - sG[j][lane]);
             rq += sdA[r][j] * kx;
             rl += sdL[r][j] * kx;
         }
         /* column side: m >= r (sdL[r][r] = 0) */
         float cq = 0.f, ck = 0.f;
         for (int m = r; m < L; m++) {
-            const float x = intra_exp<FAST>(sG[m][lane] - Gr);
+            const float x = expf(sG[m][lane] - Gr);
             cq += sdA[m][r] * sq[m][lane] * x;
             ck += sb[m] * sdL[m][r] * sk[m][lane] * x;
         }
@@ -615,8 +609,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         dbp = p;
     /* the kernels add to dq, dk only where they write the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
+    auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; }; /* cp.async */
     if (need_dl) {
-        auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
         if (mma && al(Tm) && al(dTm)) {
             const size_t smem = sizeof(float) * IntraDlMma<BT>::smem_floats;
             DG_TRY(smem_opt_in(intra_dl_mma_kernel<BT>, smem));
@@ -631,22 +625,15 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
         DG_TRY(smem_opt_in(intra_main_mma_kernel<BT>, smem));
         const dim3 grid((unsigned)(d.NC * nkt), d.HV);
-        auto al16 = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; };
-        const bool vec = d.K % 4 == 0 && al16(q) && al16(k) && al16(G) && al16(dAqk) && al16(dL);
+        const bool vec = d.K % 4 == 0 && al(q) && al(k) && al(G) && al(dAqk) && al(dL);
         intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
             d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
     } else {
         const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
         const dim3 grid((unsigned)d.NC, d.HV, nkt);
-        if (dd->tc) {
-            DG_TRY(smem_opt_in(intra_main_kernel<BT, true>, smem));
-            intra_main_kernel<BT, true><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk,
-                                                                 dL, dqv, dkv, dG, dbp, kacc);
-        } else {
-            DG_TRY(smem_opt_in(intra_main_kernel<BT, false>, smem));
-            intra_main_kernel<BT, false><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk,
-                                                                  dL, dqv, dkv, dG, dbp, kacc);
-        }
+        DG_TRY(smem_opt_in(intra_main_kernel<BT>, smem));
+        intra_main_kernel<BT><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk, dL, dqv, dkv,
+                                                      dG, dbp, kacc);
     }
     DG_CHECK_LAUNCH();
     if (per_hv && dq)
