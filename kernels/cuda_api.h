@@ -21,6 +21,13 @@ dg_status dg__cuda_malloc(dg_ctx *ctx, size_t bytes, void **ptr);
 void dg__cuda_free(dg_ctx *ctx, void *ptr, size_t bytes);
 void dg__cuda_empty_cache(dg_ctx *ctx);
 
+/* A device copy of `bytes` read-only bytes at host, owned by the context until it ends: a later call
+ * with the same bytes gets the same copy with no upload and no host sync (what keeps a repeated
+ * call, e.g. a training step, free of host syncs and capturable in a CUDA graph after its first
+ * run). The first call per content uploads synchronously. *dev = NULL (and DG_OK) when the
+ * context's table space is full: the caller then makes a copy of its own. Never write to *dev. */
+dg_status dg__cuda_table(dg_ctx *ctx, const void *host, size_t bytes, const void **dev);
+
 typedef enum { DG_COPY_H2D, DG_COPY_D2H, DG_COPY_D2D } dg_copy_kind;
 /* Synchronous with respect to the host for H2D/D2H. */
 dg_status dg__cuda_memcpy(dg_ctx *ctx, void *dst, const void *src, size_t bytes, dg_copy_kind k);

@@ -10,15 +10,31 @@
 #include "common.cuh"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct dg_cuda_block {
     size_t size;
     void *ptr;
 } dg_cuda_block;
 
+/* A read-only table uploaded once per context (see dg__cuda_table). */
+typedef struct dg_cuda_table {
+    uint64_t hash;
+    size_t bytes;
+    void *host; /* the bytes it was made from, to compare on a hash match */
+    void *dev;
+} dg_cuda_table;
+
+/* Tables kept per context: enough for every shape a training run or a test suite uses. */
+enum { DG_TABLES_MAX = 256 };
+#define DG_TABLE_BYTES_MAX ((size_t)64 << 20)
+
 struct dg_cuda_alloc {
     dg_cuda_block *free_list;
     int n, cap;
+    dg_cuda_table tables[DG_TABLES_MAX];
+    int ntables;
+    size_t table_bytes;
 };
 
 static size_t size_class(size_t n) {
@@ -83,6 +99,10 @@ extern "C" void dg__cuda_ctx_destroy(dg_ctx *ctx) {
         cudaStreamSynchronize(dg__stream(ctx));
     dg__cuda_empty_cache(ctx);
     if (ctx->alloc) {
+        for (int i = 0; i < ctx->alloc->ntables; i++) {
+            cudaFree(ctx->alloc->tables[i].dev);
+            free(ctx->alloc->tables[i].host);
+        }
         free(ctx->alloc->free_list);
         free(ctx->alloc);
         ctx->alloc = NULL;
@@ -162,5 +182,56 @@ extern "C" dg_status dg__cuda_memcpy(dg_ctx *ctx, void *dst, const void *src, si
     DG_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, kind, dg__stream(ctx)));
     if (k != DG_COPY_D2D)
         DG_CHECK_CUDA(cudaStreamSynchronize(dg__stream(ctx)));
+    return DG_OK;
+}
+
+/* FNV-1a over the bytes: tables are small (a few KB), and a hit is confirmed with memcmp. */
+static uint64_t table_hash(const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+extern "C" dg_status dg__cuda_table(dg_ctx *ctx, const void *host, size_t bytes, const void **dev) {
+    *dev = NULL;
+    dg_cuda_alloc *a = ctx->alloc;
+    if (!a || !host || !bytes)
+        return dg__err(DG_ERR_ARG, "dg__cuda_table: context, host and bytes > 0 are required");
+    const uint64_t h = table_hash(host, bytes);
+    for (int i = 0; i < a->ntables; i++) {
+        const dg_cuda_table *t = &a->tables[i];
+        if (t->hash == h && t->bytes == bytes && memcmp(t->host, host, bytes) == 0) {
+            *dev = t->dev;
+            return DG_OK;
+        }
+    }
+    if (a->ntables == DG_TABLES_MAX || a->table_bytes + bytes > DG_TABLE_BYTES_MAX)
+        return DG_OK; /* full: the caller keeps a copy of its own */
+    void *hcopy = malloc(bytes);
+    if (!hcopy)
+        return dg__err(DG_ERR_NOMEM, "dg__cuda_table: no host memory for %zu bytes", bytes);
+    memcpy(hcopy, host, bytes);
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, bytes);
+    if (e == cudaSuccess) {
+        /* synchronous: host may be freed by the caller as soon as this returns */
+        e = cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, dg__stream(ctx));
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(dg__stream(ctx));
+    }
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(d);
+        free(hcopy);
+        return dg__err(e == cudaErrorMemoryAllocation ? DG_ERR_NOMEM : DG_ERR_CUDA,
+                       "dg__cuda_table: upload of %zu bytes on %s failed: %s", bytes,
+                       dg_device_str(ctx->device), cudaGetErrorString(e));
+    }
+    a->tables[a->ntables++] = dg_cuda_table{h, bytes, hcopy, d};
+    a->table_bytes += bytes;
+    ctx->stats.reserved += bytes;
+    *dev = d;
     return DG_OK;
 }

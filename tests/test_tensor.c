@@ -4,6 +4,9 @@
  * reset, byte counts), policies, gradcheck itself, and error messages for bad arguments.
  */
 #include "tests/harness.h"
+#ifdef DG_HAVE_CUDA
+#include "kernels/cuda_api.h"
+#endif
 
 #include <string.h>
 
@@ -194,6 +197,22 @@ static void test_gpu(dg_ctx *cpu) {
     ms = dg_ctx_mem_stats(gpu);
     dg_check(ms.in_use == 0 && ms.cached > 0, "all freed: in use %zu, cached %zu", ms.in_use,
              ms.cached);
+#ifdef DG_HAVE_CUDA
+    /* read-only tables: one device copy per content, kept by the context */
+    int64_t ta[37], tb[37], back[37];
+    for (int i = 0; i < 37; i++)
+        ta[i] = tb[i] = 1000003 * (int64_t)i - 17;
+    const void *da = NULL, *db = NULL, *dc = NULL;
+    DG_TEST_TRY(dg__cuda_table(gpu, ta, sizeof ta, &da));
+    DG_TEST_TRY(dg__cuda_table(gpu, tb, sizeof tb, &db));
+    tb[36]++;
+    DG_TEST_TRY(dg__cuda_table(gpu, tb, sizeof tb, &dc));
+    dg_check(da && da == db && dc && dc != da,
+             "tables: equal bytes share one device copy, different bytes get another");
+    DG_TEST_TRY(dg__cuda_memcpy(gpu, back, dc, sizeof back, DG_COPY_D2H));
+    dg_check(memcmp(back, tb, sizeof tb) == 0, "tables: the device copy holds the bytes");
+    dg_check(dg_ctx_mem_stats(gpu).in_use == 0, "tables are not counted as tensors in use");
+#endif
     dg_ctx_free(&gpu);
 }
 

@@ -58,8 +58,8 @@ typedef struct kda_cuda_dims {
     const int32_t *chunk_len; /* device [NC]: tokens in each chunk (the last one may be short) */
     const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
     int tc;                   /* 0: f32 FFMA; 1: TF32 tensor cores; 2: 3xTF32 (see above) */
-    void *buf;                /* owned device allocation holding the tables */
-    size_t buf_bytes;
+    void *buf;                /* device allocation holding the tables */
+    size_t buf_bytes;         /* > 0: buf is owned by these dims; 0: by the context (tables) */
 } kda_cuda_dims;
 
 /* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. out->tc = 0

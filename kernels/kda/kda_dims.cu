@@ -59,13 +59,25 @@ extern "C" dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, i
             len[c] = (int32_t)(left < BT ? left : BT);
             seq[c] = n;
         }
+    /* the context's copy when it has (or can keep) one: no upload, no sync after the first call
+     * with these sequences; else a copy owned by out (buf_bytes > 0) */
+    const void *shared = NULL;
     void *dev = NULL;
-    dg_status st = dg__cuda_malloc(ctx, bytes, &dev);
-    if (st == DG_OK)
-        st = dg__cuda_memcpy(ctx, dev, host, bytes, DG_COPY_H2D);
+    size_t own = 0;
+    dg_status st = dg__cuda_table(ctx, host, bytes, &shared);
+    if (st == DG_OK && shared) {
+        dev = (void *)shared;
+    } else if (st == DG_OK) {
+        st = dg__cuda_malloc(ctx, bytes, &dev);
+        if (st == DG_OK) {
+            own = bytes;
+            st = dg__cuda_memcpy(ctx, dev, host, bytes, DG_COPY_H2D);
+        }
+    }
     DG_FREE(host);
     if (st != DG_OK) {
-        dg__cuda_free(ctx, dev, bytes);
+        if (own)
+            dg__cuda_free(ctx, dev, own);
         return st;
     }
     out->TT = TT;
@@ -83,14 +95,14 @@ extern "C" dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, i
     out->chunk_len = (const int32_t *)(out->chunk_t0 + NC);
     out->chunk_seq = out->chunk_len + NC;
     out->buf = dev;
-    out->buf_bytes = bytes;
+    out->buf_bytes = own;
     return DG_OK;
 }
 
 extern "C" void kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d) {
     if (!d)
         return;
-    if (ctx && d->buf)
+    if (ctx && d->buf && d->buf_bytes)
         dg__cuda_free(ctx, d->buf, d->buf_bytes);
     memset(d, 0, sizeof *d);
 }
