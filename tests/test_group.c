@@ -56,8 +56,16 @@ static const dg__group_recipe toy_recipes[2] = {
 };
 static const char *const toy_members[NM] = {"toy_a", "toy_b"};
 static const char *const toy_inputs[NI] = {"x"};
-static const dg__group_spec toy = {"toy", NM, toy_members, NI, toy_inputs, NT, toy_rows,
-                                   toy_recipes};
+static const dg__group_spec toy = {
+    .op = "toy",
+    .n_members = NM,
+    .members = toy_members,
+    .n_inputs = NI,
+    .inputs = toy_inputs,
+    .n_tensors = NT,
+    .tensors = toy_rows,
+    .recipes = toy_recipes,
+};
 
 /* A group with input x (or none), P Q S offered as made by a forward, and nodes a, b joined as
  * members A then B (never committed: the test plays the tape). */
@@ -301,7 +309,9 @@ static void test_ops(dg_ctx *ctx) {
                     kda_call(ctx, 0x3f, &c);
                 char what[96];
                 snprintf(what, sizeof what, "%s %s, seeds %s", pre, pn[p],
-                         s == 0 ? "o+ht" : s == 1 ? "o" : "ht");
+                         s == 0   ? "o+ht"
+                         : s == 1 ? "o"
+                                  : "ht");
                 check_passes(ctx, what, &c, s != 2, s != 1);
                 dg_tape_reset();
                 opcall_free(&c);
@@ -342,8 +352,7 @@ static void test_state_alone(dg_ctx *ctx) {
     op.chunk_size = 16;
     op.output_final_state = 1;
     dg_tensor *h = NULL, *E = NULL;
-    DG_TEST_TRY(dg_kda_state(ctx, c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], &op, &h, &E,
-                             &c.ht));
+    DG_TEST_TRY(dg_kda_state(ctx, c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], &op, &h, &E, &c.ht));
     /* seed E through o's slot: o is E here */
     c.o = E;
     c.dO = dg_test_rand(ctx, DG_F64, 4, sv, 26, -1, 1);

@@ -5,13 +5,14 @@
  * apply it are in autograd/group.h; KDA's table (ops/kda/kda_group.c) is the same story.
  *
  *   tensor  made by     kept when           read in backward by   else rebuilt by  from
- *   w       dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       q k v a b Gi
- *   u       dplr_wy     "dplr_wy" CACHE     (rebuild_state only)  rebuild_wy       Ge Aak Tab
- *   qg      dplr_wy     "dplr_wy" CACHE     output                rebuild_wy       (the same)
- *   kg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy
- *   bg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy
- *   h       dplr_state  "dplr_state" CACHE  state, output         rebuild_state    w u kg bg v Gi
- *   v2      dplr_state  "dplr_state" CACHE  state, output         rebuild_state    [h0]
+ *   w       dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
+ *   u       dplr_wy     "dplr_wy" CACHE     (rebuild_state only)  rebuild_wy       (1)
+ *   qg      dplr_wy     "dplr_wy" CACHE     output                rebuild_wy       (1)
+ *   kg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
+ *   bg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
+ *   h       dplr_state  "dplr_state" CACHE  state, output         rebuild_state    (2)
+ *   v2      dplr_state  "dplr_state" CACHE  state, output         rebuild_state    (2)
+ *   (1) q k v a b Gi Ge Aak Tab     (2) w u kg bg v Gi [h0]
  *
  * The inputs are kept by the intra, wy and state nodes anyway (the intra node always keeps Aqk,
  * Aqb, Aak, Tab). Both policies default to RECOMPUTE. Backward runs output, then state:
@@ -37,32 +38,41 @@ enum { R_WY, R_STATE };
 static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make);
 static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make);
 
+/* clang-format off */
 static const dg__group_row dplr_tensors[DPLR_NDERIVED] = {
-    /* name  made by       its default          read in backward by       rebuilt by */
-    {"w", "dplr_wy", DG_POLICY_RECOMPUTE, M(STATE), R_WY},
-    {"u", "dplr_wy", DG_POLICY_RECOMPUTE, 0, R_WY},
-    {"qg", "dplr_wy", DG_POLICY_RECOMPUTE, M(OUTPUT), R_WY},
-    {"kg", "dplr_wy", DG_POLICY_RECOMPUTE, M(STATE), R_WY},
-    {"bg", "dplr_wy", DG_POLICY_RECOMPUTE, M(STATE), R_WY},
-    {"h", "dplr_state", DG_POLICY_RECOMPUTE, M(STATE) | M(OUTPUT), R_STATE},
-    {"v2", "dplr_state", DG_POLICY_RECOMPUTE, M(STATE) | M(OUTPUT), R_STATE},
+    /* name  made by       its default           read in backward by     rebuilt by */
+    {"w",    "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
+    {"u",    "dplr_wy",    DG_POLICY_RECOMPUTE,  0,                      R_WY},
+    {"qg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(OUTPUT),              R_WY},
+    {"kg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
+    {"bg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
+    {"h",    "dplr_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
+    {"v2",   "dplr_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
 };
 
 static const dg__group_recipe dplr_recipes[] = {
-    /* name           inputs it needs                                      derived it reads */
-    {"rebuild_wy", I(Q) | I(K) | I(V) | I(A) | I(B) | I(GI) | I(GE) | I(AAK) | I(TAB), 0,
-     rebuild_wy},
-    {"rebuild_state", I(V) | I(GI) /* h0 optional */, T(W) | T(U) | T(KG) | T(BG),
-     rebuild_state},
+    /* [R_WY] the wy node's forward: the inputs it needs, the derived tensors it reads */
+    {"rebuild_wy",    I(Q) | I(K) | I(V) | I(A) | I(B) | I(GI) | I(GE) | I(AAK) | I(TAB),
+                      0,                           rebuild_wy},
+    /* [R_STATE] the state node's forward (h0 optional) */
+    {"rebuild_state", I(V) | I(GI),
+                      T(W) | T(U) | T(KG) | T(BG), rebuild_state},
 };
+/* clang-format on */
 
 static const char *const dplr_members[DPLR_NMEMBERS] = {"dplr_state", "dplr_output"};
 static const char *const dplr_inputs[DPLR_NINPUTS] = {"q",  "k",  "v",   "a",   "b",
                                                       "Gi", "Ge", "Aak", "Tab", "h0"};
 
 static const dg__group_spec dplr_group = {
-    "dg_dplr",   DPLR_NMEMBERS, dplr_members,  DPLR_NINPUTS,
-    dplr_inputs, DPLR_NDERIVED, dplr_tensors, dplr_recipes,
+    .op = "dg_dplr",
+    .n_members = DPLR_NMEMBERS,
+    .members = dplr_members,
+    .n_inputs = DPLR_NINPUTS,
+    .inputs = dplr_inputs,
+    .n_tensors = DPLR_NDERIVED,
+    .tensors = dplr_tensors,
+    .recipes = dplr_recipes,
 };
 
 /* ---- the group's data: the cfg of the op call (tables owned; CPU only) ---- */
@@ -111,10 +121,10 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     for (int i = 0; i <= DPLR_IN_TAB && st == DG_OK; i++)
         st = kda_ptr(ctx, dg__group_input(g, i), c->dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = dplr_run_wy_fwd(c, p[DPLR_IN_Q], p[DPLR_IN_K], p[DPLR_IN_V], p[DPLR_IN_A],
-                             p[DPLR_IN_B], p[DPLR_IN_GI], p[DPLR_IN_GE], p[DPLR_IN_AAK],
-                             p[DPLR_IN_TAB], o[DPLR_W], o[DPLR_U], o[DPLR_QG], o[DPLR_KG],
-                             o[DPLR_BG]);
+        st =
+            dplr_run_wy_fwd(c, p[DPLR_IN_Q], p[DPLR_IN_K], p[DPLR_IN_V], p[DPLR_IN_A], p[DPLR_IN_B],
+                            p[DPLR_IN_GI], p[DPLR_IN_GE], p[DPLR_IN_AAK], p[DPLR_IN_TAB], o[DPLR_W],
+                            o[DPLR_U], o[DPLR_QG], o[DPLR_KG], o[DPLR_BG]);
     for (int s = DPLR_W; s <= DPLR_BG; s++) {
         if (st == DG_OK && out[s])
             dg__group_put(g, s, out[s]);

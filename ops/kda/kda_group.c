@@ -43,28 +43,39 @@ enum { R_WY, R_STATE };
 static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make);
 static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make);
 
+/* clang-format off */
 static const dg__group_row kda_tensors[KDA_NDERIVED] = {
-    /* name  made by      its default          read in backward by      rebuilt by */
-    {"W", "kda_wy", DG_POLICY_RECOMPUTE, M(STATE) | M(LINK), R_WY},
-    {"U", "kda_wy", DG_POLICY_RECOMPUTE, 0, R_WY},
-    {"KG", "kda_wy", DG_POLICY_RECOMPUTE, M(STATE) | M(LINK), R_WY},
-    {"QG", "kda_wy", DG_POLICY_RECOMPUTE, M(OUTPUT), R_WY},
-    {"h", "kda_state", DG_POLICY_RECOMPUTE, M(STATE) | M(OUTPUT), R_STATE},
-    {"E", "kda_state", DG_POLICY_RECOMPUTE, M(STATE) | M(OUTPUT), R_STATE},
+    /* name  made by      its default           read in backward by     rebuilt by */
+    {"W",    "kda_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
+    {"U",    "kda_wy",    DG_POLICY_RECOMPUTE,  0,                      R_WY},
+    {"KG",   "kda_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
+    {"QG",   "kda_wy",    DG_POLICY_RECOMPUTE,  M(OUTPUT),              R_WY},
+    {"h",    "kda_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
+    {"E",    "kda_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
 };
 
 static const dg__group_recipe kda_recipes[] = {
-    /* name           inputs it needs                       derived it reads        */
-    {"rebuild_wy", I(Q) | I(K) | I(V) | I(BETA) | I(G) | I(TM), 0, rebuild_wy},
-    {"rebuild_state", I(G) /* h0 optional */, T(W) | T(U) | T(KG), rebuild_state},
+    /* [R_WY] the wy node's forward: the inputs it needs, the derived tensors it reads */
+    {"rebuild_wy",    I(Q) | I(K) | I(V) | I(BETA) | I(G) | I(TM),
+                      0,                   rebuild_wy},
+    /* [R_STATE] the state node's forward (h0 optional) */
+    {"rebuild_state", I(G),
+                      T(W) | T(U) | T(KG), rebuild_state},
 };
+/* clang-format on */
 
 static const char *const kda_members[KDA_NMEMBERS] = {"kda_state", "kda_cp_link", "kda_output"};
 static const char *const kda_inputs[KDA_NINPUTS] = {"q", "k", "v", "beta", "G", "Tm", "h0"};
 
 static const dg__group_spec kda_group = {
-    "dg_kda", KDA_NMEMBERS, kda_members,  KDA_NINPUTS,
-    kda_inputs, KDA_NDERIVED, kda_tensors, kda_recipes,
+    .op = "dg_kda",
+    .n_members = KDA_NMEMBERS,
+    .members = kda_members,
+    .n_inputs = KDA_NINPUTS,
+    .inputs = kda_inputs,
+    .n_tensors = KDA_NDERIVED,
+    .tensors = kda_tensors,
+    .recipes = kda_recipes,
 };
 
 /* ---- the group's data: the cfg of the op call (tables and device tables owned) ---- */
@@ -93,15 +104,12 @@ dg_status dg__kda_group_new(const kda_cfg *cfg, dg__group **out) {
     return dg__group_new(&kda_group, c, cfg_free, out);
 }
 
-kda_dev *dg__kda_group_dev(const dg__group *g) {
-    return ((const kda_cfg *)dg__group_data(g))->dev;
-}
+kda_dev *dg__kda_group_dev(const dg__group *g) { return ((const kda_cfg *)dg__group_data(g))->dev; }
 
 /* ---- recipes ---- */
 
 /* Pointer to group input i in the compute dtype (a converted copy for bf16 inputs on CUDA). */
-static dg_status in_ptr(dg_ctx *ctx, const dg__group *g, int i, dg_tensor **tmp,
-                        const void **p) {
+static dg_status in_ptr(dg_ctx *ctx, const dg__group *g, int i, dg_tensor **tmp, const void **p) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
     return kda_ptr(ctx, dg__group_input(g, i), c->dt, tmp, p);
 }
@@ -111,8 +119,8 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
     const int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K};
     const int64_t sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
-    dg_tensor *out[4] = {NULL}; /* KDA_W .. KDA_QG */
-    void *po[4] = {NULL};       /* NULL: not made (kda_wy_fwd skips that output) */
+    dg_tensor *out[4] = {NULL};             /* KDA_W .. KDA_QG */
+    void *po[4] = {NULL};                   /* NULL: not made (kda_wy_fwd skips that output) */
     dg_tensor *tmp[KDA_IN_TM + 1] = {NULL}; /* converted copies of q .. Tm */
     const void *pi[KDA_IN_TM + 1] = {NULL};
     dg_status st = DG_OK;
