@@ -28,10 +28,12 @@
  *            needed. The check runs after every dg__group_get and at dg__group_done, which each
  *            member's backward calls when it ends (on every path).
  *
- * A member whose backward the tape skips (no gradient reached it) never calls dg__group_done;
- * the next member to end does the release for it. Only when no later member runs does a rebuilt
- * tensor stay until the next backward over the same tape or dg_tape_reset. A second backward over
- * the same tape rebuilds again (the rules hold per pass without any per-pass state).
+ * A member whose backward the tape skips (no gradient reached it) neither asks nor calls
+ * dg__group_done; whatever it would have read is freed when a member recorded before it ends. If
+ * none runs, a tensor rebuilt for the skipped member stays (reused, not rebuilt, by the next
+ * backward) until dg_tape_reset; in KDA and DPLR a member that a reader hands gradients to always
+ * runs, so this does not arise. A second backward over the same tape rebuilds again: the rules
+ * hold per pass without any per-pass state.
  */
 #ifndef DG_AUTOGRAD_GROUP_H
 #define DG_AUTOGRAD_GROUP_H
@@ -58,7 +60,8 @@ typedef struct dg__group_row {
 typedef struct dg__group_recipe {
     const char *name;
     unsigned needs; /* DG_BIT(input): group inputs it cannot do without (others are optional) */
-    unsigned reads; /* DG_BIT(tensor): derived tensors it reads, present when run() is called */
+    unsigned reads; /* DG_BIT(tensor): derived tensors it reads (made by other recipes: no
+                     * cycles), all present when run() is called */
     dg_status (*run)(dg__group *g, dg_ctx *ctx, unsigned make);
 } dg__group_recipe;
 
