@@ -249,7 +249,7 @@ static void test_policies(dg_ctx *ctx) {
 }
 
 /* Only one input requires grad: the tape then holds a subset of the stage nodes (e.g. no state
- * node when only q needs a gradient), and the recompute context must still serve the rest. */
+ * node when only q needs a gradient), and the recompute group must still serve the rest. */
 static void test_partial_grad(dg_ctx *ctx) {
     printf("-- one input requiring grad at a time\n");
     const kcase *c = &cases[1];

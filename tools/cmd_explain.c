@@ -53,7 +53,9 @@ static const stage_doc g_stages[] = {
      "  CACHE keeps h and E. The backward pass runs the same loop in reverse for dh.\n"},
     {"output", "N7 kda_output: inter-chunk term + intra-chunk term",
      "  O_c = scale * QG_c h_c  +  Aqk_c E_c          [B,T,HV,V]\n"
-     "  Backward: dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO.\n"},
+     "  Backward: dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO.\n"
+     "  Its backward runs first: what N5/N6 did not keep (W, U, KG, QG, h, E) it rebuilds once,\n"
+     "  for itself and N6; each rebuilt tensor is freed when its last reader's backward ends.\n"},
 };
 
 static void usage(FILE *f) {

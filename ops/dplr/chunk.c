@@ -8,10 +8,11 @@
  *   (w, u, kg, bg, v, Gi, h0) --state--> h, v2, ht
  *   (qg, h, Aqk, Aqb, v, v2) --output--> o
  * The tape gets one node per stage and backward runs them in reverse. The state and output nodes
- * share a recompute context (dplr_rc.c): under the default policies ("dplr_wy", "dplr_state":
- * RECOMPUTE) w, u, qg, kg, bg, h and v2 are not kept after the forward; the output node's
- * backward rebuilds them once from Tab, Aak and h0 (spec §5). Under CACHE they are kept. The
- * gradients are the same either way (the recomputation repeats the forward's arithmetic).
+ * read w, u, qg, kg, bg, h, v2 through one recompute group (its table is at the top of
+ * dplr_group.c): under the default policies ("dplr_wy", "dplr_state": RECOMPUTE) they are not
+ * kept after the forward; the output node's backward rebuilds them once from Tab, Aak and h0
+ * (spec §5). Under CACHE they are kept. The gradients are the same either way (the
+ * recomputation repeats the forward's arithmetic).
  * CPU only (f64, or f32 computed in f32); a CUDA context gets DG_ERR_UNSUPPORTED.
  */
 #include "dplr.h"
@@ -35,7 +36,7 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
     /* Gi Ge | Aqk Aqb Aak Tab | w u qg kg bg | h v2 */
     enum { GI, GE, AQK, AQB, AAK, TAB, W, U, QG, KG, BG, HS, V2, NT_ };
     dg_tensor *t[NT_] = {0};
-    dplr_rc *rc = NULL;
+    dg__group *grp = NULL;
     dg_status st = dg_dplr_gate_cumsum(ctx, gk, opts, &t[GI], &t[GE]);
     if (st == DG_OK)
         st = dg_dplr_intra(ctx, q, k, a, b, t[GI], t[GE], opts, &t[AQK], &t[AQB], &t[AAK], &t[TAB]);
@@ -43,20 +44,22 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
         st = dg_dplr_wy(ctx, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], opts, &t[W], &t[U],
                         &t[QG], &t[KG], &t[BG]);
     if (st == DG_OK)
-        st = dplr_rc_new(&cfg, &rc);
+        st = dg__dplr_group_new(&cfg, &grp);
     if (st == DG_OK) {
-        dplr_rc_set_inputs(rc, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], h0);
-        if (dg_policy_resolve("dplr_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE)
-            for (int s = DPLR_W; s <= DPLR_BG; s++)
-                dplr_rc_cache(rc, (dplr_rc_slot)s, t[W + s - DPLR_W]);
+        dg_tensor *in[DPLR_NINPUTS] = {q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], h0};
+        for (int i = 0; i < DPLR_NINPUTS; i++)
+            dg__group_set_input(grp, i, in[i]);
+        dg_tensor *made[5] = {t[W], t[U], t[QG], t[KG], t[BG]}; /* DPLR_W .. DPLR_BG */
+        for (int i = 0; i < 5; i++)
+            dg__group_offer(grp, DPLR_W + i, made[i]);
     }
     if (st == DG_OK)
-        st = dplr_state_rc(ctx, t[W], t[U], t[KG], t[BG], v, t[GI], h0, opts, rc, &t[HS], &t[V2],
-                           want_ht ? ht : NULL);
+        st = dplr_state_x(ctx, t[W], t[U], t[KG], t[BG], v, t[GI], h0, opts, grp, &t[HS], &t[V2],
+                          want_ht ? ht : NULL);
     if (st == DG_OK)
-        st = dplr_output_rc(ctx, t[QG], t[HS], t[AQK], t[AQB], v, t[V2], opts, rc, o);
+        st = dplr_output_x(ctx, t[QG], t[HS], t[AQK], t[AQB], v, t[V2], opts, grp, o);
 
-    dplr_rc_release(&rc);
+    dg__group_release(&grp);
     for (int i = 0; i < NT_; i++)
         dg_tensor_free(&t[i]);
     kda_cfg_free(&cfg);

@@ -1,7 +1,7 @@
 /*
  * ops/dplr/dplr.h -- internal declarations shared by the DPLR stage files: the raw-array
- * reference functions (f64 and f32), their dispatch by dtype (dplr_run_*) and the argument checks
- * of the public entry points.
+ * reference functions (f64 and f32), their dispatch by dtype (dplr_run_*), the argument checks
+ * of the public entry points and the recompute group.
  *
  * Spec: shared/spec/DPLR.md (section numbers below refer to it). DPLR reuses KDA's sizes and
  * sequence/chunk tables (kda_dims, kda_cfg with HV = H: DPLR has no GVA) and KDA's helpers for
@@ -216,57 +216,47 @@ dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor
 dg_status dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B, int64_t T,
                         int H, int K, int V, dg_dtype dt, kda_cfg *cfg);
 
-/* ---- node parameters and the recompute context ------------------------------------------
- * Params block of the DPLR nodes: the cfg (tables copied behind it), an optional recompute
- * context and a few node-specific flags. */
-typedef struct dplr_rc dplr_rc;
+/* ---- the recompute group and node parameters ----------------------------------------------
+ * The state and output nodes of one dg_dplr_chunk call read w, u, qg, kg, bg, h, v2 through one
+ * recompute group (dplr_group.c: the table of what is kept and what is rebuilt); used alone,
+ * dg_dplr_state and dg_dplr_output make their own with their inputs kept. */
+enum { DPLR_M_STATE, DPLR_M_OUTPUT, DPLR_NMEMBERS };
+enum {
+    DPLR_IN_Q,
+    DPLR_IN_K,
+    DPLR_IN_V,
+    DPLR_IN_A,
+    DPLR_IN_B,
+    DPLR_IN_GI,
+    DPLR_IN_GE,
+    DPLR_IN_AAK,
+    DPLR_IN_TAB,
+    DPLR_IN_H0,
+    DPLR_NINPUTS
+};
+enum { DPLR_W, DPLR_U, DPLR_QG, DPLR_KG, DPLR_BG, DPLR_H, DPLR_V2, DPLR_NDERIVED };
+
+/* A group for an op call with cfg (tables copied). */
+dg_status dg__dplr_group_new(const kda_cfg *cfg, dg__group **out);
+
+/* Params block of the DPLR nodes: the cfg (tables copied behind it), an optional recompute
+ * group and a few node-specific flags. */
 typedef struct dplr_np {
     kda_cfg cfg;
-    dplr_rc *rc;
+    dg__group *grp;
     int flags;
     int64_t tab[]; /* cfg.tab points here */
 } dplr_np;
-/* Allocate the params of n from cfg (tables copied); a non-NULL rc is retained and released
+/* Allocate the params of n from cfg (tables copied); a non-NULL grp is retained and released
  * with the node. */
-dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dplr_rc *rc);
+dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
 
-/* The recompute context (dplr_rc.c), shared by the state and output nodes of one dg_dplr_chunk
- * call and used alone by dg_dplr_state / dg_dplr_output: either the cached tensors w, u, qg, kg,
- * bg, h, v2, or the inputs needed to rebuild them in backward (q, k, v, a, b, Gi, Ge, Aak, Tab,
- * h0), as ops/kda/kda_rc.c does for KDA. A tensor recomputed in backward is kept until
- * dplr_rc_drop_recomputed(). */
-typedef enum {
-    DPLR_W = 0,
-    DPLR_U,
-    DPLR_QG,
-    DPLR_KG,
-    DPLR_BG,
-    DPLR_H,
-    DPLR_V2,
-    DPLR_RC_NSLOT
-} dplr_rc_slot;
-
-dg_status dplr_rc_new(const kda_cfg *cfg, dplr_rc **out);
-dplr_rc *dplr_rc_retain(dplr_rc *rc);
-void dplr_rc_release(dplr_rc **rc);
-/* Inputs of the recomputation (retained; any may be NULL when not needed). */
-void dplr_rc_set_inputs(dplr_rc *rc, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
-                        dg_tensor *b, dg_tensor *Gi, dg_tensor *Ge, dg_tensor *Aak, dg_tensor *Tab,
-                        dg_tensor *h0);
-/* Keep t (retained) as slot s. */
-void dplr_rc_cache(dplr_rc *rc, dplr_rc_slot s, dg_tensor *t);
-/* Borrowed pointer to slot s, recomputed on first use. */
-dg_status dplr_rc_get(dplr_rc *rc, dg_ctx *ctx, dplr_rc_slot s, dg_tensor **out);
-/* Add every tensor the context holds to n's saved list (so dg_tape_bytes counts them). */
-dg_status dplr_rc_save_all(dplr_rc *rc, dg_node *n);
-void dplr_rc_drop_recomputed(dplr_rc *rc);
-
-/* ---- internal entry points used by the composite (the public ones pass rc = NULL) ---- */
-dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
-                        dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
-                        dplr_rc *rc, dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
-dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
-                         dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dplr_rc *rc,
-                         dg_tensor **o);
+/* ---- internal entry points used by the composite (the public ones pass grp = NULL) ---- */
+dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
+                       dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
+                       dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
+dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
+                        dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg__group *grp,
+                        dg_tensor **o);
 
 #endif /* DG_OPS_DPLR_H */

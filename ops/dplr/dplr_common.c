@@ -60,10 +60,10 @@ dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor
 
 static void np_free(void *params) {
     dplr_np *np = (dplr_np *)params;
-    dplr_rc_release(&np->rc);
+    dg__group_release(&np->grp);
 }
 
-dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dplr_rc *rc) {
+dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     const size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     dplr_np *np = (dplr_np *)dg__node_params(n, sizeof(dplr_np) + ntab * sizeof(int64_t));
     if (!np)
@@ -74,7 +74,7 @@ dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dplr_rc *rc) {
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
     np->cfg.dev = NULL; /* CPU only */
-    np->rc = rc ? dplr_rc_retain(rc) : NULL;
+    np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;
 }

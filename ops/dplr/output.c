@@ -5,8 +5,9 @@
  * qg carries the scale (wy.c), Aqk and Aqb too (intra.c), so no scale appears here.
  * Backward: dqg = dO h^T, dh_c = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T) (j <= i),
  * dv = Aqk^T dO, dv2 = Aqb^T dO. Aqk, Aqb are read only for j <= i, so their other entries get a
- * zero gradient. The node reads qg, h and v2 through the recompute context: inside dg_dplr_chunk
- * they are rebuilt in backward under the default policies; used alone, the node keeps its inputs.
+ * zero gradient. The node reads qg, h and v2 through the recompute group (dplr_group.c): inside
+ * dg_dplr_chunk they are rebuilt in backward under the default policies; used alone, the node
+ * keeps its inputs.
  * Shapes: qg [B,T,H,K]; h [B,NT,H,K,V]; Aqk, Aqb [B,T,H,BT]; v, v2, o [B,T,H,V]. CPU only (f64,
  * or f32 computed in f32).
  */
@@ -100,23 +101,22 @@ void KF(dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT 
 /* ---- node ----------------------------------------------------------------------------------- */
 
 #define OP "dg_dplr_output"
-#define DROP_AFTER 1 /* no state node follows in backward: drop recomputed tensors here */
 
 enum { NIN = 6 }; /* qg, h, Aqk, Aqb, v, v2 */
 
-static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
+static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     const dplr_np *np = (const dplr_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const dg_tensor *gO = dg__node_grad_out(n, 0);
     if (!gO)
         return DG_OK;
-    /* qg, h, v2 from the recompute context; saved: Aqk, Aqb, v */
-    static const dplr_rc_slot slots[3] = {DPLR_QG, DPLR_H, DPLR_V2};
+    /* qg, h, v2 from the recompute group; saved: Aqk, Aqb, v */
+    static const int slots[3] = {DPLR_QG, DPLR_H, DPLR_V2};
     dg_tensor *rt[3], *tmp[7] = {0}, *gr[NIN] = {0};
     const void *p[7] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = dplr_rc_get(np->rc, ctx, slots[i], &rt[i]);
+        st = dg__group_get(np->grp, ctx, DPLR_M_OUTPUT, slots[i], &rt[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
         st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
@@ -139,14 +139,18 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
         dg_tensor_free(&tmp[i]);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&gr[i]);
-    if (np->flags & DROP_AFTER)
-        dplr_rc_drop_recomputed(np->rc);
     return st;
 }
 
-dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
-                         dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dplr_rc *rc,
-                         dg_tensor **o) {
+static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
+    dg_status st = output_backward_body(ctx, n);
+    dg__group_done(((const dplr_np *)n->params)->grp, DPLR_M_OUTPUT);
+    return st;
+}
+
+dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
+                        dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg__group *grp,
+                        dg_tensor **o) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
@@ -163,7 +167,7 @@ dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aq
     const int64_t sh[5] = {B, NC / B, H, K, V};
     dg_tensor *in[NIN] = {qg, h, Aqk, Aqb, v, v2}, *tmp[NIN] = {0};
     const void *p[NIN] = {0};
-    dplr_rc *own = NULL;
+    dg__group *own = NULL;
     dg_status st = kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,H,K,V");
     if (st == DG_OK)
         st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
@@ -182,13 +186,13 @@ dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aq
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);
-        if (st == DG_OK && !rc) { /* used alone: qg, h, v2 are this node's own inputs */
-            st = dplr_rc_new(&cfg, &own);
+        if (st == DG_OK && !grp) { /* used alone: qg, h, v2 are this node's own inputs */
+            st = dg__dplr_group_new(&cfg, &own);
             if (st == DG_OK) {
-                dplr_rc_cache(own, DPLR_QG, qg);
-                dplr_rc_cache(own, DPLR_H, h);
-                dplr_rc_cache(own, DPLR_V2, v2);
-                rc = own;
+                dg__group_keep(own, DPLR_QG, qg);
+                dg__group_keep(own, DPLR_H, h);
+                dg__group_keep(own, DPLR_V2, v2);
+                grp = own;
             }
         }
         for (int i = 0; i < NIN && st == DG_OK; i++)
@@ -202,19 +206,16 @@ dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aq
         if (st == DG_OK)
             st = dg__node_save(n, v);
         if (st == DG_OK)
-            st = dplr_rc_save_all(rc, n);
-        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, rc) : NULL;
+            st = dg__group_join(grp, DPLR_M_OUTPUT, n);
+        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
-        /* without a state node recorded (h, v2 need no grad) nobody else drops recomputed ones */
-        if (np && !dg_tensor_requires_grad(h) && !dg_tensor_requires_grad(v2))
-            np->flags = DROP_AFTER;
         if (st == DG_OK)
             st = dg__node_commit(n);
         else if (n)
             dg__node_abort(n);
     }
-    dplr_rc_release(&own);
+    dg__group_release(&own);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
     kda_cfg_free(&cfg);
@@ -225,6 +226,6 @@ dg_status dplr_output_rc(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aq
 
 dg_status dg_dplr_output(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
                          dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg_tensor **o) {
-    return dplr_output_rc(ctx, qg, h, Aqk, Aqb, v, v2, opts, NULL, o);
+    return dplr_output_x(ctx, qg, h, Aqk, Aqb, v, v2, opts, NULL, o);
 }
 #endif

@@ -172,20 +172,20 @@ dg_status KF(dplr_state_bwd)(const kda_dims *d, const KT *w, const KT *kg, const
 
 enum { NIN = 7 }; /* w, u, kg, bg, v, Gi, h0 */
 
-static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
+static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     const dplr_np *np = (const dplr_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const dg_tensor *go[3] = {dg__node_grad_out(n, 0), dg__node_grad_out(n, 1),
                               (np->flags & HAS_HT) ? dg__node_grad_out(n, 2) : NULL};
     if (!go[0] && !go[1] && !go[2])
         return DG_OK;
-    /* from the recompute context: w, kg, bg, h, v2; saved: v, Gi (then h0) */
-    static const dplr_rc_slot slots[5] = {DPLR_W, DPLR_KG, DPLR_BG, DPLR_H, DPLR_V2};
+    /* from the recompute group: w, kg, bg, h, v2; saved: v, Gi (then h0) */
+    static const int slots[5] = {DPLR_W, DPLR_KG, DPLR_BG, DPLR_H, DPLR_V2};
     dg_tensor *rt[5], *tmp[10] = {0}, *gr[NIN] = {0};
     const void *p[10] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < 5 && st == DG_OK; i++)
-        st = dplr_rc_get(np->rc, ctx, slots[i], &rt[i]);
+        st = dg__group_get(np->grp, ctx, DPLR_M_STATE, slots[i], &rt[i]);
     for (int i = 0; i < 5 && st == DG_OK; i++)
         st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 2 && st == DG_OK; i++)
@@ -213,13 +213,18 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
         dg_tensor_free(&tmp[i]);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&gr[i]);
-    dplr_rc_drop_recomputed(np->rc); /* this node is the last user of recomputed tensors */
     return st;
 }
 
-dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
-                        dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
-                        dplr_rc *rc, dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
+static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
+    dg_status st = state_backward_body(ctx, n);
+    dg__group_done(((const dplr_np *)n->params)->grp, DPLR_M_STATE);
+    return st;
+}
+
+dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
+                       dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
+                       dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "h", h));
     DG_TRY(dg__check_ptr(OP, "v2", v2));
@@ -240,7 +245,7 @@ dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, 
     dg_tensor *in[NIN] = {w, u, kg, bg, v, Gi, h0}, *tmp[NIN] = {0};
     static const char *inames[NIN] = {"w", "u", "kg", "bg", "v", "Gi", "h0"};
     const void *p[NIN] = {0};
-    dplr_rc *own = NULL;
+    dg__group *own = NULL;
     dg_status st = DG_OK;
     for (int i = 1; i < NIN - 1 && st == DG_OK; i++) {
         const int isv = i == 1 || i == 4;
@@ -264,20 +269,22 @@ dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, 
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);
-        if (st == DG_OK && !rc) { /* used alone: w, u, kg, bg are this node's own inputs */
-            st = dplr_rc_new(&cfg, &own);
+        if (st == DG_OK && !grp) { /* used alone: w, u, kg, bg are this node's own inputs */
+            st = dg__dplr_group_new(&cfg, &own);
             if (st == DG_OK) {
-                dplr_rc_set_inputs(own, NULL, NULL, v, NULL, NULL, Gi, NULL, NULL, NULL, h0);
-                dplr_rc_cache(own, DPLR_W, w);
-                dplr_rc_cache(own, DPLR_U, u);
-                dplr_rc_cache(own, DPLR_KG, kg);
-                dplr_rc_cache(own, DPLR_BG, bg);
-                rc = own;
+                dg__group_set_input(own, DPLR_IN_V, v);
+                dg__group_set_input(own, DPLR_IN_GI, Gi);
+                dg__group_set_input(own, DPLR_IN_H0, h0);
+                dg__group_keep(own, DPLR_W, w);
+                dg__group_keep(own, DPLR_U, u);
+                dg__group_keep(own, DPLR_KG, kg);
+                dg__group_keep(own, DPLR_BG, bg);
+                grp = own;
             }
         }
-        if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
-            dplr_rc_cache(rc, DPLR_H, *h);
-            dplr_rc_cache(rc, DPLR_V2, *v2);
+        if (st == DG_OK) { /* kept under CACHE of "dplr_state" */
+            dg__group_offer(grp, DPLR_H, *h);
+            dg__group_offer(grp, DPLR_V2, *v2);
         }
         for (int i = 0; i < NIN && st == DG_OK; i++)
             st = dg__node_input(n, in[i]);
@@ -294,8 +301,8 @@ dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, 
         if (st == DG_OK)
             st = dg__node_save(n, h0);
         if (st == DG_OK)
-            st = dplr_rc_save_all(rc, n);
-        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, rc) : NULL;
+            st = dg__group_join(grp, DPLR_M_STATE, n);
+        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (np)
@@ -305,7 +312,7 @@ dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, 
         else if (n)
             dg__node_abort(n);
     }
-    dplr_rc_release(&own);
+    dg__group_release(&own);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
     kda_cfg_free(&cfg);
@@ -321,6 +328,6 @@ dg_status dplr_state_rc(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, 
 dg_status dg_dplr_state(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
                         dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
                         dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
-    return dplr_state_rc(ctx, w, u, kg, bg, v, Gi, h0, opts, NULL, h, v2, ht);
+    return dplr_state_x(ctx, w, u, kg, bg, v, Gi, h0, opts, NULL, h, v2, ht);
 }
 #endif

@@ -12,7 +12,7 @@
  *   dGi_{L-1} += sum_i k_i dk_i        (the same for b: lam is Gi at the last row)
  * Every exponent (Gi_i, Ge_i, lam - Gi_i) is <= 0. The node keeps its inputs only: whether w, u,
  * qg, kg, bg themselves are kept for the later nodes is the "dplr_wy" policy, applied by
- * dg_dplr_chunk through the recompute context (dplr_rc.c). Shapes: q, k, a, b, Gi, Ge, w, qg, kg,
+ * dg_dplr_chunk through the recompute group (dplr_group.c). Shapes: q, k, a, b, Gi, Ge, w, qg, kg,
  * bg [B,T,H,K]; v, u [B,T,H,V]; Aak, Tab [B,T,H,BT]. CPU only (f64, or f32 computed in f32).
  */
 #ifndef DPLR_TMPL

@@ -7,8 +7,9 @@
  *   (W, U, KG, G, h0) --N6 state--> h, E, ht
  *   (QG, h, Aqk, E) --N7 output--> o
  * The tape gets one node per stage (N1 twice: q and k), and backward runs them in reverse. The
- * wy/state/output nodes share a recompute context (kda_rc.c): under the default policies
- * ("kda_wy", "kda_state": RECOMPUTE) W, U, KG, QG, h and E are not kept after the forward; the
+ * state and output nodes read W, U, KG, QG, h, E through one recompute group (its table, what
+ * is kept and what is rebuilt under each policy, is at the top of kda_group.c): under the
+ * default policies ("kda_wy", "kda_state": RECOMPUTE) they are not kept after the forward; the
  * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (§6.7).
  * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
  * g, beta may be bf16: each stage converts what it reads to f32; the normalised q, k, beta and
@@ -49,16 +50,15 @@ dg_status kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     return st;
 }
 
-dg_status kda_local_rc(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
-                       kda_rc **rc) {
-    DG_TRY(kda_rc_new(cfg, rc));
-    kda_rc_set_inputs(*rc, l->qn, l->kn, v, l->bt, l->G, l->Tm, h0);
-    if (dg_policy_resolve("kda_wy", DG_POLICY_RECOMPUTE) == DG_POLICY_CACHE) {
-        kda_rc_cache(*rc, KDA_W, l->W);
-        kda_rc_cache(*rc, KDA_U, l->U);
-        kda_rc_cache(*rc, KDA_KG, l->KG);
-        kda_rc_cache(*rc, KDA_QG, l->QG);
-    }
+dg_status kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
+                          dg__group **grp) {
+    DG_TRY(dg__kda_group_new(cfg, grp));
+    dg_tensor *in[KDA_NINPUTS] = {l->qn, l->kn, v, l->bt, l->G, l->Tm, h0}; /* KDA_IN_Q .. */
+    for (int i = 0; i < KDA_NINPUTS; i++)
+        dg__group_set_input(*grp, i, in[i]);
+    dg_tensor *made[4] = {l->W, l->U, l->KG, l->QG}; /* KDA_W .. KDA_QG */
+    for (int i = 0; i < 4; i++)
+        dg__group_offer(*grp, KDA_W + i, made[i]);
     return DG_OK;
 }
 
@@ -87,16 +87,16 @@ dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
 
     kda_local l;
     dg_tensor *h = NULL, *E = NULL;
-    kda_rc *rc = NULL;
+    dg__group *grp = NULL;
     dg_status st = kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, opts, cfg.dev, &l);
     if (st == DG_OK)
-        st = kda_local_rc(&cfg, &l, v, h0, &rc);
+        st = kda_local_group(&cfg, &l, v, h0, &grp);
     if (st == DG_OK)
-        st = kda_state_rc(ctx, l.W, l.U, l.KG, l.G, h0, opts, rc, &h, &E, want_ht ? ht : NULL);
+        st = kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0, opts, grp, &h, &E, want_ht ? ht : NULL);
     if (st == DG_OK)
-        st = kda_output_rc(ctx, l.QG, h, l.Aqk, E, opts, rc, q->dtype, o);
+        st = kda_output_x(ctx, l.QG, h, l.Aqk, E, opts, grp, q->dtype, o);
 
-    kda_rc_release(&rc);
+    dg__group_release(&grp);
     kda_local_free(&l);
     dg_tensor_free(&h);
     dg_tensor_free(&E);

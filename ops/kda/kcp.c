@@ -197,11 +197,11 @@ static dg_status KF(kcp_merge)(int HV, int K, int V, const KT *ag, const int *or
 
 #define OP "dg_kda_chunk_cp"
 
-/* Params of the two CP nodes: the local cfg (tables copied behind), the communicator, the plan's
- * numbers. */
+/* Params of the two CP nodes: the local cfg (tables copied behind), the recompute group (the
+ * link node reads W, KG through it), the communicator, the plan's numbers. */
 typedef struct kcp_np {
     kda_cfg cfg;
-    kda_rc *rc;
+    dg__group *grp;
     dg_comm *comm;
     int rank, world, pre, post, seq0, n_global;
     int64_t tab[];
@@ -209,11 +209,11 @@ typedef struct kcp_np {
 
 static void kcp_np_free(void *params) {
     kcp_np *np = (kcp_np *)params;
-    kda_rc_release(&np->rc);
+    dg__group_release(&np->grp);
     kda_dev_release(&np->cfg.dev);
 }
 
-static kcp_np *kcp_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc, dg_comm *comm,
+static kcp_np *kcp_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp, dg_comm *comm,
                           const dg_cp_plan *p) {
     size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     kcp_np *np = (kcp_np *)dg__node_params(n, sizeof(kcp_np) + ntab * sizeof(int64_t));
@@ -225,7 +225,7 @@ static kcp_np *kcp_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc, dg_comm *c
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
     np->cfg.dev = kda_dev_retain(cfg->dev);
-    np->rc = rc ? kda_rc_retain(rc) : NULL;
+    np->grp = dg__group_retain(grp);
     np->comm = comm;
     np->rank = p->rank;
     np->world = p->world;
@@ -414,7 +414,7 @@ static dg_status init_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 /* ---- kda_cp_link: (h, E, ht_loc) -> (h', E', ht) ---- */
-static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
+static dg_status link_backward_body(dg_ctx *ctx, dg_node *n) {
     const kcp_np *np = (const kcp_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V, NL = c->d.N;
@@ -436,9 +436,9 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg_tensor_new(hc, c->dt, 4, sa, &ag);
     if (st == DG_OK && np->pre > 0) { /* reverse summary of local sequence 0 */
-        st = kda_rc_get(np->rc, ctx, KDA_W, &W);
+        st = dg__group_get(np->grp, ctx, KDA_M_LINK, KDA_W, &W);
         if (st == DG_OK)
-            st = kda_rc_get(np->rc, ctx, KDA_KG, &KG);
+            st = dg__group_get(np->grp, ctx, KDA_M_LINK, KDA_KG, &KG);
         int on_dev = 0; /* on the device when the sizes allow (kda_state_summary_cuda) */
         if (st == DG_OK && c->cuda) {
             const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
@@ -511,6 +511,12 @@ static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
+static dg_status link_backward(dg_ctx *ctx, dg_node *n) {
+    dg_status st = link_backward_body(ctx, n);
+    dg__group_done(((const kcp_np *)n->params)->grp, KDA_M_LINK);
+    return st;
+}
+
 /* A new tensor object sharing t's storage (not recorded). */
 static dg_status alias(dg_tensor *t, dg_tensor **out) {
     dg_no_grad_begin();
@@ -577,7 +583,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg_tensor *Wh = NULL, *Uh = NULL, *KGh = NULL, *Gh = NULL, *h0h = NULL;
     dg_tensor *h0mh = NULL, *htlh = NULL, *htuh = NULL;
     const void *h0p = NULL; /* h0's host values (NULL without h0) */
-    kda_rc *rc = NULL;
+    dg__group *grp = NULL;
     dg_ctx *hc = NULL;
     kcp_np probe; /* the plan's numbers, for ends_here / starts_here before a node exists */
     memset(&probe, 0, sizeof probe);
@@ -678,9 +684,9 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = kda_local_rc(&cfg, &l, v, h0m, &rc);
+        st = kda_local_group(&cfg, &l, v, h0m, &grp);
     if (st == DG_OK)
-        st = kda_state_rc(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, rc, &h, &E, &htl);
+        st = kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, grp, &h, &E, &htl);
     if (st == DG_OK)
         st = to_host(hc, htl, cfg.dt, &htlh);
     if (st == DG_OK)
@@ -709,7 +715,9 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
             st = dg__node_output(n, htu);
         if (st == DG_OK)
             st = dg__node_save(n, l.G);
-        kcp_np *np = st == DG_OK ? kcp_np_new(n, &cfg, rc, comm, plan) : NULL;
+        if (st == DG_OK)
+            st = dg__group_join(grp, KDA_M_LINK, n);
+        kcp_np *np = st == DG_OK ? kcp_np_new(n, &cfg, grp, comm, plan) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)
@@ -721,11 +729,11 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         E2 = dg_tensor_retain(E);
     }
     if (st == DG_OK)
-        st = kda_output_rc(ctx, l.QG, h2, l.Aqk, E2, &lo, rc, q->dtype, o);
+        st = kda_output_x(ctx, l.QG, h2, l.Aqk, E2, &lo, grp, q->dtype, o);
     if (st == DG_OK && want_ht)
         *ht = dg_tensor_retain(htu);
 
-    kda_rc_release(&rc);
+    dg__group_release(&grp);
     kda_local_free(&l);
     dg_tensor *locals[9] = {h, E, htl, hm, ag, h0m, h2, E2, htu};
     for (int i = 0; i < 9; i++)

@@ -2,7 +2,7 @@
  * ops/kda/kda.h -- internal declarations shared by the KDA stage files (and by the CUDA twins of
  * the raw kernels): the raw-array reference functions of every stage, forward and backward, their
  * dispatch to the CUDA twin or the f64/f32 reference (kda_run_*), the option/shape validation
- * shared by the public entry points, and the recompute context of the composite.
+ * shared by the public entry points, and the recompute group of the composite.
  *
  * Spec: shared/spec/KDA.md (section numbers below refer to it). Letters: B, T, H, HV, K, V, BT, N,
  * NC (total chunks over all sequences), G = HV / H (value heads per q/k head).
@@ -28,6 +28,7 @@
 
 #include <math.h>
 
+#include "../../autograd/group.h"
 #include "../../autograd/tape.h"
 #include "../../kernels/kda/kda_cuda.h"
 #include "../../tensor/tensor.h"
@@ -557,42 +558,30 @@ static inline dg_status kda_run_recurrent_bwd(dg_ctx *ctx, const kda_cfg *c,
                                  a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta, a->dh0);
 }
 
+/* ---- the recompute group of the wy/state/output nodes (kda_group.c: the table) -------------
+ * Members (nodes whose backward reads derived tensors), the group's inputs (what rebuilds them)
+ * and the derived tensors. Shared by the nodes of one dg_kda_chunk / dg_kda_chunk_cp call; used
+ * alone by dg_kda_state and dg_kda_output (their inputs kept). */
+enum { KDA_M_STATE, KDA_M_LINK, KDA_M_OUTPUT, KDA_NMEMBERS };
+enum { KDA_IN_Q, KDA_IN_K, KDA_IN_V, KDA_IN_BETA, KDA_IN_G, KDA_IN_TM, KDA_IN_H0, KDA_NINPUTS };
+enum { KDA_W, KDA_U, KDA_KG, KDA_QG, KDA_H, KDA_E, KDA_NDERIVED };
+
+/* A group for an op call with cfg (tables copied, device tables shared). */
+dg_status dg__kda_group_new(const kda_cfg *cfg, dg__group **out);
+/* The device tables of the group's cfg (NULL on the CPU). */
+kda_dev *dg__kda_group_dev(const dg__group *g);
+
 /* Params block of every KDA node: the cfg (tables copied behind it), an optional recompute
- * context, and a few node-specific integers. */
-typedef struct kda_rc kda_rc;
+ * group, and a few node-specific integers. */
 typedef struct kda_np {
     kda_cfg cfg;
-    kda_rc *rc;
+    dg__group *grp;
     int flags;
     int64_t tab[]; /* cfg.tab points here */
 } kda_np;
-/* Allocate the params of n from cfg (tables copied). rc may be NULL; a non-NULL rc is retained
- * and released when the node is destroyed. */
-kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc);
-
-/* ---- recompute context (kda_rc.c) -----------------------------------------------------------
- * Shared by the wy/state/output nodes of one dg_kda_chunk call, and used alone by dg_kda_state
- * and dg_kda_output. It holds either cached tensors W, U, KG, QG, h, E, or what is needed to
- * recompute them in backward (q, k, v, beta, G, Tm, h0): spec §6.7, FLA's recompute_w_u and the
- * second state pass. A tensor recomputed in backward is kept until kda_rc_drop_recomputed(). */
-typedef enum { KDA_W = 0, KDA_U, KDA_KG, KDA_QG, KDA_H, KDA_E, KDA_RC_NSLOT } kda_rc_slot;
-
-dg_status kda_rc_new(const kda_cfg *cfg, kda_rc **out);
-kda_rc *kda_rc_retain(kda_rc *rc);
-void kda_rc_release(kda_rc **rc);
-/* Inputs of the recomputation (retained; any may be NULL when not needed). */
-void kda_rc_set_inputs(kda_rc *rc, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                       dg_tensor *G, dg_tensor *Tm, dg_tensor *h0);
-/* Keep `t` (retained) as slot s for backward. */
-void kda_rc_cache(kda_rc *rc, kda_rc_slot s, dg_tensor *t);
-/* Borrowed pointer to slot s, recomputed on first use. */
-dg_status kda_rc_get(kda_rc *rc, dg_ctx *ctx, kda_rc_slot s, dg_tensor **out);
-/* Add every tensor the context holds to n's saved list (so dg_tape_bytes counts them). */
-dg_status kda_rc_save_all(kda_rc *rc, dg_node *n);
-void kda_rc_drop_recomputed(kda_rc *rc);
-
-/* The device tables of the context's cfg (NULL on the CPU). */
-kda_dev *kda_rc_dev(kda_rc *rc);
+/* Allocate the params of n from cfg (tables copied). grp may be NULL; a non-NULL grp is
+ * retained and released when the node is destroyed. */
+kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
 
 /* ---- internal entry points used by the composite (the public ones pass NULL / 0) ------------
  * keep_f32: the output stays in the compute dtype (f32 on CUDA) instead of the input's dtype, so
@@ -607,10 +596,10 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
 dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
                    dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
-/* rc: the composite's recompute context (NULL: the node makes its own). */
-dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
-                       dg_tensor *h0, const dg_kda_opts *opts, kda_rc *rc, dg_tensor **h,
-                       dg_tensor **E, dg_tensor **ht);
+/* grp: the composite's recompute group (NULL: the node makes its own). */
+dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+                      dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
+                      dg_tensor **E, dg_tensor **ht);
 /* The local part of the chunked composite, N1..N5 (ops/kda/chunk.c), shared by dg_kda_chunk and
  * the context-parallel dg_kda_chunk_cp: normalised q, k (qn, kn), beta (bt), G, Aqk, Tm, W, U,
  * KG, QG, each an owned reference (kda_local_free releases them; on error nothing is held). */
@@ -620,14 +609,15 @@ typedef struct kda_local {
 dg_status kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                            dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
                            const dg_kda_opts *opts, kda_dev *dev, kda_local *l);
-/* The recompute context of the wy/state/output nodes over l, from initial state h0 (W, U, KG,
- * QG cached in it when kda_wy's policy is CACHE). */
-dg_status kda_local_rc(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
-                       kda_rc **rc);
+/* The recompute group of the wy/state/output nodes over l, from initial state h0: its inputs,
+ * and W, U, KG, QG offered to it (kept when the policy of "kda_wy" is CACHE). */
+dg_status kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
+                          dg__group **grp);
 void kda_local_free(kda_local *l);
 /* out_dt: dtype of o (DG_NDTYPES: the compute dtype); o is computed in the compute dtype and
  * converted. */
-dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                        const dg_kda_opts *opts, kda_rc *rc, dg_dtype out_dt, dg_tensor **o);
+/* grp as for kda_state_x. */
+dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                       const dg_kda_opts *opts, dg__group *grp, dg_dtype out_dt, dg_tensor **o);
 
 #endif /* DG_OPS_KDA_H */

@@ -316,11 +316,11 @@ dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
 
 static void np_free(void *params) {
     kda_np *np = (kda_np *)params;
-    kda_rc_release(&np->rc);
+    dg__group_release(&np->grp);
     kda_dev_release(&np->cfg.dev);
 }
 
-kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
+kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     kda_np *np = (kda_np *)dg__node_params(n, sizeof(kda_np) + ntab * sizeof(int64_t));
     if (!np)
@@ -331,7 +331,7 @@ kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, kda_rc *rc) {
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
     np->cfg.dev = kda_dev_retain(cfg->dev);
-    np->rc = rc ? kda_rc_retain(rc) : NULL;
+    np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;
 }

@@ -4,8 +4,8 @@
  *   O_c = s QG_c h_c + Aqk_c E_c          (inter-chunk through the state + causal intra-chunk)
  * Backward: dQG = s dO h^T, dh_c = s QG^T dO, dAqk = tril(dO E^T) (j <= i), dE = Aqk^T dO.
  * Aqk is read only for j <= i, so its other entries get a zero gradient. The node reads QG, h and
- * E through the recompute context: inside dg_kda_chunk they are rebuilt in backward under the
- * default policies; used alone, the node keeps its inputs.
+ * E through the recompute group (kda_group.c has the table): inside dg_kda_chunk they are rebuilt
+ * in backward under the default policies; used alone, the node keeps its inputs.
  * Shapes: QG [B,T,HV,K]; h [B,NT,HV,K,V]; Aqk [B,T,HV,BT]; E, O [B,T,HV,V].
  * CUDA: every input f32; O is computed in f32 (the composite converts it to q's dtype).
  */
@@ -96,30 +96,28 @@ void KF(kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, 
 /* ---- node ----------------------------------------------------------------------------------- */
 
 #define OP "dg_kda_output"
-#define DROP_AFTER 1 /* no state node follows in backward: drop recomputed tensors here */
 
-/* The node's inputs; QG, h, E reach backward through the recompute context, n->saved holds
- * Aqk. */
+/* The node's inputs; QG, h, E reach backward through the recompute group, n->saved holds Aqk. */
 enum { IN_QG, IN_H, IN_AQK, IN_E };
 enum { SAVED_AQK };
 
-static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
+static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const dg_tensor *gO = dg__node_grad_out(n, 0);
     if (!gO)
         return DG_OK;
-    dg_tensor *QG = NULL, *h = NULL, *E = NULL; /* from the recompute context */
+    dg_tensor *QG = NULL, *h = NULL, *E = NULL; /* from the recompute group */
     dg_tensor *Aqk = n->saved[SAVED_AQK];
     /* converted copies (NULL where the tensor already has the compute dtype), the gradients */
     dg_tensor *tQG = NULL, *th = NULL, *tE = NULL, *tAqk = NULL, *tgO = NULL;
     dg_tensor *dQG = NULL, *dh = NULL, *dAqk = NULL, *dE = NULL;
     kda_output_bwd_io io = {0};
-    dg_status st = kda_rc_get(np->rc, ctx, KDA_QG, &QG);
+    dg_status st = dg__group_get(np->grp, ctx, KDA_M_OUTPUT, KDA_QG, &QG);
     if (st == DG_OK)
-        st = kda_rc_get(np->rc, ctx, KDA_H, &h);
+        st = dg__group_get(np->grp, ctx, KDA_M_OUTPUT, KDA_H, &h);
     if (st == DG_OK)
-        st = kda_rc_get(np->rc, ctx, KDA_E, &E);
+        st = dg__group_get(np->grp, ctx, KDA_M_OUTPUT, KDA_E, &E);
     if (st == DG_OK)
         st = kda_ptr(ctx, QG, c->dt, &tQG, &io.QG);
     if (st == DG_OK)
@@ -152,13 +150,17 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *owned[9] = {tQG, th, tE, tAqk, tgO, dQG, dh, dAqk, dE};
     for (int i = 0; i < 9; i++)
         dg_tensor_free(&owned[i]);
-    if (np->flags & DROP_AFTER)
-        kda_rc_drop_recomputed(np->rc);
     return st;
 }
 
-dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                        const dg_kda_opts *opts, kda_rc *rc, dg_dtype out_dt, dg_tensor **o) {
+static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
+    dg_status st = output_backward_body(ctx, n);
+    dg__group_done(((const kda_np *)n->params)->grp, KDA_M_OUTPUT);
+    return st;
+}
+
+dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                       const dg_kda_opts *opts, dg__group *grp, dg_dtype out_dt, dg_tensor **o) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
@@ -175,7 +177,7 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
     /* converted copies (NULL where the tensor already has the compute dtype) */
     dg_tensor *tQG = NULL, *th = NULL, *tAqk = NULL, *tE = NULL;
     kda_output_fwd_io io = {0};
-    kda_rc *own = NULL;
+    dg__group *own = NULL;
     dg_status st = kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
         st = kda_check(OP, "E", E, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
@@ -184,7 +186,7 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
     if (st == DG_OK)
         st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
+        st = kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
     if (st == DG_OK)
         st = kda_ptr(ctx, QG, cfg.dt, &tQG, &io.QG);
     if (st == DG_OK)
@@ -204,13 +206,13 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);
-        if (st == DG_OK && !rc) { /* used alone: QG, h, E are this node's own inputs */
-            st = kda_rc_new(&cfg, &own);
+        if (st == DG_OK && !grp) { /* used alone: QG, h, E are this node's own inputs */
+            st = dg__kda_group_new(&cfg, &own);
             if (st == DG_OK) {
-                kda_rc_cache(own, KDA_QG, QG);
-                kda_rc_cache(own, KDA_H, h);
-                kda_rc_cache(own, KDA_E, E);
-                rc = own;
+                dg__group_keep(own, KDA_QG, QG);
+                dg__group_keep(own, KDA_H, h);
+                dg__group_keep(own, KDA_E, E);
+                grp = own;
             }
         }
         for (int i = 0; i < 4 && st == DG_OK; i++)
@@ -220,19 +222,16 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
         if (st == DG_OK)
             st = dg__node_save(n, Aqk); /* SAVED_AQK */
         if (st == DG_OK)
-            st = kda_rc_save_all(rc, n);
-        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, rc) : NULL;
+            st = dg__group_join(grp, KDA_M_OUTPUT, n);
+        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
-        /* without a state node recorded (h, E need no grad) nobody else drops recomputed h, E */
-        if (np && !dg_tensor_requires_grad(h) && !dg_tensor_requires_grad(E))
-            np->flags = DROP_AFTER;
         if (st == DG_OK)
             st = dg__node_commit(n);
         else if (n)
             dg__node_abort(n);
     }
-    kda_rc_release(&own);
+    dg__group_release(&own);
     dg_tensor *owned[4] = {tQG, th, tAqk, tE};
     for (int i = 0; i < 4; i++)
         dg_tensor_free(&owned[i]);
@@ -245,6 +244,6 @@ dg_status kda_output_rc(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
 
 dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
                         const dg_kda_opts *opts, dg_tensor **o) {
-    return kda_output_rc(ctx, QG, h, Aqk, E, opts, NULL, DG_NDTYPES, o);
+    return kda_output_x(ctx, QG, h, Aqk, E, opts, NULL, DG_NDTYPES, o);
 }
 #endif

@@ -9,8 +9,9 @@
  *   dlambda_c = exp(lambda_c) . rowsum(h_c . dH)              (into dG at the chunk's last row)
  *   dH <- Diag(exp(lambda_c)) dH - W_c^T dE_c + dh_c^out;     dh0 = dH at the end
  * Only E (the KDA path) is not gated here: the exp(lambda - G) factor lives in KG (§5.3 note).
- * Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under RECOMPUTE it
- * keeps W, U, KG, G, h0 and reruns this pass in backward (spec §6.7).
+ * Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under RECOMPUTE they
+ * are rebuilt in backward by rerunning this pass (spec §6.7). W, KG, h, E reach backward through
+ * the recompute group (kda_group.c has the table).
  * Shapes: W, KG, G [B,T,HV,K]; U, E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V].
  * CUDA: every tensor f32.
  */
@@ -155,31 +156,31 @@ dg_status KF(kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const 
 #define OP "dg_kda_state"
 #define HAS_HT 1
 
-/* The node's inputs (h0 may be NULL); W, U, KG reach backward through the recompute context,
+/* The node's inputs (h0 may be NULL); W, KG, h, E reach backward through the recompute group,
  * n->saved holds G, then h0. */
 enum { IN_W, IN_U, IN_KG, IN_G, IN_H0 };
 enum { SAVED_G, SAVED_H0 };
 
-static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
+static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
     const kda_cfg *c = &np->cfg;
     const dg_tensor *gh = dg__node_grad_out(n, 0), *gE = dg__node_grad_out(n, 1);
     const dg_tensor *ght = (np->flags & HAS_HT) ? dg__node_grad_out(n, 2) : NULL;
     if (!gh && !gE && !ght)
         return DG_OK;
-    dg_tensor *W = NULL, *KG = NULL, *h = NULL, *E = NULL; /* from the recompute context */
+    dg_tensor *W = NULL, *KG = NULL, *h = NULL, *E = NULL; /* from the recompute group */
     /* converted copies (NULL where the tensor already has the compute dtype), the gradients */
     dg_tensor *tW = NULL, *tKG = NULL, *th = NULL, *tE = NULL, *tG = NULL, *tgh = NULL;
     dg_tensor *tgE = NULL, *tght = NULL;
     dg_tensor *dW = NULL, *dU = NULL, *dKG = NULL, *dG = NULL, *dh0 = NULL;
     kda_state_bwd_io io = {0};
-    dg_status st = kda_rc_get(np->rc, ctx, KDA_W, &W);
+    dg_status st = dg__group_get(np->grp, ctx, KDA_M_STATE, KDA_W, &W);
     if (st == DG_OK)
-        st = kda_rc_get(np->rc, ctx, KDA_KG, &KG);
+        st = dg__group_get(np->grp, ctx, KDA_M_STATE, KDA_KG, &KG);
     if (st == DG_OK)
-        st = kda_rc_get(np->rc, ctx, KDA_H, &h);
+        st = dg__group_get(np->grp, ctx, KDA_M_STATE, KDA_H, &h);
     if (st == DG_OK)
-        st = kda_rc_get(np->rc, ctx, KDA_E, &E);
+        st = dg__group_get(np->grp, ctx, KDA_M_STATE, KDA_E, &E);
     if (st == DG_OK)
         st = kda_ptr(ctx, W, c->dt, &tW, &io.W);
     if (st == DG_OK)
@@ -224,13 +225,18 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *owned[13] = {tW, tKG, th, tE, tG, tgh, tgE, tght, dW, dU, dKG, dG, dh0};
     for (int i = 0; i < 13; i++)
         dg_tensor_free(&owned[i]);
-    kda_rc_drop_recomputed(np->rc); /* this node is the last user of recomputed tensors */
     return st;
 }
 
-dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
-                       dg_tensor *h0, const dg_kda_opts *opts, kda_rc *rc, dg_tensor **h,
-                       dg_tensor **E, dg_tensor **ht) {
+static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
+    dg_status st = state_backward_body(ctx, n);
+    dg__group_done(((const kda_np *)n->params)->grp, KDA_M_STATE);
+    return st;
+}
+
+dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+                      dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
+                      dg_tensor **E, dg_tensor **ht) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "h", h));
     DG_TRY(dg__check_ptr(OP, "E", E));
@@ -250,7 +256,7 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     /* converted copies (NULL where the tensor already has the compute dtype) */
     dg_tensor *tW = NULL, *tU = NULL, *tKG = NULL, *tG = NULL, *th0 = NULL;
     kda_state_fwd_io io = {0};
-    kda_rc *own = NULL;
+    dg__group *own = NULL;
     dg_status st = kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
         st = kda_check(OP, "U", U, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
@@ -261,7 +267,7 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     if (st == DG_OK && h0)
         st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,HV,K,V");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, rc ? kda_rc_dev(rc) : NULL);
+        st = kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
     if (st == DG_OK)
         st = kda_ptr(ctx, W, cfg.dt, &tW, &io.W);
     if (st == DG_OK)
@@ -287,19 +293,20 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
     if (st == DG_OK && dg__needs_grad(5, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);
-        if (st == DG_OK && !rc) { /* used alone: W, U, KG are this node's own inputs */
-            st = kda_rc_new(&cfg, &own);
+        if (st == DG_OK && !grp) { /* used alone: W, U, KG are this node's own inputs */
+            st = dg__kda_group_new(&cfg, &own);
             if (st == DG_OK) {
-                kda_rc_set_inputs(own, NULL, NULL, NULL, NULL, G, NULL, h0);
-                kda_rc_cache(own, KDA_W, W);
-                kda_rc_cache(own, KDA_U, U);
-                kda_rc_cache(own, KDA_KG, KG);
-                rc = own;
+                dg__group_set_input(own, KDA_IN_G, G);
+                dg__group_set_input(own, KDA_IN_H0, h0);
+                dg__group_keep(own, KDA_W, W);
+                dg__group_keep(own, KDA_U, U);
+                dg__group_keep(own, KDA_KG, KG);
+                grp = own;
             }
         }
-        if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
-            kda_rc_cache(rc, KDA_H, *h);
-            kda_rc_cache(rc, KDA_E, *E);
+        if (st == DG_OK) { /* kept under CACHE of "kda_state" */
+            dg__group_offer(grp, KDA_H, *h);
+            dg__group_offer(grp, KDA_E, *E);
         }
         for (int i = 0; i < 5 && st == DG_OK; i++)
             st = dg__node_input(n, in[i]);
@@ -314,8 +321,8 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
         if (st == DG_OK)
             st = dg__node_save(n, h0); /* SAVED_H0 */
         if (st == DG_OK)
-            st = kda_rc_save_all(rc, n);
-        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, rc) : NULL;
+            st = dg__group_join(grp, KDA_M_STATE, n);
+        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (np)
@@ -325,7 +332,7 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
         else if (n)
             dg__node_abort(n);
     }
-    kda_rc_release(&own);
+    dg__group_release(&own);
     dg_tensor *owned[5] = {tW, tU, tKG, tG, th0};
     for (int i = 0; i < 5; i++)
         dg_tensor_free(&owned[i]);
@@ -342,6 +349,6 @@ dg_status kda_state_rc(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, d
 dg_status dg_kda_state(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
                        dg_tensor *h0, const dg_kda_opts *opts, dg_tensor **h, dg_tensor **E,
                        dg_tensor **ht) {
-    return kda_state_rc(ctx, W, U, KG, G, h0, opts, NULL, h, E, ht);
+    return kda_state_x(ctx, W, U, KG, G, h0, opts, NULL, h, E, ht);
 }
 #endif

@@ -8,7 +8,7 @@
  * dTm = dU (beta V)^T + dW X^T (lower triangle incl. the diagonal: Tm is read only there).
  * Every exponent (G_i, lambda - G_i) is <= 0. The node keeps its inputs only: whether W, U, KG,
  * QG themselves are kept for the later nodes is the "kda_wy" policy, applied by dg_kda_chunk
- * through the recompute context (kda_rc.c). Shapes: q, k [B,T,H,K]; v [B,T,HV,V]; beta
+ * through the recompute group (kda_group.c). Shapes: q, k [B,T,H,K]; v [B,T,HV,V]; beta
  * [B,T,HV]; G [B,T,HV,K]; Tm [B,T,HV,BT]; W, KG, QG [B,T,HV,K]; U [B,T,HV,V].
  * CUDA: q, k, v, beta each f32 or bf16; G, Tm f32; the outputs f32.
  */

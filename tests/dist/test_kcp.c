@@ -332,7 +332,7 @@ int main(int argc, char **argv) {
             run_case(ctx, comm, &bf[i], DG_BF16, 2e-2);
     }
     /* the tape policies: W, U, KG, QG, h, E cached instead of recomputed, and everything
-     * recomputed (the link node reads W and KG from the shared recompute context) */
+     * recomputed (the link node reads W and KG through the shared recompute group) */
     const dg_policy pol[2] = {DG_POLICY_CACHE, DG_POLICY_RECOMPUTE};
     for (int i = 0; i < 2; i++) {
         dg_policy saved = dg_policy_get_global();

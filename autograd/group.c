@@ -1,0 +1,186 @@
+/*
+ * autograd/group.c -- recompute groups (the rules are in group.h; each op's table is with the
+ * op: ops/kda/kda_group.c, ops/dplr/dplr_group.c).
+ */
+#include "group.h"
+
+struct dg__group {
+    int refcount;
+    const dg__group_spec *spec;
+    void *data;
+    void (*data_free)(void *);
+    dg_tensor *in[DG_GROUP_MAX]; /* group inputs */
+    dg_tensor *t[DG_GROUP_MAX];  /* derived tensors held now (kept or rebuilt) */
+    unsigned rebuilt;            /* DG_BIT(i): t[i] was rebuilt in backward, the group frees it */
+    int pos[DG_GROUP_MAX];       /* member m joined as the pos[m]-th member (tape order); 0: not */
+    int joined;
+};
+
+static int g_rebuilt_alive; /* over all groups, for tests */
+
+int dg__group_rebuilt_alive(void) { return g_rebuilt_alive; }
+
+dg_status dg__group_new(const dg__group_spec *spec, void *data, void (*data_free)(void *),
+                        dg__group **out) {
+    DG_ASSERT(spec->n_members <= DG_GROUP_MAX && spec->n_inputs <= DG_GROUP_MAX &&
+              spec->n_tensors <= DG_GROUP_MAX);
+    *out = NULL;
+    dg__group *g = (dg__group *)DG_CALLOC(1, sizeof *g);
+    if (!g) {
+        if (data && data_free)
+            data_free(data);
+        return dg__err(DG_ERR_NOMEM, "%s: no memory for the recompute group", spec->op);
+    }
+    g->refcount = 1;
+    g->spec = spec;
+    g->data = data;
+    g->data_free = data_free;
+    *out = g;
+    return DG_OK;
+}
+
+dg__group *dg__group_retain(dg__group *g) {
+    if (g)
+        g->refcount++;
+    return g;
+}
+
+static void drop(dg__group *g, int i) {
+    if (g->rebuilt & DG_BIT(i))
+        g_rebuilt_alive--;
+    g->rebuilt &= ~DG_BIT(i);
+    dg_tensor_free(&g->t[i]);
+}
+
+void dg__group_release(dg__group **pg) {
+    dg__group *g = *pg;
+    *pg = NULL;
+    if (!g || --g->refcount > 0)
+        return;
+    for (int i = 0; i < g->spec->n_inputs; i++)
+        dg_tensor_free(&g->in[i]);
+    for (int i = 0; i < g->spec->n_tensors; i++)
+        drop(g, i);
+    if (g->data && g->data_free)
+        g->data_free(g->data);
+    DG_FREE(g);
+}
+
+void *dg__group_data(const dg__group *g) { return g->data; }
+dg_tensor *dg__group_input(const dg__group *g, int i) { return g->in[i]; }
+dg_tensor *dg__group_tensor(const dg__group *g, int i) { return g->t[i]; }
+
+static void hold(dg_tensor **dst, dg_tensor *t) {
+    dg_tensor *old = *dst;
+    *dst = t ? dg_tensor_retain(t) : NULL;
+    dg_tensor_free(&old);
+}
+
+void dg__group_set_input(dg__group *g, int i, dg_tensor *t) { hold(&g->in[i], t); }
+
+void dg__group_keep(dg__group *g, int i, dg_tensor *t) {
+    drop(g, i);
+    hold(&g->t[i], t);
+}
+
+void dg__group_offer(dg__group *g, int i, dg_tensor *t) {
+    const dg__group_row *row = &g->spec->tensors[i];
+    if (dg_policy_resolve(row->made_by, row->by_default) == DG_POLICY_CACHE)
+        dg__group_keep(g, i, t);
+}
+
+void dg__group_put(dg__group *g, int i, dg_tensor *t) {
+    drop(g, i);
+    hold(&g->t[i], t);
+    g->rebuilt |= DG_BIT(i);
+    g_rebuilt_alive++;
+}
+
+dg_status dg__group_join(dg__group *g, int m, dg_node *n) {
+    DG_ASSERT(m >= 0 && m < g->spec->n_members && g->pos[m] == 0);
+    g->pos[m] = ++g->joined;
+    for (int i = 0; i < g->spec->n_inputs; i++)
+        if (g->in[i])
+            DG_TRY(dg__node_save(n, g->in[i]));
+    for (int i = 0; i < g->spec->n_tensors; i++)
+        if (g->t[i] && !(g->rebuilt & DG_BIT(i)))
+            DG_TRY(dg__node_save(n, g->t[i]));
+    return DG_OK;
+}
+
+/* ---- backward ---- */
+
+/* Is derived tensor i still needed by a member that joined before position `before` (those are
+ * the members still to run in this backward), directly or through a recipe that would have to
+ * rebuild a missing tensor for one of them? */
+static int needed(const dg__group *g, int i, int before) {
+    const dg__group_spec *s = g->spec;
+    for (int m = 0; m < s->n_members; m++)
+        if ((s->tensors[i].readers & DG_BIT(m)) && g->pos[m] && g->pos[m] < before)
+            return 1;
+    for (int j = 0; j < s->n_tensors; j++) {
+        const int r = s->tensors[j].recipe;
+        if (!g->t[j] && r >= 0 && (s->recipes[r].reads & DG_BIT(i)) && needed(g, j, before))
+            return 1;
+    }
+    return 0;
+}
+
+/* Free every rebuilt tensor that no member before position `before` needs. */
+static void release_unneeded(dg__group *g, int before) {
+    for (int i = 0; i < g->spec->n_tensors; i++)
+        if ((g->rebuilt & DG_BIT(i)) && !needed(g, i, before))
+            drop(g, i);
+}
+
+/* Make derived tensor i present: rebuild what its recipe reads, then run the recipe. */
+static dg_status rebuild(dg__group *g, dg_ctx *ctx, int i) {
+    const dg__group_spec *s = g->spec;
+    const int r = s->tensors[i].recipe;
+    if (r < 0)
+        return dg__err(DG_ERR_STATE, "%s backward: %s was not kept and cannot be rebuilt", s->op,
+                       s->tensors[i].name);
+    const dg__group_recipe *rc = &s->recipes[r];
+    for (int j = 0; j < s->n_tensors; j++)
+        if ((rc->reads & DG_BIT(j)) && !g->t[j])
+            DG_TRY(rebuild(g, ctx, j));
+    for (int k = 0; k < s->n_inputs; k++)
+        if ((rc->needs & DG_BIT(k)) && !g->in[k])
+            return dg__err(DG_ERR_STATE, "%s backward: cannot rebuild %s (%s) without %s", s->op,
+                           s->tensors[i].name, rc->name, s->inputs[k]);
+    unsigned make = 0;
+    for (int j = 0; j < s->n_tensors; j++)
+        if (s->tensors[j].recipe == r && !g->t[j])
+            make |= DG_BIT(j);
+    dg_status st = rc->run(g, ctx, make);
+    if (st == DG_OK)
+        for (int j = 0; j < s->n_tensors && st == DG_OK; j++)
+            if ((make & DG_BIT(j)) && !g->t[j])
+                st = dg__err(DG_ERR_STATE, "%s backward: %s did not make %s", s->op, rc->name,
+                             s->tensors[j].name);
+    if (st != DG_OK) /* nothing half-written stays behind */
+        for (int j = 0; j < s->n_tensors; j++)
+            if (make & DG_BIT(j))
+                drop(g, j);
+    return st;
+}
+
+dg_status dg__group_get(dg__group *g, dg_ctx *ctx, int m, int i, dg_tensor **out) {
+    const dg__group_spec *s = g->spec;
+    DG_ASSERT(m >= 0 && m < s->n_members && i >= 0 && i < s->n_tensors);
+    *out = NULL;
+    if (!(s->tensors[i].readers & DG_BIT(m)) || !g->pos[m])
+        return dg__err(DG_ERR_STATE, "%s backward: %s is not a recorded reader of %s", s->op,
+                       s->members[m], s->tensors[i].name);
+    dg_status st = g->t[i] ? DG_OK : rebuild(g, ctx, i);
+    release_unneeded(g, g->pos[m] + 1); /* m itself still reads */
+    if (st == DG_OK)
+        *out = g->t[i];
+    return st;
+}
+
+void dg__group_done(dg__group *g, int m) {
+    DG_ASSERT(m >= 0 && m < g->spec->n_members);
+    if (g->pos[m])
+        release_unneeded(g, g->pos[m]);
+}
