@@ -1,6 +1,6 @@
 /*
- * tests/test_kda_cuda_bwd.c -- the CUDA backward kernels of KDA (kernels/kda/kda_bwd*.cu) against
- * the CPU f32 raw reference functions (ops/kda/kda.h), function by function: l2norm, beta, gate
+ * tests/test_kda_cuda_bwd.c -- the CUDA backward kernels of KDA (kernels/kda/) against the CPU
+ * f32 raw reference functions (ops/kda/kda.h), function by function: l2norm, beta, gate
  * (+ reverse chunk cumsum, dA_log, ddt_bias), intra (dq, dk, dbeta, dG), wy (dq, dk, dv, dbeta,
  * dG, dTm), state (dW, dU, dKG, dG, dh0), output (dQG, dh, dAqk, dE) and the token recurrence
  * (dq, dk, dv, dg, dbeta, dh0).

@@ -1,8 +1,11 @@
 /*
- * kernels/kda/kda_bwd_intra.cu -- backward of N4 (spec §6.3 last line, §6.4); CPU twin:
- * kda_intra_bwd_f32 in ops/kda/intra.c.
+ * kernels/kda/intra.cu -- N4, the intra-chunk matrices (spec §5.1, §5.2 forward; §6.3 last line,
+ * §6.4 backward); CPU twins: kda_intra_fwd_f32 / kda_intra_bwd_f32 in ops/kda/intra.c.
  *
- * Per chunk (rows i, j < L) and value head, with x_ij = exp(G_i - G_j) (per key dim, j <= i):
+ * Forward, per chunk and value head:
+ *   Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i),  Aqk = s Araw
+ *   P[i,j]    = sum_d k_i k_j exp(G_i - G_j) (j <  i),  Tm = (I + Diag(beta) P)^{-1}
+ * Backward, rows i, j < L, with x_ij = exp(G_i - G_j) (per key dim, j <= i):
  *   dLkk = -stril(Tm^T dTm Tm^T):  X1 = stril(dTm) Tm^T,  dLkk[i,j] = -sum_m Tm[m,i] X1[m,j]
  *   dA = s dAqk,  dP[i,j] = beta_i dLkk[i,j]
  *   dq_i  = sum_{j<=i} dA[i,j] k_j x_ij                                  (Rq)
@@ -10,26 +13,460 @@
  *         + sum_{m>=i} dA[m,i] q_m x_mi + sum_{m>i} dP[m,i] k_m x_mi    (Cq + Ck)
  *   dG_i  = q_i Rq_i + k_i Rk_i - k_i (Cq_i + Ck_i)
  *   dbeta_i = sum_{j<i} dLkk[i,j] P[i,j] = sum_d k_i RL_i     (P expanded: no extra L*L*K pass)
- * Only exponents G_i - G_j with j <= i are formed; they are <= 0 (§7.1).
+ * Layouts (flat tokens TT, see kda_cuda.h): q, k [TT,H,K]; G, dG [TT,HV,K]; beta [TT,HV]; Aqk,
+ * Tm and their gradients [TT,HV,BT]. Value head hv reads q/k head hv / (HV/H).
+ * Stability (§7.1): exponents are only formed for j <= i, where G_i - G_j <= 0; the upper
+ * triangle is masked in the exponent (exp(-inf) = 0), so -40/step gates stay finite. Whole rows
+ * of Aqk and Tm are written for the L valid tokens of a chunk (zeros above the diagonal and
+ * beyond L, ones on Tm's diagonal), exactly like the CPU reference.
  *
- * Kernels: (1) intra_dl: block per (chunk, hv), dLkk into a scratch [TT,HV,BT] (the L^3 part, done
- * once per chunk); (2) intra_main: block per (chunk, hv, 32-wide key tile); lane = key dim, warp w
- * = rows w, w+8, ...; each thread forms its row side (j <= r) and column side (m >= r) sums, so no
- * reduction crosses threads except dbeta's sum over d (warp butterfly per tile, then the tiles in
- * a fixed order) -- the f32 path (tc == 0); (2') intra_main_mma, the tensor-core path (tc != 0):
- * block per (chunk, 64-wide key tile, hv), the same sums as 3xTF32 MMAs over 16-row blocks (see
- * its comment). dq, dk are produced per value head and summed over the G heads of a group by a
- * second kernel (deterministic GVA reduction); with G = 1 they are written in place.
+ * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
+ *   tc == 0, f32 FFMA (pinned to the CPU f32 reference within 1e-5, accurate expf):
+ *     forward  kda_intra_fwd_kernel: block per (chunk, hv), the key dim in tiles of 32, the
+ *              solve by forward substitution, one thread per column (kda_intra_finish);
+ *     backward (1) intra_dl_kernel: block per (chunk, hv), dLkk into a scratch [TT,HV,BT] (the
+ *              L^3 part, done once per chunk); (2) intra_main_kernel: block per (chunk, hv,
+ *              32-wide key tile); lane = key dim, warp w = rows w, w+8, ...; each thread forms its
+ *              row side (j <= r) and column side (m >= r) sums, so no reduction crosses threads
+ *              except dbeta's sum over d (warp butterfly per tile, then the tiles in a fixed
+ *              order).
+ *   tc != 0, tensor cores (hardware exp __expf, far below the TF32 operand rounding):
+ *     forward  intra_fwd_tc_kernel: the off-diagonal 16x16 blocks of Araw and P on WMMA, TF32
+ *              (tc == 1) or 3xTF32 (tc == 2), factorised around a reference row (spec §7
+ *              rule 2); the diagonal blocks 3xTF32 around their middle rows when the gates
+ *              allow (MID_SPAN), else exact FFMA; the block solve (kda_solve_blocked);
+ *     backward intra_dl_mma_kernel and intra_main_mma_kernel: the same sums as mma.sync 3xTF32
+ *              products (tc == 1 and 2: the sums of these gradients feed dA_log's long sums,
+ *              where TF32 rounding showed).
+ * dq, dk are produced per value head and summed over the G heads of a group by kda_sum_parts
+ * (deterministic GVA reduction); with G = 1 they are written in place (acc: added to what the
+ * arrays hold, KDA_ACC_*).
  * Shared memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main
  * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma
  * (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT = 64).
+ * Entry points (kda_cuda.h): kda_intra_fwd_cuda, kda_intra_bwd_cuda.
  */
-#include "kda_bwd.cuh"
-#include "kda_mma.cuh"
+#include "common.cuh"
+#include "mma.cuh"
+
+#include <math.h>
 
 using namespace kdab;
+using namespace kdatc;
 
-// ---- CUDA kernels
+// ---- device helpers
+
+namespace {
+/* Largest |G_j - G_mid| (rows of a 16-row block against its middle row) for which the intra
+ * kernels factorise the block's diagonal exponentials around the middle row: factors up to
+ * e^40 ~ 2e17 keep every product far inside f32 range, and a factor that underflows stands only
+ * for terms below e^-47 of the diagonal's. Checked per key column from the data. */
+constexpr float MID_SPAN = 40.f;
+} // namespace
+
+/* Ts = (I + Ls)^{-1} for a strictly lower triangular BT x BT Ls (rows past L are zero, so those
+ * rows of Ts come out as the identity's), by 16 x 16 blocks: the diagonal blocks are inverted by
+ * forward substitution (thread = one column of one block: a chain of at most 120 FMAs instead of
+ * the ~2000 of a whole column), then block row I = 1 .. R-1 in turn:
+ *   X_IJ = sum_{J <= K < I} L_IK T_KJ,   T_IJ = -T_II X_IJ   (all J < I at once, 256 threads).
+ * The same inverse as the column solve up to the order of the sums. Xs: scratch of
+ * (BT/16 - 1) * 256 floats. Ends with the caller's __syncthreads. 256 threads. */
+template <int BT>
+__device__ __forceinline__ void kda_solve_blocked(const float *Ls, float *Ts, float *Xs) {
+    constexpr int R = BT / 16;
+    const int tid = threadIdx.x;
+    if (tid < BT) { /* column c of diagonal block I */
+        const int I = tid / 16, c = tid % 16, o = 16 * I;
+        float col[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = 0.f;
+#pragma unroll
+            for (int m = 0; m < i; m++)
+                s += m >= c ? Ls[(o + i) * BT + o + m] * col[m] : 0.f;
+            col[i] = i < c ? 0.f : (i == c ? 1.f : -s);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            Ts[(o + i) * BT + o + c] = col[i];
+    }
+#pragma unroll
+    for (int I = 1; I < R; I++) {
+        __syncthreads(); /* block rows < I of Ts are final */
+        /* X_IJ for J < I: thread tid owns element (a, b) = (tid / 16, tid % 16) of each */
+        const int a = tid / 16, b = tid % 16;
+        for (int J = 0; J < I; J++) {
+            float s = 0.f;
+            for (int m = 16 * J; m < 16 * I; m++)
+                s += Ls[(16 * I + a) * BT + m] * Ts[m * BT + 16 * J + b];
+            Xs[J * 256 + a * 16 + b] = s;
+        }
+        __syncthreads();
+        for (int J = 0; J < I; J++) {
+            float s = 0.f;
+            for (int m = 0; m <= a; m++)
+                s += Ts[(16 * I + a) * BT + 16 * I + m] * Xs[J * 256 + m * 16 + b];
+            Ts[(16 * I + a) * BT + 16 * J + b] = -s;
+        }
+    }
+}
+
+/* The end of both intra forward kernels (FFMA and tensor-core): write the L valid rows of Aqk
+ * (scaled, j <= i, zeros elsewhere), form Lkk = Diag(beta) P (j < i) in shared memory `Ls`, solve
+ * Tm = (I + Lkk)^{-1} by forward substitution into `Ts` (one thread per column, in the CPU's
+ * order) and write Tm's rows. accA/accP: this thread's R x R patch (rows ty + 16a, columns
+ * tx + 16b) of s-less Araw and P. Ls, Ts: [BT, BT] shared floats. 256 threads (16 x 16). */
+template <int BT, int R, bool BLOCKED = false>
+__device__ __forceinline__ void
+kda_intra_finish(const float (&accA)[R][R], const float (&accP)[R][R], float *Ls, float *Ts,
+                 const float *beta, float *Aqk, float *Tm, int64_t t0, int L, int hv, int HV,
+                 float scale, float *Xs = nullptr) {
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+#pragma unroll
+    for (int a = 0; a < R; a++) {
+        const int i = ty + 16 * a;
+        const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
+#pragma unroll
+        for (int b = 0; b < R; b++) {
+            const int j = tx + 16 * b;
+            const bool lower = b < a || (b == a && tx <= ty); /* j <= i */
+            if (i < L)
+                Aqk[((t0 + i) * HV + hv) * BT + j] = lower ? scale * accA[a][b] : 0.f;
+            Ls[i * BT + j] = (lower && j != i) ? bi * accP[a][b] : 0.f;
+        }
+    }
+    __syncthreads();
+
+    if (BLOCKED)
+        kda_solve_blocked<BT>(Ls, Ts, Xs);
+    else if (tid < L) {
+        const int j = tid;
+        Ts[j * BT + j] = 1.f;
+        for (int i = j + 1; i < L; i++) {
+            float s = 0.f;
+            for (int m = j; m < i; m++)
+                s += Ls[i * BT + m] * Ts[m * BT + j];
+            Ts[i * BT + j] = -s;
+        }
+    }
+    __syncthreads();
+
+    for (int idx = tid; idx < L * BT; idx += KDA_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
+    }
+}
+
+/* The 3xTF32 halves of an m16n8k8 A fragment read from a row-major shared tile: frag_rows at
+ * p = &M[m0 + g][k0 + t] (A = M), frag_cols at p = &M[k0 + t][m0 + g] (A = M^T). */
+template <int LD>
+__device__ __forceinline__ void frag_rows(const float *p, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    kdamma::tf32_split(p[0], hi[0], lo[0]);
+    kdamma::tf32_split(p[8 * LD], hi[1], lo[1]);
+    kdamma::tf32_split(p[4], hi[2], lo[2]);
+    kdamma::tf32_split(p[8 * LD + 4], hi[3], lo[3]);
+}
+template <int LD>
+__device__ __forceinline__ void frag_cols(const float *p, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    kdamma::tf32_split(p[0], hi[0], lo[0]);
+    kdamma::tf32_split(p[8], hi[1], lo[1]);
+    kdamma::tf32_split(p[4 * LD], hi[2], lo[2]);
+    kdamma::tf32_split(p[4 * LD + 8], hi[3], lo[3]);
+}
+
+// ---- forward kernels
+
+/* One block of 256 threads per (chunk, value head); blockIdx.x = chunk, blockIdx.y = hv.
+ * Thread (ty, tx) = (tid / 16, tid % 16) owns rows i = ty + 16a and columns j = tx + 16b
+ * (a, b < BT/16) of both [BT,BT] matrices; the key dim is walked in tiles of 32 staged in shared
+ * memory (rows padded to 33 floats: the 16 column reads of a half-warp hit 16 banks).
+ * Tm: forward substitution in shared memory, one thread per column j (columns are independent:
+ * T[j,j] = 1, T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]), summed in the CPU's order. */
+template <int BT>
+__global__ void __launch_bounds__(KDA_THREADS)
+    kda_intra_fwd_kernel(const int64_t *__restrict__ chunk_t0,
+                         const int32_t *__restrict__ chunk_len, int H, int HV, int K,
+                         float scale, const float *__restrict__ q, const float *__restrict__ k,
+                         const float *__restrict__ beta, const float *__restrict__ G,
+                         float *__restrict__ Aqk, float *__restrict__ Tm) {
+    constexpr int R = BT / 16, KT = 32, LD = KT + 1;
+    static_assert(3 * BT * LD >= BT * BT, "Lkk reuses the tile buffer");
+    __shared__ float tiles[3 * BT * LD]; /* q, k, G tiles [BT][LD]; then Lkk [BT][BT] */
+    __shared__ float Ts[BT * BT];        /* Tm of the chunk, row stride BT */
+    float *qs = tiles, *ks = tiles + BT * LD, *gs = tiles + 2 * BT * LD;
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+
+    float accA[R][R], accP[R][R];
+#pragma unroll
+    for (int a = 0; a < R; a++)
+#pragma unroll
+        for (int b = 0; b < R; b++)
+            accA[a][b] = accP[a][b] = 0.f;
+
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        for (int idx = tid; idx < BT * KT; idx += KDA_THREADS) {
+            const int i = idx / KT, e = idx % KT;
+            const bool ok = i < L && kt0 + e < K;
+            const int64_t oq = ((t0 + i) * H + hq) * K + kt0 + e;
+            const int64_t og = ((t0 + i) * HV + hv) * K + kt0 + e;
+            qs[i * LD + e] = ok ? q[oq] : 0.f;
+            ks[i * LD + e] = ok ? k[oq] : 0.f;
+            gs[i * LD + e] = ok ? G[og] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int e = 0; e < KT; e++) {
+            float qi[R], ki[R], gi[R], kj[R], gj[R];
+#pragma unroll
+            for (int a = 0; a < R; a++) {
+                const int i = ty + 16 * a, j = tx + 16 * a;
+                qi[a] = qs[i * LD + e];
+                ki[a] = ks[i * LD + e];
+                gi[a] = gs[i * LD + e];
+                kj[a] = ks[j * LD + e];
+                gj[a] = gs[j * LD + e];
+            }
+#pragma unroll
+            for (int a = 0; a < R; a++)
+#pragma unroll
+                for (int b = 0; b <= a; b++) {
+                    /* b < a: every j < i; b == a: j <= i iff tx <= ty, else exponent -inf */
+                    float dg = gi[a] - gj[b];
+                    if (b == a && tx > ty)
+                        dg = -INFINITY;
+                    const float x = kj[b] * expf(dg);
+                    accA[a][b] += qi[a] * x;
+                    accP[a][b] += ki[a] * x;
+                }
+        }
+        __syncthreads();
+    }
+
+    /* Aqk rows, Lkk into shared memory (reusing the tiles), the solve, Tm rows */
+    kda_intra_finish<BT, R>(accA, accP, tiles, Ts, beta, Aqk, Tm, t0, L, hv, HV, scale);
+}
+
+/* N4 intra (spec §5.1, §5.2), grid (chunk, hv). Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i)
+ * and P[i,j] = sum_d k_i k_j exp(G_i - G_j) (j < i), then Tm = (I + Diag(beta) P)^{-1} as in the
+ * FFMA kernel. Off-diagonal 16x16 blocks (row block I > column block J) on tensor cores with the
+ * reference-row factorisation of §7 rule 2, r = 16 I (the first row of block I):
+ *   Araw_IJ = (Q_I . exp(G_I - G_r)) (K_J . exp(G_r - G_J))^T,  P_IJ likewise with K_I,
+ * where both exponents are <= 0 (G is non-increasing in a chunk), so no factor exceeds 1 for any
+ * gate values. The exponents are clamped at 0 (min(., 0)), which changes nothing for valid rows
+ * and keeps zero-padded rows (G = 0 padding past L) at exp(0) times a zero q/k row. Warp p <
+ * R(R-1)/2 owns pair p = I(I-1)/2 + J; each k-step loads f32 fragments of q, k, G and of a tile
+ * whose 16 rows all hold G_r, applies the factors element by element (fragments of one type
+ * share their element-to-position map), then rounds to TF32 (or splits, P = 2). Diagonal blocks:
+ * per key tile, when every valid row of every block is within MID_SPAN of its block's middle row
+ * (all key columns of the tile), the same products around the middle row (clamped at MID_SPAN,
+ * which only zero-padded rows reach), as 3xTF32 by warps 0..R-1; otherwise exact per-pair FFMA
+ * (thread (ty, tx) owns (ty + 16a, tx + 16a)), as in the FFMA kernel. The factor split of a
+ * product over d may change from one key tile to the next: both factors go into the operands.
+ * Static shared memory: one region of 3 BT x 40 + R x 16 x 40 floats (40 KB at BT = 64) holding
+ * the q, k, G, G_r key tiles (cp.async 16-byte pieces when K % 4 == 0 and the arrays are aligned:
+ * vec), then the off-diagonal results, then Lkk and Tm. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    intra_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                        int H, int HV, int K, bool vec, float scale, const float *__restrict__ q,
+                        const float *__restrict__ k, const float *__restrict__ beta,
+                        const float *__restrict__ G, float *__restrict__ Aqk,
+                        float *__restrict__ Tm) {
+    constexpr int R = BT / 16, KT = 32, LD = KT + TC_PAD, LDS = BT + TC_PAD;
+    constexpr int NP = R * (R - 1) / 2;
+    constexpr int REGION = 3 * BT * LD + R * 16 * LD;
+    static_assert(REGION >= BT * LDS && REGION >= 2 * BT * BT, "the region is reused");
+    __shared__ __align__(128) float sm[REGION];
+    float *qs = sm, *ks = sm + BT * LD, *gs = sm + 2 * BT * LD; /* [BT][LD] */
+    float *grs = sm + 3 * BT * LD;                              /* [R][16][LD] rows = G_16I */
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15, w = tid >> 5;
+
+    /* the block pair of warp w */
+    int pI = 1, pJ = w;
+    while (pI < R && pJ >= pI) {
+        pJ -= pI;
+        pI++;
+    }
+    const bool pwarp = w < NP && 16 * pI < L; /* block I has a valid row (else all zero) */
+
+    float accA[R][R], accP[R][R];
+#pragma unroll
+    for (int a = 0; a < R; a++)
+#pragma unroll
+        for (int b = 0; b < R; b++)
+            accA[a][b] = accP[a][b] = 0.f;
+    Acc cA, cP, dA, dP; /* dA, dP: diagonal block w (w < R), when it is factorised */
+    wmma::fill_fragment(cA, 0.f);
+    wmma::fill_fragment(cP, 0.f);
+    wmma::fill_fragment(dA, 0.f);
+    wmma::fill_fragment(dP, 0.f);
+    bool dwarp = false; /* this warp's diagonal block took at least one factorised key tile */
+    /* Block pair (I, J) over this key tile: A = q_I, k_I times exp(G_I - G_r), B = k_J times
+     * exp(G_r - G_J), with G_r the rows of gr (a tile of 16 copies of one row); exponents
+     * clamped at cap (0 off the diagonal, where both factors are <= 1; MID_SPAN on it, which
+     * only zero-padded rows past L can reach). */
+    auto pair_mma = [&](Acc &a, Acc &p_, int I, int J, const float *gr, float cap, int kt0,
+                        auto pconst) {
+        constexpr int PP = decltype(pconst)::value;
+        const float *qI = qs + 16 * I * LD, *kI = ks + 16 * I * LD, *gI = gs + 16 * I * LD;
+        const float *kJ = ks + 16 * J * LD, *gJ = gs + 16 * J * LD;
+        for (int s8 = 0; s8 < KT / 8 && kt0 + 8 * s8 < K; s8++) {
+            FragA<RM> fq, fk, fg, fr;
+            FragB<CM> bk, bg, br;
+            wmma::load_matrix_sync(fq, qI + 8 * s8, LD);
+            wmma::load_matrix_sync(fk, kI + 8 * s8, LD);
+            wmma::load_matrix_sync(fg, gI + 8 * s8, LD);
+            wmma::load_matrix_sync(fr, gr + 8 * s8, LD);
+            wmma::load_matrix_sync(bk, kJ + 8 * s8, LD); /* B(d, j) = k_j[d] */
+            wmma::load_matrix_sync(bg, gJ + 8 * s8, LD);
+            wmma::load_matrix_sync(br, gr + 8 * s8, LD); /* B(d, j) = G_r[d] */
+#pragma unroll
+            for (int t = 0; t < fq.num_elements; t++) {
+                const float f = __expf(fminf(fg.x[t] - fr.x[t], cap));
+                fq.x[t] *= f;
+                fk.x[t] *= f;
+            }
+#pragma unroll
+            for (int t = 0; t < bk.num_elements; t++)
+                bk.x[t] *= __expf(fminf(br.x[t] - bg.x[t], cap));
+            mma_frag<PP>(a, fq, bk);
+            mma_frag<PP>(p_, fk, bk);
+        }
+    };
+
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        if (vec) { /* 16-byte pieces all in flight at once; rows >= L, columns >= K zero */
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(qs, q + (t0 * H + hq) * K, (int64_t)H * K, L,
+                                                      kt0, K);
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(ks, k + (t0 * H + hq) * K, (int64_t)H * K, L,
+                                                      kt0, K);
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(gs, G + (t0 * HV + hv) * K,
+                                                      (int64_t)HV * K, L, kt0, K);
+            kdamma::cp_async_commit();
+            kdamma::cp_async_wait<0>();
+            __syncthreads();
+            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+                grs[(I * 16 + m) * LD + e] = 16 * I < L ? gs[16 * I * LD + e] : 0.f;
+            }
+        } else {
+            for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
+                const int i = idx / KT, e = idx % KT;
+                const bool ok = i < L && kt0 + e < K;
+                const int64_t oq = ((t0 + i) * H + hq) * K + kt0 + e;
+                const int64_t og = ((t0 + i) * HV + hv) * K + kt0 + e;
+                qs[i * LD + e] = ok ? q[oq] : 0.f;
+                ks[i * LD + e] = ok ? k[oq] : 0.f;
+                gs[i * LD + e] = ok ? G[og] : 0.f;
+            }
+            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+                const bool ok = 16 * I < L && kt0 + e < K;
+                grs[(I * 16 + m) * LD + e] =
+                    ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
+            }
+        }
+        __syncthreads();
+
+        /* off-diagonal blocks: reference-row factorised tensor-core products */
+        if (pwarp)
+            pair_mma(cA, cP, pI, pJ, grs + 16 * pI * LD, 0.f, kt0,
+                     std::integral_constant<int, P>());
+
+        /* diagonal blocks: factorised around their middle rows when every |G_j - G_mid| of the
+         * tile's valid rows is <= MID_SPAN (block-wide decision), else exact exponentials,
+         * masked in the exponent above the diagonal */
+        bool fast = true;
+        for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
+            const int i = idx / KT, e = idx % KT, a = i / 16, mid = min(16 * a + 8, L - 1);
+            if (i < L && fabsf(gs[i * LD + e] - gs[mid * LD + e]) > MID_SPAN)
+                fast = false;
+        }
+        fast = __syncthreads_and(fast);
+        if (fast) {
+            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
+                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
+                const int mid = min(16 * I + 8, L - 1);
+                grs[(I * 16 + m) * LD + e] = 16 * I < L ? gs[mid * LD + e] : 0.f;
+            }
+            __syncthreads();
+            if (w < R && 16 * w < L) {
+                pair_mma(dA, dP, w, w, grs + 16 * w * LD, MID_SPAN, kt0,
+                         std::integral_constant<int, 2>());
+                dwarp = true;
+            }
+        } else {
+#pragma unroll 4
+            for (int e = 0; e < KT; e++) {
+#pragma unroll
+                for (int a = 0; a < R; a++) {
+                    const int i = ty + 16 * a, j = tx + 16 * a;
+                    const float dg = tx > ty ? -INFINITY : gs[i * LD + e] - gs[j * LD + e];
+                    const float x = ks[j * LD + e] * __expf(dg);
+                    accA[a][a] += qs[i * LD + e] * x;
+                    accP[a][a] += ks[i * LD + e] * x;
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    /* tensor-core results into the owners' registers, through the region: off-diagonal blocks
+     * replace, diagonal blocks add to the exact tiles' sums (on and below the diagonal) */
+    float *Ss = sm; /* [BT][LDS] */
+    const bool anyd = __syncthreads_or(dwarp);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pwarp) {
+            if (pass)
+                wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cP, LDS, wmma::mem_row_major);
+            else
+                wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cA, LDS, wmma::mem_row_major);
+        }
+        if (anyd && w < R)
+            wmma::store_matrix_sync(Ss + 16 * w * LDS + 16 * w, pass ? dP : dA, LDS,
+                                    wmma::mem_row_major);
+        __syncthreads();
+#pragma unroll
+        for (int a = 0; a < R; a++) {
+#pragma unroll
+            for (int b = 0; b < a; b++) {
+                /* blocks with no valid row were not stored: their rows are never used */
+                const int i = ty + 16 * a, j = tx + 16 * b;
+                const float x = 16 * a < L ? Ss[i * LDS + j] : 0.f;
+                if (pass)
+                    accP[a][b] = x;
+                else
+                    accA[a][b] = x;
+            }
+            if (anyd && 16 * a < L && tx <= ty) {
+                const float x = Ss[(ty + 16 * a) * LDS + tx + 16 * a];
+                if (pass)
+                    accP[a][a] += x;
+                else
+                    accA[a][a] += x;
+            }
+        }
+        __syncthreads();
+    }
+
+    /* Aqk rows, Lkk, the solve and Tm rows: as the FFMA kernel */
+    /* the block solve (kda_solve_blocked) takes its scratch behind Lkk and Tm */
+    static_assert(REGION >= 2 * BT * BT + (R - 1) * 256, "the block solve's scratch fits");
+    kda_intra_finish<BT, R, true>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV,
+                                  scale, sm + 2 * BT * BT);
+}
+
+// ---- backward kernels
 
 /* grid (NC, HV), 256 threads. sTt[a][j] = Tm[j][a] (a <= j), sD = strictly lower dTm, then X1 in
  * place (row m is owned by one warp: all its lanes read, __syncwarp, then write). */
@@ -182,23 +619,6 @@ __global__ void __launch_bounds__(NTH)
 constexpr int MMA_C = 64;          /* key columns per block */
 /* q, k, G tiles: B-fragment reads (k = t, n = g) hit banks 8t + g */
 constexpr int MMA_LDK = MMA_C + 8;
-
-/* The 3xTF32 halves of an m16n8k8 A fragment read from a row-major shared tile: frag_rows at
- * p = &M[m0 + g][k0 + t] (A = M), frag_cols at p = &M[k0 + t][m0 + g] (A = M^T). */
-template <int LD>
-__device__ __forceinline__ void frag_rows(const float *p, unsigned (&hi)[4], unsigned (&lo)[4]) {
-    kdamma::tf32_split(p[0], hi[0], lo[0]);
-    kdamma::tf32_split(p[8 * LD], hi[1], lo[1]);
-    kdamma::tf32_split(p[4], hi[2], lo[2]);
-    kdamma::tf32_split(p[8 * LD + 4], hi[3], lo[3]);
-}
-template <int LD>
-__device__ __forceinline__ void frag_cols(const float *p, unsigned (&hi)[4], unsigned (&lo)[4]) {
-    kdamma::tf32_split(p[0], hi[0], lo[0]);
-    kdamma::tf32_split(p[8], hi[1], lo[1]);
-    kdamma::tf32_split(p[4 * LD], hi[2], lo[2]);
-    kdamma::tf32_split(p[4 * LD + 8], hi[3], lo[3]);
-}
 
 template <int BT> struct IntraMma {
     static constexpr int NB = BT / 16;      /* row blocks */
@@ -368,7 +788,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
             dev = fmaxf(dev,
                         fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
-        if (__all_sync(0xffffffffu, dev <= kdamma::MID_SPAN)) {
+        if (__all_sync(0xffffffffu, dev <= MID_SPAN)) {
             row_side(sG + pm * LDK, 16 * rb + 16);
             col_side(sG + pm * LDK, 16 * rb);
             scale_rows(sG + pm * LDK, true, true);
@@ -574,7 +994,42 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
         }
 }
 
-// ---- kernel launchers
+// ---- launchers
+
+/* The tensor-core forward (d->tc != 0), called by kda_intra_fwd_cuda after its checks. */
+static dg_status intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                              const float *k, const float *beta, const float *G, float *Aqk,
+                              float *Tm) {
+    if (d->NC == 0)
+        return DG_OK;
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    const bool vec =
+        d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G); /* cp.async tile loads */
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        intra_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta,
+                            G, Aqk, Tm);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
+
+extern "C" dg_status kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                        const float *q, const float *k, const float *beta,
+                                        const float *G, float *Aqk, float *Tm) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!q || !k || !beta || !G || !Aqk || !Tm)
+        return dg__err(DG_ERR_ARG, "%s: q, k, beta, G, Aqk and Tm are required", __func__);
+    if (d->tc)
+        return intra_fwd_tc(ctx, d, scale, q, k, beta, G, Aqk, Tm);
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    KDA_DISPATCH_BT(d->BT, {
+        kda_intra_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, scale, q, k, beta, G, Aqk, Tm);
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
 
 template <int BT>
 static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *q,
@@ -609,9 +1064,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         dbp = p;
     /* the kernels add to dq, dk only where they write the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
-    auto al = [](const void *ptr) { return ((uintptr_t)ptr & 15) == 0; }; /* cp.async */
     if (need_dl) {
-        if (mma && al(Tm) && al(dTm)) {
+        if (mma && aligned16(Tm) && aligned16(dTm)) {
             const size_t smem = sizeof(float) * IntraDlMma<BT>::smem_floats;
             DG_TRY(smem_opt_in(intra_dl_mma_kernel<BT>, smem));
             intra_dl_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV), IntraDlMma<BT>::NTHR, smem, s>>>(
@@ -625,7 +1079,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
         DG_TRY(smem_opt_in(intra_main_mma_kernel<BT>, smem));
         const dim3 grid((unsigned)(d.NC * nkt), d.HV);
-        const bool vec = d.K % 4 == 0 && al(q) && al(k) && al(G) && al(dAqk) && al(dL);
+        const bool vec = d.K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
+                         aligned16(dAqk) && aligned16(dL);
         intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
             d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
     } else {

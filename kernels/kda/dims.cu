@@ -1,5 +1,6 @@
 /*
- * kernels/kda/kda_dims.cu -- the device copy of the KDA sequence/chunk tables (spec §8).
+ * kernels/kda/dims.cu -- the device copy of the KDA sequence/chunk tables (spec §8) that every
+ * chunked stage reads. Entry points (kda_cuda.h): kda_cuda_dims_new, kda_cuda_dims_free.
  *
  * One device allocation holds, in this order (int64 first so every array stays aligned):
  *   cu [N+1], chunk_off [N+1], chunk_t0 [NC]   (int64)
@@ -7,8 +8,7 @@
  * Chunks are numbered sequence by sequence (chunk_off[n] + c), the same numbering as the rows of
  * h in the CPU reference, so the parallel kernels use blockIdx.x as the global chunk index.
  */
-#include "../common.cuh"
-#include "kda_cuda.h"
+#include "common.cuh"
 
 #include <string.h>
 

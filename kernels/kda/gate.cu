@@ -1,59 +1,76 @@
 /*
- * kernels/kda/kda_bwd.cu -- backward of the elementwise KDA stages (spec §3, §4, §6.5-6.6) and the
- * deterministic partial-sum reduction shared by all backward stages.
- *
- *   l2norm (N1):  dx = r (dy - (dy . y) y)                 one warp per row of K
- *   beta   (N2):  db = dbeta c s (1 - s),  s = sigmoid(b)   one thread per element
- *   gate   (N3):  dg = reverse chunk-local cumsum of dG, then the gate backward (§3) -> dx;
- *                 dA_log [HV] and ddt_bias [HV*K] are sums over all tokens: per (chunk, hv, d)
- *                 partials into scratch, then a second kernel sums them in a fixed order.
- * The CPU twins are in ops/kda/l2norm.c, beta.c, gate_cumsum.c (same formulas, same branches).
+ * kernels/kda/gate.cu -- N3, the gate and the chunk-local cumsum (spec §3, §5.0, §6.5, §6.6);
+ * CPU twin: ops/kda/gate_cumsum.c (same formulas, same branches).
+ *   forward:   g = gate(x) (NONE / KDA / LOWERBOUND), then (cumsum != 0) the chunk-local
+ *              inclusive cumsum G_i = sum_{r <= i} g_r restarting at every chunk, with each g
+ *              floored at KDA_G_FLOOR_F first                       x, G: [TT, HV, K]
+ *   backward:  dg = reverse chunk-local cumsum of dG, then the gate backward (§3) -> dx;
+ *              dA_log [HV] and ddt_bias [HV*K] are sums over all tokens: per (chunk, hv, d)
+ *              partials into scratch, then two reduction kernels sum them in a fixed order.
+ * One thread per (chunk, key column) walks its chunk's tokens in order (backward: in reverse),
+ * as the CPU does. One f32 FFMA variant: the tc mode does not apply.
+ * Entry points (kda_cuda.h): kda_gate_fwd_cuda, kda_gate_bwd_cuda.
  */
-#include "kda_bwd.cuh"
+#include "common.cuh"
 
 using namespace kdab;
 
-// ---- CUDA kernels
+// ---- device helpers
 
-__global__ void sum_parts_kernel(float *out, const float *in, int64_t n_out, int E, int G, int P,
-                                 int64_t pstride, bool acc) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_out;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t rh = i / E, e = i % E;
-        const int64_t base = rh * G * E + e;
-        float s = 0.f;
-        for (int p = 0; p < P; p++)
-            for (int g = 0; g < G; g++)
-                s += in[p * pstride + base + (int64_t)g * E];
-        out[i] = acc ? out[i] + s : s;
-    }
+/* g for element (hv, c) of one token row; xv = x at that element. */
+__device__ __forceinline__ float kda_gate_value(dg_gate_kind kind, float lb, float xv, float a,
+                                                const float *dt_bias, int e) {
+    if (kind == DG_GATE_NONE)
+        return xv;
+    const float z = xv + (dt_bias ? dt_bias[e] : 0.f);
+    if (kind == DG_GATE_KDA)
+        return -a * kda_dsoftplus(z);
+    return lb * kda_dsigmoid(a * z);
 }
 
-/* One warp per row; the dot product is a butterfly warp sum, the same for every lane. */
-__global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const float *r,
-                                  const float *dy, float *dx) {
-    const int lane = threadIdx.x & 31;
-    const int64_t wpb = blockDim.x >> 5;
-    for (int64_t row = blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
-         row += (int64_t)gridDim.x * wpb) {
-        const float *yr = y + row * K, *dyr = dy + row * K;
-        float dot = 0.f;
-        for (int c = lane; c < K; c += 32)
-            dot += dyr[c] * yr[c];
-        dot = warp_sum(dot);
-        const float ri = r[row];
-        for (int c = lane; c < K; c += 32)
-            dx[row * K + c] = ri * (dyr[c] - dot * yr[c]);
-    }
-}
+// ---- forward kernels
 
-__global__ void beta_bwd_kernel(int64_t n, float c, const float *b, const float *dbeta, float *db) {
+/* No cumsum: one thread per element of [TT, HV*K]. */
+__global__ void kda_gate_fwd_kernel(int64_t n, int HV, int K, dg_gate_kind kind, float lb,
+                                    const float *__restrict__ x, const float *__restrict__ A_log,
+                                    const float *__restrict__ dt_bias, float *__restrict__ G) {
+    const int row = HV * K;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float s = sigmoidf_(b[i]);
-        db[i] = dbeta[i] * c * s * (1.f - s);
+        const int e = (int)(i % row), hv = e / K;
+        const float a = A_log ? expf(A_log[hv]) : 1.f;
+        G[i] = kda_gate_value(kind, lb, x[i], a, dt_bias, e);
     }
 }
+
+/* Cumsum: blockIdx.x = chunk, threads over the HV*K columns of a token row (coalesced); each
+ * thread walks the L tokens of its chunk in order, as the CPU does (G_i = G_{i-1} + g_i). */
+__global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
+                                           const int32_t *__restrict__ chunk_len, int HV, int K,
+                                           dg_gate_kind kind, float lb,
+                                           const float *__restrict__ x,
+                                           const float *__restrict__ A_log,
+                                           const float *__restrict__ dt_bias,
+                                           float *__restrict__ G) {
+    const int row = HV * K;
+    const int e = blockIdx.y * blockDim.x + threadIdx.x;
+    if (e >= row)
+        return;
+    const int64_t t0 = chunk_t0[blockIdx.x];
+    const int L = chunk_len[blockIdx.x];
+    const float a = A_log ? expf(A_log[e / K]) : 1.f;
+    float acc = 0.f;
+    for (int i = 0; i < L; i++) {
+        const int64_t idx = (t0 + i) * row + e;
+        /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would make
+         * G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
+        const float gv = kda_gate_value(kind, lb, x[idx], a, dt_bias, e);
+        acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
+        G[idx] = acc;
+    }
+}
+
+// ---- backward kernels
 
 /* grid (NC, ceil(HV*K / 256)): thread = one (hv, d) column of one chunk, walking its rows from the
  * last to the first (reverse inclusive cumsum), writing dx and the column's partial sums of
@@ -80,22 +97,22 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
             v = acc;
             /* a g floored in the forward (kda_gate_cumsum_fwd_kernel) has no gradient */
             const float gv = kind == DG_GATE_NONE  ? x[idx]
-                             : kind == DG_GATE_KDA ? -a * softplusf_(x[idx] + bias)
+                             : kind == DG_GATE_KDA ? -a * kda_dsoftplus(x[idx] + bias)
                                                    : 0.f;
-            if (gv < -128.f)
+            if (gv < KDA_G_FLOOR_F)
                 v = 0.f;
         }
         if (kind == DG_GATE_KDA) {
             /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */
             const float z = x[idx] + bias;
-            const float dz = -v * a * sigmoidf_(z);
-            sda += v * (-a * softplusf_(z));
+            const float dz = -v * a * kda_dsigmoid(z);
+            sda += v * (-a * kda_dsoftplus(z));
             sdz += dz;
             dx[idx] = dz;
         } else if (kind == DG_GATE_LOWERBOUND) {
             /* g = lb sigmoid(u), u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
             const float z = x[idx] + bias;
-            const float u = a * z, s = sigmoidf_(u);
+            const float u = a * z, s = kda_dsigmoid(u);
             const float du = v * lb * s * (1.f - s);
             const float dz = du * a;
             sda += du * u;
@@ -144,37 +161,29 @@ __global__ void gate_dA_reduce_kernel(int64_t NC, int HV, int K, const float *pA
         dA_log[hv] = red[0];
 }
 
-// ---- kernel launchers
+// ---- launchers
 
-dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
-                        int E, int P, int64_t pstride, int acc) {
-    const int64_t n = rows * Hout * E;
-    if (n <= 0)
+extern "C" dg_status kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
+                                       float lb, int cumsum, const float *x, const float *A_log,
+                                       const float *dt_bias, float *G) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!x || !G)
+        return dg__err(DG_ERR_ARG, "%s: x and G are required", __func__);
+    if (kind != DG_GATE_NONE && kind != DG_GATE_KDA && kind != DG_GATE_LOWERBOUND)
+        return dg__err(DG_ERR_ARG, "%s: unknown gate kind %d", __func__, (int)kind);
+    const int row = d->HV * d->K;
+    if (!cumsum) {
+        const int64_t n = d->TT * row;
+        kda_gate_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(
+            n, d->HV, d->K, kind, lb, x, A_log, dt_bias, G);
+        DG_CHECK_LAUNCH();
         return DG_OK;
-    sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P, pstride,
-                                                                      acc != 0);
-    DG_CHECK_LAUNCH();
-    return DG_OK;
-}
-
-extern "C" dg_status kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
-                                         const float *r, const float *dy, float *dx) {
-    if (rows < 0 || K < 1)
-        return dg__err(DG_ERR_SHAPE, "kda_l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
-    if (rows == 0 || !dx)
+    }
+    if (d->NC == 0)
         return DG_OK;
-    const int rows_per_block = NTH / 32;
-    l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(rows, K, y, r,
-                                                                                     dy, dx);
-    DG_CHECK_LAUNCH();
-    return DG_OK;
-}
-
-extern "C" dg_status kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
-                                       const float *dbeta, float *db) {
-    if (n <= 0 || !db)
-        return DG_OK;
-    beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(n, c, b, dbeta, db);
+    dim3 grid((unsigned)d->NC, (unsigned)DG_CEIL_DIV(row, KDA_THREADS));
+    kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+        d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, x, A_log, dt_bias, G);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -1,20 +1,73 @@
 /*
- * kernels/kda/kda_bwd.cuh -- what the KDA backward kernel files share (C++ only; the C sources
- * in ops/ include kda_cuda.h instead): the dims as kernel arguments, device math matching the
- * CPU reference (overflow-free sigmoid and softplus), a deterministic warp sum, a scratch buffer
- * from the context's caching allocator, and the deterministic "sum over partials and value-head
- * groups" reduction every stage ends with.
+ * kernels/kda/common.cuh -- what every KDA kernel file (the .cu files of kernels/kda/) shares;
+ * C++ only (the C sources in ops/ include kda_cuda.h instead). The tensor-core helpers are in
+ * mma.cuh.
+ *   - launch sizes: KDA_THREADS (the forward chunk kernels), kdab::NTH / NW / CT (the tiled
+ *     backward kernels), KDA_VT / KDA_KT (the FFMA state and output forward tiles);
+ *   - the chunk-size dispatch KDA_DISPATCH_BT and the argument checks of the launchers
+ *     (kda_check_dims: forward, kdab::check_dims: backward);
+ *   - device math written once, exactly like the CPU reference (ops/kda/kda.h): the overflow-free
+ *     sigmoid and softplus, the per-step log decay floor, a deterministic warp sum;
+ *   - the dims as kernel arguments (kdab::Dims), a scratch buffer from the context's caching
+ *     allocator, the shared-memory opt-in, the 16 x 16-thread chunk-square tile product;
+ *   - kda_sum_parts (common.cu), the deterministic reduction the backward stages end with, and
+ *     kda_rows_stateT (state.cu), the one product two stages share.
  *
- * Thread layout shared by the tiled kernels (NTH = 256 threads = 8 warps): lane = one column of a
- * 32-wide column tile (key dim e or value dim v), warp w = the rows w, w + 8, w + 16, ... of the
- * chunk. Reductions are never done with float atomics: partial results go to scratch buffers
- * and are summed in a fixed order (kda_sum_parts), so every result is bitwise reproducible.
+ * Thread layout shared by the tiled backward kernels (NTH = 256 threads = 8 warps): lane = one
+ * column of a 32-wide column tile (key dim e or value dim v), warp w = the rows w, w + 8, w + 16,
+ * ... of the chunk. Reductions are never done with float atomics: partial results go to scratch
+ * buffers and are summed in a fixed order (kda_sum_parts), so every result is bitwise
+ * reproducible.
  */
-#ifndef DG_KDA_BWD_CUH
-#define DG_KDA_BWD_CUH
+#ifndef DG_KDA_COMMON_CUH
+#define DG_KDA_COMMON_CUH
+
+#include <stdint.h>
 
 #include "../common.cuh"
 #include "kda_cuda.h"
+
+#define KDA_THREADS 256 /* every forward chunk kernel: 8 warps */
+#define KDA_G_FLOOR_F (-128.f) /* per-step log decay floor before the cumsum (as the CPU's) */
+#define KDA_VT 32 /* FFMA state / output forward: value columns per block (one per lane) */
+#define KDA_KT 32 /* FFMA state / output forward: key-dim tile */
+
+/* Same formulas and branches as kda_sigmoid_f32 / kda_softplus_f32 (ops/kda/kda.h). */
+__device__ __forceinline__ float kda_dsigmoid(float x) {
+    if (x >= 0.f)
+        return 1.f / (1.f + expf(-x));
+    float e = expf(x);
+    return e / (1.f + e);
+}
+
+__device__ __forceinline__ float kda_dsoftplus(float x) {
+    return x > 0.f ? x + log1pf(expf(-x)) : log1pf(expf(x));
+}
+
+/* Run the statements (variadic: they may contain commas) with the compile-time constant BT_
+ * bound to d->BT (16, 32 or 64). */
+#define KDA_DISPATCH_BT(BTv, ...)                                                                  \
+    do {                                                                                           \
+        switch (BTv) {                                                                             \
+        case 16: { constexpr int BT_ = 16; __VA_ARGS__; } break;                                   \
+        case 32: { constexpr int BT_ = 32; __VA_ARGS__; } break;                                   \
+        case 64: { constexpr int BT_ = 64; __VA_ARGS__; } break;                                   \
+        default:                                                                                   \
+            return dg__err(DG_ERR_ARG, "%s: chunk size BT=%d is not 16, 32 or 64", __func__,       \
+                           (int)(BTv));                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* Arguments every forward launcher checks first. */
+static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cuda_dims *d) {
+    if (!ctx || !d || !d->buf)
+        return dg__err(DG_ERR_ARG, "%s: ctx and a dims built by kda_cuda_dims_new are required",
+                       fn);
+    return DG_OK;
+}
+
+/* 16-byte alignment, as cp.async and the float4 / float2 accesses need. */
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 namespace kdab {
 
@@ -49,7 +102,7 @@ static inline Dims make_dims(const kda_cuda_dims *d) {
     return r;
 }
 
-/* Checks shared by every stage launcher. */
+/* Checks shared by every backward stage launcher. */
 static inline dg_status check_dims(const char *fn, const kda_cuda_dims *d) {
     if (!d)
         return dg__err(DG_ERR_ARG, "%s: dims is NULL", fn);
@@ -60,17 +113,6 @@ static inline dg_status check_dims(const char *fn, const kda_cuda_dims *d) {
         return dg__err(DG_ERR_SHAPE, "%s: bad dims H=%d HV=%d K=%d V=%d N=%d TT=%lld NC=%lld", fn,
                        d->H, d->HV, d->K, d->V, d->N, (long long)d->TT, (long long)d->NC);
     return DG_OK;
-}
-
-/* Same formulas and branches as kda_sigmoid_f32 / kda_softplus_f32 (ops/kda/kda.h). */
-__device__ __forceinline__ float sigmoidf_(float x) {
-    if (x >= 0.f)
-        return 1.f / (1.f + expf(-x));
-    float e = expf(x);
-    return e / (1.f + e);
-}
-__device__ __forceinline__ float softplusf_(float x) {
-    return x > 0.f ? x + log1pf(expf(-x)) : log1pf(expf(x));
 }
 
 /* Butterfly sum over the 32 lanes: every lane gets the same, run-to-run identical value. */
@@ -153,10 +195,17 @@ __device__ __forceinline__ void kda_store_lower(const float (&acc)[BT / 16][BT /
 } // namespace kdab
 
 /* out[(r*Hout + h)*E + e] = sum_{p < P} sum_{g < G} in[p*pstride + ((r*Hout + h)*G + g)*E + e]
- * for rows r < rows, in this fixed order (kernels/kda/kda_bwd.cu); acc != 0 adds the sum to out
+ * for rows r < rows, in this fixed order (kernels/kda/common.cu); acc != 0 adds the sum to out
  * instead. With P = 1 it is the GVA reduction of a per-value-head buffer [rows, Hout*G, E] onto
  * Hout heads; with G = 1 the sum of P partial buffers. */
 dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
                         int E, int P, int64_t pstride, int acc);
 
-#endif /* DG_KDA_BWD_CUH */
+/* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
+ * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
+ * [NC,HV,K,V], C [TT,HV,K]. The output backward's dQG = s dO h^T (output.cu). Needs NC > 0 and
+ * d checked by kdab::check_dims. */
+dg_status kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+                          const float *S, float *C);
+
+#endif /* DG_KDA_COMMON_CUH */

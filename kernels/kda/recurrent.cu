@@ -1,34 +1,75 @@
 /*
- * kernels/kda/kda_bwd_rec.cu -- backward through time of the token recurrence (spec §2); CPU
- * twin: kda_recurrent_bwd_f32 in ops/kda/ (states recomputed from checkpoints, like here).
+ * kernels/kda/recurrent.cu -- the token-by-token KDA recurrence (spec §2), forward and backward
+ * through time: the ground truth the chunked stages must reproduce on the GPU. CPU twins:
+ * kda_recurrent_fwd_f32 / kda_recurrent_bwd_f32 in ops/kda/recurrent.c (states recomputed from
+ * checkpoints in the backward, like here).
  *
- * Forward, per sequence and value head, S = h0 (or 0):
- *   S' = Diag(exp g_t) S;  u = v_t - S'^T k_t;  e = beta_t u;  S = S' + k_t e^T;  o_t = s S^T q_t
- * Backward, token t from last to first, dS = grad of S_t (starts at dht):
+ * Forward, per sequence and value head, S_{-1} = h0 (or 0):
+ *   S'_t = Diag(exp(g_t)) S_{t-1};  e_t = beta_t (v_t - S'_t^T k_t);  S_t = S'_t + k_t e_t^T;
+ *   o_t = s S_t^T q_t;  ht = S_{T_n - 1}
+ * Backward, token t from last to first, dS = grad of S_t (starts at dht), u = v_t - S'^T k_t:
  *   dS += s q_t dO_t^T                       dq_t = s S_t dO_t
  *   de = dS^T k_t                            dk_t = dS e - beta_t S' de
  *   dbeta_t = de . u                         dv_t = beta_t de
  *   dS' = dS - beta_t k_t de^T               dg_t = rowsum(S' . dS')
  *   dS = Diag(exp g_t) dS'                   (grad of S_{t-1});  dh0 = dS at the sequence start
- * Every column v of S evolves on its own, so one block handles (sequence, hv, 32-wide value tile):
- * lane = value column, warp w = state rows w, w+8, ... (KPT rows per thread, in registers).
- * Sums over the state rows (S'^T k, dS^T k) cross warps: an 8 x 32 shared array summed in warp
- * order, double-buffered so each needs one barrier. Sums over value columns (dq, dk, dg, dbeta)
- * are warp butterflies per tile; the tiles (and the G value heads of a q/k head for dq, dk) are
- * then summed in a fixed order by kda_sum_parts. dv is complete per tile.
- * States: a first forward pass stores a checkpoint every REC_SEG tokens (scratch, one per segment);
- * then, segment by segment from the last, the segment's states are recomputed into a per-block
- * scratch of REC_SEG x K x 32 floats and walked backwards. K <= 256.
+ * q, k [TT,H,K] (normalised); v, o [TT,HV,V]; g [TT,HV,K] (log decay, not cumulated);
+ * beta [TT,HV]; h0, ht [N,HV,K,V]. f32 storage and arithmetic, one f32 FFMA variant in each
+ * direction: the tc mode does not apply. K <= 256.
+ *
+ * Forward kernel: blockIdx = (n, hv, column group); warp w owns 4 state columns, lane l its key
+ * rows l + 32b, all in registers; the two sums over K per token are warp shuffles.
+ * Backward kernel: every column v of S evolves on its own, so one block handles (sequence, hv,
+ * 32-wide value tile): lane = value column, warp w = state rows w, w+8, ... (KPT rows per thread,
+ * in registers). Sums over the state rows (S'^T k, dS^T k) cross warps: an 8 x 32 shared array
+ * summed in warp order, double-buffered so each needs one barrier. Sums over value columns (dq,
+ * dk, dg, dbeta) are warp butterflies per tile; the tiles (and the G value heads of a q/k head
+ * for dq, dk) are then summed in a fixed order by kda_sum_parts. dv is complete per tile.
+ * States: a first forward pass stores a checkpoint every REC_SEG tokens (scratch, one per
+ * segment); then, segment by segment from the last, the segment's states are recomputed into a
+ * per-block scratch of REC_SEG x K x 32 floats and walked backwards.
+ * Entry points (kda_cuda.h): kda_recurrent_fwd_cuda, kda_recurrent_bwd_cuda.
  */
-#include "kda_bwd.cuh"
+#include "common.cuh"
 
 using namespace kdab;
 
+#define KDA_REC_CPW 4   /* forward: state columns per warp */
+#define KDA_REC_WARPS 4 /* forward: warps per block: 16 columns per block */
+
 namespace {
-constexpr int REC_SEG = 64; /* tokens per checkpoint segment (KDA_REC_SEG on the CPU) */
+constexpr int REC_SEG = 64; /* backward: tokens per checkpoint segment (KDA_REC_SEG on the CPU) */
 }
 
-// ---- CUDA kernels
+// ---- device helpers
+
+/* One token's operands for one lane: key rows lane + 32b. */
+template <int NB>
+struct kda_rec_tok {
+    float k[NB], q[NB], g[NB], v[KDA_REC_CPW], beta;
+};
+
+template <int NB>
+__device__ __forceinline__ void kda_rec_load(kda_rec_tok<NB> &x, int64_t t, int H, int hq, int HV,
+                                             int hv, int K, int V, int col0, int lane,
+                                             const float *__restrict__ q,
+                                             const float *__restrict__ k,
+                                             const float *__restrict__ v,
+                                             const float *__restrict__ g,
+                                             const float *__restrict__ beta) {
+#pragma unroll
+    for (int b = 0; b < NB; b++) {
+        const int kk = lane + 32 * b;
+        const bool ok = kk < K;
+        x.k[b] = ok ? k[(t * H + hq) * K + kk] : 0.f;
+        x.q[b] = ok ? q[(t * H + hq) * K + kk] : 0.f;
+        x.g[b] = ok ? g[(t * HV + hv) * K + kk] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < KDA_REC_CPW; j++)
+        x.v[j] = col0 + j < V ? v[(t * HV + hv) * V + col0 + j] : 0.f;
+    x.beta = beta[t * HV + hv];
+}
 
 /* Sum of `part` over the 8 warps for this lane's column; every thread gets the result. */
 __device__ __forceinline__ float rows_sum(float part, float (*red)[NW][CT], int &rc, int w,
@@ -43,6 +84,94 @@ __device__ __forceinline__ float rows_sum(float part, float (*red)[NW][CT], int 
         s += buf[ww][lane];
     return s;
 }
+
+// ---- forward kernel
+
+/* blockIdx = (n, hv, column group); warp w of the block owns columns col0..col0+3 of the state,
+ * lane l its key rows l + 32b (b < NB = ceil(K/32)), all in registers. The two reductions over K
+ * per token are warp shuffles, so warps never wait for each other; the next token's operands
+ * are loaded while the current one is processed. */
+template <int NB>
+__global__ void __launch_bounds__(32 * KDA_REC_WARPS)
+    kda_recurrent_fwd_kernel(const int64_t *__restrict__ cu, int H, int HV, int K, int V,
+                             float scale, const float *__restrict__ q,
+                             const float *__restrict__ k, const float *__restrict__ v,
+                             const float *__restrict__ g, const float *__restrict__ beta,
+                             const float *__restrict__ h0, float *__restrict__ o,
+                             float *__restrict__ ht) {
+    constexpr int CPW = KDA_REC_CPW;
+    const int n = blockIdx.x, hv = blockIdx.y, hq = hv / (HV / H);
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int col0 = (blockIdx.z * KDA_REC_WARPS + w) * CPW;
+    if (col0 >= V) /* whole warp; no block-level barriers below */
+        return;
+
+    float S[NB][CPW];
+    const float *h0n = h0 ? h0 + ((int64_t)n * HV + hv) * K * V : nullptr;
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+#pragma unroll
+        for (int j = 0; j < CPW; j++) {
+            const int kk = lane + 32 * b;
+            S[b][j] = (h0n && kk < K && col0 + j < V) ? h0n[(int64_t)kk * V + col0 + j] : 0.f;
+        }
+
+    const int64_t tb = cu[n], te = cu[n + 1];
+    kda_rec_tok<NB> cur, nxt;
+    if (tb < te)
+        kda_rec_load<NB>(cur, tb, H, hq, HV, hv, K, V, col0, lane, q, k, v, g, beta);
+    for (int64_t t = tb; t < te; t++) {
+        if (t + 1 < te)
+            kda_rec_load<NB>(nxt, t + 1, H, hq, HV, hv, K, V, col0, lane, q, k, v, g, beta);
+        float p[CPW];
+#pragma unroll
+        for (int j = 0; j < CPW; j++)
+            p[j] = 0.f;
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            const float dec = expf(cur.g[b]);
+#pragma unroll
+            for (int j = 0; j < CPW; j++) {
+                S[b][j] *= dec;
+                p[j] += S[b][j] * cur.k[b];
+            }
+        }
+        float e[CPW], ov[CPW];
+#pragma unroll
+        for (int j = 0; j < CPW; j++) {
+            e[j] = cur.beta * (cur.v[j] - warp_sum(p[j]));
+            ov[j] = 0.f;
+        }
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int j = 0; j < CPW; j++) {
+                S[b][j] += cur.k[b] * e[j];
+                ov[j] += S[b][j] * cur.q[b];
+            }
+#pragma unroll
+        for (int j = 0; j < CPW; j++) {
+            const float s = warp_sum(ov[j]);
+            if (lane == j && col0 + j < V)
+                o[(t * HV + hv) * V + col0 + j] = scale * s;
+        }
+        cur = nxt;
+    }
+
+    if (ht) {
+        float *htn = ht + ((int64_t)n * HV + hv) * K * V;
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int j = 0; j < CPW; j++) {
+                const int kk = lane + 32 * b;
+                if (kk < K && col0 + j < V)
+                    htn[(int64_t)kk * V + col0 + j] = S[b][j];
+            }
+    }
+}
+
+// ---- backward kernel
 
 template <int KPT>
 __global__ void __launch_bounds__(NTH)
@@ -209,7 +338,36 @@ __global__ void __launch_bounds__(NTH)
         }
 }
 
-// ---- kernel launchers
+// ---- launchers
+
+extern "C" dg_status kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                            const float *q, const float *k, const float *v,
+                                            const float *g, const float *beta, const float *h0,
+                                            float *o, float *ht) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!q || !k || !v || !g || !beta || !o)
+        return dg__err(DG_ERR_ARG, "%s: q, k, v, g, beta and o are required (h0, ht optional)",
+                       __func__);
+    const int cols = KDA_REC_CPW * KDA_REC_WARPS;
+    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, cols));
+    const int threads = 32 * KDA_REC_WARPS;
+#define KDA_REC_LAUNCH(NBv)                                                                        \
+    kda_recurrent_fwd_kernel<NBv><<<grid, threads, 0, dg__stream(ctx)>>>(                          \
+        d->cu, d->H, d->HV, d->K, d->V, scale, q, k, v, g, beta, h0, o, ht)
+    if (d->K <= 32)
+        KDA_REC_LAUNCH(1);
+    else if (d->K <= 64)
+        KDA_REC_LAUNCH(2);
+    else if (d->K <= 128)
+        KDA_REC_LAUNCH(4);
+    else if (d->K <= 256)
+        KDA_REC_LAUNCH(8);
+    else
+        return dg__err(DG_ERR_ARG, "%s: K=%d > 256 is not supported", __func__, d->K);
+#undef KDA_REC_LAUNCH
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
 
 template <int KPT>
 static dg_status rec_launch(dg_ctx *ctx, const Dims &d, int nvt, float scale, const float *q,

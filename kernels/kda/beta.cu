@@ -1,0 +1,52 @@
+/*
+ * kernels/kda/beta.cu -- N2, the beta transform (spec §4, §6.6); CPU twin: ops/kda/beta.c.
+ *   forward:   beta = c sigmoid(b)
+ *   backward:  db = dbeta c s (1 - s),  s = sigmoid(b)
+ * One thread per element (n elements, grid-stride); one f32 FFMA variant: the tc mode does not
+ * apply. Entry points (kda_cuda.h): kda_beta_fwd_cuda, kda_beta_bwd_cuda.
+ */
+#include "common.cuh"
+
+using namespace kdab;
+
+// ---- forward kernel
+
+__global__ void kda_beta_fwd_kernel(int64_t n, float c, const float *__restrict__ b,
+                                    float *__restrict__ beta) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        beta[i] = c * kda_dsigmoid(b[i]);
+}
+
+// ---- backward kernel
+
+__global__ void beta_bwd_kernel(int64_t n, float c, const float *b, const float *dbeta, float *db) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float s = kda_dsigmoid(b[i]);
+        db[i] = dbeta[i] * c * s * (1.f - s);
+    }
+}
+
+// ---- launchers
+
+extern "C" dg_status kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
+                                       float *beta) {
+    if (!ctx || !b || !beta || n < 0)
+        return dg__err(DG_ERR_ARG, "kda_beta_fwd_cuda: bad arguments (n=%lld)", (long long)n);
+    if (n == 0)
+        return DG_OK;
+    kda_beta_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(n, c, b,
+                                                                                           beta);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+extern "C" dg_status kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
+                                       const float *dbeta, float *db) {
+    if (n <= 0 || !db)
+        return DG_OK;
+    beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(n, c, b, dbeta, db);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}

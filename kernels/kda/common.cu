@@ -1,0 +1,38 @@
+/*
+ * kernels/kda/common.cu -- the out-of-line part of common.cuh: kda_sum_parts, the deterministic
+ * "sum over partials and value-head groups" reduction with which the intra, WY and recurrent
+ * backward launchers (intra.cu, wy.cu, recurrent.cu) finish dq, dk, dg and dbeta. One thread per
+ * output element, summing in a fixed order: the result is bitwise reproducible.
+ */
+#include "common.cuh"
+
+using namespace kdab;
+
+// ---- kernel
+
+__global__ void sum_parts_kernel(float *out, const float *in, int64_t n_out, int E, int G, int P,
+                                 int64_t pstride, bool acc) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n_out;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t rh = i / E, e = i % E;
+        const int64_t base = rh * G * E + e;
+        float s = 0.f;
+        for (int p = 0; p < P; p++)
+            for (int g = 0; g < G; g++)
+                s += in[p * pstride + base + (int64_t)g * E];
+        out[i] = acc ? out[i] + s : s;
+    }
+}
+
+// ---- launcher
+
+dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
+                        int E, int P, int64_t pstride, int acc) {
+    const int64_t n = rows * Hout * E;
+    if (n <= 0)
+        return DG_OK;
+    sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P, pstride,
+                                                                      acc != 0);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}

@@ -1,0 +1,83 @@
+/*
+ * kernels/kda/l2norm.cu -- N1, the l2 normalisation of q and k (spec §4, §6.6); CPU twin:
+ * ops/kda/l2norm.c (same formulas).
+ *   forward:   y = x r,  r = 1/sqrt(sum_K x^2 + 1e-6)      x, y, dy, dx: [rows, K]; r: [rows]
+ *   backward:  dx = r (dy - (dy . y) y)
+ * One warp per row in both directions; the sums over K are butterfly warp sums (every lane gets
+ * the same total). One f32 FFMA variant: the tc mode does not apply.
+ * Entry points (kda_cuda.h): kda_l2norm_fwd_cuda, kda_l2norm_bwd_cuda.
+ */
+#include "common.cuh"
+
+using namespace kdab;
+
+// ---- forward kernel
+
+/* One warp per row; lanes stride over K, then a butterfly sum (every lane gets the total). */
+__global__ void kda_l2norm_fwd_kernel(int64_t rows, int K, const float *__restrict__ x,
+                                      float *__restrict__ y, float *__restrict__ r) {
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
+         row += warps) {
+        const float *xr = x + row * K;
+        float ss = 0.f;
+        for (int c = lane; c < K; c += 32)
+            ss += xr[c] * xr[c];
+        ss = warp_sum(ss);
+        const float ri = 1.f / sqrtf(ss + 1e-6f);
+        for (int c = lane; c < K; c += 32)
+            y[row * K + c] = xr[c] * ri;
+        if (r && lane == 0)
+            r[row] = ri;
+    }
+}
+
+// ---- backward kernel
+
+/* One warp per row; the dot product is a butterfly warp sum, the same for every lane. */
+__global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const float *r,
+                                  const float *dy, float *dx) {
+    const int lane = threadIdx.x & 31;
+    const int64_t wpb = blockDim.x >> 5;
+    for (int64_t row = blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
+         row += (int64_t)gridDim.x * wpb) {
+        const float *yr = y + row * K, *dyr = dy + row * K;
+        float dot = 0.f;
+        for (int c = lane; c < K; c += 32)
+            dot += dyr[c] * yr[c];
+        dot = warp_sum(dot);
+        const float ri = r[row];
+        for (int c = lane; c < K; c += 32)
+            dx[row * K + c] = ri * (dyr[c] - dot * yr[c]);
+    }
+}
+
+// ---- launchers
+
+extern "C" dg_status kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x,
+                                         float *y, float *r) {
+    if (!ctx || !x || !y || K < 1 || rows < 0)
+        return dg__err(DG_ERR_ARG, "kda_l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
+                       (long long)rows, K);
+    if (rows == 0)
+        return DG_OK;
+    const int threads = KDA_THREADS;
+    kda_l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
+        rows, K, x, y, r);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+extern "C" dg_status kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
+                                         const float *r, const float *dy, float *dx) {
+    if (rows < 0 || K < 1)
+        return dg__err(DG_ERR_SHAPE, "kda_l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
+    if (rows == 0 || !dx)
+        return DG_OK;
+    const int rows_per_block = NTH / 32;
+    l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(rows, K, y, r,
+                                                                                     dy, dx);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}

@@ -1,0 +1,658 @@
+/*
+ * kernels/kda/output.cu -- N7, the output (spec §5.4 forward; §6.1, §10 N7 backward); CPU twins:
+ * kda_output_fwd_f32 / kda_output_bwd_f32 in ops/kda/output.c.
+ *   forward:   O_c = s QG_c h_c + Aqk_c E_c   (Aqk read for j <= i only)
+ *   backward:  dQG = s dO h^T,  dh_c = s QG^T dO,  dAqk = tril(dO E^T) (j <= i),  dE = Aqk^T dO
+ * Layouts: QG [TT,HV,K]; E, O, dO [TT,HV,V]; Aqk [TT,HV,BT]; h [NC,HV,K,V]. Chunk-parallel in
+ * both directions; the backward runs one kernel per product, each writing every element (rows
+ * < L of the token arrays, all of dh_c). dQG is state.cu's rows_stateT product (kda_rows_stateT).
+ *
+ * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
+ *   tc == 0, f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
+ *     backward out_dh_kernel, out_dA_kernel, out_dE_kernel.
+ *   tc == 1 and K, V % 4 == 0 with 16-byte aligned arrays: mma.sync TF32 with cp.async stages
+ *     (mma.cuh's gemm_acc): output_fwd_mma_kernel; backward out_dh_mma_kernel, out_de_mma_kernel
+ *     (dAqk stays on WMMA).
+ *   tc != 0 otherwise: WMMA TF32 (tc == 1) or 3xTF32 (tc == 2): output_fwd_tc_kernel; backward
+ *     out_dh_tc_kernel, out_da_tc_kernel, out_de_tc_kernel (transposed operands are row-major
+ *     shared tiles read as col_major; static shared memory at most 2 x 64 x 72 floats, 36 KB).
+ * Entry points (kda_cuda.h): kda_output_fwd_cuda, kda_output_bwd_cuda.
+ */
+#include "common.cuh"
+#include "mma.cuh"
+
+using namespace kdab;
+using namespace kdatc;
+
+#define TC_OUT_VT 64 /* output_fwd_tc_kernel: value columns per block */
+
+// ---- forward kernels
+
+/* One block of 256 threads per (chunk, value head, 32-column tile of V): blockIdx = (chunk, hv,
+ * vtile). Warp w owns rows w*BT/8.., lane l column l. Inter part: QG [BT][32] and h [32][32]
+ * tiles over the key dim; intra part: Aqk (masked to j <= i < L) times E, both staged whole. */
+template <int BT>
+__global__ void __launch_bounds__(KDA_THREADS)
+    kda_output_fwd_kernel(const int64_t *__restrict__ chunk_t0,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                          float scale, const float *__restrict__ QG, const float *__restrict__ h,
+                          const float *__restrict__ Aqk, const float *__restrict__ E,
+                          float *__restrict__ O) {
+    constexpr int VT = KDA_VT, KT = KDA_KT, RW = BT / 8;
+    __shared__ __align__(16) float Qs[BT * KT];
+    __shared__ float Hs[KT * VT];
+    __shared__ __align__(16) float As[BT * BT];
+    __shared__ float Es[BT * VT];
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * VT;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+
+    for (int idx = tid; idx < BT * BT; idx += KDA_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        As[idx] = (i < L && j <= i) ? Aqk[((t0 + i) * HV + hv) * BT + j] : 0.f;
+    }
+    for (int idx = tid; idx < BT * VT; idx += KDA_THREADS) {
+        const int i = idx / VT, e = idx % VT;
+        Es[idx] = (i < L && v0 + e < V) ? E[((t0 + i) * HV + hv) * V + v0 + e] : 0.f;
+    }
+
+    float acc[RW];
+#pragma unroll
+    for (int a = 0; a < RW; a++)
+        acc[a] = 0.f;
+    const float *hc = h + (ch * HV + hv) * (int64_t)K * V;
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        for (int idx = tid; idx < BT * KT; idx += KDA_THREADS) {
+            const int i = idx / KT, e = idx % KT;
+            Qs[idx] = (i < L && kt0 + e < K) ? QG[((t0 + i) * HV + hv) * K + kt0 + e] : 0.f;
+        }
+        for (int idx = tid; idx < KT * VT; idx += KDA_THREADS) {
+            const int kk = idx / VT, e = idx % VT;
+            Hs[idx] = (kt0 + kk < K && v0 + e < V) ? hc[(int64_t)(kt0 + kk) * V + v0 + e] : 0.f;
+        }
+        __syncthreads(); /* the first pass also publishes As and Es */
+#pragma unroll
+        for (int kk = 0; kk < KT; kk += 4) {
+            const float x0 = Hs[(kk + 0) * VT + lane], x1 = Hs[(kk + 1) * VT + lane];
+            const float x2 = Hs[(kk + 2) * VT + lane], x3 = Hs[(kk + 3) * VT + lane];
+#pragma unroll
+            for (int a = 0; a < RW; a++) {
+                const float4 qv = *reinterpret_cast<const float4 *>(Qs + (w * RW + a) * KT + kk);
+                acc[a] += qv.x * x0;
+                acc[a] += qv.y * x1;
+                acc[a] += qv.z * x2;
+                acc[a] += qv.w * x3;
+            }
+        }
+        __syncthreads();
+    }
+
+    float acc2[RW];
+#pragma unroll
+    for (int a = 0; a < RW; a++)
+        acc2[a] = 0.f;
+    const int jend = ((w + 1) * RW + 3) & ~3; /* As is zero for j > i: stop past the last row */
+    for (int j = 0; j < jend; j += 4) {
+        const float e0 = Es[(j + 0) * VT + lane], e1 = Es[(j + 1) * VT + lane];
+        const float e2 = Es[(j + 2) * VT + lane], e3 = Es[(j + 3) * VT + lane];
+#pragma unroll
+        for (int a = 0; a < RW; a++) {
+            const float4 av = *reinterpret_cast<const float4 *>(As + (w * RW + a) * BT + j);
+            acc2[a] += av.x * e0;
+            acc2[a] += av.y * e1;
+            acc2[a] += av.z * e2;
+            acc2[a] += av.w * e3;
+        }
+    }
+    if (v0 + lane < V)
+#pragma unroll
+        for (int a = 0; a < RW; a++) {
+            const int i = w * RW + a;
+            if (i < L)
+                O[((t0 + i) * HV + hv) * V + v0 + lane] = scale * acc[a] + acc2[a];
+        }
+}
+
+/* grid (chunk, hv, V / 64). Phase 1: acc = QG h over key tiles of 64 (QG tile [BT][64], h tile
+ * [64][64]); acc *= s; phase 2: acc += Aqk E with Aqk masked to j <= i < L (row block ti needs
+ * the k-steps j < 16(ti+1) only). Static shared memory: max(BT*72 + 64*72, BT*(BT+8) + BT*72)
+ * floats = 36 KB at BT = 64; the result goes out through the same buffer. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    output_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0,
+                         const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
+                         const float *__restrict__ QG, const float *__restrict__ h,
+                         const float *__restrict__ Aqk, const float *__restrict__ E,
+                         float *__restrict__ O) {
+    constexpr int VT = TC_OUT_VT, KT = TC_KT;
+    constexpr int LDQ = KT + TC_PAD, LDV = VT + TC_PAD, LDA = BT + TC_PAD;
+    constexpr int NTJ = VT / 16, NTILE = (BT / 16) * NTJ, TPW = (NTILE + 7) / 8;
+    constexpr int S1 = BT * LDQ + KT * LDV, S2 = BT * LDA + BT * LDV;
+    __shared__ __align__(128) float sm[S1 > S2 ? S1 : S2];
+    float *Qs = sm, *Hs = sm + BT * LDQ; /* phase 1 */
+    float *As = sm, *Es = sm + BT * LDA; /* phase 2 */
+    float *Os = sm;                      /* result */
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * VT;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5;
+    const int nv = min(VT, V - v0);
+    const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V;
+
+    Acc acc[TPW];
+#pragma unroll
+    for (int r = 0; r < TPW; r++)
+        wmma::fill_fragment(acc[r], 0.f);
+    const float *hc = h + (ch * HV + hv) * (int64_t)K * V + v0;
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        const int nk = min(KT, K - kt0);
+        load_tile<BT, KT, LDQ>(Qs, QG + (t0 * HV + hv) * K + kt0, rk, L, nk);
+        load_tile<KT, VT, LDV>(Hs, hc + (int64_t)kt0 * V, V, nk, nv);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < TPW; r++) {
+            const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+            if (tile < NTILE)
+                mma_k<P, false, RM, RM>(acc[r], Qs + ti * 16 * LDQ, LDQ, Hs + tj * 16, LDV,
+                                        (nk + 7) / 8);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < TPW; r++)
+#pragma unroll
+        for (int t = 0; t < acc[r].num_elements; t++)
+            acc[r].x[t] *= scale;
+
+    for (int idx = threadIdx.x; idx < BT * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        As[i * LDA + j] = (i < L && j <= i) ? Aqk[((t0 + i) * HV + hv) * BT + j] : 0.f;
+    }
+    load_tile<BT, VT, LDV>(Es, E + (t0 * HV + hv) * V + v0, rv, L, nv);
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+        if (tile < NTILE)
+            mma_k<P, false, RM, RM>(acc[r], As + ti * 16 * LDA, LDA, Es + tj * 16, LDV,
+                                    2 * (ti + 1));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+        if (tile < NTILE)
+            wmma::store_matrix_sync(Os + ti * 16 * LDV + tj * 16, acc[r], LDV, wmma::mem_row_major);
+    }
+    __syncthreads();
+    store_tile<BT, VT, LDV>(O + (t0 * HV + hv) * V + v0, rv, Os, L, nv);
+}
+
+/* The forward on mma.sync with cp.async stages (mma.cuh), TF32 only: grid (chunk, hv, V / 64),
+ * O = s QG h_c + Aqk E for the block's 64 value columns (both products accumulate into one
+ * register tile; Aqk is read for j <= i only, E rows past L are zero-filled).
+ * Needs K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    output_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                          float scale, const float *__restrict__ QG, const float *__restrict__ h,
+                          const float *__restrict__ Aqk, const float *__restrict__ E,
+                          float *__restrict__ O) {
+    constexpr int NTW = kdamma::AbTile<BT>::NTW;
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
+    const int64_t rv = (int64_t)HV * V;
+    float acc[NTW][4] = {};
+    kdamma::gemm_acc<BT, true, false>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
+                                h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[j][e] *= scale;
+    kdamma::gemm_acc<BT, true, false, 1>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
+                                E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
+    kdamma::store_acc<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
+}
+
+// ---- backward kernels
+
+/* grid (NC, HV, nkt * nvt): dh_c[e][v] = s sum_{i<L} QG[i][e] dO[i][v]; lane = v, warp rows e. */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    out_dh_kernel(Dims d, float scale, const float *QG, const float *dO, float *dh) {
+    __shared__ float sQ[BT][CT], sO[BT][CT];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y;
+    const int HV = d.HV, K = d.K, V = d.V;
+    const int nvt = DG_CEIL_DIV(V, CT);
+    const int e0 = (blockIdx.z / nvt) * CT, v0 = (blockIdx.z % nvt) * CT;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+        const int row = idx / CT, col = idx % CT;
+        sQ[row][col] = (row < L && e0 + col < K) ? QG[((t0 + row) * HV + hv) * K + e0 + col] : 0.f;
+        sO[row][col] = (row < L && v0 + col < V) ? dO[((t0 + row) * HV + hv) * V + v0 + col] : 0.f;
+    }
+    __syncthreads();
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int v = v0 + lane;
+#pragma unroll
+    for (int r = 0; r < CT / NW; r++) {
+        const int ee = w + NW * r, e = e0 + ee;
+        float s = 0.f;
+        for (int i = 0; i < L; i++)
+            s += sQ[i][ee] * sO[i][lane];
+        if (e < K && v < V)
+            dh[((c * HV + hv) * K + e) * V + v] = scale * s;
+    }
+}
+
+/* grid (NC, HV, nvt): dE[j][v] = sum_{i=j}^{L-1} Aqk[i][j] dO[i][v]; lane = v, warp rows j. */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    out_dE_kernel(Dims d, const float *Aqk, const float *dO, float *dE) {
+    __shared__ float sM[BT][BT], sO[BT][CT];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * CT;
+    const int HV = d.HV, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    for (int idx = threadIdx.x; idx < BT * BT; idx += NTH) {
+        const int row = idx / BT, col = idx % BT;
+        sM[row][col] = (row < L && col <= row) ? Aqk[((t0 + row) * HV + hv) * BT + col] : 0.f;
+    }
+    for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+        const int row = idx / CT, col = idx % CT;
+        sO[row][col] = (row < L && v0 + col < V) ? dO[((t0 + row) * HV + hv) * V + v0 + col] : 0.f;
+    }
+    __syncthreads();
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int v = v0 + lane;
+    for (int j = w; j < L; j += NW) {
+        float s = 0.f;
+        for (int i = j; i < L; i++)
+            s += sM[i][j] * sO[i][lane];
+        if (v < V)
+            dE[((t0 + j) * HV + hv) * V + v] = s;
+    }
+}
+
+/* grid (NC, HV), 16 x 16 threads: dAqk[i][j] = dO_i . E_j for j <= i, 0 for j > i (rows < L). */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    out_dA_kernel(Dims d, const float *dO, const float *E, float *dAqk) {
+    constexpr int RB = BT / 16;
+    __shared__ float sA[BT][CT + 1], sB[BT][CT + 1];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y;
+    const int HV = d.HV, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float acc[RB][RB];
+#pragma unroll
+    for (int a = 0; a < RB; a++)
+#pragma unroll
+        for (int b = 0; b < RB; b++)
+            acc[a][b] = 0.f;
+    for (int v0 = 0; v0 < V; v0 += CT) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+            const int row = idx / CT, cc = idx % CT;
+            const bool ok = row < L && v0 + cc < V;
+            const int64_t iv = ((t0 + row) * HV + hv) * V + v0 + cc;
+            sA[row][cc] = ok ? dO[iv] : 0.f;
+            sB[row][cc] = ok ? E[iv] : 0.f;
+        }
+        __syncthreads();
+        kda_tile_abt<BT>(acc, sA, sB, tx, ty);
+    }
+    kda_store_lower<BT>(acc, dAqk, t0, L, hv, HV, tx, ty);
+}
+
+/* grid (chunk, hv, (K / 64) * (V / 64)): dh_c[e0 + e][v0 + v] = s sum_{i<L} QG[i][e0 + e]
+ * dO[i][v0 + v]; QG tile [BT][64] read as the col_major A = QG^T. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    out_dh_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                     int HV, int K, int V, float scale, const float *__restrict__ QG,
+                     const float *__restrict__ dO, float *__restrict__ dh) {
+    constexpr int LD = TC_LD, C16 = TC_CT / 16, NTILE = C16 * C16, TPW = (NTILE + 7) / 8;
+    constexpr int S = 2 * BT * LD > TC_CT * LD ? 2 * BT * LD : TC_CT * LD;
+    __shared__ __align__(128) float sm[S];
+    float *Qs = sm, *Os = sm + BT * LD;
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, TC_CT);
+    const int e0 = (blockIdx.z / nvt) * TC_CT, v0 = (blockIdx.z % nvt) * TC_CT;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5;
+    const int ne = min(TC_CT, K - e0), nv = min(TC_CT, V - v0);
+
+    load_tile<BT, TC_CT, LD>(Qs, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne);
+    load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
+    __syncthreads();
+    Acc acc[TPW];
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        TC_TILE(r, ti, tj, C16);
+        wmma::fill_fragment(acc[r], 0.f);
+        if (tile_ < NTILE)
+            mma_k<P, false, CM, RM>(acc[r], Qs + ti * 16, LD, Os + tj * 16, LD, (L + 7) / 8);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        TC_TILE(r, ti, tj, C16);
+        if (tile_ < NTILE) {
+#pragma unroll
+            for (int t = 0; t < acc[r].num_elements; t++)
+                acc[r].x[t] *= scale;
+            wmma::store_matrix_sync(sm + ti * 16 * LD + tj * 16, acc[r], LD, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    store_tile<TC_CT, TC_CT, LD>(dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V, sm,
+                                 ne, nv);
+}
+
+/* grid (chunk, hv): dAqk[i][j] = sum_v dO[i][v] E[j][v] for j <= i, 0 above (rows < L, all BT
+ * columns), over value tiles of 64; E tile read as the col_major B = E^T. Tiles above the
+ * diagonal are skipped. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    out_da_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                     int HV, int V, const float *__restrict__ dO, const float *__restrict__ E,
+                     float *__restrict__ dAqk) {
+    constexpr int LD = TC_LD, R16 = BT / 16, NTILE = R16 * R16, TPW = (NTILE + 7) / 8;
+    constexpr int LDS = BT + TC_PAD;
+    static_assert(BT * LDS <= 2 * BT * LD, "the result reuses the operand buffer");
+    __shared__ __align__(128) float sm[2 * BT * LD];
+    float *Os = sm, *Es = sm + BT * LD;
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5;
+
+    Acc acc[TPW];
+#pragma unroll
+    for (int r = 0; r < TPW; r++)
+        wmma::fill_fragment(acc[r], 0.f);
+    for (int v0 = 0; v0 < V; v0 += TC_CT) {
+        const int nv = min(TC_CT, V - v0);
+        __syncthreads();
+        load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
+        load_tile<BT, TC_CT, LD>(Es, E + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < TPW; r++) {
+            TC_TILE(r, ti, tj, R16);
+            if (tile_ < NTILE && tj <= ti)
+                mma_k<P, false, RM, CM>(acc[r], Os + ti * 16 * LD, LD, Es + tj * 16 * LD, LD,
+                                        (nv + 7) / 8);
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        TC_TILE(r, ti, tj, R16);
+        if (tile_ < NTILE && tj <= ti)
+            wmma::store_matrix_sync(sm + ti * 16 * LDS + tj * 16, acc[r], LDS, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < L * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        dAqk[((t0 + i) * HV + hv) * BT + j] = j <= i ? sm[i * LDS + j] : 0.f;
+    }
+}
+
+/* grid (chunk, hv, V / 64): dE[j][v0 + v] = sum_{i >= j} Aqk[i][j] dO[i][v0 + v] (rows j < L).
+ * Aqk staged [BT][BT+8] masked to j <= i < L and read as the col_major A = Aqk^T; row block tj
+ * of the result needs the k-steps i >= 16 tj only. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    out_de_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                     int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
+                     float *__restrict__ dE) {
+    constexpr int LD = TC_LD, LDA = BT + TC_PAD, C16 = TC_CT / 16, R16 = BT / 16;
+    constexpr int NTILE = R16 * C16, TPW = (NTILE + 7) / 8;
+    static_assert(BT * LD <= BT * LDA + BT * LD, "the result reuses the operand buffer");
+    __shared__ __align__(128) float sm[BT * LDA + BT * LD];
+    float *As = sm, *Os = sm + BT * LDA;
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * TC_CT;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5;
+    const int nv = min(TC_CT, V - v0);
+
+    for (int idx = threadIdx.x; idx < BT * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        As[i * LDA + j] = (i < L && j <= i) ? Aqk[((t0 + i) * HV + hv) * BT + j] : 0.f;
+    }
+    load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
+    __syncthreads();
+    Acc acc[TPW];
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        TC_TILE(r, ti, tj, C16);
+        wmma::fill_fragment(acc[r], 0.f);
+        if (tile_ < NTILE)
+            mma_k<P, false, CM, RM>(acc[r], As + ti * 16 + ti * 16 * LDA, LDA,
+                                    Os + ti * 16 * LD + tj * 16, LD, 2 * (R16 - ti));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        TC_TILE(r, ti, tj, C16);
+        if (tile_ < NTILE)
+            wmma::store_matrix_sync(sm + ti * 16 * LD + tj * 16, acc[r], LD, wmma::mem_row_major);
+    }
+    __syncthreads();
+    store_tile<BT, TC_CT, LD>(dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, sm, L, nv);
+}
+
+/* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (mma.cuh), TF32 only; both read A
+ * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
+ * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk, hv, (K / 64) * (V / 64)), a
+ * 64 x 64 tile of dh_c, every element written. out_de: grid (chunk, hv, V / 64), rows < L. Need
+ * K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int K, int V, float scale, const float *__restrict__ QG,
+                      const float *__restrict__ dO, float *__restrict__ dh) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, kdamma::AB_N);
+    const int e0 = (blockIdx.z / nvt) * kdamma::AB_N, v0 = (blockIdx.z % nvt) * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0), nv = min(kdamma::AB_N, V - v0);
+    float acc[kdamma::AbTile<64>::NTW][4] = {};
+    kdamma::gemm_acc<64, false, false>(acc, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, ne,
+                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                       sm);
+    kdamma::store_acc<64>(acc, dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V,
+                          ne, nv, scale);
+}
+
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_de_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
+                      float *__restrict__ dE) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, false, false, 2>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, BT,
+                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                       sm);
+    kdamma::store_acc<BT>(acc, dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, 1.f);
+}
+
+// ---- launchers
+
+/* The tensor-core forward (d->tc != 0), called by kda_output_fwd_cuda after its checks. */
+static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                               const float *h, const float *Aqk, const float *E, float *O) {
+    if (d->NC == 0)
+        return DG_OK;
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
+    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(QG) && aligned16(h) &&
+        aligned16(Aqk) && aligned16(E) && aligned16(O)) {
+        KDA_DISPATCH_BT(d->BT, {
+            output_fwd_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+            DG_CHECK_LAUNCH();
+        });
+        return DG_OK;
+    }
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
+                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
+
+extern "C" dg_status kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                         const float *QG, const float *h, const float *Aqk,
+                                         const float *E, float *O) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!QG || !h || !Aqk || !E || !O)
+        return dg__err(DG_ERR_ARG, "%s: QG, h, Aqk, E and O are required", __func__);
+    if (d->tc)
+        return output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, O);
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
+    KDA_DISPATCH_BT(d->BT, {
+        kda_output_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
+
+template <int BT>
+static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *QG,
+                               const float *h, const float *Aqk, const float *E, const float *dO,
+                               float *dQG, float *dh, float *dAqk, float *dE) {
+    const Dims d = make_dims(dd);
+    cudaStream_t s = dg__stream(ctx);
+    const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
+    const dim3 g2((unsigned)d.NC, d.HV);
+    if (dQG)
+        DG_TRY(kda_rows_stateT(ctx, dd, scale, dO, h, dQG));
+    if (dh) {
+        out_dh_kernel<BT>
+            <<<dim3((unsigned)d.NC, d.HV, nkt * nvt), NTH, 0, s>>>(d, scale, QG, dO, dh);
+        DG_CHECK_LAUNCH();
+    }
+    if (dAqk) {
+        out_dA_kernel<BT><<<g2, NTH, 0, s>>>(d, dO, E, dAqk);
+        DG_CHECK_LAUNCH();
+    }
+    if (dE) {
+        out_dE_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nvt), NTH, 0, s>>>(d, Aqk, dO, dE);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
+}
+
+/* The tensor-core backward, called by kda_output_bwd_cuda when d->tc != 0, dO != NULL, NC > 0. */
+static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                               const float *QG, const float *h, const float *Aqk, const float *E,
+                               const float *dO, float *dQG, float *dh, float *dAqk, float *dE) {
+    cudaStream_t s = dg__stream(ctx);
+    const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
+    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
+                   nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
+    const bool p2 = d->tc >= 2;
+    const bool mma = d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(QG) &&
+                     aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
+                     (!dE || aligned16(dE));
+    if (dQG)
+        DG_TRY(kda_rows_stateT(ctx, d, scale, dO, h, dQG));
+    KDA_DISPATCH_BT(d->BT, {
+        if (dh) {
+            if (mma)
+                out_dh_mma_kernel<BT_><<<dim3(nc, hvs, nkt * nvt), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+            else if (p2)
+                out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+            else
+                out_dh_tc_kernel<BT_, 1><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+            DG_CHECK_LAUNCH();
+        }
+        if (dAqk) {
+            if (p2)
+                out_da_tc_kernel<BT_, 2><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
+            else
+                out_da_tc_kernel<BT_, 1><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
+            DG_CHECK_LAUNCH();
+        }
+        if (dE) {
+            if (mma)
+                out_de_mma_kernel<BT_><<<dim3(nc, hvs, nvt), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+            else if (p2)
+                out_de_tc_kernel<BT_, 2><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+            else
+                out_de_tc_kernel<BT_, 1><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+            DG_CHECK_LAUNCH();
+        }
+    });
+    return DG_OK;
+}
+
+extern "C" dg_status kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                         const float *QG, const float *h, const float *Aqk,
+                                         const float *E, const float *dO, float *dQG, float *dh,
+                                         float *dAqk, float *dE) {
+    DG_TRY(check_dims("kda_output_bwd_cuda", d));
+    if (d->NC == 0)
+        return DG_OK;
+    if (!dO) { /* no upstream gradient: every output is zero */
+        cudaStream_t s = dg__stream(ctx);
+        const size_t tk = (size_t)d->TT * d->HV;
+        if (dQG)
+            DG_CHECK_CUDA(cudaMemsetAsync(dQG, 0, sizeof(float) * tk * d->K, s));
+        if (dh)
+            DG_CHECK_CUDA(
+                cudaMemsetAsync(dh, 0, sizeof(float) * (size_t)d->NC * d->HV * d->K * d->V, s));
+        if (dAqk)
+            DG_CHECK_CUDA(cudaMemsetAsync(dAqk, 0, sizeof(float) * tk * d->BT, s));
+        if (dE)
+            DG_CHECK_CUDA(cudaMemsetAsync(dE, 0, sizeof(float) * tk * d->V, s));
+        return DG_OK;
+    }
+    if (d->tc)
+        return output_bwd_tc(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+    switch (d->BT) {
+    case 16:
+        return output_bwd_bt<16>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+    case 32:
+        return output_bwd_bt<32>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+    default:
+        return output_bwd_bt<64>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+    }
+}

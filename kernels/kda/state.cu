@@ -1,0 +1,1208 @@
+/*
+ * kernels/kda/state.cu -- N6, the inter-chunk state pass (spec §5.3 forward; §6.2, §10 N6
+ * backward) and the KCP summaries built on it (ops/kda/kcp.c); CPU twins: kda_state_fwd_f32 /
+ * kda_state_bwd_f32 in ops/kda/state.c.
+ *
+ * Forward, per sequence and value head, for each chunk c in order (lambda_c = G of the chunk's
+ * last token): h_c stored (the state at chunk START), E_c = U_c - W_c h_c,
+ * h_{c+1} = Diag(exp(lambda_c)) h_c + KG_c^T E_c;  ht = h_NT.
+ * Backward, chunks c = NT-1 .. 0, dH = dht (grad of the final state):
+ *   dHn_c   = dH                                   (grad of h_{c+1}, the state at chunk end)
+ *   dE_tot  = dE_c + KG_c dHn_c          -> dU = dE_tot
+ *   dH      = exp(lambda_c) dHn_c - W_c^T dE_tot + dh_c      (grad of h_c, the chunk start)
+ *   dKG = E dHn^T,  dW = -dE_tot h_c^T,  dG[L-1] = exp(lambda) rowsum(h_c . dHn)  (other rows 0)
+ * dh0 = dH after chunk 0. Layouts: W, KG, G [TT,HV,K]; U, E [TT,HV,V]; h [NC,HV,K,V] (row
+ * chunk_off[n] + c); h0, ht [N,HV,K,V].
+ *
+ * The serial passes of both directions have one shape:
+ *   forward,  chunks in order:    store S = h_c;   X = U  - W  S  -> E;
+ *                                 S = exp(lambda) S + KG^T X
+ *   backward, chunks in reverse:  store S = dHn_c; X = dE + KG S -> dE_tot;
+ *                                 S = exp(lambda) S + dh_c - W^T X
+ * i.e. X = X0 + sgnA A1 S and S = exp(lambda) S + Sup_c + sgnB A2^T X with (A1, A2, sgnA, sgnB)
+ * = (W, KG, -, +) forward and (KG, W, +, -) backward, so the tensor-core kernels of that pass
+ * (state_tc_kernel, state_mma_kernel) serve both, with BWD a template parameter.
+ * The backward's three products that sum over V (dKG, dW, the lambda term) run after the serial
+ * pass, chunk-parallel (rows_stateT), from the dHn_c it stores into a scratch [NC,HV,K,V]: no
+ * value tile ever needs another tile's partial sums (no atomics, no cross-tile reduction) and
+ * the serial kernel does 4 K V FLOP per token instead of 8, at the cost of a scratch the size
+ * of h.
+ *
+ * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
+ *   tc == 0, f32 FFMA:
+ *     forward  kda_state_fwd_kernel: block per (sequence, hv, 32 value columns), the state in
+ *              shared memory, W / KG tiles streamed through registers;
+ *     backward state_seq_kernel (the serial pass: dE_tot and the dH update, block per
+ *              (sequence, hv, 32-wide value tile), dH [K][32] in shared memory: K x 32 +
+ *              2 x BT x 32 floats, 32 KB at K = 128, BT = 64; 48 KB at K = 256), then
+ *              rows_stateT_kernel (dKG, dW and dG in one kernel, block per (chunk, hv, 32-wide
+ *              key tile) holding all of V).
+ *   tc == 1 and K % 16 == 0, K <= 256, V even, 16-byte aligned arrays (state_mma_fits):
+ *     the serial pass of both directions is state_mma_kernel (mma.sync TF32, state in
+ *     registers, next chunk's tiles fetched with cp.async; see its comment);
+ *   tc != 0 otherwise: the serial pass is state_tc_kernel (WMMA TF32 or 3xTF32, state in shared
+ *     memory). With tc != 0 the backward's chunk-parallel products are rows_stateT_mma_kernel
+ *     (tc == 1 where the sizes allow) or rows_stateT_tc_kernel, and dG is state_dg_tc_kernel.
+ * The product C = s A S_c^T of rows_stateT (the FFMA and tensor-core kernels) also gives the
+ * output backward its dQG = s dO h^T (kda_rows_stateT, declared in common.cuh).
+ * KCP summaries (kda_state_summary_cuda): the same serial pass on state_mma_kernel, over one
+ * sequence, from S0 with the input and from the identity without it.
+ * Entry points (kda_cuda.h): kda_state_fwd_cuda, kda_state_bwd_cuda, kda_state_summary_fits,
+ * kda_state_summary_cuda; for output.cu: kda_rows_stateT.
+ */
+#include "common.cuh"
+#include "mma.cuh"
+
+using namespace kdab;
+using namespace kdatc;
+
+#define TC_ST_VT 32 /* state_tc_kernel: value columns per block (as the FFMA kernel: parallelism) */
+
+// ---- device helpers
+
+/* Tile [BT][32] of a [TT,HV,K] array (rows = tokens t0.., columns kt0..), zero outside the L
+ * valid rows and K: thread tid holds rows tid/32 + 8p, column tid%32 (coalesced 128-byte rows). */
+template <int BT>
+__device__ __forceinline__ void kda_tile_load(float (&pf)[BT / 8], const float *__restrict__ src,
+                                              int64_t t0, int L, int HV, int hv, int K, int kt0,
+                                              int tid) {
+    const int col = tid & 31;
+#pragma unroll
+    for (int p = 0; p < BT / 8; p++) {
+        const int row = (tid >> 5) + 8 * p;
+        pf[p] = (row < L && kt0 + col < K) ? src[((t0 + row) * HV + hv) * K + kt0 + col] : 0.f;
+    }
+}
+
+template <int BT>
+__device__ __forceinline__ void kda_tile_store(const float (&pf)[BT / 8], float *Ts, int tid) {
+#pragma unroll
+    for (int p = 0; p < BT / 8; p++)
+        Ts[((tid >> 5) + 8 * p) * KDA_KT + (tid & 31)] = pf[p];
+}
+
+namespace {
+
+constexpr int SM_THREADS = 256;
+
+/* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array starting at token t0, into shared memory
+ * with leading dimension LD (floats); rows >= L are zero-filled. Block-wide, 16 bytes per op. */
+template <int BT>
+__device__ __forceinline__ void tile_async(float *dst, int LD, const float *__restrict__ src,
+                                           int64_t t0, int L, int HV, int hv, int K) {
+    const int q = K / 4; /* 16-byte pieces per row */
+    for (int idx = threadIdx.x; idx < BT * q; idx += SM_THREADS) {
+        const int r = idx / q, c = 4 * (idx % q);
+        const bool ok = r < L;
+        const float *g = ok ? src + ((t0 + r) * HV + hv) * (int64_t)K + c : src;
+        kdamma::cp_async16(dst + r * LD + c, g, ok);
+    }
+}
+
+} // namespace
+
+// ---- forward kernels (state_tc_kernel and state_mma_kernel also run the backward's serial pass)
+
+/* One block of 256 threads per (sequence, value head, 32-column tile of V): blockIdx = (n, hv,
+ * vtile). The running state h [KP][32] (KP = K rounded up to 32) lives in shared memory; warp w,
+ * lane l own column l. Per chunk:
+ *   phase A  E = U - W h:       warp w computes rows w*BT/8.. of E (W rows read as broadcast
+ *                               float4s from a [BT][32] tile, h rows as one float per lane);
+ *   phase B  h = exp(lam) h + KG^T E:  warp w updates key rows kt0 + 4w..4w+3 of each tile.
+ * The W/KG tiles stream through one buffer; the next tile (the next chunk's first W tile after
+ * the last KG tile) is loaded into registers while the current one is used. */
+template <int BT>
+__global__ void __launch_bounds__(KDA_THREADS)
+    kda_state_fwd_kernel(const int64_t *__restrict__ chunk_off,
+                         const int64_t *__restrict__ chunk_t0,
+                         const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                         const float *__restrict__ W, const float *__restrict__ U,
+                         const float *__restrict__ KG, const float *__restrict__ G,
+                         const float *__restrict__ h0, float *__restrict__ h,
+                         float *__restrict__ E, float *__restrict__ ht) {
+    constexpr int VT = KDA_VT, KT = KDA_KT, RW = BT / 8;
+    extern __shared__ __align__(16) float kda_state_smem[];
+    const int nk = (K + KT - 1) / KT, KP = nk * KT;
+    float *hs = kda_state_smem;  /* [KP][VT] */
+    float *Es = hs + KP * VT;    /* [BT][VT] */
+    float *Ts = Es + BT * VT;    /* [BT][KT] */
+    float *lam = Ts + BT * KT;   /* [KP] */
+
+    const int n = blockIdx.x, hv = blockIdx.y;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
+    const int col = blockIdx.z * VT + lane;
+    const bool colok = col < V;
+
+    for (int kk = w; kk < KP; kk += 8)
+        hs[kk * VT + lane] =
+            (h0 && kk < K && colok) ? h0[(((int64_t)n * HV + hv) * K + kk) * V + col] : 0.f;
+    __syncthreads();
+
+    const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1];
+    float pf[BT / 8];
+    if (c_beg < c_end)
+        kda_tile_load<BT>(pf, W, chunk_t0[c_beg], chunk_len[c_beg], HV, hv, K, 0, tid);
+
+    for (int64_t ch = c_beg; ch < c_end; ch++) {
+        const int64_t t0 = chunk_t0[ch];
+        const int L = chunk_len[ch];
+        if (colok)
+            for (int kk = w; kk < K; kk += 8)
+                h[((ch * HV + hv) * K + kk) * V + col] = hs[kk * VT + lane];
+        for (int kk = tid; kk < KP; kk += KDA_THREADS)
+            lam[kk] = kk < K ? G[((t0 + L - 1) * HV + hv) * K + kk] : 0.f;
+        float u[RW], acc[RW];
+#pragma unroll
+        for (int a = 0; a < RW; a++) {
+            const int i = w * RW + a;
+            u[a] = (i < L && colok) ? U[((t0 + i) * HV + hv) * V + col] : 0.f;
+            acc[a] = 0.f;
+        }
+
+        /* phase A: acc = W h */
+        for (int s = 0; s < nk; s++) {
+            kda_tile_store<BT>(pf, Ts, tid);
+            __syncthreads();
+            if (s + 1 < nk)
+                kda_tile_load<BT>(pf, W, t0, L, HV, hv, K, (s + 1) * KT, tid);
+            else
+                kda_tile_load<BT>(pf, KG, t0, L, HV, hv, K, 0, tid);
+            const float *hk = hs + s * KT * VT + lane;
+#pragma unroll
+            for (int kk = 0; kk < KT; kk += 4) {
+                const float x0 = hk[(kk + 0) * VT], x1 = hk[(kk + 1) * VT];
+                const float x2 = hk[(kk + 2) * VT], x3 = hk[(kk + 3) * VT];
+#pragma unroll
+                for (int a = 0; a < RW; a++) {
+                    const float4 wv =
+                        *reinterpret_cast<const float4 *>(Ts + (w * RW + a) * KT + kk);
+                    acc[a] += wv.x * x0;
+                    acc[a] += wv.y * x1;
+                    acc[a] += wv.z * x2;
+                    acc[a] += wv.w * x3;
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RW; a++) {
+            const int i = w * RW + a;
+            const float e = u[a] - acc[a];
+            Es[i * VT + lane] = i < L ? e : 0.f;
+            if (i < L && colok)
+                E[((t0 + i) * HV + hv) * V + col] = e;
+        }
+
+        /* phase B: h = exp(lam) h + KG^T E (rows of KG and E beyond L are zero) */
+        for (int s = 0; s < nk; s++) {
+            kda_tile_store<BT>(pf, Ts, tid);
+            __syncthreads();
+            if (s + 1 < nk)
+                kda_tile_load<BT>(pf, KG, t0, L, HV, hv, K, (s + 1) * KT, tid);
+            else if (ch + 1 < c_end)
+                kda_tile_load<BT>(pf, W, chunk_t0[ch + 1], chunk_len[ch + 1], HV, hv, K, 0, tid);
+            float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma unroll 8
+            for (int i = 0; i < BT; i++) {
+                const float4 kg = *reinterpret_cast<const float4 *>(Ts + i * KT + 4 * w);
+                const float ev = Es[i * VT + lane];
+                s0 += kg.x * ev;
+                s1 += kg.y * ev;
+                s2 += kg.z * ev;
+                s3 += kg.w * ev;
+            }
+            const int kb = s * KT + 4 * w;
+            float *hr = hs + kb * VT + lane;
+            hr[0 * VT] = expf(lam[kb + 0]) * hr[0 * VT] + s0;
+            hr[1 * VT] = expf(lam[kb + 1]) * hr[1 * VT] + s1;
+            hr[2 * VT] = expf(lam[kb + 2]) * hr[2 * VT] + s2;
+            hr[3 * VT] = expf(lam[kb + 3]) * hr[3 * VT] + s3;
+            __syncthreads();
+        }
+    }
+
+    if (ht && colok)
+        for (int kk = w; kk < K; kk += 8)
+            ht[(((int64_t)n * HV + hv) * K + kk) * V + col] = hs[kk * VT + lane];
+}
+
+/* The serial state pass of the forward (BWD = false) and of the backward (BWD = true, spec §6.2),
+ * which have the same shape:
+ *   forward,  chunks in order:    store S = h_c;   X = U  - W  S  -> E;
+ *                                 S = exp(lambda) S + KG^T X
+ *   backward, chunks in reverse:  store S = dHn_c; X = dE + KG S -> dE_tot;
+ *                                 S = exp(lambda) S - W^T X + dh_c
+ * i.e. X = X0 + sgnA A1 S, S = exp(lambda) S + Sup_c + sgnB A2^T X, with (A1, A2, sgnA, sgnB) =
+ * (W, KG, -, +) forward and (KG, W, +, -) backward. S0 = h0 / dht, Sst = h / dHn scratch, Xo =
+ * E / dE_tot, Sfin = ht / dh0; X0, S0, Sup, Sst, Xo, Sfin may be NULL (zero / not stored).
+ * grid (sequence, hv, V / 32). The running state S [KP][32] (KP = K rounded up to 64) is f32 in
+ * shared memory and is the home of the update's accumulators: each 16x16 tile of S is loaded
+ * into an accumulator fragment, gets sgnB A2^T X added, and is stored back. Per chunk:
+ *   store S; Xs = X0 tile; warp w < BT/8 owns X tile (w/2, w%2): acc = X0, acc += sgnA A1 S over
+ *   key tiles of 64 (A1 tile [BT][64] in Ts); Xs = acc; store Xo; S = exp(lambda) S (+ Sup_c);
+ *   for each key tile: Ts = A2 tile, warp w updates S rows kt0 + 16(w/2).., columns 16(w%2)..
+ *   with A2^T read as a col_major operand of Ts.
+ * Dynamic shared memory: (KP*40 + BT*40 + BT*72 + KP) floats: 49 KB at K = 128, BT = 64;
+ * 70 KB at K = 256. */
+template <int BT, int P, bool BWD>
+__global__ void __launch_bounds__(TC_THREADS)
+    state_tc_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
+                    const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                    const float *__restrict__ A1, const float *__restrict__ X0,
+                    const float *__restrict__ A2, const float *__restrict__ G,
+                    const float *__restrict__ S0, const float *__restrict__ Sup,
+                    float *__restrict__ Sst, float *__restrict__ Xo, float *__restrict__ Sfin) {
+    constexpr int VT = TC_ST_VT, KT = TC_KT, LDH = VT + TC_PAD, LDT = KT + TC_PAD;
+    extern __shared__ __align__(128) float tc_state_smem[];
+    const int KP = (K + KT - 1) / KT * KT;
+    float *hs = tc_state_smem;   /* [KP][LDH] the running state S */
+    float *Es = hs + KP * LDH;   /* [BT][LDH] X */
+    float *Ts = Es + BT * LDH;   /* [BT][LDT] key tile of A1 or A2 */
+    float *elam = Ts + BT * LDT; /* [KP] exp(lambda) */
+
+    const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
+    const int w = threadIdx.x >> 5;
+    const int nv = min(VT, V - v0);
+    const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V, KV = (int64_t)K * V;
+    const bool ewarp = w < BT / 8; /* owns an X tile */
+    const int eti = w >> 1, etj = w & 1;
+
+    {
+        const float *s0 = S0 ? S0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
+        for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
+            const int r = idx / VT, c = idx % VT;
+            hs[r * LDH + c] = (s0 && r < K && c < nv) ? s0[(int64_t)r * V + c] : 0.f;
+        }
+    }
+
+    const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1];
+    for (int64_t it = 0; it < c_end - c_beg; it++) {
+        const int64_t ch = BWD ? c_end - 1 - it : c_beg + it;
+        const int64_t t0 = chunk_t0[ch];
+        const int L = chunk_len[ch];
+        __syncthreads(); /* hs complete (S0 or the last update); Es, Ts, elam free */
+        if (Sst) {
+            float *sc = Sst + (ch * HV + hv) * KV + v0;
+            for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
+                const int r = idx / VT, c = idx % VT;
+                if (c < nv)
+                    sc[(int64_t)r * V + c] = hs[r * LDH + c];
+            }
+        }
+        for (int kk = threadIdx.x; kk < KP; kk += TC_THREADS)
+            elam[kk] = kk < K ? expf(G[((t0 + L - 1) * HV + hv) * K + kk]) : 0.f;
+        load_tile<BT, VT, LDH>(Es, X0 ? X0 + (t0 * HV + hv) * V + v0 : nullptr, rv, X0 ? L : 0, nv);
+        __syncthreads();
+
+        /* X = X0 + sgnA A1 S */
+        Acc acc;
+        if (ewarp)
+            wmma::load_matrix_sync(acc, Es + eti * 16 * LDH + etj * 16, LDH, wmma::mem_row_major);
+        for (int kt0 = 0; kt0 < K; kt0 += KT) {
+            const int nk = min(KT, K - kt0);
+            load_tile<BT, KT, LDT>(Ts, A1 + (t0 * HV + hv) * K + kt0, rk, L, nk);
+            __syncthreads();
+            if (ewarp)
+                mma_k<P, !BWD, RM, RM>(acc, Ts + eti * 16 * LDT, LDT, hs + kt0 * LDH + etj * 16,
+                                       LDH, (nk + 7) / 8);
+            __syncthreads();
+        }
+        if (ewarp)
+            wmma::store_matrix_sync(Es + eti * 16 * LDH + etj * 16, acc, LDH, wmma::mem_row_major);
+        __syncthreads();
+        if (Xo)
+            store_tile<BT, VT, LDH>(Xo + (t0 * HV + hv) * V + v0, rv, Es, L, nv);
+        {
+            const float *up = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
+            for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
+                const int r = idx / VT, c = idx % VT;
+                const float add = (up && r < K && c < nv) ? up[(int64_t)r * V + c] : 0.f;
+                hs[r * LDH + c] = hs[r * LDH + c] * elam[r] + add;
+            }
+        }
+
+        /* S += sgnB A2^T X (rows of A2 and X past L are zero) */
+        for (int kt0 = 0; kt0 < K; kt0 += KT) {
+            const int nk = min(KT, K - kt0);
+            load_tile<BT, KT, LDT>(Ts, A2 + (t0 * HV + hv) * K + kt0, rk, L, nk);
+            __syncthreads(); /* also: the scaling of hs is complete */
+            const int ri = w >> 1, tj = w & 1, r0 = kt0 + 16 * ri;
+            if (r0 < K) {
+                Acc hacc;
+                float *st = hs + r0 * LDH + tj * 16;
+                wmma::load_matrix_sync(hacc, st, LDH, wmma::mem_row_major);
+                mma_k<P, BWD, CM, RM>(hacc, Ts + 16 * ri, LDT, Es + tj * 16, LDH, (L + 7) / 8);
+                wmma::store_matrix_sync(st, hacc, LDH, wmma::mem_row_major);
+            }
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    if (Sfin) {
+        float *sf = Sfin + ((int64_t)n * HV + hv) * KV + v0;
+        for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
+            const int r = idx / VT, c = idx % VT;
+            if (c < nv)
+                sf[(int64_t)r * V + c] = hs[r * LDH + c];
+        }
+    }
+}
+
+/* The serial pass on mma.sync TF32 with the state in registers (tc == 1), forward and backward,
+ * replacing state_tc_kernel where the sizes allow (state_mma_fits). Work split: one block of 8
+ * warps per (sequence, value head, VT value columns), VT = 16, 32 or 64 picked by the launcher
+ * from the number of waves the grid needs. What makes it fast compared with the staged kernel:
+ *   - the running state S [K][VT] lives in registers as mma accumulators (warp w owns the 16-row
+ *     tiles w and w + 8 of S, all VT / 8 8-column tiles), so the update S += A2^T X accumulates in
+ *     place; S goes through shared memory once per chunk only as the B operand of A1 S;
+ *   - the next chunk's A1 tile (and lambda) is fetched with cp.async while the current chunk's
+ *     update runs, and its A2 tile while the next A1 S runs (single buffers, two commit groups);
+ *   - mma.sync m16n8k8 TF32 with f32 accumulators, fragments read straight from padded shared
+ *     memory (row pads chosen so that both the row-major A1 reads and the transposed A2 reads are
+ *     free of bank conflicts).
+ * Needs K % 16 == 0, K <= 256, V even and 16-byte aligned arrays (state_mma_fits); other sizes
+ * keep the staged kernel. The same kernel computes the KCP summaries of one sequence
+ * (kda_state_summary_cuda).
+ * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
+ * or 64; the launcher picks it from the grid size). Dynamic shared memory (floats):
+ *   A1s [BT][K + 4], A2s [BT][K + 8], Ss [max(K, BT)][VT + 8] (also Xs), Gs [K]. */
+template <int BT, int MT, int VT, bool BWD>
+__global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
+    state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
+                     const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                     const float *__restrict__ A1, const float *__restrict__ X0,
+                     const float *__restrict__ A2, const float *__restrict__ G,
+                     const float *__restrict__ S0, const float *__restrict__ Sup,
+                     float *__restrict__ Sst, float *__restrict__ Xo, float *__restrict__ Sfin) {
+    constexpr int LDS = VT + 8, LDX = VT + 8; /* % 32 in {8, 24}: conflict-free b-reads */
+    constexpr int NJ = VT / 8;                /* 8-column tiles of S per warp */
+    constexpr int NXT = VT / 16;              /* 8-column tiles of X per warp */
+    extern __shared__ __align__(16) float sm_smem[];
+    const int LD1 = K + 4, LD2 = K + 8;
+    float *A1s = sm_smem;
+    float *A2s = A1s + BT * LD1;
+    float *Ss = A2s + BT * LD2;
+    float *Xs = Ss; /* X lives where S was staged (after a barrier; max(K, BT) rows) */
+    float *Gs = Ss + (K > BT ? K : BT) * LDS;
+
+    const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int nv = min(VT, V - v0);
+    const int64_t rv = (int64_t)HV * V, KV = (int64_t)K * V;
+    const int mtiles = K / 16;
+
+    /* S: rows 16 (w + 8 m) + g (+ 8), columns 8 j + 2 t (+ 1). */
+    float S[MT][NJ][4];
+    {
+        const float *s0 = S0 ? S0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 16 * (w + 8 * m) + g + 8 * (e >> 1), c = 8 * j + 2 * t + (e & 1);
+                    S[m][j][e] =
+                        (s0 && w + 8 * m < mtiles && c < nv) ? s0[(int64_t)r * V + c] : 0.f;
+                }
+    }
+
+    /* S -> dst (row r at dst + r * ld; global: only the nv valid columns) */
+    auto store_S = [&](float *dst, int64_t ld, bool global) {
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (w + 8 * m >= mtiles)
+                continue;
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
+                    if (!global || c < nv)
+                        *reinterpret_cast<float2 *>(dst + r * ld + c) =
+                            make_float2(S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
+                }
+        }
+    };
+
+    const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1], nch = c_end - c_beg;
+    auto chunk_of = [&](int64_t it) { return BWD ? c_end - 1 - it : c_beg + it; };
+
+    /* prologue: A1 + lambda of the first chunk (group 1), A2 (group 2) */
+    if (nch > 0) {
+        const int64_t ch = chunk_of(0), t0 = chunk_t0[ch];
+        const int L = chunk_len[ch];
+        tile_async<BT>(A1s, LD1, A1, t0, L, HV, hv, K);
+        for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
+            kdamma::cp_async16(Gs + 4 * idx, G + ((t0 + L - 1) * HV + hv) * (int64_t)K + 4 * idx,
+                               true);
+        kdamma::cp_async_commit();
+        tile_async<BT>(A2s, LD2, A2, t0, L, HV, hv, K);
+        kdamma::cp_async_commit();
+    }
+
+    for (int64_t it = 0; it < nch; it++) {
+        const int64_t ch = chunk_of(it), t0 = chunk_t0[ch];
+        const int L = chunk_len[ch];
+
+        /* S (the state at this chunk's start) -> Ss for the A1 S product, and -> Sst */
+        store_S(Ss, LDS, false);
+        if (Sst)
+            store_S(Sst + (ch * HV + hv) * KV + v0, V, true);
+
+        /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (NXT (w % 2) + jj) + 2t
+         */
+        const int xm = w >> 1;
+        const bool xwarp = xm < BT / 16;
+        float X[NXT][4];
+#pragma unroll
+        for (int jj = 0; jj < NXT; jj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * xm + g + 8 * (e >> 1),
+                          c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
+                X[jj][e] = (X0 && xwarp && r < L && c < nv) ? X0[(t0 + r) * rv + hv * V + v0 + c]
+                                                            : 0.f;
+            }
+
+        kdamma::cp_async_wait<1>(); /* A1 and lambda of this chunk */
+        __syncthreads();    /* ... visible to all; Ss complete */
+
+        /* X = X0 + sgnA A1 S */
+        float acc[NXT][4] = {};
+        if (xwarp) {
+            const float *a_row0 = A1s + (16 * xm + g) * LD1 + t, *a_row1 = a_row0 + 8 * LD1;
+            for (int k0 = 0; k0 < K; k0 += 8) {
+                const unsigned a[4] = {kdamma::tf32(a_row0[k0]), kdamma::tf32(a_row1[k0]),
+                                       kdamma::tf32(a_row0[k0 + 4]), kdamma::tf32(a_row1[k0 + 4])};
+#pragma unroll
+                for (int jj = 0; jj < NXT; jj++) {
+                    const int c = 8 * (NXT * (w & 1) + jj) + g;
+                    kdamma::mma_tf32(acc[jj], a, kdamma::tf32(Ss[(k0 + t) * LDS + c]),
+                                     kdamma::tf32(Ss[(k0 + t + 4) * LDS + c]));
+                }
+            }
+        }
+        __syncthreads(); /* every read of Ss is done: Xs reuses its space */
+        if (xwarp) {
+            float *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
+#pragma unroll
+            for (int jj = 0; jj < NXT; jj++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    const int r = 16 * xm + g + 8 * hlf, c = 8 * (NXT * (w & 1) + jj) + 2 * t;
+                    float2 val;
+                    val.x = BWD ? X[jj][2 * hlf] + acc[jj][2 * hlf]
+                                : X[jj][2 * hlf] - acc[jj][2 * hlf];
+                    val.y = BWD ? X[jj][2 * hlf + 1] + acc[jj][2 * hlf + 1]
+                                : X[jj][2 * hlf + 1] - acc[jj][2 * hlf + 1];
+                    if (r >= L)
+                        val = make_float2(0.f, 0.f);
+                    *reinterpret_cast<float2 *>(Xs + r * LDX + c) = val;
+                    if (xo && r < L && c < nv)
+                        *reinterpret_cast<float2 *>(xo + r * rv + c) = val;
+                }
+        }
+        /* exp(lambda) for this thread's rows of S, read before the buffer is refilled */
+        float el[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int hlf = 0; hlf < 2; hlf++) {
+                const int r = 16 * (w + 8 * m) + g + 8 * hlf;
+                el[m][hlf] = (w + 8 * m < mtiles) ? __expf(Gs[r]) : 0.f;
+            }
+        __syncthreads(); /* Xs complete; A1s, Gs and Ss free */
+
+        /* prefetch the next chunk's A1 and lambda */
+        if (it + 1 < nch) {
+            const int64_t cn = chunk_of(it + 1), tn = chunk_t0[cn];
+            const int Ln = chunk_len[cn];
+            tile_async<BT>(A1s, LD1, A1, tn, Ln, HV, hv, K);
+            for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
+                kdamma::cp_async16(Gs + 4 * idx,
+                                   G + ((tn + Ln - 1) * HV + hv) * (int64_t)K + 4 * idx, true);
+        }
+        kdamma::cp_async_commit();
+
+        /* S = exp(lambda) S + Sup_c */
+        const float *sup = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NJ; j++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
+                    float2 add = make_float2(0.f, 0.f);
+                    if (sup && w + 8 * m < mtiles && c < nv)
+                        add = *reinterpret_cast<const float2 *>(sup + (int64_t)r * V + c);
+                    S[m][j][2 * hlf] = el[m][hlf] * S[m][j][2 * hlf] + add.x;
+                    S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + add.y;
+                }
+
+        kdamma::cp_async_wait<1>(); /* A2 of this chunk */
+        __syncthreads();
+
+        /* S += sgnB A2^T X: A(m = key row, k = token i) = A2s[i][m] */
+        const int ksteps = (L + 7) / 8;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (w + 8 * m >= mtiles)
+                continue;
+            const int m0 = 16 * (w + 8 * m);
+            for (int ks = 0; ks < ksteps; ks++) {
+                const int i0 = 8 * ks;
+                const float *p0 = A2s + (i0 + t) * LD2 + m0 + g, *p1 = p0 + 4 * LD2;
+                unsigned a[4];
+                if (BWD) {
+                    a[0] = kdamma::tf32(-p0[0]);
+                    a[1] = kdamma::tf32(-p0[8]);
+                    a[2] = kdamma::tf32(-p1[0]);
+                    a[3] = kdamma::tf32(-p1[8]);
+                } else {
+                    a[0] = kdamma::tf32(p0[0]);
+                    a[1] = kdamma::tf32(p0[8]);
+                    a[2] = kdamma::tf32(p1[0]);
+                    a[3] = kdamma::tf32(p1[8]);
+                }
+#pragma unroll
+                for (int j = 0; j < NJ; j++) {
+                    const int c = 8 * j + g;
+                    kdamma::mma_tf32(S[m][j], a, kdamma::tf32(Xs[(i0 + t) * LDX + c]),
+                             kdamma::tf32(Xs[(i0 + t + 4) * LDX + c]));
+                }
+            }
+        }
+        __syncthreads(); /* A2s and Xs free */
+
+        /* prefetch the next chunk's A2 */
+        if (it + 1 < nch) {
+            const int64_t cn = chunk_of(it + 1);
+            tile_async<BT>(A2s, LD2, A2, chunk_t0[cn], chunk_len[cn], HV, hv, K);
+        }
+        kdamma::cp_async_commit();
+    }
+    kdamma::cp_async_wait<0>();
+
+    if (Sfin)
+        store_S(Sfin + ((int64_t)n * HV + hv) * KV + v0, V, true);
+}
+
+// ---- backward kernels
+
+/* The serial pass of the backward (f32): grid (N, HV, ceil(V/32)); thread (lane = value column,
+ * warp w) owns the dH rows w, w+8, ...; KG and W come in 32-column slices. */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    state_seq_kernel(Dims d, const float *W, const float *KG, const float *G, const float *dh,
+                     const float *dE, const float *dht, float *dEtot, float *dHs, float *dh0) {
+    constexpr int RPT = BT / NW;
+    extern __shared__ float sm[];
+    float *sdH = sm; /* [K][CT] */
+    float(*sE)[CT] = (float(*)[CT])(sm + (size_t)d.K * CT);
+    float(*sX)[CT] = sE + BT;
+    const int n = blockIdx.x, hv = blockIdx.y;
+    const int HV = d.HV, K = d.K, V = d.V;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int v = blockIdx.z * CT + lane;
+    const bool vok = v < V;
+    const int64_t sb = ((int64_t)n * HV + hv) * K * V;
+    for (int a = w; a < K; a += NW)
+        sdH[a * CT + lane] = (dht && vok) ? dht[sb + (int64_t)a * V + v] : 0.f;
+    const int64_t cb = d.chunk_off[n], ce = d.chunk_off[n + 1];
+    for (int64_t c = ce - 1; c >= cb; c--) {
+        const int64_t t0 = d.chunk_t0[c];
+        const int L = d.chunk_len[c];
+        const int64_t hb = (c * HV + hv) * K * V;
+        if (dHs && vok) /* own rows: written by this thread in the previous update */
+            for (int a = w; a < K; a += NW)
+                dHs[hb + (int64_t)a * V + v] = sdH[a * CT + lane];
+        /* dE_tot[i][v] = dE[i][v] + sum_a KG[i][a] dH[a][v], rows i = w + 8p */
+        float acc[RPT];
+#pragma unroll
+        for (int p = 0; p < RPT; p++) {
+            const int i = w + NW * p;
+            acc[p] = (dE && i < L && vok) ? dE[((t0 + i) * HV + hv) * V + v] : 0.f;
+        }
+        for (int a0 = 0; a0 < K; a0 += CT) {
+            __syncthreads(); /* sX free; the last dH update is visible */
+            for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+                const int row = idx / CT, col = idx % CT, a = a0 + col;
+                sX[row][col] = (row < L && a < K) ? KG[((t0 + row) * HV + hv) * K + a] : 0.f;
+            }
+            __syncthreads();
+            const int na = min(CT, K - a0);
+            for (int col = 0; col < na; col++) {
+                const float hval = sdH[(a0 + col) * CT + lane];
+#pragma unroll
+                for (int p = 0; p < RPT; p++)
+                    acc[p] += sX[w + NW * p][col] * hval;
+            }
+        }
+#pragma unroll
+        for (int p = 0; p < RPT; p++) {
+            const int i = w + NW * p;
+            sE[i][lane] = i < L ? acc[p] : 0.f;
+            if (dEtot && i < L && vok)
+                dEtot[((t0 + i) * HV + hv) * V + v] = acc[p];
+        }
+        /* dH[a][v] = exp(lambda_a) dH[a][v] - sum_i W[i][a] dE_tot[i][v] + dh_c[a][v] */
+        const float *lam = G + ((t0 + L - 1) * HV + hv) * K;
+        for (int a0 = 0; a0 < K; a0 += CT) {
+            __syncthreads(); /* sE complete; sX free */
+            for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+                const int row = idx / CT, col = idx % CT, a = a0 + col;
+                sX[row][col] = (row < L && a < K) ? W[((t0 + row) * HV + hv) * K + a] : 0.f;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < CT / NW; r++) {
+                const int aa = w + NW * r, a = a0 + aa; /* a = w mod 8: this thread's rows */
+                if (a >= K)
+                    continue;
+                float s = 0.f;
+                for (int i = 0; i < L; i++)
+                    s += sX[i][aa] * sE[i][lane];
+                const float up = (dh && vok) ? dh[hb + (int64_t)a * V + v] : 0.f;
+                sdH[a * CT + lane] = expf(lam[a]) * sdH[a * CT + lane] - s + up;
+            }
+        }
+    }
+    if (dh0 && vok)
+        for (int a = w; a < K; a += NW)
+            dh0[sb + (int64_t)a * V + v] = sdH[a * CT + lane];
+}
+
+/* grid (NC, HV, ceil(K/32)): lane = key dim e, warp w = rows w, w+8, ... For rows i < L:
+ *   out1[i][e] = a1 sum_v A1[i][v] S1_c[e][v],   out2[i][e] = a2 sum_v A2[i][v] S2_c[e][v],
+ *   dG[i][e] = i == L-1 ? exp(lambda_e) sum_v S2_c[e][v] S1_c[e][v] : 0.
+ * A*: [TT,HV,V]; S*: [NC,HV,K,V]. A NULL A or S counts as zero. */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    rows_stateT_kernel(Dims d, const float *A1, const float *S1, float a1, float *out1,
+                       const float *A2, const float *S2, float a2, float *out2, const float *G,
+                       float *dG) {
+    constexpr int RPT = BT / NW;
+    __shared__ float sA1[BT][CT], sA2[BT][CT];
+    __shared__ float sS1[CT][CT + 1], sS2[CT][CT + 1];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, e0 = blockIdx.z * CT;
+    const int HV = d.HV, K = d.K, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = e0 + lane;
+    const int64_t sb = (c * HV + hv) * K * V;
+    float acc1[RPT], acc2[RPT], accl = 0.f;
+#pragma unroll
+    for (int p = 0; p < RPT; p++)
+        acc1[p] = acc2[p] = 0.f;
+    for (int v0 = 0; v0 < V; v0 += CT) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+            const int row = idx / CT, col = idx % CT;
+            const bool ok = row < L && v0 + col < V;
+            const int64_t ia = ((t0 + row) * HV + hv) * V + v0 + col;
+            sA1[row][col] = (A1 && ok) ? A1[ia] : 0.f;
+            sA2[row][col] = (A2 && ok) ? A2[ia] : 0.f;
+        }
+        for (int idx = threadIdx.x; idx < CT * CT; idx += NTH) {
+            const int r = idx / CT, col = idx % CT;
+            const bool ok = e0 + r < K && v0 + col < V;
+            const int64_t is = sb + (int64_t)(e0 + r) * V + v0 + col;
+            sS1[r][col] = (S1 && ok) ? S1[is] : 0.f;
+            sS2[r][col] = (S2 && ok) ? S2[is] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll 4
+        for (int cc = 0; cc < CT; cc++) {
+            const float s1 = sS1[lane][cc], s2 = sS2[lane][cc];
+#pragma unroll
+            for (int p = 0; p < RPT; p++) {
+                acc1[p] += sA1[w + NW * p][cc] * s1;
+                acc2[p] += sA2[w + NW * p][cc] * s2;
+            }
+            accl += s2 * s1;
+        }
+    }
+    if (e >= K)
+        return;
+    const float lt = dG ? expf(G[((t0 + L - 1) * HV + hv) * K + e]) * accl : 0.f;
+#pragma unroll
+    for (int p = 0; p < RPT; p++) {
+        const int i = w + NW * p;
+        if (i >= L)
+            continue;
+        const int64_t idx = ((t0 + i) * HV + hv) * K + e;
+        if (out1)
+            out1[idx] = a1 * acc1[p];
+        if (out2)
+            out2[idx] = a2 * acc2[p];
+        if (dG)
+            dG[idx] = i == L - 1 ? lt : 0.f;
+    }
+}
+
+/* rows_stateT's first product on tensor cores, C = s A S_c^T: grid (chunk, hv, K / 64),
+ * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v] in the names of the output backward's dQG
+ * (the state backward's dKG = E dHn^T and dW = -dE_tot h^T are the same product), over value
+ * tiles of 64 (dO tile [BT][64], h tile [64 keys][64 values] read as the col_major B = h^T). */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    rows_stateT_tc_kernel(const int64_t *__restrict__ chunk_t0,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
+                          const float *__restrict__ dO, const float *__restrict__ h,
+                          float *__restrict__ dQG) {
+    constexpr int LD = TC_LD, C16 = TC_CT / 16, NTILE = (BT / 16) * C16, TPW = (NTILE + 7) / 8;
+    __shared__ __align__(128) float sm[BT * LD + TC_CT * LD];
+    float *Os = sm, *Hs = sm + BT * LD;
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, e0 = blockIdx.z * TC_CT;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5;
+    const int ne = min(TC_CT, K - e0);
+    const float *hc = h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V;
+
+    Acc acc[TPW];
+#pragma unroll
+    for (int r = 0; r < TPW; r++)
+        wmma::fill_fragment(acc[r], 0.f);
+    for (int v0 = 0; v0 < V; v0 += TC_CT) {
+        const int nv = min(TC_CT, V - v0);
+        __syncthreads();
+        load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
+        load_tile<TC_CT, TC_CT, LD>(Hs, hc + v0, V, ne, nv);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < TPW; r++) {
+            TC_TILE(r, ti, tj, C16);
+            if (tile_ < NTILE)
+                mma_k<P, false, RM, CM>(acc[r], Os + ti * 16 * LD, LD, Hs + tj * 16 * LD, LD,
+                                        (nv + 7) / 8);
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < TPW; r++) {
+        TC_TILE(r, ti, tj, C16);
+        if (tile_ < NTILE) {
+#pragma unroll
+            for (int t = 0; t < acc[r].num_elements; t++)
+                acc[r].x[t] *= scale;
+            wmma::store_matrix_sync(sm + ti * 16 * LD + tj * 16, acc[r], LD, wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    store_tile<BT, TC_CT, LD>(dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, sm, L, ne);
+}
+
+/* The same product on mma.sync with a cp.async pipeline (mma.cuh): grid (chunk, hv, K / 64),
+ * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v]. TF32 (P = 1) only; needs V % 4 == 0, K even
+ * and 16-byte aligned arrays (rows_stateT_tc_launch checks). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    rows_stateT_mma_kernel(const int64_t *__restrict__ chunk_t0,
+                           const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
+                           const float *__restrict__ dO, const float *__restrict__ h,
+                           float *__restrict__ dQG) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, e0 = blockIdx.z * kdamma::AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0);
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, true, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
+                               h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V, ne, ne, V,
+                               sm);
+    kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
+}
+
+/* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
+ * (0 when h is NULL), every other row 0. Warp w: keys e = w, w + 8, ...; lanes over v. */
+__global__ void __launch_bounds__(TC_THREADS)
+    state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                       int HV, int K, int V, const float *__restrict__ G,
+                       const float *__restrict__ h, const float *__restrict__ dHs,
+                       float *__restrict__ dG) {
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int idx = threadIdx.x; idx < (L - 1) * K; idx += TC_THREADS)
+        dG[((t0 + idx / K) * HV + hv) * K + idx % K] = 0.f;
+    const int64_t sb = (ch * HV + hv) * (int64_t)K * V, rl = ((t0 + L - 1) * HV + hv) * K;
+    for (int e = w; e < K; e += 8) {
+        float s = 0.f;
+        if (h)
+            for (int v = lane; v < V; v += 32)
+                s += h[sb + (int64_t)e * V + v] * dHs[sb + (int64_t)e * V + v];
+        s = kdab::warp_sum(s);
+        if (lane == 0)
+            dG[rl + e] = h ? expf(G[rl + e]) * s : 0.f;
+    }
+}
+
+// ---- KCP summaries (ops/kda/kcp.c)
+
+__global__ void identity_kernel(float *I, int HV, int K) {
+    const int64_t n = (int64_t)HV * K * K;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i % ((int64_t)K * K);
+        I[i] = r / K == r % K ? 1.f : 0.f;
+    }
+}
+
+// ---- launchers: forward
+
+/* The sizes and alignments the kernel needs (else the caller keeps the staged kernel). */
+static int state_mma_fits(const kda_cuda_dims *d, const float *A1, const float *X0,
+                          const float *A2, const float *G, const float *S0, const float *Sup,
+                          const float *Sst, const float *Xo, const float *Sfin) {
+    if (d->tc != 1 || d->K % 16 != 0 || d->K > 256 || d->V % 2 != 0)
+        return 0;
+    const void *ps[] = {A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin};
+    for (const void *p : ps)
+        if (p && !aligned16(p))
+            return 0;
+    return 1;
+}
+
+template <int BT, int MT, int VT, bool BWD>
+static size_t state_mma_smem(int K) {
+    return sizeof(float) * ((size_t)BT * (K + 4) + (size_t)BT * (K + 8) +
+                            (size_t)(K > BT ? K : BT) * (VT + 8) + K);
+}
+
+/* Shared memory of one variant, with the dynamic limit raised (once per device and size) when it
+ * needs more than the default 48 KB. */
+template <int BT, int MT, int VT, bool BWD>
+static dg_status state_mma_prepare(int K, size_t *smem) {
+    *smem = state_mma_smem<BT, MT, VT, BWD>(K);
+    return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD>, *smem);
+}
+
+/* Waves of resident blocks the grid of a variant needs on device dev (sms multiprocessors);
+ * the occupancy query runs once per K and device. */
+template <int BT, int MT, int VT, bool BWD>
+static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64_t *waves) {
+    static int cached_K = -1, cached_dev = -1, cached_per_sm = 0;
+    if (cached_K != d->K || cached_dev != dev) {
+        size_t smem;
+        DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+        DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD>, SM_THREADS, smem));
+        cached_K = d->K;
+        cached_dev = dev;
+    }
+    const int64_t blocks = (int64_t)d->N * d->HV * DG_CEIL_DIV(d->V, VT);
+    *waves = cached_per_sm > 0 ? DG_CEIL_DIV(blocks, (int64_t)cached_per_sm * sms) : INT64_MAX;
+    return DG_OK;
+}
+
+template <int BT, int MT, int VT, bool BWD>
+static dg_status state_mma_launch_vt(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
+                                     const float *X0, const float *A2, const float *G,
+                                     const float *S0, const float *Sup, float *Sst, float *Xo,
+                                     float *Sfin) {
+    size_t smem;
+    DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, VT));
+    state_mma_kernel<BT, MT, VT, BWD><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
+        d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1, X0, A2, G, S0, Sup, Sst,
+        Xo, Sfin);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+template <int BT, int MT, bool BWD>
+static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
+                                    const float *X0, const float *A2, const float *G,
+                                    const float *S0, const float *Sup, float *Sst, float *Xo,
+                                    float *Sfin) {
+    /* Fewest waves first (each block walks every chunk of its sequence, so a second wave doubles
+     * the time); among equal waves 32 columns, then 64, then 16 (measured on an H200: with one
+     * wave either way, 16-column tiles lose ~2% to the doubled W/KG traffic; 64-column tiles pay
+     * when they save a wave: -3% to -6% fwd+bwd at (4,4096,64,128) and (8,2048,32,256)). */
+    int dev = 0, sms = 0;
+    DG_CHECK_CUDA(cudaGetDevice(&dev));
+    DG_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int64_t w16 = INT64_MAX, w32 = INT64_MAX, w64 = INT64_MAX;
+    DG_TRY((state_mma_waves<BT, MT, 16, BWD>(d, dev, sms, &w16)));
+    DG_TRY((state_mma_waves<BT, MT, 32, BWD>(d, dev, sms, &w32)));
+    DG_TRY((state_mma_waves<BT, MT, 64, BWD>(d, dev, sms, &w64)));
+    if (w64 < w32 && w64 <= w16)
+        return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+    if (w16 < w32 && w16 < w64)
+        return state_mma_launch_vt<BT, MT, 16, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+    return state_mma_launch_vt<BT, MT, 32, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+}
+
+/* The serial pass on state_mma_kernel, forward (bwd = 0: A1 = W, X0 = U, A2 = KG, S0 = h0,
+ * Sst = h, Xo = E, Sfin = ht) or backward (bwd = 1: A1 = KG, X0 = dE, A2 = W, S0 = dht, Sup = dh,
+ * Sst = dHn, Xo = dE_tot, Sfin = dh0). */
+static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, int bwd, const float *A1,
+                           const float *X0, const float *A2, const float *G, const float *S0,
+                           const float *Sup, float *Sst, float *Xo, float *Sfin) {
+    if (!state_mma_fits(d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin))
+        return dg__err(DG_ERR_ARG, "%s: sizes or alignment not supported (K=%d V=%d tc=%d)",
+                       __func__, d->K, d->V, d->tc);
+    const bool two = d->K > 128;
+    KDA_DISPATCH_BT(d->BT, {
+        if (bwd)
+            return two ? state_mma_launch_t<BT_, 2, true>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
+                                                          Sfin)
+                       : state_mma_launch_t<BT_, 1, true>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
+                                                          Sfin);
+        return two ? state_mma_launch_t<BT_, 2, false>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
+                                                       Sfin)
+                   : state_mma_launch_t<BT_, 1, false>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
+                                                       Sfin);
+    });
+    return DG_OK;
+}
+
+/* The serial state pass, forward or backward (operands as in state_tc_kernel). */
+template <bool BWD>
+static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
+                                 const float *X0, const float *A2, const float *G, const float *S0,
+                                 const float *Sup, float *Sst, float *Xo, float *Sfin) {
+    const int KP = DG_CEIL_DIV(d->K, TC_KT) * TC_KT;
+    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_ST_VT));
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        const size_t smem =
+                            sizeof(float) * ((size_t)(KP + BT_) * (TC_ST_VT + TC_PAD) +
+                                             (size_t)BT_ * (TC_KT + TC_PAD) + (size_t)KP);
+                        if (smem > 48 * 1024)
+                            DG_CHECK_CUDA(cudaFuncSetAttribute(
+                                state_tc_kernel<BT_, P_, BWD>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                        state_tc_kernel<BT_, P_, BWD><<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
+                            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1, X0, A2,
+                            G, S0, Sup, Sst, Xo, Sfin);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
+
+/* The tensor-core forward (d->tc != 0), called by kda_state_fwd_cuda after its checks. */
+static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
+                              const float *KG, const float *G, const float *h0, float *h,
+                              float *E, float *ht) {
+    if (state_mma_fits(d, W, U, KG, G, h0, nullptr, h, E, ht))
+        return state_mma(ctx, d, 0, W, U, KG, G, h0, nullptr, h, E, ht);
+    return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
+}
+
+extern "C" dg_status kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                                        const float *U, const float *KG, const float *G,
+                                        const float *h0, float *h, float *E, float *ht) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!W || !U || !KG || !G || !h || !E)
+        return dg__err(DG_ERR_ARG, "%s: W, U, KG, G, h and E are required (h0, ht optional)",
+                       __func__);
+    if (d->tc)
+        return state_fwd_tc(ctx, d, W, U, KG, G, h0, h, E, ht);
+    const int KP = DG_CEIL_DIV(d->K, KDA_KT) * KDA_KT;
+    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
+    KDA_DISPATCH_BT(d->BT, {
+        const size_t smem =
+            sizeof(float) * ((size_t)KP * KDA_VT + 2 * (size_t)BT_ * KDA_VT + (size_t)KP);
+        if (smem > 48 * 1024)
+            DG_CHECK_CUDA(cudaFuncSetAttribute(kda_state_fwd_kernel<BT_>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+        kda_state_fwd_kernel<BT_><<<grid, KDA_THREADS, smem, dg__stream(ctx)>>>(
+            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, W, U, KG, G, h0, h, E,
+            ht);
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
+
+// ---- launchers: backward
+
+/* The serial pass of the tensor-core backward (state_seq_kernel's part): dE_tot, the dHn_c
+ * scratch [NC,HV,K,V] and dh0, each optional. */
+static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                                  const float *KG, const float *G, const float *dh,
+                                  const float *dE, const float *dht, float *dEtot, float *dHs,
+                                  float *dh0) {
+    if (state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
+        return state_mma(ctx, d, 1, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
+    return state_tc_launch<true>(ctx, d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
+}
+
+/* C = s A h^T chunk by chunk (see rows_stateT_tc_kernel): on mma.sync when the mode is TF32 and
+ * the sizes allow it, else on WMMA (TF32 or 3xTF32). */
+static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                       const float *A, const float *Hm, float *C) {
+    cudaStream_t s = dg__stream(ctx);
+    const dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->K, TC_CT));
+    const bool mma = d->tc == 1 && d->V % 4 == 0 && d->K % 2 == 0 && aligned16(A) &&
+                     aligned16(Hm) && aligned16(C);
+    KDA_DISPATCH_BT(d->BT, {
+        if (mma)
+            rows_stateT_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
+        else
+            KDA_DISPATCH_P(d->tc, {
+                rows_stateT_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
+            });
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
+
+/* The tensor-core backward, called by kda_state_bwd_cuda when d->tc != 0; the same buffers and
+ * NULL rules as its FFMA path (state_bwd_bt). */
+static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                              const float *KG, const float *G, const float *h, const float *E,
+                              const float *dh, const float *dE, const float *dht, float *dW,
+                              float *dU, float *dKG, float *dG, float *dh0) {
+    cudaStream_t s = dg__stream(ctx);
+    const bool par = d->NC > 0 && (dW || dKG || dG);
+    const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
+    const size_t nh = (size_t)d->NC * d->HV * d->K * d->V, ne = (size_t)d->TT * d->HV * d->V;
+    kdab::Scratch scr(ctx);
+    const size_t n = (par ? nh : 0) + (need_et ? ne : 0);
+    if (n)
+        DG_TRY(scr.alloc(n));
+    float *dHs = par ? scr.f() : nullptr; /* NULL: the serial kernel stores nothing */
+    float *dEtot = dU ? dU : need_et ? scr.f() + (par ? nh : 0) : nullptr;
+    DG_TRY(state_seq_bwd_tc(ctx, d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0));
+    if (!par)
+        return DG_OK;
+    const size_t tk = sizeof(float) * (size_t)d->TT * d->HV * d->K;
+    if (dKG && !E)
+        DG_CHECK_CUDA(cudaMemsetAsync(dKG, 0, tk, s));
+    if (dW && !h)
+        DG_CHECK_CUDA(cudaMemsetAsync(dW, 0, tk, s));
+    if (dKG && E)
+        DG_TRY(rows_stateT_tc_launch(ctx, d, 1.f, E, dHs, dKG));
+    if (dW && h)
+        DG_TRY(rows_stateT_tc_launch(ctx, d, -1.f, dEtot, h, dW));
+    if (dG) {
+        state_dg_tc_kernel<<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
+            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, G, h, dHs, dG);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
+}
+
+template <int BT>
+static dg_status state_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W, const float *KG,
+                              const float *G, const float *h, const float *E, const float *dh,
+                              const float *dE, const float *dht, float *dW, float *dU, float *dKG,
+                              float *dG, float *dh0) {
+    const Dims d = make_dims(dd);
+    cudaStream_t s = dg__stream(ctx);
+    const bool par = d.NC > 0 && (dW || dKG || dG);
+    const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
+    const size_t nh = (size_t)d.NC * d.HV * d.K * d.V, ne = (size_t)d.TT * d.HV * d.V;
+    Scratch scr(ctx);
+    size_t n = (par ? nh : 0) + (need_et ? ne : 0);
+    if (n)
+        DG_TRY(scr.alloc(n));
+    float *dHs = par ? scr.f() : nullptr; /* NULL: the serial kernel stores nothing */
+    float *dEtot = dU ? dU : need_et ? scr.f() + (par ? nh : 0) : nullptr;
+    const size_t smem = sizeof(float) * ((size_t)d.K * CT + 2 * BT * CT);
+    DG_TRY(smem_opt_in(state_seq_kernel<BT>, smem));
+    if (d.N > 0) {
+        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem, s>>>(
+            d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
+        DG_CHECK_LAUNCH();
+    }
+    if (par) {
+        rows_stateT_kernel<BT><<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0, s>>>(
+            d, E, dHs, 1.f, dKG, dEtot, h, -1.f, dW, G, dG);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
+}
+
+extern "C" dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                                        const float *KG, const float *G, const float *h,
+                                        const float *E, const float *dh, const float *dE,
+                                        const float *dht, float *dW, float *dU, float *dKG,
+                                        float *dG, float *dh0) {
+    DG_TRY(check_dims("kda_state_bwd_cuda", d));
+    if (d->tc)
+        return state_bwd_tc(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
+    switch (d->BT) {
+    case 16:
+        return state_bwd_bt<16>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
+    case 32:
+        return state_bwd_bt<32>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
+    default:
+        return state_bwd_bt<64>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
+    }
+}
+
+/* C = s A S_c^T for the output backward's dQG = s dO h^T (rows_stateT's first product alone);
+ * the caller has checked d (BT 16, 32 or 64) and that NC > 0. */
+template <int BT>
+static dg_status rows_stateT_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *A,
+                                const float *S, float *C) {
+    const Dims d = make_dims(dd);
+    rows_stateT_kernel<BT><<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0,
+                             dg__stream(ctx)>>>(d, A, S, scale, C, nullptr, nullptr, 0.f, nullptr,
+                                                nullptr, nullptr);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+dg_status kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+                          const float *S, float *C) {
+    if (d->tc)
+        return rows_stateT_tc_launch(ctx, d, scale, A, S, C);
+    switch (d->BT) {
+    case 16:
+        return rows_stateT_bt<16>(ctx, d, scale, A, S, C);
+    case 32:
+        return rows_stateT_bt<32>(ctx, d, scale, A, S, C);
+    default:
+        return rows_stateT_bt<64>(ctx, d, scale, A, S, C);
+    }
+}
+
+// ---- launchers: KCP summaries
+
+extern "C" int kda_state_summary_fits(const kda_cuda_dims *d) {
+    return d->tc == 1 && d->K % 16 == 0 && d->K <= 256 && d->V % 2 == 0;
+}
+
+extern "C" dg_status kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
+                                            const float *A1, const float *X0, const float *A2,
+                                            const float *G, const float *Sup, const float *S0,
+                                            float *Sh, float *SM) {
+    if (!ctx || !d || !d->buf || seq < 0 || seq >= d->N || !A1 || !A2 || !G || !Sh || !SM)
+        return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
+                       __func__);
+    if (!kda_state_summary_fits(d))
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
+                       "and V even (tc=%d K=%d V=%d)", __func__, d->tc, d->K, d->V);
+    kda_cuda_dims one = *d; /* the sequence alone: block 0 walks chunks chunk_off[seq].. */
+    one.N = 1;
+    one.chunk_off = d->chunk_off + seq;
+    DG_TRY(state_mma(ctx, &one, bwd, A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh));
+    /* the transition: the same pass over K columns from the identity, with no input term */
+    const size_t ib = sizeof(float) * (size_t)d->HV * d->K * d->K;
+    void *I = nullptr;
+    DG_TRY(dg__cuda_malloc(ctx, ib, &I));
+    identity_kernel<<<dg__blocks((int64_t)d->HV * d->K * d->K, 256), 256, 0, dg__stream(ctx)>>>(
+        (float *)I, d->HV, d->K);
+    dg_status st = cudaGetLastError() == cudaSuccess
+                       ? DG_OK
+                       : dg__err(DG_ERR_CUDA, "%s: identity_kernel launch failed", __func__);
+    one.V = d->K;
+    if (st == DG_OK)
+        st = state_mma(ctx, &one, bwd, A1, nullptr, A2, G, (const float *)I, nullptr, nullptr,
+                           nullptr, SM);
+    dg__cuda_free(ctx, I, ib);
+    return st;
+}

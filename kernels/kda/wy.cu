@@ -1,0 +1,613 @@
+/*
+ * kernels/kda/wy.cu -- N5, the WY transform (spec §5.2 forward; §6.3 WY part, §10 N5 backward);
+ * CPU twins: kda_wy_fwd_f32 / kda_wy_bwd_f32 in ops/kda/wy.c.
+ *
+ * Forward, per chunk and value head (lambda = G of the chunk's last row):
+ *   W = Tm Diag(beta) (K . exp(G)),  U = Tm Diag(beta) V,  KG = K . exp(lambda - G),
+ *   QG = Q . exp(G)
+ * Backward, rows i, j < L, gamma_j = exp(G_j), lambda = G_{L-1}, X_j = beta_j k_j gamma_j:
+ *   dX = Tm^T dW,  dVb = Tm^T dU                   (dX_j = sum_{i>=j} Tm[i,j] dW_i)
+ *   dq_j = dQG_j gamma_j                            a_j = dKG_j exp(lambda - G_j)
+ *   dk_j = a_j + beta_j gamma_j dX_j                dv_j = beta_j dVb_j
+ *   dG_j = q_j dQG_j gamma_j - k_j a_j + X_j dX_j  (+ sum_i k_i a_i on row L-1: lambda's share)
+ *   dbeta_j = sum_v dVb_j v_j + sum_d dX_j k_j gamma_j
+ *   dTm[i,j] = beta_j (dU_i . v_j) + dW_i . X_j     (j <= i; zero for j > i, as the CPU writes)
+ * Every exponent (G_j, lambda - G_j) is <= 0. Layouts (kda_cuda.h): q, k [TT,H,K]; v, U
+ * [TT,HV,V]; G, W, KG, QG [TT,HV,K]; beta [TT,HV]; Tm [TT,HV,BT].
+ *
+ * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
+ *   forward  tc == 0: kda_wy_fwd_kernel, f32 FFMA: block per (chunk, hv), KG and QG elementwise
+ *                     (kda_wy_gates), W and U as (Tm Diag(beta)) times 64-column tiles of X;
+ *            tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned arrays):
+ *                     wy_fwd_mma_kernel, mma.sync TF32 with cp.async staging;
+ *            tc != 0 otherwise: wy_fwd_tc_kernel, WMMA TF32 (tc == 1) or 3xTF32 (tc == 2).
+ *            The tensor-core kernels (and wy_dtm_mma_kernel) use the hardware __expf (a
+ *            relative error of a few 1e-6, far below the TF32 operand rounding).
+ *   backward (1) wy_cols_kernel (every mode, f32): block per (chunk, hv, 32-wide tile of the K
+ *            key dims followed by the V value dims); lane = column, warp w = rows w, w+8, ...;
+ *            the column sums of Tm^T are per thread; the last-row sum over rows goes through an
+ *            8 x 32 shared array summed in warp order; dbeta's sums over columns are warp
+ *            butterflies written per tile and summed over tiles in a fixed order.
+ *            (2) dTm: tc == 1 and the sizes allow: wy_dtm_mma_kernel (mma.sync TF32); else
+ *            wy_dtm_kernel (f32): block per (chunk, hv), 16 x 16 threads, each a (BT/16)^2
+ *            register block of dTm, looping over 32-column tiles of the concatenated [dW | dU]
+ *            and [X | beta v] rows.
+ * dq, dk per value head are summed over the G heads of a group afterwards (G > 1, kda_sum_parts);
+ * acc adds the flagged gradients to what their arrays hold (KDA_ACC_*).
+ * Shared memory (static): wy_cols BT x BT + BT x 32 + 8 x 32 floats (25 KB at BT = 64);
+ * wy_dtm 2 x BT x 33 floats (17 KB at BT = 64).
+ * Entry points (kda_cuda.h): kda_wy_fwd_cuda, kda_wy_bwd_cuda.
+ */
+#include "common.cuh"
+#include "mma.cuh"
+
+using namespace kdab;
+using namespace kdatc;
+
+#define TC_WY_CT 64 /* wy_fwd_tc_kernel: output columns per step */
+
+// ---- device helpers
+
+/* KG = k * exp(lambda - G) and QG = q * exp(G) for the L rows of one (chunk, value head); either
+ * output may be NULL. The elementwise part of both WY forward kernels (FFMA and tensor-core). */
+template <int NT>
+__device__ __forceinline__ void kda_wy_gates(const float *q, const float *k, const float *G,
+                                             float *KG, float *QG, int64_t t0, int L, int hv,
+                                             int hq, int H, int HV, int K) {
+    if (!KG && !QG)
+        return;
+    const float *lam = G + ((t0 + L - 1) * HV + hv) * K;
+    for (int idx = threadIdx.x; idx < L * K; idx += NT) {
+        const int i = idx / K, e = idx % K;
+        const int64_t og = ((t0 + i) * HV + hv) * K + e, oq = ((t0 + i) * H + hq) * K + e;
+        const float gi = G[og];
+        if (KG)
+            KG[og] = k[oq] * expf(lam[e] - gi);
+        if (QG)
+            QG[og] = q[oq] * expf(gi);
+    }
+}
+
+// ---- forward kernels
+
+/* One block of 256 threads per (chunk, value head). KG and QG elementwise; W and U as
+ * (Tm Diag(beta)) times a [BT, 64] column tile of X = K exp(G) (resp. V) staged in shared memory.
+ * Tb = Tm Diag(beta) is stored transposed (TbT[j][i], zero above the diagonal and beyond L) so
+ * that thread (r, c) = (tid / 64, tid % 64) owning the BT/4 consecutive rows r*BT/4.. of column c
+ * reads them as warp-broadcast float4s; j stops at the last row it owns (lower triangle). */
+template <int BT>
+__global__ void __launch_bounds__(KDA_THREADS)
+    kda_wy_fwd_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int H, int HV, int K, int V, const float *__restrict__ q,
+                      const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ beta, const float *__restrict__ G,
+                      const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
+                      float *__restrict__ KG, float *__restrict__ QG) {
+    constexpr int RB = BT / 4, CT = 64, LDT = BT + 4;
+    __shared__ __align__(16) float TbT[BT * LDT];
+    __shared__ float Xs[BT * CT];
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x;
+
+    kda_wy_gates<KDA_THREADS>(q, k, G, KG, QG, t0, L, hv, hq, H, HV, K);
+    if (!W && !U)
+        return;
+
+    for (int idx = tid; idx < BT * BT; idx += KDA_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        float t = 0.f;
+        if (i < L && j <= i)
+            t = Tm[((t0 + i) * HV + hv) * BT + j] * beta[(t0 + j) * HV + hv];
+        TbT[j * LDT + i] = t;
+    }
+
+    const int r = tid >> 6, c = tid & 63, i0 = r * RB;
+    const int jend = min(i0 + RB, L); /* rows i0.. need j <= i < i0 + RB */
+    for (int pass = 0; pass < 2; pass++) {
+        float *dst = pass == 0 ? W : U;
+        const int D = pass == 0 ? K : V;
+        if (!dst)
+            continue;
+        for (int e0 = 0; e0 < D; e0 += CT) {
+            __syncthreads(); /* TbT written / previous tile consumed */
+            for (int idx = tid; idx < BT * CT; idx += KDA_THREADS) {
+                const int j = idx / CT, e = idx % CT;
+                float x = 0.f;
+                if (j < L && e0 + e < D) {
+                    if (pass == 0)
+                        x = k[((t0 + j) * H + hq) * K + e0 + e] *
+                            expf(G[((t0 + j) * HV + hv) * K + e0 + e]);
+                    else
+                        x = v[((t0 + j) * HV + hv) * V + e0 + e];
+                }
+                Xs[j * CT + e] = x;
+            }
+            __syncthreads();
+            float acc[RB];
+#pragma unroll
+            for (int a = 0; a < RB; a++)
+                acc[a] = 0.f;
+            for (int j = 0; j < jend; j++) {
+                const float x = Xs[j * CT + c];
+                const float4 *tb = reinterpret_cast<const float4 *>(TbT + j * LDT + i0);
+#pragma unroll
+                for (int a4 = 0; a4 < RB / 4; a4++) {
+                    const float4 t = tb[a4];
+                    acc[4 * a4 + 0] += t.x * x;
+                    acc[4 * a4 + 1] += t.y * x;
+                    acc[4 * a4 + 2] += t.z * x;
+                    acc[4 * a4 + 3] += t.w * x;
+                }
+            }
+            if (e0 + c < D)
+#pragma unroll
+                for (int a = 0; a < RB; a++)
+                    if (i0 + a < L)
+                        dst[((t0 + i0 + a) * HV + hv) * D + e0 + c] = acc[a];
+        }
+    }
+}
+
+/* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
+ * Diag(beta) staged [BT][BT+8] (zero above the diagonal and past L) and X = K exp(G) (resp. V)
+ * in column tiles of 64 [BT][72]; row block ti of Tb needs the k-steps j < 16(ti+1) only.
+ * Static shared memory 2 x BT x 72 floats (36 KB at BT = 64); results go out through Xs. */
+template <int BT, int P>
+__global__ void __launch_bounds__(TC_THREADS)
+    wy_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                     int H, int HV, int K, int V, const float *__restrict__ q,
+                     const float *__restrict__ k, const float *__restrict__ v,
+                     const float *__restrict__ beta, const float *__restrict__ G,
+                     const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
+                     float *__restrict__ KG, float *__restrict__ QG) {
+    constexpr int CT = TC_WY_CT, LDB = BT + TC_PAD, LDX = CT + TC_PAD;
+    constexpr int NTJ = CT / 16, NTILE = (BT / 16) * NTJ, TPW = (NTILE + 7) / 8;
+    __shared__ __align__(128) float Tb[BT * LDB];
+    __shared__ __align__(128) float Xs[BT * LDX];
+
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    const int tid = threadIdx.x, w = tid >> 5;
+
+    kda_wy_gates<TC_THREADS>(q, k, G, KG, QG, t0, L, hv, hq, H, HV, K);
+    if (!W && !U)
+        return;
+
+    for (int idx = tid; idx < BT * BT; idx += TC_THREADS) {
+        const int i = idx / BT, j = idx % BT;
+        float t = 0.f;
+        if (i < L && j <= i)
+            t = Tm[((t0 + i) * HV + hv) * BT + j] * beta[(t0 + j) * HV + hv];
+        Tb[i * LDB + j] = t;
+    }
+
+    for (int pass = 0; pass < 2; pass++) {
+        float *dst = pass == 0 ? W : U;
+        const int D = pass == 0 ? K : V;
+        if (!dst)
+            continue;
+        for (int e0 = 0; e0 < D; e0 += CT) {
+            const int ne = min(CT, D - e0);
+            __syncthreads(); /* Tb written / Xs of the previous tile stored out */
+            for (int idx = tid; idx < BT * CT; idx += TC_THREADS) {
+                const int j = idx / CT, e = idx % CT;
+                float x = 0.f;
+                if (j < L && e < ne) {
+                    if (pass == 0)
+                        x = k[((t0 + j) * H + hq) * K + e0 + e] *
+                            __expf(G[((t0 + j) * HV + hv) * K + e0 + e]);
+                    else
+                        x = v[((t0 + j) * HV + hv) * V + e0 + e];
+                }
+                Xs[j * LDX + e] = x;
+            }
+            __syncthreads();
+            Acc acc[TPW];
+#pragma unroll
+            for (int r = 0; r < TPW; r++) {
+                const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+                if (tile < NTILE) {
+                    wmma::fill_fragment(acc[r], 0.f);
+                    mma_k<P, false, RM, RM>(acc[r], Tb + ti * 16 * LDB, LDB, Xs + tj * 16, LDX,
+                                            2 * (ti + 1));
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < TPW; r++) {
+                const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
+                if (tile < NTILE)
+                    wmma::store_matrix_sync(Xs + ti * 16 * LDX + tj * 16, acc[r], LDX,
+                                            wmma::mem_row_major);
+            }
+            __syncthreads();
+            store_tile<BT, CT, LDX>(dst + (t0 * HV + hv) * D + e0, (int64_t)HV * D, Xs, L, ne);
+        }
+    }
+}
+
+/* N5 on mma.sync (TF32 only), grid (chunk, hv, K / 64 + V / 64): block z < K / 64 makes the
+ * 64 key columns e0 = 64 z of KG, QG and W = Tm (Diag(beta) K exp(G)); the others a 64-column
+ * tile of U = Tm (Diag(beta) V). Tm (read for j <= i, rows past L zero) and the k / G or v tile
+ * come in with cp.async; the elementwise part runs on the staged tile, which is then turned into
+ * X in place and multiplied. Dynamic shared memory: Tm [BT][BT + 4], X and G [BT][72] floats
+ * (54 KB at BT = 64). Needs K, V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int H, int HV, int K, int V, const float *__restrict__ q,
+                      const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ beta, const float *__restrict__ G,
+                      const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
+                      float *__restrict__ KG, float *__restrict__ QG) {
+    using namespace kdamma;
+    constexpr int LDT = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
+    extern __shared__ __align__(16) float wy_smem[];
+    float *Ts = wy_smem, *Xs = Ts + BT * LDT, *Gs = Xs + BT * LDX;
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H), nK = DG_CEIL_DIV(K, AB_N);
+    const bool wt = (int)blockIdx.z < nK; /* a W tile (with KG, QG), else a U tile */
+    const int c0 = AB_N * (wt ? (int)blockIdx.z : (int)blockIdx.z - nK), D = wt ? K : V;
+    const int nc = min(AB_N, D - c0);
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    float *dst = wt ? W : U;
+    if (wt ? !W && !KG && !QG : !U)
+        return; /* nothing asked of this tile (its inputs may be NULL then) */
+    tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+    if (wt) {
+        tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
+    } else {
+        tile_async<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < L * AB_N; idx += NT) {
+        const int j = idx / AB_N, e = idx % AB_N;
+        if (e >= nc)
+            continue;
+        const float bj = beta[(t0 + j) * HV + hv];
+        float x = Xs[j * LDX + e];
+        if (wt) {
+            const float gj = Gs[j * LDX + e], lam = Gs[(L - 1) * LDX + e];
+            const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
+            if (KG)
+                KG[og] = x * __expf(lam - gj);
+            if (QG)
+                QG[og] = q[((t0 + j) * H + hq) * K + c0 + e] * __expf(gj);
+            x = bj * x * __expf(gj);
+        } else {
+            x = bj * x;
+        }
+        Xs[j * LDX + e] = x; /* rows past L stay zero */
+    }
+    if (!dst)
+        return; /* block-uniform */
+    __syncthreads();
+    float acc[AbTile<BT>::NTW][4] = {};
+    mma_stage<BT, true, false, 1, BT>(acc, Ts, LDT, Xs, LDX, 0);
+    store_acc<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f);
+}
+
+// ---- backward kernels
+
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    wy_cols_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
+                   const float *G, const float *Tm, const float *dW, const float *dU,
+                   const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv, float *dG,
+                   float *dbp, unsigned acc) {
+    __shared__ float sTm[BT][BT];
+    __shared__ float sX[BT][CT];
+    __shared__ float red[NW][CT];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, z = blockIdx.z, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int nkt = DG_CEIL_DIV(K, CT);
+    const bool key = z < nkt;
+    const int c0 = key ? z * CT : (z - nkt) * CT; /* first key dim or first value dim */
+    const int ncol = key ? K : V;
+    const float *up = key ? dW : dU; /* the upstream gradient Tm^T is applied to */
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    for (int idx = threadIdx.x; idx < BT * BT; idx += NTH) {
+        const int row = idx / BT, col = idx % BT;
+        sTm[row][col] = (row < L && col <= row) ? Tm[((t0 + row) * HV + hv) * BT + col] : 0.f;
+    }
+    for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+        const int row = idx / CT, col = idx % CT;
+        sX[row][col] =
+            (up && row < L && c0 + col < ncol) ? up[((t0 + row) * HV + hv) * ncol + c0 + col] : 0.f;
+    }
+    __syncthreads();
+
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int e = c0 + lane;
+    const bool ok = e < ncol;
+    const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
+    float colsum = 0.f, last = 0.f;
+    for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
+        float s = 0.f;                /* (Tm^T up)_j, rows i >= j in order */
+        for (int i = j; i < L; i++)
+            s += sTm[i][j] * sX[i][lane];
+        const int64_t t = t0 + j;
+        const float bj = beta[t * HV + hv];
+        float pb = 0.f;
+        if (key && ok) {
+            const int64_t ig = (t * HV + hv) * K + e, iq = (t * H + hq) * K + e;
+            const float Gj = G[ig], kj = k[iq], qj = q[iq];
+            const float gam = expf(Gj);
+            const float X = bj * kj * gam;
+            const float tq = dQG ? dQG[ig] * gam : 0.f;
+            const float a = dKG ? dKG[ig] * expf(lam - Gj) : 0.f;
+            if (dqv)
+                dqv[ig] = (acc & KDA_ACC_DQ ? dqv[ig] : 0.f) + tq;
+            if (dkv)
+                dkv[ig] = (acc & KDA_ACC_DK ? dkv[ig] : 0.f) + a + bj * gam * s;
+            const float g = qj * tq - kj * a + X * s;
+            if (j == L - 1)
+                last = g;
+            else if (dG)
+                dG[ig] = (acc & KDA_ACC_DG ? dG[ig] : 0.f) + g;
+            colsum += kj * a;
+            pb = s * kj * gam;
+        } else if (ok) {
+            const int64_t iv = (t * HV + hv) * V + e;
+            if (dv)
+                dv[iv] = bj * s;
+            pb = s * v[iv];
+        }
+        pb = warp_sum(pb);
+        if (dbp && lane == 0)
+            dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
+    }
+    if (!key)
+        return; /* block-uniform: the value tiles have no last-row sum */
+    red[w][lane] = colsum;
+    __syncthreads();
+    if (w == (L - 1) % NW && ok && dG) {
+        float s = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < NW; ww++)
+            s += red[ww][lane];
+        float *o = dG + ((t0 + L - 1) * HV + hv) * K + e;
+        *o = (acc & KDA_ACC_DG ? *o : 0.f) + last + s;
+    }
+}
+
+/* grid (NC, HV), 256 threads as 16 x 16; thread (tx, ty) owns rows ty + 16a, columns tx + 16b. */
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    wy_dtm_kernel(Dims d, const float *k, const float *v, const float *beta, const float *G,
+                  const float *dW, const float *dU, float *dTm) {
+    constexpr int RB = BT / 16;
+    __shared__ float sA[BT][CT + 1];
+    __shared__ float sB[BT][CT + 1];
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    float acc[RB][RB];
+#pragma unroll
+    for (int a = 0; a < RB; a++)
+#pragma unroll
+        for (int b = 0; b < RB; b++)
+            acc[a][b] = 0.f;
+    const int ncol = K + V;
+    for (int c0 = 0; c0 < ncol; c0 += CT) {
+        __syncthreads(); /* the previous tile has been read */
+        for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+            const int row = idx / CT, cc = idx % CT, col = c0 + cc;
+            float av = 0.f, bv = 0.f;
+            if (row < L && col < ncol) {
+                const int64_t t = t0 + row;
+                const float bj = beta[t * HV + hv];
+                if (col < K) {
+                    const int64_t ig = (t * HV + hv) * K + col;
+                    av = dW ? dW[ig] : 0.f;
+                    bv = bj * k[(t * H + hq) * K + col] * expf(G[ig]);
+                } else {
+                    const int64_t iv = (t * HV + hv) * V + (col - K);
+                    av = dU ? dU[iv] : 0.f;
+                    bv = bj * v[iv];
+                }
+            }
+            sA[row][cc] = av;
+            sB[row][cc] = bv;
+        }
+        __syncthreads();
+        kda_tile_abt<BT>(acc, sA, sB, tx, ty);
+    }
+    kda_store_lower<BT>(acc, dTm, t0, L, hv, HV, tx, ty);
+}
+
+/* dTm on mma.sync for the tensor-core path (TF32), grid (NC, HV): the same product as
+ * wy_dtm_kernel, dTm = [dW | dU] [X | Diag(beta) V]^T (j <= i), in 64-column stages of K then
+ * V: the dW / dU tile (rows i) and the k (with G) or v tile (rows j) come in with cp.async, the
+ * B tile is turned into X or beta v in place, then one mma stage. Dynamic shared memory
+ * (BT + 128) x 68 floats (52 KB at BT = 64). Needs K, V % 4 == 0, 16-byte aligned arrays. */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    wy_dtm_mma_kernel(Dims d, const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ beta, const float *__restrict__ G,
+                      const float *__restrict__ dW, const float *__restrict__ dU,
+                      float *__restrict__ dTm) {
+    using namespace kdamma;
+    constexpr int CS = AB_N, LD = CS + 4, NT = AB_THREADS;
+    extern __shared__ __align__(16) float dtm_smem[];
+    float *As = dtm_smem, *Bs = As + BT * LD, *Gs = Bs + AB_N * LD;
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / d.G;
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    const int nK = DG_CEIL_DIV(K, CS), nV = DG_CEIL_DIV(V, CS);
+    float acc[AbTile<BT>::NTW][4] = {};
+    for (int st = 0; st < nK + nV; st++) {
+        const bool kp = st < nK; /* a key stage (dW, X) or a value stage (dU, beta v) */
+        const float *A = kp ? dW : dU;
+        if (!A)
+            continue; /* block-uniform: zero gradient */
+        const int D = kp ? K : V, c0 = CS * (kp ? st : st - nK);
+        __syncthreads(); /* the previous stage has been read */
+        tile_async<BT, CS, LD, NT>(As, A + (t0 * HV + hv) * D, (int64_t)HV * D, L, c0, D);
+        if (kp) {
+            tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+            tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
+        } else {
+            tile_async<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < L * CS; idx += NT) {
+            const int j = idx / CS, e = idx % CS;
+            const float bj = beta[(t0 + j) * HV + hv], x = Bs[j * LD + e];
+            Bs[j * LD + e] = kp ? bj * x * __expf(Gs[j * LD + e]) : bj * x;
+        }
+        __syncthreads();
+        mma_stage<BT, true, true, 0, CS>(acc, As, LD, Bs, LD, 0);
+    }
+    /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU writes) */
+    store_acc<BT, true>(acc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
+}
+
+// ---- launchers
+
+/* The tensor-core forward (d->tc != 0), called by kda_wy_fwd_cuda after its checks. */
+static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+                           const float *v, const float *beta, const float *G, const float *Tm,
+                           float *W, float *U, float *KG, float *QG) {
+    if (d->NC == 0)
+        return DG_OK;
+    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(q) && aligned16(k) &&
+        aligned16(v) && aligned16(G) && aligned16(Tm)) {
+        const unsigned nz =
+            (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
+        KDA_DISPATCH_BT(d->BT, {
+            const size_t smem =
+                sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
+            DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_>, smem));
+            wy_fwd_mma_kernel<BT_><<<dim3((unsigned)d->NC, (unsigned)d->HV, nz),
+                                     kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, W, U, KG,
+                QG);
+            DG_CHECK_LAUNCH();
+        });
+        return DG_OK;
+    }
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        wy_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G,
+                            Tm, W, U, KG, QG);
+                        DG_CHECK_LAUNCH();
+                    }));
+    return DG_OK;
+}
+
+extern "C" dg_status kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
+                                     const float *k, const float *v, const float *beta,
+                                     const float *G, const float *Tm, float *W, float *U,
+                                     float *KG, float *QG) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!G || ((W || KG) && !k) || (QG && !q) || (U && !v) || ((W || U) && (!beta || !Tm)))
+        return dg__err(DG_ERR_ARG, "%s: G and the inputs of every requested output are required "
+                       "(W: k, beta, Tm; U: v, beta, Tm; KG: k; QG: q)", __func__);
+    if (!W && !U && !KG && !QG)
+        return DG_OK;
+    if (d->tc)
+        return wy_fwd_tc(ctx, d, q, k, v, beta, G, Tm, W, U, KG, QG);
+    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
+    KDA_DISPATCH_BT(d->BT, {
+        kda_wy_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, W, U, KG,
+            QG);
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
+
+template <int BT>
+static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
+                           const float *v, const float *beta, const float *G, const float *Tm,
+                           const float *dW, const float *dU, const float *dKG, const float *dQG,
+                           float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                           unsigned acc) {
+    const Dims d = make_dims(dd);
+    cudaStream_t s = dg__stream(ctx);
+    const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
+    const size_t vk = (size_t)d.TT * d.HV * d.K;
+    const bool per_hv = d.G > 1;
+    size_t n = (per_hv ? 2 * vk : 0) + (dbeta ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
+    Scratch scr(ctx);
+    if (n)
+        DG_TRY(scr.alloc(n));
+    float *p = scr.f();
+    float *dqv = dq, *dkv = dk, *dbp = nullptr;
+    if (per_hv) {
+        dqv = dq ? p : nullptr;
+        dkv = dk ? p + vk : nullptr;
+        p += 2 * vk;
+    }
+    if (dbeta)
+        dbp = p;
+    /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
+    const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
+    wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
+        d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+    DG_CHECK_LAUNCH();
+    if (dTm) {
+        if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) && aligned16(v) &&
+            aligned16(G) && aligned16(dW) && aligned16(dU)) {
+            const size_t smem =
+                sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT>, smem));
+            wy_dtm_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(
+                d, k, v, beta, G, dW, dU, dTm);
+        } else {
+            wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU,
+                                                                        dTm);
+        }
+        DG_CHECK_LAUNCH();
+    }
+    if (per_hv && dq)
+        DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DQ));
+    if (per_hv && dk)
+        DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DK));
+    if (dbeta)
+        DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt + nvt, d.TT * d.HV, 0));
+    return DG_OK;
+}
+
+extern "C" dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
+                                     const float *k, const float *v, const float *beta,
+                                     const float *G, const float *Tm, const float *dW,
+                                     const float *dU, const float *dKG, const float *dQG, float *dq,
+                                     float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                                     unsigned acc) {
+    DG_TRY(check_dims("kda_wy_bwd_cuda", d));
+    if (d->NC == 0)
+        return DG_OK;
+    switch (d->BT) {
+    case 16:
+        return wy_bwd_bt<16>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
+                             dTm, acc);
+    case 32:
+        return wy_bwd_bt<32>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
+                             dTm, acc);
+    default:
+        return wy_bwd_bt<64>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
+                             dTm, acc);
+    }
+}
