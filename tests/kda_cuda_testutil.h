@@ -91,8 +91,8 @@ static inline void case_tables(const char *suite, dg_ctx *cpu, dg_ctx *gpu, int6
         opts->cu_seqlens = cu;
         opts->n_seqs = nseq;
     }
-    DG_TEST_TRY(kda_cfg_init(suite, cpu, opts, B, T, H, HV, K, V, dt, cfg));
-    DG_TEST_TRY(kda_cuda_dims_new(gpu, B * T, H, HV, K, V, BT, cfg->d.N, cfg->d.cu,
+    DG_TEST_TRY(dg__kda_cfg_init(suite, cpu, opts, B, T, H, HV, K, V, dt, cfg));
+    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, B * T, H, HV, K, V, BT, cfg->d.N, cfg->d.cu,
                                   cfg->d.chunk_off, dd));
 }
 

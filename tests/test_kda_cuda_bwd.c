@@ -110,8 +110,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     dg_kda_opts opts;
     kda_cfg cfg;
     kda_cuda_dims dd;
-    case_tables("test_kda_cuda_bwd", cpu, gpu, c->B, c->T, c->H, c->HV, c->K, c->V, c->BT, c->nseq, c->lens,
-                DG_F32, cu, &opts, &cfg, &dd);
+    case_tables("test_kda_cuda_bwd", cpu, gpu, c->B, c->T, c->H, c->HV, c->K, c->V, c->BT, c->nseq,
+                c->lens, DG_F32, cu, &opts, &cfg, &dd);
     const kda_dims *d = &cfg.d;
     const int64_t TT = c->B * c->T, NC = kda_cfg_nc(&cfg);
     const int N = d->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
@@ -132,20 +132,20 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     dg_tensor *Alog = mk_rand(cpu, HV, 0, 0, 0, ++s, 0, 2.77); /* log U(1,16) */
     dg_tensor *dtb = mk_rand(cpu, (int64_t)HV * K, 0, 0, 0, ++s, -1, 1);
     dg_tensor *q = mk(cpu, TT, H, K, 0), *k = mk(cpu, TT, H, K, 0), *rq = mk(cpu, TT, H, 0, 0);
-    kda_l2norm_fwd_f32(TT * H, K, F(qraw), F(q), F(rq));
-    kda_l2norm_fwd_f32(TT * H, K, F(kraw), F(k), NULL);
+    dg__kda_l2norm_fwd_f32(TT * H, K, F(qraw), F(q), F(rq));
+    dg__kda_l2norm_fwd_f32(TT * H, K, F(kraw), F(k), NULL);
     dg_tensor *beta = mk(cpu, TT, HV, 0, 0);
-    kda_beta_fwd_f32(TT * HV, 1.0f, F(braw), F(beta));
+    dg__kda_beta_fwd_f32(TT * HV, 1.0f, F(braw), F(beta));
     dg_tensor *G = mk(cpu, TT, HV, K, 0);
-    kda_gate_fwd_f32(d, DG_GATE_NONE, 0.f, 1, F(g), NULL, NULL, F(G));
+    dg__kda_gate_fwd_f32(d, DG_GATE_NONE, 0.f, 1, F(g), NULL, NULL, F(G));
     dg_tensor *Aqk = mk(cpu, TT, HV, BT, 0), *Tm = mk(cpu, TT, HV, BT, 0);
-    DG_TEST_TRY(kda_intra_fwd_f32(d, scale, F(q), F(k), F(beta), F(G), F(Aqk), F(Tm)));
+    DG_TEST_TRY(dg__kda_intra_fwd_f32(d, scale, F(q), F(k), F(beta), F(G), F(Aqk), F(Tm)));
     dg_tensor *W = mk(cpu, TT, HV, K, 0), *U = mk(cpu, TT, HV, V, 0);
     dg_tensor *KG = mk(cpu, TT, HV, K, 0), *QG = mk(cpu, TT, HV, K, 0);
     DG_TEST_TRY(
-        kda_wy_fwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(W), F(U), F(KG), F(QG)));
+        dg__kda_wy_fwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(W), F(U), F(KG), F(QG)));
     dg_tensor *h = mk(cpu, NC, HV, K, V), *E = mk(cpu, TT, HV, V, 0);
-    DG_TEST_TRY(kda_state_fwd_f32(d, F(W), F(U), F(KG), F(G), F(h0), F(h), F(E), NULL));
+    DG_TEST_TRY(dg__kda_state_fwd_f32(d, F(W), F(U), F(KG), F(G), F(h0), F(h), F(E), NULL));
     junk_upper(Aqk, d);
     junk_upper(Tm, d);
 
@@ -179,8 +179,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     /* ---- l2norm (the q rows: y = q, r = 1/norm) */
     {
         dg_tensor *want = mk(cpu, TT, H, K, 0), *got = poisoned(gpu, want);
-        kda_l2norm_bwd_f32(TT * H, K, F(q), F(rq), F(dy), F(want));
-        dg_check_ok(kda_l2norm_bwd_cuda(gpu, TT * H, K, F(q_d), F(rq_d), F(dy_d), F(got)),
+        dg__kda_l2norm_bwd_f32(TT * H, K, F(q), F(rq), F(dy), F(want));
+        dg_check_ok(dg__kda_l2norm_bwd_cuda(gpu, TT * H, K, F(q_d), F(rq_d), F(dy_d), F(got)),
                     "l2norm bwd launch");
         cmp(F_L2, cn, "dx", got, want);
         dg_tensor_free(&want);
@@ -190,8 +190,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     /* ---- beta, c = 1 and c = 2 */
     for (int ci = 1; ci <= 2; ci++) {
         dg_tensor *want = mk(cpu, TT, HV, 0, 0), *got = poisoned(gpu, want);
-        kda_beta_bwd_f32(TT * HV, (float)ci, F(braw), F(dbu), F(want));
-        dg_check_ok(kda_beta_bwd_cuda(gpu, TT * HV, (float)ci, F(braw_d), F(dbu_d), F(got)),
+        dg__kda_beta_bwd_f32(TT * HV, (float)ci, F(braw), F(dbu), F(want));
+        dg_check_ok(dg__kda_beta_bwd_cuda(gpu, TT * HV, (float)ci, F(braw_d), F(dbu_d), F(got)),
                     "beta bwd launch");
         cmp(F_BETA, cn, ci == 1 ? "db (c=1)" : "db (c=2)", got, want);
         dg_tensor_free(&want);
@@ -219,12 +219,12 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         const float *b = gk[i].use_b ? F(dtb) : NULL, *b_d = gk[i].use_b ? F(dtb_d) : NULL;
         dg_tensor *wx = mk(cpu, TT, HV, K, 0), *wA = mk(cpu, HV, 0, 0, 0);
         dg_tensor *wb = mk(cpu, (int64_t)HV * K, 0, 0, 0);
-        kda_gate_bwd_f32(d, gk[i].kind, -5.0f, gk[i].cumsum, F(x), A, b, F(dGu), F(wx), F(wA),
-                         F(wb));
+        dg__kda_gate_bwd_f32(d, gk[i].kind, -5.0f, gk[i].cumsum, F(x), A, b, F(dGu), F(wx), F(wA),
+                             F(wb));
         dg_tensor *gx = poisoned(gpu, wx), *gA = poisoned(gpu, wA), *gb = poisoned(gpu, wb);
         dg_tensor *gA2 = poisoned(gpu, wA), *gb2 = poisoned(gpu, wb);
-        dg_check_ok(kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(x_d), A_d, b_d,
-                                      F(dGu_d), F(gx), F(gA), F(gb)),
+        dg_check_ok(dg__kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(x_d), A_d,
+                                          b_d, F(dGu_d), F(gx), F(gA), F(gb)),
                     "gate bwd launch");
         char what[96];
         snprintf(what, sizeof what, "%s dx", gk[i].what);
@@ -234,8 +234,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         snprintf(what, sizeof what, "%s ddt_bias", gk[i].what);
         cmp(F_GATE, cn, what, gb, wb);
         /* the reductions alone (dx not wanted) and their determinism */
-        dg_check_ok(kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(x_d), A_d, b_d,
-                                      F(dGu_d), NULL, F(gA2), F(gb2)),
+        dg_check_ok(dg__kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(x_d), A_d,
+                                          b_d, F(dGu_d), NULL, F(gA2), F(gb2)),
                     "gate bwd launch (dx NULL)");
         snprintf(what, sizeof what, "gate %s dA_log", gk[i].what);
         same_bits(cn, what, gA, gA2);
@@ -252,12 +252,13 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         static const char *tag[3] = {"", " (dAqk NULL)", " (dTm NULL)"};
         dg_tensor *wq = mk(cpu, TT, H, K, 0), *wk = mk(cpu, TT, H, K, 0);
         dg_tensor *wb = mk(cpu, TT, HV, 0, 0), *wG = mk(cpu, TT, HV, K, 0);
-        DG_TEST_TRY(kda_intra_bwd_f32(d, scale, F(q), F(k), F(beta), F(G), F(Tm), F(uA), F(uT),
-                                      F(wq), F(wk), F(wb), F(wG)));
+        DG_TEST_TRY(dg__kda_intra_bwd_f32(d, scale, F(q), F(k), F(beta), F(G), F(Tm), F(uA), F(uT),
+                                          F(wq), F(wk), F(wb), F(wG)));
         dg_tensor *gq = poisoned(gpu, wq), *gk_ = poisoned(gpu, wk), *gb = poisoned(gpu, wb);
         dg_tensor *gG = poisoned(gpu, wG);
-        dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d), F(Tm_d),
-                                       F(uA_d), F(uT_d), F(gq), F(gk_), F(gb), F(gG), 0),
+        dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d),
+                                           F(Tm_d), F(uA_d), F(uT_d), F(gq), F(gk_), F(gb), F(gG),
+                                           0),
                     "intra bwd launch");
         char what[64];
         snprintf(what, sizeof what, "dq%s", tag[var]);
@@ -270,9 +271,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         cmp(F_INTRA, cn, what, gG, wG);
         if (var == 0) { /* determinism of the GVA and tile reductions */
             dg_tensor *gq2 = poisoned(gpu, wq), *gk2 = poisoned(gpu, wk), *gb2 = poisoned(gpu, wb);
-            dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d),
-                                           F(Tm_d), F(uA_d), F(uT_d), F(gq2), F(gk2), F(gb2), NULL,
-                                           0),
+            dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(beta_d), F(G_d),
+                                               F(Tm_d), F(uA_d), F(uT_d), F(gq2), F(gk2), F(gb2),
+                                               NULL, 0),
                         "intra bwd launch (dG NULL)");
             same_bits(cn, "intra dq", gq, gq2);
             same_bits(cn, "intra dk", gk_, gk2);
@@ -294,14 +295,15 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *w[6] = {mk(cpu, TT, H, K, 0),  mk(cpu, TT, H, K, 0),  mk(cpu, TT, HV, V, 0),
                            mk(cpu, TT, HV, 0, 0), mk(cpu, TT, HV, K, 0), mk(cpu, TT, HV, BT, 0)};
         static const char *nm[6] = {"dq", "dk", "dv", "dbeta", "dG", "dTm"};
-        DG_TEST_TRY(kda_wy_bwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(uW), F(uU), F(uKG),
-                                   F(uQG), F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4]), F(w[5])));
+        DG_TEST_TRY(dg__kda_wy_bwd_f32(d, F(q), F(k), F(v), F(beta), F(G), F(Tm), F(uW), F(uU),
+                                       F(uKG), F(uQG), F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4]),
+                                       F(w[5])));
         dg_tensor *gt[6];
         for (int i = 0; i < 6; i++)
             gt[i] = poisoned(gpu, w[i]);
-        dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q_d), F(k_d), F(v_d), F(beta_d), F(G_d), F(Tm_d),
-                                    F(uW_d), F(uU_d), F(uKG_d), F(uQG_d), F(gt[0]), F(gt[1]),
-                                    F(gt[2]), F(gt[3]), F(gt[4]), F(gt[5]), 0),
+        dg_check_ok(dg__kda_wy_bwd_cuda(gpu, &dd, F(q_d), F(k_d), F(v_d), F(beta_d), F(G_d),
+                                        F(Tm_d), F(uW_d), F(uU_d), F(uKG_d), F(uQG_d), F(gt[0]),
+                                        F(gt[1]), F(gt[2]), F(gt[3]), F(gt[4]), F(gt[5]), 0),
                     "wy bwd launch");
         for (int i = 0; i < 6; i++) {
             char what[64];
@@ -310,9 +312,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         }
         if (var == 0) {
             dg_tensor *g2[3] = {poisoned(gpu, w[0]), poisoned(gpu, w[1]), poisoned(gpu, w[3])};
-            dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q_d), F(k_d), F(v_d), F(beta_d), F(G_d),
-                                        F(Tm_d), F(uW_d), F(uU_d), F(uKG_d), F(uQG_d), F(g2[0]),
-                                        F(g2[1]), NULL, F(g2[2]), NULL, NULL, 0),
+            dg_check_ok(dg__kda_wy_bwd_cuda(gpu, &dd, F(q_d), F(k_d), F(v_d), F(beta_d), F(G_d),
+                                            F(Tm_d), F(uW_d), F(uU_d), F(uKG_d), F(uQG_d), F(g2[0]),
+                                            F(g2[1]), NULL, F(g2[2]), NULL, NULL, 0),
                         "wy bwd launch (dv, dG, dTm NULL)");
             same_bits(cn, "wy dq", gt[0], g2[0]);
             same_bits(cn, "wy dk", gt[1], g2[1]);
@@ -333,15 +335,15 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *w[5] = {mk(cpu, TT, HV, K, 0), mk(cpu, TT, HV, V, 0), mk(cpu, TT, HV, K, 0),
                            mk(cpu, TT, HV, K, 0), mk(cpu, N, HV, K, V)};
         static const char *nm[5] = {"dW", "dU", "dKG", "dG", "dh0"};
-        DG_TEST_TRY(kda_state_bwd_f32(d, F(W), F(KG), F(G), F(h), F(E), F(uh), F(uE), F(uht),
-                                      F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4])));
+        DG_TEST_TRY(dg__kda_state_bwd_f32(d, F(W), F(KG), F(G), F(h), F(E), F(uh), F(uE), F(uht),
+                                          F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4])));
         dg_tensor *gt[5];
         for (int i = 0; i < 5; i++)
             gt[i] = poisoned(gpu, w[i]);
         const int want_h0 = var != 1;
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W_d), F(KG_d), F(G_d), F(h_d), F(E_d), F(uh_d),
-                                       F(uE_d), F(uht_d), F(gt[0]), F(gt[1]), F(gt[2]), F(gt[3]),
-                                       want_h0 ? F(gt[4]) : NULL),
+        dg_check_ok(dg__kda_state_bwd_cuda(gpu, &dd, F(W_d), F(KG_d), F(G_d), F(h_d), F(E_d),
+                                           F(uh_d), F(uE_d), F(uht_d), F(gt[0]), F(gt[1]), F(gt[2]),
+                                           F(gt[3]), want_h0 ? F(gt[4]) : NULL),
                     "state bwd launch");
         for (int i = 0; i < (want_h0 ? 5 : 4); i++) {
             char what[64];
@@ -350,9 +352,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         }
         if (var == 0) { /* dW without dU (dE_tot then lives in scratch) */
             DG_TEST_TRY(dg_tensor_fill_(gt[0], NAN));
-            dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W_d), F(KG_d), F(G_d), F(h_d), F(E_d),
-                                           F(uh_d), F(uE_d), F(uht_d), F(gt[0]), NULL, NULL, NULL,
-                                           NULL),
+            dg_check_ok(dg__kda_state_bwd_cuda(gpu, &dd, F(W_d), F(KG_d), F(G_d), F(h_d), F(E_d),
+                                               F(uh_d), F(uE_d), F(uht_d), F(gt[0]), NULL, NULL,
+                                               NULL, NULL),
                         "state bwd launch (dW only)");
             cmp(F_STATE, cn, "dW (alone)", gt[0], w[0]);
         }
@@ -365,13 +367,13 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *w[4] = {mk(cpu, TT, HV, K, 0), mk(cpu, NC, HV, K, V), mk(cpu, TT, HV, BT, 0),
                            mk(cpu, TT, HV, V, 0)};
         static const char *nm[4] = {"dQG", "dh", "dAqk", "dE"};
-        kda_output_bwd_f32(d, scale, F(QG), F(h), F(Aqk), F(E), F(dO), F(w[0]), F(w[1]), F(w[2]),
-                           F(w[3]));
+        dg__kda_output_bwd_f32(d, scale, F(QG), F(h), F(Aqk), F(E), F(dO), F(w[0]), F(w[1]),
+                               F(w[2]), F(w[3]));
         dg_tensor *gt[4];
         for (int i = 0; i < 4; i++)
             gt[i] = poisoned(gpu, w[i]);
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, scale, F(QG_d), F(h_d), F(Aqk_d), F(E_d), F(dO_d),
-                                        F(gt[0]), F(gt[1]), F(gt[2]), F(gt[3])),
+        dg_check_ok(dg__kda_output_bwd_cuda(gpu, &dd, scale, F(QG_d), F(h_d), F(Aqk_d), F(E_d),
+                                            F(dO_d), F(gt[0]), F(gt[1]), F(gt[2]), F(gt[3])),
                     "output bwd launch");
         for (int i = 0; i < 4; i++)
             cmp(F_OUTPUT, cn, nm[i], gt[i], w[i]);
@@ -385,15 +387,15 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         dg_tensor *w[6] = {mk(cpu, TT, H, K, 0),  mk(cpu, TT, H, K, 0),  mk(cpu, TT, HV, V, 0),
                            mk(cpu, TT, HV, K, 0), mk(cpu, TT, HV, 0, 0), mk(cpu, N, HV, K, V)};
         static const char *nm[6] = {"dq", "dk", "dv", "dg", "dbeta", "dh0"};
-        DG_TEST_TRY(kda_recurrent_bwd_f32(d, scale, F(q), F(k), F(v), F(g), F(beta), F(h0), F(dO),
-                                          F(uht), F(w[0]), F(w[1]), F(w[2]), F(w[3]), F(w[4]),
-                                          F(w[5])));
+        DG_TEST_TRY(dg__kda_recurrent_bwd_f32(d, scale, F(q), F(k), F(v), F(g), F(beta), F(h0),
+                                              F(dO), F(uht), F(w[0]), F(w[1]), F(w[2]), F(w[3]),
+                                              F(w[4]), F(w[5])));
         dg_tensor *gt[6];
         for (int i = 0; i < 6; i++)
             gt[i] = poisoned(gpu, w[i]);
-        dg_check_ok(kda_recurrent_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(v_d), F(g_d),
-                                           F(beta_d), F(h0_d), F(dO_d), F(uht_d), F(gt[0]),
-                                           F(gt[1]), F(gt[2]), F(gt[3]), F(gt[4]), F(gt[5])),
+        dg_check_ok(dg__kda_recurrent_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(v_d), F(g_d),
+                                               F(beta_d), F(h0_d), F(dO_d), F(uht_d), F(gt[0]),
+                                               F(gt[1]), F(gt[2]), F(gt[3]), F(gt[4]), F(gt[5])),
                     "recurrent bwd launch");
         for (int i = 0; i < 6; i++) {
             char what[64];
@@ -403,9 +405,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         if (var == 0) {
             dg_tensor *g2[4] = {poisoned(gpu, w[0]), poisoned(gpu, w[1]), poisoned(gpu, w[3]),
                                 poisoned(gpu, w[4])};
-            dg_check_ok(kda_recurrent_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(v_d), F(g_d),
-                                               F(beta_d), F(h0_d), F(dO_d), F(uht_d), F(g2[0]),
-                                               F(g2[1]), NULL, F(g2[2]), F(g2[3]), NULL),
+            dg_check_ok(dg__kda_recurrent_bwd_cuda(gpu, &dd, scale, F(q_d), F(k_d), F(v_d), F(g_d),
+                                                   F(beta_d), F(h0_d), F(dO_d), F(uht_d), F(g2[0]),
+                                                   F(g2[1]), NULL, F(g2[2]), F(g2[3]), NULL),
                         "recurrent bwd launch (dv, dh0 NULL)");
             same_bits(cn, "recurrent dq", gt[0], g2[0]);
             same_bits(cn, "recurrent dk", gt[1], g2[1]);
@@ -425,8 +427,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
                         QG_d,   h_d,    E_d,    h0_d,  dy_d,   dbu_d, dGu_d, dAu_d, dTu_d, dWu_d,
                         dUu_d,  dKGu_d, dQGu_d, dhu_d, dEu_d,  dht_d, dO_d};
     free_all(all, NELEM(all));
-    kda_cuda_dims_free(gpu, &dd);
-    kda_cfg_free(&cfg);
+    dg__kda_cuda_dims_free(gpu, &dd);
+    dg__kda_cfg_free(&cfg);
 }
 
 /* ---- timing of the backward stages (printed, not asserted) */
@@ -459,33 +461,34 @@ static dg_status bench_run(dg_ctx *gpu, bench_bufs *z, int s) {
     const kda_cuda_dims *d = z->dd;
     switch (s) {
     case B_L2:
-        DG_TRY(
-            kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh), F(z->dkh)));
-        return kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh), F(z->dkh));
+        DG_TRY(dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh),
+                                       F(z->dkh)));
+        return dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh),
+                                       F(z->dkh));
     case B_BETA:
-        return kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, F(z->b), F(z->uHV), F(z->dHV1));
+        return dg__kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, F(z->b), F(z->uHV), F(z->dHV1));
     case B_GATE:
-        return kda_gate_bwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, F(z->x), F(z->Alog), F(z->dtb),
-                                 F(z->uK), F(z->dK1), F(z->dA), F(z->ddt));
+        return dg__kda_gate_bwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, F(z->x), F(z->Alog), F(z->dtb),
+                                     F(z->uK), F(z->dK1), F(z->dA), F(z->ddt));
     case B_INTRA:
-        return kda_intra_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->beta), F(z->G), F(z->Tm),
-                                  F(z->uBT), F(z->uBT), F(z->dqh), F(z->dkh), F(z->dHV1),
-                                  F(z->dK1), 0);
+        return dg__kda_intra_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->beta), F(z->G),
+                                      F(z->Tm), F(z->uBT), F(z->uBT), F(z->dqh), F(z->dkh),
+                                      F(z->dHV1), F(z->dK1), 0);
     case B_WY:
-        return kda_wy_bwd_cuda(gpu, d, F(z->q), F(z->k), F(z->v), F(z->beta), F(z->G), F(z->Tm),
-                               F(z->uK), F(z->uV), F(z->uK), F(z->uK), F(z->dqh), F(z->dkh),
-                               F(z->dV1), F(z->dHV1), F(z->dK1), F(z->dBT1), 0);
+        return dg__kda_wy_bwd_cuda(gpu, d, F(z->q), F(z->k), F(z->v), F(z->beta), F(z->G), F(z->Tm),
+                                   F(z->uK), F(z->uV), F(z->uK), F(z->uK), F(z->dqh), F(z->dkh),
+                                   F(z->dV1), F(z->dHV1), F(z->dK1), F(z->dBT1), 0);
     case B_STATE:
-        return kda_state_bwd_cuda(gpu, d, F(z->W), F(z->KG), F(z->G), F(z->h), F(z->E), F(z->uH),
-                                  F(z->uV), F(z->uS), F(z->dK1), F(z->dV1), F(z->dK2), F(z->dK3),
-                                  F(z->dS));
+        return dg__kda_state_bwd_cuda(gpu, d, F(z->W), F(z->KG), F(z->G), F(z->h), F(z->E),
+                                      F(z->uH), F(z->uV), F(z->uS), F(z->dK1), F(z->dV1), F(z->dK2),
+                                      F(z->dK3), F(z->dS));
     case B_OUTPUT:
-        return kda_output_bwd_cuda(gpu, d, z->scale, F(z->QG), F(z->h), F(z->Aqk), F(z->E),
-                                   F(z->uV), F(z->dK1), F(z->dh), F(z->dBT1), F(z->dV1));
+        return dg__kda_output_bwd_cuda(gpu, d, z->scale, F(z->QG), F(z->h), F(z->Aqk), F(z->E),
+                                       F(z->uV), F(z->dK1), F(z->dh), F(z->dBT1), F(z->dV1));
     case B_REC:
-        return kda_recurrent_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->v), F(z->g),
-                                      F(z->beta), NULL, F(z->uV), F(z->uS), F(z->dqh), F(z->dkh),
-                                      F(z->dV1), F(z->dK1), F(z->dHV1), F(z->dS));
+        return dg__kda_recurrent_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->v), F(z->g),
+                                          F(z->beta), NULL, F(z->uV), F(z->uS), F(z->dqh),
+                                          F(z->dkh), F(z->dV1), F(z->dK1), F(z->dHV1), F(z->dS));
     default:
         return DG_ERR_ARG;
     }
@@ -497,7 +500,7 @@ static void bench(dg_ctx *gpu) {
     const int64_t TT = B * T, NT = T / BT, NC = B * NT;
     int64_t cu[3] = {0, T, 2 * T}, off[3] = {0, NT, 2 * NT};
     kda_cuda_dims dd;
-    DG_TEST_TRY(kda_cuda_dims_new(gpu, TT, H, HV, K, V, BT, N, cu, off, &dd));
+    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, TT, H, HV, K, V, BT, N, cu, off, &dd));
     bench_bufs z;
     memset(&z, 0, sizeof z);
     z.dd = &dd;
@@ -523,19 +526,19 @@ static void bench(dg_ctx *gpu) {
     z.QG = mk(gpu, TT, HV, K, 0);
     z.h = mk(gpu, NC, HV, K, V);
     z.E = mk(gpu, TT, HV, V, 0);
-    DG_TEST_TRY(kda_l2norm_fwd_cuda(gpu, TT * H, K, F(qraw), F(z.q), F(z.r)));
-    DG_TEST_TRY(kda_l2norm_fwd_cuda(gpu, TT * H, K, F(kraw), F(z.k), NULL));
-    DG_TEST_TRY(kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, F(z.b), F(z.beta)));
+    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(qraw), F(z.q), F(z.r)));
+    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(kraw), F(z.k), NULL));
+    DG_TEST_TRY(dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, F(z.b), F(z.beta)));
     DG_TEST_TRY(
-        kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, F(z.x), F(z.Alog), F(z.dtb), F(z.g)));
+        dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, F(z.x), F(z.Alog), F(z.dtb), F(z.g)));
     DG_TEST_TRY(
-        kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 1, F(z.x), F(z.Alog), F(z.dtb), F(z.G)));
-    DG_TEST_TRY(kda_intra_fwd_cuda(gpu, &dd, z.scale, F(z.q), F(z.k), F(z.beta), F(z.G), F(z.Aqk),
-                                   F(z.Tm)));
-    DG_TEST_TRY(kda_wy_fwd_cuda(gpu, &dd, F(z.q), F(z.k), F(z.v), F(z.beta), F(z.G), F(z.Tm),
-                                F(z.W), F(z.U), F(z.KG), F(z.QG)));
-    DG_TEST_TRY(
-        kda_state_fwd_cuda(gpu, &dd, F(z.W), F(z.U), F(z.KG), F(z.G), NULL, F(z.h), F(z.E), NULL));
+        dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 1, F(z.x), F(z.Alog), F(z.dtb), F(z.G)));
+    DG_TEST_TRY(dg__kda_intra_fwd_cuda(gpu, &dd, z.scale, F(z.q), F(z.k), F(z.beta), F(z.G),
+                                       F(z.Aqk), F(z.Tm)));
+    DG_TEST_TRY(dg__kda_wy_fwd_cuda(gpu, &dd, F(z.q), F(z.k), F(z.v), F(z.beta), F(z.G), F(z.Tm),
+                                    F(z.W), F(z.U), F(z.KG), F(z.QG)));
+    DG_TEST_TRY(dg__kda_state_fwd_cuda(gpu, &dd, F(z.W), F(z.U), F(z.KG), F(z.G), NULL, F(z.h),
+                                       F(z.E), NULL));
     z.uK = mk_rand(gpu, TT, HV, K, 0, 201, -1, 1);
     z.uV = mk_rand(gpu, TT, HV, V, 0, 202, -1, 1);
     z.uHV = mk_rand(gpu, TT, HV, 0, 0, 203, -1, 1);
@@ -589,7 +592,7 @@ static void bench(dg_ctx *gpu) {
                         z.E,    z.uK,  z.uV,  z.uHV,  z.uBT,  z.uH, z.uS,  z.dqh,  z.dkh, z.dK1,
                         z.dK2,  z.dK3, z.dV1, z.dHV1, z.dBT1, z.dA, z.ddt, z.dS,   z.dh};
     free_all(all, NELEM(all));
-    kda_cuda_dims_free(gpu, &dd);
+    dg__kda_cuda_dims_free(gpu, &dd);
 }
 
 int main(int argc, char **argv) {

@@ -101,8 +101,8 @@ static dg_tensor *poisoned_n(dg_ctx *gpu, int64_t n) {
 }
 
 /* Norm-relative check of a device result against the f64 reference; tracks the worst error. */
-static void cmp_floor(int mode, int kern, const char *cname, const char *what,
-                      const dg_tensor *got, const double *want, int64_t n, double floor);
+static void cmp_floor(int mode, int kern, const char *cname, const char *what, const dg_tensor *got,
+                      const double *want, int64_t n, double floor);
 static void cmp(int mode, int kern, const char *cname, const char *what, const dg_tensor *got,
                 const double *want, int64_t n) {
     cmp_floor(mode, kern, cname, what, got, want, n, 0.0);
@@ -121,8 +121,8 @@ static double max_abs(const double *x, int64_t n) {
  * the diagonal terms q dA k - k dA q). */
 static void cmp_host(int mode, int kern, const char *cname, const char *what, double *g,
                      const double *want, int64_t n, double floor);
-static void cmp_floor(int mode, int kern, const char *cname, const char *what,
-                      const dg_tensor *got, const double *want, int64_t n, double floor) {
+static void cmp_floor(int mode, int kern, const char *cname, const char *what, const dg_tensor *got,
+                      const double *want, int64_t n, double floor) {
     double *g = NULL;
     DG_TEST_TRY(dg_tensor_to_f64(got, &g));
     cmp_host(mode, kern, cname, what, g, want, n, floor);
@@ -130,9 +130,8 @@ static void cmp_floor(int mode, int kern, const char *cname, const char *what,
 
 /* The accumulating mode (acc): got started from the device rounding of pre; what the kernel
  * added is got - pre, compared like cmp_floor. */
-static void cmp_added(int mode, int kern, const char *cname, const char *what,
-                      const dg_tensor *got, const dg_tensor *pre, const double *want, int64_t n,
-                      double floor) {
+static void cmp_added(int mode, int kern, const char *cname, const char *what, const dg_tensor *got,
+                      const dg_tensor *pre, const double *want, int64_t n, double floor) {
     double *g = NULL, *p0 = NULL;
     DG_TEST_TRY(dg_tensor_to_f64(got, &g));
     DG_TEST_TRY(dg_tensor_to_f64(pre, &p0));
@@ -189,13 +188,13 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
     dg_kda_opts opts;
     kda_cfg cfg;
     kda_cuda_dims dd;
-    case_tables("test_kda_tc", cpu, gpu, c->B, c->T, c->H, c->HV, c->K, c->V, c->BT, c->nseq, c->lens,
-                DG_F64, cu, &opts, &cfg, &dd);
+    case_tables("test_kda_tc", cpu, gpu, c->B, c->T, c->H, c->HV, c->K, c->V, c->BT, c->nseq,
+                c->lens, DG_F64, cu, &opts, &cfg, &dd);
     const kda_dims *d = &cfg.d;
     const int64_t TT = c->B * c->T, NC = kda_cfg_nc(&cfg);
     const int N = d->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
     const double scale = 1.0 / sqrt((double)K);
-    dg_check(dd.tc == 0, "%s: kda_cuda_dims_new leaves tc = 0", c->name);
+    dg_check(dd.tc == 0, "%s: dg__kda_cuda_dims_new leaves tc = 0", c->name);
     printf("-- case: %s (TT=%lld N=%d NC=%lld H=%d HV=%d K=%d V=%d BT=%d, h0 %s)\n", c->name,
            (long long)TT, N, (long long)NC, H, HV, K, V, BT, c->use_h0 ? "random" : "NULL");
 
@@ -256,13 +255,13 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         free(ruh);
         free(ruE);
         free(ruht);
-        kda_l2norm_fwd_f64(TT * H, K, qraw, q.x, NULL);
-        kda_l2norm_fwd_f64(TT * H, K, kraw, k.x, NULL);
+        dg__kda_l2norm_fwd_f64(TT * H, K, qraw, q.x, NULL);
+        dg__kda_l2norm_fwd_f64(TT * H, K, kraw, k.x, NULL);
         memcpy(v.x, rv, sizeof(double) * (size_t)nv);
         memcpy(beta.x, rb, sizeof(double) * (size_t)nb);
         memcpy(h0.x, r0, sizeof(double) * (size_t)n0);
         memcpy(dO.x, rdo, sizeof(double) * (size_t)nv);
-        kda_gate_fwd_f64(d, DG_GATE_NONE, 0.0, 1, g, NULL, NULL, G.x);
+        dg__kda_gate_fwd_f64(d, DG_GATE_NONE, 0.0, 1, g, NULL, NULL, G.x);
         free(qraw);
         free(kraw);
         free(g);
@@ -272,24 +271,24 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         free(rdo);
     }
     const double *h0x = c->use_h0 ? h0.x : NULL;
-    DG_TEST_TRY(kda_intra_fwd_f64(d, scale, q.x, k.x, beta.x, G.x, Aqk.x, Tm.x));
-    DG_TEST_TRY(kda_wy_fwd_f64(d, q.x, k.x, v.x, beta.x, G.x, Tm.x, W.x, U.x, KG.x, QG.x));
-    DG_TEST_TRY(kda_state_fwd_f64(d, W.x, U.x, KG.x, G.x, h0x, h.x, E.x, ht.x));
-    kda_output_fwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, O.x);
-    kda_output_bwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, dO.x, dQG.x, dh.x, dAqk.x, dE.x);
-    DG_TEST_TRY(kda_state_bwd_f64(d, W.x, KG.x, G.x, h.x, E.x, uh.x, uE.x, uht.x, dW.x, dU.x, dKG.x,
-                                  dG.x, dh0.x));
+    DG_TEST_TRY(dg__kda_intra_fwd_f64(d, scale, q.x, k.x, beta.x, G.x, Aqk.x, Tm.x));
+    DG_TEST_TRY(dg__kda_wy_fwd_f64(d, q.x, k.x, v.x, beta.x, G.x, Tm.x, W.x, U.x, KG.x, QG.x));
+    DG_TEST_TRY(dg__kda_state_fwd_f64(d, W.x, U.x, KG.x, G.x, h0x, h.x, E.x, ht.x));
+    dg__kda_output_fwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, O.x);
+    dg__kda_output_bwd_f64(d, scale, QG.x, h.x, Aqk.x, E.x, dO.x, dQG.x, dh.x, dAqk.x, dE.x);
+    DG_TEST_TRY(dg__kda_state_bwd_f64(d, W.x, KG.x, G.x, h.x, E.x, uh.x, uE.x, uht.x, dW.x, dU.x,
+                                      dKG.x, dG.x, dh0.x));
     for (int u = 0; u < 3; u++) /* 0: both upstream gradients, 1: dAqk only, 2: dTm only */
-        DG_TEST_TRY(kda_intra_bwd_f64(d, scale, q.x, k.x, beta.x, G.x, Tm.x, u == 2 ? NULL : uA.x,
-                                      u == 1 ? NULL : uT.x, iq[u].x, ik[u].x, ib[u].x, iG[u].x));
+        DG_TEST_TRY(dg__kda_intra_bwd_f64(d, scale, q.x, k.x, beta.x, G.x, Tm.x,
+                                          u == 2 ? NULL : uA.x, u == 1 ? NULL : uT.x, iq[u].x,
+                                          ik[u].x, ib[u].x, iG[u].x));
     for (int u = 0; u < 3; u++) /* 0: all four, 1: dW = dKG = NULL, 2: dU = dQG = NULL */
-        DG_TEST_TRY(kda_wy_bwd_f64(d, q.x, k.x, v.x, beta.x, G.x, Tm.x, u == 1 ? NULL : uW.x,
-                                   u == 2 ? NULL : uU.x, u == 1 ? NULL : uKG.x,
-                                   u == 2 ? NULL : uQG.x, wq[u].x, wk[u].x, wv[u].x, wb[u].x,
-                                   wG[u].x, wT[u].x));
-    buf *ins[] = {&q,  &k,  &v,  &beta, &G,  &Tm, &Aqk, &W,  &U,  &KG,
-                  &QG, &h,  &E,  &h0,   &dO, &uh, &uE,  &uht, &uA, &uT,
-                  &uW, &uU, &uKG, &uQG};
+        DG_TEST_TRY(dg__kda_wy_bwd_f64(d, q.x, k.x, v.x, beta.x, G.x, Tm.x, u == 1 ? NULL : uW.x,
+                                       u == 2 ? NULL : uU.x, u == 1 ? NULL : uKG.x,
+                                       u == 2 ? NULL : uQG.x, wq[u].x, wk[u].x, wv[u].x, wb[u].x,
+                                       wG[u].x, wT[u].x));
+    buf *ins[] = {&q, &k,  &v,  &beta, &G,  &Tm,  &Aqk, &W,  &U,  &KG, &QG,  &h,
+                  &E, &h0, &dO, &uh,   &uE, &uht, &uA,  &uT, &uW, &uU, &uKG, &uQG};
     /* The device Aqk carries garbage above the diagonal (the kernels read j <= i only); the
      * host copy, which the intra output is compared with, is restored after the upload. */
     double *aqk_keep = malloc(sizeof(double) * (size_t)na);
@@ -319,8 +318,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         /* intra */
         o1 = poisoned_n(gpu, na);
         o2 = poisoned_n(gpu, na);
-        dg_check_ok(kda_intra_fwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d), F(G.d),
-                                       F(o1), F(o2)),
+        dg_check_ok(dg__kda_intra_fwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
+                                           F(G.d), F(o1), F(o2)),
                     "intra launch");
         cmp(m, 5, c->name, "Aqk", o1, Aqk.x, na);
         cmp(m, 5, c->name, "Tm", o2, Tm.x, na);
@@ -331,8 +330,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o2 = poisoned_n(gpu, nv);
         o3 = poisoned_n(gpu, nk);
         o4 = poisoned_n(gpu, nk);
-        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d), F(Tm.d),
-                                    F(o1), F(o2), F(o3), F(o4)),
+        dg_check_ok(dg__kda_wy_fwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
+                                        F(Tm.d), F(o1), F(o2), F(o3), F(o4)),
                     "wy launch");
         cmp(m, 0, c->name, "W", o1, W.x, nk);
         cmp(m, 0, c->name, "U", o2, U.x, nv);
@@ -340,11 +339,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         cmp(m, 0, c->name, "QG", o4, QG.x, nk);
         DG_TEST_TRY(dg_tensor_fill_(o1, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
-        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, NULL, F(k.d), NULL, F(beta.d), F(G.d), F(Tm.d), F(o1),
-                                    NULL, NULL, NULL),
+        dg_check_ok(dg__kda_wy_fwd_cuda(gpu, &dd, NULL, F(k.d), NULL, F(beta.d), F(G.d), F(Tm.d),
+                                        F(o1), NULL, NULL, NULL),
                     "wy launch (W only)");
-        dg_check_ok(kda_wy_fwd_cuda(gpu, &dd, NULL, NULL, F(v.d), F(beta.d), F(G.d), F(Tm.d), NULL,
-                                    F(o2), NULL, NULL),
+        dg_check_ok(dg__kda_wy_fwd_cuda(gpu, &dd, NULL, NULL, F(v.d), F(beta.d), F(G.d), F(Tm.d),
+                                        NULL, F(o2), NULL, NULL),
                     "wy launch (U only)");
         cmp(m, 0, c->name, "W (alone)", o1, W.x, nk);
         cmp(m, 0, c->name, "U (alone)", o2, U.x, nv);
@@ -357,16 +356,16 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o1 = poisoned_n(gpu, nh);
         o2 = poisoned_n(gpu, nv);
         o3 = poisoned_n(gpu, n0);
-        dg_check_ok(
-            kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1), F(o2), F(o3)),
-            "state launch");
+        dg_check_ok(dg__kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1),
+                                           F(o2), F(o3)),
+                    "state launch");
         cmp(m, 1, c->name, "h", o1, h.x, nh);
         cmp(m, 1, c->name, "E", o2, E.x, nv);
         cmp(m, 1, c->name, "ht", o3, ht.x, n0);
         DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
-        dg_check_ok(
-            kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1), F(o2), NULL),
-            "state launch (no ht)");
+        dg_check_ok(dg__kda_state_fwd_cuda(gpu, &dd, F(W.d), F(U.d), F(KG.d), F(G.d), h0d, F(o1),
+                                           F(o2), NULL),
+                    "state launch (no ht)");
         cmp(m, 1, c->name, "E (no ht)", o2, E.x, nv);
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
@@ -374,9 +373,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
 
         /* output forward */
         o1 = poisoned_n(gpu, nv);
-        dg_check_ok(
-            kda_output_fwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d), F(o1)),
-            "output launch");
+        dg_check_ok(dg__kda_output_fwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
+                                            F(E.d), F(o1)),
+                    "output launch");
         cmp(m, 2, c->name, "O", o1, O.x, nv);
         dg_tensor_free(&o1);
 
@@ -385,8 +384,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o2 = poisoned_n(gpu, nh);
         o3 = poisoned_n(gpu, na);
         o4 = poisoned_n(gpu, nv);
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
-                                        F(dO.d), F(o1), F(o2), F(o3), F(o4)),
+        dg_check_ok(dg__kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
+                                            F(E.d), F(dO.d), F(o1), F(o2), F(o3), F(o4)),
                     "output bwd launch");
         cmp(m, 3, c->name, "dQG", o1, dQG.x, nk);
         cmp(m, 3, c->name, "dh", o2, dh.x, nh);
@@ -394,11 +393,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         cmp(m, 3, c->name, "dE", o4, dE.x, nv);
         DG_TEST_TRY(dg_tensor_fill_(o3, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
-                                        F(dO.d), NULL, NULL, F(o3), NULL),
+        dg_check_ok(dg__kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
+                                            F(E.d), F(dO.d), NULL, NULL, F(o3), NULL),
                     "output bwd launch (dAqk only)");
-        dg_check_ok(kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d), F(E.d),
-                                        F(dO.d), NULL, NULL, NULL, F(o4)),
+        dg_check_ok(dg__kda_output_bwd_cuda(gpu, &dd, (float)scale, F(QG.d), F(h.d), F(Aqk.d),
+                                            F(E.d), F(dO.d), NULL, NULL, NULL, F(o4)),
                     "output bwd launch (dE only)");
         cmp(m, 3, c->name, "dAqk (alone)", o3, dAqk.x, na);
         cmp(m, 3, c->name, "dE (alone)", o4, dE.x, nv);
@@ -415,8 +414,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         o3 = poisoned_n(gpu, nk);
         o4 = poisoned_n(gpu, nk);
         o5 = poisoned_n(gpu, n0);
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
-                                       F(uE.d), F(uht.d), F(o1), F(o2), F(o3), F(o4), F(o5)),
+        dg_check_ok(dg__kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                           F(uh.d), F(uE.d), F(uht.d), F(o1), F(o2), F(o3), F(o4),
+                                           F(o5)),
                     "state bwd launch");
         cmp(m, 4, c->name, "dW", o1, dW.x, nk);
         cmp(m, 4, c->name, "dU", o2, dU.x, nv);
@@ -428,14 +428,17 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         DG_TEST_TRY(dg_tensor_fill_(o3, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o5, NAN));
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
-                                       F(uE.d), F(uht.d), NULL, F(o2), NULL, NULL, F(o5)),
+        dg_check_ok(dg__kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                           F(uh.d), F(uE.d), F(uht.d), NULL, F(o2), NULL, NULL,
+                                           F(o5)),
                     "state bwd launch (dU, dh0)");
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
-                                       F(uE.d), F(uht.d), F(o1), NULL, NULL, NULL, NULL),
+        dg_check_ok(dg__kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                           F(uh.d), F(uE.d), F(uht.d), F(o1), NULL, NULL, NULL,
+                                           NULL),
                     "state bwd launch (dW)");
-        dg_check_ok(kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d), F(uh.d),
-                                       F(uE.d), F(uht.d), NULL, NULL, F(o3), F(o4), NULL),
+        dg_check_ok(dg__kda_state_bwd_cuda(gpu, &dd, F(W.d), F(KG.d), F(G.d), F(h.d), F(E.d),
+                                           F(uh.d), F(uE.d), F(uht.d), NULL, NULL, F(o3), F(o4),
+                                           NULL),
                     "state bwd launch (dKG, dG)");
         cmp(m, 4, c->name, "dU (with dh0 only)", o2, dU.x, nv);
         cmp(m, 4, c->name, "dh0 (with dU only)", o5, dh0.x, n0);
@@ -453,10 +456,10 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
             o2 = poisoned_n(gpu, nqk);
             o3 = poisoned_n(gpu, nb);
             o4 = poisoned_n(gpu, nk);
-            dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
-                                           F(G.d), F(Tm.d), u == 2 ? NULL : F(uA.d),
-                                           u == 1 ? NULL : F(uT.d), F(o1), F(o2), F(o3), F(o4),
-                                           0),
+            dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
+                                               F(G.d), F(Tm.d), u == 2 ? NULL : F(uA.d),
+                                               u == 1 ? NULL : F(uT.d), F(o1), F(o2), F(o3), F(o4),
+                                               0),
                         "intra bwd launch");
             char what[64];
             snprintf(what, sizeof what, "dq%s", itag[u]);
@@ -471,9 +474,9 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                           max_abs(k.x, nqk) * max_abs(ik[u].x, nqk));
             if (u == 0) {
                 DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
-                dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
-                                               F(G.d), F(Tm.d), F(uA.d), F(uT.d), NULL, F(o2),
-                                               NULL, NULL, 0),
+                dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d),
+                                                   F(beta.d), F(G.d), F(Tm.d), F(uA.d), F(uT.d),
+                                                   NULL, F(o2), NULL, NULL, 0),
                             "intra bwd launch (dk only)");
                 cmp(m, 6, c->name, "dk (alone)", o2, ik[0].x, nqk);
                 /* acc: dq, dk, dG added to start values */
@@ -483,9 +486,10 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                 DG_TEST_TRY(dg_tensor_copy_(o1, p1));
                 DG_TEST_TRY(dg_tensor_copy_(o2, p2));
                 DG_TEST_TRY(dg_tensor_copy_(o4, p4));
-                dg_check_ok(kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d), F(beta.d),
-                                               F(G.d), F(Tm.d), F(uA.d), F(uT.d), F(o1), F(o2),
-                                               F(o3), F(o4), KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG),
+                dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &dd, (float)scale, F(q.d), F(k.d),
+                                                   F(beta.d), F(G.d), F(Tm.d), F(uA.d), F(uT.d),
+                                                   F(o1), F(o2), F(o3), F(o4),
+                                                   KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG),
                             "intra bwd launch (acc)");
                 cmp_added(m, 6, c->name, "dq (acc)", o1, p1, iq[0].x, nqk, 0.0);
                 cmp_added(m, 6, c->name, "dk (acc)", o2, p2, ik[0].x, nqk, 0.0);
@@ -511,11 +515,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
             dg_tensor *wo[6];
             for (int i = 0; i < 6; i++)
                 wo[i] = poisoned_n(gpu, wn[i]);
-            dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
-                                        F(Tm.d), u == 1 ? NULL : F(uW.d), u == 2 ? NULL : F(uU.d),
-                                        u == 1 ? NULL : F(uKG.d), u == 2 ? NULL : F(uQG.d),
-                                        F(wo[0]), F(wo[1]), F(wo[2]), F(wo[3]), F(wo[4]),
-                                        F(wo[5]), 0),
+            dg_check_ok(dg__kda_wy_bwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
+                                            F(Tm.d), u == 1 ? NULL : F(uW.d),
+                                            u == 2 ? NULL : F(uU.d), u == 1 ? NULL : F(uKG.d),
+                                            u == 2 ? NULL : F(uQG.d), F(wo[0]), F(wo[1]), F(wo[2]),
+                                            F(wo[3]), F(wo[4]), F(wo[5]), 0),
                         "wy bwd launch");
             for (int i = 0; i < 6; i++) {
                 char what[64];
@@ -531,14 +535,13 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
                 const int ai[3] = {0, 1, 4};
                 dg_tensor *pre[3];
                 for (int a = 0; a < 3; a++) {
-                    pre[a] =
-                        start_values(gpu, wn[ai[a]], seed + 31 + (uint64_t)a, want[ai[a]]->x);
+                    pre[a] = start_values(gpu, wn[ai[a]], seed + 31 + (uint64_t)a, want[ai[a]]->x);
                     DG_TEST_TRY(dg_tensor_copy_(wo[ai[a]], pre[a]));
                 }
-                dg_check_ok(kda_wy_bwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
-                                            F(Tm.d), F(uW.d), F(uU.d), F(uKG.d), F(uQG.d),
-                                            F(wo[0]), F(wo[1]), F(wo[2]), F(wo[3]), F(wo[4]),
-                                            F(wo[5]), KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG),
+                dg_check_ok(dg__kda_wy_bwd_cuda(gpu, &dd, F(q.d), F(k.d), F(v.d), F(beta.d), F(G.d),
+                                                F(Tm.d), F(uW.d), F(uU.d), F(uKG.d), F(uQG.d),
+                                                F(wo[0]), F(wo[1]), F(wo[2]), F(wo[3]), F(wo[4]),
+                                                F(wo[5]), KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG),
                             "wy bwd launch (acc)");
                 for (int a = 0; a < 3; a++) {
                     char what[64];
@@ -579,8 +582,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const tc_case *c, uint64_t seed) 
         free_buf(&ib[u]);
         free_buf(&iG[u]);
     }
-    kda_cuda_dims_free(gpu, &dd);
-    kda_cfg_free(&cfg);
+    dg__kda_cuda_dims_free(gpu, &dd);
+    dg__kda_cfg_free(&cfg);
 }
 
 /* The ops-layer rule: tc follows bf16 activations (and opts.tensor_cores), stays 0 for f32, and
@@ -594,33 +597,33 @@ static void test_rule(dg_ctx *gpu) {
     for (int i = 0; i < 3; i++) {
         opts.tensor_cores = modes[i];
         kda_cfg c;
-        DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &c));
+        DG_TEST_TRY(dg__kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &c));
         dg_check(c.tc == want[i], "bf16 entry point, tensor_cores %d: tc = %d (want %d)",
                  (int)modes[i], c.tc, want[i]);
-        kda_cfg_free(&c);
+        dg__kda_cfg_free(&c);
     }
     opts.tensor_cores = (dg_kda_tc)7;
     {
         kda_cfg c;
-        dg_check_err(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &c),
+        dg_check_err(dg__kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &c),
                      DG_ERR_ARG, "tensor_cores", "tensor_cores out of range");
     }
     opts.tensor_cores = DG_KDA_TC_DEFAULT;
     kda_cfg cb, cf, cs;
-    DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &cb));
-    DG_TEST_TRY(kda_cfg_dev("test_kda_tc", gpu, &cb, NULL));
-    DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_F32, &cf));
-    DG_TEST_TRY(kda_cfg_dev("test_kda_tc", gpu, &cf, NULL));
+    DG_TEST_TRY(dg__kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_BF16, &cb));
+    DG_TEST_TRY(dg__kda_cfg_dev("test_kda_tc", gpu, &cb, NULL));
+    DG_TEST_TRY(dg__kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_F32, &cf));
+    DG_TEST_TRY(dg__kda_cfg_dev("test_kda_tc", gpu, &cf, NULL));
     /* an f32 stage (like state, fed f32 intermediates) sharing the bf16 composite's tables */
-    DG_TEST_TRY(kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_F32, &cs));
-    DG_TEST_TRY(kda_cfg_dev("test_kda_tc", gpu, &cs, cb.dev));
+    DG_TEST_TRY(dg__kda_cfg_init("test_kda_tc", gpu, &opts, 2, 70, 2, 2, 64, 64, DG_F32, &cs));
+    DG_TEST_TRY(dg__kda_cfg_dev("test_kda_tc", gpu, &cs, cb.dev));
     dg_check(cb.cd.tc == 1, "bf16 entry point: tc = %d (want 1)", cb.cd.tc);
     dg_check(cf.cd.tc == 0, "f32 entry point: tc = %d (want 0)", cf.cd.tc);
     dg_check(cs.cd.tc == cb.cd.tc, "f32 stage sharing a bf16 composite's tables: tc = %d (want %d)",
              cs.cd.tc, cb.cd.tc);
-    kda_cfg_free(&cs);
-    kda_cfg_free(&cf);
-    kda_cfg_free(&cb);
+    dg__kda_cfg_free(&cs);
+    dg__kda_cfg_free(&cf);
+    dg__kda_cfg_free(&cb);
 }
 
 int main(int argc, char **argv) {
@@ -646,8 +649,19 @@ int main(int argc, char **argv) {
         {"B=2 T=70 BT=32 gates -45..-35/step", 2, 70, 2, 2, 64, 64, 32, 0, {0}, 1, -45, -35},
         /* blocks on both sides of the intra kernels' middle-row limit (MID_SPAN = 40): some
          * blocks / key tiles factorised, others exact, within one chunk */
-        {"B=2 T=90 BT=64 K=V=128 gates -7..-0.01/step (mixed)", 2, 90, 2, 2, 128, 128, 64, 0,
-         {0}, 1, -7, -0.01},
+        {"B=2 T=90 BT=64 K=V=128 gates -7..-0.01/step (mixed)",
+         2,
+         90,
+         2,
+         2,
+         128,
+         128,
+         64,
+         0,
+         {0},
+         1,
+         -7,
+         -0.01},
         {"varlen 1/64/20 BT=64 GVA gates -45..-35/step",
          1,
          85,

@@ -3,7 +3,7 @@
  *   forward:   beta = c sigmoid(b)
  *   backward:  db = dbeta c s (1 - s),  s = sigmoid(b)
  * One thread per element (n elements, grid-stride); one f32 FFMA variant: the tc mode does not
- * apply. Entry points (kda_cuda.h): kda_beta_fwd_cuda, kda_beta_bwd_cuda.
+ * apply. Entry points (kda_cuda.h): dg__kda_beta_fwd_cuda, dg__kda_beta_bwd_cuda.
  */
 #include "common.cuh"
 
@@ -30,10 +30,10 @@ __global__ void beta_bwd_kernel(int64_t n, float c, const float *b, const float 
 
 // ---- launchers
 
-extern "C" dg_status kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
+extern "C" dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
                                        float *beta) {
     if (!ctx || !b || !beta || n < 0)
-        return dg__err(DG_ERR_ARG, "kda_beta_fwd_cuda: bad arguments (n=%lld)", (long long)n);
+        return dg__err(DG_ERR_ARG, "dg__kda_beta_fwd_cuda: bad arguments (n=%lld)", (long long)n);
     if (n == 0)
         return DG_OK;
     kda_beta_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(n, c, b,
@@ -42,7 +42,7 @@ extern "C" dg_status kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const fl
     return DG_OK;
 }
 
-extern "C" dg_status kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
+extern "C" dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
                                        const float *dbeta, float *db) {
     if (n <= 0 || !db)
         return DG_OK;

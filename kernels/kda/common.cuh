@@ -11,7 +11,7 @@
  *   - the dims as kernel arguments (kdab::Dims), a scratch buffer from the context's caching
  *     allocator, the shared-memory opt-in, the 16 x 16-thread chunk-square tile product;
  *   - kda_sum_parts (common.cu), the deterministic reduction the backward stages end with, and
- *     kda_rows_stateT (state.cu), the one product two stages share.
+ *     dg__kda_rows_stateT (state.cu), the one product two stages share.
  *
  * Thread layout shared by the tiled backward kernels (NTH = 256 threads = 8 warps): lane = one
  * column of a 32-wide column tile (key dim e or value dim v), warp w = the rows w, w + 8, w + 16,
@@ -61,7 +61,7 @@ __device__ __forceinline__ float kda_dsoftplus(float x) {
 /* Arguments every forward launcher checks first. */
 static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cuda_dims *d) {
     if (!ctx || !d || !d->buf)
-        return dg__err(DG_ERR_ARG, "%s: ctx and a dims built by kda_cuda_dims_new are required",
+        return dg__err(DG_ERR_ARG, "%s: ctx and a dims built by dg__kda_cuda_dims_new are required",
                        fn);
     return DG_OK;
 }
@@ -205,7 +205,7 @@ dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, 
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
  * [NC,HV,K,V], C [TT,HV,K]. The output backward's dQG = s dO h^T (output.cu). Needs NC > 0 and
  * d checked by kdab::check_dims. */
-dg_status kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
                           const float *S, float *C);
 
 #endif /* DG_KDA_COMMON_CUH */

@@ -1,6 +1,6 @@
 /*
  * kernels/kda/dims.cu -- the device copy of the KDA sequence/chunk tables (spec §8) that every
- * chunked stage reads. Entry points (kda_cuda.h): kda_cuda_dims_new, kda_cuda_dims_free.
+ * chunked stage reads. Entry points (kda_cuda.h): dg__kda_cuda_dims_new, dg__kda_cuda_dims_free.
  *
  * One device allocation holds, in this order (int64 first so every array stays aligned):
  *   cu [N+1], chunk_off [N+1], chunk_t0 [NC]   (int64)
@@ -12,10 +12,10 @@
 
 #include <string.h>
 
-extern "C" dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V,
+extern "C" dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V,
                                        int BT, int N, const int64_t *cu_host,
                                        const int64_t *chunk_off_host, kda_cuda_dims *out) {
-    static const char *op = "kda_cuda_dims_new";
+    static const char *op = "dg__kda_cuda_dims_new";
     if (!out)
         return dg__err(DG_ERR_ARG, "%s: out is NULL", op);
     memset(out, 0, sizeof *out);
@@ -99,7 +99,7 @@ extern "C" dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, i
     return DG_OK;
 }
 
-extern "C" void kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d) {
+extern "C" void dg__kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d) {
     if (!d)
         return;
     if (ctx && d->buf && d->buf_bytes)

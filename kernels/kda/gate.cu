@@ -9,7 +9,7 @@
  *              partials into scratch, then two reduction kernels sum them in a fixed order.
  * One thread per (chunk, key column) walks its chunk's tokens in order (backward: in reverse),
  * as the CPU does. One f32 FFMA variant: the tc mode does not apply.
- * Entry points (kda_cuda.h): kda_gate_fwd_cuda, kda_gate_bwd_cuda.
+ * Entry points (kda_cuda.h): dg__kda_gate_fwd_cuda, dg__kda_gate_bwd_cuda.
  */
 #include "common.cuh"
 
@@ -163,7 +163,7 @@ __global__ void gate_dA_reduce_kernel(int64_t NC, int HV, int K, const float *pA
 
 // ---- launchers
 
-extern "C" dg_status kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
+extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
                                        float lb, int cumsum, const float *x, const float *A_log,
                                        const float *dt_bias, float *G) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
@@ -188,11 +188,11 @@ extern "C" dg_status kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_g
     return DG_OK;
 }
 
-extern "C" dg_status kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
+extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
                                        float lb, int cumsum, const float *x, const float *A_log,
                                        const float *dt_bias, const float *dG, float *dx,
                                        float *dA_log, float *ddt_bias) {
-    DG_TRY(check_dims("kda_gate_bwd_cuda", d));
+    DG_TRY(check_dims("dg__kda_gate_bwd_cuda", d));
     cudaStream_t s = dg__stream(ctx);
     const int row = d->HV * d->K;
     const int gated = kind != DG_GATE_NONE;

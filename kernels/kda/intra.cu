@@ -1,6 +1,6 @@
 /*
  * kernels/kda/intra.cu -- N4, the intra-chunk matrices (spec §5.1, §5.2 forward; §6.3 last line,
- * §6.4 backward); CPU twins: kda_intra_fwd_f32 / kda_intra_bwd_f32 in ops/kda/intra.c.
+ * §6.4 backward); CPU twins: dg__kda_intra_fwd_f32 / dg__kda_intra_bwd_f32 in ops/kda/intra.c.
  *
  * Forward, per chunk and value head:
  *   Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i),  Aqk = s Araw
@@ -44,7 +44,7 @@
  * Shared memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main
  * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma
  * (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT = 64).
- * Entry points (kda_cuda.h): kda_intra_fwd_cuda, kda_intra_bwd_cuda.
+ * Entry points (kda_cuda.h): dg__kda_intra_fwd_cuda, dg__kda_intra_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -996,7 +996,7 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
 
 // ---- launchers
 
-/* The tensor-core forward (d->tc != 0), called by kda_intra_fwd_cuda after its checks. */
+/* The tensor-core forward (d->tc != 0), called by dg__kda_intra_fwd_cuda after its checks. */
 static dg_status intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
                               const float *k, const float *beta, const float *G, float *Aqk,
                               float *Tm) {
@@ -1014,7 +1014,7 @@ static dg_status intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, 
     return DG_OK;
 }
 
-extern "C" dg_status kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+extern "C" dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                         const float *q, const float *k, const float *beta,
                                         const float *G, float *Aqk, float *Tm) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
@@ -1100,12 +1100,12 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
     return DG_OK;
 }
 
-extern "C" dg_status kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+extern "C" dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                         const float *q, const float *k, const float *beta,
                                         const float *G, const float *Tm, const float *dAqk,
                                         const float *dTm, float *dq, float *dk, float *dbeta,
                                         float *dG, unsigned acc) {
-    DG_TRY(check_dims("kda_intra_bwd_cuda", d));
+    DG_TRY(check_dims("dg__kda_intra_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
     switch (d->BT) {

@@ -8,7 +8,7 @@
  *   - the sequence/chunk tables live on the device in a kda_cuda_dims (built once per call);
  *   - each function takes the dg_ctx whose stream it runs on and returns a dg_status (launch and
  *     runtime errors are checked; nothing is synchronised unless stated).
- * Tensor cores (kda_cuda_dims.tc): 0 (what kda_cuda_dims_new sets) keeps every product in plain
+ * Tensor cores (kda_cuda_dims.tc): 0 (what dg__kda_cuda_dims_new sets) keeps every product in plain
  * f32 FFMA, which is what the f32 tests pin to the CPU f32 reference within 1e-5. 1 lets the
  * stage matmuls of the kernels listed below run on tensor cores as WMMA m16n16k8 TF32 products
  * with f32 accumulators (operands rounded to TF32, 10 stored mantissa bits: <= 2^-11 relative per
@@ -20,12 +20,12 @@
  * through the shared tables. dg_kda_opts.tensor_cores chooses the mode of those bf16 calls:
  * DG_KDA_TC_OFF turns the tensor-core path off (the f32 FFMA kernels run), DG_KDA_TC_3XTF32
  * selects 3xTF32, DG_KDA_TC_DEFAULT (0) TF32. Kernels with a tensor-core variant (each in the
- * file of its stage, next to its FFMA kernels): kda_output_fwd_cuda, kda_state_fwd_cuda,
- * kda_wy_fwd_cuda (W and U), kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and Lkk,
- * factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the
- * solve stay f32 FFMA), kda_output_bwd_cuda, kda_state_bwd_cuda, kda_intra_bwd_cuda (tc = 1
- * and 2: mma.sync 3xTF32, as the sums of its gradients feed dA_log's long sums, where TF32
- * rounding showed); every other function ignores tc.
+ * file of its stage, next to its FFMA kernels): dg__kda_output_fwd_cuda, dg__kda_state_fwd_cuda,
+ * dg__kda_wy_fwd_cuda (W and U), dg__kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and
+ * Lkk, factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the
+ * solve stay f32 FFMA), dg__kda_output_bwd_cuda, dg__kda_state_bwd_cuda,
+ * dg__kda_intra_bwd_cuda (tc = 1 and 2: mma.sync 3xTF32, as the sums of its gradients feed
+ * dA_log's long sums, where TF32 rounding showed); every other function ignores tc.
  * With tc == 1 and sizes that allow it (K, V multiples of 16 / 4, 16-byte aligned arrays), the
  * state pass (forward and backward), the output forward and the dO h^T-shaped backward products
  * run as mma.sync m16n8k8 TF32 with cp.async staging instead (state.cu, output.cu, mma.cuh);
@@ -71,89 +71,91 @@ typedef struct kda_cuda_dims {
 /* ---- the chunk tables (dims.cu) ---- */
 /* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. out->tc = 0
  * (the caller may set it afterwards). */
-dg_status kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V, int BT, int N,
-                            const int64_t *cu_host, const int64_t *chunk_off_host,
-                            kda_cuda_dims *out);
-void kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d);
+dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V, int BT, int N,
+                                const int64_t *cu_host, const int64_t *chunk_off_host,
+                                kda_cuda_dims *out);
+void dg__kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d);
 
 /* ---- N1 l2norm (l2norm.cu) ---- */
-dg_status kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x, float *y, float *r);
-dg_status kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y, const float *r,
-                              const float *dy, float *dx);
+dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x, float *y,
+                                  float *r);
+dg_status dg__kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y, const float *r,
+                                  const float *dy, float *dx);
 
 /* ---- N2 beta (beta.cu) ---- */
-dg_status kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, float *beta);
-dg_status kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, const float *dbeta,
-                            float *db);
+dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, float *beta);
+dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, const float *dbeta,
+                                float *db);
 
 /* ---- N3 gate and chunk-local cumsum (gate.cu) ---- */
-dg_status kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
-                            int cumsum, const float *x, const float *A_log, const float *dt_bias,
-                            float *G);
-dg_status kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
-                            int cumsum, const float *x, const float *A_log, const float *dt_bias,
-                            const float *dG, float *dx, float *dA_log, float *ddt_bias);
+dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
+                                int cumsum, const float *x, const float *A_log,
+                                const float *dt_bias, float *G);
+dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
+                                int cumsum, const float *x, const float *A_log,
+                                const float *dt_bias, const float *dG, float *dx, float *dA_log,
+                                float *ddt_bias);
 
-/* acc of kda_intra_bwd_cuda and kda_wy_bwd_cuda (no CPU twin: a CUDA-only saving): the flagged
- * gradients are ADDED to what their arrays hold instead of overwriting them, so a tape node can
- * accumulate into a gradient slot in place of a separate f32 axpy. 0 keeps the rule above. */
+/* acc of dg__kda_intra_bwd_cuda and dg__kda_wy_bwd_cuda (no CPU twin: a CUDA-only saving): the
+ * flagged gradients are ADDED to what their arrays hold instead of overwriting them, so a tape node
+ * can accumulate into a gradient slot in place of a separate f32 axpy. 0 keeps the rule above. */
 enum { KDA_ACC_DQ = 1, KDA_ACC_DK = 2, KDA_ACC_DG = 4 };
 
 /* ---- N4 intra (intra.cu) ---- */
-dg_status kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                             const float *k, const float *beta, const float *G, float *Aqk,
-                             float *Tm);
-dg_status kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                             const float *k, const float *beta, const float *G, const float *Tm,
-                             const float *dAqk, const float *dTm, float *dq, float *dk,
-                             float *dbeta, float *dG, unsigned acc);
+dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                                 const float *k, const float *beta, const float *G, float *Aqk,
+                                 float *Tm);
+dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                                 const float *k, const float *beta, const float *G, const float *Tm,
+                                 const float *dAqk, const float *dTm, float *dq, float *dk,
+                                 float *dbeta, float *dG, unsigned acc);
 
 /* ---- N5 wy (wy.cu) ---- */
-dg_status kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                          const float *v, const float *beta, const float *G, const float *Tm,
-                          float *W, float *U, float *KG, float *QG);
-dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                          const float *v, const float *beta, const float *G, const float *Tm,
-                          const float *dW, const float *dU, const float *dKG, const float *dQG,
-                          float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
-                          unsigned acc);
+dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+                              const float *v, const float *beta, const float *G, const float *Tm,
+                              float *W, float *U, float *KG, float *QG);
+dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+                              const float *v, const float *beta, const float *G, const float *Tm,
+                              const float *dW, const float *dU, const float *dKG, const float *dQG,
+                              float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                              unsigned acc);
 
 /* ---- N6 state, and the KCP summaries built on its pass (state.cu) ---- */
-dg_status kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
-                             const float *KG, const float *G, const float *h0, float *h, float *E,
-                             float *ht);
-dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *KG,
-                             const float *G, const float *h, const float *E, const float *dh,
-                             const float *dE, const float *dht, float *dW, float *dU, float *dKG,
-                             float *dG, float *dh0);
+dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                                 const float *U, const float *KG, const float *G, const float *h0,
+                                 float *h, float *E, float *ht);
+dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+                                 const float *KG, const float *G, const float *h, const float *E,
+                                 const float *dh, const float *dE, const float *dht, float *dW,
+                                 float *dU, float *dKG, float *dG, float *dh0);
 /* KCP summaries of sequence `seq` alone (ops/kda/kcp.c), as two state passes on the tensor-core
  * path: Sh [HV,K,V] = the pass from S0 (NULL: zero) with input X0 (and Sup, backward) and SM
  * [HV,K,K] = the same pass over K columns from the identity with no input, i.e. the product of
  * the chunk transitions (forward: A1 = W, X0 = U, A2 = KG; backward, bwd = 1: A1 = KG, X0 = dE,
  * A2 = W, Sup = dh, and SM is the transposed product). DG_ERR_UNSUPPORTED unless
- * kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). */
-int kda_state_summary_fits(const kda_cuda_dims *d);
-dg_status kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
-                                 const float *A1, const float *X0, const float *A2,
-                                 const float *G, const float *Sup, const float *S0, float *Sh,
-                                 float *SM);
+ * dg__kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). */
+int dg__kda_state_summary_fits(const kda_cuda_dims *d);
+dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
+                                     const float *A1, const float *X0, const float *A2,
+                                     const float *G, const float *Sup, const float *S0, float *Sh,
+                                     float *SM);
 
 /* ---- N7 output (output.cu) ---- */
-dg_status kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
-                              const float *h, const float *Aqk, const float *E, float *O);
-dg_status kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
-                              const float *h, const float *Aqk, const float *E, const float *dO,
-                              float *dQG, float *dh, float *dAqk, float *dE);
+dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                                  const float *h, const float *Aqk, const float *E, float *O);
+dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                                  const float *h, const float *Aqk, const float *E, const float *dO,
+                                  float *dQG, float *dh, float *dAqk, float *dE);
 
 /* ---- the token recurrence (recurrent.cu) ---- */
-dg_status kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                                 const float *k, const float *v, const float *g,
-                                 const float *beta, const float *h0, float *o, float *ht);
-dg_status kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                                 const float *k, const float *v, const float *g,
-                                 const float *beta, const float *h0, const float *dO,
-                                 const float *dht, float *dq, float *dk, float *dv, float *dg,
-                                 float *dbeta, float *dh0);
+dg_status dg__kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                     const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, const float *h0, float *o, float *ht);
+dg_status dg__kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                     const float *q, const float *k, const float *v, const float *g,
+                                     const float *beta, const float *h0, const float *dO,
+                                     const float *dht, float *dq, float *dk, float *dv, float *dg,
+                                     float *dbeta, float *dh0);
 
 #ifdef __cplusplus
 }

@@ -5,7 +5,7 @@
  *   backward:  dx = r (dy - (dy . y) y)
  * One warp per row in both directions; the sums over K are butterfly warp sums (every lane gets
  * the same total). One f32 FFMA variant: the tc mode does not apply.
- * Entry points (kda_cuda.h): kda_l2norm_fwd_cuda, kda_l2norm_bwd_cuda.
+ * Entry points (kda_cuda.h): dg__kda_l2norm_fwd_cuda, dg__kda_l2norm_bwd_cuda.
  */
 #include "common.cuh"
 
@@ -55,10 +55,10 @@ __global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const flo
 
 // ---- launchers
 
-extern "C" dg_status kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x,
+extern "C" dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x,
                                          float *y, float *r) {
     if (!ctx || !x || !y || K < 1 || rows < 0)
-        return dg__err(DG_ERR_ARG, "kda_l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
+        return dg__err(DG_ERR_ARG, "dg__kda_l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
                        (long long)rows, K);
     if (rows == 0)
         return DG_OK;
@@ -69,10 +69,10 @@ extern "C" dg_status kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const
     return DG_OK;
 }
 
-extern "C" dg_status kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
+extern "C" dg_status dg__kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
                                          const float *r, const float *dy, float *dx) {
     if (rows < 0 || K < 1)
-        return dg__err(DG_ERR_SHAPE, "kda_l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
+        return dg__err(DG_ERR_SHAPE, "dg__kda_l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
     if (rows == 0 || !dx)
         return DG_OK;
     const int rows_per_block = NTH / 32;

@@ -1,11 +1,12 @@
 /*
  * kernels/kda/output.cu -- N7, the output (spec §5.4 forward; §6.1, §10 N7 backward); CPU twins:
- * kda_output_fwd_f32 / kda_output_bwd_f32 in ops/kda/output.c.
+ * dg__kda_output_fwd_f32 / dg__kda_output_bwd_f32 in ops/kda/output.c.
  *   forward:   O_c = s QG_c h_c + Aqk_c E_c   (Aqk read for j <= i only)
  *   backward:  dQG = s dO h^T,  dh_c = s QG^T dO,  dAqk = tril(dO E^T) (j <= i),  dE = Aqk^T dO
  * Layouts: QG [TT,HV,K]; E, O, dO [TT,HV,V]; Aqk [TT,HV,BT]; h [NC,HV,K,V]. Chunk-parallel in
  * both directions; the backward runs one kernel per product, each writing every element (rows
- * < L of the token arrays, all of dh_c). dQG is state.cu's rows_stateT product (kda_rows_stateT).
+ * < L of the token arrays, all of dh_c). dQG is state.cu's rows_stateT product
+ * (dg__kda_rows_stateT).
  *
  * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
  *   tc == 0, f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
@@ -16,7 +17,7 @@
  *   tc != 0 otherwise: WMMA TF32 (tc == 1) or 3xTF32 (tc == 2): output_fwd_tc_kernel; backward
  *     out_dh_tc_kernel, out_da_tc_kernel, out_de_tc_kernel (transposed operands are row-major
  *     shared tiles read as col_major; static shared memory at most 2 x 64 x 72 floats, 36 KB).
- * Entry points (kda_cuda.h): kda_output_fwd_cuda, kda_output_bwd_cuda.
+ * Entry points (kda_cuda.h): dg__kda_output_fwd_cuda, dg__kda_output_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -506,7 +507,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 // ---- launchers
 
-/* The tensor-core forward (d->tc != 0), called by kda_output_fwd_cuda after its checks. */
+/* The tensor-core forward (d->tc != 0), called by dg__kda_output_fwd_cuda after its checks. */
 static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
                                const float *h, const float *Aqk, const float *E, float *O) {
     if (d->NC == 0)
@@ -529,7 +530,7 @@ static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     return DG_OK;
 }
 
-extern "C" dg_status kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                          const float *QG, const float *h, const float *Aqk,
                                          const float *E, float *O) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
@@ -555,7 +556,7 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
     const dim3 g2((unsigned)d.NC, d.HV);
     if (dQG)
-        DG_TRY(kda_rows_stateT(ctx, dd, scale, dO, h, dQG));
+        DG_TRY(dg__kda_rows_stateT(ctx, dd, scale, dO, h, dQG));
     if (dh) {
         out_dh_kernel<BT>
             <<<dim3((unsigned)d.NC, d.HV, nkt * nvt), NTH, 0, s>>>(d, scale, QG, dO, dh);
@@ -572,7 +573,8 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
     return DG_OK;
 }
 
-/* The tensor-core backward, called by kda_output_bwd_cuda when d->tc != 0, dO != NULL, NC > 0. */
+/* The tensor-core backward, called by dg__kda_output_bwd_cuda when d->tc != 0, dO != NULL and
+ * NC > 0. */
 static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                const float *QG, const float *h, const float *Aqk, const float *E,
                                const float *dO, float *dQG, float *dh, float *dAqk, float *dE) {
@@ -585,7 +587,7 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                      aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
                      (!dE || aligned16(dE));
     if (dQG)
-        DG_TRY(kda_rows_stateT(ctx, d, scale, dO, h, dQG));
+        DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
     KDA_DISPATCH_BT(d->BT, {
         if (dh) {
             if (mma)
@@ -624,11 +626,11 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     return DG_OK;
 }
 
-extern "C" dg_status kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                          const float *QG, const float *h, const float *Aqk,
                                          const float *E, const float *dO, float *dQG, float *dh,
                                          float *dAqk, float *dE) {
-    DG_TRY(check_dims("kda_output_bwd_cuda", d));
+    DG_TRY(check_dims("dg__kda_output_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
     if (!dO) { /* no upstream gradient: every output is zero */

@@ -1,8 +1,8 @@
 /*
  * kernels/kda/recurrent.cu -- the token-by-token KDA recurrence (spec §2), forward and backward
  * through time: the ground truth the chunked stages must reproduce on the GPU. CPU twins:
- * kda_recurrent_fwd_f32 / kda_recurrent_bwd_f32 in ops/kda/recurrent.c (states recomputed from
- * checkpoints in the backward, like here).
+ * dg__kda_recurrent_fwd_f32 / dg__kda_recurrent_bwd_f32 in ops/kda/recurrent.c (states recomputed
+ * from checkpoints in the backward, like here).
  *
  * Forward, per sequence and value head, S_{-1} = h0 (or 0):
  *   S'_t = Diag(exp(g_t)) S_{t-1};  e_t = beta_t (v_t - S'_t^T k_t);  S_t = S'_t + k_t e_t^T;
@@ -28,7 +28,7 @@
  * States: a first forward pass stores a checkpoint every REC_SEG tokens (scratch, one per
  * segment); then, segment by segment from the last, the segment's states are recomputed into a
  * per-block scratch of REC_SEG x K x 32 floats and walked backwards.
- * Entry points (kda_cuda.h): kda_recurrent_fwd_cuda, kda_recurrent_bwd_cuda.
+ * Entry points (kda_cuda.h): dg__kda_recurrent_fwd_cuda, dg__kda_recurrent_bwd_cuda.
  */
 #include "common.cuh"
 
@@ -340,7 +340,7 @@ __global__ void __launch_bounds__(NTH)
 
 // ---- launchers
 
-extern "C" dg_status kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+extern "C" dg_status dg__kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                             const float *q, const float *k, const float *v,
                                             const float *g, const float *beta, const float *h0,
                                             float *o, float *ht) {
@@ -381,15 +381,15 @@ static dg_status rec_launch(dg_ctx *ctx, const Dims &d, int nvt, float scale, co
     return DG_OK;
 }
 
-extern "C" dg_status kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
+extern "C" dg_status dg__kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
                                             const float *q, const float *k, const float *v,
                                             const float *g, const float *beta, const float *h0,
                                             const float *dO, const float *dht, float *dq, float *dk,
                                             float *dv, float *dg, float *dbeta, float *dh0) {
-    DG_TRY(check_dims("kda_recurrent_bwd_cuda", dd));
+    DG_TRY(check_dims("dg__kda_recurrent_bwd_cuda", dd));
     if (dd->K > 8 * 32)
-        return dg__err(DG_ERR_UNSUPPORTED, "kda_recurrent_bwd_cuda: K=%d > 256 is not supported",
-                       dd->K);
+        return dg__err(DG_ERR_UNSUPPORTED,
+                       "dg__kda_recurrent_bwd_cuda: K=%d > 256 is not supported", dd->K);
     if (dd->N == 0)
         return DG_OK;
     const Dims d = make_dims(dd);

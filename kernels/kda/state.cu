@@ -1,7 +1,7 @@
 /*
  * kernels/kda/state.cu -- N6, the inter-chunk state pass (spec §5.3 forward; §6.2, §10 N6
- * backward) and the KCP summaries built on it (ops/kda/kcp.c); CPU twins: kda_state_fwd_f32 /
- * kda_state_bwd_f32 in ops/kda/state.c.
+ * backward) and the KCP summaries built on it (ops/kda/kcp.c); CPU twins: dg__kda_state_fwd_f32 /
+ * dg__kda_state_bwd_f32 in ops/kda/state.c.
  *
  * Forward, per sequence and value head, for each chunk c in order (lambda_c = G of the chunk's
  * last token): h_c stored (the state at chunk START), E_c = U_c - W_c h_c,
@@ -44,11 +44,11 @@
  *     memory). With tc != 0 the backward's chunk-parallel products are rows_stateT_mma_kernel
  *     (tc == 1 where the sizes allow) or rows_stateT_tc_kernel, and dG is state_dg_tc_kernel.
  * The product C = s A S_c^T of rows_stateT (the FFMA and tensor-core kernels) also gives the
- * output backward its dQG = s dO h^T (kda_rows_stateT, declared in common.cuh).
- * KCP summaries (kda_state_summary_cuda): the same serial pass on state_mma_kernel, over one
+ * output backward its dQG = s dO h^T (dg__kda_rows_stateT, declared in common.cuh).
+ * KCP summaries (dg__kda_state_summary_cuda): the same serial pass on state_mma_kernel, over one
  * sequence, from S0 with the input and from the identity without it.
- * Entry points (kda_cuda.h): kda_state_fwd_cuda, kda_state_bwd_cuda, kda_state_summary_fits,
- * kda_state_summary_cuda; for output.cu: kda_rows_stateT.
+ * Entry points (kda_cuda.h): dg__kda_state_fwd_cuda, dg__kda_state_bwd_cuda,
+ * dg__kda_state_summary_fits, dg__kda_state_summary_cuda; for output.cu: dg__kda_rows_stateT.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(TC_THREADS)
  *     free of bank conflicts).
  * Needs K % 16 == 0, K <= 256, V even and 16-byte aligned arrays (state_mma_fits); other sizes
  * keep the staged kernel. The same kernel computes the KCP summaries of one sequence
- * (kda_state_summary_cuda).
+ * (dg__kda_state_summary_cuda).
  * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
  * or 64; the launcher picks it from the grid size). Dynamic shared memory (floats):
  *   A1s [BT][K + 4], A2s [BT][K + 8], Ss [max(K, BT)][VT + 8] (also Xs), Gs [K]. */
@@ -988,7 +988,7 @@ static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const floa
     return DG_OK;
 }
 
-/* The tensor-core forward (d->tc != 0), called by kda_state_fwd_cuda after its checks. */
+/* The tensor-core forward (d->tc != 0), called by dg__kda_state_fwd_cuda after its checks. */
 static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
                               const float *KG, const float *G, const float *h0, float *h,
                               float *E, float *ht) {
@@ -997,7 +997,7 @@ static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *
     return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
 }
 
-extern "C" dg_status kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
                                         const float *U, const float *KG, const float *G,
                                         const float *h0, float *h, float *E, float *ht) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
@@ -1058,7 +1058,7 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
     return DG_OK;
 }
 
-/* The tensor-core backward, called by kda_state_bwd_cuda when d->tc != 0; the same buffers and
+/* The tensor-core backward, called by dg__kda_state_bwd_cuda when d->tc != 0; the same buffers and
  * NULL rules as its FFMA path (state_bwd_bt). */
 static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
                               const float *KG, const float *G, const float *h, const float *E,
@@ -1125,12 +1125,12 @@ static dg_status state_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float 
     return DG_OK;
 }
 
-extern "C" dg_status kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
+extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
                                         const float *KG, const float *G, const float *h,
                                         const float *E, const float *dh, const float *dE,
                                         const float *dht, float *dW, float *dU, float *dKG,
                                         float *dG, float *dh0) {
-    DG_TRY(check_dims("kda_state_bwd_cuda", d));
+    DG_TRY(check_dims("dg__kda_state_bwd_cuda", d));
     if (d->tc)
         return state_bwd_tc(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
     switch (d->BT) {
@@ -1156,7 +1156,7 @@ static dg_status rows_stateT_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scal
     return DG_OK;
 }
 
-dg_status kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
                           const float *S, float *C) {
     if (d->tc)
         return rows_stateT_tc_launch(ctx, d, scale, A, S, C);
@@ -1172,18 +1172,18 @@ dg_status kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, cons
 
 // ---- launchers: KCP summaries
 
-extern "C" int kda_state_summary_fits(const kda_cuda_dims *d) {
+extern "C" int dg__kda_state_summary_fits(const kda_cuda_dims *d) {
     return d->tc == 1 && d->K % 16 == 0 && d->K <= 256 && d->V % 2 == 0;
 }
 
-extern "C" dg_status kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
-                                            const float *A1, const float *X0, const float *A2,
-                                            const float *G, const float *Sup, const float *S0,
-                                            float *Sh, float *SM) {
+extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq,
+                                                int bwd, const float *A1, const float *X0,
+                                                const float *A2, const float *G, const float *Sup,
+                                                const float *S0, float *Sh, float *SM) {
     if (!ctx || !d || !d->buf || seq < 0 || seq >= d->N || !A1 || !A2 || !G || !Sh || !SM)
         return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
                        __func__);
-    if (!kda_state_summary_fits(d))
+    if (!dg__kda_state_summary_fits(d))
         return dg__err(DG_ERR_UNSUPPORTED, "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
                        "and V even (tc=%d K=%d V=%d)", __func__, d->tc, d->K, d->V);
     kda_cuda_dims one = *d; /* the sequence alone: block 0 walks chunks chunk_off[seq].. */

@@ -1,6 +1,6 @@
 /*
  * kernels/kda/wy.cu -- N5, the WY transform (spec §5.2 forward; §6.3 WY part, §10 N5 backward);
- * CPU twins: kda_wy_fwd_f32 / kda_wy_bwd_f32 in ops/kda/wy.c.
+ * CPU twins: dg__kda_wy_fwd_f32 / dg__kda_wy_bwd_f32 in ops/kda/wy.c.
  *
  * Forward, per chunk and value head (lambda = G of the chunk's last row):
  *   W = Tm Diag(beta) (K . exp(G)),  U = Tm Diag(beta) V,  KG = K . exp(lambda - G),
@@ -36,7 +36,7 @@
  * acc adds the flagged gradients to what their arrays hold (KDA_ACC_*).
  * Shared memory (static): wy_cols BT x BT + BT x 32 + 8 x 32 floats (25 KB at BT = 64);
  * wy_dtm 2 x BT x 33 floats (17 KB at BT = 64).
- * Entry points (kda_cuda.h): kda_wy_fwd_cuda, kda_wy_bwd_cuda.
+ * Entry points (kda_cuda.h): dg__kda_wy_fwd_cuda, dg__kda_wy_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 // ---- launchers
 
-/* The tensor-core forward (d->tc != 0), called by kda_wy_fwd_cuda after its checks. */
+/* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks. */
 static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                            const float *v, const float *beta, const float *G, const float *Tm,
                            float *W, float *U, float *KG, float *QG) {
@@ -516,7 +516,7 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
     return DG_OK;
 }
 
-extern "C" dg_status kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
+extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
                                      const float *k, const float *v, const float *beta,
                                      const float *G, const float *Tm, float *W, float *U,
                                      float *KG, float *QG) {
@@ -590,13 +590,13 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
     return DG_OK;
 }
 
-extern "C" dg_status kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
+extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
                                      const float *k, const float *v, const float *beta,
                                      const float *G, const float *Tm, const float *dW,
                                      const float *dU, const float *dKG, const float *dQG, float *dq,
                                      float *dk, float *dv, float *dbeta, float *dG, float *dTm,
                                      unsigned acc) {
-    DG_TRY(check_dims("kda_wy_bwd_cuda", d));
+    DG_TRY(check_dims("dg__kda_wy_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
     switch (d->BT) {

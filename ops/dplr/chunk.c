@@ -30,7 +30,7 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
-    DG_TRY(dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
+    DG_TRY(dg__dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
 
     /* Gi Ge | Aqk Aqb Aak Tab | w u qg kg bg | h v2 */
@@ -54,15 +54,15 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
             dg__group_offer(grp, DPLR_W + i, made[i]);
     }
     if (st == DG_OK)
-        st = dplr_state_x(ctx, t[W], t[U], t[KG], t[BG], v, t[GI], h0, opts, grp, &t[HS], &t[V2],
-                          want_ht ? ht : NULL);
+        st = dg__dplr_state_x(ctx, t[W], t[U], t[KG], t[BG], v, t[GI], h0, opts, grp, &t[HS],
+                              &t[V2], want_ht ? ht : NULL);
     if (st == DG_OK)
-        st = dplr_output_x(ctx, t[QG], t[HS], t[AQK], t[AQB], v, t[V2], opts, grp, o);
+        st = dg__dplr_output_x(ctx, t[QG], t[HS], t[AQK], t[AQB], v, t[V2], opts, grp, o);
 
     dg__group_release(&grp);
     for (int i = 0; i < NT_; i++)
         dg_tensor_free(&t[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK && ht)
         dg_tensor_free(ht);
     return st;

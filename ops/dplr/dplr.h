@@ -21,64 +21,64 @@
 #define DPLR_DECLARE_RAW(KT, SFX)                                                                  \
     /* §2 token by token: p = S^T a_t; S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;               \
      * o_t = s S^T q_t. h0 NULL means zero; ht optional. */                                        \
-    dg_status dplr_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,      \
+    dg_status dg__dplr_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,      \
                                        const KT *v, const KT *a, const KT *b, const KT *gk,        \
                                        const KT *h0, KT *o, KT *ht);                               \
     /* Backward through time (states recomputed from checkpoints every DPLR_REC_SEG tokens).       \
      * dO, dht optional (zero); dh0 optional. */                                                   \
-    dg_status dplr_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,      \
+    dg_status dg__dplr_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,      \
                                        const KT *v, const KT *a, const KT *b, const KT *gk,        \
                                        const KT *h0, const KT *dO, const KT *dht, KT *dq, KT *dk,  \
                                        KT *dv, KT *da, KT *db, KT *dgk, KT *dh0);                  \
     /* §4: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
      * at -128 (a decay of exp(-128) ~ 0, see gate_cumsum.c). */                                   \
-    void dplr_cumsum_fwd_##SFX(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge);                   \
+    void dg__dplr_cumsum_fwd_##SFX(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge);                   \
     /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk (0 where gk is below the floor);       \
      * dGi, dGe optional (zero). */                                                                \
-    void dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,      \
+    void dg__dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,      \
                                KT *dgk);                                                           \
     /* §4 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all           \
      * [TT,H,BT]; entries outside the read triangle are written as zero (Tab: 1 on the             \
      * diagonal). Exponents Gi_i - Gi_j (j <= i) and Ge_i - Gi_j (j < i) are never positive. */    \
-    dg_status dplr_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,          \
+    dg_status dg__dplr_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,          \
                                    const KT *a, const KT *b, const KT *Gi, const KT *Ge, KT *Aqk,  \
                                    KT *Aqb, KT *Aak, KT *Tab);                                     \
     /* §5 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward    \
      * writes are read, dTab strictly below the diagonal): dq, dk, da, db, dGi, dGe [TT,H,K]. */   \
-    dg_status dplr_intra_bwd_##SFX(                                                                \
+    dg_status dg__dplr_intra_bwd_##SFX(                                                                \
         const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a, const KT *b,           \
         const KT *Gi, const KT *Ge, const KT *Tab, const KT *dAqk, const KT *dAqb, const KT *dAak, \
         const KT *dTab, KT *dq, KT *dk, KT *da, KT *db, KT *dGi, KT *dGe);                         \
     /* §4 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                    \
      * kg = k exp(lam - Gi), bg = b exp(lam - Gi), lam = Gi at the chunk's last row. Any           \
      * output may be NULL (skipped). */                                                            \
-    dg_status dplr_wy_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,             \
+    dg_status dg__dplr_wy_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,             \
                                 const KT *v, const KT *a, const KT *b, const KT *Gi, const KT *Ge, \
                                 const KT *Aak, const KT *Tab, KT *w, KT *u, KT *qg, KT *kg,        \
                                 KT *bg);                                                           \
     /* Backward of dplr_wy_fwd; dw, du, dqg, dkg, dbg each optional. dAak, dTab [TT,H,BT]. */      \
-    dg_status dplr_wy_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,             \
+    dg_status dg__dplr_wy_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,             \
                                 const KT *v, const KT *a, const KT *b, const KT *Gi, const KT *Ge, \
                                 const KT *Aak, const KT *Tab, const KT *dw, const KT *du,          \
                                 const KT *dqg, const KT *dkg, const KT *dbg, KT *dq, KT *dk,       \
                                 KT *dv, KT *da, KT *db, KT *dGi, KT *dGe, KT *dAak, KT *dTab);     \
     /* §4 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,  \
      * v2 = w h + u, h <- Diag(exp(lam)) h + kg^T v + bg^T v2. h0 NULL = zero; ht optional. */     \
-    dg_status dplr_state_fwd_##SFX(const kda_dims *d, const KT *w, const KT *u, const KT *kg,      \
+    dg_status dg__dplr_state_fwd_##SFX(const kda_dims *d, const KT *w, const KT *u, const KT *kg,      \
                                    const KT *bg, const KT *v, const KT *Gi, const KT *h0, KT *h,   \
                                    KT *v2, KT *ht);                                                \
     /* §5 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0        \
      * optional. dGi is non-zero only at the last row of each chunk (the gradient of lam). */      \
-    dg_status dplr_state_bwd_##SFX(const kda_dims *d, const KT *w, const KT *kg, const KT *bg,     \
+    dg_status dg__dplr_state_bwd_##SFX(const kda_dims *d, const KT *w, const KT *kg, const KT *bg,     \
                                    const KT *v, const KT *Gi, const KT *h, const KT *v2,           \
                                    const KT *dh, const KT *dv2, const KT *dht, KT *dw, KT *du,     \
                                    KT *dkg, KT *dbg, KT *dv, KT *dGi, KT *dh0);                    \
     /* §4 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                        \
-    void dplr_output_fwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,        \
+    void dg__dplr_output_fwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,        \
                                const KT *Aqb, const KT *v, const KT *v2, KT *o);                   \
     /* §5 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),          \
      * dv = Aqk^T dO, dv2 = Aqb^T dO. */                                                           \
-    void dplr_output_bwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,        \
+    void dg__dplr_output_bwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,        \
                                const KT *Aqb, const KT *v, const KT *v2, const KT *dO, KT *dqg,    \
                                KT *dh, KT *dAqk, KT *dAqb, KT *dv, KT *dv2);
 
@@ -94,8 +94,8 @@ static inline dg_status dplr_run_recurrent_fwd(const kda_cfg *c, const void *q, 
                                                const void *v, const void *a, const void *b,
                                                const void *gk, const void *h0, void *o, void *ht) {
     if (c->dt == DG_F64)
-        return dplr_recurrent_fwd_f64(&c->d, c->scale, q, k, v, a, b, gk, h0, o, ht);
-    return dplr_recurrent_fwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, o, ht);
+        return dg__dplr_recurrent_fwd_f64(&c->d, c->scale, q, k, v, a, b, gk, h0, o, ht);
+    return dg__dplr_recurrent_fwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, o, ht);
 }
 static inline dg_status dplr_run_recurrent_bwd(const kda_cfg *c, const void *q, const void *k,
                                                const void *v, const void *a, const void *b,
@@ -103,24 +103,24 @@ static inline dg_status dplr_run_recurrent_bwd(const kda_cfg *c, const void *q, 
                                                const void *dht, void *dq, void *dk, void *dv,
                                                void *da, void *db, void *dgk, void *dh0) {
     if (c->dt == DG_F64)
-        return dplr_recurrent_bwd_f64(&c->d, c->scale, q, k, v, a, b, gk, h0, dO, dht, dq, dk, dv,
-                                      da, db, dgk, dh0);
-    return dplr_recurrent_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, dO, dht, dq, dk,
-                                  dv, da, db, dgk, dh0);
+        return dg__dplr_recurrent_bwd_f64(&c->d, c->scale, q, k, v, a, b, gk, h0, dO, dht, dq, dk,
+                                          dv, da, db, dgk, dh0);
+    return dg__dplr_recurrent_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, dO, dht, dq,
+                                      dk, dv, da, db, dgk, dh0);
 }
 static inline dg_status dplr_run_cumsum_fwd(const kda_cfg *c, const void *gk, void *Gi, void *Ge) {
     if (c->dt == DG_F64)
-        dplr_cumsum_fwd_f64(&c->d, gk, Gi, Ge);
+        dg__dplr_cumsum_fwd_f64(&c->d, gk, Gi, Ge);
     else
-        dplr_cumsum_fwd_f32(&c->d, gk, Gi, Ge);
+        dg__dplr_cumsum_fwd_f32(&c->d, gk, Gi, Ge);
     return DG_OK;
 }
 static inline dg_status dplr_run_cumsum_bwd(const kda_cfg *c, const void *gk, const void *dGi,
                                             const void *dGe, void *dgk) {
     if (c->dt == DG_F64)
-        dplr_cumsum_bwd_f64(&c->d, gk, dGi, dGe, dgk);
+        dg__dplr_cumsum_bwd_f64(&c->d, gk, dGi, dGe, dgk);
     else
-        dplr_cumsum_bwd_f32(&c->d, gk, dGi, dGe, dgk);
+        dg__dplr_cumsum_bwd_f32(&c->d, gk, dGi, dGe, dgk);
     return DG_OK;
 }
 static inline dg_status dplr_run_intra_fwd(const kda_cfg *c, const void *q, const void *k,
@@ -128,8 +128,8 @@ static inline dg_status dplr_run_intra_fwd(const kda_cfg *c, const void *q, cons
                                            const void *Ge, void *Aqk, void *Aqb, void *Aak,
                                            void *Tab) {
     if (c->dt == DG_F64)
-        return dplr_intra_fwd_f64(&c->d, c->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab);
-    return dplr_intra_fwd_f32(&c->d, (float)c->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab);
+        return dg__dplr_intra_fwd_f64(&c->d, c->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab);
+    return dg__dplr_intra_fwd_f32(&c->d, (float)c->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab);
 }
 static inline dg_status dplr_run_intra_bwd(const kda_cfg *c, const void *q, const void *k,
                                            const void *a, const void *b, const void *Gi,
@@ -138,19 +138,20 @@ static inline dg_status dplr_run_intra_bwd(const kda_cfg *c, const void *q, cons
                                            void *dq, void *dk, void *da, void *db, void *dGi,
                                            void *dGe) {
     if (c->dt == DG_F64)
-        return dplr_intra_bwd_f64(&c->d, c->scale, q, k, a, b, Gi, Ge, Tab, dAqk, dAqb, dAak, dTab,
-                                  dq, dk, da, db, dGi, dGe);
-    return dplr_intra_bwd_f32(&c->d, (float)c->scale, q, k, a, b, Gi, Ge, Tab, dAqk, dAqb, dAak,
-                              dTab, dq, dk, da, db, dGi, dGe);
+        return dg__dplr_intra_bwd_f64(&c->d, c->scale, q, k, a, b, Gi, Ge, Tab, dAqk, dAqb, dAak,
+                                      dTab, dq, dk, da, db, dGi, dGe);
+    return dg__dplr_intra_bwd_f32(&c->d, (float)c->scale, q, k, a, b, Gi, Ge, Tab, dAqk, dAqb, dAak,
+                                  dTab, dq, dk, da, db, dGi, dGe);
 }
 static inline dg_status dplr_run_wy_fwd(const kda_cfg *c, const void *q, const void *k,
                                         const void *v, const void *a, const void *b, const void *Gi,
                                         const void *Ge, const void *Aak, const void *Tab, void *w,
                                         void *u, void *qg, void *kg, void *bg) {
     if (c->dt == DG_F64)
-        return dplr_wy_fwd_f64(&c->d, c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg, bg);
-    return dplr_wy_fwd_f32(&c->d, (float)c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg,
-                           bg);
+        return dg__dplr_wy_fwd_f64(&c->d, c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg,
+                                   bg);
+    return dg__dplr_wy_fwd_f32(&c->d, (float)c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg,
+                               kg, bg);
 }
 static inline dg_status dplr_run_wy_bwd(const kda_cfg *c, const void *q, const void *k,
                                         const void *v, const void *a, const void *b, const void *Gi,
@@ -160,18 +161,18 @@ static inline dg_status dplr_run_wy_bwd(const kda_cfg *c, const void *q, const v
                                         void *dv, void *da, void *db, void *dGi, void *dGe,
                                         void *dAak, void *dTab) {
     if (c->dt == DG_F64)
-        return dplr_wy_bwd_f64(&c->d, c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, dw, du, dqg, dkg,
-                               dbg, dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
-    return dplr_wy_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, dw, du, dqg,
-                           dkg, dbg, dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
+        return dg__dplr_wy_bwd_f64(&c->d, c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, dw, du, dqg,
+                                   dkg, dbg, dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
+    return dg__dplr_wy_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, dw, du, dqg,
+                               dkg, dbg, dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
 }
 static inline dg_status dplr_run_state_fwd(const kda_cfg *c, const void *w, const void *u,
                                            const void *kg, const void *bg, const void *v,
                                            const void *Gi, const void *h0, void *h, void *v2,
                                            void *ht) {
     if (c->dt == DG_F64)
-        return dplr_state_fwd_f64(&c->d, w, u, kg, bg, v, Gi, h0, h, v2, ht);
-    return dplr_state_fwd_f32(&c->d, w, u, kg, bg, v, Gi, h0, h, v2, ht);
+        return dg__dplr_state_fwd_f64(&c->d, w, u, kg, bg, v, Gi, h0, h, v2, ht);
+    return dg__dplr_state_fwd_f32(&c->d, w, u, kg, bg, v, Gi, h0, h, v2, ht);
 }
 static inline dg_status dplr_run_state_bwd(const kda_cfg *c, const void *w, const void *kg,
                                            const void *bg, const void *v, const void *Gi,
@@ -179,18 +180,18 @@ static inline dg_status dplr_run_state_bwd(const kda_cfg *c, const void *w, cons
                                            const void *dv2, const void *dht, void *dw, void *du,
                                            void *dkg, void *dbg, void *dv, void *dGi, void *dh0) {
     if (c->dt == DG_F64)
-        return dplr_state_bwd_f64(&c->d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht, dw, du, dkg, dbg,
+        return dg__dplr_state_bwd_f64(&c->d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht, dw, du, dkg,
+                                      dbg, dv, dGi, dh0);
+    return dg__dplr_state_bwd_f32(&c->d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht, dw, du, dkg, dbg,
                                   dv, dGi, dh0);
-    return dplr_state_bwd_f32(&c->d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht, dw, du, dkg, dbg, dv,
-                              dGi, dh0);
 }
 static inline dg_status dplr_run_output_fwd(const kda_cfg *c, const void *qg, const void *h,
                                             const void *Aqk, const void *Aqb, const void *v,
                                             const void *v2, void *o) {
     if (c->dt == DG_F64)
-        dplr_output_fwd_f64(&c->d, qg, h, Aqk, Aqb, v, v2, o);
+        dg__dplr_output_fwd_f64(&c->d, qg, h, Aqk, Aqb, v, v2, o);
     else
-        dplr_output_fwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, o);
+        dg__dplr_output_fwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, o);
     return DG_OK;
 }
 static inline dg_status dplr_run_output_bwd(const kda_cfg *c, const void *qg, const void *h,
@@ -198,23 +199,23 @@ static inline dg_status dplr_run_output_bwd(const kda_cfg *c, const void *qg, co
                                             const void *v2, const void *dO, void *dqg, void *dh,
                                             void *dAqk, void *dAqb, void *dv, void *dv2) {
     if (c->dt == DG_F64)
-        dplr_output_bwd_f64(&c->d, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2);
+        dg__dplr_output_bwd_f64(&c->d, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2);
     else
-        dplr_output_bwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2);
+        dg__dplr_output_bwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2);
     return DG_OK;
 }
 
 /* The arguments of dg_dplr_chunk / dg_dplr_recurrent: q fixes B, T, H, K and the dtype (f64 or
  * f32), v fixes V; k, a, b, gk must be [B,T,H,K], v [B,T,H,V], h0 (optional) [N,H,K,V], all of
  * q's dtype on the CPU. On a CUDA context: DG_ERR_UNSUPPORTED. Fills cfg (free with
- * kda_cfg_free). */
-dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                            dg_tensor *a, dg_tensor *b, dg_tensor *gk, dg_tensor *h0,
-                            const dg_dplr_opts *opts, kda_cfg *cfg);
+ * dg__kda_cfg_free). */
+dg_status dg__dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k,
+                                dg_tensor *v, dg_tensor *a, dg_tensor *b, dg_tensor *gk,
+                                dg_tensor *h0, const dg_dplr_opts *opts, kda_cfg *cfg);
 /* Options only (chunk size, scale, cu_seqlens), for the stage entry points: B, T, H, K, V from
  * the caller. */
-dg_status dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B, int64_t T,
-                        int H, int K, int V, dg_dtype dt, kda_cfg *cfg);
+dg_status dg__dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B,
+                            int64_t T, int H, int K, int V, dg_dtype dt, kda_cfg *cfg);
 
 /* ---- the recompute group and node parameters ----------------------------------------------
  * The state and output nodes of one dg_dplr_chunk call read w, u, qg, kg, bg, h, v2 through one
@@ -249,14 +250,14 @@ typedef struct dplr_np {
 } dplr_np;
 /* Allocate the params of n from cfg (tables copied); a non-NULL grp is retained and released
  * with the node. */
-dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
+dplr_np *dg__dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
 
 /* ---- internal entry points used by the composite (the public ones pass grp = NULL) ---- */
-dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
-                       dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
-                       dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
-dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
-                        dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg__group *grp,
-                        dg_tensor **o);
+dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
+                           dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
+                           dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
+dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk,
+                            dg_tensor *Aqb, dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts,
+                            dg__group *grp, dg_tensor **o);
 
 #endif /* DG_OPS_DPLR_H */

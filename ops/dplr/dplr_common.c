@@ -1,12 +1,12 @@
 /*
  * ops/dplr/dplr_common.c -- option resolution and argument checks shared by the DPLR entry
  * points, and the params block of a DPLR tape node. The sequence/chunk tables are KDA's
- * (kda_cfg_init), with DPLR's default chunk size 16.
+ * (dg__kda_cfg_init), with DPLR's default chunk size 16.
  */
 #include "dplr.h"
 
-dg_status dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B, int64_t T,
-                        int H, int K, int V, dg_dtype dt, kda_cfg *cfg) {
+dg_status dg__dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, int64_t B,
+                            int64_t T, int H, int K, int V, dg_dtype dt, kda_cfg *cfg) {
     static const dg_dplr_opts defaults;
     memset(cfg, 0, sizeof *cfg);
     if (!opts)
@@ -26,35 +26,35 @@ dg_status dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opts, i
     ko.output_final_state = opts->output_final_state;
     ko.cu_seqlens = opts->cu_seqlens;
     ko.n_seqs = opts->n_seqs;
-    return kda_cfg_init(op, ctx, &ko, B, T, H, H, K, V, dt, cfg);
+    return dg__kda_cfg_init(op, ctx, &ko, B, T, H, H, K, V, dt, cfg);
 }
 
-dg_status dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                            dg_tensor *a, dg_tensor *b, dg_tensor *gk, dg_tensor *h0,
-                            const dg_dplr_opts *opts, kda_cfg *cfg) {
+dg_status dg__dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k,
+                                dg_tensor *v, dg_tensor *a, dg_tensor *b, dg_tensor *gk,
+                                dg_tensor *h0, const dg_dplr_opts *opts, kda_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
     if (ctx->device.kind == DG_DEV_CUDA)
         return dg__err(DG_ERR_UNSUPPORTED, "%s: DPLR on CUDA is not implemented yet", op);
-    DG_TRY(kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(op, "v", v, ctx, 4, "B,T,H,V"));
+    DG_TRY(dg__kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(op, "v", v, ctx, 4, "B,T,H,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t V = v->shape[3];
-    DG_TRY(dplr_cfg_init(op, ctx, opts, B, T, (int)H, (int)K, (int)V, q->dtype, cfg));
+    DG_TRY(dg__dplr_cfg_init(op, ctx, opts, B, T, (int)H, (int)K, (int)V, q->dtype, cfg));
     const unsigned m = DG_MASK(q->dtype);
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, s0[4] = {cfg->d.N, H, K, V};
-    dg_status st = kda_check(op, "k", k, ctx, m, 4, sq, "B,T,H,K");
+    dg_status st = dg__kda_check(op, "k", k, ctx, m, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(op, "v", v, ctx, m, 4, sv, "B,T,H,V");
+        st = dg__kda_check(op, "v", v, ctx, m, 4, sv, "B,T,H,V");
     if (st == DG_OK)
-        st = kda_check(op, "a", a, ctx, m, 4, sq, "B,T,H,K");
+        st = dg__kda_check(op, "a", a, ctx, m, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(op, "b", b, ctx, m, 4, sq, "B,T,H,K");
+        st = dg__kda_check(op, "b", b, ctx, m, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(op, "gk", gk, ctx, m, 4, sq, "B,T,H,K");
+        st = dg__kda_check(op, "gk", gk, ctx, m, 4, sq, "B,T,H,K");
     if (st == DG_OK && h0)
-        st = kda_check(op, "h0", h0, ctx, m, 4, s0, "N,H,K,V");
+        st = dg__kda_check(op, "h0", h0, ctx, m, 4, s0, "N,H,K,V");
     if (st != DG_OK)
-        kda_cfg_free(cfg);
+        dg__kda_cfg_free(cfg);
     return st;
 }
 
@@ -63,7 +63,7 @@ static void np_free(void *params) {
     dg__group_release(&np->grp);
 }
 
-dplr_np *dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
+dplr_np *dg__dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     const size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     dplr_np *np = (dplr_np *)dg__node_params(n, sizeof(dplr_np) + ntab * sizeof(int64_t));
     if (!np)

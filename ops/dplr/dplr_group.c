@@ -78,7 +78,7 @@ static const dg__group_spec dplr_group = {
 /* ---- the group's data: the cfg of the op call (tables owned; CPU only) ---- */
 
 static void cfg_free(void *p) {
-    kda_cfg_free((kda_cfg *)p);
+    dg__kda_cfg_free((kda_cfg *)p);
     DG_FREE(p);
 }
 
@@ -114,12 +114,12 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     dg_status st = DG_OK;
     for (int s = DPLR_W; s <= DPLR_BG && st == DG_OK; s++)
         if (make & DG_BIT(s)) {
-            st = kda_new(ctx, c, 4, s == DPLR_U ? sv : sk, &out[s]);
+            st = dg__kda_new(ctx, c, 4, s == DPLR_U ? sv : sk, &out[s]);
             if (st == DG_OK)
                 o[s] = dg_tensor_data(out[s]);
         }
     for (int i = 0; i <= DPLR_IN_TAB && st == DG_OK; i++)
-        st = kda_ptr(ctx, dg__group_input(g, i), c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, dg__group_input(g, i), c->dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st =
             dplr_run_wy_fwd(c, p[DPLR_IN_Q], p[DPLR_IN_K], p[DPLR_IN_V], p[DPLR_IN_A], p[DPLR_IN_B],
@@ -144,12 +144,12 @@ static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     dg_tensor *h = NULL, *v2 = NULL, *tmp[3] = {NULL};
     const void *p[3] = {NULL};
     const int ins[3] = {DPLR_IN_V, DPLR_IN_GI, DPLR_IN_H0};
-    dg_status st = kda_new(ctx, c, 5, sh, &h);
+    dg_status st = dg__kda_new(ctx, c, 5, sh, &h);
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, sv, &v2);
+        st = dg__kda_new(ctx, c, 4, sv, &v2);
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (dg__group_input(g, ins[i]))
-            st = kda_ptr(ctx, dg__group_input(g, ins[i]), c->dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, dg__group_input(g, ins[i]), c->dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st = dplr_run_state_fwd(c, dg_tensor_data(dg__group_tensor(g, DPLR_W)),
                                 dg_tensor_data(dg__group_tensor(g, DPLR_U)),

@@ -24,7 +24,7 @@
 #define DPLR_G_FLOOR (-128)
 #endif
 
-void KF(dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
+void KF(dg__dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
     for (int64_t c = 0; c < NC; c++) {
@@ -41,7 +41,7 @@ void KF(dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
     }
 }
 
-void KF(dplr_cumsum_bwd)(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe, KT *dgk) {
+void KF(dg__dplr_cumsum_bwd)(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe, KT *dgk) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
     for (int64_t c = 0; c < NC; c++) {
@@ -69,14 +69,14 @@ static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
         return DG_OK;
     dg_tensor *tmp[3] = {0}, *dgk = NULL;
     const void *p[3] = {0};
-    dg_status st = kda_ptr(ctx, n->saved[0], c->dt, &tmp[2], &p[2]);
+    dg_status st = dg__kda_ptr(ctx, n->saved[0], c->dt, &tmp[2], &p[2]);
     if (st == DG_OK && gI)
-        st = kda_ptr(ctx, gI, c->dt, &tmp[0], &p[0]);
+        st = dg__kda_ptr(ctx, gI, c->dt, &tmp[0], &p[0]);
     if (st == DG_OK && gE)
-        st = kda_ptr(ctx, gE, c->dt, &tmp[1], &p[1]);
+        st = dg__kda_ptr(ctx, gE, c->dt, &tmp[1], &p[1]);
     int64_t s[4] = {c->d.B, c->d.T, c->d.H, c->d.K};
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, s, &dgk);
+        st = dg__kda_new(ctx, c, 4, s, &dgk);
     if (st == DG_OK)
         st = dplr_run_cumsum_bwd(c, p[2], p[0], p[1], dg_tensor_data(dgk));
     if (st == DG_OK)
@@ -95,17 +95,17 @@ dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *op
     *Gi = *Ge = NULL;
     if (ctx->device.kind == DG_DEV_CUDA)
         return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
-    DG_TRY(kda_check_first(OP, "gk", gk, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "gk", gk, ctx, 4, "B,T,H,K"));
     kda_cfg cfg;
-    DG_TRY(dplr_cfg_init(OP, ctx, opts, gk->shape[0], gk->shape[1], (int)gk->shape[2],
+    DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, gk->shape[0], gk->shape[1], (int)gk->shape[2],
                          (int)gk->shape[3], 1, gk->dtype, &cfg));
     dg_tensor *tmp = NULL;
     const void *p = NULL;
-    dg_status st = kda_ptr(ctx, gk, cfg.dt, &tmp, &p);
+    dg_status st = dg__kda_ptr(ctx, gk, cfg.dt, &tmp, &p);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, gk->shape, Gi);
+        st = dg__kda_new(ctx, &cfg, 4, gk->shape, Gi);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, gk->shape, Ge);
+        st = dg__kda_new(ctx, &cfg, 4, gk->shape, Ge);
     if (st == DG_OK)
         st = dplr_run_cumsum_fwd(&cfg, p, dg_tensor_data(*Gi), dg_tensor_data(*Ge));
     if (st == DG_OK && dg__needs_grad(1, &gk)) {
@@ -119,7 +119,7 @@ dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *op
             st = dg__node_output(n, *Ge);
         if (st == DG_OK)
             st = dg__node_save(n, gk);
-        if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+        if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)
             st = dg__node_commit(n);
@@ -127,7 +127,7 @@ dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *op
             dg__node_abort(n);
     }
     dg_tensor_free(&tmp);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(Gi);
         dg_tensor_free(Ge);

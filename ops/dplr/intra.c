@@ -26,7 +26,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a,
+dg_status KF(dg__dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a,
                              const KT *b, const KT *Gi, const KT *Ge, KT *Aqk, KT *Aqb, KT *Aak,
                              KT *Tab) {
     const int H = d->H, K = d->K, BT = d->BT;
@@ -85,7 +85,7 @@ dg_status KF(dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT 
     return DG_OK;
 }
 
-dg_status KF(dplr_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a,
+dg_status KF(dg__dplr_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a,
                              const KT *b, const KT *Gi, const KT *Ge, const KT *Tab, const KT *dAqk,
                              const KT *dAqb, const KT *dAak, const KT *dTab, KT *dq, KT *dk, KT *da,
                              KT *db, KT *dGi, KT *dGe) {
@@ -190,10 +190,10 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     const void *p[NIN + 1 + NOUT] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < NIN + 1 && st == DG_OK; i++)
-        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         if (go[i])
-            st = kda_ptr(ctx, go[i], c->dt, &tmp[NIN + 1 + i], &p[NIN + 1 + i]);
+            st = dg__kda_ptr(ctx, go[i], c->dt, &tmp[NIN + 1 + i], &p[NIN + 1 + i]);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
@@ -223,21 +223,21 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
     }
     if (ctx->device.kind == DG_DEV_CUDA)
         return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
-    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     kda_cfg cfg;
-    DG_TRY(dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, 1, q->dtype, &cfg));
+    DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, 1, q->dtype, &cfg));
     const int64_t sq[4] = {B, T, H, K}, sa[4] = {B, T, H, cfg.d.BT};
     dg_tensor *in[NIN] = {q, k, a, b, Gi, Ge}, *tmp[NIN] = {0};
     static const char *inames[NIN] = {"q", "k", "a", "b", "Gi", "Ge"};
     const void *p[NIN] = {0};
     dg_status st = DG_OK;
     for (int i = 1; i < NIN && st == DG_OK; i++)
-        st = kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, sq, "B,T,H,K");
+        st = dg__kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, sq, "B,T,H,K");
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
-        st = kda_new(ctx, &cfg, 4, sa, outs[i]);
+        st = dg__kda_new(ctx, &cfg, 4, sa, outs[i]);
     if (st == DG_OK)
         st = dplr_run_intra_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*Aqk),
                                 dg_tensor_data(*Aqb), dg_tensor_data(*Aak), dg_tensor_data(*Tab));
@@ -252,7 +252,7 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
             st = dg__node_save(n, in[i]);
         if (st == DG_OK)
             st = dg__node_save(n, *Tab);
-        if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+        if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)
             st = dg__node_commit(n);
@@ -261,7 +261,7 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
     }
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK)
         for (int i = 0; i < NOUT; i++)
             dg_tensor_free(outs[i]);

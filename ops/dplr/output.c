@@ -20,7 +20,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
+void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
                          const KT *v, const KT *v2, KT *o) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
@@ -48,7 +48,7 @@ void KF(dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT 
     }
 }
 
-void KF(dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
+void KF(dg__dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
                          const KT *v, const KT *v2, const KT *dO, KT *dqg, KT *dh, KT *dAqk,
                          KT *dAqb, KT *dv, KT *dv2) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
@@ -118,11 +118,11 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 3 && st == DG_OK; i++)
         st = dg__group_get(np->grp, ctx, DPLR_M_OUTPUT, slots[i], &rt[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[3 + i], &p[3 + i]);
+        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[3 + i], &p[3 + i]);
     if (st == DG_OK)
-        st = kda_ptr(ctx, gO, c->dt, &tmp[6], &p[6]);
+        st = dg__kda_ptr(ctx, gO, c->dt, &tmp[6], &p[6]);
     /* inputs in node order: qg, h, Aqk, Aqb, v, v2 */
     dg_tensor *like[NIN] = {rt[0], rt[1], n->saved[0], n->saved[1], n->saved[2], rt[2]};
     for (int i = 0; i < NIN && st == DG_OK; i++)
@@ -148,39 +148,39 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
-                        dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg__group *grp,
-                        dg_tensor **o) {
+dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk,
+                            dg_tensor *Aqb, dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts,
+                            dg__group *grp, dg_tensor **o) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
     if (ctx->device.kind == DG_DEV_CUDA)
         return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
-    DG_TRY(kda_check_first(OP, "qg", qg, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
+    DG_TRY(dg__kda_check_first(OP, "qg", qg, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
     const int64_t B = qg->shape[0], T = qg->shape[1], H = qg->shape[2], K = qg->shape[3];
     const int64_t V = v->shape[3];
     kda_cfg cfg;
-    DG_TRY(dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, qg->dtype, &cfg));
+    DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, qg->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
     const int64_t sv[4] = {B, T, H, V}, sa[4] = {B, T, H, cfg.d.BT};
     const int64_t sh[5] = {B, NC / B, H, K, V};
     dg_tensor *in[NIN] = {qg, h, Aqk, Aqb, v, v2}, *tmp[NIN] = {0};
     const void *p[NIN] = {0};
     dg__group *own = NULL;
-    dg_status st = kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,H,K,V");
+    dg_status st = dg__kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,H,K,V");
     if (st == DG_OK)
-        st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
+        st = dg__kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
     if (st == DG_OK)
-        st = kda_check(OP, "Aqb", Aqb, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
+        st = dg__kda_check(OP, "Aqb", Aqb, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
     if (st == DG_OK)
-        st = kda_check(OP, "v", v, ctx, cfg.m_f, 4, sv, "B,T,H,V");
+        st = dg__kda_check(OP, "v", v, ctx, cfg.m_f, 4, sv, "B,T,H,V");
     if (st == DG_OK)
-        st = kda_check(OP, "v2", v2, ctx, cfg.m_f, 4, sv, "B,T,H,V");
+        st = dg__kda_check(OP, "v2", v2, ctx, cfg.m_f, 4, sv, "B,T,H,V");
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sv, o);
+        st = dg__kda_new(ctx, &cfg, 4, sv, o);
     if (st == DG_OK)
         st = dplr_run_output_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*o));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
@@ -207,7 +207,7 @@ dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk
             st = dg__node_save(n, v);
         if (st == DG_OK)
             st = dg__group_join(grp, DPLR_M_OUTPUT, n);
-        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, grp) : NULL;
+        dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)
@@ -218,7 +218,7 @@ dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk
     dg__group_release(&own);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK)
         dg_tensor_free(o);
     return st;
@@ -226,6 +226,6 @@ dg_status dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk
 
 dg_status dg_dplr_output(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk, dg_tensor *Aqb,
                          dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg_tensor **o) {
-    return dplr_output_x(ctx, qg, h, Aqk, Aqb, v, v2, opts, NULL, o);
+    return dg__dplr_output_x(ctx, qg, h, Aqk, Aqb, v, v2, opts, NULL, o);
 }
 #endif

@@ -48,7 +48,7 @@ static void KF(dplr_step)(const kda_dims *d, KT scale, int64_t t, int h, const K
     }
 }
 
-dg_status KF(dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+dg_status KF(dg__dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                                  const KT *a, const KT *b, const KT *gk, const KT *h0, KT *o,
                                  KT *ht) {
     const int H = d->H;
@@ -73,7 +73,7 @@ dg_status KF(dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const
     return DG_OK;
 }
 
-dg_status KF(dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                                  const KT *a, const KT *b, const KT *gk, const KT *h0, const KT *dO,
                                  const KT *dht, KT *dq, KT *dk, KT *dv, KT *da, KT *db, KT *dgk,
                                  KT *dh0) {
@@ -194,11 +194,11 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     dg_status st = DG_OK;
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (n->saved[i])
-            st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     if (st == DG_OK && gO)
-        st = kda_ptr(ctx, gO, c->dt, &tmp[NIN], &p[NIN]);
+        st = dg__kda_ptr(ctx, gO, c->dt, &tmp[NIN], &p[NIN]);
     if (st == DG_OK && gH)
-        st = kda_ptr(ctx, gH, c->dt, &tmp[NIN + 1], &p[NIN + 1]);
+        st = dg__kda_ptr(ctx, gH, c->dt, &tmp[NIN + 1], &p[NIN + 1]);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (n->saved[i])
             st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
@@ -228,20 +228,20 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
-    DG_TRY(dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
+    DG_TRY(dg__dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
     dg_tensor *in[NIN] = {q, k, v, a, b, gk, h0}, *tmp[NIN] = {0};
     const void *p[NIN] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (in[i])
-            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     int64_t so[4] = {cfg.d.B, cfg.d.T, cfg.d.H, cfg.d.V};
     int64_t s0[4] = {cfg.d.N, cfg.d.H, cfg.d.K, cfg.d.V};
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, so, o);
+        st = dg__kda_new(ctx, &cfg, 4, so, o);
     if (st == DG_OK && want_ht)
-        st = kda_new(ctx, &cfg, 4, s0, ht);
+        st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
         st = dplr_run_recurrent_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
                                     dg_tensor_data(*o), want_ht ? dg_tensor_data(*ht) : NULL);
@@ -256,7 +256,7 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
             st = dg__node_output(n, *ht);
         for (int i = 0; i < NIN && st == DG_OK; i++)
             st = dg__node_save(n, in[i]);
-        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, NULL) : NULL;
+        kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, NULL) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (np)
@@ -268,7 +268,7 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
     }
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(o);
         if (ht)

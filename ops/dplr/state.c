@@ -25,7 +25,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dplr_state_fwd)(const kda_dims *d, const KT *w, const KT *u, const KT *kg,
+dg_status KF(dg__dplr_state_fwd)(const kda_dims *d, const KT *w, const KT *u, const KT *kg,
                              const KT *bg, const KT *v, const KT *Gi, const KT *h0, KT *h, KT *v2,
                              KT *ht) {
     const int H = d->H, K = d->K, V = d->V;
@@ -77,7 +77,7 @@ dg_status KF(dplr_state_fwd)(const kda_dims *d, const KT *w, const KT *u, const 
     return DG_OK;
 }
 
-dg_status KF(dplr_state_bwd)(const kda_dims *d, const KT *w, const KT *kg, const KT *bg,
+dg_status KF(dg__dplr_state_bwd)(const kda_dims *d, const KT *w, const KT *kg, const KT *bg,
                              const KT *v, const KT *Gi, const KT *h, const KT *v2, const KT *dh,
                              const KT *dv2, const KT *dht, KT *dw, KT *du, KT *dkg, KT *dbg, KT *dv,
                              KT *dGi, KT *dh0) {
@@ -187,20 +187,20 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 5 && st == DG_OK; i++)
         st = dg__group_get(np->grp, ctx, DPLR_M_STATE, slots[i], &rt[i]);
     for (int i = 0; i < 5 && st == DG_OK; i++)
-        st = kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 2 && st == DG_OK; i++)
-        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[5 + i], &p[5 + i]);
+        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[5 + i], &p[5 + i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (go[i])
-            st = kda_ptr(ctx, go[i], c->dt, &tmp[7 + i], &p[7 + i]);
+            st = dg__kda_ptr(ctx, go[i], c->dt, &tmp[7 + i], &p[7 + i]);
     const int64_t sk[4] = {c->d.B, c->d.T, c->d.H, c->d.K},
                   sv[4] = {c->d.B, c->d.T, c->d.H, c->d.V};
     const int64_t s0[4] = {c->d.N, c->d.H, c->d.K, c->d.V};
     /* gradients of w, u, kg, bg, v, Gi (h0 below), shaped like them */
     for (int i = 0; i < 6 && st == DG_OK; i++)
-        st = kda_new(ctx, c, 4, i == 1 || i == 4 ? sv : sk, &gr[i]);
+        st = dg__kda_new(ctx, c, 4, i == 1 || i == 4 ? sv : sk, &gr[i]);
     if (st == DG_OK && n->saved[2] && dg__node_wants_grad(n, 6))
-        st = kda_new(ctx, c, 4, s0, &gr[6]);
+        st = dg__kda_new(ctx, c, 4, s0, &gr[6]);
     if (st == DG_OK)
         st = dplr_run_state_bwd(c, p[0], p[1], p[2], p[5], p[6], p[3], p[4], p[7], p[8], p[9],
                                 dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
@@ -222,7 +222,7 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
+dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
                        dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
                        dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -233,12 +233,12 @@ dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, d
         *ht = NULL;
     if (ctx->device.kind == DG_DEV_CUDA)
         return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
-    DG_TRY(kda_check_first(OP, "w", w, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "u", u, ctx, 4, "B,T,H,V"));
+    DG_TRY(dg__kda_check_first(OP, "w", w, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "u", u, ctx, 4, "B,T,H,V"));
     const int64_t B = w->shape[0], T = w->shape[1], H = w->shape[2], K = w->shape[3];
     const int64_t V = u->shape[3];
     kda_cfg cfg;
-    DG_TRY(dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, w->dtype, &cfg));
+    DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, w->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
     const int64_t sk[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, s0[4] = {cfg.d.N, H, K, V};
     const int64_t sh[5] = {B, NC / B, H, K, V};
@@ -249,20 +249,20 @@ dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, d
     dg_status st = DG_OK;
     for (int i = 1; i < NIN - 1 && st == DG_OK; i++) {
         const int isv = i == 1 || i == 4;
-        st = kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, isv ? sv : sk,
+        st = dg__kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, isv ? sv : sk,
                        isv ? "B,T,H,V" : "B,T,H,K");
     }
     if (st == DG_OK && h0)
-        st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,H,K,V");
+        st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,H,K,V");
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (in[i])
-            st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 5, sh, h);
+        st = dg__kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sv, v2);
+        st = dg__kda_new(ctx, &cfg, 4, sv, v2);
     if (st == DG_OK && ht)
-        st = kda_new(ctx, &cfg, 4, s0, ht);
+        st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
         st = dplr_run_state_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6], dg_tensor_data(*h),
                                 dg_tensor_data(*v2), ht ? dg_tensor_data(*ht) : NULL);
@@ -302,7 +302,7 @@ dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, d
             st = dg__node_save(n, h0);
         if (st == DG_OK)
             st = dg__group_join(grp, DPLR_M_STATE, n);
-        dplr_np *np = st == DG_OK ? dplr_np_new(n, &cfg, grp) : NULL;
+        dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (np)
@@ -315,7 +315,7 @@ dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, d
     dg__group_release(&own);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(h);
         dg_tensor_free(v2);
@@ -328,6 +328,6 @@ dg_status dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, d
 dg_status dg_dplr_state(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
                         dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
                         dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
-    return dplr_state_x(ctx, w, u, kg, bg, v, Gi, h0, opts, NULL, h, v2, ht);
+    return dg__dplr_state_x(ctx, w, u, kg, bg, v, Gi, h0, opts, NULL, h, v2, ht);
 }
 #endif

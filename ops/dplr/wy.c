@@ -24,7 +24,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dplr_wy_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+dg_status KF(dg__dplr_wy_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                           const KT *a, const KT *b, const KT *Gi, const KT *Ge, const KT *Aak,
                           const KT *Tab, KT *w, KT *u, KT *qg, KT *kg, KT *bg) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
@@ -85,7 +85,7 @@ dg_status KF(dplr_wy_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
     return DG_OK;
 }
 
-dg_status KF(dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+dg_status KF(dg__dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                           const KT *a, const KT *b, const KT *Gi, const KT *Ge, const KT *Aak,
                           const KT *Tab, const KT *dw, const KT *du, const KT *dqg, const KT *dkg,
                           const KT *dbg, KT *dq, KT *dk, KT *dv, KT *da, KT *db, KT *dGi, KT *dGe,
@@ -210,10 +210,10 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     const void *p[NIN + NOUT] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         if (go[i])
-            st = kda_ptr(ctx, go[i], c->dt, &tmp[NIN + i], &p[NIN + i]);
+            st = dg__kda_ptr(ctx, go[i], c->dt, &tmp[NIN + i], &p[NIN + i]);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     void *g[NIN];
@@ -246,12 +246,12 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
     }
     if (ctx->device.kind == DG_DEV_CUDA)
         return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
-    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
+    DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t V = v->shape[3];
     kda_cfg cfg;
-    DG_TRY(dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, q->dtype, &cfg));
+    DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, q->dtype, &cfg));
     const int64_t sk[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, sa[4] = {B, T, H, cfg.d.BT};
     dg_tensor *in[NIN] = {q, k, v, a, b, Gi, Ge, Aak, Tab}, *tmp[NIN] = {0};
     static const char *inames[NIN] = {"q", "k", "v", "a", "b", "Gi", "Ge", "Aak", "Tab"};
@@ -260,12 +260,12 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
     for (int i = 1; i < NIN && st == DG_OK; i++) {
         const int64_t *s = i == 2 ? sv : i >= 7 ? sa : sk;
         const char *names = i == 2 ? "B,T,H,V" : i >= 7 ? "B,T,H,BT" : "B,T,H,K";
-        st = kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, s, names);
+        st = dg__kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, s, names);
     }
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
-        st = kda_new(ctx, &cfg, 4, i == 1 ? sv : sk, outs[i]);
+        st = dg__kda_new(ctx, &cfg, 4, i == 1 ? sv : sk, outs[i]);
     if (st == DG_OK)
         st = dplr_run_wy_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
                              dg_tensor_data(*w), dg_tensor_data(*u), dg_tensor_data(*qg),
@@ -279,7 +279,7 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
             st = dg__node_output(n, *outs[i]);
         for (int i = 0; i < NIN && st == DG_OK; i++)
             st = dg__node_save(n, in[i]);
-        if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+        if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)
             st = dg__node_commit(n);
@@ -288,7 +288,7 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
     }
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK)
         for (int i = 0; i < NOUT; i++)
             dg_tensor_free(outs[i]);

@@ -16,13 +16,13 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(kda_beta_fwd)(int64_t n, KT c, const KT *b, KT *beta) {
+void KF(dg__kda_beta_fwd)(int64_t n, KT c, const KT *b, KT *beta) {
     KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++)
         beta[i] = c * KF(kda_sigmoid)(b[i]);
 }
 
-void KF(kda_beta_bwd)(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db) {
+void KF(dg__kda_beta_bwd)(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db) {
     KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++) {
         KT s = KF(kda_sigmoid)(b[i]);
@@ -48,9 +48,9 @@ static dg_status beta_backward(dg_ctx *ctx, dg_node *n) {
         return DG_OK;
     dg_tensor *tg = NULL, *tb = NULL, *db = NULL, *b = n->saved[0];
     const void *pg = NULL, *pb = NULL;
-    dg_status st = kda_ptr(ctx, gy, p->dt, &tg, &pg);
+    dg_status st = dg__kda_ptr(ctx, gy, p->dt, &tg, &pg);
     if (st == DG_OK)
-        st = kda_ptr(ctx, b, p->dt, &tb, &pb);
+        st = dg__kda_ptr(ctx, b, p->dt, &tb, &pb);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, p->dt, b->ndim, b->shape, &db);
     if (st == DG_OK)
@@ -64,13 +64,13 @@ static dg_status beta_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
+dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
                      dg_tensor **beta) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "beta", beta));
     *beta = NULL;
     DG_TRY(dg__check_ptr(OP, "b", b));
-    DG_TRY(kda_check_first(OP, "b", b, ctx, b->ndim, "B,T,HV"));
+    DG_TRY(dg__kda_check_first(OP, "b", b, ctx, b->ndim, "B,T,HV"));
     beta_params bp = {b->dtype, dg__is_cuda(b), allow_neg_eigval ? 2.0 : 1.0};
 #ifndef DG_HAVE_CUDA
     if (bp.cuda)
@@ -80,14 +80,14 @@ dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f
         bp.dt = DG_F32;
     dg_tensor *tb = NULL, *bc = NULL; /* bc: beta in the compute dtype */
     const void *pb = NULL;
-    dg_status st = kda_ptr(ctx, b, bp.dt, &tb, &pb);
+    dg_status st = dg__kda_ptr(ctx, b, bp.dt, &tb, &pb);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, bp.dt, b->ndim, b->shape, &bc);
     if (st == DG_OK)
         st =
             kda_run_beta_fwd(ctx, bp.cuda, bp.dt, dg_tensor_numel(b), bp.c, pb, dg_tensor_data(bc));
     if (st == DG_OK)
-        st = kda_as_dtype(ctx, bc, keep_f32 ? bp.dt : b->dtype, beta);
+        st = dg__kda_as_dtype(ctx, bc, keep_f32 ? bp.dt : b->dtype, beta);
     if (st == DG_OK && dg__needs_grad(1, &b)) {
         dg_node *n;
         st = dg__node_new("kda_beta", DG_POLICY_RECOMPUTE, beta_backward, ctx, &n);
@@ -116,6 +116,6 @@ dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f
 }
 
 dg_status dg_kda_beta(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, dg_tensor **beta) {
-    return kda_beta_x(ctx, b, allow_neg_eigval, 0, beta);
+    return dg__kda_beta_x(ctx, b, allow_neg_eigval, 0, beta);
 }
 #endif

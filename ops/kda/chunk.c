@@ -19,38 +19,38 @@
 #include "kda.h"
 
 
-dg_status kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                            dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
                            const dg_kda_opts *opts, kda_dev *dev, kda_local *l) {
     memset(l, 0, sizeof *l);
     dg_status st = DG_OK;
     if (opts && opts->l2norm_qk) {
-        st = kda_l2norm_x(ctx, q, 1, &l->qn);
+        st = dg__kda_l2norm_x(ctx, q, 1, &l->qn);
         if (st == DG_OK)
-            st = kda_l2norm_x(ctx, k, 1, &l->kn);
+            st = dg__kda_l2norm_x(ctx, k, 1, &l->kn);
     } else {
         l->qn = dg_tensor_retain(q);
         l->kn = dg_tensor_retain(k);
     }
     if (st == DG_OK) {
         if (opts && opts->beta_sigmoid)
-            st = kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &l->bt);
+            st = dg__kda_beta_x(ctx, beta, opts->allow_neg_eigval, 1, &l->bt);
         else
             l->bt = dg_tensor_retain(beta);
     }
     if (st == DG_OK)
-        st = kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, &l->G);
+        st = dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, &l->G);
     if (st == DG_OK)
-        st = kda_intra_x(ctx, l->qn, l->kn, l->bt, l->G, opts, dev, &l->Aqk, &l->Tm);
+        st = dg__kda_intra_x(ctx, l->qn, l->kn, l->bt, l->G, opts, dev, &l->Aqk, &l->Tm);
     if (st == DG_OK)
-        st = kda_wy_x(ctx, l->qn, l->kn, v, l->bt, l->G, l->Tm, opts, dev, &l->W, &l->U, &l->KG,
+        st = dg__kda_wy_x(ctx, l->qn, l->kn, v, l->bt, l->G, l->Tm, opts, dev, &l->W, &l->U, &l->KG,
                       &l->QG);
     if (st != DG_OK)
-        kda_local_free(l);
+        dg__kda_local_free(l);
     return st;
 }
 
-dg_status kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
+dg_status dg__kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
                           dg__group **grp) {
     DG_TRY(dg__kda_group_new(cfg, grp));
     dg_tensor *in[KDA_NINPUTS] = {l->qn, l->kn, v, l->bt, l->G, l->Tm, h0}; /* KDA_IN_Q .. */
@@ -62,7 +62,7 @@ dg_status kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, 
     return DG_OK;
 }
 
-void kda_local_free(kda_local *l) {
+void dg__kda_local_free(kda_local *l) {
     dg_tensor **t[10] = {&l->qn, &l->kn, &l->bt, &l->G,  &l->Aqk,
                          &l->Tm, &l->W,  &l->U,  &l->KG, &l->QG};
     for (int i = 0; i < 10; i++)
@@ -82,25 +82,25 @@ dg_status dg_kda_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
-    DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
+    DG_TRY(dg__kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
 
     kda_local l;
     dg_tensor *h = NULL, *E = NULL;
     dg__group *grp = NULL;
-    dg_status st = kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, opts, cfg.dev, &l);
+    dg_status st = dg__kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, opts, cfg.dev, &l);
     if (st == DG_OK)
-        st = kda_local_group(&cfg, &l, v, h0, &grp);
+        st = dg__kda_local_group(&cfg, &l, v, h0, &grp);
     if (st == DG_OK)
-        st = kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0, opts, grp, &h, &E, want_ht ? ht : NULL);
+        st = dg__kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0, opts, grp, &h, &E, want_ht ? ht : NULL);
     if (st == DG_OK)
-        st = kda_output_x(ctx, l.QG, h, l.Aqk, E, opts, grp, q->dtype, o);
+        st = dg__kda_output_x(ctx, l.QG, h, l.Aqk, E, opts, grp, q->dtype, o);
 
     dg__group_release(&grp);
-    kda_local_free(&l);
+    dg__kda_local_free(&l);
     dg_tensor_free(&h);
     dg_tensor_free(&E);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK && ht)
         dg_tensor_free(ht);
     return st;

@@ -32,7 +32,7 @@
 #define KDA_G_FLOOR (-128)
 #endif
 
-void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
+void KF(dg__kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
                       const KT *A_log, const KT *dt_bias, KT *G) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T;
@@ -70,7 +70,7 @@ void KF(kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, c
     }
 }
 
-void KF(kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
+void KF(dg__kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
                       const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
                       KT *ddt_bias) {
     const int HV = d->HV, K = d->K, row = HV * K;
@@ -153,13 +153,13 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tx = NULL, *tA = NULL, *tbias = NULL, *tgG = NULL;
     dg_tensor *dx = NULL, *dA = NULL, *db = NULL;
     kda_gate_bwd_io io = {0};
-    dg_status st = kda_ptr(ctx, x, c->dt, &tx, &io.x);
+    dg_status st = dg__kda_ptr(ctx, x, c->dt, &tx, &io.x);
     if (st == DG_OK && A)
-        st = kda_ptr(ctx, A, c->dt, &tA, &io.A_log);
+        st = dg__kda_ptr(ctx, A, c->dt, &tA, &io.A_log);
     if (st == DG_OK && bias)
-        st = kda_ptr(ctx, bias, c->dt, &tbias, &io.dt_bias);
+        st = dg__kda_ptr(ctx, bias, c->dt, &tbias, &io.dt_bias);
     if (st == DG_OK)
-        st = kda_ptr(ctx, gG, c->dt, &tgG, &io.dG);
+        st = dg__kda_ptr(ctx, gG, c->dt, &tgG, &io.dG);
     if (st == DG_OK)
         st = kda_new_as(ctx, c, x, &dx);
     if (st == DG_OK && A && dg__node_wants_grad(n, IN_A_LOG))
@@ -188,15 +188,15 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                      const dg_kda_opts *opts, kda_dev *share, dg_tensor **G) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "G", G));
     *G = NULL;
-    DG_TRY(kda_check_first(OP, "g", g, ctx, 4, "B,T,HV,K"));
+    DG_TRY(dg__kda_check_first(OP, "g", g, ctx, 4, "B,T,HV,K"));
     const int64_t *s = g->shape;
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, ctx, opts, s[0], s[1], (int)s[2], (int)s[2], (int)s[3], 1, g->dtype,
+    DG_TRY(dg__kda_cfg_init(OP, ctx, opts, s[0], s[1], (int)s[2], (int)s[2], (int)s[3], 1, g->dtype,
                         &cfg));
     dg_status st = DG_OK;
     if (cfg.gate == DG_GATE_NONE && (A_log || dt_bias))
@@ -206,21 +206,21 @@ dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_
         st = dg__err(DG_ERR_ARG, OP ": A_log [HV] is required with DG_GATE_KDA");
     int64_t shA[1] = {s[2]}, shB[1] = {s[2] * s[3]};
     if (st == DG_OK && A_log)
-        st = kda_check(OP, "A_log", A_log, ctx, cfg.m_f, 1, shA, "HV");
+        st = dg__kda_check(OP, "A_log", A_log, ctx, cfg.m_f, 1, shA, "HV");
     if (st == DG_OK && dt_bias)
-        st = kda_check(OP, "dt_bias", dt_bias, ctx, cfg.m_f, 1, shB, "HV*K");
+        st = dg__kda_check(OP, "dt_bias", dt_bias, ctx, cfg.m_f, 1, shB, "HV*K");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, share);
+        st = dg__kda_cfg_dev(OP, ctx, &cfg, share);
     dg_tensor *tg = NULL, *tA = NULL, *tbias = NULL; /* converted copies */
     kda_gate_fwd_io io = {0};
     if (st == DG_OK)
-        st = kda_ptr(ctx, g, cfg.dt, &tg, &io.x);
+        st = dg__kda_ptr(ctx, g, cfg.dt, &tg, &io.x);
     if (st == DG_OK && A_log)
-        st = kda_ptr(ctx, A_log, cfg.dt, &tA, &io.A_log);
+        st = dg__kda_ptr(ctx, A_log, cfg.dt, &tA, &io.A_log);
     if (st == DG_OK && dt_bias)
-        st = kda_ptr(ctx, dt_bias, cfg.dt, &tbias, &io.dt_bias);
+        st = dg__kda_ptr(ctx, dt_bias, cfg.dt, &tbias, &io.dt_bias);
     if (st == DG_OK) /* G is an f32 intermediate on CUDA whatever g's dtype */
-        st = kda_new(ctx, &cfg, 4, g->shape, G);
+        st = dg__kda_new(ctx, &cfg, 4, g->shape, G);
     if (st == DG_OK) {
         io.G = dg_tensor_data(*G);
         st = kda_run_gate_fwd(ctx, &cfg, 1, &io);
@@ -236,7 +236,7 @@ dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_
                 st = dg__node_output(n, *G);
             for (int i = 0; i < 3 && st == DG_OK; i++)
                 st = dg__node_save(n, in[i]);
-            if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+            if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
                 st = dg__node_commit(n);
@@ -247,7 +247,7 @@ dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_
     dg_tensor_free(&tg);
     dg_tensor_free(&tA);
     dg_tensor_free(&tbias);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK)
         dg_tensor_free(G);
     return st;
@@ -255,6 +255,6 @@ dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_
 
 dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                              const dg_kda_opts *opts, dg_tensor **G) {
-    return kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, G);
+    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, G);
 }
 #endif

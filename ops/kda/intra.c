@@ -21,7 +21,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
+dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
                             const KT *G, KT *Aqk, KT *Tm) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
     const int64_t NC = d->chunk_off[d->N];
@@ -73,7 +73,7 @@ dg_status KF(kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *
     return DG_OK;
 }
 
-dg_status KF(kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
+dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
                             const KT *G, const KT *Tm, const KT *dAqk, const KT *dTm, KT *dq,
                             KT *dk, KT *dbeta, KT *dG) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
@@ -176,30 +176,30 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tq = NULL, *tk = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL, *tgA = NULL;
     dg_tensor *tgT = NULL, *dq = NULL, *dk = NULL, *dbeta = NULL, *dG = NULL;
     kda_intra_bwd_io io = {0};
-    dg_status st = kda_ptr(ctx, q, c->dt, &tq, &io.q);
+    dg_status st = dg__kda_ptr(ctx, q, c->dt, &tq, &io.q);
     if (st == DG_OK)
-        st = kda_ptr(ctx, k, c->dt, &tk, &io.k);
+        st = dg__kda_ptr(ctx, k, c->dt, &tk, &io.k);
     if (st == DG_OK)
-        st = kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
+        st = dg__kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
     if (st == DG_OK)
-        st = kda_ptr(ctx, G, c->dt, &tG, &io.G);
+        st = dg__kda_ptr(ctx, G, c->dt, &tG, &io.G);
     if (st == DG_OK)
-        st = kda_ptr(ctx, Tm, c->dt, &tTm, &io.Tm);
+        st = dg__kda_ptr(ctx, Tm, c->dt, &tTm, &io.Tm);
     if (st == DG_OK && gA)
-        st = kda_ptr(ctx, gA, c->dt, &tgA, &io.dAqk);
+        st = dg__kda_ptr(ctx, gA, c->dt, &tgA, &io.dAqk);
     if (st == DG_OK && gT)
-        st = kda_ptr(ctx, gT, c->dt, &tgT, &io.dTm);
+        st = dg__kda_ptr(ctx, gT, c->dt, &tgT, &io.dTm);
     /* on CUDA dq, dk, dG are added into gradients the tape already holds (the wy node's) */
-    const kda_acc_targets at = kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
+    const kda_acc_targets at = dg__kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
     io.acc = at.acc;
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
+        st = dg__kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
+        st = dg__kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
+        st = dg__kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
+        st = dg__kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
     if (st == DG_OK)
         st = kda_run_intra_bwd(ctx, c, &io);
     dg_tensor *grads[4] = {dq, dk, dbeta, dG}; /* IN_Q, IN_K, IN_BETA, IN_G (NULL: added) */
@@ -212,42 +212,43 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
-                      const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm) {
+dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                          const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk,
+                          dg_tensor **Tm) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "Aqk", Aqk));
     DG_TRY(dg__check_ptr(OP, "Tm", Tm));
     *Aqk = *Tm = NULL;
-    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "beta", beta, ctx, 3, "B,T,HV"));
+    DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "beta", beta, ctx, 3, "B,T,HV"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = beta->shape[2];
     int64_t sq[4] = {B, T, H, K}, sb[3] = {B, T, HV}, sg[4] = {B, T, HV, K};
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
+    DG_TRY(dg__kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, 1, q->dtype, &cfg));
     int64_t sa[4] = {B, T, HV, cfg.d.BT};
     dg_tensor *in[4] = {q, k, beta, G};                          /* IN_Q, IN_K, IN_BETA, IN_G */
     dg_tensor *tq = NULL, *tk = NULL, *tbeta = NULL, *tG = NULL; /* converted copies */
     kda_intra_fwd_io io = {0};
-    dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
+    dg_status st = dg__kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
+        st = dg__kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
+        st = dg__kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, share);
+        st = dg__kda_cfg_dev(OP, ctx, &cfg, share);
     if (st == DG_OK)
-        st = kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
+        st = dg__kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
     if (st == DG_OK)
-        st = kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
+        st = dg__kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
     if (st == DG_OK)
-        st = kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
+        st = dg__kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
     if (st == DG_OK)
-        st = kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
+        st = dg__kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sa, Aqk);
+        st = dg__kda_new(ctx, &cfg, 4, sa, Aqk);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sa, Tm);
+        st = dg__kda_new(ctx, &cfg, 4, sa, Tm);
     if (st == DG_OK) {
         io.Aqk = dg_tensor_data(*Aqk);
         io.Tm = dg_tensor_data(*Tm);
@@ -267,7 +268,7 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
                 st = dg__node_save(n, in[i]);
             if (st == DG_OK)
                 st = dg__node_save(n, *Tm); /* SAVED_TM */
-            if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+            if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
                 st = dg__node_commit(n);
@@ -279,7 +280,7 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
     dg_tensor_free(&tk);
     dg_tensor_free(&tbeta);
     dg_tensor_free(&tG);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(Aqk);
         dg_tensor_free(Tm);
@@ -289,6 +290,6 @@ dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, 
 
 dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
                        const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
-    return kda_intra_x(ctx, q, k, beta, G, opts, NULL, Aqk, Tm);
+    return dg__kda_intra_x(ctx, q, k, beta, G, opts, NULL, Aqk, Tm);
 }
 #endif

@@ -26,7 +26,7 @@
  * one collective each way, HV K (V+K) values per rank.
  * CUDA: the stages run on the device as in dg_kda_chunk. On the tensor-core path (bf16 inputs,
  * K % 16 == 0) each summary is two state passes on the device (summary_dev,
- * kda_state_summary_cuda) and only the small [HV, K, V+K] result comes to the host; otherwise
+ * dg__kda_state_summary_cuda) and only the small [HV, K, V+K] result comes to the host; otherwise
  * W, U, KG, G and the upstream gradients are copied down and summarised by the loops below
  * (correct but slow). Merges and row moves run on host copies, and the MPI communicator carries
  * host buffers, so several processes can share one GPU. The CPU path runs the same code without
@@ -210,7 +210,7 @@ typedef struct kcp_np {
 static void kcp_np_free(void *params) {
     kcp_np *np = (kcp_np *)params;
     dg__group_release(&np->grp);
-    kda_dev_release(&np->cfg.dev);
+    dg__kda_dev_release(&np->cfg.dev);
 }
 
 static kcp_np *kcp_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp, dg_comm *comm,
@@ -224,7 +224,7 @@ static kcp_np *kcp_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp, dg_com
     np->cfg.tab = np->tab;
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = kda_dev_retain(cfg->dev);
+    np->cfg.dev = dg__kda_dev_retain(cfg->dev);
     np->grp = dg__group_retain(grp);
     np->comm = comm;
     np->rank = p->rank;
@@ -320,7 +320,7 @@ static dg_status run_merge(dg_dtype dt, int HV, int K, int V, const void *ag, co
 }
 
 /* The summary of local sequence `seq` computed on the device (CUDA, tensor-core path: see
- * kda_state_summary_cuda) into the host tensor dst [HV, K, V+K] ([Sh | SM] per value head).
+ * dg__kda_state_summary_cuda) into the host tensor dst [HV, K, V+K] ([Sh | SM] per value head).
  * A1, X0, A2, G, Sup, S0 are device tensors or pointers (S0, X0, Sup may be NULL). Returns
  * DG_ERR_UNSUPPORTED when the sizes need the host path. */
 static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq, int bwd,
@@ -328,7 +328,7 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
                              const dg_tensor *G, const dg_tensor *Sup, const void *S0,
                              dg_tensor *dst) {
 #ifdef DG_HAVE_CUDA
-    if (!c->cuda || !kda_state_summary_fits(&c->cd))
+    if (!c->cuda || !dg__kda_state_summary_fits(&c->cd))
         return DG_ERR_UNSUPPORTED;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V;
     int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
@@ -338,15 +338,15 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
     const void *pA1 = NULL, *pX0 = NULL, *pA2 = NULL, *pG = NULL, *pSup = NULL;
     dg_status st = DG_OK;
     if (A1)
-        st = kda_ptr(ctx, A1, DG_F32, &tA1, &pA1);
+        st = dg__kda_ptr(ctx, A1, DG_F32, &tA1, &pA1);
     if (st == DG_OK && X0)
-        st = kda_ptr(ctx, X0, DG_F32, &tX0, &pX0);
+        st = dg__kda_ptr(ctx, X0, DG_F32, &tX0, &pX0);
     if (st == DG_OK && A2)
-        st = kda_ptr(ctx, A2, DG_F32, &tA2, &pA2);
+        st = dg__kda_ptr(ctx, A2, DG_F32, &tA2, &pA2);
     if (st == DG_OK && G)
-        st = kda_ptr(ctx, G, DG_F32, &tG, &pG);
+        st = dg__kda_ptr(ctx, G, DG_F32, &tG, &pG);
     if (st == DG_OK && Sup)
-        st = kda_ptr(ctx, Sup, DG_F32, &tSup, &pSup);
+        st = dg__kda_ptr(ctx, Sup, DG_F32, &tSup, &pSup);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, DG_F32, 3, sh, &dh);
     if (st == DG_OK)
@@ -354,8 +354,8 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
     if (st == DG_OK && !bwd)
         dg__profile_forward(ctx, "kda_cp_summary_prep");
     if (st == DG_OK)
-        st = kda_state_summary_cuda(ctx, &c->cd, seq, bwd, pA1, pX0, pA2, pG, pSup, S0,
-                                    dg_tensor_data(dh), dg_tensor_data(dm));
+        st = dg__kda_state_summary_cuda(ctx, &c->cd, seq, bwd, pA1, pX0, pA2, pG, pSup, S0,
+                                        dg_tensor_data(dh), dg_tensor_data(dm));
     if (st == DG_OK && !bwd)
         dg__profile_forward(ctx, "kda_cp_summary_kernels");
     if (st == DG_OK)
@@ -439,12 +439,12 @@ static dg_status link_backward_body(dg_ctx *ctx, dg_node *n) {
         st = dg__group_get(np->grp, ctx, KDA_M_LINK, KDA_W, &W);
         if (st == DG_OK)
             st = dg__group_get(np->grp, ctx, KDA_M_LINK, KDA_KG, &KG);
-        int on_dev = 0; /* on the device when the sizes allow (kda_state_summary_cuda) */
+        int on_dev = 0; /* on the device when the sizes allow (dg__kda_state_summary_cuda) */
         if (st == DG_OK && c->cuda) {
             const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
             dg_tensor *gt = NULL;
             if (ends_here(np, 0) && ght)
-                st = kda_ptr(ctx, ght, DG_F32, &gt, &dhout);
+                st = dg__kda_ptr(ctx, ght, DG_F32, &gt, &dhout);
             if (st == DG_OK && dhout)
                 dhout = (const char *)dhout + (size_t)np->seq0 * HV * K * V * sizeof(float);
             if (st == DG_OK) {
@@ -549,7 +549,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     DG_TRY(check_plan(comm, plan, opts));
-    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "1,T_r,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "1,T_r,H,K"));
     if (q->shape[0] != 1 || q->shape[1] != plan->end - plan->begin)
         return dg__err(DG_ERR_SHAPE,
                        OP ": q must be [1, %lld, H, K] (this rank's %lld tokens of the plan), "
@@ -564,16 +564,16 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     lo.n_seqs = plan->n_local;
     lo.output_final_state = 0;
     kda_cfg cfg;
-    DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, NULL, &lo, &cfg));
+    DG_TRY(dg__kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, NULL, &lo, &cfg));
     const int want_ht = opts && opts->output_final_state;
     const int HV = cfg.d.HV, K = cfg.d.K, V = cfg.d.V, NL = cfg.d.N;
     int64_t s0[4] = {plan->n_seqs, HV, K, V}, sl[4] = {NL, HV, K, V};
     int64_t sm[3] = {HV, K, V + K}, sa[4] = {plan->world, HV, K, V + K};
     dg_status st = DG_OK;
     if (h0)
-        st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "n_seqs,HV,K,V (global sequences)");
+        st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "n_seqs,HV,K,V (global sequences)");
     if (st != DG_OK) {
-        kda_cfg_free(&cfg);
+        dg__kda_cfg_free(&cfg);
         return st;
     }
 
@@ -593,7 +593,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     const size_t row = kv_bytes(&cfg);
 
     kda_local l;
-    st = kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, &lo, cfg.dev, &l);
+    st = dg__kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, &lo, cfg.dev, &l);
 
     /* forward summary of the last local sequence, all_gather, merge into h0m */
     if (st == DG_OK)
@@ -608,14 +608,15 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         st = dg_tensor_new(hc, cfg.dt, 4, sa, &ag);
     if (st == DG_OK && plan->post_ranks > 0) {
         const int known = starts_here(&probe, NL - 1) && h0; /* its initial state is a row of h0 */
-        int on_dev = 0; /* on the device when the sizes allow (kda_state_summary_cuda) */
+        int on_dev = 0; /* on the device when the sizes allow (dg__kda_state_summary_cuda) */
         if (cfg.cuda) {
             const void *hin = NULL;
             dg_tensor *ht0 = NULL;
             if (known)
-                st = kda_ptr(ctx, h0, DG_F32, &ht0, &hin);
+                st = dg__kda_ptr(ctx, h0, DG_F32, &ht0, &hin);
             if (st == DG_OK && hin)
-                hin = (const char *)hin + (size_t)(plan->seq0 + NL - 1) * HV * K * V * sizeof(float);
+                hin =
+                    (const char *)hin + (size_t)(plan->seq0 + NL - 1) * HV * K * V * sizeof(float);
             if (st == DG_OK) {
                 st = summary_dev(ctx, hc, &cfg, NL - 1, 0, l.W, l.U, l.KG, l.G, NULL, hin, hm);
                 on_dev = st == DG_OK;
@@ -684,9 +685,9 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = kda_local_group(&cfg, &l, v, h0m, &grp);
+        st = dg__kda_local_group(&cfg, &l, v, h0m, &grp);
     if (st == DG_OK)
-        st = kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, grp, &h, &E, &htl);
+        st = dg__kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, grp, &h, &E, &htl);
     if (st == DG_OK)
         st = to_host(hc, htl, cfg.dt, &htlh);
     if (st == DG_OK)
@@ -729,12 +730,12 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         E2 = dg_tensor_retain(E);
     }
     if (st == DG_OK)
-        st = kda_output_x(ctx, l.QG, h2, l.Aqk, E2, &lo, grp, q->dtype, o);
+        st = dg__kda_output_x(ctx, l.QG, h2, l.Aqk, E2, &lo, grp, q->dtype, o);
     if (st == DG_OK && want_ht)
         *ht = dg_tensor_retain(htu);
 
     dg__group_release(&grp);
-    kda_local_free(&l);
+    dg__kda_local_free(&l);
     dg_tensor *locals[9] = {h, E, htl, hm, ag, h0m, h2, E2, htu};
     for (int i = 0; i < 9; i++)
         dg_tensor_free(&locals[i]);
@@ -742,7 +743,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     for (int i = 0; i < 8; i++)
         dg_tensor_free(&staged[i]);
     host_ctx_free(ctx, &hc);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(o);
         if (ht)

@@ -95,60 +95,60 @@ static inline int kda_thread_id(void) { return 0; }
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
 #define KDA_DECLARE_RAW(KT, SFX)                                                                   \
     /* N1 (§4): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */             \
-    void kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                     \
+    void dg__kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                     \
     /* dx = r (dy - (dy . y) y) */                                                                 \
-    void kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,         \
+    void dg__kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,         \
                               KT *dx);                                                             \
     /* N2 (§4): beta = c sigmoid(b), n elements. */                                               \
-    void kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                               \
-    void kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);                \
+    void dg__kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                               \
+    void dg__kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);                \
     /* N3 (§3, §5.0): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.          \
      * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
-    void kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
+    void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
                             const KT *A_log, const KT *dt_bias, KT *G);                            \
     /* dG -> (reverse chunk cumsum) -> gate backward. dx: [TT,HV,K]; dA_log [HV], ddt_bias         \
      * [HV*K] optional (reduced over tokens). */                                                   \
-    void kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
+    void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
                             const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,  \
                             KT *ddt_bias);                                                         \
     /* N4 (§5.1-5.2): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */    \
-    dg_status kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
+    dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
                                   const KT *beta, const KT *G, KT *Aqk, KT *Tm);                   \
     /* (§6.3 last line, §6.4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta [TT,HV],      \
      * dG [TT,HV,K]. */                                                                            \
-    dg_status kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
+    dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
                                   const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,       \
                                   const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);               \
     /* N5 (§5.2): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */        \
-    dg_status kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
+    dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
                                const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U, KT *KG,    \
                                KT *QG);                                                            \
     /* (§6.3 WY part, §10 N5) upstream dW, dU, dKG, dQG each optional. */                        \
-    dg_status kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
+    dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
                                const KT *beta, const KT *G, const KT *Tm, const KT *dW,            \
                                const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk, KT *dv, \
                                KT *dbeta, KT *dG, KT *dTm);                                        \
     /* N6 (§5.3): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */      \
-    dg_status kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,       \
+    dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,       \
                                   const KT *G, const KT *h0, KT *h, KT *E, KT *ht);                \
     /* (§6.2, §10 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */           \
-    dg_status kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,       \
+    dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,       \
                                   const KT *h, const KT *E, const KT *dh, const KT *dE,            \
                                   const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);        \
     /* N7 (§5.4): O = s QG h + Aqk E (j <= i). */                                                 \
-    void kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
+    void dg__kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
                               const KT *Aqk, const KT *E, KT *O);                                  \
     /* (§6.1, §10 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */     \
-    void kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
+    void dg__kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
                               const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, \
                               KT *dE);                                                             \
     /* §2 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. */ \
-    dg_status kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
+    dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
                                       const KT *v, const KT *g, const KT *beta, const KT *h0,      \
                                       KT *o, KT *ht);                                              \
     /* Backward through time (states recomputed from checkpoints every KDA_REC_SEG tokens).        \
      * dO, dht optional; dh0 optional. */                                                          \
-    dg_status kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
+    dg_status dg__kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
                                       const KT *v, const KT *g, const KT *beta, const KT *h0,      \
                                       const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, \
                                       KT *dbeta, KT *dh0);
@@ -190,12 +190,12 @@ typedef struct kda_dev {
     dg_ctx *ctx; /* the allocator that owns d.buf */
     kda_cuda_dims d;
 } kda_dev;
-kda_dev *kda_dev_retain(kda_dev *dv);
-void kda_dev_release(kda_dev **dv);
+kda_dev *dg__kda_dev_retain(kda_dev *dv);
+void dg__kda_dev_release(kda_dev **dv);
 
 /* ---- options, validation, node parameters (kda_common.c) ----------------------------------- */
 
-/* Resolved options plus the dims. Owns its tables (kda_cfg_free). */
+/* Resolved options plus the dims. Owns its tables (dg__kda_cfg_free). */
 typedef struct kda_cfg {
     kda_dims d;
     dg_dtype dt;  /* compute dtype: DG_F64 or DG_F32 on the CPU, DG_F32 on CUDA */
@@ -207,7 +207,7 @@ typedef struct kda_cfg {
     int cuda;      /* the context (and every tensor) is on a CUDA device */
     unsigned m_in; /* dtypes accepted for activation inputs (CPU: the first input's dtype only) */
     unsigned m_f;  /* dtypes accepted for intermediates and A_log, dt_bias, h0: DG_MASK(dt) */
-    kda_dev *dev;  /* CUDA: the device tables (a reference), set by kda_cfg_dev */
+    kda_dev *dev;  /* CUDA: the device tables (a reference), set by dg__kda_cfg_dev */
     kda_cuda_dims cd; /* CUDA: dev->d with this stage's sizes (tables borrowed from dev) */
     int tc; /* CUDA: tensor-core mode asked for by this entry point (kda_tc_of; 0 for f32) */
 } kda_cfg;
@@ -222,43 +222,46 @@ static inline int kda_tc_of(dg_kda_tc opt) {
 /* Validate opts and build tables for tensors of B rows of T tokens. `op` names the caller in
  * messages. H, HV, K, V are taken as given (the caller checked them against the tensors). dt_in
  * is the dtype of the first activation input; ctx fixes the device. */
-dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B, int64_t T,
-                       int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg);
+dg_status dg__kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B,
+                           int64_t T, int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg);
 /* CUDA only (a no-op on the CPU): the device tables, shared with `share` when it is not NULL
  * (same sequences and chunk size), else uploaded. Built without CUDA: dg__no_cuda. */
-dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *share);
-void kda_cfg_free(kda_cfg *cfg);
+dg_status dg__kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *share);
+void dg__kda_cfg_free(kda_cfg *cfg);
 /* Total number of chunks NC. */
 static inline int64_t kda_cfg_nc(const kda_cfg *c) { return c->tab[2 * (c->d.N + 1) - 1]; }
 
 /* t must be non-NULL, on ctx's device (DG_ERR_DEVICE), of a dtype in `mask` and have `ndim`
  * dims equal to `shape`; `names` spells the dims ("B,T,HV,V"). */
-dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx, unsigned mask,
-                    int ndim, const int64_t *shape, const char *names);
+dg_status dg__kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
+                        unsigned mask, int ndim, const int64_t *shape, const char *names);
 /* The first activation input of an op (it fixes the dtype on the CPU): non-NULL, on ctx's device,
  * f64 or f32 on the CPU, f32 or bf16 on CUDA, `ndim` dims. */
-dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
-                          int ndim, const char *names);
+dg_status dg__kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
+                              int ndim, const char *names);
 
 /* The arguments of dg_kda_chunk / dg_kda_recurrent: q fixes B, T, H, K and the dtype, v fixes HV
  * and V; every other tensor must match (A_log/dt_bias per opts->gate; h0 optional). q, k, v, g,
  * beta share one dtype; A_log, dt_bias, h0 have the compute dtype (f32 on CUDA). Also builds
  * the device tables on CUDA. */
-dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                           dg_tensor *g, dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
-                           dg_tensor *h0, const dg_kda_opts *opts, kda_cfg *cfg);
+dg_status dg__kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k,
+                               dg_tensor *v, dg_tensor *g, dg_tensor *beta, dg_tensor *A_log,
+                               dg_tensor *dt_bias, dg_tensor *h0, const dg_kda_opts *opts,
+                               kda_cfg *cfg);
 
 /* Contiguous pointer (host or device, where t lives) to t's values in dtype dt: t's own data, or
  * a converted copy held in *tmp, made in ctx (free with dg_tensor_free; NULL when no copy was
  * needed). Not recorded on the tape. */
-dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr);
+dg_status dg__kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
+                      const void **ptr);
 /* New contiguous tensor (uninitialised) of cfg's compute dtype in ctx. */
-dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out);
+dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
+                      dg_tensor **out);
 /* The same shaped like t (gradients are computed in the compute dtype; dg__node_accum converts
  * them to the input's dtype). */
 static inline dg_status kda_new_as(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t,
                                    dg_tensor **out) {
-    return kda_new(ctx, c, t->ndim, t->shape, out);
+    return dg__kda_new(ctx, c, t->ndim, t->shape, out);
 }
 /* The gradients of a backward's q, k and G inputs (input indices iq, ik, iG) that the tape
  * already holds and the CUDA kernels may add to in place (dg__node_grad_inplace), with the
@@ -268,15 +271,15 @@ typedef struct kda_acc_targets {
     dg_tensor *dq, *dk, *dG;
     unsigned acc;
 } kda_acc_targets;
-kda_acc_targets kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, int iG);
+kda_acc_targets dg__kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, int iG);
 /* *out = a fresh gradient buffer shaped like t, unless `into` (a tape gradient to add to) is
  * given: then *out stays NULL and *ptr points into `into`. */
-dg_status kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t, dg_tensor *into,
-                          dg_tensor **out, void **ptr);
+dg_status dg__kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t, dg_tensor *into,
+                              dg_tensor **out, void **ptr);
 
 /* *out = a new tensor of dtype dt holding src's values (src itself, retained, when it already
  * has that dtype). Not recorded. */
-dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out);
+dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out);
 
 /* ---- dispatch: one raw function on the cfg's device -----------------------------------------
  * kda_run_X calls the CUDA twin kda_X_cuda(ctx, &c->cd, ...) when the cfg is on CUDA (builds
@@ -291,48 +294,48 @@ static inline dg_status kda_run_l2norm_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, i
                                            const void *x, void *y, void *r) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return kda_l2norm_fwd_cuda(ctx, rows, K, x, y, r);
+        return dg__kda_l2norm_fwd_cuda(ctx, rows, K, x, y, r);
 #endif
     if (dt == DG_F64)
-        kda_l2norm_fwd_f64(rows, K, x, y, r);
+        dg__kda_l2norm_fwd_f64(rows, K, x, y, r);
     else
-        kda_l2norm_fwd_f32(rows, K, x, y, r);
+        dg__kda_l2norm_fwd_f32(rows, K, x, y, r);
     return DG_OK;
 }
 static inline dg_status kda_run_l2norm_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
                                            const void *y, const void *r, const void *dy, void *dx) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, dx);
+        return dg__kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, dx);
 #endif
     if (dt == DG_F64)
-        kda_l2norm_bwd_f64(rows, K, y, r, dy, dx);
+        dg__kda_l2norm_bwd_f64(rows, K, y, r, dy, dx);
     else
-        kda_l2norm_bwd_f32(rows, K, y, r, dy, dx);
+        dg__kda_l2norm_bwd_f32(rows, K, y, r, dy, dx);
     return DG_OK;
 }
 static inline dg_status kda_run_beta_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
                                          const void *b, void *beta) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return kda_beta_fwd_cuda(ctx, n, (float)c, b, beta);
+        return dg__kda_beta_fwd_cuda(ctx, n, (float)c, b, beta);
 #endif
     if (dt == DG_F64)
-        kda_beta_fwd_f64(n, c, b, beta);
+        dg__kda_beta_fwd_f64(n, c, b, beta);
     else
-        kda_beta_fwd_f32(n, (float)c, b, beta);
+        dg__kda_beta_fwd_f32(n, (float)c, b, beta);
     return DG_OK;
 }
 static inline dg_status kda_run_beta_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
                                          const void *b, const void *dbeta, void *db) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return kda_beta_bwd_cuda(ctx, n, (float)c, b, dbeta, db);
+        return dg__kda_beta_bwd_cuda(ctx, n, (float)c, b, dbeta, db);
 #endif
     if (dt == DG_F64)
-        kda_beta_bwd_f64(n, c, b, dbeta, db);
+        dg__kda_beta_bwd_f64(n, c, b, dbeta, db);
     else
-        kda_beta_bwd_f32(n, (float)c, b, dbeta, db);
+        dg__kda_beta_bwd_f32(n, (float)c, b, dbeta, db);
     return DG_OK;
 }
 
@@ -345,13 +348,14 @@ static inline dg_status kda_run_gate_fwd(dg_ctx *ctx, const kda_cfg *c, int cums
                                          const kda_gate_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_gate_fwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
-                                 a->dt_bias, a->G);
+        return dg__kda_gate_fwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
+                                     a->dt_bias, a->G);
 #endif
     if (c->dt == DG_F64)
-        kda_gate_fwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->G);
+        dg__kda_gate_fwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->G);
     else
-        kda_gate_fwd_f32(&c->d, c->gate, (float)c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->G);
+        dg__kda_gate_fwd_f32(&c->d, c->gate, (float)c->lb, cumsum, a->x, a->A_log, a->dt_bias,
+                             a->G);
     return DG_OK;
 }
 typedef struct kda_gate_bwd_io {
@@ -362,15 +366,15 @@ static inline dg_status kda_run_gate_bwd(dg_ctx *ctx, const kda_cfg *c, int cums
                                          const kda_gate_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_gate_bwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
-                                 a->dt_bias, a->dG, a->dx, a->dA_log, a->ddt_bias);
+        return dg__kda_gate_bwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
+                                     a->dt_bias, a->dG, a->dx, a->dA_log, a->ddt_bias);
 #endif
     if (c->dt == DG_F64)
-        kda_gate_bwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->dG, a->dx,
-                         a->dA_log, a->ddt_bias);
+        dg__kda_gate_bwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->dG,
+                             a->dx, a->dA_log, a->ddt_bias);
     else
-        kda_gate_bwd_f32(&c->d, c->gate, (float)c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->dG,
-                         a->dx, a->dA_log, a->ddt_bias);
+        dg__kda_gate_bwd_f32(&c->d, c->gate, (float)c->lb, cumsum, a->x, a->A_log, a->dt_bias,
+                             a->dG, a->dx, a->dA_log, a->ddt_bias);
     return DG_OK;
 }
 
@@ -383,12 +387,12 @@ static inline dg_status kda_run_intra_fwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_intra_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_intra_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk,
-                                  a->Tm);
+        return dg__kda_intra_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G,
+                                      a->Aqk, a->Tm);
 #endif
     if (c->dt == DG_F64)
-        return kda_intra_fwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
-    return kda_intra_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
+        return dg__kda_intra_fwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
+    return dg__kda_intra_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
 }
 /* acc (CUDA only, KDA_ACC_* of kernels/kda/kda_cuda.h): dq, dk, dG flagged there are added to
  * what their arrays hold (a gradient slot written in place); the CPU references only overwrite,
@@ -402,16 +406,17 @@ static inline dg_status kda_run_intra_bwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_intra_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_intra_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm,
-                                  a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG, a->acc);
+        return dg__kda_intra_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G,
+                                      a->Tm, a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG,
+                                      a->acc);
 #endif
     if (a->acc)
         return dg__err(DG_ERR_STATE, "kda intra backward: accumulating outputs is CUDA-only");
     if (c->dt == DG_F64)
-        return kda_intra_bwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk, a->dTm,
-                                 a->dq, a->dk, a->dbeta, a->dG);
-    return kda_intra_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk,
-                             a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+        return dg__kda_intra_bwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk,
+                                     a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+    return dg__kda_intra_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk,
+                                 a->dTm, a->dq, a->dk, a->dbeta, a->dG);
 }
 
 /* N5. */
@@ -422,13 +427,14 @@ typedef struct kda_wy_fwd_io {
 static inline dg_status kda_run_wy_fwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_wy_fwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
-                               a->KG, a->QG);
+        return dg__kda_wy_fwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
+                                   a->KG, a->QG);
 #endif
     if (c->dt == DG_F64)
-        return kda_wy_fwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
+        return dg__kda_wy_fwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
+                                  a->QG);
+    return dg__kda_wy_fwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
                               a->QG);
-    return kda_wy_fwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG, a->QG);
 }
 typedef struct kda_wy_bwd_io {
     const void *q, *k, *v, *beta, *G, *Tm, *dW, *dU, *dKG, *dQG;
@@ -438,17 +444,17 @@ typedef struct kda_wy_bwd_io {
 static inline dg_status kda_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_wy_bwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
-                               a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm,
-                               a->acc);
+        return dg__kda_wy_bwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW,
+                                   a->dU, a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG,
+                                   a->dTm, a->acc);
 #endif
     if (a->acc)
         return dg__err(DG_ERR_STATE, "kda wy backward: accumulating outputs is CUDA-only");
     if (c->dt == DG_F64)
-        return kda_wy_bwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
+        return dg__kda_wy_bwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
+                                  a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
+    return dg__kda_wy_bwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
                               a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
-    return kda_wy_bwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
-                          a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
 }
 
 /* N6. */
@@ -460,11 +466,12 @@ static inline dg_status kda_run_state_fwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_state_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_state_fwd_cuda(ctx, &c->cd, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
+        return dg__kda_state_fwd_cuda(ctx, &c->cd, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E,
+                                      a->ht);
 #endif
     if (c->dt == DG_F64)
-        return kda_state_fwd_f64(&c->d, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
-    return kda_state_fwd_f32(&c->d, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
+        return dg__kda_state_fwd_f64(&c->d, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
+    return dg__kda_state_fwd_f32(&c->d, a->W, a->U, a->KG, a->G, a->h0, a->h, a->E, a->ht);
 }
 typedef struct kda_state_bwd_io {
     const void *W, *KG, *G, *h, *E, *dh, *dE, *dht;
@@ -474,14 +481,14 @@ static inline dg_status kda_run_state_bwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_state_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_state_bwd_cuda(ctx, &c->cd, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht,
-                                  a->dW, a->dU, a->dKG, a->dG, a->dh0);
+        return dg__kda_state_bwd_cuda(ctx, &c->cd, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE,
+                                      a->dht, a->dW, a->dU, a->dKG, a->dG, a->dh0);
 #endif
     if (c->dt == DG_F64)
-        return kda_state_bwd_f64(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht, a->dW,
+        return dg__kda_state_bwd_f64(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht,
+                                     a->dW, a->dU, a->dKG, a->dG, a->dh0);
+    return dg__kda_state_bwd_f32(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht, a->dW,
                                  a->dU, a->dKG, a->dG, a->dh0);
-    return kda_state_bwd_f32(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht, a->dW,
-                             a->dU, a->dKG, a->dG, a->dh0);
 }
 
 /* N7 with scale c->scale. */
@@ -493,12 +500,13 @@ static inline dg_status kda_run_output_fwd(dg_ctx *ctx, const kda_cfg *c,
                                            const kda_output_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_output_fwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+        return dg__kda_output_fwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E,
+                                       a->O);
 #endif
     if (c->dt == DG_F64)
-        kda_output_fwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+        dg__kda_output_fwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
     else
-        kda_output_fwd_f32(&c->d, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+        dg__kda_output_fwd_f32(&c->d, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
     return DG_OK;
 }
 typedef struct kda_output_bwd_io {
@@ -509,15 +517,15 @@ static inline dg_status kda_run_output_bwd(dg_ctx *ctx, const kda_cfg *c,
                                            const kda_output_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_output_bwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->dO,
-                                   a->dQG, a->dh, a->dAqk, a->dE);
+        return dg__kda_output_bwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E,
+                                       a->dO, a->dQG, a->dh, a->dAqk, a->dE);
 #endif
     if (c->dt == DG_F64)
-        kda_output_bwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG, a->dh,
-                           a->dAqk, a->dE);
+        dg__kda_output_bwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG, a->dh,
+                               a->dAqk, a->dE);
     else
-        kda_output_bwd_f32(&c->d, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG, a->dh,
-                           a->dAqk, a->dE);
+        dg__kda_output_bwd_f32(&c->d, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG,
+                               a->dh, a->dAqk, a->dE);
     return DG_OK;
 }
 
@@ -530,14 +538,14 @@ static inline dg_status kda_run_recurrent_fwd(dg_ctx *ctx, const kda_cfg *c,
                                               const kda_recurrent_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_recurrent_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->v, a->g, a->beta,
-                                      a->h0, a->o, a->ht);
+        return dg__kda_recurrent_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->v, a->g,
+                                          a->beta, a->h0, a->o, a->ht);
 #endif
     if (c->dt == DG_F64)
-        return kda_recurrent_fwd_f64(&c->d, c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0, a->o,
-                                     a->ht);
-    return kda_recurrent_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
-                                 a->o, a->ht);
+        return dg__kda_recurrent_fwd_f64(&c->d, c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
+                                         a->o, a->ht);
+    return dg__kda_recurrent_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
+                                     a->o, a->ht);
 }
 typedef struct kda_recurrent_bwd_io {
     const void *q, *k, *v, *g, *beta, *h0, *dO, *dht;
@@ -547,15 +555,16 @@ static inline dg_status kda_run_recurrent_bwd(dg_ctx *ctx, const kda_cfg *c,
                                               const kda_recurrent_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return kda_recurrent_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->v, a->g, a->beta,
-                                      a->h0, a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta,
-                                      a->dh0);
+        return dg__kda_recurrent_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->v, a->g,
+                                          a->beta, a->h0, a->dO, a->dht, a->dq, a->dk, a->dv, a->dg,
+                                          a->dbeta, a->dh0);
 #endif
     if (c->dt == DG_F64)
-        return kda_recurrent_bwd_f64(&c->d, c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0, a->dO,
-                                     a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta, a->dh0);
-    return kda_recurrent_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
-                                 a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta, a->dh0);
+        return dg__kda_recurrent_bwd_f64(&c->d, c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
+                                         a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta,
+                                         a->dh0);
+    return dg__kda_recurrent_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->v, a->g, a->beta, a->h0,
+                                     a->dO, a->dht, a->dq, a->dk, a->dv, a->dg, a->dbeta, a->dh0);
 }
 
 /* ---- the recompute group of the wy/state/output nodes (kda_group.c: the table) -------------
@@ -581,43 +590,43 @@ typedef struct kda_np {
 } kda_np;
 /* Allocate the params of n from cfg (tables copied). grp may be NULL; a non-NULL grp is
  * retained and released when the node is destroyed. */
-kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
+kda_np *dg__kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
 
 /* ---- internal entry points used by the composite (the public ones pass NULL / 0) ------------
  * keep_f32: the output stays in the compute dtype (f32 on CUDA) instead of the input's dtype, so
  * that the composite keeps normalised q, k and beta in f32. share: device tables to reuse. */
-dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
-dg_status kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
-                     dg_tensor **beta);
-dg_status kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                     const dg_kda_opts *opts, kda_dev *share, dg_tensor **G);
-dg_status kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
-                      const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm);
-dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                   dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
-                   dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
+dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
+dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
+                         dg_tensor **beta);
+dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
+                         const dg_kda_opts *opts, kda_dev *share, dg_tensor **G);
+dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
+                          const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm);
+dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+                       dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
+                       dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
 /* grp: the composite's recompute group (NULL: the node makes its own). */
-dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
-                      dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
-                      dg_tensor **E, dg_tensor **ht);
+dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+                          dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
+                          dg_tensor **E, dg_tensor **ht);
 /* The local part of the chunked composite, N1..N5 (ops/kda/chunk.c), shared by dg_kda_chunk and
  * the context-parallel dg_kda_chunk_cp: normalised q, k (qn, kn), beta (bt), G, Aqk, Tm, W, U,
- * KG, QG, each an owned reference (kda_local_free releases them; on error nothing is held). */
+ * KG, QG, each an owned reference (dg__kda_local_free releases them; on error nothing is held). */
 typedef struct kda_local {
     dg_tensor *qn, *kn, *bt, *G, *Aqk, *Tm, *W, *U, *KG, *QG;
 } kda_local;
-dg_status kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
-                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
-                           const dg_kda_opts *opts, kda_dev *dev, kda_local *l);
+dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
+                               dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
+                               const dg_kda_opts *opts, kda_dev *dev, kda_local *l);
 /* The recompute group of the wy/state/output nodes over l, from initial state h0: its inputs,
  * and W, U, KG, QG offered to it (kept when the policy of "kda_wy" is CACHE). */
-dg_status kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
-                          dg__group **grp);
-void kda_local_free(kda_local *l);
+dg_status dg__kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
+                              dg__group **grp);
+void dg__kda_local_free(kda_local *l);
 /* out_dt: dtype of o (DG_NDTYPES: the compute dtype); o is computed in the compute dtype and
  * converted. */
-/* grp as for kda_state_x. */
-dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                       const dg_kda_opts *opts, dg__group *grp, dg_dtype out_dt, dg_tensor **o);
+/* grp as for dg__kda_state_x. */
+dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                           const dg_kda_opts *opts, dg__group *grp, dg_dtype out_dt, dg_tensor **o);
 
 #endif /* DG_OPS_KDA_H */

@@ -55,8 +55,8 @@ dg_status dg_kda_seqlens(const dg_tensor *cu, int64_t T, int64_t *out, int64_t c
     return DG_OK;
 }
 
-dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B, int64_t T,
-                       int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg) {
+dg_status dg__kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int64_t B,
+                           int64_t T, int H, int HV, int K, int V, dg_dtype dt_in, kda_cfg *cfg) {
     static const dg_kda_opts defaults;
     memset(cfg, 0, sizeof *cfg);
     if (!opts)
@@ -155,30 +155,30 @@ dg_status kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts, int
     return DG_OK;
 }
 
-void kda_cfg_free(kda_cfg *cfg) {
+void dg__kda_cfg_free(kda_cfg *cfg) {
     DG_FREE(cfg->tab);
     cfg->tab = NULL;
-    kda_dev_release(&cfg->dev);
+    dg__kda_dev_release(&cfg->dev);
 }
 
-kda_dev *kda_dev_retain(kda_dev *dv) {
+kda_dev *dg__kda_dev_retain(kda_dev *dv) {
     if (dv)
         dv->refcount++;
     return dv;
 }
 
-void kda_dev_release(kda_dev **pdv) {
+void dg__kda_dev_release(kda_dev **pdv) {
     kda_dev *dv = *pdv;
     *pdv = NULL;
     if (!dv || --dv->refcount > 0)
         return;
 #ifdef DG_HAVE_CUDA
-    kda_cuda_dims_free(dv->ctx, &dv->d);
+    dg__kda_cuda_dims_free(dv->ctx, &dv->d);
 #endif
     DG_FREE(dv);
 }
 
-dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *share) {
+dg_status dg__kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *share) {
     if (!c->cuda)
         return DG_OK;
 #ifdef DG_HAVE_CUDA
@@ -188,13 +188,13 @@ dg_status kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *share) {
         if (share->d.N != d->N || share->d.BT != d->BT || share->d.NC != kda_cfg_nc(c) ||
             share->d.TT != d->B * d->T)
             return dg__err(DG_ERR_STATE, "%s: shared chunk tables do not match this call", op);
-        c->dev = kda_dev_retain(share);
+        c->dev = dg__kda_dev_retain(share);
     } else {
         kda_dev *dv = (kda_dev *)DG_CALLOC(1, sizeof *dv);
         if (!dv)
             return dg__err(DG_ERR_NOMEM, "%s: no memory for the device chunk tables", op);
-        dg_status st = kda_cuda_dims_new(ctx, d->B * d->T, d->H, d->HV, d->K, d->V, d->BT, d->N,
-                                         d->cu, d->chunk_off, &dv->d);
+        dg_status st = dg__kda_cuda_dims_new(ctx, d->B * d->T, d->H, d->HV, d->K, d->V, d->BT, d->N,
+                                             d->cu, d->chunk_off, &dv->d);
         if (st != DG_OK) {
             DG_FREE(dv);
             return st;
@@ -245,8 +245,8 @@ static dg_status check_place(const char *op, const char *arg, const dg_tensor *t
     return dg__check_device(op, arg, t, ctx);
 }
 
-dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
-                          int ndim, const char *names) {
+dg_status dg__kda_check_first(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
+                              int ndim, const char *names) {
     DG_TRY(check_place(op, arg, t, ctx));
     if (dg__is_cuda(t)) {
         if (t->dtype != DG_F32 && t->dtype != DG_BF16)
@@ -264,8 +264,8 @@ dg_status kda_check_first(const char *op, const char *arg, const dg_tensor *t, d
     return DG_OK;
 }
 
-dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx, unsigned mask,
-                    int ndim, const int64_t *shape, const char *names) {
+dg_status dg__kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
+                        unsigned mask, int ndim, const int64_t *shape, const char *names) {
     DG_TRY(check_place(op, arg, t, ctx));
     char want[128];
     fmt_shape(want, sizeof want, ndim, shape);
@@ -282,7 +282,8 @@ dg_status kda_check(const char *op, const char *arg, const dg_tensor *t, dg_ctx 
     return DG_OK;
 }
 
-dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp, const void **ptr) {
+dg_status dg__kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
+                      const void **ptr) {
     *tmp = NULL;
     if (t->dtype == dt && dg_tensor_is_contiguous(t)) {
         *ptr = dg_tensor_data(t);
@@ -298,7 +299,7 @@ dg_status kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
     return DG_OK;
 }
 
-dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
+dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
     if (src->dtype == dt) {
         *out = dg_tensor_retain(src);
         return DG_OK;
@@ -310,17 +311,18 @@ dg_status kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out
     return s;
 }
 
-dg_status kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape, dg_tensor **out) {
+dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
+                      dg_tensor **out) {
     return dg_tensor_new(ctx, c->dt, ndim, shape, out);
 }
 
 static void np_free(void *params) {
     kda_np *np = (kda_np *)params;
     dg__group_release(&np->grp);
-    kda_dev_release(&np->cfg.dev);
+    dg__kda_dev_release(&np->cfg.dev);
 }
 
-kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
+kda_np *dg__kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     kda_np *np = (kda_np *)dg__node_params(n, sizeof(kda_np) + ntab * sizeof(int64_t));
     if (!np)
@@ -330,30 +332,31 @@ kda_np *kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     np->cfg.tab = np->tab;
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = kda_dev_retain(cfg->dev);
+    np->cfg.dev = dg__kda_dev_retain(cfg->dev);
     np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;
 }
 
-dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                           dg_tensor *g, dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
-                           dg_tensor *h0, const dg_kda_opts *opts, kda_cfg *cfg) {
-    DG_TRY(kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(op, "v", v, ctx, 4, "B,T,HV,V"));
+dg_status dg__kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k,
+                               dg_tensor *v, dg_tensor *g, dg_tensor *beta, dg_tensor *A_log,
+                               dg_tensor *dt_bias, dg_tensor *h0, const dg_kda_opts *opts,
+                               kda_cfg *cfg) {
+    DG_TRY(dg__kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(op, "v", v, ctx, 4, "B,T,HV,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = v->shape[2], V = v->shape[3];
-    DG_TRY(kda_cfg_init(op, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
+    DG_TRY(dg__kda_cfg_init(op, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, cfg));
     const unsigned mi = DG_MASK(q->dtype), mf = cfg->m_f; /* q, k, v, g, beta share q's dtype */
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sg[4] = {B, T, HV, K}, sb[3] = {B, T, HV};
     int64_t sA[1] = {HV}, sd[1] = {HV * K}, s0[4] = {cfg->d.N, HV, K, V};
-    dg_status st = kda_check(op, "k", k, ctx, mi, 4, sq, "B,T,H,K");
+    dg_status st = dg__kda_check(op, "k", k, ctx, mi, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(op, "v", v, ctx, mi, 4, sv, "B,T,HV,V");
+        st = dg__kda_check(op, "v", v, ctx, mi, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(op, "g", g, ctx, mi, 4, sg, "B,T,HV,K");
+        st = dg__kda_check(op, "g", g, ctx, mi, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(op, "beta", beta, ctx, mi, 3, sb, "B,T,HV");
+        st = dg__kda_check(op, "beta", beta, ctx, mi, 3, sb, "B,T,HV");
     if (st == DG_OK && cfg->gate == DG_GATE_NONE && (A_log || dt_bias))
         st = dg__err(DG_ERR_ARG,
                      "%s: A_log/dt_bias were given but opts->gate is DG_GATE_NONE (g is "
@@ -362,19 +365,19 @@ dg_status kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor 
     if (st == DG_OK && cfg->gate == DG_GATE_KDA && !A_log)
         st = dg__err(DG_ERR_ARG, "%s: A_log [HV] is required with DG_GATE_KDA", op);
     if (st == DG_OK && A_log)
-        st = kda_check(op, "A_log", A_log, ctx, mf, 1, sA, "HV");
+        st = dg__kda_check(op, "A_log", A_log, ctx, mf, 1, sA, "HV");
     if (st == DG_OK && dt_bias)
-        st = kda_check(op, "dt_bias", dt_bias, ctx, mf, 1, sd, "HV*K");
+        st = dg__kda_check(op, "dt_bias", dt_bias, ctx, mf, 1, sd, "HV*K");
     if (st == DG_OK && h0)
-        st = kda_check(op, "h0", h0, ctx, mf, 4, s0, "N,HV,K,V");
+        st = dg__kda_check(op, "h0", h0, ctx, mf, 4, s0, "N,HV,K,V");
     if (st == DG_OK)
-        st = kda_cfg_dev(op, ctx, cfg, NULL);
+        st = dg__kda_cfg_dev(op, ctx, cfg, NULL);
     if (st != DG_OK)
-        kda_cfg_free(cfg);
+        dg__kda_cfg_free(cfg);
     return st;
 }
 
-kda_acc_targets kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, int iG) {
+kda_acc_targets dg__kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, int iG) {
     kda_acc_targets t = {NULL, NULL, NULL, 0u};
     if (!c->cuda)
         return t;
@@ -385,8 +388,8 @@ kda_acc_targets kda_grad_targets(dg_node *n, const kda_cfg *c, int iq, int ik, i
     return t;
 }
 
-dg_status kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t, dg_tensor *into,
-                          dg_tensor **out, void **ptr) {
+dg_status dg__kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t, dg_tensor *into,
+                              dg_tensor **out, void **ptr) {
     *out = NULL;
     if (into) {
         *ptr = dg_tensor_data(into);

@@ -81,7 +81,7 @@ static const dg__group_spec kda_group = {
 /* ---- the group's data: the cfg of the op call (tables and device tables owned) ---- */
 
 static void cfg_free(void *p) {
-    kda_cfg_free((kda_cfg *)p);
+    dg__kda_cfg_free((kda_cfg *)p);
     DG_FREE(p);
 }
 
@@ -100,7 +100,7 @@ dg_status dg__kda_group_new(const kda_cfg *cfg, dg__group **out) {
     c->tab = tab;
     c->d.cu = tab;
     c->d.chunk_off = tab + cfg->d.N + 1;
-    c->dev = kda_dev_retain(cfg->dev);
+    c->dev = dg__kda_dev_retain(cfg->dev);
     return dg__group_new(&kda_group, c, cfg_free, out);
 }
 
@@ -111,7 +111,7 @@ kda_dev *dg__kda_group_dev(const dg__group *g) { return ((const kda_cfg *)dg__gr
 /* Pointer to group input i in the compute dtype (a converted copy for bf16 inputs on CUDA). */
 static dg_status in_ptr(dg_ctx *ctx, const dg__group *g, int i, dg_tensor **tmp, const void **p) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
-    return kda_ptr(ctx, dg__group_input(g, i), c->dt, tmp, p);
+    return dg__kda_ptr(ctx, dg__group_input(g, i), c->dt, tmp, p);
 }
 
 /* W, U, KG, QG: recompute_w_u (spec §5.2), the wy node's forward, for the tensors in make. */
@@ -126,7 +126,7 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     dg_status st = DG_OK;
     for (int s = KDA_W; s <= KDA_QG && st == DG_OK; s++)
         if (make & DG_BIT(s)) {
-            st = kda_new(ctx, c, 4, s == KDA_U ? sv : sk, &out[s]);
+            st = dg__kda_new(ctx, c, 4, s == KDA_U ? sv : sk, &out[s]);
             if (st == DG_OK)
                 po[s] = dg_tensor_data(out[s]);
         }
@@ -164,9 +164,9 @@ static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     const int64_t se[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     dg_tensor *h = NULL, *E = NULL, *tG = NULL, *th0 = NULL;
     kda_state_fwd_io io = {0}; /* ht: not needed */
-    dg_status st = kda_new(ctx, c, 5, sh, &h);
+    dg_status st = dg__kda_new(ctx, c, 5, sh, &h);
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, se, &E);
+        st = dg__kda_new(ctx, c, 4, se, &E);
     if (st == DG_OK)
         st = in_ptr(ctx, g, KDA_IN_G, &tG, &io.G);
     if (st == DG_OK && dg__group_input(g, KDA_IN_H0))

@@ -17,7 +17,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
+void KF(dg__kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
     KDA_OMP(parallel for schedule(static) if (rows * K > 32768))
     for (int64_t i = 0; i < rows; i++) {
         const KT *xr = x + i * K;
@@ -32,7 +32,7 @@ void KF(kda_l2norm_fwd)(int64_t rows, int K, const KT *x, KT *y, KT *r) {
     }
 }
 
-void KF(kda_l2norm_bwd)(int64_t rows, int K, const KT *y, const KT *r, const KT *dy, KT *dx) {
+void KF(dg__kda_l2norm_bwd)(int64_t rows, int K, const KT *y, const KT *r, const KT *dy, KT *dx) {
     KDA_OMP(parallel for schedule(static) if (rows * K > 32768))
     for (int64_t i = 0; i < rows; i++) {
         const KT *yr = y + i * K, *dyr = dy + i * K;
@@ -63,14 +63,14 @@ static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
         return DG_OK;
     dg_tensor *tg = NULL, *dx = NULL, *tx = NULL, *scratch = NULL;
     const void *pdy = NULL, *py = NULL, *pr = NULL;
-    dg_status st = kda_ptr(ctx, gy, p->dt, &tg, &pdy);
+    dg_status st = dg__kda_ptr(ctx, gy, p->dt, &tg, &pdy);
     if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
         py = dg_tensor_data(n->saved[0]); /* both saved in the compute dtype */
         pr = dg_tensor_data(n->saved[1]);
     } else if (st == DG_OK) {
         const void *px = NULL;
         int64_t ns[1] = {p->rows * ((int64_t)p->K + 1)}; /* y then r */
-        st = kda_ptr(ctx, n->saved[0], p->dt, &tx, &px);
+        st = dg__kda_ptr(ctx, n->saved[0], p->dt, &tx, &px);
         if (st == DG_OK)
             st = dg_tensor_new(ctx, p->dt, 1, ns, &scratch);
         if (st == DG_OK) {
@@ -95,12 +95,12 @@ static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
+dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "y", y));
     *y = NULL;
     DG_TRY(dg__check_ptr(OP, "x", x));
-    DG_TRY(kda_check_first(OP, "x", x, ctx, x->ndim, "...,K"));
+    DG_TRY(dg__kda_check_first(OP, "x", x, ctx, x->ndim, "...,K"));
     if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
         return dg__err(DG_ERR_SHAPE, OP ": x must have a last axis K >= 1, got %s",
                        dg_tensor_desc(x));
@@ -115,7 +115,7 @@ dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
     /* yc: y in the compute dtype; *y is yc itself unless x is bf16 (and !keep_f32) */
     dg_tensor *tx = NULL, *r = NULL, *yc = NULL;
     const void *px = NULL;
-    dg_status st = kda_ptr(ctx, x, lp.dt, &tx, &px);
+    dg_status st = dg__kda_ptr(ctx, x, lp.dt, &tx, &px);
     int64_t rshape[1] = {lp.rows};
     if (st == DG_OK)
         st = dg_tensor_new(ctx, lp.dt, x->ndim, x->shape, &yc);
@@ -125,7 +125,7 @@ dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
         st = kda_run_l2norm_fwd(ctx, lp.cuda, lp.dt, lp.rows, lp.K, px, dg_tensor_data(yc),
                                 dg_tensor_data(r));
     if (st == DG_OK)
-        st = kda_as_dtype(ctx, yc, keep_f32 ? lp.dt : x->dtype, y);
+        st = dg__kda_as_dtype(ctx, yc, keep_f32 ? lp.dt : x->dtype, y);
     if (st == DG_OK && dg__needs_grad(1, &x)) {
         dg_node *n;
         st = dg__node_new("kda_l2norm", DG_POLICY_CACHE, l2norm_backward, ctx, &n);
@@ -160,6 +160,6 @@ dg_status kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y) {
 }
 
 dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
-    return kda_l2norm_x(ctx, x, 0, y);
+    return dg__kda_l2norm_x(ctx, x, 0, y);
 }
 #endif

@@ -18,7 +18,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
+void KF(dg__kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
                         const KT *E, KT *O) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
@@ -47,7 +47,7 @@ void KF(kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, 
     }
 }
 
-void KF(kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
+void KF(dg__kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
                         const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, KT *dE) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
@@ -119,15 +119,15 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg__group_get(np->grp, ctx, KDA_M_OUTPUT, KDA_E, &E);
     if (st == DG_OK)
-        st = kda_ptr(ctx, QG, c->dt, &tQG, &io.QG);
+        st = dg__kda_ptr(ctx, QG, c->dt, &tQG, &io.QG);
     if (st == DG_OK)
-        st = kda_ptr(ctx, h, c->dt, &th, &io.h);
+        st = dg__kda_ptr(ctx, h, c->dt, &th, &io.h);
     if (st == DG_OK)
-        st = kda_ptr(ctx, E, c->dt, &tE, &io.E);
+        st = dg__kda_ptr(ctx, E, c->dt, &tE, &io.E);
     if (st == DG_OK)
-        st = kda_ptr(ctx, Aqk, c->dt, &tAqk, &io.Aqk);
+        st = dg__kda_ptr(ctx, Aqk, c->dt, &tAqk, &io.Aqk);
     if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
-        st = kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
+        st = dg__kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
     if (st == DG_OK)
         st = kda_new_as(ctx, c, QG, &dQG);
     if (st == DG_OK)
@@ -159,17 +159,19 @@ static dg_status output_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
-                       const dg_kda_opts *opts, dg__group *grp, dg_dtype out_dt, dg_tensor **o) {
+dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
+                           const dg_kda_opts *opts, dg__group *grp, dg_dtype out_dt,
+                           dg_tensor **o) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
-    DG_TRY(kda_check_first(OP, "QG", QG, ctx, 4, "B,T,HV,K"));
-    DG_TRY(kda_check_first(OP, "E", E, ctx, 4, "B,T,HV,V"));
+    DG_TRY(dg__kda_check_first(OP, "QG", QG, ctx, 4, "B,T,HV,K"));
+    DG_TRY(dg__kda_check_first(OP, "E", E, ctx, 4, "B,T,HV,V"));
     const int64_t B = QG->shape[0], T = QG->shape[1], HV = QG->shape[2], K = QG->shape[3];
     const int64_t V = E->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, QG->dtype, &cfg));
+    DG_TRY(
+        dg__kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, QG->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
     int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, sa[4] = {B, T, HV, cfg.d.BT};
     int64_t sh[5] = {B, NC / B, HV, K, V};
@@ -178,31 +180,31 @@ dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk,
     dg_tensor *tQG = NULL, *th = NULL, *tAqk = NULL, *tE = NULL;
     kda_output_fwd_io io = {0};
     dg__group *own = NULL;
-    dg_status st = kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+    dg_status st = dg__kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "E", E, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
+        st = dg__kda_check(OP, "E", E, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,HV,K,V");
+        st = dg__kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,HV,K,V");
     if (st == DG_OK)
-        st = kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
+        st = dg__kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
+        st = dg__kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
     if (st == DG_OK)
-        st = kda_ptr(ctx, QG, cfg.dt, &tQG, &io.QG);
+        st = dg__kda_ptr(ctx, QG, cfg.dt, &tQG, &io.QG);
     if (st == DG_OK)
-        st = kda_ptr(ctx, h, cfg.dt, &th, &io.h);
+        st = dg__kda_ptr(ctx, h, cfg.dt, &th, &io.h);
     if (st == DG_OK)
-        st = kda_ptr(ctx, Aqk, cfg.dt, &tAqk, &io.Aqk);
+        st = dg__kda_ptr(ctx, Aqk, cfg.dt, &tAqk, &io.Aqk);
     if (st == DG_OK)
-        st = kda_ptr(ctx, E, cfg.dt, &tE, &io.E);
+        st = dg__kda_ptr(ctx, E, cfg.dt, &tE, &io.E);
     if (st == DG_OK) /* oc: o in the compute dtype */
-        st = kda_new(ctx, &cfg, 4, sv, &oc);
+        st = dg__kda_new(ctx, &cfg, 4, sv, &oc);
     if (st == DG_OK) {
         io.O = dg_tensor_data(oc);
         st = kda_run_output_fwd(ctx, &cfg, &io);
     }
     if (st == DG_OK)
-        st = kda_as_dtype(ctx, oc, out_dt == DG_NDTYPES ? cfg.dt : out_dt, o);
+        st = dg__kda_as_dtype(ctx, oc, out_dt == DG_NDTYPES ? cfg.dt : out_dt, o);
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);
@@ -223,7 +225,7 @@ dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk,
             st = dg__node_save(n, Aqk); /* SAVED_AQK */
         if (st == DG_OK)
             st = dg__group_join(grp, KDA_M_OUTPUT, n);
-        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, grp) : NULL;
+        kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)
@@ -236,7 +238,7 @@ dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk,
     for (int i = 0; i < 4; i++)
         dg_tensor_free(&owned[i]);
     dg_tensor_free(&oc);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK)
         dg_tensor_free(o);
     return st;
@@ -244,6 +246,6 @@ dg_status kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk,
 
 dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk, dg_tensor *E,
                         const dg_kda_opts *opts, dg_tensor **o) {
-    return kda_output_x(ctx, QG, h, Aqk, E, opts, NULL, DG_NDTYPES, o);
+    return dg__kda_output_x(ctx, QG, h, Aqk, E, opts, NULL, DG_NDTYPES, o);
 }
 #endif

@@ -53,7 +53,7 @@ static void KF(rec_step)(const kda_dims *d, KT scale, int64_t t, int hv, const K
         }
 }
 
-dg_status KF(kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+dg_status KF(dg__kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                                 const KT *g, const KT *beta, const KT *h0, KT *o, KT *ht) {
     const int HV = d->HV;
     const int64_t KV = (int64_t)d->K * d->V;
@@ -78,7 +78,7 @@ dg_status KF(kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const 
     return DG_OK;
 }
 
-dg_status KF(kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
+dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
                                 const KT *g, const KT *beta, const KT *h0, const KT *dO,
                                 const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, KT *dbeta, KT *dh0) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, grp = HV / H, SEG = KDA_REC_SEG;
@@ -227,21 +227,21 @@ static dg_status rec_ptrs_of(dg_ctx *ctx, dg_dtype dt, const rec_tensors *t, rec
     memset(p, 0, sizeof *p);
     dg_status st = DG_OK;
     if (st == DG_OK && t->q)
-        st = kda_ptr(ctx, t->q, dt, &tmp->q, &p->q);
+        st = dg__kda_ptr(ctx, t->q, dt, &tmp->q, &p->q);
     if (st == DG_OK && t->k)
-        st = kda_ptr(ctx, t->k, dt, &tmp->k, &p->k);
+        st = dg__kda_ptr(ctx, t->k, dt, &tmp->k, &p->k);
     if (st == DG_OK && t->v)
-        st = kda_ptr(ctx, t->v, dt, &tmp->v, &p->v);
+        st = dg__kda_ptr(ctx, t->v, dt, &tmp->v, &p->v);
     if (st == DG_OK && t->g)
-        st = kda_ptr(ctx, t->g, dt, &tmp->g, &p->g);
+        st = dg__kda_ptr(ctx, t->g, dt, &tmp->g, &p->g);
     if (st == DG_OK && t->beta)
-        st = kda_ptr(ctx, t->beta, dt, &tmp->beta, &p->beta);
+        st = dg__kda_ptr(ctx, t->beta, dt, &tmp->beta, &p->beta);
     if (st == DG_OK && t->A_log)
-        st = kda_ptr(ctx, t->A_log, dt, &tmp->A_log, &p->A_log);
+        st = dg__kda_ptr(ctx, t->A_log, dt, &tmp->A_log, &p->A_log);
     if (st == DG_OK && t->dt_bias)
-        st = kda_ptr(ctx, t->dt_bias, dt, &tmp->dt_bias, &p->dt_bias);
+        st = dg__kda_ptr(ctx, t->dt_bias, dt, &tmp->dt_bias, &p->dt_bias);
     if (st == DG_OK && t->h0)
-        st = kda_ptr(ctx, t->h0, dt, &tmp->h0, &p->h0);
+        st = dg__kda_ptr(ctx, t->h0, dt, &tmp->h0, &p->h0);
     return st;
 }
 
@@ -325,9 +325,9 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     rec_tx x = {0};
     dg_status st = rec_ptrs_of(ctx, c->dt, &in, &tmp, &p);
     if (st == DG_OK && gO)
-        st = kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
+        st = dg__kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
     if (st == DG_OK && gH)
-        st = kda_ptr(ctx, gH, c->dt, &tgH, &io.dht);
+        st = dg__kda_ptr(ctx, gH, c->dt, &tgH, &io.dht);
     if (st == DG_OK)
         st = tx_build(ctx, c, np->flags, &p, &x);
     if (st == DG_OK)
@@ -428,7 +428,7 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     if (opts && opts->output_final_state && !ht)
         return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
     kda_cfg cfg;
-    DG_TRY(kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
+    DG_TRY(dg__kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
     const int flags = (opts && opts->l2norm_qk ? F_L2 : 0) |
                       (opts && opts->beta_sigmoid ? F_SIG : 0) | (want_ht ? F_HT : 0);
@@ -444,9 +444,9 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     int64_t so[4] = {cfg.d.B, cfg.d.T, cfg.d.HV, cfg.d.V};
     int64_t s0[4] = {cfg.d.N, cfg.d.HV, cfg.d.K, cfg.d.V};
     if (st == DG_OK) /* oc: o in the compute dtype; *o gets q's dtype */
-        st = kda_new(ctx, &cfg, 4, so, &oc);
+        st = dg__kda_new(ctx, &cfg, 4, so, &oc);
     if (st == DG_OK && want_ht)
-        st = kda_new(ctx, &cfg, 4, s0, ht);
+        st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK) {
         io.q = x.q;
         io.k = x.k;
@@ -459,7 +459,7 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
         st = kda_run_recurrent_fwd(ctx, &cfg, &io);
     }
     if (st == DG_OK)
-        st = kda_as_dtype(ctx, oc, q->dtype, o);
+        st = dg__kda_as_dtype(ctx, oc, q->dtype, o);
     if (st == DG_OK && dg__needs_grad(N_IN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
@@ -471,7 +471,7 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
             st = dg__node_output(n, *ht);
         for (int i = 0; i < N_IN && st == DG_OK; i++)
             st = dg__node_save(n, in[i]);
-        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, NULL) : NULL;
+        kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, NULL) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (np)
@@ -484,7 +484,7 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     dg_tensor_free(&x.buf);
     dg_tensor_free(&oc);
     rec_free(&tmp);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(o);
         if (ht)

@@ -24,7 +24,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const KT *KG, const KT *G,
+dg_status KF(dg__kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const KT *KG, const KT *G,
                             const KT *h0, KT *h, KT *E, KT *ht) {
     const int HV = d->HV, K = d->K, V = d->V;
     const int64_t KV = (int64_t)K * V;
@@ -74,7 +74,7 @@ dg_status KF(kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const K
     return DG_OK;
 }
 
-dg_status KF(kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const KT *G, const KT *h,
+dg_status KF(dg__kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const KT *G, const KT *h,
                             const KT *E, const KT *dh, const KT *dE, const KT *dht, KT *dW, KT *dU,
                             KT *dKG, KT *dG, KT *dh0) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
@@ -182,34 +182,34 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg__group_get(np->grp, ctx, KDA_M_STATE, KDA_E, &E);
     if (st == DG_OK)
-        st = kda_ptr(ctx, W, c->dt, &tW, &io.W);
+        st = dg__kda_ptr(ctx, W, c->dt, &tW, &io.W);
     if (st == DG_OK)
-        st = kda_ptr(ctx, KG, c->dt, &tKG, &io.KG);
+        st = dg__kda_ptr(ctx, KG, c->dt, &tKG, &io.KG);
     if (st == DG_OK)
-        st = kda_ptr(ctx, h, c->dt, &th, &io.h);
+        st = dg__kda_ptr(ctx, h, c->dt, &th, &io.h);
     if (st == DG_OK)
-        st = kda_ptr(ctx, E, c->dt, &tE, &io.E);
+        st = dg__kda_ptr(ctx, E, c->dt, &tE, &io.E);
     if (st == DG_OK)
-        st = kda_ptr(ctx, n->saved[SAVED_G], c->dt, &tG, &io.G);
+        st = dg__kda_ptr(ctx, n->saved[SAVED_G], c->dt, &tG, &io.G);
     if (st == DG_OK && gh)
-        st = kda_ptr(ctx, gh, c->dt, &tgh, &io.dh);
+        st = dg__kda_ptr(ctx, gh, c->dt, &tgh, &io.dh);
     if (st == DG_OK && gE)
-        st = kda_ptr(ctx, gE, c->dt, &tgE, &io.dE);
+        st = dg__kda_ptr(ctx, gE, c->dt, &tgE, &io.dE);
     if (st == DG_OK && ght)
-        st = kda_ptr(ctx, ght, c->dt, &tght, &io.dht);
+        st = dg__kda_ptr(ctx, ght, c->dt, &tght, &io.dht);
     /* gradients of the inputs, shaped like them */
     int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     int64_t s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, sk, &dW);
+        st = dg__kda_new(ctx, c, 4, sk, &dW);
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, sv, &dU);
+        st = dg__kda_new(ctx, c, 4, sv, &dU);
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, sk, &dKG);
+        st = dg__kda_new(ctx, c, 4, sk, &dKG);
     if (st == DG_OK)
-        st = kda_new(ctx, c, 4, sk, &dG);
+        st = dg__kda_new(ctx, c, 4, sk, &dG);
     if (st == DG_OK && n->saved[SAVED_H0] && dg__node_wants_grad(n, IN_H0))
-        st = kda_new(ctx, c, 4, s0, &dh0);
+        st = dg__kda_new(ctx, c, 4, s0, &dh0);
     if (st == DG_OK) {
         io.dW = dg_tensor_data(dW);
         io.dU = dg_tensor_data(dU);
@@ -234,7 +234,7 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
+dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
                       dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
                       dg_tensor **E, dg_tensor **ht) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -243,12 +243,12 @@ dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg
     *h = *E = NULL;
     if (ht)
         *ht = NULL;
-    DG_TRY(kda_check_first(OP, "W", W, ctx, 4, "B,T,HV,K"));
-    DG_TRY(kda_check_first(OP, "U", U, ctx, 4, "B,T,HV,V"));
+    DG_TRY(dg__kda_check_first(OP, "W", W, ctx, 4, "B,T,HV,K"));
+    DG_TRY(dg__kda_check_first(OP, "U", U, ctx, 4, "B,T,HV,V"));
     const int64_t B = W->shape[0], T = W->shape[1], HV = W->shape[2], K = W->shape[3];
     const int64_t V = U->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, W->dtype, &cfg));
+    DG_TRY(dg__kda_cfg_init(OP, ctx, opts, B, T, (int)HV, (int)HV, (int)K, (int)V, W->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
     int64_t sk[4] = {B, T, HV, K}, sv[4] = {B, T, HV, V}, s0[4] = {cfg.d.N, HV, K, V};
     int64_t sh[5] = {B, NC / B, HV, K, V};
@@ -257,33 +257,33 @@ dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg
     dg_tensor *tW = NULL, *tU = NULL, *tKG = NULL, *tG = NULL, *th0 = NULL;
     kda_state_fwd_io io = {0};
     dg__group *own = NULL;
-    dg_status st = kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+    dg_status st = dg__kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "U", U, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
+        st = dg__kda_check(OP, "U", U, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "KG", KG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+        st = dg__kda_check(OP, "KG", KG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+        st = dg__kda_check(OP, "G", G, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK && h0)
-        st = kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,HV,K,V");
+        st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,HV,K,V");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
+        st = dg__kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
     if (st == DG_OK)
-        st = kda_ptr(ctx, W, cfg.dt, &tW, &io.W);
+        st = dg__kda_ptr(ctx, W, cfg.dt, &tW, &io.W);
     if (st == DG_OK)
-        st = kda_ptr(ctx, U, cfg.dt, &tU, &io.U);
+        st = dg__kda_ptr(ctx, U, cfg.dt, &tU, &io.U);
     if (st == DG_OK)
-        st = kda_ptr(ctx, KG, cfg.dt, &tKG, &io.KG);
+        st = dg__kda_ptr(ctx, KG, cfg.dt, &tKG, &io.KG);
     if (st == DG_OK)
-        st = kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
+        st = dg__kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
     if (st == DG_OK && h0)
-        st = kda_ptr(ctx, h0, cfg.dt, &th0, &io.h0);
+        st = dg__kda_ptr(ctx, h0, cfg.dt, &th0, &io.h0);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 5, sh, h);
+        st = dg__kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sv, E);
+        st = dg__kda_new(ctx, &cfg, 4, sv, E);
     if (st == DG_OK && ht)
-        st = kda_new(ctx, &cfg, 4, s0, ht);
+        st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK) {
         io.h = dg_tensor_data(*h);
         io.E = dg_tensor_data(*E);
@@ -322,7 +322,7 @@ dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg
             st = dg__node_save(n, h0); /* SAVED_H0 */
         if (st == DG_OK)
             st = dg__group_join(grp, KDA_M_STATE, n);
-        kda_np *np = st == DG_OK ? kda_np_new(n, &cfg, grp) : NULL;
+        kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (np)
@@ -336,7 +336,7 @@ dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg
     dg_tensor *owned[5] = {tW, tU, tKG, tG, th0};
     for (int i = 0; i < 5; i++)
         dg_tensor_free(&owned[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK) {
         dg_tensor_free(h);
         dg_tensor_free(E);
@@ -349,6 +349,6 @@ dg_status kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg
 dg_status dg_kda_state(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
                        dg_tensor *h0, const dg_kda_opts *opts, dg_tensor **h, dg_tensor **E,
                        dg_tensor **ht) {
-    return kda_state_x(ctx, W, U, KG, G, h0, opts, NULL, h, E, ht);
+    return dg__kda_state_x(ctx, W, U, KG, G, h0, opts, NULL, h, E, ht);
 }
 #endif

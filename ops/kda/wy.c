@@ -21,7 +21,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
+dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
                          const KT *G, const KT *Tm, KT *W, KT *U, KT *KG, KT *QG) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
     const int64_t NC = d->chunk_off[d->N];
@@ -78,7 +78,7 @@ dg_status KF(kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *
     return DG_OK;
 }
 
-dg_status KF(kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
+dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
                          const KT *G, const KT *Tm, const KT *dW, const KT *dU, const KT *dKG,
                          const KT *dQG, KT *dq, KT *dk, KT *dv, KT *dbeta, KT *dG, KT *dTm) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
@@ -211,41 +211,41 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tgW = NULL, *tgU = NULL, *tgKG = NULL, *tgQG = NULL;
     dg_tensor *dq = NULL, *dk = NULL, *dv = NULL, *dbeta = NULL, *dG = NULL, *dTm = NULL;
     kda_wy_bwd_io io = {0};
-    dg_status st = kda_ptr(ctx, q, c->dt, &tq, &io.q);
+    dg_status st = dg__kda_ptr(ctx, q, c->dt, &tq, &io.q);
     if (st == DG_OK)
-        st = kda_ptr(ctx, k, c->dt, &tk, &io.k);
+        st = dg__kda_ptr(ctx, k, c->dt, &tk, &io.k);
     if (st == DG_OK)
-        st = kda_ptr(ctx, v, c->dt, &tv, &io.v);
+        st = dg__kda_ptr(ctx, v, c->dt, &tv, &io.v);
     if (st == DG_OK)
-        st = kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
+        st = dg__kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
     if (st == DG_OK)
-        st = kda_ptr(ctx, G, c->dt, &tG, &io.G);
+        st = dg__kda_ptr(ctx, G, c->dt, &tG, &io.G);
     if (st == DG_OK)
-        st = kda_ptr(ctx, Tm, c->dt, &tTm, &io.Tm);
+        st = dg__kda_ptr(ctx, Tm, c->dt, &tTm, &io.Tm);
     if (st == DG_OK && gW)
-        st = kda_ptr(ctx, gW, c->dt, &tgW, &io.dW);
+        st = dg__kda_ptr(ctx, gW, c->dt, &tgW, &io.dW);
     if (st == DG_OK && gU)
-        st = kda_ptr(ctx, gU, c->dt, &tgU, &io.dU);
+        st = dg__kda_ptr(ctx, gU, c->dt, &tgU, &io.dU);
     if (st == DG_OK && gKG)
-        st = kda_ptr(ctx, gKG, c->dt, &tgKG, &io.dKG);
+        st = dg__kda_ptr(ctx, gKG, c->dt, &tgKG, &io.dKG);
     if (st == DG_OK && gQG)
-        st = kda_ptr(ctx, gQG, c->dt, &tgQG, &io.dQG);
+        st = dg__kda_ptr(ctx, gQG, c->dt, &tgQG, &io.dQG);
     /* on CUDA dq, dk, dG are added into gradients the tape already holds (G's from the state
      * node) */
-    const kda_acc_targets at = kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
+    const kda_acc_targets at = dg__kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
     io.acc = at.acc;
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
+        st = dg__kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
+        st = dg__kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, v, NULL, &dv, &io.dv);
+        st = dg__kda_grad_buffer(ctx, c, v, NULL, &dv, &io.dv);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
+        st = dg__kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
+        st = dg__kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
     if (st == DG_OK)
-        st = kda_grad_buffer(ctx, c, Tm, NULL, &dTm, &io.dTm);
+        st = dg__kda_grad_buffer(ctx, c, Tm, NULL, &dTm, &io.dTm);
     if (st == DG_OK)
         st = kda_run_wy_bwd(ctx, c, &io);
     dg_tensor *grads[6] = {dq, dk, dv, dbeta, dG, dTm}; /* IN_Q .. IN_TM (NULL: added) */
@@ -259,7 +259,7 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
+dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
                    dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
                    dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
     dg_tensor **outs[4] = {W, U, KG, QG};
@@ -269,49 +269,49 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
         DG_TRY(dg__check_ptr(OP, onames[i], outs[i]));
         *outs[i] = NULL;
     }
-    DG_TRY(kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
-    DG_TRY(kda_check_first(OP, "v", v, ctx, 4, "B,T,HV,V"));
+    DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
+    DG_TRY(dg__kda_check_first(OP, "v", v, ctx, 4, "B,T,HV,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t HV = v->shape[2], V = v->shape[3];
     kda_cfg cfg;
-    DG_TRY(kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
+    DG_TRY(dg__kda_cfg_init(OP, ctx, opts, B, T, (int)H, (int)HV, (int)K, (int)V, q->dtype, &cfg));
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, HV, V}, sb[3] = {B, T, HV};
     int64_t sg[4] = {B, T, HV, K}, st_[4] = {B, T, HV, cfg.d.BT};
     dg_tensor *in[6] = {q, k, v, beta, G, Tm}; /* IN_Q .. IN_TM */
     /* converted copies (NULL where the tensor already has the compute dtype) */
     dg_tensor *tq = NULL, *tk = NULL, *tv = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL;
     kda_wy_fwd_io io = {0};
-    dg_status st = kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
+    dg_status st = dg__kda_check(OP, "k", k, ctx, cfg.m_in, 4, sq, "B,T,H,K");
     if (st == DG_OK)
-        st = kda_check(OP, "v", v, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
+        st = dg__kda_check(OP, "v", v, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
+        st = dg__kda_check(OP, "beta", beta, ctx, cfg.m_in, 3, sb, "B,T,HV");
     if (st == DG_OK)
-        st = kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
+        st = dg__kda_check(OP, "G", G, ctx, cfg.m_f, 4, sg, "B,T,HV,K");
     if (st == DG_OK)
-        st = kda_check(OP, "Tm", Tm, ctx, cfg.m_f, 4, st_, "B,T,HV,BT");
+        st = dg__kda_check(OP, "Tm", Tm, ctx, cfg.m_f, 4, st_, "B,T,HV,BT");
     if (st == DG_OK)
-        st = kda_cfg_dev(OP, ctx, &cfg, share);
+        st = dg__kda_cfg_dev(OP, ctx, &cfg, share);
     if (st == DG_OK)
-        st = kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
+        st = dg__kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
     if (st == DG_OK)
-        st = kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
+        st = dg__kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
     if (st == DG_OK)
-        st = kda_ptr(ctx, v, cfg.dt, &tv, &io.v);
+        st = dg__kda_ptr(ctx, v, cfg.dt, &tv, &io.v);
     if (st == DG_OK)
-        st = kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
+        st = dg__kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
     if (st == DG_OK)
-        st = kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
+        st = dg__kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
     if (st == DG_OK)
-        st = kda_ptr(ctx, Tm, cfg.dt, &tTm, &io.Tm);
+        st = dg__kda_ptr(ctx, Tm, cfg.dt, &tTm, &io.Tm);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sg, W);
+        st = dg__kda_new(ctx, &cfg, 4, sg, W);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sv, U);
+        st = dg__kda_new(ctx, &cfg, 4, sv, U);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sg, KG);
+        st = dg__kda_new(ctx, &cfg, 4, sg, KG);
     if (st == DG_OK)
-        st = kda_new(ctx, &cfg, 4, sg, QG);
+        st = dg__kda_new(ctx, &cfg, 4, sg, QG);
     if (st == DG_OK) {
         io.W = dg_tensor_data(*W);
         io.U = dg_tensor_data(*U);
@@ -329,7 +329,7 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
                 st = dg__node_output(n, *outs[i]);
             for (int i = 0; i < 6 && st == DG_OK; i++)
                 st = dg__node_save(n, in[i]);
-            if (st == DG_OK && !kda_np_new(n, &cfg, NULL))
+            if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
                 st = dg__node_commit(n);
@@ -340,7 +340,7 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
     dg_tensor *owned[6] = {tq, tk, tv, tbeta, tG, tTm};
     for (int i = 0; i < 6; i++)
         dg_tensor_free(&owned[i]);
-    kda_cfg_free(&cfg);
+    dg__kda_cfg_free(&cfg);
     if (st != DG_OK)
         for (int i = 0; i < 4; i++)
             dg_tensor_free(outs[i]);
@@ -350,6 +350,6 @@ dg_status kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_ten
 dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
                     dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
                     dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
-    return kda_wy_x(ctx, q, k, v, beta, G, Tm, opts, NULL, W, U, KG, QG);
+    return dg__kda_wy_x(ctx, q, k, v, beta, G, Tm, opts, NULL, W, U, KG, QG);
 }
 #endif
