@@ -63,6 +63,12 @@ typedef struct dg_train_opts {
     int top_k;
     char prompt[256];
     int64_t ckpt_every;  /* 0: only at the end */
+    /* The host reads the steps' losses and gradient norms (kept on the device) and the device's
+     * bad-input record every `log_every` steps, and at every evaluation, sample, checkpoint,
+     * stop and the last step; the steps in between run without a host sync, and their log.csv
+     * lines and DG_EV_STEP events come together at the read. >= 1 (cpu config 1, gpu/bench 10).
+     */
+    int64_t log_every;
     int keep_step_ckpts; /* also keep ckpt_step<N>.safetensors */
     dg_policy recompute; /* global tape policy for the run */
     int plot;            /* render DIR/loss.png with gnuplot at the end */
