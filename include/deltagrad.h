@@ -418,9 +418,9 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
 
 /* ---- embeddings, convolution, loss ---- */
 /* weight [Vocab, d], ids i32/i64 of any shape S (at most 4 dims) -> [S..., d]. An id outside
- * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync). weight:
- * f64/f32 on the CPU, f32/bf16 on CUDA. The backward (a scatter-add into dweight) is
- * deterministic on both devices: no float atomics. */
+ * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync, unless
+ * checks are deferred: dg_ctx_defer_checks). weight: f64/f32 on the CPU, f32/bf16 on CUDA. The
+ * backward (a scatter-add into dweight) is deterministic on both devices: no float atomics. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
 /* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
@@ -432,8 +432,9 @@ dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
  * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable
  * (finite for logits of any magnitude). If every target is ignored the loss is 0 and the gradient
- * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync). Logits:
- * f64/f32 on the CPU, f32/bf16 on CUDA. Policy "cross_entropy": CACHE keeps 2 numbers a row. */
+ * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync, unless
+ * checks are deferred: dg_ctx_defer_checks). Logits: f64/f32 on the CPU, f32/bf16 on CUDA.
+ * Policy "cross_entropy": CACHE keeps 2 numbers a row. */
 dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets,
                            int64_t ignore_index, dg_tensor **out);
 

@@ -272,7 +272,8 @@ static void test_deferred_cpu(dg_ctx *cpu) {
  * the first one, with the eager message, then nothing. */
 static void test_deferred_gpu(dg_ctx *cpu, dg_ctx *gpu) {
     int64_t ws[2] = {10, 33}, ys[3] = {2, 3, 33};
-    dg_tensor *wh = dg_test_randn(cpu, DG_F32, 2, ws, 3), *gh = dg_test_randn(cpu, DG_F32, 3, ys, 4);
+    dg_tensor *wh = dg_test_randn(cpu, DG_F32, 2, ws, 3);
+    dg_tensor *gh = dg_test_randn(cpu, DG_F32, 3, ys, 4);
     dg_tensor *w = NULL, *gy = NULL, *ids = NULL, *y = NULL;
     DG_TEST_TRY(dg_to_device(gpu, wh, &w));
     DG_TEST_TRY(dg_to_device(gpu, gh, &gy));
