@@ -129,6 +129,17 @@ void dg_ctx_free(dg_ctx **ctx);
 dg_device dg_ctx_device(const dg_ctx *ctx);
 /* Wait for all work queued in the context (a no-op on the CPU). */
 dg_status dg_ctx_sync(dg_ctx *ctx);
+/* Bad inputs that CUDA kernels find (an embedding id, a cross-entropy target outside
+ * [0, Vocab)) are recorded in device memory, one record per context. By default the op reads the
+ * record back at once (one sync per call) and fails like the CPU op. With deferred checks on
+ * (dg_ctx_defer_checks(ctx, 1), e.g. inside a training step) ops only record: the first bad input
+ * since the last check (op, argument, position, value) stays on the device, later ones are
+ * counted, and no host sync is needed; dg_ctx_check_errors reads the record (one sync), clears it
+ * and returns that error. A bad call's outputs stay well defined (a bad id gives a zero row and
+ * no gradient, a bad target a zero row loss) and nothing is read out of bounds. On the CPU ops
+ * always check on the spot: both calls do nothing there. */
+void dg_ctx_defer_checks(dg_ctx *ctx, int on);
+dg_status dg_ctx_check_errors(dg_ctx *ctx);
 /* Device memory statistics of the context's allocator (0 on the CPU). */
 typedef struct dg_mem_stats {
     size_t in_use;      /* bytes handed out to live tensors */
@@ -407,9 +418,9 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
 
 /* ---- embeddings, convolution, loss ---- */
 /* weight [Vocab, d], ids i32/i64 of any shape S (at most 4 dims) -> [S..., d]. An id outside
- * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync). weight:
- * f64/f32 on the CPU, f32/bf16 on CUDA. The backward (a scatter-add into dweight) is
- * deterministic on both devices: no float atomics. */
+ * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync, unless
+ * checks are deferred: dg_ctx_defer_checks). weight: f64/f32 on the CPU, f32/bf16 on CUDA. The
+ * backward (a scatter-add into dweight) is deterministic on both devices: no float atomics. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
 /* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.
@@ -421,8 +432,9 @@ dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
  * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable
  * (finite for logits of any magnitude). If every target is ignored the loss is 0 and the gradient
- * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync). Logits:
- * f64/f32 on the CPU, f32/bf16 on CUDA. Policy "cross_entropy": CACHE keeps 2 numbers a row. */
+ * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync, unless
+ * checks are deferred: dg_ctx_defer_checks). Logits: f64/f32 on the CPU, f32/bf16 on CUDA.
+ * Policy "cross_entropy": CACHE keeps 2 numbers a row. */
 dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets,
                            int64_t ignore_index, dg_tensor **out);
 
@@ -442,6 +454,37 @@ dg_status dg_adamw_step(dg_ctx *ctx, dg_tensor *param, const dg_tensor *grad, dg
  * Each tensor's sum of squares is taken on its device in f64 with a fixed reduction order, so
  * the result is bitwise repeatable. All tensors on ctx's device; NULL entries count as zero. */
 dg_status dg_global_norm(dg_ctx *ctx, const dg_tensor *const *ts, int n, double *out);
+
+/* AdamW over a list of parameters with gradient-norm clipping, and no host sync per step.
+ * Built once over n parameters and their moments (each as dg_adamw_step wants them: same
+ * shapes, contiguous; f32 on CUDA); decay[i] = 0 skips weight decay for params[i] (decay NULL:
+ * all decay). hp: betas, eps, weight decay (hp->lr is unused: each step's lr comes from
+ * dg_adamw_set_step). clip > 0 scales the gradients by clip / (norm + 1e-6) when their global L2
+ * norm exceeds clip; 0: no clipping. The tensors are referenced, not copied; on CUDA a device
+ * table of their pointers, sizes and decay flags is built here, once. */
+typedef struct dg_adamw dg_adamw;
+dg_status dg_adamw_new(dg_ctx *ctx, int n, dg_tensor *const *params, dg_tensor *const *m,
+                       dg_tensor *const *v, const int *decay, const dg_adamw_hparams *hp,
+                       double clip, dg_adamw **out);
+void dg_adamw_free(dg_adamw **opt);
+/* The step (from 1) and lr of the next update. The lr, lr * weight_decay and the bias
+ * corrections 1 - beta^step are computed on the host and written to device memory by a small
+ * kernel launch (no sync); the update reads them there, so an update captured in a CUDA graph
+ * follows them when the graph is replayed after each dg_adamw_set_step. */
+dg_status dg_adamw_set_step(dg_adamw *opt, int64_t step, double lr);
+/* One step for every parameter with grads[i] (NULL: params[i] and its moments unchanged; the
+ * param's shape, any strides; f32 or bf16 on CUDA, the param's dtype on the CPU): the gradients'
+ * global L2 norm, the clip coefficient, then dg_adamw_step's update with the gradient times the
+ * coefficient. CPU: dg_global_norm, dg_scale (when clipping) and dg_adamw_step per parameter,
+ * the reference. CUDA: no host sync; the norm (f64, a fixed reduction order: bitwise
+ * repeatable), the coefficient and the update stay on the device, the update of all parameters
+ * is one launch (the gradient pointers are passed as kernel arguments, so a captured update
+ * reads the gradient buffers of the capture). A non-finite norm is not an error here: read
+ * dg_adamw_stats. */
+dg_status dg_adamw_update(dg_adamw *opt, const dg_tensor *const *grads);
+/* f64 [2] on the optimizer's device, owned by it and rewritten by each update: the gradient
+ * norm of the last update (before clipping) and the coefficient the gradients were scaled by. */
+const dg_tensor *dg_adamw_stats(const dg_adamw *opt);
 
 /* =============================================================================================
  * KDA: Kimi Delta Attention (spec: docs/ and shared KDA.md). Defined in ops/kda/.

@@ -156,60 +156,36 @@ static dg_status fwd_launch(dg_ctx *ctx, const void *logits, int64_t N, int64_t 
     return DG_OK;
 }
 
-static dg_status fwd_run(dg_ctx *ctx, dg_dtype ldt, const void *logits, int64_t N, int64_t V,
-                         dg_dtype tdt, const void *targets, int64_t ignore, float *row_loss,
-                         float *loss, int64_t *count, float *stats, unsigned long long *bad,
-                         unsigned long long *host_bad) {
-    DG_CHECK_CUDA(cudaMemsetAsync(bad, 0xff, sizeof *bad, dg__stream(ctx)));
-    dg_status s;
-    if (ldt == DG_F32 && tdt == DG_I32)
-        s = fwd_launch<float, int32_t>(ctx, logits, N, V, targets, ignore, row_loss, loss, count,
-                                       stats, bad);
-    else if (ldt == DG_F32)
-        s = fwd_launch<float, int64_t>(ctx, logits, N, V, targets, ignore, row_loss, loss, count,
-                                       stats, bad);
-    else if (tdt == DG_I32)
-        s = fwd_launch<__nv_bfloat16, int32_t>(ctx, logits, N, V, targets, ignore, row_loss, loss,
-                                               count, stats, bad);
-    else
-        s = fwd_launch<__nv_bfloat16, int64_t>(ctx, logits, N, V, targets, ignore, row_loss, loss,
-                                               count, stats, bad);
-    DG_TRY(s);
-    return dg__cuda_memcpy(ctx, host_bad, bad, sizeof *host_bad, DG_COPY_D2H);
-}
-
 extern "C" dg_status dg__cross_entropy_fwd_cuda(dg_ctx *ctx, dg_dtype ldt, const void *logits,
                                                 int64_t N, int64_t V, dg_dtype tdt,
                                                 const void *targets, int64_t ignore_index,
                                                 float *loss, int64_t *count, float *stats,
-                                                int64_t *bad_row, int64_t *bad_target) {
-    *bad_row = -1;
-    *bad_target = 0;
+                                                const dg_deverr_site *site) {
     if (ldt != DG_F32 && ldt != DG_BF16)
         return dg__err(DG_ERR_DTYPE, "cross_entropy (cuda): logits dtype %s, expected f32 or bf16",
                        dg_dtype_name(ldt));
-    /* scratch: the bad-row flag (8 B) then the per-row losses */
-    size_t bytes = 256 + (size_t)(N > 0 ? N : 1) * sizeof(float);
+    /* scratch: the per-row losses */
+    size_t bytes = (size_t)(N > 0 ? N : 1) * sizeof(float);
     void *buf = NULL;
     DG_TRY(dg__cuda_malloc(ctx, bytes, &buf));
-    unsigned long long hb = ULLONG_MAX;
-    dg_status s =
-        fwd_run(ctx, ldt, logits, N, V, tdt, targets, ignore_index, (float *)((char *)buf + 256),
-                loss, count, stats, (unsigned long long *)buf, &hb);
-    dg__cuda_free(ctx, buf, bytes);
+    unsigned long long *bad = &dg__deverr(ctx)->pending;
+    float *rows = (float *)buf;
+    dg_status s;
+    if (ldt == DG_F32 && tdt == DG_I32)
+        s = fwd_launch<float, int32_t>(ctx, logits, N, V, targets, ignore_index, rows, loss, count,
+                                       stats, bad);
+    else if (ldt == DG_F32)
+        s = fwd_launch<float, int64_t>(ctx, logits, N, V, targets, ignore_index, rows, loss, count,
+                                       stats, bad);
+    else if (tdt == DG_I32)
+        s = fwd_launch<__nv_bfloat16, int32_t>(ctx, logits, N, V, targets, ignore_index, rows,
+                                               loss, count, stats, bad);
+    else
+        s = fwd_launch<__nv_bfloat16, int64_t>(ctx, logits, N, V, targets, ignore_index, rows,
+                                               loss, count, stats, bad);
+    dg__cuda_free(ctx, buf, bytes); /* stream-ordered: reused only by later work */
     DG_TRY(s);
-    if (hb != ULLONG_MAX) {
-        *bad_row = (int64_t)hb;
-        if (tdt == DG_I32) {
-            int32_t v = 0;
-            DG_TRY(dg__cuda_memcpy(ctx, &v, (const int32_t *)targets + hb, sizeof v, DG_COPY_D2H));
-            *bad_target = v;
-        } else {
-            DG_TRY(dg__cuda_memcpy(ctx, bad_target, (const int64_t *)targets + hb,
-                                   sizeof *bad_target, DG_COPY_D2H));
-        }
-    }
-    return DG_OK;
+    return N > 0 ? dg__deverr_commit(ctx, site, tdt, targets) : DG_OK;
 }
 
 template <typename T, typename I>

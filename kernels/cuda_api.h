@@ -32,6 +32,43 @@ typedef enum { DG_COPY_H2D, DG_COPY_D2H, DG_COPY_D2D } dg_copy_kind;
 /* Synchronous with respect to the host for H2D/D2H. */
 dg_status dg__cuda_memcpy(dg_ctx *ctx, void *dst, const void *src, size_t bytes, dg_copy_kind k);
 
+/* ---- bad inputs found by kernels (dg_ctx_check_errors) ----
+ * Each CUDA context owns one dg_deverr in device memory. A kernel that finds a bad index (a token
+ * id outside [0, V), a target outside [0, V)) atomicMin's its flat position into `pending`; the
+ * launcher then queues dg__deverr_commit, which moves a pending position into the record (the
+ * first bad launch since the last check wins; later ones only count) and resets `pending`. All
+ * on the stream, no host sync: the host reads the record with dg__deverr_read. */
+typedef enum { DG_DEVERR_EMBEDDING_ID = 1, DG_DEVERR_CE_TARGET = 2 } dg_deverr_kind;
+
+/* What the host knows of a launch, enough to name a bad index in an error message: the indexed
+ * tensor `idx` (ids / targets: its shape) and the tensor `ref` it indexes (weight [V,d] /
+ * logits [N,V]: shape and dtype). Passed to the commit kernel by value. */
+typedef struct dg_deverr_site {
+    int32_t kind; /* dg_deverr_kind */
+    int32_t idx_ndim;
+    int64_t idx_shape[DG_MAX_DIMS];
+    int32_t ref_dtype; /* dg_dtype */
+    int32_t ref_ndim;
+    int64_t ref_shape[2];
+    int64_t ignore; /* cross-entropy's ignore_index */
+} dg_deverr_site;
+
+typedef struct dg_deverr {
+    unsigned long long pending; /* first bad position of the launch in flight; ULLONG_MAX: none */
+    long long count;            /* launches that found a bad index since the last read */
+    long long pos, value;       /* the first such launch's first bad position and its value */
+    dg_deverr_site site;        /* ... and the launch */
+} dg_deverr;
+
+/* The context's record (a device pointer). */
+dg_deverr *dg__deverr(dg_ctx *ctx);
+/* Queue the move of `pending` into the record; idx (dtype idt, i32 or i64) is the launch's index
+ * tensor, read at the pending position for the message. No sync. */
+dg_status dg__deverr_commit(dg_ctx *ctx, const dg_deverr_site *site, dg_dtype idt,
+                            const void *idx);
+/* Copy the record to the host (one D2H: a sync) and clear it. */
+dg_status dg__deverr_read(dg_ctx *ctx, dg_deverr *out);
+
 /* A strided n-d layout passed by value to kernels. */
 typedef struct dg_layout {
     int ndim;

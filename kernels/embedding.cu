@@ -34,11 +34,15 @@ __global__ void embedding_fwd_kernel(const T *weight, int64_t V, int64_t d, cons
     }
 }
 
+/* An id outside [0, V) (recorded by the forward; possible with deferred checks) gets key V: it
+ * sorts after every row and no row's run includes it. */
 template <typename I>
-__global__ void embedding_keys_kernel(const I *ids, int64_t n, unsigned int *keys, int *pos) {
+__global__ void embedding_keys_kernel(const I *ids, int64_t n, int64_t V, unsigned int *keys,
+                                      int *pos) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        keys[i] = (unsigned int)ids[i];
+        int64_t id = (int64_t)ids[i];
+        keys[i] = (unsigned int)(id >= 0 && id < V ? id : V);
         pos[i] = (int)i;
     }
 }
@@ -90,11 +94,15 @@ static dg_status launch_fwd(dg_ctx *ctx, const void *w, int64_t V, int64_t d, co
     return DG_OK;
 }
 
-/* Gather, then read the bad-position flag back (a sync). */
-static dg_status fwd_run(dg_ctx *ctx, dg_dtype wdt, const void *weight, int64_t V, int64_t d,
-                         dg_dtype idt, const void *ids, int64_t n, void *out,
-                         unsigned long long *bad, unsigned long long *host_bad) {
-    DG_CHECK_CUDA(cudaMemsetAsync(bad, 0xff, sizeof *bad, dg__stream(ctx)));
+extern "C" dg_status dg__embedding_fwd_cuda(dg_ctx *ctx, dg_dtype wdt, const void *weight,
+                                            int64_t V, int64_t d, dg_dtype idt, const void *ids,
+                                            int64_t n, void *out, const dg_deverr_site *site) {
+    if (n <= 0 || d <= 0)
+        return DG_OK;
+    if (wdt != DG_F32 && wdt != DG_BF16)
+        return dg__err(DG_ERR_DTYPE, "embedding (cuda): weight dtype %s, expected f32 or bf16",
+                       dg_dtype_name(wdt));
+    unsigned long long *bad = &dg__deverr(ctx)->pending;
     dg_status s;
     if (wdt == DG_F32 && idt == DG_I32)
         s = launch_fwd<float, int32_t>(ctx, weight, V, d, ids, n, out, bad);
@@ -105,39 +113,7 @@ static dg_status fwd_run(dg_ctx *ctx, dg_dtype wdt, const void *weight, int64_t 
     else
         s = launch_fwd<__nv_bfloat16, int64_t>(ctx, weight, V, d, ids, n, out, bad);
     DG_TRY(s);
-    return dg__cuda_memcpy(ctx, host_bad, bad, sizeof *host_bad, DG_COPY_D2H);
-}
-
-extern "C" dg_status dg__embedding_fwd_cuda(dg_ctx *ctx, dg_dtype wdt, const void *weight,
-                                            int64_t V, int64_t d, dg_dtype idt, const void *ids,
-                                            int64_t n, void *out, int64_t *bad_index,
-                                            int64_t *bad_id) {
-    *bad_index = -1;
-    *bad_id = 0;
-    if (n <= 0 || d <= 0)
-        return DG_OK;
-    if (wdt != DG_F32 && wdt != DG_BF16)
-        return dg__err(DG_ERR_DTYPE, "embedding (cuda): weight dtype %s, expected f32 or bf16",
-                       dg_dtype_name(wdt));
-    void *flag = NULL;
-    DG_TRY(dg__cuda_malloc(ctx, sizeof(unsigned long long), &flag));
-    unsigned long long hb = ULLONG_MAX;
-    dg_status s =
-        fwd_run(ctx, wdt, weight, V, d, idt, ids, n, out, (unsigned long long *)flag, &hb);
-    dg__cuda_free(ctx, flag, sizeof(unsigned long long));
-    DG_TRY(s);
-    if (hb != ULLONG_MAX) {
-        *bad_index = (int64_t)hb;
-        if (idt == DG_I32) {
-            int32_t v = 0;
-            DG_TRY(dg__cuda_memcpy(ctx, &v, (const int32_t *)ids + hb, sizeof v, DG_COPY_D2H));
-            *bad_id = v;
-        } else {
-            DG_TRY(dg__cuda_memcpy(ctx, bad_id, (const int64_t *)ids + hb, sizeof *bad_id,
-                                   DG_COPY_D2H));
-        }
-    }
-    return DG_OK;
+    return dg__deverr_commit(ctx, site, idt, ids);
 }
 
 /* Scratch for the sort: CUB's temp storage, then keys and positions in and out (256-B aligned). */
@@ -156,10 +132,12 @@ static dg_status bwd_run(dg_ctx *ctx, dg_dtype wdt, void *dweight, int64_t V, in
     cudaStream_t st = dg__stream(ctx);
     if (idt == DG_I32)
         embedding_keys_kernel<int32_t>
-            <<<dg__blocks(n, 256), 256, 0, st>>>((const int32_t *)ids, n, sb->keys_in, sb->pos_in);
+            <<<dg__blocks(n, 256), 256, 0, st>>>((const int32_t *)ids, n, V, sb->keys_in,
+                                                 sb->pos_in);
     else
         embedding_keys_kernel<int64_t>
-            <<<dg__blocks(n, 256), 256, 0, st>>>((const int64_t *)ids, n, sb->keys_in, sb->pos_in);
+            <<<dg__blocks(n, 256), 256, 0, st>>>((const int64_t *)ids, n, V, sb->keys_in,
+                                                 sb->pos_in);
     DG_CHECK_LAUNCH();
     size_t tb = sb->tmp_bytes;
     DG_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sb->tmp, tb, sb->keys_in, sb->keys, sb->pos_in,
@@ -184,9 +162,9 @@ extern "C" dg_status dg__embedding_bwd_cuda(dg_ctx *ctx, dg_dtype wdt, void *dwe
     if (wdt != DG_F32 && wdt != DG_BF16)
         return dg__err(DG_ERR_DTYPE, "embedding (cuda): weight dtype %s, expected f32 or bf16",
                        dg_dtype_name(wdt));
-    if (n > INT_MAX || V > (int64_t)UINT_MAX)
+    if (n > INT_MAX || V >= (int64_t)UINT_MAX)
         return dg__err(DG_ERR_ARG,
-                       "embedding (cuda): backward supports up to 2^31-1 ids and 2^32-1 rows, "
+                       "embedding (cuda): backward supports up to 2^31-1 ids and 2^32-2 rows, "
                        "got %lld ids and %lld rows",
                        (long long)n, (long long)V);
     if (n == 0) {
@@ -194,8 +172,8 @@ extern "C" dg_status dg__embedding_bwd_cuda(dg_ctx *ctx, dg_dtype wdt, void *dwe
             cudaMemsetAsync(dweight, 0, (size_t)(V * d) * dg_dtype_size(wdt), dg__stream(ctx)));
         return DG_OK;
     }
-    int end_bit = 1; /* sort only the bits an id can have */
-    while (end_bit < 32 && ((uint64_t)1 << end_bit) < (uint64_t)V)
+    int end_bit = 1; /* sort only the bits a key can have (keys are at most V) */
+    while (end_bit < 32 && ((uint64_t)1 << end_bit) <= (uint64_t)V)
         end_bit++;
     sort_bufs sb;
     memset(&sb, 0, sizeof sb);

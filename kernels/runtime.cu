@@ -6,9 +6,13 @@
  * class. A training step asks for the same sizes every time, so after the first step nothing goes
  * to cudaMalloc. On an out-of-memory error the cache is emptied and the call retried once.
  * Frees are stream-ordered: a block is reused only by work queued later on the same stream.
+ *
+ * The context also owns its bad-input record (dg_deverr, see cuda_api.h): allocated outside the
+ * cache, committed by a one-thread kernel queued after each checking launch, read by the host.
  */
 #include "common.cuh"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,6 +81,54 @@ extern "C" dg_status dg__cuda_ctx_init(dg_ctx *ctx) {
         cudaStreamDestroy(st);
         return dg__err(DG_ERR_NOMEM, "dg_ctx_new: out of host memory");
     }
+    /* the bad-input record: nothing pending, nothing recorded */
+    dg_deverr init;
+    memset(&init, 0, sizeof init);
+    init.pending = ULLONG_MAX;
+    cudaError_t e = cudaMalloc(&ctx->deverr, sizeof(dg_deverr));
+    if (e == cudaSuccess)
+        e = cudaMemcpy(ctx->deverr, &init, sizeof init, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        dg__cuda_ctx_destroy(ctx);
+        return dg__err(DG_ERR_CUDA, "dg_ctx_new: allocating the bad-input record on %s failed: %s",
+                       dg_device_str(ctx->device), cudaGetErrorString(e));
+    }
+    return DG_OK;
+}
+
+// ---- the bad-input record
+
+__global__ void deverr_commit_kernel(dg_deverr *e, dg_deverr_site site, const void *idx,
+                                     int idx_i64) {
+    unsigned long long p = e->pending;
+    if (p == ULLONG_MAX)
+        return;
+    if (e->count == 0) {
+        e->pos = (long long)p;
+        e->value = idx_i64 ? ((const long long *)idx)[p] : (long long)((const int *)idx)[p];
+        e->site = site;
+    }
+    e->count++;
+    e->pending = ULLONG_MAX;
+}
+
+extern "C" dg_deverr *dg__deverr(dg_ctx *ctx) { return (dg_deverr *)ctx->deverr; }
+
+extern "C" dg_status dg__deverr_commit(dg_ctx *ctx, const dg_deverr_site *site, dg_dtype idt,
+                                       const void *idx) {
+    deverr_commit_kernel<<<1, 1, 0, dg__stream(ctx)>>>(dg__deverr(ctx), *site, idx,
+                                                       idt == DG_I64);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+extern "C" dg_status dg__deverr_read(dg_ctx *ctx, dg_deverr *out) {
+    dg_deverr *e = dg__deverr(ctx);
+    DG_CHECK_CUDA(cudaMemcpyAsync(out, e, sizeof *out, cudaMemcpyDeviceToHost, dg__stream(ctx)));
+    DG_CHECK_CUDA(cudaStreamSynchronize(dg__stream(ctx)));
+    if (out->count > 0) /* pending is already reset by the commit */
+        DG_CHECK_CUDA(cudaMemsetAsync(&e->count, 0, sizeof e->count, dg__stream(ctx)));
     return DG_OK;
 }
 
@@ -111,6 +163,11 @@ extern "C" void dg__cuda_ctx_destroy(dg_ctx *ctx) {
         cublasDestroy(dg__cublas(ctx));
     if (ctx->stream)
         cudaStreamDestroy(dg__stream(ctx));
+    if (ctx->deverr)
+        cudaFree(ctx->deverr);
+    ctx->deverr = NULL;
+    ctx->cublas = NULL;
+    ctx->stream = NULL;
 }
 
 extern "C" dg_status dg__cuda_sync(dg_ctx *ctx) {

@@ -7,8 +7,9 @@
  * Rows whose target equals ignore_index are not counted; C is the number of counted rows. When
  * every row is ignored (C = 0) the loss is 0 and the gradient is all zeros (not NaN).
  * Output: [1], f64 for f64 logits, f32 for f32 and bf16. A target outside [0, Vocab) that is not
- * ignore_index is DG_ERR_ARG (on CUDA the kernel flags it and the launcher reads the flag back:
- * one sync per forward).
+ * ignore_index is DG_ERR_ARG (on CUDA the kernel records it in the context's bad-input record,
+ * gives the row a zero loss, and the op reads the record back: one sync per forward; with
+ * dg_ctx_defer_checks it is left for dg_ctx_check_errors).
  *
  * Policy: CACHE (default) keeps the row statistics (m_i, l_i) ([N,2], 8 or 16 bytes a row) for
  * backward; RECOMPUTE keeps only the logits and targets and recomputes them with the same code
@@ -19,6 +20,7 @@
 #include <math.h>
 
 #ifdef DG_HAVE_CUDA
+#include "../kernels/cuda_api.h"
 #include "../kernels/cross_entropy.cuh"
 #endif
 
@@ -134,7 +136,8 @@ static dg_status cross_entropy_backward(dg_ctx *ctx, dg_node *nd) {
 
 // ---- forward
 
-static dg_status bad_target(const dg_tensor *logits, int64_t row, int64_t t, int64_t ignore) {
+dg_status dg__cross_entropy_bad_target(const dg_tensor *logits, int64_t row, int64_t t,
+                                       int64_t ignore) {
     return dg__err(DG_ERR_ARG,
                    "dg_cross_entropy: targets[%lld] = %lld is outside [0, %lld) and is not "
                    "ignore_index (%lld); logits %s",
@@ -153,7 +156,7 @@ static dg_status ce_forward_cpu(dg_tensor *x, dg_tensor *tg, int64_t ignore, dg_
         if (t == ignore)
             continue;
         if (t < 0 || t >= V)
-            return bad_target(x, i, t, ignore);
+            return dg__cross_entropy_bad_target(x, i, t, ignore);
         c++;
     }
     size_t es = dg_dtype_size(x->dtype);
@@ -223,13 +226,21 @@ dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets, i
         s = ce_forward_cpu(x, tg, ignore_index, loss, cnt, stats);
     } else if (s == DG_OK) {
 #ifdef DG_HAVE_CUDA
-        int64_t bad_row = -1, bad_t = 0;
+        dg_deverr_site site;
+        memset(&site, 0, sizeof site);
+        site.kind = DG_DEVERR_CE_TARGET;
+        site.idx_ndim = 1;
+        site.idx_shape[0] = N;
+        site.ref_dtype = (int32_t)logits->dtype;
+        site.ref_ndim = 2;
+        site.ref_shape[0] = N;
+        site.ref_shape[1] = logits->shape[1];
+        site.ignore = ignore_index;
         s = dg__cross_entropy_fwd_cuda(ctx, x->dtype, dg_tensor_data(x), N, x->shape[1], tg->dtype,
                                        dg_tensor_data(tg), ignore_index, dg__f32(loss),
-                                       dg_tensor_data(cnt), stats ? dg__f32(stats) : NULL, &bad_row,
-                                       &bad_t);
-        if (s == DG_OK && bad_row >= 0)
-            s = bad_target(logits, bad_row, bad_t, ignore_index);
+                                       dg_tensor_data(cnt), stats ? dg__f32(stats) : NULL, &site);
+        if (s == DG_OK && !ctx->defer_checks)
+            s = dg_ctx_check_errors(ctx);
 #endif
     }
     if (s == DG_OK && grad) {

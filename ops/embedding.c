@@ -5,7 +5,9 @@
  *   dW[v, :] = sum_{s : ids[s] = v} dy[s, :]     (no gradient for ids)
  *
  * Ids outside [0, Vocab) are an error (DG_ERR_ARG naming the first bad position and its value);
- * on CUDA the gather kernel flags them and the launcher reads the flag back (one sync per call).
+ * on CUDA the gather kernel records them in the context's bad-input record (a zero row each) and
+ * the op reads it back (one sync per call), or, with dg_ctx_defer_checks, leaves it for
+ * dg_ctx_check_errors. The backward gives such ids no gradient.
  * Backward is deterministic on both devices: each row of dW sums its tokens in position order
  * (CPU: a serial pass over tokens per column block; CUDA: kernels/embedding.cu sorts positions
  * by id with a stable radix sort, then one block per row sums its run in order).
@@ -13,6 +15,7 @@
 #include "../autograd/tape.h"
 
 #ifdef DG_HAVE_CUDA
+#include "../kernels/cuda_api.h"
 #include "../kernels/embedding.cuh"
 #endif
 
@@ -36,7 +39,8 @@ static void index_str(char *buf, size_t n, int ndim, const int64_t *shape, int64
         snprintf(buf + k, n - k, "]");
 }
 
-static dg_status bad_id_err(const dg_tensor *ids, const dg_tensor *w, int64_t pos, int64_t id) {
+dg_status dg__embedding_bad_id(const dg_tensor *ids, const dg_tensor *w, int64_t pos,
+                               int64_t id) {
     char where[96];
     index_str(where, sizeof where, ids->ndim, ids->shape, pos);
     return dg__err(DG_ERR_ARG, "dg_embedding: ids%s = %lld is outside [0, %lld) (weight %s)", where,
@@ -159,18 +163,26 @@ dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor
         for (int64_t i = 0; i < n && s == DG_OK; i++) {
             int64_t id = id_at(iv, ic->dtype, i);
             if (id < 0 || id >= V)
-                s = bad_id_err(ids, weight, i, id);
+                s = dg__embedding_bad_id(ids, weight, i, id);
         }
         if (s == DG_OK)
             emb_fwd(dg_tensor_data(wc), dg_dtype_size(wc->dtype), d, iv, ic->dtype, n,
                     dg_tensor_data(y));
     } else if (s == DG_OK) {
 #ifdef DG_HAVE_CUDA
-        int64_t bad = -1, bad_id = 0;
+        dg_deverr_site site;
+        memset(&site, 0, sizeof site);
+        site.kind = DG_DEVERR_EMBEDDING_ID;
+        site.idx_ndim = ids->ndim;
+        memcpy(site.idx_shape, ids->shape, (size_t)ids->ndim * sizeof *ids->shape);
+        site.ref_dtype = (int32_t)weight->dtype;
+        site.ref_ndim = 2;
+        site.ref_shape[0] = V;
+        site.ref_shape[1] = d;
         s = dg__embedding_fwd_cuda(ctx, weight->dtype, dg_tensor_data(wc), V, d, ic->dtype,
-                                   dg_tensor_data(ic), n, dg_tensor_data(y), &bad, &bad_id);
-        if (s == DG_OK && bad >= 0)
-            s = bad_id_err(ids, weight, bad, bad_id);
+                                   dg_tensor_data(ic), n, dg_tensor_data(y), &site);
+        if (s == DG_OK && !ctx->defer_checks)
+            s = dg_ctx_check_errors(ctx);
 #endif
     }
     dg_tensor_free(&wc);

@@ -95,6 +95,51 @@ dg_status dg_ctx_sync(dg_ctx *ctx) {
     return DG_OK;
 }
 
+void dg_ctx_defer_checks(dg_ctx *ctx, int on) {
+    if (ctx)
+        ctx->defer_checks = on != 0;
+}
+
+#ifdef DG_HAVE_CUDA
+/* A host stand-in for a tensor the record describes: what the error messages read of it. */
+static dg_tensor described(dg_device dev, dg_dtype dt, int ndim, const int64_t *shape) {
+    dg_tensor t;
+    memset(&t, 0, sizeof t);
+    t.ndim = ndim > 0 && ndim <= DG_MAX_DIMS ? ndim : 0;
+    memcpy(t.shape, shape, (size_t)t.ndim * sizeof *shape);
+    t.dtype = dt;
+    t.device = dev;
+    return t;
+}
+#endif
+
+dg_status dg_ctx_check_errors(dg_ctx *ctx) {
+    DG_TRY(dg__check_ptr("dg_ctx_check_errors", "ctx", ctx));
+    if (ctx->device.kind != DG_DEV_CUDA)
+        return DG_OK; /* CPU ops checked on the spot */
+#ifdef DG_HAVE_CUDA
+    dg_deverr e;
+    DG_TRY(dg__deverr_read(ctx, &e));
+    if (e.count == 0)
+        return DG_OK;
+    const dg_deverr_site *st = &e.site;
+    dg_tensor idx = described(ctx->device, DG_I64, st->idx_ndim, st->idx_shape);
+    dg_tensor ref = described(ctx->device, (dg_dtype)st->ref_dtype, st->ref_ndim, st->ref_shape);
+    dg_status s = st->kind == DG_DEVERR_EMBEDDING_ID
+                      ? dg__embedding_bad_id(&idx, &ref, e.pos, e.value)
+                      : dg__cross_entropy_bad_target(&ref, e.pos, e.value, st->ignore);
+    if (e.count > 1) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", dg_last_error());
+        s = dg__err(s, "%s [the first of %lld calls with bad input since the last check]", msg,
+                    e.count);
+    }
+    return s;
+#else
+    return dg__no_cuda("dg_ctx_check_errors");
+#endif
+}
+
 dg_mem_stats dg_ctx_mem_stats(const dg_ctx *ctx) { return ctx->stats; }
 void dg_ctx_reset_peak(dg_ctx *ctx) { ctx->stats.peak_in_use = ctx->stats.in_use; }
 void dg_ctx_empty_cache(dg_ctx *ctx) {

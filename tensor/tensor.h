@@ -66,6 +66,8 @@ struct dg_ctx {
     void *cublas; /* cublasHandle_t */
     struct dg_cuda_alloc *alloc;
     dg_mem_stats stats;
+    void *deverr;     /* dg_deverr in device memory (CUDA; kernels/cuda_api.h) */
+    int defer_checks; /* dg_ctx_defer_checks */
 };
 
 /* ---- errors ---- */
@@ -143,6 +145,14 @@ static inline float dg__bf16_to_f32(uint16_t h) {
 /* Read element `i` (an offset in elements from the data pointer) of a host buffer as double. */
 double dg__load_f64(const void *base, dg_dtype dt, int64_t i);
 void dg__store_f64(void *base, dg_dtype dt, int64_t i, double v);
+
+/* The errors of a bad index, shared by the ops (which check on the spot) and
+ * dg_ctx_check_errors (which rebuilds ids/weight/logits from what the kernel recorded: only
+ * ndim, shape, dtype and device are read). */
+dg_status dg__embedding_bad_id(const dg_tensor *ids, const dg_tensor *weight, int64_t pos,
+                               int64_t id);
+dg_status dg__cross_entropy_bad_target(const dg_tensor *logits, int64_t row, int64_t target,
+                                       int64_t ignore);
 
 /* Message when CUDA tensors reach a build without CUDA. */
 dg_status dg__no_cuda(const char *op);

@@ -2,9 +2,13 @@
  * tests/test_embedding.c -- dg_embedding.
  *
  * cpu: gathered rows equal the table's rows (i32/i64 ids, 1-D to 3-D, strided ids), f64
- *      gradcheck with repeated ids, f32 against f64, out-of-range ids and other bad inputs.
+ *      gradcheck with repeated ids, f32 against f64, out-of-range ids and other bad inputs;
+ *      with dg_ctx_defer_checks on, bad ids and targets still fail at the call.
  * gpu: gather equals the CPU exactly (f32, bf16); the scatter-add backward against the CPU f64
  *      reference, bitwise identical across runs (no float atomics); out-of-range ids reported.
+ *      Deferred checks (the bad-input record): bad ids / targets do not fail the call, give a
+ *      zero row and no gradient, and dg_ctx_check_errors reports the first with the eager
+ *      message (and how many calls had bad input), then nothing; eager checks again after.
  */
 #include "tests/harness.h"
 
@@ -163,6 +167,8 @@ static double *grad_of(dg_ctx *ctx, dg_tensor *w, dg_tensor *ids, dg_tensor *gy)
     return g;
 }
 
+static void test_deferred_gpu(dg_ctx *cpu, dg_ctx *gpu);
+
 static void test_gpu(dg_ctx *cpu) {
     dg_ctx *gpu = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
@@ -236,7 +242,114 @@ static void test_gpu(dg_ctx *cpu) {
     dg_tensor_free(&y);
     dg_tensor_free(&ids);
     dg_tensor_free(&w);
+    test_deferred_gpu(cpu, gpu);
     dg_ctx_free(&gpu);
+}
+
+/* Deferred checks on the CPU: the ops still fail at once; the check has nothing to report. */
+static void test_deferred_cpu(dg_ctx *cpu) {
+    dg_ctx_defer_checks(cpu, 1);
+    int64_t ws[2] = {10, 4};
+    dg_tensor *w = dg_test_randn(cpu, DG_F32, 2, ws, 1), *ids = NULL, *y = NULL, *lg = NULL;
+    int64_t v[3] = {1, 10, 2};
+    DG_TEST_TRY(dg_tensor_from_host(cpu, DG_I64, 1, (int64_t[]){3}, v, &ids));
+    dg_check_err(dg_embedding(cpu, w, ids, &y), DG_ERR_ARG, "ids[1] = 10 is outside [0, 10)",
+                 "cpu, deferred checks: a bad id still fails at the call");
+    lg = dg_test_randn(cpu, DG_F32, 2, (int64_t[]){3, 10}, 2);
+    dg_check_err(dg_cross_entropy(cpu, lg, ids, -100, &y), DG_ERR_ARG,
+                 "targets[1] = 10 is outside [0, 10)",
+                 "cpu, deferred checks: a bad target still fails at the call");
+    dg_check_ok(dg_ctx_check_errors(cpu), "cpu: dg_ctx_check_errors has nothing to report");
+    dg_check_err(dg_ctx_check_errors(NULL), DG_ERR_ARG, "'ctx' is NULL", "check of a NULL ctx");
+    dg_ctx_defer_checks(cpu, 0);
+    dg_tensor_free(&lg);
+    dg_tensor_free(&ids);
+    dg_tensor_free(&w);
+}
+
+/* Deferred checks on CUDA: bad ids and targets are recorded, not read back; the calls succeed
+ * with defined outputs (a zero row, no gradient for the bad id) and dg_ctx_check_errors reports
+ * the first one, with the eager message, then nothing. */
+static void test_deferred_gpu(dg_ctx *cpu, dg_ctx *gpu) {
+    int64_t ws[2] = {10, 33}, ys[3] = {2, 3, 33};
+    dg_tensor *wh = dg_test_randn(cpu, DG_F32, 2, ws, 3);
+    dg_tensor *gh = dg_test_randn(cpu, DG_F32, 3, ys, 4);
+    dg_tensor *w = NULL, *gy = NULL, *ids = NULL, *y = NULL;
+    DG_TEST_TRY(dg_to_device(gpu, wh, &w));
+    DG_TEST_TRY(dg_to_device(gpu, gh, &gy));
+    int64_t v[6] = {1, 2, 3, 4, 10, 5};
+    DG_TEST_TRY(dg_tensor_from_host(gpu, DG_I64, 2, (int64_t[]){2, 3}, v, &ids));
+
+    dg_ctx_defer_checks(gpu, 1);
+    dg_check_ok(dg_embedding(gpu, w, ids, &y), "cuda, deferred: a bad id does not fail the call");
+    double *hy = NULL, *hw = NULL;
+    DG_TEST_TRY(dg_tensor_to_f64(y, &hy));
+    DG_TEST_TRY(dg_tensor_to_f64(wh, &hw));
+    int rows_ok = 1;
+    for (int i = 0; i < 6; i++)
+        for (int c = 0; c < 33; c++)
+            rows_ok &= hy[i * 33 + c] == (i == 4 ? 0.0 : hw[v[i] * 33 + c]);
+    dg_check(rows_ok, "cuda, deferred: valid ids gather their rows, the bad id a zero row");
+
+    /* dW: the bad position adds to no row; the reference moves it to id 0 with a zero dy */
+    dg_tensor_set_requires_grad(w, 1);
+    double *got = grad_of(gpu, w, ids, gy);
+    double *hg = NULL;
+    DG_TEST_TRY(dg_tensor_to_f64(gh, &hg));
+    for (int c = 0; c < 33; c++)
+        hg[4 * 33 + c] = 0.0;
+    int64_t vr[6] = {1, 2, 3, 4, 0, 5};
+    dg_tensor *wr = NULL, *gr = NULL, *ir = NULL;
+    DG_TEST_TRY(dg_to_dtype(cpu, wh, DG_F64, &wr));
+    DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_F64, 3, ys, hg, &gr));
+    DG_TEST_TRY(dg_tensor_from_host(cpu, DG_I64, 2, (int64_t[]){2, 3}, vr, &ir));
+    dg_tensor_set_requires_grad(wr, 1);
+    double *want = grad_of(cpu, wr, ir, gr);
+    dg_check_rel("cuda, deferred: dW with a bad id == cpu without it", got, want, 10 * 33, 1e-6);
+
+    /* a bad target too: 3 calls recorded (two gathers, one loss); the first is reported */
+    int64_t tv[3] = {0, 7, 2};
+    dg_tensor *lh = dg_test_randn(cpu, DG_F32, 2, (int64_t[]){3, 5}, 5), *lg = NULL, *tg = NULL;
+    dg_tensor *loss = NULL;
+    DG_TEST_TRY(dg_to_device(gpu, lh, &lg));
+    DG_TEST_TRY(dg_tensor_from_host(gpu, DG_I64, 1, (int64_t[]){3}, tv, &tg));
+    dg_check_ok(dg_cross_entropy(gpu, lg, tg, -100, &loss),
+                "cuda, deferred: a bad target does not fail the call");
+    dg_check_err(dg_ctx_check_errors(gpu), DG_ERR_ARG,
+                 "dg_embedding: ids[1,1] = 10 is outside [0, 10) (weight [10,33] f32 cuda:0) "
+                 "[the first of 3 calls with bad input since the last check]",
+                 "cuda, deferred: the check reports the first bad id, its op, position and value");
+    dg_check_ok(dg_ctx_check_errors(gpu), "cuda, deferred: the check cleared the record");
+    dg_tensor_free(&loss);
+    dg_check_ok(dg_cross_entropy(gpu, lg, tg, -100, &loss), "cuda, deferred: bad target again");
+    dg_check_err(dg_ctx_check_errors(gpu), DG_ERR_ARG,
+                 "dg_cross_entropy: targets[1] = 7 is outside [0, 5) and is not ignore_index "
+                 "(-100); logits [3,5] f32 cuda:0",
+                 "cuda, deferred: a bad target alone, with the eager message");
+    dg_tensor_free(&loss);
+    dg_tensor_free(&y);
+    int32_t v32[3] = {0, -1, 12};
+    dg_tensor *i32 = NULL;
+    DG_TEST_TRY(dg_tensor_from_host(gpu, DG_I32, 1, (int64_t[]){3}, v32, &i32));
+    dg_check_ok(dg_embedding(gpu, w, i32, &y), "cuda, deferred: i32 ids, two bad");
+    dg_check_err(dg_ctx_check_errors(gpu), DG_ERR_ARG, "ids[1] = -1 is outside [0, 10)",
+                 "cuda, deferred: the lowest bad position of a call is reported");
+    dg_tensor_free(&y);
+
+    /* back to eager: the call itself fails again */
+    dg_ctx_defer_checks(gpu, 0);
+    dg_check_err(dg_embedding(gpu, w, i32, &y), DG_ERR_ARG, "ids[1] = -1 is outside [0, 10)",
+                 "cuda, eager again: the call fails");
+    dg_check_ok(dg_ctx_check_errors(gpu), "cuda: an eager failure leaves nothing to report");
+    dg_tape_reset();
+    free(hy);
+    free(hw);
+    free(hg);
+    free(got);
+    free(want);
+    dg_tensor *all[] = {wh, gh, w, gy, ids, y, wr, gr, ir, lh, lg, tg, i32};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        dg_tensor_free(&all[i]);
 }
 
 int main(int argc, char **argv) {
@@ -252,6 +365,7 @@ int main(int argc, char **argv) {
         test_gpu(cpu);
     } else {
         test_cpu(cpu);
+        test_deferred_cpu(cpu);
     }
     dg_ctx_free(&cpu);
     return dg_test_finish();

@@ -3,12 +3,15 @@
  *
  * cpu: (a) a few dozen steps on a slice of the bundled text lower the loss a lot, and a stream
  *      of random bytes keeps the loss near ln 256 (a model that beats that sees the future);
- *      (b) N steps straight == N/2 steps + checkpoint + resume N/2, loss for loss, bit for bit;
+ *      (b) N steps straight == N/2 steps + checkpoint + resume N/2, loss for loss, bit for bit,
+ *      with the losses read from the device every step or every 4-5 steps (--log-every: the
+ *      same log.csv, one event per step in order);
  *      (c) SIGKILL during checkpoint writes never leaves an unreadable latest checkpoint, and a
  *      leftover temp file is never taken for a checkpoint;
  *      (d) causality: changing bytes after position t leaves logits at <= t bit-identical,
  *      across chunk boundaries; chunked and recurrent mixers give the same logits;
- *      (e) clear errors for a missing / empty / tiny --data file and malformed checkpoints;
+ *      (e) clear errors for a missing / empty / tiny --data file, --log-every 0 and malformed
+ *      checkpoints;
  *      plus config JSON round trip and parameter counts (MODEL.md §5: 28,132,896).
  * gpu: the same model on CUDA matches the CPU (f32 logits and one training step), and bf16
  *      compute runs and stays close.
@@ -140,6 +143,39 @@ static void test_loss_falls(void) {
 
 /* ---- (b) resume reproduces the uninterrupted run ------------------------------------------- */
 
+/* DG_EV_STEP events: each step once, in order. */
+typedef struct step_seen {
+    int64_t next, bad;
+} step_seen;
+
+static void count_steps(const dg_train_event *ev, void *user) {
+    step_seen *c = user;
+    if (ev->kind != DG_EV_STEP)
+        return;
+    if (ev->step != c->next)
+        c->bad++;
+    c->next = ev->step + 1;
+}
+
+/* The first `cols` comma-separated fields of every line of a CSV file, concatenated. */
+static char *csv_cols(const char *path, int cols) {
+    FILE *f = fopen(path, "r");
+    size_t cap = 1 << 16, n = 0;
+    char *out = calloc(cap, 1), line[512];
+    while (f && out && fgets(line, sizeof line, f)) {
+        int c = 0;
+        for (char *p = line; *p && *p != '\n' && n + 2 < cap; p++) {
+            if (*p == ',' && ++c == cols)
+                break;
+            out[n++] = *p;
+        }
+        out[n++] = '\n';
+    }
+    if (f)
+        fclose(f);
+    return out;
+}
+
 static void test_resume(void) {
     char a[512], b[512];
     tmp_path(a, sizeof a, "straight");
@@ -157,6 +193,7 @@ static void test_resume(void) {
     o.accum = 2;
     o.eval_every = 3;
     o.stop_at = N / 2;
+    o.log_every = 4; /* the host reads the device at steps 3 (eval), 4 and 6 (eval, stop) */
     if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &half), "first half"))
         return;
     /* resume takes everything from the checkpoint: garble what it must not use */
@@ -167,8 +204,13 @@ static void test_resume(void) {
     o2.batch = 3;
     o2.data_path[0] = 0; /* the checkpoint's own text */
     o2.eval_every = 3;
-    if (!dg_check_ok(dg_train_run(&o2, NULL, NULL, &rest), "resumed second half"))
+    o2.log_every = 5;
+    step_seen seen = {N / 2 + 1, 0};
+    if (!dg_check_ok(dg_train_run(&o2, count_steps, &seen, &rest), "resumed second half"))
         return;
+    dg_check(seen.bad == 0 && seen.next == N + 1,
+             "--log-every 5: one step event per step, in order (%lld out of order)",
+             (long long)seen.bad);
     dg_check(half.last_step == N / 2 && rest.first_step == N / 2 + 1 && rest.last_step == N,
              "resume continues at step %lld and ends at %lld", (long long)rest.first_step,
              (long long)rest.last_step);
@@ -202,6 +244,15 @@ static void test_resume(void) {
         fclose(f);
     dg_check(header == 1 && lines == N + 1, "log.csv after resume: header + %lld lines (got %d)",
              (long long)N, lines);
+    /* what the device kept and the host read every 4 or 5 steps is what it read every step */
+    char csv_a[600];
+    snprintf(csv_a, sizeof csv_a, "%s/log.csv", a);
+    char *ca = csv_cols(csv_a, 5), *cb = csv_cols(csv, 5);
+    dg_check(ca && cb && strlen(ca) > 100 && !strcmp(ca, cb),
+             "log.csv step, train_loss, val_loss, lr, grad_norm: --log-every 1 == --log-every "
+             "4 then 5 with a resume between");
+    free(ca);
+    free(cb);
 
     /* resuming a finished run does nothing; resuming a missing one names the path */
     dg_train_result again;
@@ -423,6 +474,10 @@ static void test_errors(void) {
     tmp_path(path, sizeof path, "empty.txt");
     fclose(fopen(path, "w"));
     dg_check_err(dg_text_load(path, 0, 64, &t), DG_ERR_ARG, "is empty", "empty --data file");
+    dg_train_opts ol = tiny_opts(NULL);
+    ol.log_every = 0;
+    dg_check_err(dg_train_run(&ol, NULL, NULL, NULL), DG_ERR_ARG, "--log-every must be in [1, ",
+                 "--log-every 0");
     tmp_path(path, sizeof path, "tiny.txt");
     FILE *f = fopen(path, "w");
     fputs("In the beginning God created the heaven and the earth.\n", f);

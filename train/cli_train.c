@@ -218,7 +218,9 @@ static void train_help(FILE *f) {
         "  --top-k K            sample among the K most likely bytes (default 40; 0 = all)\n"
         "  --ckpt-every N       checkpoint every N steps and at the end (cpu 100, gpu 500)\n"
         "  --keep-ckpts         also keep ckpt_step<N>.safetensors for each checkpoint\n"
-        "  --log-every N        without a terminal: a plain log line every N steps (default 10)\n"
+        "  --log-every N        read losses and error flags from the device every N steps\n"
+        "                       (cpu 1, gpu/bench 10); without a terminal, also a plain log line\n"
+        "                       every N steps (default 10)\n"
         "  --no-plot            do not draw loss.png at the end\n"
         "  --help               this text\n"
         "\n"
@@ -530,6 +532,7 @@ int dg_cmd_train(int argc, char **argv) {
             rc = parse_i64(cmd, a, v, 0, DG_TRAIN_MAX_STEPS, &o.ckpt_every);
         } else if (!strcmp(a, "--log-every")) {
             rc = parse_i64(cmd, a, v, 1, DG_TRAIN_MAX_STEPS, &cs.log_every);
+            o.log_every = cs.log_every;
         } else if (!strcmp(a, "--threads")) {
             rc = parse_int(cmd, a, v, 0, 4096, &threads);
         } else if (!strcmp(a, "--cp")) {

@@ -66,6 +66,7 @@ dg_status dg_train_opts_default(const char *config, dg_train_opts *o) {
         o->eval_batches = 8;
         o->sample_every = 0;
         o->ckpt_every = 100;
+        o->log_every = 1;
     } else if (!strcmp(name, "gpu")) {
         o->steps = 2000;
         o->warmup = 100;
@@ -76,6 +77,7 @@ dg_status dg_train_opts_default(const char *config, dg_train_opts *o) {
         o->eval_batches = 8;
         o->sample_every = 500;
         o->ckpt_every = 500;
+        o->log_every = 10;
     } else { /* bench: MODEL.md §5 */
         o->steps = 50;
         o->warmup = 10;
@@ -86,6 +88,7 @@ dg_status dg_train_opts_default(const char *config, dg_train_opts *o) {
         o->eval_batches = 2;
         o->sample_every = -1;
         o->ckpt_every = 0;
+        o->log_every = 10;
         o->plot = 0;
     }
     return DG_OK;
@@ -157,6 +160,9 @@ static dg_status check_opts(const dg_train_opts *o) {
          "--prompt must not be empty (the sample continues its bytes)");
     NEED(o->top_k >= 0, "--top-k must be >= 0 (got %d)", o->top_k);
     NEED(o->ckpt_every >= 0, "--ckpt-every must be >= 0 (got %lld)", (long long)o->ckpt_every);
+    NEED(o->log_every >= 1 && o->log_every <= DG_TRAIN_MAX_STEPS,
+         "--log-every must be in [1, %lld] (got %lld)", (long long)DG_TRAIN_MAX_STEPS,
+         (long long)o->log_every);
     NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
     NEED(o->cp >= 0, "--cp must be >= 1 (got %d)", o->cp);
     NEED(o->cp <= 1 || o->comm,
@@ -202,6 +208,15 @@ typedef struct run {
     dg_ctx *ctx;
     dg_model *m;
     dg_tensor **am, **av; /* AdamW moments, one per parameter */
+    dg_adamw *opt;        /* AdamW over every parameter, clipping on the device */
+    const dg_tensor **grads; /* this step's gradients, one per parameter (NULL: none) */
+    /* What a step leaves on the device until the host reads it (every log_every steps):
+     * loss_acc, the step's loss summed over micro-batches (f64 [1]); ring, f64 [2 * log_every]:
+     * (loss sum, gradient norm) of steps ring_first .. ring_first + ring_n - 1. */
+    dg_tensor *loss_acc, *ring;
+    int64_t ring_first, ring_n;
+    double *ring_lr; /* the host's lr of those steps */
+    double t_mark;   /* when the steps of the ring began (the end of the last read) */
     dg_text text;
     dg_train_state state;
     int32_t *ids, *tgt; /* host batch buffers [B*T] */
@@ -379,16 +394,17 @@ static dg_status evaluate(run *r, double *out) {
     return s;
 }
 
-/* One optimizer step's forward/backward over `accum` micro-batches; mean loss into *loss. */
-static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int *tape_nodes) {
+/* One optimizer step's forward/backward over `accum` micro-batches. The loss stays on the device:
+ * r->loss_acc = sum over micro-batches of this rank's share (summed over ranks), read later. */
+static dg_status forward_backward(run *r, size_t *tape_bytes, int *tape_nodes) {
     const dg_train_opts *o = &r->o;
-    double total = 0.0;
+    DG_TRY(dg_tensor_fill_(r->loss_acc, 0.0));
     for (int a = 0; a < o->accum; a++) {
         dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len, r->ids,
                             r->tgt);
         r->state.data_counter += (uint64_t)o->batch;
         dg_tensor *ids = NULL, *tgt = NULL, *l = NULL, *ls = NULL;
-        double v = 0.0, frac = 1.0;
+        double frac = 1.0;
         dg_status s = local_batch(r, &ids, &tgt, &frac);
         dg_profile_mark(r->ctx); /* charge batch preparation to nobody */
         if (s == DG_OK)
@@ -397,11 +413,8 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
             *tape_bytes = dg_tape_bytes();
             *tape_nodes = dg_tape_num_nodes();
         }
-        if (s == DG_OK)
-            s = dg_tensor_item(l, &v);
-        if (s == DG_OK && !isfinite(v))
-            s = dg__err(DG_ERR_NUMERIC, "training diverged: loss is %g at step %lld", v,
-                        (long long)r->state.step + 1);
+        if (s == DG_OK) /* loss_acc += frac * loss, in f64 */
+            s = dg__axpy(r->ctx, r->loss_acc, frac, l);
         if (s == DG_OK) /* this rank's share of the mean over the batch and the micro-batches */
             s = o->accum > 1 || frac != 1.0 ? dg_scale(r->ctx, l, frac / o->accum, &ls)
                                             : (ls = dg_tensor_retain(l), DG_OK);
@@ -413,50 +426,107 @@ static dg_status forward_backward(run *r, double *loss, size_t *tape_bytes, int 
         dg_tensor_free(&ids);
         dg_tensor_free(&tgt);
         DG_TRY(s);
-        total += v * frac;
     }
-    DG_TRY(sum_ranks(r, &total));
-    DG_TRY(sum_grads(r));
-    *loss = total / o->accum;
+    if (r->world > 1)
+        DG_TRY(dg_comm_all_reduce(o->comm, r->loss_acc));
+    return sum_grads(r);
+}
+
+/* Clip by global norm and apply AdamW to every parameter (dg_adamw: on the device, no sync);
+ * grads are cleared. */
+static dg_status optimizer_step(run *r, int64_t step, double lr) {
+    dg_model *m = r->m;
+    for (int i = 0; i < m->n_params; i++)
+        r->grads[i] = dg_tensor_grad(m->params[i].t);
+    DG_TRY(dg_adamw_set_step(r->opt, step, lr));
+    dg_status s = dg_adamw_update(r->opt, r->grads);
+    for (int i = 0; i < m->n_params; i++) {
+        r->grads[i] = NULL;
+        dg_tensor_zero_grad(m->params[i].t);
+    }
+    return s;
+}
+
+/* Keep step's loss sum and gradient norm on the device, in the ring's next slot (device copies,
+ * no sync). */
+static dg_status push_step(run *r, int64_t step, double lr) {
+    if (r->ring_n == 0)
+        r->ring_first = step;
+    const int64_t k = r->ring_n;
+    dg_tensor *dst = NULL, *norm = NULL;
+    dg_status s = dg_slice(r->ring, 0, 2 * k, 2 * k + 1, &dst);
+    if (s == DG_OK)
+        s = dg_tensor_copy_(dst, r->loss_acc);
+    dg_tensor_free(&dst);
+    if (s == DG_OK)
+        s = dg_slice(r->ring, 0, 2 * k + 1, 2 * k + 2, &dst);
+    if (s == DG_OK) /* dg_adamw_stats: {norm, coef} */
+        s = dg_slice((dg_tensor *)dg_adamw_stats(r->opt), 0, 0, 1, &norm);
+    if (s == DG_OK)
+        s = dg_tensor_copy_(dst, norm);
+    dg_tensor_free(&dst);
+    dg_tensor_free(&norm);
+    r->ring_lr[k] = lr;
+    r->ring_n++;
+    return s;
+}
+
+/* This rank's bad-input record (dg_ctx_check_errors); the error says `when` it was found. */
+static dg_status check_inputs_local(run *r, const char *when) {
+    dg_status s = dg_ctx_check_errors(r->ctx);
+    if (s == DG_OK)
+        return DG_OK;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", dg_last_error());
+    return dg__err(s, "%s (found %s)", msg, when);
+}
+
+/* The bad inputs the kernels recorded since the last check (dg_ctx_check_errors), on every rank:
+ * if any rank has one, every rank stops here (they would deadlock otherwise). `when` says which
+ * steps the check covers. */
+static dg_status check_inputs(run *r, const char *when) {
+    dg_status s = check_inputs_local(r, when);
+    if (r->world == 1)
+        return s;
+    char msg[2048];
+    snprintf(msg, sizeof msg, "%s", s != DG_OK ? dg_last_error() : "");
+    double bad = s != DG_OK;
+    DG_TRY(sum_ranks(r, &bad));
+    if (s != DG_OK)
+        return dg__err(s, "%s", msg);
+    if (bad > 0)
+        return dg__err(DG_ERR_ARG, "another rank found a bad input %s (see its error)", when);
     return DG_OK;
 }
 
-/* Clip by global norm and apply AdamW to every parameter; grads are cleared. */
-static dg_status optimizer_step(run *r, int64_t step, double lr, double *gnorm) {
-    const dg_train_opts *o = &r->o;
-    dg_model *m = r->m;
-    const dg_tensor **gs = calloc((size_t)m->n_params, sizeof *gs);
-    if (!gs)
-        return dg__err(DG_ERR_NOMEM, "optimizer: out of host memory");
-    int ng = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (dg_tensor_grad(m->params[i].t))
-            gs[ng++] = dg_tensor_grad(m->params[i].t);
-    double norm = 0.0;
-    dg_status s = dg_global_norm(r->ctx, gs, ng, &norm);
-    free(gs);
-    DG_TRY(s);
-    *gnorm = norm;
-    if (!isfinite(norm))
-        return dg__err(DG_ERR_NUMERIC, "training diverged: gradient norm is %g at step %lld", norm,
-                       (long long)step);
-    double coef = norm > o->clip ? o->clip / (norm + 1e-6) : 1.0;
-    dg_adamw_hparams hp = {lr, o->beta1, o->beta2, o->adam_eps, o->weight_decay};
-    dg_no_grad_begin();
-    for (int i = 0; i < m->n_params && s == DG_OK; i++) {
-        dg_param *p = &m->params[i];
-        const dg_tensor *g = dg_tensor_grad(p->t);
-        dg_tensor *scaled = NULL;
-        if (g && coef < 1.0) {
-            s = dg_scale(r->ctx, (dg_tensor *)g, coef, &scaled);
-            g = scaled;
-        }
-        if (s == DG_OK)
-            s = dg_adamw_step(r->ctx, p->t, g, r->am[i], r->av[i], step, &hp, p->decay);
-        dg_tensor_free(&scaled);
-        dg_tensor_zero_grad(p->t);
+/* The host's copy of the ring, checked: losses[k] (mean over micro-batches) and gnorms[k] of
+ * steps ring_first + k. Reads the bad-input record first, then the ring: two device reads. */
+static dg_status read_steps(run *r, double *losses, double *gnorms) {
+    const int64_t a = r->ring_first, b = r->ring_first + r->ring_n - 1;
+    char when[96];
+    if (a == b)
+        snprintf(when, sizeof when, "by the check after step %lld", (long long)b);
+    else
+        snprintf(when, sizeof when, "by the check after steps %lld-%lld", (long long)a,
+                 (long long)b);
+    DG_TRY(check_inputs(r, when));
+    double *h = NULL;
+    DG_TRY(dg_tensor_to_f64(r->ring, &h));
+    dg_status s = DG_OK;
+    for (int64_t k = 0; k < r->ring_n && s == DG_OK; k++) {
+        losses[k] = h[2 * k] / r->o.accum;
+        gnorms[k] = h[2 * k + 1];
+        const char *range = a == b ? "" : when;
+        if (!isfinite(losses[k]))
+            s = dg__err(DG_ERR_NUMERIC, "training diverged: loss is %g at step %lld%s%s%s",
+                        losses[k], (long long)(a + k), *range ? " (found " : "", range,
+                        *range ? ")" : "");
+        else if (!isfinite(gnorms[k]))
+            s = dg__err(DG_ERR_NUMERIC,
+                        "training diverged: gradient norm is %g at step %lld%s%s%s", gnorms[k],
+                        (long long)(a + k), *range ? " (found " : "", range, *range ? ")" : "");
     }
-    dg_no_grad_end();
+    free(h);
     return s;
 }
 
@@ -606,6 +676,11 @@ static dg_status save_ckpt(run *r, int64_t step) {
         return DG_OK;
     char path[DG_PATH_MAX + 64];
     dg_ckpt_latest_path(r->o.out_dir, path, sizeof path);
+    /* never from weights a bad input reached: the loop checked every rank just before; this is
+     * the writer's own last look at its record */
+    char when[64];
+    snprintf(when, sizeof when, "before writing the checkpoint of step %lld", (long long)step);
+    DG_TRY(check_inputs_local(r, when));
     DG_TRY(dg_ckpt_save(path, r->m, r->am, r->av, &r->o, &r->state));
     if (r->o.keep_step_ckpts) {
         char sp[DG_PATH_MAX + 64];
@@ -681,6 +756,36 @@ static void header(run *r) {
 
 /* ---- setup ---------------------------------------------------------------------------------- */
 
+/* The optimizer over every parameter and what a step keeps on the device; bad inputs found by
+ * kernels are recorded, not read back, from here on (read by check_inputs). */
+static dg_status setup_step_state(run *r) {
+    const dg_train_opts *o = &r->o;
+    const int n = r->m->n_params;
+    dg_tensor **ps = calloc((size_t)n + 1, sizeof *ps);
+    int *decay = calloc((size_t)n + 1, sizeof *decay);
+    r->grads = calloc((size_t)n + 1, sizeof *r->grads);
+    r->ring_lr = calloc((size_t)o->log_every, sizeof *r->ring_lr);
+    dg_status s = DG_OK;
+    if (!ps || !decay || !r->grads || !r->ring_lr)
+        s = dg__err(DG_ERR_NOMEM, "optimizer: out of host memory");
+    for (int i = 0; s == DG_OK && i < n; i++) {
+        ps[i] = r->m->params[i].t;
+        decay[i] = r->m->params[i].decay;
+    }
+    dg_adamw_hparams hp = {o->lr, o->beta1, o->beta2, o->adam_eps, o->weight_decay};
+    if (s == DG_OK)
+        s = dg_adamw_new(r->ctx, n, ps, r->am, r->av, decay, &hp, o->clip, &r->opt);
+    free(ps);
+    free(decay);
+    int64_t one = 1, len = 2 * o->log_every;
+    if (s == DG_OK)
+        s = dg_tensor_zeros(r->ctx, DG_F64, 1, &one, &r->loss_acc);
+    if (s == DG_OK)
+        s = dg_tensor_zeros(r->ctx, DG_F64, 1, &len, &r->ring);
+    dg_ctx_defer_checks(r->ctx, 1);
+    return s;
+}
+
 static dg_status setup(run *r, const dg_train_opts *in) {
     r->o = *in;
     dg_train_opts *o = &r->o;
@@ -748,6 +853,7 @@ static dg_status setup(run *r, const dg_train_opts *in) {
         s = dg_ckpt_restore_optim(&ck, r->m, r->am, r->av);
     dg_ckpt_free(&ck);
     DG_TRY(s);
+    DG_TRY(setup_step_state(r));
     if (!o->resume) {
         r->state.step = 0;
         r->state.data_counter = 0;
@@ -783,6 +889,11 @@ static void teardown(run *r) {
     }
     free(r->am);
     free(r->av);
+    dg_adamw_free(&r->opt);
+    free(r->grads);
+    dg_tensor_free(&r->loss_acc);
+    dg_tensor_free(&r->ring);
+    free(r->ring_lr);
     free(r->ids);
     free(r->tgt);
     dg_model_free(&r->m);
@@ -801,6 +912,31 @@ void dg_train_result_free(dg_train_result *res) {
 }
 
 /* ---- the loop ------------------------------------------------------------------------------- */
+
+/* One step, queued: forward/backward over the micro-batches, AdamW, the step's loss and norm
+ * into the ring. No host sync (on CUDA the host may run ahead of the device). */
+static dg_status train_step(run *r, int64_t step, int64_t first, dg_train_result *res) {
+    const dg_train_opts *o = &r->o;
+    double lr = dg_train_lr(o, step);
+    size_t tb = 0;
+    int tn = 0;
+    if (step == first)
+        dg_ctx_reset_peak(r->ctx);
+    DG_TRY(forward_backward(r, step == first ? &tb : NULL, &tn));
+    if (step == first) {
+        if (res)
+            res->tape_bytes = tb;
+        emitf(r, DG_EV_INFO, "tape after the first forward: %d nodes holding %.2f MiB (%s)", tn,
+              tb / 1048576.0,
+              o->recompute == DG_POLICY_CACHE       ? "--recompute none"
+              : o->recompute == DG_POLICY_RECOMPUTE ? "--recompute all"
+                                                    : "--recompute default");
+    }
+    DG_TRY(optimizer_step(r, step, lr));
+    DG_TRY(push_step(r, step, lr));
+    r->state.step = step;
+    return DG_OK;
+}
 
 static dg_status loop(run *r, dg_train_result *res) {
     const dg_train_opts *o = &r->o;
@@ -839,93 +975,119 @@ static dg_status loop(run *r, dg_train_result *res) {
     int64_t tokens_per_step = (int64_t)o->batch * o->seq_len * o->accum;
     double train_time = 0.0, val = NAN;
     int64_t steps_timed = 0;
+    double *losses = malloc((size_t)o->log_every * sizeof *losses);
+    double *gnorms = malloc((size_t)o->log_every * sizeof *gnorms);
+    if (!losses || !gnorms) {
+        free(losses);
+        free(gnorms);
+        return dg__err(DG_ERR_NOMEM, "log: out of host memory");
+    }
     r->t_start = now_s();
-    for (int64_t step = first; step <= r->last_step; step++) {
-        double t0 = now_s(), loss = 0.0, gnorm = 0.0, lr = dg_train_lr(o, step);
-        size_t tb = 0;
-        int tn = 0;
-        if (step == first)
-            dg_ctx_reset_peak(r->ctx);
-        DG_TRY(forward_backward(r, &loss, step == first ? &tb : NULL, &tn));
-        if (step == first) {
-            if (res)
-                res->tape_bytes = tb;
-            emitf(r, DG_EV_INFO, "tape after the first forward: %d nodes holding %.2f MiB (%s)", tn,
-                  tb / 1048576.0,
-                  o->recompute == DG_POLICY_CACHE       ? "--recompute none"
-                  : o->recompute == DG_POLICY_RECOMPUTE ? "--recompute all"
-                                                        : "--recompute default");
-        }
-        DG_TRY(optimizer_step(r, step, lr, &gnorm));
-        DG_TRY(dg_ctx_sync(r->ctx));
-        r->state.step = step;
-        double dt = now_s() - t0;
-        train_time += dt;
-        steps_timed++;
-        double tok_s = tokens_per_step / (dt > 0 ? dt : 1e-9);
+    r->t_mark = r->t_start;
+    r->ring_n = 0;
+    dg_status s = DG_OK;
+    for (int64_t step = first; step <= r->last_step && s == DG_OK; step++) {
+        s = train_step(r, step, first, res);
+        if (s != DG_OK)
+            break;
+        /* the host looks at the device only here: every log_every steps and wherever it must */
         int do_eval = (o->eval_every > 0 && step % o->eval_every == 0) || step == r->last_step;
+        int do_sample =
+            o->sample_tokens > 0 && o->sample_every >= 0 &&
+            ((o->sample_every > 0 && step % o->sample_every == 0) || step == r->last_step);
+        int do_ckpt = o->out_dir[0] &&
+                      ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step);
+        int read = r->ring_n == o->log_every || do_eval || do_sample || do_ckpt;
+        /* one process looks at the stop flag after every step; several agree on it where they
+         * all read anyway, or they would deadlock */
+        int stop = o->stop && *o->stop && (r->world == 1 || read);
+        if (r->world > 1 && read) {
+            double any = stop;
+            s = sum_ranks(r, &any);
+            stop = any > 0;
+        }
+        if (s != DG_OK || !(read || stop))
+            continue;
+        const int64_t n = r->ring_n, a = r->ring_first;
+        s = read_steps(r, losses, gnorms);
+        if (s != DG_OK)
+            break;
+        r->ring_n = 0;
+        /* the interval's time, spread evenly over its steps (without syncs, a step's own time
+         * is not known) */
+        double span = now_s() - r->t_mark, dt = span / (double)n;
+        train_time += span;
+        steps_timed += n;
+        double tok_s = tokens_per_step / (dt > 0 ? dt : 1e-9);
         double v = NAN;
         if (do_eval) {
-            DG_TRY(evaluate(r, &v));
+            s = evaluate(r, &v);
+            if (s == DG_OK)
+                s = check_inputs(r, "by the check after the evaluation");
+            if (s != DG_OK)
+                break;
             val = v;
         }
         double elapsed = now_s() - r->t_start;
         size_t mem = mem_bytes(r);
-        if (res) {
-            res->losses[step - 1] = loss;
-            res->last_step = step;
-            res->tokens += tokens_per_step;
-            res->final_val = val;
-        }
-        if (r->csv)
-            DG_TRY(csv_line(r, step, loss, do_eval, v, lr, gnorm, tok_s, elapsed, mem));
-        dg_train_event ev;
-        memset(&ev, 0, sizeof ev);
-        ev.kind = DG_EV_STEP;
-        ev.step = step;
-        ev.loss = loss;
-        ev.val_loss = v;
-        ev.lr = lr;
-        ev.grad_norm = gnorm;
-        ev.tok_s = tok_s;
-        ev.elapsed_s = elapsed;
-        ev.eta_s = (train_time / steps_timed) * (double)(r->last_step - step);
-        ev.mem_bytes = mem;
-        if (do_eval) { /* first, so the step's own line can show it */
-            ev.kind = DG_EV_EVAL;
-            emit(r, ev);
+        for (int64_t k = 0; k < n && s == DG_OK; k++) {
+            const int64_t st = a + k;
+            const int ev_here = do_eval && st == step;
+            if (res) {
+                res->losses[st - 1] = losses[k];
+                res->last_step = st;
+                res->tokens += tokens_per_step;
+                res->final_val = val;
+            }
+            if (r->csv)
+                s = csv_line(r, st, losses[k], ev_here, v, r->ring_lr[k], gnorms[k], tok_s,
+                             elapsed, mem);
+            dg_train_event ev;
+            memset(&ev, 0, sizeof ev);
             ev.kind = DG_EV_STEP;
+            ev.step = st;
+            ev.loss = losses[k];
+            ev.val_loss = ev_here ? v : NAN;
+            ev.lr = r->ring_lr[k];
+            ev.grad_norm = gnorms[k];
+            ev.tok_s = tok_s;
+            ev.elapsed_s = elapsed;
+            ev.eta_s = (train_time / steps_timed) * (double)(r->last_step - st);
+            ev.mem_bytes = mem;
+            if (ev_here) { /* first, so the step's own line can show it */
+                ev.kind = DG_EV_EVAL;
+                emit(r, ev);
+                ev.kind = DG_EV_STEP;
+            }
+            emit(r, ev);
         }
-        emit(r, ev);
-        int do_sample =
-            o->sample_tokens > 0 && o->sample_every >= 0 &&
-            ((o->sample_every > 0 && step % o->sample_every == 0) || step == r->last_step);
-        if (do_sample)
-            DG_TRY(sample(r, step));
-        int stop = o->stop && *o->stop;
-        if (r->world > 1) { /* every rank stops after the same step, or they would deadlock */
-            double any = stop;
-            DG_TRY(sum_ranks(r, &any));
-            stop = any > 0;
+        if (s == DG_OK && do_sample) {
+            s = sample(r, step);
+            if (s == DG_OK)
+                s = check_inputs(r, "by the check after sampling");
         }
-        if (o->out_dir[0] &&
-            ((o->ckpt_every > 0 && step % o->ckpt_every == 0) || step == r->last_step || stop))
-            DG_TRY(save_ckpt(r, step));
-        if (stop && step < r->last_step) {
+        if (s == DG_OK && o->out_dir[0] && (do_ckpt || stop))
+            s = save_ckpt(r, step);
+        r->t_mark = now_s();
+        if (s == DG_OK && stop && step < r->last_step) {
             g_interrupted = 1;
             if (r->world > 1) { /* the others wait until rank 0 has written the checkpoint */
                 double done = 0;
-                DG_TRY(sum_ranks(r, &done));
+                s = sum_ranks(r, &done);
             }
-            if (o->out_dir[0])
-                return dg__err(DG_ERR_STATE,
-                               "interrupted after step %lld: checkpoint '%s/%s' written; "
-                               "continue with --resume --out %s",
-                               (long long)step, o->out_dir, DG_CKPT_LATEST, o->out_dir);
-            return dg__err(DG_ERR_STATE, "interrupted after step %lld (no --out: nothing saved)",
-                           (long long)step);
+            if (s == DG_OK && o->out_dir[0])
+                s = dg__err(DG_ERR_STATE,
+                            "interrupted after step %lld: checkpoint '%s/%s' written; "
+                            "continue with --resume --out %s",
+                            (long long)step, o->out_dir, DG_CKPT_LATEST, o->out_dir);
+            else if (s == DG_OK)
+                s = dg__err(DG_ERR_STATE, "interrupted after step %lld (no --out: nothing saved)",
+                            (long long)step);
         }
     }
+    free(losses);
+    free(gnorms);
+    DG_TRY(s);
     if (res)
         res->seconds = now_s() - r->t_start;
     if (r->csv) {
