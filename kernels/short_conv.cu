@@ -9,16 +9,15 @@
  * Tiling (forward and backward): a block of SC_PAIRS x SC_LANES threads owns SC_CT = 64 channels
  * (one channel pair per thread along x, read and written as one 4- or 8-byte vector where C is
  * even and the buffers aligned, else as two scalars) and SC_R = 64 consecutive rows at a time (a
- * tile; warp y takes rows y, y + SC_LANES, ...). Per tile it stages in shared memory, as f32 (each
- * thread issues all its loads of a buffer before storing any, so several are in flight):
- *   - x rows [r0 - W + 1, r0 + SC_R + W - 1) (the forward only up to r0 + SC_R) and, backward, dy
- *     rows [r0, r0 + SC_R + W - 1), zero outside [0, rows);
+ * tile; warp y takes rows y, y + SC_LANES, ...). Per tile it stages in shared memory, as f32,
+ *   - x rows [r0 - W + 1, r0 + SC_R + W - 1) (the forward only up to r0 + SC_R), zero outside
+ *     [0, rows);
  *   - per row h of [r0, r0 + SC_R + W - 1): lo[h], the first tap whose input lies in h's
  *     sequence, and (backward) dlo[h], the first tap whose output does; the sequence is looked up
  *     once per row and tile (a division in batch mode, a binary search in varlen mode).
  * Forward: y[r] = act(z[r]) from W shared reads per element.
- * Backward: dz = dy act'(z) replaces dy in shared memory, once per (row, channel) of the tile and
- * its W - 1 halo rows (z recomputed from the staged x: W shared reads); then for the tile's rows
+ * Backward: dz = dy act'(z) is computed once per (row, channel) of [r0, r0 + SC_R + W - 1) into
+ * shared memory (z recomputed from the staged x: W shared reads), then for the tile's rows
  *   dx[r] = sum_{i >= dlo} dz[r + W-1-i] w[i]   and   dw[i] += dz[r] x[r - W + 1 + i] (i >= lo),
  *   dbias += dz[r], the last two in registers. A block walks a fixed chunk of consecutive tiles,
  * reduces its registers over the SC_LANES warps in shared memory in a fixed order, and writes one
@@ -140,51 +139,36 @@ __device__ __forceinline__ void sc_load_w(const DT *__restrict__ w, const DT *__
     }
 }
 
-/* Rows [first, first + n) of this thread's channel pair of a [rows, C] buffer into dst[0, n), zero
- * outside [0, rows). NMAX >= n bounds the loop at compile time, so every load is issued before the
- * first store and each thread keeps several in flight. The caller synchronises. */
-template <typename DT, bool VEC, int NMAX>
-__device__ __forceinline__ void sc_stage_rows(float2 (*dst)[SC_PAIRS], const DT *__restrict__ src,
-                                              int64_t first, int n, int64_t rows, int64_t C,
-                                              int64_t c) {
-    constexpr int K = (NMAX + SC_LANES - 1) / SC_LANES;
-    float2 v[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int j = threadIdx.y + k * SC_LANES;
-        const int64_t h = first + j;
-        v[k] = make_float2(0.0f, 0.0f);
-        if (j < n && h >= 0 && h < rows)
-            v[k] = sc_ld2<DT, VEC>(src, h, C, c);
+/* Stage one tile: x rows [r0 - W + 1, r0 - W + 1 + nx) of this thread's channel pair into sx,
+ * and for rows h = r0 + j, j < nmeta: lo[j] = first tap i with h - W + 1 + i in h's sequence;
+ * dlo[j] (j < SC_R, when dlo is not NULL) = first tap i with h + W - 1 - i in h's sequence. Rows
+ * past `rows` get W (no taps). The caller synchronises. */
+template <typename DT, bool VEC>
+__device__ __forceinline__ void sc_stage(float2 (*sx)[SC_PAIRS], int *lo, int *dlo,
+                                         const DT *__restrict__ x, int64_t rows, int64_t T,
+                                         int64_t C, int W, const int64_t *__restrict__ cu,
+                                         int n_seqs, int64_t r0, int nx, int nmeta, int64_t c) {
+    for (int j = threadIdx.y; j < nx; j += SC_LANES) {
+        int64_t h = r0 - W + 1 + j;
+        float2 v = make_float2(0.0f, 0.0f);
+        if (h >= 0 && h < rows)
+            v = sc_ld2<DT, VEC>(x, h, C, c);
+        sx[j][threadIdx.x] = v;
     }
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int j = threadIdx.y + k * SC_LANES;
-        if (j < n)
-            dst[j][threadIdx.x] = v[k];
+    int j = threadIdx.y * SC_PAIRS + threadIdx.x;
+    if (j < nmeta) {
+        int64_t h = r0 + j;
+        int l = W, d = W;
+        if (h < rows) {
+            int64_t st, en;
+            sc_bounds(h, T, cu, n_seqs, st, en);
+            l = st > h - W + 1 ? (int)(st - (h - W + 1)) : 0; /* st <= h: l <= W - 1 */
+            d = h + W > en ? (int)(h + W - en) : 0;           /* en > h: d <= W - 1 */
+        }
+        lo[j] = l;
+        if (dlo && j < SC_R)
+            dlo[j] = d;
     }
-}
-
-/* For rows h = r0 + j, j < n: lo[j] = first tap i with h - W + 1 + i in h's sequence; dlo[j]
- * (j < SC_R, when dlo is not NULL) = first tap i with h + W - 1 - i in h's sequence. Rows past
- * `rows` get W (no taps). One thread per row; the caller synchronises. */
-__device__ __forceinline__ void sc_stage_taps(int *lo, int *dlo, int64_t rows, int64_t T,
-                                              const int64_t *__restrict__ cu, int n_seqs,
-                                              int64_t r0, int W, int n) {
-    const int j = threadIdx.y * SC_PAIRS + threadIdx.x;
-    if (j >= n)
-        return;
-    const int64_t h = r0 + j;
-    int l = W, d = W;
-    if (h < rows) {
-        int64_t st, en;
-        sc_bounds(h, T, cu, n_seqs, st, en);
-        l = st > h - W + 1 ? (int)(st - (h - W + 1)) : 0; /* st <= h: l <= W - 1 */
-        d = h + W > en ? (int)(h + W - en) : 0;           /* en > h: d <= W - 1 */
-    }
-    lo[j] = l;
-    if (dlo && j < SC_R)
-        dlo[j] = d;
 }
 
 /* z of tile row j (x staged from row r0 - W + 1): taps in order i = 0..W-1, then the bias (the
@@ -217,8 +201,8 @@ __global__ void __launch_bounds__(SC_THREADS)
     for (int64_t tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
         const int64_t r0 = tile * SC_R;
         __syncthreads(); /* the previous tile's reads are done */
-        sc_stage_rows<DT, VEC, SC_ZROWS>(sm_x, x, r0 - W + 1, SC_R + W - 1, rows, C, c);
-        sc_stage_taps(sm_lo, NULL, rows, T, cu, n_seqs, r0, W, SC_R);
+        sc_stage<DT, VEC>(sm_x, sm_lo, NULL, x, rows, T, C, W, cu, n_seqs, r0, SC_R + W - 1, SC_R,
+                          c);
         __syncthreads();
         for (int j = threadIdx.y; j < SC_R && r0 + j < rows; j += SC_LANES) {
             float2 z = sc_z(sm_x, j, sm_lo[j], W, wr, b);
@@ -261,20 +245,23 @@ __global__ void __launch_bounds__(SC_THREADS)
     for (int64_t tile = t0; tile < t1; tile++) {
         const int64_t r0 = tile * SC_R;
         __syncthreads(); /* the previous tile's reads are done */
-        sc_stage_rows<DT, VEC, SC_XROWS>(sm.x, x, r0 - W + 1, SC_R + 2 * (W - 1), rows, C, c);
-        sc_stage_rows<DT, VEC, SC_ZROWS>(sm_dz, dy, r0, SC_R + W - 1, rows, C, c);
-        sc_stage_taps(sm_lo, sm_dlo, rows, T, cu, n_seqs, r0, W, SC_R + W - 1);
+        sc_stage<DT, VEC>(sm.x, sm_lo, sm_dlo, x, rows, T, C, W, cu, n_seqs, r0, SC_R + 2 * (W - 1),
+                          SC_R + W - 1, c);
         __syncthreads();
-        if (act == DG_ACT_SILU) { /* dz = dy silu'(z) in place; rows past the last are zero */
-            for (int j = ty; j < SC_R + W - 1 && r0 + j < rows; j += SC_LANES) {
-                const float2 z = sc_z(sm.x, j, sm_lo[j], W, wr, b);
-                float2 d = sm_dz[j][lane];
-                d.x *= sc_dsilu(z.x);
-                d.y *= sc_dsilu(z.y);
-                sm_dz[j][lane] = d;
+        /* dz of rows [r0, r0 + SC_R + W - 1), zero past the last row */
+        for (int j = ty; j < SC_R + W - 1; j += SC_LANES) {
+            float2 d = make_float2(0.0f, 0.0f);
+            if (r0 + j < rows) {
+                d = sc_ld2<DT, VEC>(dy, r0 + j, C, c);
+                if (act == DG_ACT_SILU) {
+                    float2 z = sc_z(sm.x, j, sm_lo[j], W, wr, b);
+                    d.x *= sc_dsilu(z.x);
+                    d.y *= sc_dsilu(z.y);
+                }
             }
-            __syncthreads();
+            sm_dz[j][lane] = d;
         }
+        __syncthreads();
         for (int j = ty; j < SC_R && r0 + j < rows; j += SC_LANES) {
             if (dx) { /* dx[r] = sum_i dz[r + W-1-i] w[i], outputs in r's sequence only */
                 const int dl = sm_dlo[j];
