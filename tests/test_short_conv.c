@@ -7,7 +7,9 @@
  *      (changing one sequence leaves the others bit-identical; gradients do not cross), varlen ==
  *      each sequence alone == batch mode, cu_seqlens copied into the node, f32 vs f64, bad args.
  * gpu: CUDA (f32, bf16) vs the CPU on the same values for y, dx, dw, dbias (batch and varlen,
- *      odd sizes, many rows, an empty sequence), bitwise determinism, isolation, device errors.
+ *      odd sizes, many rows, an empty sequence, sequences shorter than W and boundaries at the
+ *      kernels' tile edges, x not aligned for paired loads), bitwise determinism, isolation,
+ *      device errors.
  */
 #include "tests/harness.h"
 
@@ -451,21 +453,91 @@ static void test_errors(dg_ctx *cpu) {
 
 // ---- gpu
 
+/* Even C, but x starts one element past an allocation (a view of a flat buffer): the kernels
+ * must fall back from paired loads to scalar ones. */
+static void test_gpu_unaligned(dg_ctx *cpu, dg_ctx *gpu) {
+    const int64_t B = 2, T = 70, C = 66, n = B * T * C, n1 = n + 1;
+    for (int dti = 0; dti < 2; dti++) {
+        dg_dtype dt = dti ? DG_BF16 : DG_F32;
+        sc_set h = make_set(cpu, B, T, C, 4, 1, 5150 + dti);
+        sc_set d = conv_set(gpu, &h, dt);
+        sc_set r = conv_set(cpu, &d, DG_F64);
+        double *xv, *flat = calloc((size_t)n1, sizeof(double));
+        DG_TEST_TRY(dg_tensor_to_f64(r.x, &xv));
+        memcpy(flat + 1, xv, (size_t)n * sizeof(double));
+        dg_tensor *fd = NULL, *sl = NULL, *xd = NULL, *yd = NULL, *yr = NULL;
+        DG_TEST_TRY(dg_tensor_from_f64(gpu, dt, 1, &n1, flat, &fd));
+        dg_tensor_set_requires_grad(fd, 1);
+        DG_TEST_TRY(dg_slice(fd, 0, 1, n1, &sl));
+        DG_TEST_TRY(dg_reshape(sl, 3, (int64_t[]){B, T, C}, &xd));
+        dg_tensor_set_requires_grad(d.w, 1);
+        dg_tensor_set_requires_grad(d.b, 1);
+        DG_TEST_TRY(dg_short_conv(gpu, xd, d.w, d.b, DG_ACT_SILU, NULL, 0, &yd));
+        DG_TEST_TRY(dg_tape_backward_with(gpu, yd, d.dy));
+        dg_tape_reset();
+        sc_cfg c = {DG_ACT_SILU, NULL, 0, 0};
+        run_set(cpu, &c, &r, &yr);
+        char name[128];
+        double tol = dt == DG_F32 ? 1e-5 : 1e-2;
+        snprintf(name, sizeof name, "short_conv cuda %s x off by one element: y",
+                 dg_dtype_name(dt));
+        dg_check_tensor_rel(name, yd, yr, tol);
+        double *gx, *gref;
+        DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(fd), &gx));
+        DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(r.x), &gref));
+        snprintf(name, sizeof name, "short_conv cuda %s x off by one element: dx",
+                 dg_dtype_name(dt));
+        dg_check_rel(name, gx + 1, gref, n, tol);
+        snprintf(name, sizeof name, "short_conv cuda %s x off by one element: dw",
+                 dg_dtype_name(dt));
+        dg_check_tensor_rel(name, dg_tensor_grad(d.w), dg_tensor_grad(r.w), tol);
+        snprintf(name, sizeof name, "short_conv cuda %s x off by one element: dbias",
+                 dg_dtype_name(dt));
+        dg_check_tensor_rel(name, dg_tensor_grad(d.b), dg_tensor_grad(r.b), tol);
+        free(gx);
+        free(gref);
+        free(xv);
+        free(flat);
+        dg_tensor *all[] = {fd, sl, xd, yd, yr};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            dg_tensor_free(&all[i]);
+        free_set(&h);
+        free_set(&d);
+        free_set(&r);
+    }
+}
+
 static void test_gpu(dg_ctx *cpu) {
     dg_ctx *gpu = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
     static const int64_t cu_small[4] = {0, 5, 12, 15}, cu_big[4] = {0, 333, 334, 1001},
                          cu_empty[4] = {0, 100, 100, 1001};
+    /* sequences of 1..3 rows (shorter than W = 8) and boundaries on both sides of the kernels'
+     * 64-row tile edges */
+    static const int64_t cu_tiny[10] = {0, 1, 3, 6, 63, 64, 66, 127, 129, 200};
     struct {
         int64_t B, T, C, W;
         dg_act act;
         int bias;
         const int64_t *cu;
+        int n_seqs;
     } cases[] = {
-        {3, 37, 70, 4, DG_ACT_SILU, 1, NULL},     {2, 50, 33, 1, DG_ACT_NONE, 0, NULL},
-        {1, 1000, 129, 8, DG_ACT_SILU, 1, NULL},  {1, 15, 6, 4, DG_ACT_SILU, 1, cu_small},
-        {1, 1001, 65, 4, DG_ACT_SILU, 1, cu_big}, {1, 1001, 31, 3, DG_ACT_NONE, 1, cu_empty},
-        {4, 300, 257, 2, DG_ACT_SILU, 1, NULL},
+        {3, 37, 70, 4, DG_ACT_SILU, 1, NULL, 0},
+        {2, 50, 33, 1, DG_ACT_NONE, 0, NULL, 0},
+        {1, 1000, 129, 8, DG_ACT_SILU, 1, NULL, 0},
+        {1, 15, 6, 4, DG_ACT_SILU, 1, cu_small, 3},
+        {1, 1001, 65, 4, DG_ACT_SILU, 1, cu_big, 3},
+        {1, 1001, 31, 3, DG_ACT_NONE, 1, cu_empty, 3},
+        {4, 300, 257, 2, DG_ACT_SILU, 1, NULL, 0},
+        /* T < W, fewer rows than one tile, exactly one channel tile */
+        {5, 3, 64, 8, DG_ACT_SILU, 1, NULL, 0},
+        /* W = 8 over tiny sequences and tile edges; even C (paired loads) and odd C */
+        {1, 200, 130, 8, DG_ACT_SILU, 1, cu_tiny, 9},
+        {1, 200, 67, 8, DG_ACT_NONE, 0, cu_tiny, 9},
+        /* batch sequences straddling tiles, odd C, W = 8 */
+        {7, 45, 99, 8, DG_ACT_SILU, 1, NULL, 0},
+        /* enough rows that a block of the backward walks several tiles; the last tile partial */
+        {4, 9999, 40, 4, DG_ACT_SILU, 1, NULL, 0},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         for (int dti = 0; dti < 2; dti++) {
@@ -474,7 +546,7 @@ static void test_gpu(dg_ctx *cpu) {
                                 2000 + k);
             sc_set d = conv_set(gpu, &h, dt);
             sc_set r = conv_set(cpu, &d, DG_F64); /* the device's rounded values */
-            sc_cfg c = {cases[k].act, cases[k].cu, cases[k].cu ? 3 : 0, 0};
+            sc_cfg c = {cases[k].act, cases[k].cu, cases[k].n_seqs, 0};
             dg_tensor *yd = NULL, *yr = NULL;
             run_set(gpu, &c, &d, &yd);
             run_set(cpu, &c, &r, &yr);
@@ -482,7 +554,7 @@ static void test_gpu(dg_ctx *cpu) {
             snprintf(label, sizeof label, "short_conv cuda %s vs cpu B%lld T%lld C%lld W%lld%s",
                      dg_dtype_name(dt), (long long)cases[k].B, (long long)cases[k].T,
                      (long long)cases[k].C, (long long)cases[k].W, c.cu ? " varlen" : "");
-            /* f32: dw/dbias sum up to 1200 rows in f32; bf16: outputs rounded to 8 bits */
+            /* f32: dw/dbias sum up to 40000 rows in f32; bf16: outputs rounded to 8 bits */
             compare_sets(label, &d, yd, &r, yr, dt == DG_F32 ? 1e-5 : 1e-2);
             dg_tensor_free(&yd);
             dg_tensor_free(&yr);
@@ -511,6 +583,7 @@ static void test_gpu(dg_ctx *cpu) {
     test_isolation(cpu, gpu, DG_F32);
     test_isolation(cpu, gpu, DG_BF16);
     test_cu_copied(cpu, gpu, DG_F32);
+    test_gpu_unaligned(cpu, gpu);
 
     /* strided x on the device */
     {
