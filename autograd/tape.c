@@ -158,6 +158,12 @@ dg_status dg__node_output(dg_node *n, dg_tensor *t) {
     return DG_OK;
 }
 
+dg_status dg__node_output_as(dg_node *n, dg_tensor *t, dg_dtype grad_dt) {
+    DG_TRY(dg__node_output(n, t));
+    t->slot->dtype = grad_dt;
+    return DG_OK;
+}
+
 dg_status dg__node_save(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_saved < DG_NODE_MAX_SAVED);
     n->saved[n->n_saved++] = dg_tensor_retain(t);

@@ -61,6 +61,9 @@ dg_status dg__node_new(const char *op, dg_policy default_policy, dg_backward_fn 
 dg_status dg__node_input(dg_node *n, dg_tensor *t);
 /* Outputs in order; marks t as requiring grad (a fresh non-leaf slot). */
 dg_status dg__node_output(dg_node *n, dg_tensor *t);
+/* The same, with t's gradient accumulated in dtype grad_dt instead of t's own (a bf16
+ * intermediate whose gradient keeps f32 precision). */
+dg_status dg__node_output_as(dg_node *n, dg_tensor *t, dg_dtype grad_dt);
 /* Keep a reference to t for backward (NULL allowed: kept as an empty entry). */
 dg_status dg__node_save(dg_node *n, dg_tensor *t);
 /* Zeroed parameter block of `bytes`, owned by the node. */

@@ -24,6 +24,8 @@
 
 #include <stdint.h>
 
+#include <cuda_bf16.h>
+
 #include "../common.cuh"
 #include "kda_cuda.h"
 
@@ -58,6 +60,34 @@ __device__ __forceinline__ float kda_dsoftplus(float x) {
         }                                                                                          \
     } while (0)
 
+/* Element access for the arrays whose storage is f32 or bf16 (kda_cuda_dims.mid: W, U, KG, QG,
+ * h, E): loads widen to f32 (exact), stores round to the nearest bf16. kda_st2 stores two
+ * consecutive elements with one access (8-byte aligned for f32, 4-byte for bf16). */
+typedef __nv_bfloat16 kda_bf16;
+__device__ __forceinline__ float kda_ld(const float *p) { return *p; }
+__device__ __forceinline__ float kda_ld(const kda_bf16 *p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void kda_st(float *p, float x) { *p = x; }
+__device__ __forceinline__ void kda_st(kda_bf16 *p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void kda_st2(float *p, float a, float b) {
+    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void kda_st2(kda_bf16 *p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+
+/* Run the statements with the type M_ bound to the storage of the mid tensors (d->mid: bf16,
+ * else f32). */
+#define KDA_DISPATCH_MID(mid, ...)                                                                 \
+    do {                                                                                           \
+        if (mid) {                                                                                 \
+            typedef kda_bf16 M_;                                                                   \
+            __VA_ARGS__;                                                                           \
+        } else {                                                                                   \
+            typedef float M_;                                                                      \
+            __VA_ARGS__;                                                                           \
+        }                                                                                          \
+    } while (0)
+
 /* Arguments every forward launcher checks first. */
 static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cuda_dims *d) {
     if (!ctx || !d || !d->buf)
@@ -68,6 +98,15 @@ static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cu
 
 /* 16-byte alignment, as cp.async and the float4 / float2 accesses need. */
 static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* A launcher that reaches a kernel without a bf16 variant while d->mid is set refuses: the ops
+ * layer sets mid only where every reader and writer has one (dg__kda_mid_fits). */
+static inline dg_status kda_mid_refused(const char *fn, const kda_cuda_dims *d) {
+    return dg__err(DG_ERR_UNSUPPORTED,
+                   "%s: bf16 intermediates (mid = 1) need tc == 1, K %% 16 == 0, K <= 256, "
+                   "V %% 16 == 0 and 16-byte aligned arrays; got tc=%d K=%d V=%d",
+                   fn, d->tc, d->K, d->V);
+}
 
 namespace kdab {
 
@@ -207,5 +246,8 @@ dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, 
  * d checked by kdab::check_dims. */
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
                           const float *S, float *C);
+/* The same with S in bf16 (kda_cuda_dims.mid; the tensor-core path only). */
+dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+                              const kda_bf16 *S, float *C);
 
 #endif /* DG_KDA_COMMON_CUH */

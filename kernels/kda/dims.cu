@@ -106,3 +106,7 @@ extern "C" void dg__kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d) {
         dg__cuda_free(ctx, d->buf, d->buf_bytes);
     memset(d, 0, sizeof *d);
 }
+
+extern "C" int dg__kda_mid_fits(const kda_cuda_dims *d) {
+    return d && d->tc == 1 && d->K % 16 == 0 && d->K <= 256 && d->V % 16 == 0;
+}

@@ -30,6 +30,14 @@
  * state pass (forward and backward), the output forward and the dO h^T-shaped backward products
  * run as mma.sync m16n8k8 TF32 with cp.async staging instead (state.cu, output.cu, mma.cuh);
  * the tensor-core path also uses the hardware exp (__expf) in the intra kernels.
+ * Storage of the intermediates W, U, KG, QG, h and E (kda_cuda_dims.mid): 0 (what
+ * dg__kda_cuda_dims_new sets) f32, 1 bf16 -- those six arrays are then bf16 (declared void here),
+ * written rounded to nearest and widened exactly when read, while every product still
+ * accumulates in f32 and every other array (G, Aqk, Tm, gradients, h0, ht) stays f32. Half the
+ * bytes of the memory-bound state, output and WY kernels, and of the saved tensors. mid = 1
+ * needs the mma.sync path of every stage that reads or writes them: tc == 1, K % 16 == 0, K <=
+ * 256, V % 16 == 0 and 16-byte aligned arrays (dg__kda_mid_fits); the launchers refuse it
+ * otherwise. The ops layer sets it exactly then (kda_common.c).
  * Gradient outputs are OVERWRITTEN (never accumulated), exactly like the CPU versions; NULL means
  * "zero" for optional inputs and "skip" for optional outputs, also like the CPU versions.
  *
@@ -64,11 +72,14 @@ typedef struct kda_cuda_dims {
     const int32_t *chunk_len; /* device [NC]: tokens in each chunk (the last one may be short) */
     const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
     int tc;                   /* 0: f32 FFMA; 1: TF32 tensor cores; 2: 3xTF32 (see above) */
+    int mid;                  /* storage of W, U, KG, QG, h, E: 0 f32, 1 bf16 (see above) */
     void *buf;                /* device allocation holding the tables */
     size_t buf_bytes;         /* > 0: buf is owned by these dims; 0: by the context (tables) */
 } kda_cuda_dims;
 
 /* ---- the chunk tables (dims.cu) ---- */
+/* Whether the bf16 storage of the intermediates (mid = 1) applies to d's sizes and mode. */
+int dg__kda_mid_fits(const kda_cuda_dims *d);
 /* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. out->tc = 0
  * (the caller may set it afterwards). */
 dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V, int BT, int N,
@@ -113,7 +124,7 @@ dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scal
 /* ---- N5 wy (wy.cu) ---- */
 dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                               const float *v, const float *beta, const float *G, const float *Tm,
-                              float *W, float *U, float *KG, float *QG);
+                              void *W, void *U, void *KG, void *QG);
 dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                               const float *v, const float *beta, const float *G, const float *Tm,
                               const float *dW, const float *dU, const float *dKG, const float *dQG,
@@ -121,11 +132,11 @@ dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *
                               unsigned acc);
 
 /* ---- N6 state, and the KCP summaries built on its pass (state.cu) ---- */
-dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                                 const float *U, const float *KG, const float *G, const float *h0,
-                                 float *h, float *E, float *ht);
-dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                                 const float *KG, const float *G, const float *h, const float *E,
+dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
+                                 const void *U, const void *KG, const float *G, const float *h0,
+                                 void *h, void *E, float *ht);
+dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
+                                 const void *KG, const float *G, const void *h, const void *E,
                                  const float *dh, const float *dE, const float *dht, float *dW,
                                  float *dU, float *dKG, float *dG, float *dh0);
 /* KCP summaries of sequence `seq` alone (ops/kda/kcp.c), as two state passes on the tensor-core
@@ -133,18 +144,19 @@ dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const floa
  * [HV,K,K] = the same pass over K columns from the identity with no input, i.e. the product of
  * the chunk transitions (forward: A1 = W, X0 = U, A2 = KG; backward, bwd = 1: A1 = KG, X0 = dE,
  * A2 = W, Sup = dh, and SM is the transposed product). DG_ERR_UNSUPPORTED unless
- * dg__kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). */
+ * dg__kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). A1, A2 and the forward's
+ * X0 (= U) have the mid storage of d; the backward's X0 (dE) is f32. */
 int dg__kda_state_summary_fits(const kda_cuda_dims *d);
 dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
-                                     const float *A1, const float *X0, const float *A2,
+                                     const void *A1, const void *X0, const void *A2,
                                      const float *G, const float *Sup, const float *S0, float *Sh,
                                      float *SM);
 
 /* ---- N7 output (output.cu) ---- */
-dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
-                                  const float *h, const float *Aqk, const float *E, float *O);
-dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
-                                  const float *h, const float *Aqk, const float *E, const float *dO,
+dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
+                                  const void *h, const float *Aqk, const void *E, float *O);
+dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
+                                  const void *h, const float *Aqk, const void *E, const float *dO,
                                   float *dQG, float *dh, float *dAqk, float *dE);
 
 /* ---- the token recurrence (recurrent.cu) ---- */

@@ -112,13 +112,14 @@ __device__ __forceinline__ void mma_k(Acc &c, const float *a, unsigned lda, cons
 }
 
 /* dst[r*LD + c] = src[r*rs + c] for r < rows, c < cols, else 0, over the whole R x C tile
- * (columns C..LD-1 are not touched). Block-wide; consecutive threads take consecutive columns. */
-template <int R, int C, int LD>
-__device__ __forceinline__ void load_tile(float *dst, const float *__restrict__ src, int64_t rs,
+ * (columns C..LD-1 are not touched); src f32 or bf16. Block-wide; consecutive threads take
+ * consecutive columns. */
+template <int R, int C, int LD, class T>
+__device__ __forceinline__ void load_tile(float *dst, const T *__restrict__ src, int64_t rs,
                                           int rows, int cols) {
     for (int idx = threadIdx.x; idx < R * C; idx += TC_THREADS) {
         const int r = idx / C, c = idx % C;
-        dst[r * LD + c] = (r < rows && c < cols) ? src[r * rs + c] : 0.f;
+        dst[r * LD + c] = (r < rows && c < cols) ? kda_ld(src + r * rs + c) : 0.f;
     }
 }
 
@@ -169,6 +170,9 @@ __device__ __forceinline__ unsigned tf32(float x) {
     return r;
 }
 
+/* A bf16 value is a TF32 value (8 of TF32's 10 mantissa bits): widened, it needs no rounding. */
+__device__ __forceinline__ unsigned tf32(kda_bf16 x) { return __float_as_uint(__bfloat162float(x)); }
+
 /* x = hi + lo, both TF32 (the 3xTF32 split): hi carries 11 bits of x, lo the next 11. */
 __device__ __forceinline__ void tf32_split(float x, unsigned &hi, unsigned &lo) {
     hi = tf32(x);
@@ -194,16 +198,16 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const unsigned (&ah)[4
     mma_tf32(d, ah, bh0, bh1);
 }
 
-/* Rows [0, R) x columns [c0, c0 + C) of a row-major array with row stride rs (floats) into
- * shared memory with leading dimension LD; rows >= rows_ok and 4-column pieces at or past cols
- * are zero-filled. Block-wide over NT threads, 16 bytes per copy; src, rs and c0 must keep
- * every piece 16-byte aligned. */
-template <int R, int C, int LD, int NT>
-__device__ __forceinline__ void tile_async(float *dst, const float *__restrict__ src, int64_t rs,
+/* Rows [0, R) x columns [c0, c0 + C) of a row-major array of T (f32 or bf16) with row stride
+ * rs (elements) into shared memory of T with leading dimension LD; rows >= rows_ok and 16-byte
+ * pieces (4 f32 or 8 bf16 columns) at or past cols are zero-filled. Block-wide over NT threads,
+ * 16 bytes per copy; src, rs and c0 must keep every piece 16-byte aligned. */
+template <int R, int C, int LD, int NT, class T>
+__device__ __forceinline__ void tile_async(T *dst, const T *__restrict__ src, int64_t rs,
                                            int rows_ok, int c0, int cols) {
-    constexpr int Q = C / 4;
+    constexpr int PE = 16 / sizeof(T), Q = C / PE;
     for (int idx = threadIdx.x; idx < R * Q; idx += NT) {
-        const int r = idx / Q, c = 4 * (idx % Q);
+        const int r = idx / Q, c = PE * (idx % Q);
         const bool ok = r < rows_ok && c0 + c < cols;
         cp_async16(dst + r * LD + c, ok ? src + r * rs + c0 + c : src, ok);
     }
@@ -211,9 +215,15 @@ __device__ __forceinline__ void tile_async(float *dst, const float *__restrict__
 
 constexpr int AB_N = 64;  /* output columns per block */
 constexpr int AB_KS = 32; /* k-step staged per pipeline stage */
-constexpr int AB_LD = AB_KS + 4;  /* k-contiguous stage [rows][32]: LD % 32 == 4 */
+constexpr int AB_LD = AB_KS + 4;  /* k-contiguous f32 stage [rows][32]: LD % 32 == 4 */
 constexpr int AB_LDB = AB_N + 8; /* n-contiguous stage [32][64]: LD % 32 == 8, no conflicts */
 constexpr int AB_THREADS = 256;
+/* Leading dimension of a k-contiguous stage of T: f32 36 (the 32 lanes of a fragment read hit
+ * banks 4g + t); bf16 40 (20 words: lanes t, t + 1 share a word, the 16 words hit distinct
+ * banks, and rows stay 16-byte aligned for cp.async). The n- / m-contiguous stages keep BT + 8
+ * and AB_N + 8 elements for both types (bf16: the words of t = 0..3 are 4, 20 or 36 words
+ * apart, so a fragment read again hits 16 distinct banks). */
+template <class T> constexpr int ab_ld() { return sizeof(T) == 4 ? AB_KS + 4 : AB_KS + 8; }
 
 /* Warp layout of a block's BT x 64 output tile: 8 warps, warp w owns the 16-row m-tile w / WN
  * and NTW 8-column tiles from column n0. */
@@ -225,9 +235,9 @@ template <int BT> struct AbTile {
 /* acc += op(A) op(B) over KS k-values staged in shared memory (layouts as in gemm_acc: As with
  * leading dimension lda, Bs with ldb), for warp w's part of the BT x 64 tile. kbase: the k index
  * of the stage's first column, for the TRI mask. */
-template <int BT, bool AK, bool BK, int TRI, int KS>
-__device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const float *As,
-                                          int lda, const float *Bs, int ldb, int kbase) {
+template <int BT, bool AK, bool BK, int TRI, int KS, class TA, class TB>
+__device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const TA *As,
+                                          int lda, const TB *Bs, int ldb, int kbase) {
     constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
@@ -235,13 +245,13 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
     for (int k0 = 0; k0 < KS; k0 += 8) {
         unsigned a[4];
         if (AK) { /* a0 (m = g, k = t) at row m, column k */
-            const float *ap = As + (m0 + g) * lda + k0 + t;
+            const TA *ap = As + (m0 + g) * lda + k0 + t;
             a[0] = tf32(ap[0]);
             a[1] = tf32(ap[8 * lda]);
             a[2] = tf32(ap[4]);
             a[3] = tf32(ap[8 * lda + 4]);
         } else { /* at row k, column m */
-            const float *ap = As + (k0 + t) * lda + m0 + g;
+            const TA *ap = As + (k0 + t) * lda + m0 + g;
             a[0] = tf32(ap[0]);
             a[1] = tf32(ap[8]);
             a[2] = tf32(ap[4 * lda]);
@@ -258,10 +268,10 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
 #pragma unroll
         for (int j = 0; j < NTW; j++) {
             if (BK) { /* b0 (k = t, n = g) at row n, column k */
-                const float *bp = Bs + (n0 + 8 * j + g) * ldb + k0 + t;
+                const TB *bp = Bs + (n0 + 8 * j + g) * ldb + k0 + t;
                 mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
             } else { /* at row k, column n */
-                const float *bp = Bs + (k0 + t) * ldb + n0 + 8 * j + g;
+                const TB *bp = Bs + (k0 + t) * ldb + n0 + 8 * j + g;
                 mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * ldb]));
             }
         }
@@ -281,31 +291,33 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
  * Needs nk, rsA, rsB, rows_a (when !AK), nn (when !BK) % 4 == 0 and 16-byte aligned A, B. Every
  * fragment read is free of bank conflicts (k-contiguous stages have LD % 32 == 4, the others
  * LD % 32 == 8). Ends with a __syncthreads (sm reusable). */
-template <int BT, bool AK, bool BK, int TRI = 0>
+template <int BT, bool AK, bool BK, int TRI = 0, class TA = float, class TB = float>
 __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
-                                         const float *__restrict__ A, int64_t rsA, int rows_a,
-                                         const float *__restrict__ B, int64_t rsB, int rows_b,
+                                         const TA *__restrict__ A, int64_t rsA, int rows_a,
+                                         const TB *__restrict__ B, int64_t rsB, int rows_b,
                                          int nn, int nk, float *sm) {
-    constexpr int LDA = AK ? AB_LD : BT + 8;
-    constexpr int ASTAGE = AK ? BT * AB_LD : AB_KS * LDA;
-    constexpr int BSTAGE = BK ? AB_N * AB_LD : AB_KS * AB_LDB;
+    constexpr int LDA = AK ? ab_ld<TA>() : BT + 8, LDB = BK ? ab_ld<TB>() : AB_LDB;
+    constexpr int ASTAGE = AK ? BT * LDA : AB_KS * LDA;     /* elements of TA */
+    constexpr int BSTAGE = BK ? AB_N * LDB : AB_KS * LDB;   /* elements of TB */
     /* stage b: A at sm + b * ASTAGE, B after both A stages (pointer arithmetic, not an array of
      * pointers, which a run-time index would put in local memory) */
-    auto As = [&](int b) { return sm + b * ASTAGE; };
-    auto Bs = [&](int b) { return sm + 2 * ASTAGE + b * BSTAGE; };
+    TA *const sa = reinterpret_cast<TA *>(sm);
+    TB *const sb = reinterpret_cast<TB *>(sa + 2 * ASTAGE);
+    auto As = [&](int b) { return sa + b * ASTAGE; };
+    auto Bs = [&](int b) { return sb + b * BSTAGE; };
     const int nst = (nk + AB_KS - 1) / AB_KS;
     auto load = [&](int st, int b) {
         const int k0 = st * AB_KS;
         if (AK)
-            tile_async<BT, AB_KS, AB_LD, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
+            tile_async<BT, AB_KS, LDA, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
         else
             tile_async<AB_KS, BT, LDA, AB_THREADS>(As(b), A + (int64_t)k0 * rsA, rsA,
                                                     min(rows_b, nk) - k0, 0, rows_a);
         if (BK)
-            tile_async<AB_N, AB_KS, AB_LD, AB_THREADS>(Bs(b), B, rsB, rows_b, k0, nk);
+            tile_async<AB_N, AB_KS, LDB, AB_THREADS>(Bs(b), B, rsB, rows_b, k0, nk);
         else /* stage row r is B row k0 + r, valid below min(rows_b, nk) */
-            tile_async<AB_KS, AB_N, AB_LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB,
-                                                         min(rows_b, nk) - k0, 0, nn);
+            tile_async<AB_KS, AB_N, LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB,
+                                                      min(rows_b, nk) - k0, 0, nn);
     };
     load(0, 0);
     cp_async_commit();
@@ -316,22 +328,24 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
-        mma_stage<BT, AK, BK, TRI, AB_KS>(acc, As(b), LDA, Bs(b), BK ? AB_LD : AB_LDB,
-                                          st * AB_KS);
+        mma_stage<BT, AK, BK, TRI, AB_KS>(acc, As(b), LDA, Bs(b), LDB, st * AB_KS);
         __syncthreads(); /* stage b is refilled next */
     }
 }
 
-/* Shared memory of gemm_acc, in floats. */
-template <int BT, bool AK, bool BK> constexpr int gemm_smem() {
-    return 2 * ((AK ? BT * AB_LD : AB_KS * (BT + 8)) + (BK ? AB_N * AB_LD : AB_KS * AB_LDB));
+/* Shared memory of gemm_acc with operands of TA and TB, in floats (rounded up). */
+template <int BT, bool AK, bool BK, class TA = float, class TB = float> constexpr int gemm_smem() {
+    return (2 * (int)sizeof(TA) * (AK ? BT * ab_ld<TA>() : AB_KS * (BT + 8)) +
+            2 * (int)sizeof(TB) * (BK ? AB_N * ab_ld<TB>() : AB_KS * AB_LDB) + 3) /
+           4;
 }
 
 /* Store a BT x 64 tile held as gemm_acc leaves it: C[r][c] = s acc for r < L, c < nn (rows of C
- * at stride rsC; float2 stores, so C and rsC even). LOWER: zero above the diagonal (c > r). */
-template <int BT, bool LOWER = false>
+ * at stride rsC; C of f32 or bf16, pairs stored together, so C and rsC even). LOWER: zero above
+ * the diagonal (c > r). */
+template <int BT, bool LOWER = false, class TC = float>
 __device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4],
-                                          float *__restrict__ C, int64_t rsC, int L, int nn,
+                                          TC *__restrict__ C, int64_t rsC, int L, int nn,
                                           float s) {
     constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -342,13 +356,13 @@ __device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4]
         for (int hlf = 0; hlf < 2; hlf++) {
             const int r = m0 + g + 8 * hlf, c = n0 + 8 * j + 2 * t;
             if (r < L && c < nn) {
-                float *cp = C + r * rsC + c;
+                TC *cp = C + r * rsC + c;
                 const float v0 = LOWER && c > r ? 0.f : s * acc[j][2 * hlf];
                 const float v1 = LOWER && c + 1 > r ? 0.f : s * acc[j][2 * hlf + 1];
                 if (c + 1 < nn)
-                    *reinterpret_cast<float2 *>(cp) = make_float2(v0, v1);
+                    kda_st2(cp, v0, v1);
                 else
-                    cp[0] = v0;
+                    kda_st(cp, v0);
             }
         }
 }

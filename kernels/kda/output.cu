@@ -196,17 +196,20 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* The forward on mma.sync with cp.async stages (mma.cuh), TF32 only: grid (chunk, hv, V / 64),
  * O = s QG h_c + Aqk E for the block's 64 value columns (both products accumulate into one
- * register tile; Aqk is read for j <= i only, E rows past L are zero-filled).
- * Needs K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
-template <int BT>
+ * register tile; Aqk is read for j <= i only, E rows past L are zero-filled). QG, h, E of M
+ * (f32 or bf16, kda_cuda_dims.mid). Needs K, V % 4 == 0 (bf16: % 8) and 16-byte aligned arrays
+ * (checked by the launcher). */
+template <int BT, class M>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     output_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
                           const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                          float scale, const float *__restrict__ QG, const float *__restrict__ h,
-                          const float *__restrict__ Aqk, const float *__restrict__ E,
+                          float scale, const M *__restrict__ QG, const M *__restrict__ h,
+                          const float *__restrict__ Aqk, const M *__restrict__ E,
                           float *__restrict__ O) {
     constexpr int NTW = kdamma::AbTile<BT>::NTW;
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, false>()];
+    constexpr int SM1 = kdamma::gemm_smem<BT, true, false, M, M>(),
+                  SM2 = kdamma::gemm_smem<BT, true, false, float, M>();
+    __shared__ __align__(16) float sm[SM1 > SM2 ? SM1 : SM2];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
@@ -368,12 +371,12 @@ __global__ void __launch_bounds__(TC_THREADS)
 }
 
 /* grid (chunk, hv): dAqk[i][j] = sum_v dO[i][v] E[j][v] for j <= i, 0 above (rows < L, all BT
- * columns), over value tiles of 64; E tile read as the col_major B = E^T. Tiles above the
- * diagonal are skipped. */
-template <int BT, int P>
+ * columns), over value tiles of 64; E (of M: f32 or bf16) tile read as the col_major B = E^T.
+ * Tiles above the diagonal are skipped. */
+template <int BT, int P, class M>
 __global__ void __launch_bounds__(TC_THREADS)
     out_da_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                     int HV, int V, const float *__restrict__ dO, const float *__restrict__ E,
+                     int HV, int V, const float *__restrict__ dO, const M *__restrict__ E,
                      float *__restrict__ dAqk) {
     constexpr int LD = TC_LD, R16 = BT / 16, NTILE = R16 * R16, TPW = (NTILE + 7) / 8;
     constexpr int LDS = BT + TC_PAD;
@@ -467,14 +470,15 @@ __global__ void __launch_bounds__(TC_THREADS)
 /* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (mma.cuh), TF32 only; both read A
  * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
  * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk, hv, (K / 64) * (V / 64)), a
- * 64 x 64 tile of dh_c, every element written. out_de: grid (chunk, hv, V / 64), rows < L. Need
- * K, V % 4 == 0 and 16-byte aligned arrays (checked by the launcher). */
-template <int BT>
+ * 64 x 64 tile of dh_c, every element written; QG of M (f32 or bf16). out_de: grid (chunk, hv,
+ * V / 64), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned arrays (checked by
+ * the launcher). */
+template <int BT, class M>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int HV, int K, int V, float scale, const float *__restrict__ QG,
+                      int HV, int K, int V, float scale, const M *__restrict__ QG,
                       const float *__restrict__ dO, float *__restrict__ dh) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false, M, float>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, kdamma::AB_N);
     const int e0 = (blockIdx.z / nvt) * kdamma::AB_N, v0 = (blockIdx.z % nvt) * kdamma::AB_N;
@@ -508,40 +512,48 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 // ---- launchers
 
 /* The tensor-core forward (d->tc != 0), called by dg__kda_output_fwd_cuda after its checks. */
-static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
-                               const float *h, const float *Aqk, const float *E, float *O) {
+static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
+                               const void *h, const float *Aqk, const void *E, float *O) {
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
-    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(QG) && aligned16(h) &&
+    const int q = d->mid ? 8 : 4;
+    if (d->tc == 1 && d->K % q == 0 && d->V % q == 0 && aligned16(QG) && aligned16(h) &&
         aligned16(Aqk) && aligned16(E) && aligned16(O)) {
-        KDA_DISPATCH_BT(d->BT, {
-            output_fwd_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
-                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+        KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_MID(d->mid, {
+            output_fwd_mma_kernel<BT_, M_><<<grid, kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const M_ *)QG,
+                (const M_ *)h, Aqk, (const M_ *)E, O);
             DG_CHECK_LAUNCH();
-        });
+        }));
         return DG_OK;
     }
+    if (d->mid)
+        return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale,
+                            (const float *)QG, (const float *)h, Aqk, (const float *)E, O);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                         const float *QG, const float *h, const float *Aqk,
-                                         const float *E, float *O) {
+                                         const void *QG, const void *h, const float *Aqk,
+                                         const void *E, float *O) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!QG || !h || !Aqk || !E || !O)
         return dg__err(DG_ERR_ARG, "%s: QG, h, Aqk, E and O are required", __func__);
     if (d->tc)
         return output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, O);
+    if (d->mid)
+        return kda_mid_refused(__func__, d);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
     KDA_DISPATCH_BT(d->BT, {
         kda_output_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, Aqk, E, O);
+            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
+            (const float *)h, Aqk, (const float *)E, O);
         DG_CHECK_LAUNCH();
     });
     return DG_OK;
@@ -575,38 +587,44 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
 
 /* The tensor-core backward, called by dg__kda_output_bwd_cuda when d->tc != 0, dO != NULL and
  * NC > 0. */
-static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                               const float *QG, const float *h, const float *Aqk, const float *E,
-                               const float *dO, float *dQG, float *dh, float *dAqk, float *dE) {
+template <class M>
+static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const M *QG,
+                               const M *h, const float *Aqk, const M *E, const float *dO,
+                               float *dQG, float *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
     const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
                    nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
     const bool p2 = d->tc >= 2;
-    const bool mma = d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(QG) &&
+    const int q = 16 / (int)sizeof(M);
+    const bool mma = d->tc == 1 && d->K % q == 0 && d->V % 4 == 0 && aligned16(QG) &&
                      aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
                      (!dE || aligned16(dE));
+    if (sizeof(M) == 2 && (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E))))
+        return kda_mid_refused(__func__, d);
     if (dQG)
         DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
     KDA_DISPATCH_BT(d->BT, {
         if (dh) {
             if (mma)
-                out_dh_mma_kernel<BT_><<<dim3(nc, hvs, nkt * nvt), kdamma::AB_THREADS, 0, s>>>(
+                out_dh_mma_kernel<BT_, M><<<dim3(nc, hvs, nkt * nvt), kdamma::AB_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             else if (p2)
                 out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG, dO,
+                    dh);
             else
                 out_dh_tc_kernel<BT_, 1><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG, dO,
+                    dh);
             DG_CHECK_LAUNCH();
         }
         if (dAqk) {
             if (p2)
-                out_da_tc_kernel<BT_, 2><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
+                out_da_tc_kernel<BT_, 2, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
             else
-                out_da_tc_kernel<BT_, 1><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
+                out_da_tc_kernel<BT_, 1, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
             DG_CHECK_LAUNCH();
         }
@@ -627,8 +645,8 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
 }
 
 extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                         const float *QG, const float *h, const float *Aqk,
-                                         const float *E, const float *dO, float *dQG, float *dh,
+                                         const void *QGv, const void *hv, const float *Aqk,
+                                         const void *Ev, const float *dO, float *dQG, float *dh,
                                          float *dAqk, float *dE) {
     DG_TRY(check_dims("dg__kda_output_bwd_cuda", d));
     if (d->NC == 0)
@@ -647,6 +665,11 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
             DG_CHECK_CUDA(cudaMemsetAsync(dE, 0, sizeof(float) * tk * d->V, s));
         return DG_OK;
     }
+    if (d->mid)
+        return d->tc ? output_bwd_tc(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv,
+                                     Aqk, (const kda_bf16 *)Ev, dO, dQG, dh, dAqk, dE)
+                     : kda_mid_refused(__func__, d);
+    const float *QG = (const float *)QGv, *h = (const float *)hv, *E = (const float *)Ev;
     if (d->tc)
         return output_bwd_tc(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
     switch (d->BT) {

@@ -85,18 +85,27 @@ namespace {
 
 constexpr int SM_THREADS = 256;
 
-/* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array starting at token t0, into shared memory
- * with leading dimension LD (floats); rows >= L are zero-filled. Block-wide, 16 bytes per op. */
-template <int BT>
-__device__ __forceinline__ void tile_async(float *dst, int LD, const float *__restrict__ src,
-                                           int64_t t0, int L, int HV, int hv, int K) {
-    const int q = K / 4; /* 16-byte pieces per row */
+/* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array of T (f32 or bf16) starting at token
+ * t0, into shared memory of T with leading dimension LD (elements); rows >= L are zero-filled.
+ * Block-wide, 16 bytes per op. */
+template <int BT, class T>
+__device__ __forceinline__ void tile_async(T *dst, int LD, const T *__restrict__ src, int64_t t0,
+                                           int L, int HV, int hv, int K) {
+    constexpr int PE = 16 / sizeof(T);
+    const int q = K / PE; /* 16-byte pieces per row */
     for (int idx = threadIdx.x; idx < BT * q; idx += SM_THREADS) {
-        const int r = idx / q, c = 4 * (idx % q);
+        const int r = idx / q, c = PE * (idx % q);
         const bool ok = r < L;
-        const float *g = ok ? src + ((t0 + r) * HV + hv) * (int64_t)K + c : src;
+        const T *g = ok ? src + ((t0 + r) * HV + hv) * (int64_t)K + c : src;
         kdamma::cp_async16(dst + r * LD + c, g, ok);
     }
+}
+
+/* Leading dimensions of the A1 / A2 tiles of state_mma_kernel, in elements of T: f32 K + 4 and
+ * K + 8 (conflict-free fragment reads, see the kernel); bf16 K + 8 for both (rows 16-byte
+ * aligned; lanes t, t + 1 read one word, the 16 words of a read hit distinct banks). */
+template <class T> __host__ __device__ constexpr int state_ld1(int K) {
+    return sizeof(T) == 4 ? K + 4 : K + 8;
 }
 
 } // namespace
@@ -364,24 +373,30 @@ __global__ void __launch_bounds__(TC_THREADS)
  * keep the staged kernel. The same kernel computes the KCP summaries of one sequence
  * (dg__kda_state_summary_cuda).
  * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
- * or 64; the launcher picks it from the grid size). Dynamic shared memory (floats):
- *   A1s [BT][K + 4], A2s [BT][K + 8], Ss [max(K, BT)][VT + 8] (also Xs), Gs [K]. */
-template <int BT, int MT, int VT, bool BWD>
+ * or 64; the launcher picks it from the grid size). TA: the storage of A1 and A2 (W, KG: f32 or
+ * bf16, kda_cuda_dims.mid); the forward's X0, Sst, Xo (U, h, E) have it too, the backward's
+ * (dE, dHn, dE_tot) are f32. Dynamic shared memory: A1s [BT][state_ld1] and A2s [BT][K + 8] of TA,
+ * then f32 Ss [max(K, BT)][VT + 8] (also Xs), Gs [K]. */
+template <int BT, int MT, int VT, bool BWD, class TA>
 __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
                      const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                     const float *__restrict__ A1, const float *__restrict__ X0,
-                     const float *__restrict__ A2, const float *__restrict__ G,
+                     const TA *__restrict__ A1,
+                     const typename std::conditional<BWD, float, TA>::type *__restrict__ X0,
+                     const TA *__restrict__ A2, const float *__restrict__ G,
                      const float *__restrict__ S0, const float *__restrict__ Sup,
-                     float *__restrict__ Sst, float *__restrict__ Xo, float *__restrict__ Sfin) {
+                     typename std::conditional<BWD, float, TA>::type *__restrict__ Sst,
+                     typename std::conditional<BWD, float, TA>::type *__restrict__ Xo,
+                     float *__restrict__ Sfin) {
     constexpr int LDS = VT + 8, LDX = VT + 8; /* % 32 in {8, 24}: conflict-free b-reads */
     constexpr int NJ = VT / 8;                /* 8-column tiles of S per warp */
     constexpr int NXT = VT / 16;              /* 8-column tiles of X per warp */
+    typedef typename std::conditional<BWD, float, TA>::type TX;
     extern __shared__ __align__(16) float sm_smem[];
-    const int LD1 = K + 4, LD2 = K + 8;
-    float *A1s = sm_smem;
-    float *A2s = A1s + BT * LD1;
-    float *Ss = A2s + BT * LD2;
+    const int LD1 = state_ld1<TA>(K), LD2 = K + 8;
+    TA *A1s = reinterpret_cast<TA *>(sm_smem);
+    TA *A2s = A1s + BT * LD1;
+    float *Ss = reinterpret_cast<float *>(A2s + BT * LD2);
     float *Xs = Ss; /* X lives where S was staged (after a barrier; max(K, BT) rows) */
     float *Gs = Ss + (K > BT ? K : BT) * LDS;
 
@@ -408,7 +423,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     }
 
     /* S -> dst (row r at dst + r * ld; global: only the nv valid columns) */
-    auto store_S = [&](float *dst, int64_t ld, bool global) {
+    auto store_S = [&](auto *dst, int64_t ld, bool global) {
 #pragma unroll
         for (int m = 0; m < MT; m++) {
             if (w + 8 * m >= mtiles)
@@ -419,8 +434,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 for (int hlf = 0; hlf < 2; hlf++) {
                     const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
                     if (!global || c < nv)
-                        *reinterpret_cast<float2 *>(dst + r * ld + c) =
-                            make_float2(S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
+                        kda_st2(dst + r * ld + c, S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
                 }
         }
     };
@@ -461,8 +475,9 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             for (int e = 0; e < 4; e++) {
                 const int r = 16 * xm + g + 8 * (e >> 1),
                           c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
-                X[jj][e] = (X0 && xwarp && r < L && c < nv) ? X0[(t0 + r) * rv + hv * V + v0 + c]
-                                                            : 0.f;
+                X[jj][e] = (X0 && xwarp && r < L && c < nv)
+                               ? kda_ld(X0 + (t0 + r) * rv + hv * V + v0 + c)
+                               : 0.f;
             }
 
         kdamma::cp_async_wait<1>(); /* A1 and lambda of this chunk */
@@ -471,7 +486,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         /* X = X0 + sgnA A1 S */
         float acc[NXT][4] = {};
         if (xwarp) {
-            const float *a_row0 = A1s + (16 * xm + g) * LD1 + t, *a_row1 = a_row0 + 8 * LD1;
+            const TA *a_row0 = A1s + (16 * xm + g) * LD1 + t, *a_row1 = a_row0 + 8 * LD1;
             for (int k0 = 0; k0 < K; k0 += 8) {
                 const unsigned a[4] = {kdamma::tf32(a_row0[k0]), kdamma::tf32(a_row1[k0]),
                                        kdamma::tf32(a_row0[k0 + 4]), kdamma::tf32(a_row1[k0 + 4])};
@@ -485,7 +500,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         }
         __syncthreads(); /* every read of Ss is done: Xs reuses its space */
         if (xwarp) {
-            float *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
+            TX *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
 #pragma unroll
             for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
@@ -500,7 +515,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                         val = make_float2(0.f, 0.f);
                     *reinterpret_cast<float2 *>(Xs + r * LDX + c) = val;
                     if (xo && r < L && c < nv)
-                        *reinterpret_cast<float2 *>(xo + r * rv + c) = val;
+                        kda_st2(xo + r * rv + c, val.x, val.y);
                 }
         }
         /* exp(lambda) for this thread's rows of S, read before the buffer is refilled */
@@ -553,13 +568,13 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             const int m0 = 16 * (w + 8 * m);
             for (int ks = 0; ks < ksteps; ks++) {
                 const int i0 = 8 * ks;
-                const float *p0 = A2s + (i0 + t) * LD2 + m0 + g, *p1 = p0 + 4 * LD2;
+                const TA *p0 = A2s + (i0 + t) * LD2 + m0 + g, *p1 = p0 + 4 * LD2;
                 unsigned a[4];
-                if (BWD) {
-                    a[0] = kdamma::tf32(-p0[0]);
-                    a[1] = kdamma::tf32(-p0[8]);
-                    a[2] = kdamma::tf32(-p1[0]);
-                    a[3] = kdamma::tf32(-p1[8]);
+                if (BWD) { /* the sign bit: -x is exact in either storage */
+                    a[0] = kdamma::tf32(p0[0]) ^ 0x80000000u;
+                    a[1] = kdamma::tf32(p0[8]) ^ 0x80000000u;
+                    a[2] = kdamma::tf32(p1[0]) ^ 0x80000000u;
+                    a[3] = kdamma::tf32(p1[8]) ^ 0x80000000u;
                 } else {
                     a[0] = kdamma::tf32(p0[0]);
                     a[1] = kdamma::tf32(p0[8]);
@@ -799,15 +814,16 @@ __global__ void __launch_bounds__(TC_THREADS)
 }
 
 /* The same product on mma.sync with a cp.async pipeline (mma.cuh): grid (chunk, hv, K / 64),
- * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v]. TF32 (P = 1) only; needs V % 4 == 0, K even
- * and 16-byte aligned arrays (rows_stateT_tc_launch checks). */
-template <int BT>
+ * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v], with dO of TA and h of TS (f32 or bf16).
+ * TF32 (P = 1) only; needs V % 4 == 0 (% 8 with a bf16 operand), K even and 16-byte aligned
+ * arrays (rows_stateT_tc_launch checks). */
+template <int BT, class TA, class TS>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     rows_stateT_mma_kernel(const int64_t *__restrict__ chunk_t0,
                            const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
-                           const float *__restrict__ dO, const float *__restrict__ h,
+                           const TA *__restrict__ dO, const TS *__restrict__ h,
                            float *__restrict__ dQG) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true, TA, TS>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, e0 = blockIdx.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
@@ -820,11 +836,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 }
 
 /* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
- * (0 when h is NULL), every other row 0. Warp w: keys e = w, w + 8, ...; lanes over v. */
+ * (0 when h is NULL; h of M, f32 or bf16), every other row 0. Warp w: keys e = w, w + 8, ...;
+ * lanes over v. */
+template <class M>
 __global__ void __launch_bounds__(TC_THREADS)
     state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                        int HV, int K, int V, const float *__restrict__ G,
-                       const float *__restrict__ h, const float *__restrict__ dHs,
+                       const M *__restrict__ h, const float *__restrict__ dHs,
                        float *__restrict__ dG) {
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
@@ -838,7 +856,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         float s = 0.f;
         if (h)
             for (int v = lane; v < V; v += 32)
-                s += h[sb + (int64_t)e * V + v] * dHs[sb + (int64_t)e * V + v];
+                s += kda_ld(h + sb + (int64_t)e * V + v) * dHs[sb + (int64_t)e * V + v];
         s = kdab::warp_sum(s);
         if (lane == 0)
             dG[rl + e] = h ? expf(G[rl + e]) * s : 0.f;
@@ -859,9 +877,9 @@ __global__ void identity_kernel(float *I, int HV, int K) {
 // ---- launchers: forward
 
 /* The sizes and alignments the kernel needs (else the caller keeps the staged kernel). */
-static int state_mma_fits(const kda_cuda_dims *d, const float *A1, const float *X0,
-                          const float *A2, const float *G, const float *S0, const float *Sup,
-                          const float *Sst, const float *Xo, const float *Sfin) {
+static int state_mma_fits(const kda_cuda_dims *d, const void *A1, const void *X0, const void *A2,
+                          const float *G, const float *S0, const float *Sup, const void *Sst,
+                          const void *Xo, const float *Sfin) {
     if (d->tc != 1 || d->K % 16 != 0 || d->K > 256 || d->V % 2 != 0)
         return 0;
     const void *ps[] = {A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin};
@@ -871,30 +889,29 @@ static int state_mma_fits(const kda_cuda_dims *d, const float *A1, const float *
     return 1;
 }
 
-template <int BT, int MT, int VT, bool BWD>
-static size_t state_mma_smem(int K) {
-    return sizeof(float) * ((size_t)BT * (K + 4) + (size_t)BT * (K + 8) +
-                            (size_t)(K > BT ? K : BT) * (VT + 8) + K);
+template <int BT, class TA> static size_t state_mma_smem(int K, int VT) {
+    return sizeof(TA) * ((size_t)BT * state_ld1<TA>(K) + (size_t)BT * (K + 8)) +
+           sizeof(float) * ((size_t)(K > BT ? K : BT) * (VT + 8) + K);
 }
 
 /* Shared memory of one variant, with the dynamic limit raised (once per device and size) when it
  * needs more than the default 48 KB. */
-template <int BT, int MT, int VT, bool BWD>
+template <int BT, int MT, int VT, bool BWD, class TA>
 static dg_status state_mma_prepare(int K, size_t *smem) {
-    *smem = state_mma_smem<BT, MT, VT, BWD>(K);
-    return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD>, *smem);
+    *smem = state_mma_smem<BT, TA>(K, VT);
+    return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD, TA>, *smem);
 }
 
 /* Waves of resident blocks the grid of a variant needs on device dev (sms multiprocessors);
  * the occupancy query runs once per K and device. */
-template <int BT, int MT, int VT, bool BWD>
+template <int BT, int MT, int VT, bool BWD, class TA>
 static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64_t *waves) {
     static int cached_K = -1, cached_dev = -1, cached_per_sm = 0;
     if (cached_K != d->K || cached_dev != dev) {
         size_t smem;
-        DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+        DG_TRY((state_mma_prepare<BT, MT, VT, BWD, TA>(d->K, &smem)));
         DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD>, SM_THREADS, smem));
+            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD, TA>, SM_THREADS, smem));
         cached_K = d->K;
         cached_dev = dev;
     }
@@ -903,26 +920,33 @@ static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64
     return DG_OK;
 }
 
-template <int BT, int MT, int VT, bool BWD>
-static dg_status state_mma_launch_vt(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
-                                     const float *X0, const float *A2, const float *G,
-                                     const float *S0, const float *Sup, float *Sst, float *Xo,
-                                     float *Sfin) {
+/* The operand pack of one serial pass (see state_mma): A1, A2 of TA; X0, Sst, Xo of TX (the
+ * forward: TA; the backward: f32). */
+template <class TA, class TX> struct StateOps {
+    const TA *A1;
+    const TX *X0;
+    const TA *A2;
+    const float *G, *S0, *Sup;
+    TX *Sst, *Xo;
+    float *Sfin;
+};
+
+template <int BT, int MT, int VT, bool BWD, class TA, class TX>
+static dg_status state_mma_launch_vt(dg_ctx *ctx, const kda_cuda_dims *d,
+                                     const StateOps<TA, TX> &o) {
     size_t smem;
-    DG_TRY((state_mma_prepare<BT, MT, VT, BWD>(d->K, &smem)));
+    DG_TRY((state_mma_prepare<BT, MT, VT, BWD, TA>(d->K, &smem)));
     dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, VT));
-    state_mma_kernel<BT, MT, VT, BWD><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
-        d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1, X0, A2, G, S0, Sup, Sst,
-        Xo, Sfin);
+    state_mma_kernel<BT, MT, VT, BWD, TA><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
+        d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, o.A1, o.X0, o.A2, o.G, o.S0,
+        o.Sup, o.Sst, o.Xo, o.Sfin);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
-template <int BT, int MT, bool BWD>
-static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
-                                    const float *X0, const float *A2, const float *G,
-                                    const float *S0, const float *Sup, float *Sst, float *Xo,
-                                    float *Sfin) {
+template <int BT, int MT, bool BWD, class TA, class TX>
+static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
+                                    const StateOps<TA, TX> &o) {
     /* Fewest waves first (each block walks every chunk of its sequence, so a second wave doubles
      * the time); among equal waves 32 columns, then 64, then 16 (measured on an H200: with one
      * wave either way, 16-column tiles lose ~2% to the doubled W/KG traffic; 64-column tiles pay
@@ -931,36 +955,30 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d, const f
     DG_CHECK_CUDA(cudaGetDevice(&dev));
     DG_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     int64_t w16 = INT64_MAX, w32 = INT64_MAX, w64 = INT64_MAX;
-    DG_TRY((state_mma_waves<BT, MT, 16, BWD>(d, dev, sms, &w16)));
-    DG_TRY((state_mma_waves<BT, MT, 32, BWD>(d, dev, sms, &w32)));
-    DG_TRY((state_mma_waves<BT, MT, 64, BWD>(d, dev, sms, &w64)));
+    DG_TRY((state_mma_waves<BT, MT, 16, BWD, TA>(d, dev, sms, &w16)));
+    DG_TRY((state_mma_waves<BT, MT, 32, BWD, TA>(d, dev, sms, &w32)));
+    DG_TRY((state_mma_waves<BT, MT, 64, BWD, TA>(d, dev, sms, &w64)));
     if (w64 < w32 && w64 <= w16)
-        return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+        return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, o);
     if (w16 < w32 && w16 < w64)
-        return state_mma_launch_vt<BT, MT, 16, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
-    return state_mma_launch_vt<BT, MT, 32, BWD>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+        return state_mma_launch_vt<BT, MT, 16, BWD>(ctx, d, o);
+    return state_mma_launch_vt<BT, MT, 32, BWD>(ctx, d, o);
 }
 
-/* The serial pass on state_mma_kernel, forward (bwd = 0: A1 = W, X0 = U, A2 = KG, S0 = h0,
- * Sst = h, Xo = E, Sfin = ht) or backward (bwd = 1: A1 = KG, X0 = dE, A2 = W, S0 = dht, Sup = dh,
- * Sst = dHn, Xo = dE_tot, Sfin = dh0). */
-static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, int bwd, const float *A1,
-                           const float *X0, const float *A2, const float *G, const float *S0,
-                           const float *Sup, float *Sst, float *Xo, float *Sfin) {
-    if (!state_mma_fits(d, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin))
+/* The serial pass on state_mma_kernel, forward (BWD false: A1 = W, X0 = U, A2 = KG, S0 = h0,
+ * Sst = h, Xo = E, Sfin = ht; TX = TA) or backward (BWD true: A1 = KG, X0 = dE, A2 = W, S0 = dht,
+ * Sup = dh, Sst = dHn, Xo = dE_tot, Sfin = dh0; TX = float). */
+template <bool BWD, class TA, class TX>
+static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<TA, TX> &o) {
+    static_assert(std::is_same<TX, typename std::conditional<BWD, float, TA>::type>::value,
+                  "the forward's X0, Sst, Xo share A1's storage; the backward's are f32");
+    if (!state_mma_fits(d, o.A1, o.X0, o.A2, o.G, o.S0, o.Sup, o.Sst, o.Xo, o.Sfin))
         return dg__err(DG_ERR_ARG, "%s: sizes or alignment not supported (K=%d V=%d tc=%d)",
                        __func__, d->K, d->V, d->tc);
     const bool two = d->K > 128;
     KDA_DISPATCH_BT(d->BT, {
-        if (bwd)
-            return two ? state_mma_launch_t<BT_, 2, true>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
-                                                          Sfin)
-                       : state_mma_launch_t<BT_, 1, true>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
-                                                          Sfin);
-        return two ? state_mma_launch_t<BT_, 2, false>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
-                                                       Sfin)
-                   : state_mma_launch_t<BT_, 1, false>(ctx, d, A1, X0, A2, G, S0, Sup, Sst, Xo,
-                                                       Sfin);
+        return two ? state_mma_launch_t<BT_, 2, BWD>(ctx, d, o)
+                   : state_mma_launch_t<BT_, 1, BWD>(ctx, d, o);
     });
     return DG_OK;
 }
@@ -989,21 +1007,32 @@ static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const floa
 }
 
 /* The tensor-core forward (d->tc != 0), called by dg__kda_state_fwd_cuda after its checks. */
-static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W, const float *U,
-                              const float *KG, const float *G, const float *h0, float *h,
-                              float *E, float *ht) {
+template <class M>
+static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *U,
+                              const M *KG, const float *G, const float *h0, M *h, M *E,
+                              float *ht) {
     if (state_mma_fits(d, W, U, KG, G, h0, nullptr, h, E, ht))
-        return state_mma(ctx, d, 0, W, U, KG, G, h0, nullptr, h, E, ht);
-    return state_tc_launch<false>(ctx, d, W, U, KG, G, h0, nullptr, h, E, ht);
+        return state_mma<false>(ctx, d, StateOps<M, M>{W, U, KG, G, h0, nullptr, h, E, ht});
+    if (sizeof(M) == 2)
+        return kda_mid_refused(__func__, d);
+    return state_tc_launch<false>(ctx, d, (const float *)W, (const float *)U, (const float *)KG,
+                                  G, h0, nullptr, (float *)h, (float *)E, ht);
 }
 
-extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                                        const float *U, const float *KG, const float *G,
-                                        const float *h0, float *h, float *E, float *ht) {
+extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
+                                        const void *Uv, const void *KGv, const float *G,
+                                        const float *h0, void *hv, void *Ev, float *ht) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
-    if (!W || !U || !KG || !G || !h || !E)
+    if (!Wv || !Uv || !KGv || !G || !hv || !Ev)
         return dg__err(DG_ERR_ARG, "%s: W, U, KG, G, h and E are required (h0, ht optional)",
                        __func__);
+    if (d->mid)
+        return d->tc ? state_fwd_tc(ctx, d, (const kda_bf16 *)Wv, (const kda_bf16 *)Uv,
+                                    (const kda_bf16 *)KGv, G, h0, (kda_bf16 *)hv, (kda_bf16 *)Ev,
+                                    ht)
+                     : kda_mid_refused(__func__, d);
+    const float *W = (const float *)Wv, *U = (const float *)Uv, *KG = (const float *)KGv;
+    float *h = (float *)hv, *E = (float *)Ev;
     if (d->tc)
         return state_fwd_tc(ctx, d, W, U, KG, G, h0, h, E, ht);
     const int KP = DG_CEIL_DIV(d->K, KDA_KT) * KDA_KT;
@@ -1027,31 +1056,41 @@ extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
 
 /* The serial pass of the tensor-core backward (state_seq_kernel's part): dE_tot, the dHn_c
  * scratch [NC,HV,K,V] and dh0, each optional. */
-static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                                  const float *KG, const float *G, const float *dh,
-                                  const float *dE, const float *dht, float *dEtot, float *dHs,
-                                  float *dh0) {
+template <class M>
+static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *KG,
+                                  const float *G, const float *dh, const float *dE,
+                                  const float *dht, float *dEtot, float *dHs, float *dh0) {
     if (state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
-        return state_mma(ctx, d, 1, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
-    return state_tc_launch<true>(ctx, d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0);
+        return state_mma<true>(ctx, d,
+                               StateOps<M, float>{KG, dE, W, G, dht, dh, dHs, dEtot, dh0});
+    if (sizeof(M) == 2)
+        return kda_mid_refused(__func__, d);
+    return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht, dh, dHs,
+                                 dEtot, dh0);
 }
 
-/* C = s A h^T chunk by chunk (see rows_stateT_tc_kernel): on mma.sync when the mode is TF32 and
- * the sizes allow it, else on WMMA (TF32 or 3xTF32). */
+/* C = s A h^T chunk by chunk (see rows_stateT_tc_kernel), A of TA and h of TS (f32 or bf16): on
+ * mma.sync when the mode is TF32 and the sizes allow it, else on WMMA (TF32 or 3xTF32; f32
+ * operands only). */
+template <class TA, class TS>
 static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                       const float *A, const float *Hm, float *C) {
+                                       const TA *A, const TS *Hm, float *C) {
     cudaStream_t s = dg__stream(ctx);
     const dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->K, TC_CT));
-    const bool mma = d->tc == 1 && d->V % 4 == 0 && d->K % 2 == 0 && aligned16(A) &&
+    const bool bf = sizeof(TA) == 2 || sizeof(TS) == 2;
+    const bool mma = d->tc == 1 && d->V % (bf ? 8 : 4) == 0 && d->K % 2 == 0 && aligned16(A) &&
                      aligned16(Hm) && aligned16(C);
+    if (bf && !mma)
+        return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, {
         if (mma)
-            rows_stateT_mma_kernel<BT_><<<grid, kdamma::AB_THREADS, 0, s>>>(
+            rows_stateT_mma_kernel<BT_, TA, TS><<<grid, kdamma::AB_THREADS, 0, s>>>(
                 d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
         else
             KDA_DISPATCH_P(d->tc, {
                 rows_stateT_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)A,
+                    (const float *)Hm, C);
             });
         DG_CHECK_LAUNCH();
     });
@@ -1059,11 +1098,12 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
 }
 
 /* The tensor-core backward, called by dg__kda_state_bwd_cuda when d->tc != 0; the same buffers and
- * NULL rules as its FFMA path (state_bwd_bt). */
-static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                              const float *KG, const float *G, const float *h, const float *E,
-                              const float *dh, const float *dE, const float *dht, float *dW,
-                              float *dU, float *dKG, float *dG, float *dh0) {
+ * NULL rules as its FFMA path (state_bwd_bt). W, KG, h, E of M (f32 or bf16). */
+template <class M>
+static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *KG,
+                              const float *G, const M *h, const M *E, const float *dh,
+                              const float *dE, const float *dht, float *dW, float *dU,
+                              float *dKG, float *dG, float *dh0) {
     cudaStream_t s = dg__stream(ctx);
     const bool par = d->NC > 0 && (dW || dKG || dG);
     const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
@@ -1087,7 +1127,7 @@ static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *
     if (dW && h)
         DG_TRY(rows_stateT_tc_launch(ctx, d, -1.f, dEtot, h, dW));
     if (dG) {
-        state_dg_tc_kernel<<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
+        state_dg_tc_kernel<M><<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
             d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, G, h, dHs, dG);
         DG_CHECK_LAUNCH();
     }
@@ -1125,12 +1165,19 @@ static dg_status state_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float 
     return DG_OK;
 }
 
-extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *W,
-                                        const float *KG, const float *G, const float *h,
-                                        const float *E, const float *dh, const float *dE,
+extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
+                                        const void *KGv, const float *G, const void *hv,
+                                        const void *Ev, const float *dh, const float *dE,
                                         const float *dht, float *dW, float *dU, float *dKG,
                                         float *dG, float *dh0) {
     DG_TRY(check_dims("dg__kda_state_bwd_cuda", d));
+    if (d->mid)
+        return d->tc ? state_bwd_tc(ctx, d, (const kda_bf16 *)Wv, (const kda_bf16 *)KGv, G,
+                                    (const kda_bf16 *)hv, (const kda_bf16 *)Ev, dh, dE, dht, dW,
+                                    dU, dKG, dG, dh0)
+                     : kda_mid_refused(__func__, d);
+    const float *W = (const float *)Wv, *KG = (const float *)KGv, *h = (const float *)hv,
+                *E = (const float *)Ev;
     if (d->tc)
         return state_bwd_tc(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
     switch (d->BT) {
@@ -1157,6 +1204,11 @@ static dg_status rows_stateT_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scal
 }
 
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
+                              const kda_bf16 *S, float *C) {
+    return d->tc ? rows_stateT_tc_launch(ctx, d, scale, A, S, C) : kda_mid_refused(__func__, d);
+}
+
+dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
                           const float *S, float *C) {
     if (d->tc)
         return rows_stateT_tc_launch(ctx, d, scale, A, S, C);
@@ -1176,20 +1228,16 @@ extern "C" int dg__kda_state_summary_fits(const kda_cuda_dims *d) {
     return d->tc == 1 && d->K % 16 == 0 && d->K <= 256 && d->V % 2 == 0;
 }
 
-extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq,
-                                                int bwd, const float *A1, const float *X0,
-                                                const float *A2, const float *G, const float *Sup,
-                                                const float *S0, float *Sh, float *SM) {
-    if (!ctx || !d || !d->buf || seq < 0 || seq >= d->N || !A1 || !A2 || !G || !Sh || !SM)
-        return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
-                       __func__);
-    if (!dg__kda_state_summary_fits(d))
-        return dg__err(DG_ERR_UNSUPPORTED, "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
-                       "and V even (tc=%d K=%d V=%d)", __func__, d->tc, d->K, d->V);
+/* One summary pass pair (see dg__kda_state_summary_cuda) with A1, A2 of TA and X0 of TX. */
+template <bool BWD, class TA, class TX>
+static dg_status state_summary(dg_ctx *ctx, const kda_cuda_dims *d, int seq, const TA *A1,
+                               const TX *X0, const TA *A2, const float *G, const float *Sup,
+                               const float *S0, float *Sh, float *SM) {
     kda_cuda_dims one = *d; /* the sequence alone: block 0 walks chunks chunk_off[seq].. */
     one.N = 1;
     one.chunk_off = d->chunk_off + seq;
-    DG_TRY(state_mma(ctx, &one, bwd, A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh));
+    DG_TRY(state_mma<BWD>(
+        ctx, &one, StateOps<TA, TX>{A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh}));
     /* the transition: the same pass over K columns from the identity, with no input term */
     const size_t ib = sizeof(float) * (size_t)d->HV * d->K * d->K;
     void *I = nullptr;
@@ -1201,8 +1249,31 @@ extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims
                        : dg__err(DG_ERR_CUDA, "%s: identity_kernel launch failed", __func__);
     one.V = d->K;
     if (st == DG_OK)
-        st = state_mma(ctx, &one, bwd, A1, nullptr, A2, G, (const float *)I, nullptr, nullptr,
-                           nullptr, SM);
+        st = state_mma<BWD>(ctx, &one,
+                            StateOps<TA, TX>{A1, nullptr, A2, G, (const float *)I, nullptr,
+                                             nullptr, nullptr, SM});
     dg__cuda_free(ctx, I, ib);
     return st;
+}
+
+extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq,
+                                                int bwd, const void *A1, const void *X0,
+                                                const void *A2, const float *G, const float *Sup,
+                                                const float *S0, float *Sh, float *SM) {
+    if (!ctx || !d || !d->buf || seq < 0 || seq >= d->N || !A1 || !A2 || !G || !Sh || !SM)
+        return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
+                       __func__);
+    if (!dg__kda_state_summary_fits(d))
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
+                       "and V even (tc=%d K=%d V=%d)", __func__, d->tc, d->K, d->V);
+    typedef kda_bf16 B16;
+    if (d->mid)
+        return bwd ? state_summary<true>(ctx, d, seq, (const B16 *)A1, (const float *)X0,
+                                         (const B16 *)A2, G, Sup, S0, Sh, SM)
+                   : state_summary<false>(ctx, d, seq, (const B16 *)A1, (const B16 *)X0,
+                                          (const B16 *)A2, G, Sup, S0, Sh, SM);
+    return bwd ? state_summary<true>(ctx, d, seq, (const float *)A1, (const float *)X0,
+                                     (const float *)A2, G, Sup, S0, Sh, SM)
+               : state_summary<false>(ctx, d, seq, (const float *)A1, (const float *)X0,
+                                      (const float *)A2, G, Sup, S0, Sh, SM);
 }

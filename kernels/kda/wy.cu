@@ -237,15 +237,16 @@ __global__ void __launch_bounds__(TC_THREADS)
  * tile of U = Tm (Diag(beta) V). Tm (read for j <= i, rows past L zero) and the k / G or v tile
  * come in with cp.async; the elementwise part runs on the staged tile, which is then turned into
  * X in place and multiplied. Dynamic shared memory: Tm [BT][BT + 4], X and G [BT][72] floats
- * (54 KB at BT = 64). Needs K, V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
-template <int BT>
+ * (54 KB at BT = 64). The outputs are stored as M (f32 or bf16, kda_cuda_dims.mid). Needs K,
+ * V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
+template <int BT, class M>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int H, int HV, int K, int V, const float *__restrict__ q,
                       const float *__restrict__ k, const float *__restrict__ v,
                       const float *__restrict__ beta, const float *__restrict__ G,
-                      const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
-                      float *__restrict__ KG, float *__restrict__ QG) {
+                      const float *__restrict__ Tm, M *__restrict__ W, M *__restrict__ U,
+                      M *__restrict__ KG, M *__restrict__ QG) {
     using namespace kdamma;
     constexpr int LDT = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
     extern __shared__ __align__(16) float wy_smem[];
@@ -257,7 +258,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const int nc = min(AB_N, D - c0);
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
-    float *dst = wt ? W : U;
+    M *dst = wt ? W : U;
     if (wt ? !W && !KG && !QG : !U)
         return; /* nothing asked of this tile (its inputs may be NULL then) */
     tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
@@ -280,9 +281,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
             const float gj = Gs[j * LDX + e], lam = Gs[(L - 1) * LDX + e];
             const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
             if (KG)
-                KG[og] = x * __expf(lam - gj);
+                kda_st(KG + og, x * __expf(lam - gj));
             if (QG)
-                QG[og] = q[((t0 + j) * H + hq) * K + c0 + e] * __expf(gj);
+                kda_st(QG + og, q[((t0 + j) * H + hq) * K + c0 + e] * __expf(gj));
             x = bj * x * __expf(gj);
         } else {
             x = bj * x;
@@ -487,7 +488,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 /* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks. */
 static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                            const float *v, const float *beta, const float *G, const float *Tm,
-                           float *W, float *U, float *KG, float *QG) {
+                           void *W, void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
     if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(q) && aligned16(k) &&
@@ -497,20 +498,24 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
         KDA_DISPATCH_BT(d->BT, {
             const size_t smem =
                 sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
-            DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_>, smem));
-            wy_fwd_mma_kernel<BT_><<<dim3((unsigned)d->NC, (unsigned)d->HV, nz),
-                                     kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
-                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, W, U, KG,
-                QG);
-            DG_CHECK_LAUNCH();
+            KDA_DISPATCH_MID(d->mid, {
+                DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_>, smem));
+                wy_fwd_mma_kernel<BT_, M_><<<dim3((unsigned)d->NC, (unsigned)d->HV, nz),
+                                             kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                    d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm,
+                    (M_ *)W, (M_ *)U, (M_ *)KG, (M_ *)QG);
+                DG_CHECK_LAUNCH();
+            });
         });
         return DG_OK;
     }
+    if (d->mid)
+        return kda_mid_refused(__func__, d);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         wy_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
                             d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G,
-                            Tm, W, U, KG, QG);
+                            Tm, (float *)W, (float *)U, (float *)KG, (float *)QG);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
@@ -518,8 +523,8 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
 
 extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
                                      const float *k, const float *v, const float *beta,
-                                     const float *G, const float *Tm, float *W, float *U,
-                                     float *KG, float *QG) {
+                                     const float *G, const float *Tm, void *W, void *U, void *KG,
+                                     void *QG) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!G || ((W || KG) && !k) || (QG && !q) || (U && !v) || ((W || U) && (!beta || !Tm)))
         return dg__err(DG_ERR_ARG, "%s: G and the inputs of every requested output are required "
@@ -528,11 +533,13 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
         return DG_OK;
     if (d->tc)
         return wy_fwd_tc(ctx, d, q, k, v, beta, G, Tm, W, U, KG, QG);
+    if (d->mid)
+        return kda_mid_refused(__func__, d);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_wy_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, W, U, KG,
-            QG);
+            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, (float *)W,
+            (float *)U, (float *)KG, (float *)QG);
         DG_CHECK_LAUNCH();
     });
     return DG_OK;

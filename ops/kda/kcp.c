@@ -332,17 +332,18 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
         return DG_ERR_UNSUPPORTED;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V;
     int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
-    /* converted copies (NULL where the tensor is already f32) and the f32 pointers */
+    /* converted copies (NULL where the tensor already has the dtype the kernel reads): A1, A2
+     * and the forward's X0 (W, KG, U) in the intermediates' storage dtype, the rest f32 */
     dg_tensor *tA1 = NULL, *tX0 = NULL, *tA2 = NULL, *tG = NULL, *tSup = NULL;
     dg_tensor *dh = NULL, *dm = NULL, *hh = NULL, *hm = NULL;
     const void *pA1 = NULL, *pX0 = NULL, *pA2 = NULL, *pG = NULL, *pSup = NULL;
     dg_status st = DG_OK;
     if (A1)
-        st = dg__kda_ptr(ctx, A1, DG_F32, &tA1, &pA1);
+        st = dg__kda_ptr(ctx, A1, c->mid, &tA1, &pA1);
     if (st == DG_OK && X0)
-        st = dg__kda_ptr(ctx, X0, DG_F32, &tX0, &pX0);
+        st = dg__kda_ptr(ctx, X0, bwd ? DG_F32 : c->mid, &tX0, &pX0);
     if (st == DG_OK && A2)
-        st = dg__kda_ptr(ctx, A2, DG_F32, &tA2, &pA2);
+        st = dg__kda_ptr(ctx, A2, c->mid, &tA2, &pA2);
     if (st == DG_OK && G)
         st = dg__kda_ptr(ctx, G, DG_F32, &tG, &pG);
     if (st == DG_OK && Sup)

@@ -210,6 +210,8 @@ typedef struct kda_cfg {
     kda_dev *dev;  /* CUDA: the device tables (a reference), set by dg__kda_cfg_dev */
     kda_cuda_dims cd; /* CUDA: dev->d with this stage's sizes (tables borrowed from dev) */
     int tc; /* CUDA: tensor-core mode asked for by this entry point (kda_tc_of; 0 for f32) */
+    dg_dtype mid; /* storage of W, U, KG, QG, h, E: DG_BF16 where cd.mid is set (CUDA, tc == 1
+                   * and dg__kda_mid_fits), else dt. Their gradients stay in dt. */
 } kda_cfg;
 
 /* kda_cuda_dims.tc of an entry point whose activation inputs are bf16 on CUDA, from
@@ -257,6 +259,13 @@ dg_status dg__kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **
 /* New contiguous tensor (uninitialised) of cfg's compute dtype in ctx. */
 dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
                       dg_tensor **out);
+/* The same in cfg's storage dtype of W, U, KG, QG, h, E (c->mid). */
+dg_status dg__kda_new_mid(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
+                          dg_tensor **out);
+/* Record t (made by dg__kda_new_mid) as output of n, its gradient kept in the compute dtype. */
+static inline dg_status kda_output_mid(dg_node *n, const kda_cfg *c, dg_tensor *t) {
+    return dg__node_output_as(n, t, c->dt);
+}
 /* The same shaped like t (gradients are computed in the compute dtype; dg__node_accum converts
  * them to the input's dtype). */
 static inline dg_status kda_new_as(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t,
@@ -284,7 +293,8 @@ dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor *
 /* ---- dispatch: one raw function on the cfg's device -----------------------------------------
  * kda_run_X calls the CUDA twin kda_X_cuda(ctx, &c->cd, ...) when the cfg is on CUDA (builds
  * without CUDA never get there: dg__no_cuda), else the reference kda_X_f64 or kda_X_f32, by
- * c->dt, with &c->d. Arrays are in the compute dtype (f32 on CUDA), passed as void pointers;
+ * c->dt, with &c->d. Arrays are in the compute dtype (f32 on CUDA) -- W, U, KG, QG, h, E in
+ * c->mid, which is bf16 where kda_cuda_dims.mid is set -- passed as void pointers;
  * scale, lb and beta's c are converted to the function's float type. Every kda_run_X returns a
  * dg_status, DG_OK after a CPU function that returns void. The struct kda_X_io names the arrays
  * of one call; the declarations above say which may be NULL. */

@@ -146,6 +146,7 @@ dg_status dg__kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts,
     cfg->dt = cfg->cuda ? DG_F32 : dt_in;
     cfg->m_in = cfg->cuda ? DG_MASK(DG_F32) | DG_MASK(DG_BF16) : DG_MASK(dt_in);
     cfg->m_f = DG_MASK(cfg->dt);
+    cfg->mid = cfg->dt; /* dg__kda_cfg_dev may choose bf16 on CUDA */
     /* bf16 activations: TF32 tensor-core products are within that dtype's accuracy */
     cfg->tc = cfg->cuda && dt_in == DG_BF16 ? kda_tc_of(opts->tensor_cores) : 0;
     cfg->scale = opts->scale > 0 ? opts->scale : 1.0 / sqrt((double)K);
@@ -212,6 +213,10 @@ dg_status dg__kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *c, kda_dev *shar
     c->cd.V = d->V;
     if (c->tc) /* bf16 inputs of this stage's own; else the composite's mode (or 0) */
         c->cd.tc = c->tc;
+    /* bf16 storage of the intermediates wherever every kernel that touches them can take it;
+     * a function of the mode and the sizes only, so the stages of a composite agree */
+    c->cd.mid = dg__kda_mid_fits(&c->cd);
+    c->mid = c->cd.mid ? DG_BF16 : c->dt;
     return DG_OK;
 #else
     (void)ctx;
@@ -314,6 +319,11 @@ dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor *
 dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
                       dg_tensor **out) {
     return dg_tensor_new(ctx, c->dt, ndim, shape, out);
+}
+
+dg_status dg__kda_new_mid(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
+                          dg_tensor **out) {
+    return dg_tensor_new(ctx, c->mid, ndim, shape, out);
 }
 
 static void np_free(void *params) {

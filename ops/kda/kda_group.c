@@ -126,7 +126,7 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     dg_status st = DG_OK;
     for (int s = KDA_W; s <= KDA_QG && st == DG_OK; s++)
         if (make & DG_BIT(s)) {
-            st = dg__kda_new(ctx, c, 4, s == KDA_U ? sv : sk, &out[s]);
+            st = dg__kda_new_mid(ctx, c, 4, s == KDA_U ? sv : sk, &out[s]);
             if (st == DG_OK)
                 po[s] = dg_tensor_data(out[s]);
         }
@@ -162,19 +162,23 @@ static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     const int64_t NC = kda_cfg_nc(c);
     const int64_t sh[5] = {c->d.B, NC / c->d.B, c->d.HV, c->d.K, c->d.V};
     const int64_t se[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
-    dg_tensor *h = NULL, *E = NULL, *tG = NULL, *th0 = NULL;
+    dg_tensor *h = NULL, *E = NULL, *tG = NULL, *th0 = NULL, *tW = NULL, *tU = NULL, *tKG = NULL;
     kda_state_fwd_io io = {0}; /* ht: not needed */
-    dg_status st = dg__kda_new(ctx, c, 5, sh, &h);
+    dg_status st = dg__kda_new_mid(ctx, c, 5, sh, &h);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, c, 4, se, &E);
+        st = dg__kda_new_mid(ctx, c, 4, se, &E);
+    /* W, U, KG in the storage dtype (tensors kept by a lone state node may differ) */
+    if (st == DG_OK)
+        st = dg__kda_ptr(ctx, dg__group_tensor(g, KDA_W), c->mid, &tW, &io.W);
+    if (st == DG_OK)
+        st = dg__kda_ptr(ctx, dg__group_tensor(g, KDA_U), c->mid, &tU, &io.U);
+    if (st == DG_OK)
+        st = dg__kda_ptr(ctx, dg__group_tensor(g, KDA_KG), c->mid, &tKG, &io.KG);
     if (st == DG_OK)
         st = in_ptr(ctx, g, KDA_IN_G, &tG, &io.G);
     if (st == DG_OK && dg__group_input(g, KDA_IN_H0))
         st = in_ptr(ctx, g, KDA_IN_H0, &th0, &io.h0);
     if (st == DG_OK) {
-        io.W = dg_tensor_data(dg__group_tensor(g, KDA_W));
-        io.U = dg_tensor_data(dg__group_tensor(g, KDA_U));
-        io.KG = dg_tensor_data(dg__group_tensor(g, KDA_KG));
         io.h = dg_tensor_data(h);
         io.E = dg_tensor_data(E);
         st = kda_run_state_fwd(ctx, c, &io);
@@ -187,5 +191,8 @@ static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     dg_tensor_free(&E);
     dg_tensor_free(&tG);
     dg_tensor_free(&th0);
+    dg_tensor_free(&tW);
+    dg_tensor_free(&tU);
+    dg_tensor_free(&tKG);
     return st;
 }

@@ -7,7 +7,8 @@
  * E through the recompute group (kda_group.c has the table): inside dg_kda_chunk they are rebuilt
  * in backward under the default policies; used alone, the node keeps its inputs.
  * Shapes: QG [B,T,HV,K]; h [B,NT,HV,K,V]; Aqk [B,T,HV,BT]; E, O [B,T,HV,V].
- * CUDA: every input f32; O is computed in f32 (the composite converts it to q's dtype).
+ * CUDA: QG, h, E f32 or bf16 (read in the intermediates' storage dtype, kda_cfg.mid), Aqk f32;
+ * O is computed in f32 (the composite converts it to q's dtype).
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -119,11 +120,11 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg__group_get(np->grp, ctx, KDA_M_OUTPUT, KDA_E, &E);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, QG, c->dt, &tQG, &io.QG);
+        st = dg__kda_ptr(ctx, QG, c->mid, &tQG, &io.QG);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, h, c->dt, &th, &io.h);
+        st = dg__kda_ptr(ctx, h, c->mid, &th, &io.h);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, E, c->dt, &tE, &io.E);
+        st = dg__kda_ptr(ctx, E, c->mid, &tE, &io.E);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, Aqk, c->dt, &tAqk, &io.Aqk);
     if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
@@ -180,23 +181,23 @@ dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *
     dg_tensor *tQG = NULL, *th = NULL, *tAqk = NULL, *tE = NULL;
     kda_output_fwd_io io = {0};
     dg__group *own = NULL;
-    dg_status st = dg__kda_check(OP, "QG", QG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+    dg_status st = dg__kda_check(OP, "QG", QG, ctx, cfg.m_in, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = dg__kda_check(OP, "E", E, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
+        st = dg__kda_check(OP, "E", E, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = dg__kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,HV,K,V");
+        st = dg__kda_check(OP, "h", h, ctx, cfg.m_in, 5, sh, "B,NT,HV,K,V");
     if (st == DG_OK)
         st = dg__kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,HV,BT");
     if (st == DG_OK)
         st = dg__kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, QG, cfg.dt, &tQG, &io.QG);
+        st = dg__kda_ptr(ctx, QG, cfg.mid, &tQG, &io.QG);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, h, cfg.dt, &th, &io.h);
+        st = dg__kda_ptr(ctx, h, cfg.mid, &th, &io.h);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, Aqk, cfg.dt, &tAqk, &io.Aqk);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, E, cfg.dt, &tE, &io.E);
+        st = dg__kda_ptr(ctx, E, cfg.mid, &tE, &io.E);
     if (st == DG_OK) /* oc: o in the compute dtype */
         st = dg__kda_new(ctx, &cfg, 4, sv, &oc);
     if (st == DG_OK) {

@@ -13,7 +13,8 @@
  * are rebuilt in backward by rerunning this pass (spec §6.7). W, KG, h, E reach backward through
  * the recompute group (kda_group.c has the table).
  * Shapes: W, KG, G [B,T,HV,K]; U, E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V].
- * CUDA: every tensor f32.
+ * CUDA: W, U, KG f32 or bf16 (read in the intermediates' storage dtype, kda_cfg.mid: bf16 on the
+ * tensor-core path where the sizes allow); h, E in that dtype, their gradients f32; G, h0, ht f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -182,13 +183,13 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg__group_get(np->grp, ctx, KDA_M_STATE, KDA_E, &E);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, W, c->dt, &tW, &io.W);
+        st = dg__kda_ptr(ctx, W, c->mid, &tW, &io.W);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, KG, c->dt, &tKG, &io.KG);
+        st = dg__kda_ptr(ctx, KG, c->mid, &tKG, &io.KG);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, h, c->dt, &th, &io.h);
+        st = dg__kda_ptr(ctx, h, c->mid, &th, &io.h);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, E, c->dt, &tE, &io.E);
+        st = dg__kda_ptr(ctx, E, c->mid, &tE, &io.E);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, n->saved[SAVED_G], c->dt, &tG, &io.G);
     if (st == DG_OK && gh)
@@ -257,11 +258,11 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
     dg_tensor *tW = NULL, *tU = NULL, *tKG = NULL, *tG = NULL, *th0 = NULL;
     kda_state_fwd_io io = {0};
     dg__group *own = NULL;
-    dg_status st = dg__kda_check(OP, "W", W, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+    dg_status st = dg__kda_check(OP, "W", W, ctx, cfg.m_in, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
-        st = dg__kda_check(OP, "U", U, ctx, cfg.m_f, 4, sv, "B,T,HV,V");
+        st = dg__kda_check(OP, "U", U, ctx, cfg.m_in, 4, sv, "B,T,HV,V");
     if (st == DG_OK)
-        st = dg__kda_check(OP, "KG", KG, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
+        st = dg__kda_check(OP, "KG", KG, ctx, cfg.m_in, 4, sk, "B,T,HV,K");
     if (st == DG_OK)
         st = dg__kda_check(OP, "G", G, ctx, cfg.m_f, 4, sk, "B,T,HV,K");
     if (st == DG_OK && h0)
@@ -269,19 +270,19 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
     if (st == DG_OK)
         st = dg__kda_cfg_dev(OP, ctx, &cfg, grp ? dg__kda_group_dev(grp) : NULL);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, W, cfg.dt, &tW, &io.W);
+        st = dg__kda_ptr(ctx, W, cfg.mid, &tW, &io.W);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, U, cfg.dt, &tU, &io.U);
+        st = dg__kda_ptr(ctx, U, cfg.mid, &tU, &io.U);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, KG, cfg.dt, &tKG, &io.KG);
+        st = dg__kda_ptr(ctx, KG, cfg.mid, &tKG, &io.KG);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, G, cfg.dt, &tG, &io.G);
     if (st == DG_OK && h0)
         st = dg__kda_ptr(ctx, h0, cfg.dt, &th0, &io.h0);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 5, sh, h);
+        st = dg__kda_new_mid(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, sv, E);
+        st = dg__kda_new_mid(ctx, &cfg, 4, sv, E);
     if (st == DG_OK && ht)
         st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK) {
@@ -311,9 +312,9 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
         for (int i = 0; i < 5 && st == DG_OK; i++)
             st = dg__node_input(n, in[i]);
         if (st == DG_OK)
-            st = dg__node_output(n, *h);
+            st = kda_output_mid(n, &cfg, *h);
         if (st == DG_OK)
-            st = dg__node_output(n, *E);
+            st = kda_output_mid(n, &cfg, *E);
         if (st == DG_OK && ht)
             st = dg__node_output(n, *ht);
         if (st == DG_OK)

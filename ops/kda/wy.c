@@ -10,7 +10,9 @@
  * QG themselves are kept for the later nodes is the "kda_wy" policy, applied by dg_kda_chunk
  * through the recompute group (kda_group.c). Shapes: q, k [B,T,H,K]; v [B,T,HV,V]; beta
  * [B,T,HV]; G [B,T,HV,K]; Tm [B,T,HV,BT]; W, KG, QG [B,T,HV,K]; U [B,T,HV,V].
- * CUDA: q, k, v, beta each f32 or bf16; G, Tm f32; the outputs f32.
+ * CUDA: q, k, v, beta each f32 or bf16; G, Tm f32; the outputs in the storage dtype of the
+ * intermediates (kda_cfg.mid: bf16 on the tensor-core path where the sizes allow, else f32),
+ * their gradients f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"
@@ -305,13 +307,13 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, Tm, cfg.dt, &tTm, &io.Tm);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, sg, W);
+        st = dg__kda_new_mid(ctx, &cfg, 4, sg, W);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, sv, U);
+        st = dg__kda_new_mid(ctx, &cfg, 4, sv, U);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, sg, KG);
+        st = dg__kda_new_mid(ctx, &cfg, 4, sg, KG);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, sg, QG);
+        st = dg__kda_new_mid(ctx, &cfg, 4, sg, QG);
     if (st == DG_OK) {
         io.W = dg_tensor_data(*W);
         io.U = dg_tensor_data(*U);
@@ -326,7 +328,7 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
             for (int i = 0; i < 6 && st == DG_OK; i++)
                 st = dg__node_input(n, in[i]);
             for (int i = 0; i < 4 && st == DG_OK; i++)
-                st = dg__node_output(n, *outs[i]);
+                st = kda_output_mid(n, &cfg, *outs[i]);
             for (int i = 0; i < 6 && st == DG_OK; i++)
                 st = dg__node_save(n, in[i]);
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
