@@ -381,7 +381,8 @@ dg_status dg_tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
         return dg__err(DG_ERR_ARG, "dg_tape_backward_multi: need n >= 1 outputs and gradients");
     for (int i = 0; i < n; i++)
         if (outs[i] && grads[i] && !dg__same_shape(outs[i], grads[i]))
-            return dg__err(DG_ERR_SHAPE, "dg_tape_backward_multi: grads[%d] %s must match outs[%d] %s",
-                           i, dg_tensor_desc(grads[i]), i, dg_tensor_desc(outs[i]));
+            return dg__err(DG_ERR_SHAPE,
+                           "dg_tape_backward_multi: grads[%d] %s must match outs[%d] %s", i,
+                           dg_tensor_desc(grads[i]), i, dg_tensor_desc(outs[i]));
     return dg__tape_backward_multi(ctx, n, outs, grads);
 }

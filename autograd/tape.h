@@ -18,7 +18,8 @@
  *
  *     static dg_status mul_backward(dg_ctx *ctx, dg_node *n) {
  *         const dg_tensor *gy = dg__node_grad_out(n, 0);     // never NULL when called
- *         if (dg__node_wants_grad(n, 0)) { ...compute ga...; DG_TRY(dg__node_accum(ctx, n, 0, ga)); }
+ *         if (dg__node_wants_grad(n, 0)) { ...compute ga...; DG_TRY(dg__node_accum(ctx, n, 0, ga));
+ * }
  *         ...
  *     }
  *

@@ -663,11 +663,12 @@ static void test_errors(dg_ctx *cpu, dg_ctx *gpu) {
                                   &u.opts, &o, &ht),
                  DG_ERR_DTYPE, "h0 must be", "recurrent: bf16 h0 on CUDA");
     dg_tensor_free(&bad);
-    /* stage nodes: intermediates are f32 on CUDA */
+    /* stage nodes: G is an f32 intermediate on CUDA (W, U, KG may be bf16: the intermediates'
+     * storage on the tensor-core path) */
     bad = kt_tensor(gpu, DG_BF16, d.in[IG].ndim, d.in[IG].shape, d.x[IG], 0);
     dg_tensor *h = NULL, *E = NULL, *Aqk = NULL, *Tm = NULL;
     dg_check_err(dg_kda_state(gpu, bad, t[IV], bad, bad, NULL, &u.opts, &h, &E, NULL), DG_ERR_DTYPE,
-                 "W must be", "state: bf16 W on CUDA");
+                 "G must be", "state: bf16 G on CUDA");
     dg_check_err(dg_kda_intra(gpu, t[IQ], t[IK], t[IBETA], bad, &u.opts, &Aqk, &Tm), DG_ERR_DTYPE,
                  "G must be", "intra: bf16 G on CUDA");
     dg_tensor_free(&bad);

@@ -180,7 +180,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     {
         dg_tensor *want = mk(cpu, TT, H, K, 0), *got = poisoned(gpu, want);
         dg__kda_l2norm_bwd_f32(TT * H, K, F(q), F(rq), F(dy), F(want));
-        dg_check_ok(dg__kda_l2norm_bwd_cuda(gpu, TT * H, K, F(q_d), F(rq_d), F(dy_d), F(got)),
+        dg_check_ok(dg__kda_l2norm_bwd_cuda(gpu, TT * H, K, F(q_d), F(rq_d), F(dy_d), 0, F(got)),
                     "l2norm bwd launch");
         cmp(F_L2, cn, "dx", got, want);
         dg_tensor_free(&want);
@@ -191,7 +191,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
     for (int ci = 1; ci <= 2; ci++) {
         dg_tensor *want = mk(cpu, TT, HV, 0, 0), *got = poisoned(gpu, want);
         dg__kda_beta_bwd_f32(TT * HV, (float)ci, F(braw), F(dbu), F(want));
-        dg_check_ok(dg__kda_beta_bwd_cuda(gpu, TT * HV, (float)ci, F(braw_d), F(dbu_d), F(got)),
+        dg_check_ok(dg__kda_beta_bwd_cuda(gpu, TT * HV, (float)ci, 0, F(braw_d), F(dbu_d), F(got)),
                     "beta bwd launch");
         cmp(F_BETA, cn, ci == 1 ? "db (c=1)" : "db (c=2)", got, want);
         dg_tensor_free(&want);
@@ -223,7 +223,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
                              F(wb));
         dg_tensor *gx = poisoned(gpu, wx), *gA = poisoned(gpu, wA), *gb = poisoned(gpu, wb);
         dg_tensor *gA2 = poisoned(gpu, wA), *gb2 = poisoned(gpu, wb);
-        dg_check_ok(dg__kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(x_d), A_d,
+        dg_check_ok(dg__kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, 0, F(x_d), A_d,
                                           b_d, F(dGu_d), F(gx), F(gA), F(gb)),
                     "gate bwd launch");
         char what[96];
@@ -234,7 +234,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const bwd_case *c, uint64_t seed)
         snprintf(what, sizeof what, "%s ddt_bias", gk[i].what);
         cmp(F_GATE, cn, what, gb, wb);
         /* the reductions alone (dx not wanted) and their determinism */
-        dg_check_ok(dg__kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(x_d), A_d,
+        dg_check_ok(dg__kda_gate_bwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, 0, F(x_d), A_d,
                                           b_d, F(dGu_d), NULL, F(gA2), F(gb2)),
                     "gate bwd launch (dx NULL)");
         snprintf(what, sizeof what, "gate %s dA_log", gk[i].what);
@@ -461,14 +461,14 @@ static dg_status bench_run(dg_ctx *gpu, bench_bufs *z, int s) {
     const kda_cuda_dims *d = z->dd;
     switch (s) {
     case B_L2:
-        DG_TRY(dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh),
+        DG_TRY(dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh), 0,
                                        F(z->dkh)));
-        return dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh),
+        return dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh), 0,
                                        F(z->dkh));
     case B_BETA:
-        return dg__kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, F(z->b), F(z->uHV), F(z->dHV1));
+        return dg__kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, 0, F(z->b), F(z->uHV), F(z->dHV1));
     case B_GATE:
-        return dg__kda_gate_bwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, F(z->x), F(z->Alog), F(z->dtb),
+        return dg__kda_gate_bwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, 0, F(z->x), F(z->Alog), F(z->dtb),
                                      F(z->uK), F(z->dK1), F(z->dA), F(z->ddt));
     case B_INTRA:
         return dg__kda_intra_bwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->beta), F(z->G),
@@ -526,13 +526,13 @@ static void bench(dg_ctx *gpu) {
     z.QG = mk(gpu, TT, HV, K, 0);
     z.h = mk(gpu, NC, HV, K, V);
     z.E = mk(gpu, TT, HV, V, 0);
-    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(qraw), F(z.q), F(z.r)));
-    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(kraw), F(z.k), NULL));
-    DG_TEST_TRY(dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, F(z.b), F(z.beta)));
-    DG_TEST_TRY(
-        dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, F(z.x), F(z.Alog), F(z.dtb), F(z.g)));
-    DG_TEST_TRY(
-        dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 1, F(z.x), F(z.Alog), F(z.dtb), F(z.G)));
+    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(qraw), F(z.q), F(z.r)));
+    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(kraw), F(z.k), NULL));
+    DG_TEST_TRY(dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, 0, F(z.b), F(z.beta)));
+    DG_TEST_TRY(dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, 0, F(z.x), F(z.Alog), F(z.dtb),
+                                      F(z.g)));
+    DG_TEST_TRY(dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 1, 0, F(z.x), F(z.Alog), F(z.dtb),
+                                      F(z.G)));
     DG_TEST_TRY(dg__kda_intra_fwd_cuda(gpu, &dd, z.scale, F(z.q), F(z.k), F(z.beta), F(z.G),
                                        F(z.Aqk), F(z.Tm)));
     DG_TEST_TRY(dg__kda_wy_fwd_cuda(gpu, &dd, F(z.q), F(z.k), F(z.v), F(z.beta), F(z.G), F(z.Tm),

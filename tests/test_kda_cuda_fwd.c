@@ -130,7 +130,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const fwd_case *c, uint64_t seed)
     /* l2norm: y and 1/norm of the raw q rows */
     o1 = poisoned(gpu, q);
     o2 = poisoned(gpu, rq);
-    dg_check_ok(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(qraw_d), F(o1), F(o2)), "l2norm launch");
+    dg_check_ok(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(qraw_d), F(o1), F(o2)),
+                "l2norm launch");
     cmp(F_L2, c->name, "y", o1, q, TOL_F32);
     cmp(F_L2, c->name, "r", o2, rq, TOL_F32);
     dg_tensor_free(&o1);
@@ -139,8 +140,8 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const fwd_case *c, uint64_t seed)
     /* beta, c = 1 and c = 2 */
     o1 = poisoned(gpu, beta);
     o2 = poisoned(gpu, beta);
-    dg_check_ok(dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, F(braw_d), F(o1)), "beta c=1 launch");
-    dg_check_ok(dg__kda_beta_fwd_cuda(gpu, TT * HV, 2.0f, F(braw_d), F(o2)), "beta c=2 launch");
+    dg_check_ok(dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, 0, F(braw_d), F(o1)), "beta c=1 launch");
+    dg_check_ok(dg__kda_beta_fwd_cuda(gpu, TT * HV, 2.0f, 0, F(braw_d), F(o2)), "beta c=2 launch");
     cmp(F_BETA, c->name, "c=1", o1, beta, TOL_F32);
     cmp(F_BETA, c->name, "c=2", o2, beta2, TOL_F32);
     dg_tensor_free(&o1);
@@ -165,7 +166,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const fwd_case *c, uint64_t seed)
         dg__kda_gate_fwd_f32(d, gk[i].kind, -5.0f, gk[i].cumsum, F(gk[i].x),
                              gk[i].use_A ? F(Alog) : NULL, gk[i].use_b ? F(dtb) : NULL, F(want));
         o1 = poisoned(gpu, want);
-        dg_check_ok(dg__kda_gate_fwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, F(gk[i].xd),
+        dg_check_ok(dg__kda_gate_fwd_cuda(gpu, &dd, gk[i].kind, -5.0f, gk[i].cumsum, 0, F(gk[i].xd),
                                           gk[i].use_A ? F(Alog_d) : NULL,
                                           gk[i].use_b ? F(dtb_d) : NULL, F(o1)),
                     "gate launch");
@@ -257,14 +258,14 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const fwd_case *c, uint64_t seed)
         dg_tensor *QGd = poisoned(gpu, QG), *hd = poisoned(gpu, h), *Ed = poisoned(gpu, E);
         dg_tensor *htd = poisoned(gpu, ht), *Od = poisoned(gpu, O);
         dg_tensor *kraw_d = up(gpu, kraw);
-        dg_status st = dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(qraw_d), F(qd), NULL);
+        dg_status st = dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(qraw_d), F(qd), NULL);
         if (st == DG_OK)
-            st = dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, F(kraw_d), F(kd), NULL);
+            st = dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(kraw_d), F(kd), NULL);
         if (st == DG_OK)
-            st = dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, F(braw_d), F(bd));
+            st = dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, 0, F(braw_d), F(bd));
         if (st == DG_OK)
-            st =
-                dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_NONE, 0.f, 1, F(graw_d), NULL, NULL, F(Gd));
+            st = dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_NONE, 0.f, 1, 0, F(graw_d), NULL, NULL,
+                                       F(Gd));
         if (st == DG_OK)
             st = dg__kda_intra_fwd_cuda(gpu, &dd, scale, F(qd), F(kd), F(bd), F(Gd), F(Ad), F(Td));
         if (st == DG_OK)
@@ -323,12 +324,12 @@ static dg_status bench_run(dg_ctx *gpu, bench_bufs *z, bench_stage s) {
     const kda_cuda_dims *d = z->dd;
     switch (s) {
     case B_L2:
-        DG_TRY(dg__kda_l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, F(z->qraw), F(z->q), NULL));
-        return dg__kda_l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, F(z->kraw), F(z->k), NULL);
+        DG_TRY(dg__kda_l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, 0, F(z->qraw), F(z->q), NULL));
+        return dg__kda_l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, 0, F(z->kraw), F(z->k), NULL);
     case B_BETA:
-        return dg__kda_beta_fwd_cuda(gpu, d->TT * d->HV, 1.0f, F(z->b), F(z->beta));
+        return dg__kda_beta_fwd_cuda(gpu, d->TT * d->HV, 1.0f, 0, F(z->b), F(z->beta));
     case B_GATE:
-        return dg__kda_gate_fwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, F(z->x), F(z->Alog), F(z->dtb),
+        return dg__kda_gate_fwd_cuda(gpu, d, DG_GATE_KDA, 0.f, 1, 0, F(z->x), F(z->Alog), F(z->dtb),
                                      F(z->G));
     case B_INTRA:
         return dg__kda_intra_fwd_cuda(gpu, d, z->scale, F(z->q), F(z->k), F(z->beta), F(z->G),
@@ -385,8 +386,8 @@ static void bench(dg_ctx *gpu) {
     z.O = mk(gpu, TT, HV, V, 0);
     z.o = mk(gpu, TT, HV, V, 0);
     /* per-step log decay for the recurrence: the same gate without the cumsum */
-    DG_TEST_TRY(
-        dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, F(z.x), F(z.Alog), F(z.dtb), F(z.g)));
+    DG_TEST_TRY(dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, 0, F(z.x), F(z.Alog), F(z.dtb),
+                                      F(z.g)));
     static const char *names[NB] = {"l2norm (q and k)",
                                     "beta",
                                     "gate KDA + cumsum",
@@ -450,7 +451,7 @@ static void test_args(void) {
     float x = 0.f;
     dg_check_err(dg__kda_intra_fwd_cuda(cpu, NULL, 1.f, &x, &x, &x, &x, &x, &x), DG_ERR_ARG,
                  "dg__kda_cuda_dims_new", "intra: NULL dims");
-    dg_check_err(dg__kda_l2norm_fwd_cuda(cpu, 4, 0, &x, &x, NULL), DG_ERR_ARG, "K=0",
+    dg_check_err(dg__kda_l2norm_fwd_cuda(cpu, 4, 0, 0, &x, &x, NULL), DG_ERR_ARG, "K=0",
                  "l2norm: K = 0");
     dg_ctx_free(&cpu);
 }

@@ -11,42 +11,55 @@ using namespace kdab;
 
 // ---- forward kernel
 
-__global__ void kda_beta_fwd_kernel(int64_t n, float c, const float *__restrict__ b,
+/* b of TB: f32 or bf16 (read as stored). */
+template <class TB>
+__global__ void kda_beta_fwd_kernel(int64_t n, float c, const TB *__restrict__ b,
                                     float *__restrict__ beta) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        beta[i] = c * kda_dsigmoid(b[i]);
+        beta[i] = c * kda_dsigmoid(kda_ld(b + i));
 }
 
 // ---- backward kernel
 
-__global__ void beta_bwd_kernel(int64_t n, float c, const float *b, const float *dbeta, float *db) {
+/* b and db of TB: f32 or bf16 (db written in b's dtype). */
+template <class TB>
+__global__ void beta_bwd_kernel(int64_t n, float c, const TB *b, const float *dbeta, TB *db) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float s = kda_dsigmoid(b[i]);
-        db[i] = dbeta[i] * c * s * (1.f - s);
+        const float s = kda_dsigmoid(kda_ld(b + i));
+        kda_st(db + i, dbeta[i] * c * s * (1.f - s));
     }
 }
 
 // ---- launchers
 
-extern "C" dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
-                                       float *beta) {
+extern "C" dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, int bbf16,
+                                           const void *b, float *beta) {
     if (!ctx || !b || !beta || n < 0)
         return dg__err(DG_ERR_ARG, "dg__kda_beta_fwd_cuda: bad arguments (n=%lld)", (long long)n);
     if (n == 0)
         return DG_OK;
-    kda_beta_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(n, c, b,
-                                                                                           beta);
+    if (bbf16)
+        kda_beta_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(
+            n, c, (const kda_bf16 *)b, beta);
+    else
+        kda_beta_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(
+            n, c, (const float *)b, beta);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
-extern "C" dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b,
-                                       const float *dbeta, float *db) {
+extern "C" dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, int bbf16,
+                                           const void *b, const float *dbeta, void *db) {
     if (n <= 0 || !db)
         return DG_OK;
-    beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(n, c, b, dbeta, db);
+    if (bbf16)
+        beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(
+            n, c, (const kda_bf16 *)b, dbeta, (kda_bf16 *)db);
+    else
+        beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(
+            n, c, (const float *)b, dbeta, (float *)db);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -30,25 +30,28 @@ __device__ __forceinline__ float kda_gate_value(dg_gate_kind kind, float lb, flo
 
 // ---- forward kernels
 
-/* No cumsum: one thread per element of [TT, HV*K]. */
+/* No cumsum: one thread per element of [TT, HV*K]. x of TX (f32 or bf16, read as stored) in
+ * every kernel of this file; dx of the backward has x's dtype. */
+template <class TX>
 __global__ void kda_gate_fwd_kernel(int64_t n, int HV, int K, dg_gate_kind kind, float lb,
-                                    const float *__restrict__ x, const float *__restrict__ A_log,
+                                    const TX *__restrict__ x, const float *__restrict__ A_log,
                                     const float *__restrict__ dt_bias, float *__restrict__ G) {
     const int row = HV * K;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int e = (int)(i % row), hv = e / K;
         const float a = A_log ? expf(A_log[hv]) : 1.f;
-        G[i] = kda_gate_value(kind, lb, x[i], a, dt_bias, e);
+        G[i] = kda_gate_value(kind, lb, kda_ld(x + i), a, dt_bias, e);
     }
 }
 
 /* Cumsum: blockIdx.x = chunk, threads over the HV*K columns of a token row (coalesced); each
  * thread walks the L tokens of its chunk in order, as the CPU does (G_i = G_{i-1} + g_i). */
+template <class TX>
 __global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
                                            const int32_t *__restrict__ chunk_len, int HV, int K,
                                            dg_gate_kind kind, float lb,
-                                           const float *__restrict__ x,
+                                           const TX *__restrict__ x,
                                            const float *__restrict__ A_log,
                                            const float *__restrict__ dt_bias,
                                            float *__restrict__ G) {
@@ -64,7 +67,7 @@ __global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
         const int64_t idx = (t0 + i) * row + e;
         /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would make
          * G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
-        const float gv = kda_gate_value(kind, lb, x[idx], a, dt_bias, e);
+        const float gv = kda_gate_value(kind, lb, kda_ld(x + idx), a, dt_bias, e);
         acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
         G[idx] = acc;
     }
@@ -75,9 +78,10 @@ __global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
 /* grid (NC, ceil(HV*K / 256)): thread = one (hv, d) column of one chunk, walking its rows from the
  * last to the first (reverse inclusive cumsum), writing dx and the column's partial sums of
  * d dt_bias (pdt) and of d A_log (pA) over the chunk's tokens. */
-__global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum, const float *x,
+template <class TX>
+__global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum, const TX *x,
                                 const float *A_log, const float *dt_bias, const float *dG,
-                                float *dx, float *pdt, float *pA) {
+                                TX *dx, float *pdt, float *pA) {
     const int row = d.HV * d.K;
     const int e = blockIdx.y * blockDim.x + threadIdx.x;
     if (e >= row)
@@ -92,34 +96,35 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
     for (int i = L - 1; i >= 0; i--) {
         const int64_t idx = (t0 + i) * row + e;
         float v = dG[idx];
+        const float xv = kda_ld(x + idx);
         if (cumsum) {
             acc = v + acc;
             v = acc;
             /* a g floored in the forward (kda_gate_cumsum_fwd_kernel) has no gradient */
-            const float gv = kind == DG_GATE_NONE  ? x[idx]
-                             : kind == DG_GATE_KDA ? -a * kda_dsoftplus(x[idx] + bias)
+            const float gv = kind == DG_GATE_NONE  ? xv
+                             : kind == DG_GATE_KDA ? -a * kda_dsoftplus(xv + bias)
                                                    : 0.f;
             if (gv < KDA_G_FLOOR_F)
                 v = 0.f;
         }
         if (kind == DG_GATE_KDA) {
             /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */
-            const float z = x[idx] + bias;
+            const float z = xv + bias;
             const float dz = -v * a * kda_dsigmoid(z);
             sda += v * (-a * kda_dsoftplus(z));
             sdz += dz;
-            dx[idx] = dz;
+            kda_st(dx + idx, dz);
         } else if (kind == DG_GATE_LOWERBOUND) {
             /* g = lb sigmoid(u), u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
-            const float z = x[idx] + bias;
+            const float z = xv + bias;
             const float u = a * z, s = kda_dsigmoid(u);
             const float du = v * lb * s * (1.f - s);
             const float dz = du * a;
             sda += du * u;
             sdz += dz;
-            dx[idx] = dz;
+            kda_st(dx + idx, dz);
         } else {
-            dx[idx] = v;
+            kda_st(dx + idx, v);
         }
     }
     if (pdt)
@@ -164,8 +169,8 @@ __global__ void gate_dA_reduce_kernel(int64_t NC, int HV, int K, const float *pA
 // ---- launchers
 
 extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
-                                       float lb, int cumsum, const float *x, const float *A_log,
-                                       const float *dt_bias, float *G) {
+                                       float lb, int cumsum, int xbf16, const void *x,
+                                       const float *A_log, const float *dt_bias, float *G) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!x || !G)
         return dg__err(DG_ERR_ARG, "%s: x and G are required", __func__);
@@ -174,24 +179,34 @@ extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
     const int row = d->HV * d->K;
     if (!cumsum) {
         const int64_t n = d->TT * row;
-        kda_gate_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(
-            n, d->HV, d->K, kind, lb, x, A_log, dt_bias, G);
+        if (xbf16)
+            kda_gate_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(
+                n, d->HV, d->K, kind, lb, (const kda_bf16 *)x, A_log, dt_bias, G);
+        else
+            kda_gate_fwd_kernel<<<dg__blocks(n, KDA_THREADS), KDA_THREADS, 0, dg__stream(ctx)>>>(
+                n, d->HV, d->K, kind, lb, (const float *)x, A_log, dt_bias, G);
         DG_CHECK_LAUNCH();
         return DG_OK;
     }
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)DG_CEIL_DIV(row, KDA_THREADS));
-    kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-        d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, x, A_log, dt_bias, G);
+    if (xbf16)
+        kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, (const kda_bf16 *)x, A_log, dt_bias,
+            G);
+    else
+        kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, (const float *)x, A_log, dt_bias,
+            G);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
-                                       float lb, int cumsum, const float *x, const float *A_log,
-                                       const float *dt_bias, const float *dG, float *dx,
-                                       float *dA_log, float *ddt_bias) {
+                                       float lb, int cumsum, int xbf16, const void *x,
+                                       const float *A_log, const float *dt_bias, const float *dG,
+                                       void *dx, float *dA_log, float *ddt_bias) {
     DG_TRY(check_dims("dg__kda_gate_bwd_cuda", d));
     cudaStream_t s = dg__stream(ctx);
     const int row = d->HV * d->K;
@@ -215,8 +230,12 @@ extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
         pA = pdt + (size_t)d->NC * row;
     }
     dim3 grid((unsigned)d->NC, DG_CEIL_DIV(row, NTH));
-    gate_bwd_kernel<<<grid, NTH, 0, s>>>(make_dims(d), kind, lb, cumsum, x, A_log, dt_bias, dG, dx,
-                                         pdt, pA);
+    if (xbf16)
+        gate_bwd_kernel<<<grid, NTH, 0, s>>>(make_dims(d), kind, lb, cumsum, (const kda_bf16 *)x,
+                                             A_log, dt_bias, dG, (kda_bf16 *)dx, pdt, pA);
+    else
+        gate_bwd_kernel<<<grid, NTH, 0, s>>>(make_dims(d), kind, lb, cumsum, (const float *)x,
+                                             A_log, dt_bias, dG, (float *)dx, pdt, pA);
     DG_CHECK_LAUNCH();
     if (pdt && ddt_bias) {
         gate_ddt_reduce_kernel<<<DG_CEIL_DIV(row, NTH), NTH, 0, s>>>(d->NC, row, pdt, ddt_bias);

@@ -87,24 +87,30 @@ dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, i
                                 kda_cuda_dims *out);
 void dg__kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d);
 
+/* The first stages read the user's activation as it is stored: the raw input x (q or k, beta's
+ * b, the gate's g) is f32, or bf16 when the flag xbf16 / bbf16 is set -- no converted copy --
+ * and the gradient of that input (dx, db) is written in the same dtype, straight into what the
+ * tape accumulates for it. Every other array of these functions is f32. */
+
 /* ---- N1 l2norm (l2norm.cu) ---- */
-dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x, float *y,
-                                  float *r);
+dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, int xbf16, const void *x,
+                                  float *y, float *r);
 dg_status dg__kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y, const float *r,
-                                  const float *dy, float *dx);
+                                  const float *dy, int xbf16, void *dx);
 
 /* ---- N2 beta (beta.cu) ---- */
-dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, float *beta);
-dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, const float *b, const float *dbeta,
-                                float *db);
+dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, int bbf16, const void *b,
+                                float *beta);
+dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, int bbf16, const void *b,
+                                const float *dbeta, void *db);
 
 /* ---- N3 gate and chunk-local cumsum (gate.cu) ---- */
 dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
-                                int cumsum, const float *x, const float *A_log,
+                                int cumsum, int xbf16, const void *x, const float *A_log,
                                 const float *dt_bias, float *G);
 dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind, float lb,
-                                int cumsum, const float *x, const float *A_log,
-                                const float *dt_bias, const float *dG, float *dx, float *dA_log,
+                                int cumsum, int xbf16, const void *x, const float *A_log,
+                                const float *dt_bias, const float *dG, void *dx, float *dA_log,
                                 float *ddt_bias);
 
 /* acc of dg__kda_intra_bwd_cuda and dg__kda_wy_bwd_cuda (no CPU twin: a CUDA-only saving): the

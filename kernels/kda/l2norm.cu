@@ -13,21 +13,25 @@ using namespace kdab;
 
 // ---- forward kernel
 
-/* One warp per row; lanes stride over K, then a butterfly sum (every lane gets the total). */
-__global__ void kda_l2norm_fwd_kernel(int64_t rows, int K, const float *__restrict__ x,
+/* One warp per row; lanes stride over K, then a butterfly sum (every lane gets the total). x of
+ * TX: f32, or bf16 read as it is stored (no converted copy). */
+template <class TX>
+__global__ void kda_l2norm_fwd_kernel(int64_t rows, int K, const TX *__restrict__ x,
                                       float *__restrict__ y, float *__restrict__ r) {
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
          row += warps) {
-        const float *xr = x + row * K;
+        const TX *xr = x + row * K;
         float ss = 0.f;
-        for (int c = lane; c < K; c += 32)
-            ss += xr[c] * xr[c];
+        for (int c = lane; c < K; c += 32) {
+            const float xv = kda_ld(xr + c);
+            ss += xv * xv;
+        }
         ss = warp_sum(ss);
         const float ri = 1.f / sqrtf(ss + 1e-6f);
         for (int c = lane; c < K; c += 32)
-            y[row * K + c] = xr[c] * ri;
+            y[row * K + c] = kda_ld(xr + c) * ri;
         if (r && lane == 0)
             r[row] = ri;
     }
@@ -35,9 +39,11 @@ __global__ void kda_l2norm_fwd_kernel(int64_t rows, int K, const float *__restri
 
 // ---- backward kernel
 
-/* One warp per row; the dot product is a butterfly warp sum, the same for every lane. */
+/* One warp per row; the dot product is a butterfly warp sum, the same for every lane. dx of TD:
+ * f32, or bf16 written straight into the input's gradient dtype. */
+template <class TD>
 __global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const float *r,
-                                  const float *dy, float *dx) {
+                                  const float *dy, TD *dx) {
     const int lane = threadIdx.x & 31;
     const int64_t wpb = blockDim.x >> 5;
     for (int64_t row = blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
@@ -49,35 +55,44 @@ __global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const flo
         dot = warp_sum(dot);
         const float ri = r[row];
         for (int c = lane; c < K; c += 32)
-            dx[row * K + c] = ri * (dyr[c] - dot * yr[c]);
+            kda_st(dx + row * K + c, ri * (dyr[c] - dot * yr[c]));
     }
 }
 
 // ---- launchers
 
-extern "C" dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *x,
-                                         float *y, float *r) {
+extern "C" dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, int xbf16,
+                                             const void *x, float *y, float *r) {
     if (!ctx || !x || !y || K < 1 || rows < 0)
         return dg__err(DG_ERR_ARG, "dg__kda_l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
                        (long long)rows, K);
     if (rows == 0)
         return DG_OK;
     const int threads = KDA_THREADS;
-    kda_l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
-        rows, K, x, y, r);
+    if (xbf16)
+        kda_l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
+            rows, K, (const kda_bf16 *)x, y, r);
+    else
+        kda_l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
+            rows, K, (const float *)x, y, r);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
-                                         const float *r, const float *dy, float *dx) {
+                                             const float *r, const float *dy, int xbf16,
+                                             void *dx) {
     if (rows < 0 || K < 1)
         return dg__err(DG_ERR_SHAPE, "dg__kda_l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
     if (rows == 0 || !dx)
         return DG_OK;
     const int rows_per_block = NTH / 32;
-    l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(rows, K, y, r,
-                                                                                     dy, dx);
+    if (xbf16)
+        l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(
+            rows, K, y, r, dy, (kda_bf16 *)dx);
+    else
+        l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(
+            rows, K, y, r, dy, (float *)dx);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

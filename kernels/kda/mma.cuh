@@ -171,7 +171,9 @@ __device__ __forceinline__ unsigned tf32(float x) {
 }
 
 /* A bf16 value is a TF32 value (8 of TF32's 10 mantissa bits): widened, it needs no rounding. */
-__device__ __forceinline__ unsigned tf32(kda_bf16 x) { return __float_as_uint(__bfloat162float(x)); }
+__device__ __forceinline__ unsigned tf32(kda_bf16 x) {
+    return __float_as_uint(__bfloat162float(x));
+}
 
 /* x = hi + lo, both TF32 (the 3xTF32 split): hi carries 11 bits of x, lo the next 11. */
 __device__ __forceinline__ void tf32_split(float x, unsigned &hi, unsigned &lo) {

@@ -48,13 +48,14 @@ static dg_status beta_backward(dg_ctx *ctx, dg_node *n) {
         return DG_OK;
     dg_tensor *tg = NULL, *tb = NULL, *db = NULL, *b = n->saved[0];
     const void *pg = NULL, *pb = NULL;
+    int bbf16 = 0;
     dg_status st = dg__kda_ptr(ctx, gy, p->dt, &tg, &pg);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, b, p->dt, &tb, &pb);
+        st = dg__kda_in_ptr(ctx, b, p->dt, &tb, &pb, &bbf16);
+    if (st == DG_OK) /* in b's dtype where the kernel writes bf16 */
+        st = dg_tensor_new(ctx, bbf16 ? DG_BF16 : p->dt, b->ndim, b->shape, &db);
     if (st == DG_OK)
-        st = dg_tensor_new(ctx, p->dt, b->ndim, b->shape, &db);
-    if (st == DG_OK)
-        st = kda_run_beta_bwd(ctx, p->cuda, p->dt, dg_tensor_numel(db), p->c, pb, pg,
+        st = kda_run_beta_bwd(ctx, p->cuda, p->dt, dg_tensor_numel(db), p->c, bbf16, pb, pg,
                               dg_tensor_data(db));
     if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, db);
@@ -65,7 +66,7 @@ static dg_status beta_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
-                     dg_tensor **beta) {
+                         dg_tensor **beta) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "beta", beta));
     *beta = NULL;
@@ -80,12 +81,13 @@ dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int ke
         bp.dt = DG_F32;
     dg_tensor *tb = NULL, *bc = NULL; /* bc: beta in the compute dtype */
     const void *pb = NULL;
-    dg_status st = dg__kda_ptr(ctx, b, bp.dt, &tb, &pb);
+    int bbf16 = 0;
+    dg_status st = dg__kda_in_ptr(ctx, b, bp.dt, &tb, &pb, &bbf16);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, bp.dt, b->ndim, b->shape, &bc);
     if (st == DG_OK)
-        st =
-            kda_run_beta_fwd(ctx, bp.cuda, bp.dt, dg_tensor_numel(b), bp.c, pb, dg_tensor_data(bc));
+        st = kda_run_beta_fwd(ctx, bp.cuda, bp.dt, dg_tensor_numel(b), bp.c, bbf16, pb,
+                              dg_tensor_data(bc));
     if (st == DG_OK)
         st = dg__kda_as_dtype(ctx, bc, keep_f32 ? bp.dt : b->dtype, beta);
     if (st == DG_OK && dg__needs_grad(1, &b)) {

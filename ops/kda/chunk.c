@@ -18,10 +18,9 @@
  */
 #include "kda.h"
 
-
 dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
-                           dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
-                           const dg_kda_opts *opts, kda_dev *dev, kda_local *l) {
+                               dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
+                               const dg_kda_opts *opts, kda_dev *dev, kda_local *l) {
     memset(l, 0, sizeof *l);
     dg_status st = DG_OK;
     if (opts && opts->l2norm_qk) {
@@ -44,14 +43,14 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
         st = dg__kda_intra_x(ctx, l->qn, l->kn, l->bt, l->G, opts, dev, &l->Aqk, &l->Tm);
     if (st == DG_OK)
         st = dg__kda_wy_x(ctx, l->qn, l->kn, v, l->bt, l->G, l->Tm, opts, dev, &l->W, &l->U, &l->KG,
-                      &l->QG);
+                          &l->QG);
     if (st != DG_OK)
         dg__kda_local_free(l);
     return st;
 }
 
 dg_status dg__kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
-                          dg__group **grp) {
+                              dg__group **grp) {
     DG_TRY(dg__kda_group_new(cfg, grp));
     dg_tensor *in[KDA_NINPUTS] = {l->qn, l->kn, v, l->bt, l->G, l->Tm, h0}; /* KDA_IN_Q .. */
     for (int i = 0; i < KDA_NINPUTS; i++)

@@ -33,7 +33,7 @@
 #endif
 
 void KF(dg__kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
-                      const KT *A_log, const KT *dt_bias, KT *G) {
+                          const KT *A_log, const KT *dt_bias, KT *G) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T;
     KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
@@ -71,8 +71,8 @@ void KF(dg__kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsu
 }
 
 void KF(dg__kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
-                      const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
-                      KT *ddt_bias) {
+                          const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
+                          KT *ddt_bias) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T, NC = d->chunk_off[d->N];
     memcpy(dx, dG, sizeof(KT) * (size_t)(TT * row));
@@ -153,15 +153,16 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tx = NULL, *tA = NULL, *tbias = NULL, *tgG = NULL;
     dg_tensor *dx = NULL, *dA = NULL, *db = NULL;
     kda_gate_bwd_io io = {0};
-    dg_status st = dg__kda_ptr(ctx, x, c->dt, &tx, &io.x);
+    dg_status st = dg__kda_in_ptr(ctx, x, c->dt, &tx, &io.x, &io.xbf16);
     if (st == DG_OK && A)
         st = dg__kda_ptr(ctx, A, c->dt, &tA, &io.A_log);
     if (st == DG_OK && bias)
         st = dg__kda_ptr(ctx, bias, c->dt, &tbias, &io.dt_bias);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, gG, c->dt, &tgG, &io.dG);
-    if (st == DG_OK)
-        st = kda_new_as(ctx, c, x, &dx);
+    if (st == DG_OK) /* in x's dtype where the kernel writes bf16 */
+        st = io.xbf16 ? dg_tensor_new(ctx, DG_BF16, x->ndim, x->shape, &dx)
+                      : kda_new_as(ctx, c, x, &dx);
     if (st == DG_OK && A && dg__node_wants_grad(n, IN_A_LOG))
         st = kda_new_as(ctx, c, A, &dA);
     if (st == DG_OK && bias && dg__node_wants_grad(n, IN_DT_BIAS))
@@ -189,7 +190,7 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                     const dg_kda_opts *opts, kda_dev *share, dg_tensor **G) {
+                         const dg_kda_opts *opts, kda_dev *share, dg_tensor **G) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "G", G));
     *G = NULL;
@@ -197,7 +198,7 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
     const int64_t *s = g->shape;
     kda_cfg cfg;
     DG_TRY(dg__kda_cfg_init(OP, ctx, opts, s[0], s[1], (int)s[2], (int)s[2], (int)s[3], 1, g->dtype,
-                        &cfg));
+                            &cfg));
     dg_status st = DG_OK;
     if (cfg.gate == DG_GATE_NONE && (A_log || dt_bias))
         st = dg__err(DG_ERR_ARG, OP ": A_log/dt_bias were given but opts->gate is DG_GATE_NONE "
@@ -214,7 +215,7 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
     dg_tensor *tg = NULL, *tA = NULL, *tbias = NULL; /* converted copies */
     kda_gate_fwd_io io = {0};
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, g, cfg.dt, &tg, &io.x);
+        st = dg__kda_in_ptr(ctx, g, cfg.dt, &tg, &io.x, &io.xbf16);
     if (st == DG_OK && A_log)
         st = dg__kda_ptr(ctx, A_log, cfg.dt, &tA, &io.A_log);
     if (st == DG_OK && dt_bias)

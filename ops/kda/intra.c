@@ -21,8 +21,8 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
-                            const KT *G, KT *Aqk, KT *Tm) {
+dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
+                                const KT *beta, const KT *G, KT *Aqk, KT *Tm) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
     const int64_t NC = d->chunk_off[d->N];
     /* Lkk of one chunk, [L,L], per thread */
@@ -73,9 +73,9 @@ dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const 
     return DG_OK;
 }
 
-dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *beta,
-                            const KT *G, const KT *Tm, const KT *dAqk, const KT *dTm, KT *dq,
-                            KT *dk, KT *dbeta, KT *dG) {
+dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
+                                const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,
+                                const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
     const int64_t TT = d->B * d->T;
     memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));

@@ -95,63 +95,63 @@ static inline int kda_thread_id(void) { return 0; }
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
 #define KDA_DECLARE_RAW(KT, SFX)                                                                   \
     /* N1 (§4): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */             \
-    void dg__kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                     \
+    void dg__kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                 \
     /* dx = r (dy - (dy . y) y) */                                                                 \
-    void dg__kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,         \
-                              KT *dx);                                                             \
+    void dg__kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,     \
+                                  KT *dx);                                                         \
     /* N2 (§4): beta = c sigmoid(b), n elements. */                                               \
-    void dg__kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                               \
-    void dg__kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);                \
+    void dg__kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                           \
+    void dg__kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);            \
     /* N3 (§3, §5.0): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.          \
      * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
-    void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
-                            const KT *A_log, const KT *dt_bias, KT *G);                            \
+    void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum,           \
+                                const KT *x, const KT *A_log, const KT *dt_bias, KT *G);           \
     /* dG -> (reverse chunk cumsum) -> gate backward. dx: [TT,HV,K]; dA_log [HV], ddt_bias         \
      * [HV*K] optional (reduced over tokens). */                                                   \
-    void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,  \
-                            const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,  \
-                            KT *ddt_bias);                                                         \
+    void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum,           \
+                                const KT *x, const KT *A_log, const KT *dt_bias, const KT *dG,     \
+                                KT *dx, KT *dA_log, KT *ddt_bias);                                 \
     /* N4 (§5.1-5.2): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */    \
-    dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
-                                  const KT *beta, const KT *G, KT *Aqk, KT *Tm);                   \
+    dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
+                                      const KT *beta, const KT *G, KT *Aqk, KT *Tm);               \
     /* (§6.3 last line, §6.4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta [TT,HV],      \
      * dG [TT,HV,K]. */                                                                            \
-    dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,           \
-                                  const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,       \
-                                  const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);               \
+    dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
+                                      const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,   \
+                                      const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);           \
     /* N5 (§5.2): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */        \
-    dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
-                               const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U, KT *KG,    \
-                               KT *QG);                                                            \
+    dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,       \
+                                   const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U,        \
+                                   KT *KG, KT *QG);                                                \
     /* (§6.3 WY part, §10 N5) upstream dW, dU, dKG, dQG each optional. */                        \
-    dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,           \
-                               const KT *beta, const KT *G, const KT *Tm, const KT *dW,            \
-                               const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk, KT *dv, \
-                               KT *dbeta, KT *dG, KT *dTm);                                        \
+    dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,       \
+                                   const KT *beta, const KT *G, const KT *Tm, const KT *dW,        \
+                                   const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk,     \
+                                   KT *dv, KT *dbeta, KT *dG, KT *dTm);                            \
     /* N6 (§5.3): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */      \
-    dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,       \
-                                  const KT *G, const KT *h0, KT *h, KT *E, KT *ht);                \
+    dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,   \
+                                      const KT *G, const KT *h0, KT *h, KT *E, KT *ht);            \
     /* (§6.2, §10 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */           \
-    dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,       \
-                                  const KT *h, const KT *E, const KT *dh, const KT *dE,            \
-                                  const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);        \
+    dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,   \
+                                      const KT *h, const KT *E, const KT *dh, const KT *dE,        \
+                                      const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);    \
     /* N7 (§5.4): O = s QG h + Aqk E (j <= i). */                                                 \
-    void dg__kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
-                              const KT *Aqk, const KT *E, KT *O);                                  \
+    void dg__kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,          \
+                                  const KT *Aqk, const KT *E, KT *O);                              \
     /* (§6.1, §10 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */     \
-    void dg__kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,              \
-                              const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, \
-                              KT *dE);                                                             \
+    void dg__kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,          \
+                                  const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh,       \
+                                  KT *dAqk, KT *dE);                                               \
     /* §2 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. */ \
-    dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
-                                      const KT *v, const KT *g, const KT *beta, const KT *h0,      \
-                                      KT *o, KT *ht);                                              \
+    dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,   \
+                                          const KT *v, const KT *g, const KT *beta, const KT *h0,  \
+                                          KT *o, KT *ht);                                          \
     /* Backward through time (states recomputed from checkpoints every KDA_REC_SEG tokens).        \
      * dO, dht optional; dh0 optional. */                                                          \
-    dg_status dg__kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
-                                      const KT *v, const KT *g, const KT *beta, const KT *h0,      \
-                                      const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, \
-                                      KT *dbeta, KT *dh0);
+    dg_status dg__kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,   \
+                                          const KT *v, const KT *g, const KT *beta, const KT *h0,  \
+                                          const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv,     \
+                                          KT *dg, KT *dbeta, KT *dh0);
 
 KDA_DECLARE_RAW(double, f64)
 KDA_DECLARE_RAW(float, f32)
@@ -209,7 +209,7 @@ typedef struct kda_cfg {
     unsigned m_f;  /* dtypes accepted for intermediates and A_log, dt_bias, h0: DG_MASK(dt) */
     kda_dev *dev;  /* CUDA: the device tables (a reference), set by dg__kda_cfg_dev */
     kda_cuda_dims cd; /* CUDA: dev->d with this stage's sizes (tables borrowed from dev) */
-    int tc; /* CUDA: tensor-core mode asked for by this entry point (kda_tc_of; 0 for f32) */
+    int tc;       /* CUDA: tensor-core mode asked for by this entry point (kda_tc_of; 0 for f32) */
     dg_dtype mid; /* storage of W, U, KG, QG, h, E: DG_BF16 where cd.mid is set (CUDA, tc == 1
                    * and dg__kda_mid_fits), else dt. Their gradients stay in dt. */
 } kda_cfg;
@@ -256,6 +256,11 @@ dg_status dg__kda_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_ten
  * needed). Not recorded on the tape. */
 dg_status dg__kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
                       const void **ptr);
+/* The raw activation input t of l2norm, beta or the gate as their kernels read it: a contiguous
+ * bf16 tensor on CUDA as it is (*bf16 = 1; the kernels take bf16 directly), else in dtype dt as
+ * dg__kda_ptr gives it (*bf16 = 0). The gradient of such an input is written in its dtype. */
+dg_status dg__kda_in_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
+                         const void **ptr, int *bf16);
 /* New contiguous tensor (uninitialised) of cfg's compute dtype in ctx. */
 dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
                       dg_tensor **out);
@@ -299,13 +304,17 @@ dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor *
  * dg_status, DG_OK after a CPU function that returns void. The struct kda_X_io names the arrays
  * of one call; the declarations above say which may be NULL. */
 
-/* l2norm and beta have no dims: they take the device (`cuda`) and the compute dtype `dt`. */
+/* l2norm and beta have no dims: they take the device (`cuda`) and the compute dtype `dt`. On
+ * CUDA their raw input x / b and its gradient dx / db may be bf16 instead (xbf16 / bbf16: the
+ * kernels read and write that dtype directly, kda_cuda.h); the CPU needs dt (xbf16 = 0). The
+ * gate's io has the same flag. */
 static inline dg_status kda_run_l2norm_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
-                                           const void *x, void *y, void *r) {
+                                           int xbf16, const void *x, void *y, void *r) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return dg__kda_l2norm_fwd_cuda(ctx, rows, K, x, y, r);
+        return dg__kda_l2norm_fwd_cuda(ctx, rows, K, xbf16, x, y, r);
 #endif
+    (void)xbf16;
     if (dt == DG_F64)
         dg__kda_l2norm_fwd_f64(rows, K, x, y, r);
     else
@@ -313,11 +322,13 @@ static inline dg_status kda_run_l2norm_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, i
     return DG_OK;
 }
 static inline dg_status kda_run_l2norm_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
-                                           const void *y, const void *r, const void *dy, void *dx) {
+                                           const void *y, const void *r, const void *dy, int xbf16,
+                                           void *dx) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return dg__kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, dx);
+        return dg__kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, xbf16, dx);
 #endif
+    (void)xbf16;
     if (dt == DG_F64)
         dg__kda_l2norm_bwd_f64(rows, K, y, r, dy, dx);
     else
@@ -325,11 +336,12 @@ static inline dg_status kda_run_l2norm_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, i
     return DG_OK;
 }
 static inline dg_status kda_run_beta_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
-                                         const void *b, void *beta) {
+                                         int bbf16, const void *b, void *beta) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return dg__kda_beta_fwd_cuda(ctx, n, (float)c, b, beta);
+        return dg__kda_beta_fwd_cuda(ctx, n, (float)c, bbf16, b, beta);
 #endif
+    (void)bbf16;
     if (dt == DG_F64)
         dg__kda_beta_fwd_f64(n, c, b, beta);
     else
@@ -337,11 +349,12 @@ static inline dg_status kda_run_beta_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int
     return DG_OK;
 }
 static inline dg_status kda_run_beta_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
-                                         const void *b, const void *dbeta, void *db) {
+                                         int bbf16, const void *b, const void *dbeta, void *db) {
 #ifdef DG_HAVE_CUDA
     if (cuda)
-        return dg__kda_beta_bwd_cuda(ctx, n, (float)c, b, dbeta, db);
+        return dg__kda_beta_bwd_cuda(ctx, n, (float)c, bbf16, b, dbeta, db);
 #endif
+    (void)bbf16;
     if (dt == DG_F64)
         dg__kda_beta_bwd_f64(n, c, b, dbeta, db);
     else
@@ -353,13 +366,14 @@ static inline dg_status kda_run_beta_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int
 typedef struct kda_gate_fwd_io {
     const void *x, *A_log, *dt_bias;
     void *G;
+    int xbf16; /* CUDA: x is bf16 */
 } kda_gate_fwd_io;
 static inline dg_status kda_run_gate_fwd(dg_ctx *ctx, const kda_cfg *c, int cumsum,
                                          const kda_gate_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return dg__kda_gate_fwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
-                                     a->dt_bias, a->G);
+        return dg__kda_gate_fwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->xbf16, a->x,
+                                     a->A_log, a->dt_bias, a->G);
 #endif
     if (c->dt == DG_F64)
         dg__kda_gate_fwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->G);
@@ -371,13 +385,14 @@ static inline dg_status kda_run_gate_fwd(dg_ctx *ctx, const kda_cfg *c, int cums
 typedef struct kda_gate_bwd_io {
     const void *x, *A_log, *dt_bias, *dG;
     void *dx, *dA_log, *ddt_bias;
+    int xbf16; /* CUDA: x and dx are bf16 */
 } kda_gate_bwd_io;
 static inline dg_status kda_run_gate_bwd(dg_ctx *ctx, const kda_cfg *c, int cumsum,
                                          const kda_gate_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return dg__kda_gate_bwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->x, a->A_log,
-                                     a->dt_bias, a->dG, a->dx, a->dA_log, a->ddt_bias);
+        return dg__kda_gate_bwd_cuda(ctx, &c->cd, c->gate, (float)c->lb, cumsum, a->xbf16, a->x,
+                                     a->A_log, a->dt_bias, a->dG, a->dx, a->dA_log, a->ddt_bias);
 #endif
     if (c->dt == DG_F64)
         dg__kda_gate_bwd_f64(&c->d, c->gate, c->lb, cumsum, a->x, a->A_log, a->dt_bias, a->dG,

@@ -304,6 +304,17 @@ dg_status dg__kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **
     return DG_OK;
 }
 
+dg_status dg__kda_in_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
+                         const void **ptr, int *bf16) {
+    *bf16 = dg__is_cuda(t) && t->dtype == DG_BF16 && dg_tensor_is_contiguous(t);
+    if (*bf16) {
+        *tmp = NULL;
+        *ptr = dg_tensor_data(t);
+        return DG_OK;
+    }
+    return dg__kda_ptr(ctx, t, dt, tmp, ptr);
+}
+
 dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
     if (src->dtype == dt) {
         *out = dg_tensor_retain(src);

@@ -54,6 +54,7 @@ typedef struct l2_params {
     int cuda;
     int64_t rows;
     int K;
+    int xbf16; /* CUDA: x is bf16, read as it is; dx is written in bf16 */
 } l2_params;
 
 static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
@@ -70,22 +71,24 @@ static dg_status l2norm_backward(dg_ctx *ctx, dg_node *n) {
     } else if (st == DG_OK) {
         const void *px = NULL;
         int64_t ns[1] = {p->rows * ((int64_t)p->K + 1)}; /* y then r */
-        st = dg__kda_ptr(ctx, n->saved[0], p->dt, &tx, &px);
+        int xbf16 = 0;
+        st = dg__kda_in_ptr(ctx, n->saved[0], p->dt, &tx, &px, &xbf16);
         if (st == DG_OK)
             st = dg_tensor_new(ctx, p->dt, 1, ns, &scratch);
         if (st == DG_OK) {
             void *y = dg_tensor_data(scratch);
             void *r = (char *)y + dg_dtype_size(p->dt) * (size_t)(p->rows * p->K);
-            st = kda_run_l2norm_fwd(ctx, p->cuda, p->dt, p->rows, p->K, px, y, r);
+            st = kda_run_l2norm_fwd(ctx, p->cuda, p->dt, p->rows, p->K, xbf16, px, y, r);
             py = y;
             pr = r;
         }
     }
+    if (st == DG_OK) /* in x's dtype where the kernel writes bf16 */
+        st = dg_tensor_new(ctx, p->xbf16 ? DG_BF16 : p->dt, n->saved[0]->ndim, n->saved[0]->shape,
+                           &dx);
     if (st == DG_OK)
-        st = dg_tensor_new(ctx, p->dt, n->saved[0]->ndim, n->saved[0]->shape, &dx);
-    if (st == DG_OK)
-        st =
-            kda_run_l2norm_bwd(ctx, p->cuda, p->dt, p->rows, p->K, py, pr, pdy, dg_tensor_data(dx));
+        st = kda_run_l2norm_bwd(ctx, p->cuda, p->dt, p->rows, p->K, py, pr, pdy, p->xbf16,
+                                dg_tensor_data(dx));
     if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, dx);
     dg_tensor_free(&scratch);
@@ -104,7 +107,7 @@ dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **
     if (x->ndim < 1 || x->shape[x->ndim - 1] < 1)
         return dg__err(DG_ERR_SHAPE, OP ": x must have a last axis K >= 1, got %s",
                        dg_tensor_desc(x));
-    l2_params lp = {x->dtype, dg__is_cuda(x), 0, (int)x->shape[x->ndim - 1]};
+    l2_params lp = {x->dtype, dg__is_cuda(x), 0, (int)x->shape[x->ndim - 1], 0};
 #ifndef DG_HAVE_CUDA
     if (lp.cuda)
         return dg__no_cuda(OP);
@@ -115,15 +118,15 @@ dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **
     /* yc: y in the compute dtype; *y is yc itself unless x is bf16 (and !keep_f32) */
     dg_tensor *tx = NULL, *r = NULL, *yc = NULL;
     const void *px = NULL;
-    dg_status st = dg__kda_ptr(ctx, x, lp.dt, &tx, &px);
+    dg_status st = dg__kda_in_ptr(ctx, x, lp.dt, &tx, &px, &lp.xbf16);
     int64_t rshape[1] = {lp.rows};
     if (st == DG_OK)
         st = dg_tensor_new(ctx, lp.dt, x->ndim, x->shape, &yc);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, lp.dt, 1, rshape, &r);
     if (st == DG_OK)
-        st = kda_run_l2norm_fwd(ctx, lp.cuda, lp.dt, lp.rows, lp.K, px, dg_tensor_data(yc),
-                                dg_tensor_data(r));
+        st = kda_run_l2norm_fwd(ctx, lp.cuda, lp.dt, lp.rows, lp.K, lp.xbf16, px,
+                                dg_tensor_data(yc), dg_tensor_data(r));
     if (st == DG_OK)
         st = dg__kda_as_dtype(ctx, yc, keep_f32 ? lp.dt : x->dtype, y);
     if (st == DG_OK && dg__needs_grad(1, &x)) {

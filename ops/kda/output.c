@@ -20,7 +20,7 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 void KF(dg__kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
-                        const KT *E, KT *O) {
+                            const KT *E, KT *O) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
     /* work item: one (chunk, value head); it writes only its own rows */
@@ -49,7 +49,7 @@ void KF(dg__kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT 
 }
 
 void KF(dg__kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
-                        const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, KT *dE) {
+                            const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, KT *dE) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
     /* work item: one (chunk, value head); it writes only its own rows */

@@ -53,8 +53,9 @@ static void KF(rec_step)(const kda_dims *d, KT scale, int64_t t, int hv, const K
         }
 }
 
-dg_status KF(dg__kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
-                                const KT *g, const KT *beta, const KT *h0, KT *o, KT *ht) {
+dg_status KF(dg__kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
+                                    const KT *v, const KT *g, const KT *beta, const KT *h0, KT *o,
+                                    KT *ht) {
     const int HV = d->HV;
     const int64_t KV = (int64_t)d->K * d->V;
     KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
@@ -78,9 +79,10 @@ dg_status KF(dg__kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, co
     return DG_OK;
 }
 
-dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
-                                const KT *g, const KT *beta, const KT *h0, const KT *dO,
-                                const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg, KT *dbeta, KT *dh0) {
+dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
+                                    const KT *v, const KT *g, const KT *beta, const KT *h0,
+                                    const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg,
+                                    KT *dbeta, KT *dh0) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, grp = HV / H, SEG = KDA_REC_SEG;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
     int64_t maxlen = 0;
@@ -278,15 +280,15 @@ static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const rec_pt
     x->k = p->k;
     dg_status st = DG_OK;
     if (flags & F_L2) {
-        st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, p->q, x->qn, x->rq);
+        st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, 0, p->q, x->qn, x->rq);
         if (st == DG_OK)
-            st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, p->k, x->kn, x->rk);
+            st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, 0, p->k, x->kn, x->rk);
         x->q = x->qn;
         x->k = x->kn;
     }
     x->beta = p->beta;
     if (st == DG_OK && (flags & F_SIG)) {
-        st = kda_run_beta_fwd(ctx, c->cuda, c->dt, nb, c->beta_c, p->beta, x->bt);
+        st = kda_run_beta_fwd(ctx, c->cuda, c->dt, nb, c->beta_c, 0, p->beta, x->bt);
         x->beta = x->bt;
     }
     if (st == DG_OK) {
@@ -372,11 +374,11 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const int64_t TT = d->B * d->T, rows = TT * d->H;
     /* dq, dk, dbeta: through the transform, or the raw gradient itself */
     if (st == DG_OK && (np->flags & F_L2)) {
-        st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n),
+        st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n), 0,
                                 dg_tensor_data(gr.q));
         if (st == DG_OK)
             st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.k, x.rk,
-                                    dg_tensor_data(dk_n), dg_tensor_data(gr.k));
+                                    dg_tensor_data(dk_n), 0, dg_tensor_data(gr.k));
     } else if (st == DG_OK) {
         dg_tensor_free(&gr.q);
         gr.q = dg_tensor_retain(dq_n);
@@ -384,7 +386,7 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
         gr.k = dg_tensor_retain(dk_n);
     }
     if (st == DG_OK && (np->flags & F_SIG)) {
-        st = kda_run_beta_bwd(ctx, c->cuda, c->dt, TT * d->HV, c->beta_c, p.beta,
+        st = kda_run_beta_bwd(ctx, c->cuda, c->dt, TT * d->HV, c->beta_c, 0, p.beta,
                               dg_tensor_data(dbeta_t), dg_tensor_data(gr.beta));
     } else if (st == DG_OK) {
         dg_tensor_free(&gr.beta);

@@ -25,8 +25,8 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const KT *KG, const KT *G,
-                            const KT *h0, KT *h, KT *E, KT *ht) {
+dg_status KF(dg__kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const KT *KG,
+                                const KT *G, const KT *h0, KT *h, KT *E, KT *ht) {
     const int HV = d->HV, K = d->K, V = d->V;
     const int64_t KV = (int64_t)K * V;
     /* running state [K,V] per thread */
@@ -75,9 +75,9 @@ dg_status KF(dg__kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, con
     return DG_OK;
 }
 
-dg_status KF(dg__kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const KT *G, const KT *h,
-                            const KT *E, const KT *dh, const KT *dE, const KT *dht, KT *dW, KT *dU,
-                            KT *dKG, KT *dG, KT *dh0) {
+dg_status KF(dg__kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const KT *G,
+                                const KT *h, const KT *E, const KT *dh, const KT *dE, const KT *dht,
+                                KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
     memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
@@ -236,8 +236,8 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
-                      dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
-                      dg_tensor **E, dg_tensor **ht) {
+                          dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
+                          dg_tensor **E, dg_tensor **ht) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "h", h));
     DG_TRY(dg__check_ptr(OP, "E", E));

@@ -23,8 +23,9 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
-                         const KT *G, const KT *Tm, KT *W, KT *U, KT *KG, KT *QG) {
+dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v,
+                             const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U, KT *KG,
+                             KT *QG) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
     const int64_t NC = d->chunk_off[d->N];
     /* gamma = exp(G) of one chunk [L,K] per thread: formed once per row instead of per (i, j) */
@@ -80,9 +81,10 @@ dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const 
     return DG_OK;
 }
 
-dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v, const KT *beta,
-                         const KT *G, const KT *Tm, const KT *dW, const KT *dU, const KT *dKG,
-                         const KT *dQG, KT *dq, KT *dk, KT *dv, KT *dbeta, KT *dG, KT *dTm) {
+dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v,
+                             const KT *beta, const KT *G, const KT *Tm, const KT *dW, const KT *dU,
+                             const KT *dKG, const KT *dQG, KT *dq, KT *dk, KT *dv, KT *dbeta,
+                             KT *dG, KT *dTm) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
     const int64_t TT = d->B * d->T;
     memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
@@ -262,8 +264,8 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                   dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
-                   dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+                       dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
+                       dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
     dg_tensor **outs[4] = {W, U, KG, QG};
     static const char *onames[4] = {"W", "U", "KG", "QG"};
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
