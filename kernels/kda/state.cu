@@ -85,19 +85,38 @@ namespace {
 
 constexpr int SM_THREADS = 256;
 
+/* x rounded to TF32 (the value kdamma::tf32 gives), as a float. */
+__device__ __forceinline__ float tf32r(float x) { return __uint_as_float(kdamma::tf32(x)); }
+
+/* This thread's walk over the 16-byte pieces of a [BT][K] tile of T (q = K / (16 / sizeof(T))
+ * pieces per row, thread tid takes pieces tid, tid + 256, ...): its first piece (r0, c0) and the
+ * step (dr, dc), worked out once per kernel so that the per-chunk loads divide nothing. */
+struct TileWalk {
+    int r0, c0, dr, dc, q;
+};
+template <class T> __device__ __forceinline__ TileWalk tile_walk(int K) {
+    const int q = K / (16 / (int)sizeof(T));
+    return TileWalk{(int)threadIdx.x / q, (int)threadIdx.x % q, SM_THREADS / q, SM_THREADS % q, q};
+}
+
 /* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array of T (f32 or bf16) starting at token
  * t0, into shared memory of T with leading dimension LD (elements); rows >= L are zero-filled.
- * Block-wide, 16 bytes per op. */
+ * Block-wide, 16 bytes per op, pieces in the order of tw (tile_walk). */
 template <int BT, class T>
 __device__ __forceinline__ void tile_async(T *dst, int LD, const T *__restrict__ src, int64_t t0,
-                                           int L, int HV, int hv, int K) {
+                                           int L, int HV, int hv, int K, const TileWalk &tw) {
     constexpr int PE = 16 / sizeof(T);
-    const int q = K / PE; /* 16-byte pieces per row */
-    for (int idx = threadIdx.x; idx < BT * q; idx += SM_THREADS) {
-        const int r = idx / q, c = PE * (idx % q);
+    const T *base = src + (t0 * HV + hv) * (int64_t)K;
+    const int64_t rs = (int64_t)HV * K;
+    for (int r = tw.r0, c = tw.c0; r < BT;) {
         const bool ok = r < L;
-        const T *g = ok ? src + ((t0 + r) * HV + hv) * (int64_t)K + c : src;
-        kdamma::cp_async16(dst + r * LD + c, g, ok);
+        kdamma::cp_async16(dst + r * LD + PE * c, ok ? base + r * rs + PE * c : src, ok);
+        r += tw.dr;
+        c += tw.dc;
+        if (c >= tw.q) {
+            c -= tw.q;
+            r++;
+        }
     }
 }
 
@@ -405,6 +424,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     const int nv = min(VT, V - v0);
     const int64_t rv = (int64_t)HV * V, KV = (int64_t)K * V;
     const int mtiles = K / 16;
+    const TileWalk tw = tile_walk<TA>(K);
 
     /* S: rows 16 (w + 8 m) + g (+ 8), columns 8 j + 2 t (+ 1). */
     float S[MT][NJ][4];
@@ -422,7 +442,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 }
     }
 
-    /* S -> dst (row r at dst + r * ld; global: only the nv valid columns) */
+    /* S -> dst (row r at dst + r * ld; global: only the nv valid columns, as they are; shared:
+     * rounded to TF32 once here, so the fragment reads of the A1 S product need no conversion) */
     auto store_S = [&](auto *dst, int64_t ld, bool global) {
 #pragma unroll
         for (int m = 0; m < MT; m++) {
@@ -433,8 +454,11 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
                     const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
-                    if (!global || c < nv)
+                    if (global && c < nv)
                         kda_st2(dst + r * ld + c, S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
+                    else if (!global)
+                        kda_st2(dst + r * ld + c, tf32r(S[m][j][2 * hlf]),
+                                tf32r(S[m][j][2 * hlf + 1]));
                 }
         }
     };
@@ -446,12 +470,12 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     if (nch > 0) {
         const int64_t ch = chunk_of(0), t0 = chunk_t0[ch];
         const int L = chunk_len[ch];
-        tile_async<BT>(A1s, LD1, A1, t0, L, HV, hv, K);
+        tile_async<BT>(A1s, LD1, A1, t0, L, HV, hv, K, tw);
         for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
             kdamma::cp_async16(Gs + 4 * idx, G + ((t0 + L - 1) * HV + hv) * (int64_t)K + 4 * idx,
                                true);
         kdamma::cp_async_commit();
-        tile_async<BT>(A2s, LD2, A2, t0, L, HV, hv, K);
+        tile_async<BT>(A2s, LD2, A2, t0, L, HV, hv, K, tw);
         kdamma::cp_async_commit();
     }
 
@@ -493,8 +517,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                 for (int jj = 0; jj < NXT; jj++) {
                     const int c = 8 * (NXT * (w & 1) + jj) + g;
-                    kdamma::mma_tf32(acc[jj], a, kdamma::tf32(Ss[(k0 + t) * LDS + c]),
-                                     kdamma::tf32(Ss[(k0 + t + 4) * LDS + c]));
+                    kdamma::mma_tf32(acc[jj], a, __float_as_uint(Ss[(k0 + t) * LDS + c]),
+                                     __float_as_uint(Ss[(k0 + t + 4) * LDS + c]));
                 }
             }
         }
@@ -513,7 +537,9 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                                 : X[jj][2 * hlf + 1] - acc[jj][2 * hlf + 1];
                     if (r >= L)
                         val = make_float2(0.f, 0.f);
-                    *reinterpret_cast<float2 *>(Xs + r * LDX + c) = val;
+                    /* Xs holds X rounded to TF32 (the A2^T X operand); E gets it as is */
+                    *reinterpret_cast<float2 *>(Xs + r * LDX + c) =
+                        make_float2(tf32r(val.x), tf32r(val.y));
                     if (xo && r < L && c < nv)
                         kda_st2(xo + r * rv + c, val.x, val.y);
                 }
@@ -533,7 +559,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         if (it + 1 < nch) {
             const int64_t cn = chunk_of(it + 1), tn = chunk_t0[cn];
             const int Ln = chunk_len[cn];
-            tile_async<BT>(A1s, LD1, A1, tn, Ln, HV, hv, K);
+            tile_async<BT>(A1s, LD1, A1, tn, Ln, HV, hv, K, tw);
             for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
                 kdamma::cp_async16(Gs + 4 * idx,
                                    G + ((tn + Ln - 1) * HV + hv) * (int64_t)K + 4 * idx, true);
@@ -584,8 +610,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                 for (int j = 0; j < NJ; j++) {
                     const int c = 8 * j + g;
-                    kdamma::mma_tf32(S[m][j], a, kdamma::tf32(Xs[(i0 + t) * LDX + c]),
-                             kdamma::tf32(Xs[(i0 + t + 4) * LDX + c]));
+                    kdamma::mma_tf32(S[m][j], a, __float_as_uint(Xs[(i0 + t) * LDX + c]),
+                                     __float_as_uint(Xs[(i0 + t + 4) * LDX + c]));
                 }
             }
         }
@@ -594,7 +620,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         /* prefetch the next chunk's A2 */
         if (it + 1 < nch) {
             const int64_t cn = chunk_of(it + 1);
-            tile_async<BT>(A2s, LD2, A2, chunk_t0[cn], chunk_len[cn], HV, hv, K);
+            tile_async<BT>(A2s, LD2, A2, chunk_t0[cn], chunk_len[cn], HV, hv, K, tw);
         }
         kdamma::cp_async_commit();
     }
