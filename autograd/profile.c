@@ -5,6 +5,8 @@
  * time since the previous boundary is charged to the node being committed (ops that record no
  * node are charged to the next one that does); in backward, each node's backward is timed on its
  * own. The synchronisation slows the run down, so use it for the split, not for throughput.
+ * Nothing is timed while the node's context captures a CUDA graph (no sync is allowed then, and
+ * the captured calls run nothing).
  */
 #define _XOPEN_SOURCE 700 /* clock_gettime */
 #include "tape.h"
@@ -35,8 +37,11 @@ void dg_profile_reset(void) {
     g_prof.n = 0;
     g_prof.last = now_s();
 }
+/* Profiling applies to this context now. */
+static int timing(const dg_ctx *ctx) { return g_prof.on && !dg_graph_capturing(ctx); }
+
 void dg_profile_mark(dg_ctx *ctx) {
-    if (!g_prof.on)
+    if (!timing(ctx))
         return;
     dg_ctx_sync(ctx);
     g_prof.last = now_s();
@@ -55,7 +60,7 @@ static dg_profile_entry *entry(const char *op) {
 }
 
 void dg__profile_forward(dg_ctx *ctx, const char *op) {
-    if (!g_prof.on)
+    if (!timing(ctx))
         return;
     dg_ctx_sync(ctx);
     double t = now_s();
@@ -68,14 +73,14 @@ void dg__profile_forward(dg_ctx *ctx, const char *op) {
 }
 
 double dg__profile_begin(dg_ctx *ctx) {
-    if (!g_prof.on)
+    if (!timing(ctx))
         return 0;
     dg_ctx_sync(ctx);
     return now_s();
 }
 
 void dg__profile_backward(dg_ctx *ctx, const char *op, double t0) {
-    if (!g_prof.on)
+    if (!timing(ctx))
         return;
     dg_ctx_sync(ctx);
     double t = now_s();

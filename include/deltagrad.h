@@ -146,11 +146,77 @@ typedef struct dg_mem_stats {
     size_t peak_in_use; /* high-water mark of in_use since the last reset */
     size_t cached;      /* bytes held in free lists for reuse */
     size_t reserved;    /* bytes obtained from the driver */
+    size_t graph;       /* free bytes kept for CUDA graphs (dg_graph_free moves them to cached) */
 } dg_mem_stats;
 dg_mem_stats dg_ctx_mem_stats(const dg_ctx *ctx);
 void dg_ctx_reset_peak(dg_ctx *ctx);
-/* Give cached device blocks back to the driver. */
+/* Give cached device blocks back to the driver (not those kept for graphs; nothing during a
+ * capture). */
 void dg_ctx_empty_cache(dg_ctx *ctx);
+
+/* ---- CUDA graphs ----
+ * A CUDA context can record the device work that a sequence of calls queues (e.g. a training
+ * step's forward and backward) into a CUDA graph, then replay it with one launch (docs/runtime.md:
+ * the procedure, the memory rule, which calls have been checked for capture).
+ * A replay runs no host code (no argument checks, no tape, no allocator): it repeats the
+ * recorded kernels and copies on the very same device addresses. So the sequence must do the
+ * same thing every time, and new inputs are copied into the tensors the capture read (a
+ * device-to-device dg_tensor_copy_, outside the graph) before each launch.
+ *
+ *     ... run the step once eagerly ...     // uploads tables, fills the cache, loads kernels
+ *     dg_tape_reset(); free its outputs; dg_tensor_zero_grad(...)  // release what it kept
+ *     dg_graph_begin(ctx);
+ *     ... the step's calls (they queue nothing that runs now) ...
+ *     dg_graph_end(ctx, &g);                       // on any failure: the capture is discarded
+ *     for each step: copy inputs in; dg_graph_launch(ctx, g); read outputs and gradients
+ *     dg_graph_free(&g);
+ *
+ * Between begin and end:
+ *   - Memory comes from the context's cache only (a capture cannot call cudaMalloc). A request
+ *     the cache cannot serve fails with DG_ERR_STATE ("allocation of N bytes during graph capture
+ *     missed the cache: run the step once eagerly first ...") and fails the capture. Likewise a
+ *     KDA call whose chunk tables (one per sequence layout and chunk size) the context has not
+ *     uploaded yet. The warm-up fills the cache when what it returned (outputs, gradients, the
+ *     tape's saved tensors) is freed before dg_graph_begin.
+ *   - Calls that make the host wait for the device are refused with DG_ERR_STATE and queue
+ *     nothing, without failing the capture: dg_ctx_sync, dg_tensor_to_host (to_f64, item, the
+ *     file savers), dg_tensor_from_host (from_f64), dg_tensor_copy_ between host and device,
+ *     dg_ctx_check_errors, and an embedding or cross-entropy that checks its indices at once.
+ *     With dg_ctx_defer_checks on, those ops only record bad inputs on the device, on every
+ *     replay; dg_ctx_check_errors after a launch reads the record as usual.
+ *   - The outputs the calls return hold their values only after a launch.
+ *   - Profiling (dg_profile_enable) does not time a capture.
+ *   - The capture uses CUDA's global capture mode: no thread may make a call that CUDA forbids
+ *     during a capture (cudaMalloc, a synchronous copy, ...; e.g. work on another context that
+ *     misses its cache) until dg_graph_end; end it on the thread that began it.
+ * dg_graph_end must follow every dg_graph_begin that succeeded: it returns the capture's first
+ * failure (DG_ERR_STATE, or DG_ERR_CUDA when CUDA invalidated the capture) and then leaves no
+ * graph (*out = NULL): the context is usable eagerly again at once.
+ *
+ * Memory rule. A replay writes the blocks its capture wrote. So every device block that was
+ * handed out, or freed, during a graph's capture belongs to that graph until dg_graph_free: when
+ * it is freed (during the capture, or later: an output, a gradient, the tape's saved tensors at
+ * dg_tape_reset) it is kept for the graph (dg_mem_stats.graph) instead of going back to the
+ * cache, and only that graph's capture reuses it. dg_graph_free gives those blocks back to the
+ * cache (blocks still in use return to it when their tensors are freed). Tensors made before the
+ * capture and read or written by it (inputs, weights, gradients it accumulates into) are the
+ * caller's: keep them alive, and do not free them, while the graph may be launched. Tensors the
+ * capture returned (outputs, gradients of leaves that had none) are rewritten by every launch.
+ * A gradient that existed before the capture is accumulated into by every launch, as the
+ * captured backward did.
+ *
+ * On a CPU context (and in builds without CUDA) every call is DG_ERR_UNSUPPORTED. */
+typedef struct dg_graph dg_graph;
+dg_status dg_graph_begin(dg_ctx *ctx);
+dg_status dg_graph_end(dg_ctx *ctx, dg_graph **out);
+/* Queue one replay on ctx's stream (asynchronous, like any op). g must come from ctx; refused
+ * while ctx is capturing. */
+dg_status dg_graph_launch(dg_ctx *ctx, const dg_graph *g);
+/* Destroy the graph (launches in flight finish first) and release its blocks; sets *g = NULL.
+ * Free every graph before its context (a graph outliving it can only be freed). */
+void dg_graph_free(dg_graph **g);
+/* Is ctx between dg_graph_begin and dg_graph_end? */
+int dg_graph_capturing(const dg_ctx *ctx);
 
 /* =============================================================================================
  * Tensors

@@ -16,20 +16,37 @@ extern "C" {
 int dg__cuda_device_count(void);
 dg_status dg__cuda_ctx_init(dg_ctx *ctx); /* stream, cuBLAS handle, allocator */
 void dg__cuda_ctx_destroy(dg_ctx *ctx);
+/* Refused (DG_ERR_STATE, nothing queued) while the context captures a graph. */
 dg_status dg__cuda_sync(dg_ctx *ctx);
+/* While the context captures a graph (dg__cuda_capturing): served from the cache only; a miss is
+ * DG_ERR_STATE and fails the capture (dg_graph_end then reports it). */
 dg_status dg__cuda_malloc(dg_ctx *ctx, size_t bytes, void **ptr);
+/* A block freed during a capture, or handed out during one, is kept for that graph until
+ * dg_graph_free (see the memory rule in include/deltagrad.h and docs/runtime.md). */
 void dg__cuda_free(dg_ctx *ctx, void *ptr, size_t bytes);
+/* Does nothing while the context captures a graph. */
 void dg__cuda_empty_cache(dg_ctx *ctx);
+
+/* ---- CUDA graphs (the public face is dg_graph_* in include/deltagrad.h, tensor/graph.c) ----
+ * One capture at a time per context, on its stream, in CUDA's global capture mode. */
+int dg__cuda_capturing(const dg_ctx *ctx);
+dg_status dg__cuda_graph_begin(dg_ctx *ctx);
+dg_status dg__cuda_graph_end(dg_ctx *ctx, dg_graph **out);
+dg_status dg__cuda_graph_launch(dg_ctx *ctx, const dg_graph *g);
+void dg__cuda_graph_free(dg_graph *g);
 
 /* A device copy of `bytes` read-only bytes at host, owned by the context until it ends: a later call
  * with the same bytes gets the same copy with no upload and no host sync (what keeps a repeated
  * call, e.g. a training step, free of host syncs and capturable in a CUDA graph after its first
  * run). The first call per content uploads synchronously. *dev = NULL (and DG_OK) when the
- * context's table space is full: the caller then makes a copy of its own. Never write to *dev. */
+ * context's table space is full: the caller then makes a copy of its own. Never write to *dev.
+ * While the context captures a graph a table it does not hold yet cannot be uploaded: that is
+ * DG_ERR_STATE (naming the cause) and fails the capture. */
 dg_status dg__cuda_table(dg_ctx *ctx, const void *host, size_t bytes, const void **dev);
 
 typedef enum { DG_COPY_H2D, DG_COPY_D2H, DG_COPY_D2D } dg_copy_kind;
-/* Synchronous with respect to the host for H2D/D2H. */
+/* Synchronous with respect to the host for H2D/D2H; those two are refused (DG_ERR_STATE,
+ * nothing queued) while the context captures a graph. */
 dg_status dg__cuda_memcpy(dg_ctx *ctx, void *dst, const void *src, size_t bytes, dg_copy_kind k);
 
 /* ---- bad inputs found by kernels (dg_ctx_check_errors) ----
@@ -66,7 +83,8 @@ dg_deverr *dg__deverr(dg_ctx *ctx);
  * tensor, read at the pending position for the message. No sync. */
 dg_status dg__deverr_commit(dg_ctx *ctx, const dg_deverr_site *site, dg_dtype idt,
                             const void *idx);
-/* Copy the record to the host (one D2H: a sync) and clear it. */
+/* Copy the record to the host (one D2H: a sync) and clear it. Refused (DG_ERR_STATE) while the
+ * context captures a graph. */
 dg_status dg__deverr_read(dg_ctx *ctx, dg_deverr *out);
 
 /* A strided n-d layout passed by value to kernels. */

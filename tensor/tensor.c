@@ -87,8 +87,10 @@ dg_device dg_ctx_device(const dg_ctx *ctx) { return ctx->device; }
 
 dg_status dg_ctx_sync(dg_ctx *ctx) {
 #ifdef DG_HAVE_CUDA
-    if (ctx && ctx->device.kind == DG_DEV_CUDA)
+    if (ctx && ctx->device.kind == DG_DEV_CUDA) {
+        DG_TRY(dg__no_capture("dg_ctx_sync", ctx, "a sync"));
         return dg__cuda_sync(ctx);
+    }
 #else
     (void)ctx;
 #endif
@@ -118,6 +120,10 @@ dg_status dg_ctx_check_errors(dg_ctx *ctx) {
     if (ctx->device.kind != DG_DEV_CUDA)
         return DG_OK; /* CPU ops checked on the spot */
 #ifdef DG_HAVE_CUDA
+    DG_TRY(dg__no_capture("dg_ctx_check_errors", ctx,
+                          "reading the bad-input record (also done at once by an embedding or "
+                          "cross-entropy unless dg_ctx_defer_checks is on: turn it on before "
+                          "capturing them)"));
     dg_deverr e;
     DG_TRY(dg__deverr_read(ctx, &e));
     if (e.count == 0)
@@ -280,6 +286,7 @@ dg_status dg_tensor_zeros(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *
 dg_status dg_tensor_from_host(dg_ctx *ctx, dg_dtype dtype, int ndim, const int64_t *shape,
                               const void *data, dg_tensor **out) {
     DG_TRY(dg__check_ptr("dg_tensor_from_host", "data", data));
+    DG_TRY(dg__no_capture("dg_tensor_from_host", ctx, "a copy from host memory"));
     DG_TRY(dg_tensor_new(ctx, dtype, ndim, shape, out));
     dg_tensor *t = *out;
     size_t bytes = dg_tensor_nbytes(t);
@@ -486,6 +493,7 @@ dg_status dg_tensor_to_host(const dg_tensor *t, void *dst, size_t bytes) {
     }
 #ifdef DG_HAVE_CUDA
     dg_ctx *ctx = t->storage->ctx;
+    DG_TRY(dg__no_capture("dg_tensor_to_host", ctx, "a copy to host memory"));
     if (dg_tensor_is_contiguous(t))
         return dg__cuda_memcpy(ctx, dst, dg_tensor_data(t), dg_tensor_nbytes(t), DG_COPY_D2H);
     dg_tensor *c = NULL;
@@ -565,6 +573,11 @@ dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src) {
     }
     /* Across devices: one memcpy when the dtypes match (and, host to device, the source is
      * contiguous); else stage through a host buffer in the source dtype and convert there. */
+    for (int side = 0; side < 2; side++) {
+        const dg_tensor *t = side ? dst : src;
+        if (t->device.kind == DG_DEV_CUDA)
+            DG_TRY(dg__no_capture(op, t->storage->ctx, "a copy between host and device memory"));
+    }
     if (!dg_tensor_is_contiguous(dst))
         return dg__err(DG_ERR_ARG, "%s: a copy across devices needs a contiguous dst", op);
     size_t sb = dg_tensor_nbytes(src);

@@ -154,6 +154,10 @@ dg_status dg__embedding_bad_id(const dg_tensor *ids, const dg_tensor *weight, in
 dg_status dg__cross_entropy_bad_target(const dg_tensor *logits, int64_t row, int64_t target,
                                        int64_t ignore);
 
+/* DG_ERR_STATE naming `op` when ctx is capturing a CUDA graph: `what` (e.g. "a copy to host
+ * memory") would make the host wait for the device. DG_OK otherwise (and on the CPU). */
+dg_status dg__no_capture(const char *op, const dg_ctx *ctx, const char *what);
+
 /* Message when CUDA tensors reach a build without CUDA. */
 dg_status dg__no_cuda(const char *op);
 
