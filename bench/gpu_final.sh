@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench/gpu_final.sh -- gpu tests, bench kda with and without the tensor-core path, the bench
-# training config, and compute-sanitizer on the tensor-core test.
+# training config, and compute-sanitizer on the raw-kernel variants of the KDA CUDA suite
+# (memcheck: every case of the tc variants; racecheck: two small cases, TF32 and 3xTF32).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -12,7 +13,9 @@ echo "== bench kda (TF32 tensor cores for bf16)"; tail -12 "$out/bench_kda_tc.lo
 echo "== bench kda (--tc off: FFMA)"; tail -12 "$out/bench_kda_ffma.log" | head -9
 ./build-cuda/deltagrad train --config bench --steps 30 --no-out > "$out/train_bench.log" 2>&1
 echo "train bench config: rc=$? $(grep done: "$out/train_bench.log")"
-timeout 150 compute-sanitizer --tool memcheck ./build-cuda/test_kda_tc gpu > "$out/memcheck.log" 2>&1
-echo "memcheck test_kda_tc: rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck.log")"
-timeout 150 compute-sanitizer --tool racecheck ./build-cuda/test_kda_tc gpu > "$out/racecheck.log" 2>&1
-echo "racecheck test_kda_tc: rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/racecheck.log")"
+timeout 150 compute-sanitizer --tool memcheck ./build-cuda/test_kda_cuda gpu \
+    --variant ffma,tf32,3xtf32 > "$out/memcheck.log" 2>&1
+echo "memcheck test_kda_cuda (tc variants): rc=$? $(grep -E 'ERROR SUMMARY' "$out/memcheck.log")"
+timeout 150 compute-sanitizer --tool racecheck ./build-cuda/test_kda_cuda gpu --case 0,7 \
+    --variant tf32,3xtf32 > "$out/racecheck.log" 2>&1
+echo "racecheck test_kda_cuda --case 0,7: rc=$? $(grep -E 'RACECHECK SUMMARY' "$out/racecheck.log")"

@@ -43,6 +43,11 @@ int dg_test_finish(void) {
     return g_fails ? 1 : 0;
 }
 
+void dg_test_counts(int *checks, int *failed) {
+    *checks = g_checks;
+    *failed = g_fails;
+}
+
 int dg_check(int ok, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

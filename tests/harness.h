@@ -25,6 +25,8 @@ int dg_test_gpu_mode(void);
 int dg_test_need_gpu(void);
 /* Return value for main(): 0 if every check passed. */
 int dg_test_finish(void);
+/* Checks recorded so far and how many of them failed (for suites that tally their parts). */
+void dg_test_counts(int *checks, int *failed);
 /* For suites that have nothing to run in the current mode: prints why and returns 77. */
 int dg_test_skip(const char *why);
 
