@@ -3,8 +3,10 @@
  *
  * Same math, same layouts, same argument order as the CPU reference functions (see the layout
  * table at the top of ops/kda/kda.h), with three differences:
- *   - every array is a DEVICE pointer to float (f32 storage and f32 arithmetic; the ops layer
- *     converts bf16 inputs to f32 before calling and converts outputs back);
+ *   - every array is a DEVICE pointer, f32 unless stated: f32 arithmetic throughout; bf16 only
+ *     where a flag says so (the raw inputs of l2norm, beta and the gate, and the intermediates
+ *     W, U, KG, QG, h, E under kda_cuda_dims.mid, both below); the ops layer converts any other
+ *     bf16 input to f32 before calling and converts outputs back;
  *   - the sequence/chunk tables live on the device in a kda_cuda_dims (built once per call);
  *   - each function takes the dg_ctx whose stream it runs on and returns a dg_status (launch and
  *     runtime errors are checked; nothing is synchronised unless stated).
