@@ -217,7 +217,6 @@ __device__ __forceinline__ void tile_async(T *dst, const T *__restrict__ src, in
 
 constexpr int AB_N = 64;  /* output columns per block */
 constexpr int AB_KS = 32; /* k-step staged per pipeline stage */
-constexpr int AB_LD = AB_KS + 4;  /* k-contiguous f32 stage [rows][32]: LD % 32 == 4 */
 constexpr int AB_LDB = AB_N + 8; /* n-contiguous stage [32][64]: LD % 32 == 8, no conflicts */
 constexpr int AB_THREADS = 256;
 /* Leading dimension of a k-contiguous stage of T: f32 36 (the 32 lanes of a fragment read hit
