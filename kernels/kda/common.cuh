@@ -108,6 +108,18 @@ static inline dg_status kda_mid_refused(const char *fn, const kda_cuda_dims *d) 
                    fn, d->tc, d->K, d->V);
 }
 
+/* Kernels that split a chunk's work into nz column tiles launch grid.x = NC * nz with a chunk's
+ * tiles as neighbours, so the operands the tiles share are still in L2 when the next tile reads
+ * them (with the tiles on grid.z, every tile of every chunk would run before the next tile of the
+ * first). This block's chunk and tile. */
+struct ChunkTile {
+    int64_t c;
+    int z;
+};
+__device__ __forceinline__ ChunkTile chunk_tile(int nz) {
+    return ChunkTile{(int64_t)(blockIdx.x / (unsigned)nz), (int)(blockIdx.x % (unsigned)nz)};
+}
+
 namespace kdab {
 
 constexpr int NTH = 256; /* threads per block of the tiled kernels */

@@ -194,9 +194,10 @@ __global__ void __launch_bounds__(TC_THREADS)
     store_tile<BT, VT, LDV>(O + (t0 * HV + hv) * V + v0, rv, Os, L, nv);
 }
 
-/* The forward on mma.sync with cp.async stages (mma.cuh), TF32 only: grid (chunk, hv, V / 64),
- * O = s QG h_c + Aqk E for the block's 64 value columns (both products accumulate into one
- * register tile; Aqk is read for j <= i only, E rows past L are zero-filled). QG, h, E of M
+/* The forward on mma.sync with cp.async stages (mma.cuh), TF32 only: grid (chunk x V / 64,
+ * hv) (chunk_tile), O = s QG h_c + Aqk E for the block's 64 value columns (both products
+ * accumulate into one register tile; Aqk is read for j <= i only, E rows past L are
+ * zero-filled). QG, h, E of M
  * (f32 or bf16, kda_cuda_dims.mid). Needs K, V % 4 == 0 (bf16: % 8) and 16-byte aligned arrays
  * (checked by the launcher). */
 template <int BT, class M>
@@ -210,8 +211,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     constexpr int SM1 = kdamma::gemm_smem<BT, true, false, M, M>(),
                   SM2 = kdamma::gemm_smem<BT, true, false, float, M>();
     __shared__ __align__(16) float sm[SM1 > SM2 ? SM1 : SM2];
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(V, kdamma::AB_N)); /* the tiles share QG, Aqk */
+    const int64_t ch = ct.c;
+    const int hv = blockIdx.y, v0 = ct.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
     const int64_t rv = (int64_t)HV * V;
@@ -469,19 +471,21 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (mma.cuh), TF32 only; both read A
  * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
- * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk, hv, (K / 64) * (V / 64)), a
- * 64 x 64 tile of dh_c, every element written; QG of M (f32 or bf16). out_de: grid (chunk, hv,
- * V / 64), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned arrays (checked by
- * the launcher). */
+ * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk x (K / 64) (V / 64), hv)
+ * (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG of M (f32 or bf16). out_de:
+ * grid (chunk x V / 64, hv), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned
+ * arrays (checked by the launcher). */
 template <int BT, class M>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int HV, int K, int V, float scale, const M *__restrict__ QG,
                       const float *__restrict__ dO, float *__restrict__ dh) {
     __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false, M, float>()];
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, kdamma::AB_N);
-    const int e0 = (blockIdx.z / nvt) * kdamma::AB_N, v0 = (blockIdx.z % nvt) * kdamma::AB_N;
+    const int nvt = DG_CEIL_DIV(V, kdamma::AB_N);
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, kdamma::AB_N) * nvt); /* they share QG, dO */
+    const int64_t ch = ct.c;
+    const int hv = blockIdx.y;
+    const int e0 = (ct.z / nvt) * kdamma::AB_N, v0 = (ct.z % nvt) * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0), nv = min(kdamma::AB_N, V - v0);
     float acc[kdamma::AbTile<64>::NTW][4] = {};
@@ -498,8 +502,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                       int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
                       float *__restrict__ dE) {
     __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false>()];
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, v0 = blockIdx.z * kdamma::AB_N;
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(V, kdamma::AB_N)); /* the tiles share Aqk */
+    const int64_t ch = ct.c;
+    const int hv = blockIdx.y, v0 = ct.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
     float acc[kdamma::AbTile<BT>::NTW][4] = {};
@@ -521,7 +526,8 @@ static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     if (d->tc == 1 && d->K % q == 0 && d->V % q == 0 && aligned16(QG) && aligned16(h) &&
         aligned16(Aqk) && aligned16(E) && aligned16(O)) {
         KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_MID(d->mid, {
-            output_fwd_mma_kernel<BT_, M_><<<grid, kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+            output_fwd_mma_kernel<BT_, M_><<<dim3(grid.x * grid.z, grid.y),
+                                             kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
                 d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const M_ *)QG,
                 (const M_ *)h, Aqk, (const M_ *)E, O);
             DG_CHECK_LAUNCH();
@@ -607,7 +613,7 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     KDA_DISPATCH_BT(d->BT, {
         if (dh) {
             if (mma)
-                out_dh_mma_kernel<BT_, M><<<dim3(nc, hvs, nkt * nvt), kdamma::AB_THREADS, 0, s>>>(
+                out_dh_mma_kernel<BT_, M><<<dim3(nc * nkt * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             else if (p2)
                 out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
@@ -630,7 +636,7 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
         }
         if (dE) {
             if (mma)
-                out_de_mma_kernel<BT_><<<dim3(nc, hvs, nvt), kdamma::AB_THREADS, 0, s>>>(
+                out_de_mma_kernel<BT_><<<dim3(nc * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
             else if (p2)
                 out_de_tc_kernel<BT_, 2><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(

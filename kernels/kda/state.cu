@@ -839,10 +839,10 @@ __global__ void __launch_bounds__(TC_THREADS)
     store_tile<BT, TC_CT, LD>(dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, sm, L, ne);
 }
 
-/* The same product on mma.sync with a cp.async pipeline (mma.cuh): grid (chunk, hv, K / 64),
- * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v], with dO of TA and h of TS (f32 or bf16).
- * TF32 (P = 1) only; needs V % 4 == 0 (% 8 with a bf16 operand), K even and 16-byte aligned
- * arrays (rows_stateT_tc_launch checks). */
+/* The same product on mma.sync with a cp.async pipeline (mma.cuh): grid (chunk x K / 64, hv)
+ * (chunk_tile), dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v], with dO of TA and h of TS
+ * (f32 or bf16). TF32 (P = 1) only; needs V % 4 == 0 (% 8 with a bf16 operand), K even and
+ * 16-byte aligned arrays (rows_stateT_tc_launch checks). */
 template <int BT, class TA, class TS>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     rows_stateT_mma_kernel(const int64_t *__restrict__ chunk_t0,
@@ -850,8 +850,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                            const TA *__restrict__ dO, const TS *__restrict__ h,
                            float *__restrict__ dQG) {
     __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true, TA, TS>()];
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, e0 = blockIdx.z * kdamma::AB_N;
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, kdamma::AB_N)); /* the tiles share dO */
+    const int64_t ch = ct.c;
+    const int hv = blockIdx.y, e0 = ct.z * kdamma::AB_N;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0);
     float acc[kdamma::AbTile<BT>::NTW][4] = {};
@@ -1110,7 +1111,8 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
         return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, {
         if (mma)
-            rows_stateT_mma_kernel<BT_, TA, TS><<<grid, kdamma::AB_THREADS, 0, s>>>(
+            rows_stateT_mma_kernel<BT_, TA, TS><<<dim3(grid.x * grid.z, grid.y),
+                                                   kdamma::AB_THREADS, 0, s>>>(
                 d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
         else
             KDA_DISPATCH_P(d->tc, {

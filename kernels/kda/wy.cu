@@ -23,7 +23,10 @@
  *            tc != 0 otherwise: wy_fwd_tc_kernel, WMMA TF32 (tc == 1) or 3xTF32 (tc == 2).
  *            The tensor-core kernels (and wy_dtm_mma_kernel) use the hardware __expf (a
  *            relative error of a few 1e-6, far below the TF32 operand rounding).
- *   backward (1) wy_cols_kernel (every mode, f32): block per (chunk, hv, 32-wide tile of the K
+ *   backward (1) tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU):
+ *            wy_cols_mma_kernel, the column products on mma.sync TF32, then the same per-column
+ *            work as wy_cols_kernel on the product kept in shared memory; else
+ *            wy_cols_kernel (f32): block per (chunk, hv, 32-wide tile of the K
  *            key dims followed by the V value dims); lane = column, warp w = rows w, w+8, ...;
  *            the column sums of Tm^T are per thread; the last-row sum over rows goes through an
  *            8 x 32 shared array summed in warp order; dbeta's sums over columns are warp
@@ -232,7 +235,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
-/* N5 on mma.sync (TF32 only), grid (chunk, hv, K / 64 + V / 64): block z < K / 64 makes the
+/* N5 on mma.sync (TF32 only), grid (chunk x (K / 64 + V / 64), hv): block z < K / 64 makes the
  * 64 key columns e0 = 64 z of KG, QG and W = Tm (Diag(beta) K exp(G)); the others a 64-column
  * tile of U = Tm (Diag(beta) V). Tm (read for j <= i, rows past L zero) and the k / G or v tile
  * come in with cp.async; the elementwise part runs on the staged tile, which is then turned into
@@ -251,10 +254,12 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     constexpr int LDT = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
     extern __shared__ __align__(16) float wy_smem[];
     float *Ts = wy_smem, *Xs = Ts + BT * LDT, *Gs = Xs + BT * LDX;
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, hq = hv / (HV / H), nK = DG_CEIL_DIV(K, AB_N);
-    const bool wt = (int)blockIdx.z < nK; /* a W tile (with KG, QG), else a U tile */
-    const int c0 = AB_N * (wt ? (int)blockIdx.z : (int)blockIdx.z - nK), D = wt ? K : V;
+    const int nK = DG_CEIL_DIV(K, AB_N), nz = nK + DG_CEIL_DIV(V, AB_N);
+    const ChunkTile ct = chunk_tile(nz); /* the tiles share Tm */
+    const int64_t ch = ct.c;
+    const int z = ct.z, hv = blockIdx.y, hq = hv / (HV / H);
+    const bool wt = z < nK; /* a W tile (with KG, QG), else a U tile */
+    const int c0 = AB_N * (wt ? z : z - nK), D = wt ? K : V;
     const int nc = min(AB_N, D - c0);
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
@@ -384,6 +389,111 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
+/* wy_cols_kernel on the tensor-core path (tc == 1, TF32), grid (NC x (K / 64 + V / 64), HV): block
+ * z < K / 64 takes the 64 key columns c0 = 64 z, the others 64 value columns. The column products
+ * dX = Tm^T dW (dVb = Tm^T dU) run on mma.sync from cp.async-staged Tm and dW (dU), the result
+ * goes to shared memory, and wy_cols_kernel's per-column work runs on it with the 8 warps as 2
+ * column halves x 4 row groups (warp w: columns 32 (w % 2).., rows w / 2 + 4 r). dbeta's partial
+ * sums are written per 32-column half in wy_cols_kernel's numbering of CT-wide tiles, so what
+ * follows the kernel does not change. Dynamic shared memory: Tm [BT][BT + 8] and the [BT][72] tile
+ * (36 KB at BT = 64), four blocks per SM (64 registers: without the cap the compiler takes
+ * 128 and halves the blocks). Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU (the launcher
+ * checks). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
+    wy_cols_mma_kernel(Dims d, const float *__restrict__ q, const float *__restrict__ k,
+                       const float *__restrict__ v, const float *__restrict__ beta,
+                       const float *__restrict__ G, const float *__restrict__ Tm,
+                       const float *__restrict__ dW, const float *__restrict__ dU,
+                       const float *__restrict__ dKG, const float *__restrict__ dQG,
+                       float *__restrict__ dqv, float *__restrict__ dkv, float *__restrict__ dv,
+                       float *__restrict__ dG, float *__restrict__ dbp, unsigned acc) {
+    using namespace kdamma;
+    static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
+    constexpr int LDT = BT + 8, LDX = AB_LDB, RG = NW / 2; /* row groups */
+    extern __shared__ __align__(16) float cols_smem[];
+    float *Ts = cols_smem, *Xs = Ts + BT * LDT;
+    __shared__ float red[NW][CT];
+    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
+    const int nK = DG_CEIL_DIV(K, AB_N), nkt = DG_CEIL_DIV(K, CT), nz = nK + DG_CEIL_DIV(V, AB_N);
+    const ChunkTile ct = chunk_tile(nz); /* the tiles share Tm */
+    const int64_t c = ct.c;
+    const int z = ct.z, hv = blockIdx.y, hq = hv / d.G;
+    const bool key = z < nK;
+    const int c0 = AB_N * (key ? z : z - nK);
+    const int ncol = key ? K : V;
+    const float *up = key ? dW : dU; /* the upstream gradient Tm^T is applied to */
+    const int64_t t0 = d.chunk_t0[c];
+    const int L = d.chunk_len[c];
+    float pr[AbTile<BT>::NTW][4] = {};
+    if (up) { /* block-uniform; a NULL upstream gradient leaves the product zero */
+        tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
+                                            BT);
+        tile_async<BT, AB_N, LDX, AB_THREADS>(Xs, up + (t0 * HV + hv) * ncol, (int64_t)HV * ncol,
+                                              L, c0, ncol);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        /* A(m = j, k = i) = Tm[i][j], kept for i >= j; rows i >= L are zero */
+        mma_stage<BT, false, false, 2, BT>(pr, Ts, LDT, Xs, LDX, 0);
+        __syncthreads(); /* Xs is overwritten with the product */
+    }
+    store_acc<BT>(pr, Xs, LDX, BT, AB_N, 1.f);
+    __syncthreads();
+
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, hf = w & 1, rg = w >> 1;
+    const int el = CT * hf + lane, e = c0 + el;
+    const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* half: warp-uniform */
+    const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
+    const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
+    float colsum = 0.f, last = 0.f;
+    for (int j = rg; half && j < L; j += RG) {
+        const float s = Xs[j * LDX + el]; /* (Tm^T up)_j */
+        const int64_t t = t0 + j;
+        const float bj = beta[t * HV + hv];
+        float pb = 0.f;
+        if (key && ok) {
+            const int64_t ig = (t * HV + hv) * K + e, iq = (t * H + hq) * K + e;
+            const float Gj = G[ig], kj = k[iq], qj = q[iq];
+            const float gam = __expf(Gj);
+            const float X = bj * kj * gam;
+            const float tq = dQG ? dQG[ig] * gam : 0.f;
+            const float a = dKG ? dKG[ig] * __expf(lam - Gj) : 0.f;
+            if (dqv)
+                dqv[ig] = (acc & KDA_ACC_DQ ? dqv[ig] : 0.f) + tq;
+            if (dkv)
+                dkv[ig] = (acc & KDA_ACC_DK ? dkv[ig] : 0.f) + a + bj * gam * s;
+            const float g = qj * tq - kj * a + X * s;
+            if (j == L - 1)
+                last = g;
+            else if (dG)
+                dG[ig] = (acc & KDA_ACC_DG ? dG[ig] : 0.f) + g;
+            colsum += kj * a;
+            pb = s * kj * gam;
+        } else if (ok) {
+            const int64_t iv = (t * HV + hv) * V + e;
+            if (dv)
+                dv[iv] = bj * s;
+            pb = s * v[iv];
+        }
+        pb = warp_sum(pb);
+        if (dbp && lane == 0)
+            dbp[(int64_t)zs * d.TT * HV + t * HV + hv] = pb;
+    }
+    if (!key)
+        return; /* block-uniform: the value tiles have no last-row sum */
+    red[w][lane] = colsum;
+    __syncthreads();
+    if (half && rg == (L - 1) % RG && ok && dG) {
+        float s = 0.f;
+#pragma unroll
+        for (int r = 0; r < RG; r++)
+            s += red[2 * r + hf][lane];
+        float *o = dG + ((t0 + L - 1) * HV + hv) * K + e;
+        *o = (acc & KDA_ACC_DG ? *o : 0.f) + last + s;
+    }
+}
+
 /* grid (NC, HV), 256 threads as 16 x 16; thread (tx, ty) owns rows ty + 16a, columns tx + 16b. */
 template <int BT>
 __global__ void __launch_bounds__(NTH)
@@ -500,7 +610,7 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
                 sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
             KDA_DISPATCH_MID(d->mid, {
                 DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_>, smem));
-                wy_fwd_mma_kernel<BT_, M_><<<dim3((unsigned)d->NC, (unsigned)d->HV, nz),
+                wy_fwd_mma_kernel<BT_, M_><<<dim3((unsigned)d->NC * nz, (unsigned)d->HV),
                                              kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
                     d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm,
                     (M_ *)W, (M_ *)U, (M_ *)KG, (M_ *)QG);
@@ -571,8 +681,18 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         dbp = p;
     /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
-    wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
-        d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+    if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
+        aligned16(dU)) {
+        const unsigned nz =
+            (unsigned)(DG_CEIL_DIV(d.K, kdamma::AB_N) + DG_CEIL_DIV(d.V, kdamma::AB_N));
+        const size_t smem = sizeof(float) * (size_t)BT * (BT + 8 + kdamma::AB_LDB);
+        DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT>, smem));
+        wy_cols_mma_kernel<BT><<<dim3((unsigned)d.NC * nz, d.HV), kdamma::AB_THREADS, smem, s>>>(
+            d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+    } else {
+        wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
+            d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+    }
     DG_CHECK_LAUNCH();
     if (dTm) {
         if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) && aligned16(v) &&
