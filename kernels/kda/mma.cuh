@@ -175,6 +175,44 @@ __device__ __forceinline__ unsigned tf32(kda_bf16 x) {
     return __float_as_uint(__bfloat162float(x));
 }
 
+/* d += a b on bf16 operands (m16n8k16) with f32 accumulators. Fragments (g = lane / 4,
+ * t = lane % 4; each register holds two bf16, the lower k first): a0 (g, 2t..2t+1), a1 (g + 8,
+ * 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); b0 (k = 2t..2t+1, n = g), b1 (k = 2t + 8.., n = g);
+ * d as in mma_tf32. */
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* ldmatrix: 8 x 8 tiles of 16-bit elements from shared memory, one row address (16-byte
+ * aligned) per lane: lanes 8i .. 8i + 7 give the rows of tile i, and r[i] receives tile i. Lane
+ * l gets elements (l / 4, 2 (l % 4) ..+1) of each tile, or with .trans those of its transpose
+ * ((2 (l % 4) ..+1, l / 4)). x4: four tiles; x2: two (lanes 0..15 give the addresses). */
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(s)
+                 : "memory");
+}
+
 /* x = hi + lo, both TF32 (the 3xTF32 split): hi carries 11 bits of x, lo the next 11. */
 __device__ __forceinline__ void tf32_split(float x, unsigned &hi, unsigned &lo) {
     hi = tf32(x);

@@ -88,6 +88,11 @@ constexpr int SM_THREADS = 256;
 /* x rounded to TF32 (the value kdamma::tf32 gives), as a float. */
 __device__ __forceinline__ float tf32r(float x) { return __uint_as_float(kdamma::tf32(x)); }
 
+/* A staged S or X element of state_mma_kernel's TF32 path as an operand: stored rounded already
+ * (the bf16 overload only keeps the kernel's other path compiling). */
+__device__ __forceinline__ unsigned staged_bits(float x) { return __float_as_uint(x); }
+__device__ __forceinline__ unsigned staged_bits(kda_bf16 x) { return kdamma::tf32(x); }
+
 /* This thread's walk over the 16-byte pieces of a [BT][K] tile of T (q = K / (16 / sizeof(T))
  * pieces per row, thread tid takes pieces tid, tid + 256, ...): its first piece (r0, c0) and the
  * step (dr, dc), worked out once per kernel so that the per-chunk loads divide nothing. */
@@ -385,9 +390,15 @@ __global__ void __launch_bounds__(TC_THREADS)
  *     place; S goes through shared memory once per chunk only as the B operand of A1 S;
  *   - the next chunk's A1 tile (and lambda) is fetched with cp.async while the current chunk's
  *     update runs, and its A2 tile while the next A1 S runs (single buffers, two commit groups);
- *   - mma.sync m16n8k8 TF32 with f32 accumulators, fragments read straight from padded shared
- *     memory (row pads chosen so that both the row-major A1 reads and the transposed A2 reads are
- *     free of bank conflicts).
+ *   - f32 operands (TA = f32): mma.sync m16n8k8 TF32 with f32 accumulators, fragments read
+ *     straight from padded shared memory (row pads chosen so that both the row-major A1 reads and
+ *     the transposed A2 reads are free of bank conflicts); the staged S and X are TF32-rounded;
+ *   - bf16 operands (TA = bf16, kda_cuda_dims.mid): mma.sync m16n8k16 bf16 with f32
+ *     accumulators, every fragment loaded by ldmatrix (.trans for the token-major A2 and the
+ *     k-major S and X); the staged S and X are rounded to bf16 (the state itself stays f32 in
+ *     registers). Half the MMAs of the TF32 form and a quarter of the fragment loads. Rows of
+ *     A1s, A2s (K + 8) and Ss, Xs (VT + 8 elements) keep every ldmatrix phase free of bank
+ *     conflicts.
  * Needs K % 16 == 0, K <= 256, V even and 16-byte aligned arrays (state_mma_fits); other sizes
  * keep the staged kernel. The same kernel computes the KCP summaries of one sequence
  * (dg__kda_state_summary_cuda).
@@ -395,7 +406,7 @@ __global__ void __launch_bounds__(TC_THREADS)
  * or 64; the launcher picks it from the grid size). TA: the storage of A1 and A2 (W, KG: f32 or
  * bf16, kda_cuda_dims.mid); the forward's X0, Sst, Xo (U, h, E) have it too, the backward's
  * (dE, dHn, dE_tot) are f32. Dynamic shared memory: A1s [BT][state_ld1] and A2s [BT][K + 8] of TA,
- * then f32 Ss [max(K, BT)][VT + 8] (also Xs), Gs [K]. */
+ * then Ss [max(K, BT)][VT + 8] of TA (also Xs), f32 Gs [K]. */
 template <int BT, int MT, int VT, bool BWD, class TA>
 __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
@@ -407,17 +418,21 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                      typename std::conditional<BWD, float, TA>::type *__restrict__ Sst,
                      typename std::conditional<BWD, float, TA>::type *__restrict__ Xo,
                      float *__restrict__ Sfin) {
-    constexpr int LDS = VT + 8, LDX = VT + 8; /* % 32 in {8, 24}: conflict-free b-reads */
+    constexpr int LDS = VT + 8, LDX = VT + 8; /* f32: % 32 in {8, 24}: conflict-free b-reads */
     constexpr int NJ = VT / 8;                /* 8-column tiles of S per warp */
     constexpr int NXT = VT / 16;              /* 8-column tiles of X per warp */
+    constexpr bool B16 = sizeof(TA) == 2;     /* bf16 operands: m16n8k16 from ldmatrix */
     typedef typename std::conditional<BWD, float, TA>::type TX;
+    typedef TA TS; /* the staged S and X: TF32-rounded f32, or bf16 */
     extern __shared__ __align__(16) float sm_smem[];
     const int LD1 = state_ld1<TA>(K), LD2 = K + 8;
     TA *A1s = reinterpret_cast<TA *>(sm_smem);
     TA *A2s = A1s + BT * LD1;
-    float *Ss = reinterpret_cast<float *>(A2s + BT * LD2);
-    float *Xs = Ss; /* X lives where S was staged (after a barrier; max(K, BT) rows) */
-    float *Gs = Ss + (K > BT ? K : BT) * LDS;
+    TS *Ss = A2s + BT * LD2;
+    TS *Xs = Ss; /* X lives where S was staged (after a barrier; max(K, BT) rows) */
+    float *Gs = reinterpret_cast<float *>(Ss + (K > BT ? K : BT) * LDS);
+    /* ldmatrix addressing: lane l gives row l % 8 of 8 x 8 tile l / 8 */
+    const int mat = (int)(threadIdx.x & 31) >> 3, mr = (int)threadIdx.x & 7;
 
     const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -455,6 +470,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 for (int hlf = 0; hlf < 2; hlf++) {
                     const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
                     if (global && c < nv)
+                        kda_st2(dst + r * ld + c, S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
+                    else if (!global && B16)
                         kda_st2(dst + r * ld + c, S[m][j][2 * hlf], S[m][j][2 * hlf + 1]);
                     else if (!global)
                         kda_st2(dst + r * ld + c, tf32r(S[m][j][2 * hlf]),
@@ -509,7 +526,26 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 
         /* X = X0 + sgnA A1 S */
         float acc[NXT][4] = {};
-        if (xwarp) {
+        if (B16 && xwarp) { /* A1 row-major (ldmatrix), S k-major (ldmatrix.trans) */
+            const TA *pa = A1s + (16 * xm + mr + 8 * (mat & 1)) * LD1 + 8 * (mat >> 1);
+            const TS *pb = Ss + (mr + 8 * (mat & 1)) * LDS + 8 * NXT * (w & 1) + 8 * (mat >> 1);
+            for (int k0 = 0; k0 < K; k0 += 16) {
+                unsigned a[4];
+                kdamma::ldsm_x4(a, pa + k0);
+                if (NXT == 1) {
+                    unsigned b[2];
+                    kdamma::ldsm_x2_t(b, pb + k0 * LDS);
+                    kdamma::mma_bf16(acc[0], a, b[0], b[1]);
+                }
+#pragma unroll
+                for (int jp = 0; jp < NXT / 2; jp++) {
+                    unsigned b[4];
+                    kdamma::ldsm_x4_t(b, pb + k0 * LDS + 16 * jp);
+                    kdamma::mma_bf16(acc[2 * jp], a, b[0], b[1]);
+                    kdamma::mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
+                }
+            }
+        } else if (xwarp) {
             const TA *a_row0 = A1s + (16 * xm + g) * LD1 + t, *a_row1 = a_row0 + 8 * LD1;
             for (int k0 = 0; k0 < K; k0 += 8) {
                 const unsigned a[4] = {kdamma::tf32(a_row0[k0]), kdamma::tf32(a_row1[k0]),
@@ -517,8 +553,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                 for (int jj = 0; jj < NXT; jj++) {
                     const int c = 8 * (NXT * (w & 1) + jj) + g;
-                    kdamma::mma_tf32(acc[jj], a, __float_as_uint(Ss[(k0 + t) * LDS + c]),
-                                     __float_as_uint(Ss[(k0 + t + 4) * LDS + c]));
+                    kdamma::mma_tf32(acc[jj], a, staged_bits(Ss[(k0 + t) * LDS + c]),
+                                     staged_bits(Ss[(k0 + t + 4) * LDS + c]));
                 }
             }
         }
@@ -537,9 +573,12 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                                 : X[jj][2 * hlf + 1] - acc[jj][2 * hlf + 1];
                     if (r >= L)
                         val = make_float2(0.f, 0.f);
-                    /* Xs holds X rounded to TF32 (the A2^T X operand); E gets it as is */
-                    *reinterpret_cast<float2 *>(Xs + r * LDX + c) =
-                        make_float2(tf32r(val.x), tf32r(val.y));
+                    /* Xs holds X rounded to the operand type (TF32 or bf16) for A2^T X; E gets
+                     * it as is */
+                    if (B16)
+                        kda_st2(Xs + r * LDX + c, val.x, val.y);
+                    else
+                        kda_st2(Xs + r * LDX + c, tf32r(val.x), tf32r(val.y));
                     if (xo && r < L && c < nv)
                         kda_st2(xo + r * rv + c, val.x, val.y);
                 }
@@ -586,10 +625,34 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         __syncthreads();
 
         /* S += sgnB A2^T X: A(m = key row, k = token i) = A2s[i][m] */
-        const int ksteps = (L + 7) / 8;
+        const int ksteps = B16 ? 0 : (L + 7) / 8;
 #pragma unroll
         for (int m = 0; m < MT; m++) {
-            if (w + 8 * m >= mtiles)
+            if (!B16 || w + 8 * m >= mtiles)
+                continue;
+            /* both operands token-major: ldmatrix.trans; rows past L are zero in A2s and Xs */
+            const TA *pa = A2s + (mr + 8 * (mat >> 1)) * LD2 + 16 * (w + 8 * m) + 8 * (mat & 1);
+            const TS *pb = Xs + (mr + 8 * (mat & 1)) * LDX + 8 * (mat >> 1);
+            for (int i0 = 0; i0 < L; i0 += 16) {
+                unsigned a[4];
+                kdamma::ldsm_x4_t(a, pa + i0 * LD2);
+                if (BWD) { /* the sign bits of both halves: exact */
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        a[e] ^= 0x80008000u;
+                }
+#pragma unroll
+                for (int jp = 0; jp < NJ / 2; jp++) {
+                    unsigned b[4];
+                    kdamma::ldsm_x4_t(b, pb + i0 * LDX + 16 * jp);
+                    kdamma::mma_bf16(S[m][2 * jp], a, b[0], b[1]);
+                    kdamma::mma_bf16(S[m][2 * jp + 1], a, b[2], b[3]);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (B16 || w + 8 * m >= mtiles)
                 continue;
             const int m0 = 16 * (w + 8 * m);
             for (int ks = 0; ks < ksteps; ks++) {
@@ -610,8 +673,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                 for (int j = 0; j < NJ; j++) {
                     const int c = 8 * j + g;
-                    kdamma::mma_tf32(S[m][j], a, __float_as_uint(Xs[(i0 + t) * LDX + c]),
-                                     __float_as_uint(Xs[(i0 + t + 4) * LDX + c]));
+                    kdamma::mma_tf32(S[m][j], a, staged_bits(Xs[(i0 + t) * LDX + c]),
+                                     staged_bits(Xs[(i0 + t + 4) * LDX + c]));
                 }
             }
         }
@@ -917,8 +980,9 @@ static int state_mma_fits(const kda_cuda_dims *d, const void *A1, const void *X0
 }
 
 template <int BT, class TA> static size_t state_mma_smem(int K, int VT) {
-    return sizeof(TA) * ((size_t)BT * state_ld1<TA>(K) + (size_t)BT * (K + 8)) +
-           sizeof(float) * ((size_t)(K > BT ? K : BT) * (VT + 8) + K);
+    return sizeof(TA) * ((size_t)BT * state_ld1<TA>(K) + (size_t)BT * (K + 8) +
+                         (size_t)(K > BT ? K : BT) * (VT + 8)) +
+           sizeof(float) * K;
 }
 
 /* Shared memory of one variant, with the dynamic limit raised (once per device and size) when it
