@@ -278,6 +278,35 @@ dg_status dg_to_device(dg_ctx *dst_ctx, dg_tensor *t, dg_tensor **out);
 /* Elementwise copy src -> dst (same shape; dtype converted; devices may differ). Not recorded. */
 dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src);
 
+/* ---- staged uploads ----
+ * A dg_stage moves data from host memory into device tensors without making the host wait
+ * (dg_tensor_from_host and dg_tensor_copy_ from the host are synchronous). It holds two host
+ * buffers of `bytes` each, page-locked on CUDA (so a copy out of them runs asynchronously),
+ * used in turn:
+ *
+ *     dg_stage_new(ctx, bytes, &s);
+ *     each step: dg_stage_next(s, &buf); write the step's data to buf; dg_stage_upload(s, dst);
+ *                then queue the work that reads dst (ops, or dg_graph_launch)
+ *     dg_stage_free(&s);
+ *
+ * dg_stage_next hands out the buffer the last upload did not use, after waiting on the host
+ * until the device has finished the copy that the upload before it queued from that buffer:
+ * a buffer is never rewritten while a copy may still read it, and the host runs at most two
+ * uploads ahead of the device. Write to the buffer only between dg_stage_next and
+ * dg_stage_upload. dg_stage_upload queues a copy of the buffer's first dg_tensor_nbytes(dst)
+ * bytes into dst (contiguous, on the stage's context, at most `bytes` bytes) on the context's
+ * stream, ordered with the context's other work like any op, and returns at once. On a CPU
+ * context the buffers are ordinary memory and the upload is a memcpy. Both calls are refused
+ * (DG_ERR_STATE, nothing queued) while the context captures a CUDA graph: a replay would read
+ * the buffer at launch time, whatever it then holds; upload before dg_graph_launch instead. */
+typedef struct dg_stage dg_stage;
+dg_status dg_stage_new(dg_ctx *ctx, size_t bytes, dg_stage **out);
+dg_status dg_stage_next(dg_stage *s, void **buf);
+dg_status dg_stage_upload(dg_stage *s, dg_tensor *dst);
+/* Waits for the stage's copies in flight, then frees it; sets *s = NULL. Free it before its
+ * context. */
+void dg_stage_free(dg_stage **s);
+
 /* In-place fills (not recorded on the tape). The random fills are counter based: element i of a
  * tensor filled with seed s gets the same value on every device and in every dtype (up to the
  * dtype's rounding), so a CPU run and a GPU run can start from identical numbers. */

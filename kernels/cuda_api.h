@@ -44,6 +44,23 @@ void dg__cuda_graph_free(dg_graph *g);
  * DG_ERR_STATE (naming the cause) and fails the capture. */
 dg_status dg__cuda_table(dg_ctx *ctx, const void *host, size_t bytes, const void **dev);
 
+/* ---- staged uploads (dg_stage, tensor/stage.c) ----
+ * Page-locked host memory (portable: usable with every device), events, and an asynchronous
+ * copy from page-locked memory. The copy is refused (DG_ERR_STATE, nothing queued) while the
+ * context captures a graph; the others do not look at the capture state (dg_stage does). */
+dg_status dg__cuda_host_alloc(dg_ctx *ctx, size_t bytes, void **host);
+void dg__cuda_host_free(void *host);
+/* An event without timing on ctx's device; *ev is a cudaEvent_t. */
+dg_status dg__cuda_event_new(dg_ctx *ctx, void **ev);
+void dg__cuda_event_free(void *ev);
+/* Record ev on ctx's stream (after the work queued so far). */
+dg_status dg__cuda_event_record(dg_ctx *ctx, void *ev);
+/* Wait on the host until the work before the event's last record is done (at once if it was
+ * never recorded). */
+dg_status dg__cuda_event_wait(void *ev);
+/* Queue a copy of `bytes` from page-locked host memory to device memory on ctx's stream. */
+dg_status dg__cuda_memcpy_h2d_async(dg_ctx *ctx, void *dst, const void *host, size_t bytes);
+
 typedef enum { DG_COPY_H2D, DG_COPY_D2H, DG_COPY_D2D } dg_copy_kind;
 /* Synchronous with respect to the host for H2D/D2H; those two are refused (DG_ERR_STATE,
  * nothing queued) while the context captures a graph. */

@@ -2,6 +2,9 @@
  * tests/test_tensor.c -- the core: tensor creation, views, copies, dtype conversion, random fills
  * (same numbers on CPU and GPU), the tape (backward through views, gradient accumulation, no_grad,
  * reset, byte counts), policies, gradcheck itself, and error messages for bad arguments.
+ * Staged uploads (dg_stage), on the CPU and on CUDA: every upload lands, in order, while the
+ * host refills the two buffers ahead of a busy device; misuse and calls during a graph capture
+ * are refused.
  */
 #include "tests/harness.h"
 #ifdef DG_HAVE_CUDA
@@ -216,6 +219,119 @@ static void test_gpu(dg_ctx *cpu) {
     dg_ctx_free(&gpu);
 }
 
+/* ---- staged uploads ------------------------------------------------------------------------- */
+
+/* Round r's values: 1000 r + i. */
+static void stage_fill(int32_t *buf, int n, int r) {
+    for (int i = 0; i < n; i++)
+        buf[i] = 1000 * r + i;
+}
+
+static void test_stage(dg_ctx *ctx) {
+    const char *dev = dg_device_str(dg_ctx_device(ctx));
+    enum { N = 4096, ROUNDS = 8 };
+    dg_stage *s = NULL;
+    DG_TEST_TRY(dg_stage_new(ctx, N * sizeof(int32_t), &s));
+    dg_tensor *dst = NULL, *all = NULL;
+    DG_TEST_TRY(dg_tensor_new(ctx, DG_I32, 1, (int64_t[]){N}, &dst));
+    DG_TEST_TRY(dg_tensor_zeros(ctx, DG_I32, 2, (int64_t[]){ROUNDS, N}, &all));
+    /* keep the device busy first, so that the host refills the buffers ahead of it */
+    const int cuda = dg_ctx_device(ctx).kind == DG_DEV_CUDA;
+    dg_tensor *a = dg_test_randn(ctx, DG_F32, 2, (int64_t[]){1024, 1024}, 3), *p = NULL;
+    for (int i = 0; cuda && i < 4; i++) {
+        dg_tensor *q = NULL;
+        DG_TEST_TRY(dg_matmul(ctx, p ? p : a, a, &q));
+        dg_tensor_free(&p);
+        p = q;
+    }
+    void *prev[2] = {NULL, NULL};
+    int alternate = 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        void *buf = NULL, *again = NULL;
+        DG_TEST_TRY(dg_stage_next(s, &buf));
+        DG_TEST_TRY(dg_stage_next(s, &again)); /* no upload between: the same buffer */
+        alternate &=
+            buf == again && (r < 2 || buf == prev[r % 2]) && (r < 1 || buf != prev[1 - r % 2]);
+        prev[r % 2] = buf;
+        stage_fill(buf, N, r);
+        DG_TEST_TRY(dg_stage_upload(s, dst));
+        dg_tensor *row = NULL, *row2 = NULL;
+        DG_TEST_TRY(dg_slice(all, 0, r, r + 1, &row));
+        DG_TEST_TRY(dg_reshape(row, 1, (int64_t[]){N}, &row2));
+        DG_TEST_TRY(dg_tensor_copy_(row2, dst)); /* queued after the upload */
+        dg_tensor_free(&row);
+        dg_tensor_free(&row2);
+    }
+    dg_check(alternate, "%s: dg_stage_next hands out the two buffers in turn", dev);
+    int32_t *h = malloc(sizeof(int32_t) * N * ROUNDS), *want = malloc(sizeof(int32_t) * N);
+    DG_TEST_TRY(dg_tensor_to_host(all, h, sizeof(int32_t) * N * ROUNDS));
+    int ok = 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        stage_fill(want, N, r);
+        ok &= memcmp(h + (size_t)r * N, want, sizeof(int32_t) * N) == 0;
+    }
+    dg_check(ok, "%s: %d staged uploads through 2 buffers each landed intact, in order", dev,
+             ROUNDS);
+    free(h);
+    free(want);
+    /* misuse */
+    dg_check_err(dg_stage_upload(s, dst), DG_ERR_STATE, "call dg_stage_next",
+                 "dg_stage_upload without dg_stage_next");
+    void *buf = NULL;
+    DG_TEST_TRY(dg_stage_next(s, &buf));
+    dg_tensor *big = NULL, *tr = NULL, *m = NULL;
+    DG_TEST_TRY(dg_tensor_new(ctx, DG_I32, 1, (int64_t[]){N + 1}, &big));
+    dg_check_err(dg_stage_upload(s, big), DG_ERR_ARG, "more than the stage's buffers",
+                 "an upload larger than the buffers");
+    DG_TEST_TRY(dg_tensor_new(ctx, DG_I32, 2, (int64_t[]){16, 16}, &m));
+    DG_TEST_TRY(dg_transpose(m, 0, 1, &tr));
+    dg_check_err(dg_stage_upload(s, tr), DG_ERR_ARG, "must be contiguous",
+                 "an upload into a strided view");
+    if (cuda) {
+        dg_ctx *cpu = NULL;
+        dg_tensor *hd = NULL;
+        DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
+        DG_TEST_TRY(dg_tensor_new(cpu, DG_I32, 1, (int64_t[]){N}, &hd));
+        dg_check_err(dg_stage_upload(s, hd), DG_ERR_DEVICE, "dg_stage_upload",
+                     "an upload into a tensor of another device");
+        dg_tensor_free(&hd);
+        dg_ctx_free(&cpu);
+        /* during a capture: refused, nothing queued, the capture still ends well */
+        DG_TEST_TRY(dg_graph_begin(ctx));
+        dg_status su = dg_stage_upload(s, dst);
+        void *b2 = NULL;
+        dg_status sn = dg_stage_next(s, &b2);
+        dg_stage *s2 = NULL;
+        dg_status sw = dg_stage_new(ctx, 64, &s2);
+        dg_status sf = dg_tensor_fill_(dst, 7.0);
+        dg_graph *g = NULL;
+        dg_status se = dg_graph_end(ctx, &g);
+        dg_check_err(su, DG_ERR_STATE, "capturing", "dg_stage_upload during a capture");
+        dg_check_err(sn, DG_ERR_STATE, "capturing", "dg_stage_next during a capture");
+        dg_check_err(sw, DG_ERR_STATE, "capturing", "dg_stage_new during a capture");
+        dg_check(s2 == NULL, "a refused dg_stage_new leaves no stage");
+        dg_check_ok(sf, "a fill during the capture");
+        dg_check_ok(se, "the capture ends well after the refused uploads");
+        if (g) {
+            DG_TEST_TRY(dg_graph_launch(ctx, g));
+            int32_t back[4];
+            dg_tensor *head = NULL;
+            DG_TEST_TRY(dg_slice(dst, 0, 0, 4, &head));
+            DG_TEST_TRY(dg_tensor_to_host(head, back, sizeof back));
+            dg_check(back[0] == 7 && back[3] == 7, "the replayed fill wrote dst, no upload did");
+            dg_tensor_free(&head);
+        }
+        dg_graph_free(&g);
+    }
+    dg_tensor *all_t[] = {dst, all, a, p, big, tr, m};
+    for (size_t i = 0; i < sizeof all_t / sizeof *all_t; i++)
+        dg_tensor_free(&all_t[i]);
+    dg_stage_free(&s);
+    dg_check(s == NULL, "%s: dg_stage_free clears the pointer", dev);
+    dg_stage_free(&s); /* NULL: nothing */
+    dg_check_err(dg_stage_next(NULL, &buf), DG_ERR_ARG, "'s'", "dg_stage_next(NULL)");
+}
+
 int main(int argc, char **argv) {
     int gpu = dg_test_init(argc, argv, "tensor");
     dg_ctx *cpu = NULL;
@@ -227,7 +343,12 @@ int main(int argc, char **argv) {
             return skip;
         }
         test_gpu(cpu);
+        dg_ctx *cuda = NULL;
+        DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &cuda));
+        test_stage(cuda);
+        dg_ctx_free(&cuda);
     } else {
+        test_stage(cpu);
         test_views_and_tape(cpu);
         test_policy();
         test_dtypes_and_errors(cpu);

@@ -12,9 +12,15 @@
  *      across chunk boundaries; chunked and recurrent mixers give the same logits;
  *      (e) clear errors for a missing / empty / tiny --data file, --log-every 0 and malformed
  *      checkpoints;
+ *      (f) --graph on is refused on the CPU (library and command), left to its default the CPU
+ *      runs every step eagerly;
  *      plus config JSON round trip and parameter counts (MODEL.md §5: 28,132,896).
  * gpu: the same model on CUDA matches the CPU (f32 logits and one training step), and bf16
- *      compute runs and stays close.
+ *      compute runs and stays close; the step captured in a CUDA graph and replayed (--graph
+ *      on, and the default) trains exactly as the eager step (--graph off): the same losses,
+ *      validation losses, gradient norms, weights and AdamW moments, bit for bit, in f32 and
+ *      bf16 compute, with accumulation, evaluations, samples and checkpoints between replays;
+ *      with profiling on the default runs eagerly and --graph on is refused.
  */
 #define _XOPEN_SOURCE 700
 #include "tests/harness.h"
@@ -560,6 +566,34 @@ static void test_errors(void) {
     dg_ctx_free(&ctx);
 }
 
+/* ---- (f) --graph where it cannot apply ----------------------------------------------------- */
+
+static void test_graph_flag(void) {
+    dg_train_opts o = tiny_opts(NULL);
+    o.steps = 2;
+    o.graph = DG_TRAIN_GRAPH_ON;
+    dg_check_err(dg_train_run(&o, NULL, NULL, NULL), DG_ERR_ARG,
+                 "--graph on: CUDA graphs need a CUDA device", "--graph on with a CPU device");
+    o.graph = DG_TRAIN_GRAPH_AUTO;
+    dg_train_result r;
+    if (dg_check_ok(dg_train_run(&o, NULL, NULL, &r), "--graph left to its default on the CPU")) {
+        dg_check(r.graph_steps == 0 && r.last_step == 2,
+                 "the CPU runs every step eagerly (%lld of 2 steps from a graph)",
+                 (long long)r.graph_steps);
+        dg_train_result_free(&r);
+    }
+    fflush(stdout);
+    char *a1[] = {"train", "--device", "cpu", "--graph", "on", NULL};
+    int rc = dg_cmd_train_check(5, a1);
+    dg_check(rc == 2, "deltagrad train --device cpu --graph on exits 2 (got %d)", rc);
+    char *a2[] = {"train", "--device", "cpu", "--graph", "maybe", NULL};
+    rc = dg_cmd_train_check(5, a2);
+    dg_check(rc == 2, "deltagrad train --graph maybe exits 2 (got %d)", rc);
+    char *a3[] = {"train", "--device", "cpu", "--graph", "off", NULL};
+    rc = dg_cmd_train_check(5, a3);
+    dg_check(rc == 0, "deltagrad train --device cpu --graph off is accepted (got %d)", rc);
+}
+
 /* ---- configs -------------------------------------------------------------------------------- */
 
 static void test_config(void) {
@@ -686,18 +720,172 @@ static void test_gpu(void) {
     dg_ctx_free(&cpu);
 }
 
+/* ---- gpu: the captured step == the eager step ----------------------------------------------- */
+
+/* What a run reported about its CUDA graph. */
+typedef struct graph_seen {
+    int captured, warns;
+    char warn[1024];
+} graph_seen;
+
+static void watch_graph(const dg_train_event *ev, void *user) {
+    graph_seen *g = user;
+    if (ev->kind == DG_EV_INFO && ev->text && strstr(ev->text, "CUDA graph: step"))
+        g->captured++;
+    if (ev->kind == DG_EV_WARN) {
+        if (!g->warns)
+            snprintf(g->warn, sizeof g->warn, "%s", ev->text ? ev->text : "");
+        g->warns++;
+    }
+}
+
+/* Every tensor of checkpoint a (weights and AdamW moments) equals the tensor of that name in
+ * checkpoint b bit for bit, and b has no others; *n: how many were compared. */
+static int same_ckpt_tensors(const char *a, const char *b, int *n) {
+    dg_ctx *cpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
+    dg_safetensors sa, sb;
+    memset(&sa, 0, sizeof sa);
+    memset(&sb, 0, sizeof sb);
+    DG_TEST_TRY(dg_safetensors_load(cpu, a, &sa));
+    DG_TEST_TRY(dg_safetensors_load(cpu, b, &sb));
+    int same = sa.n == sb.n && sa.n > 0;
+    *n = 0;
+    for (int i = 0; same && i < sa.n; i++) {
+        const dg_tensor *ta = sa.tensors[i], *tb = dg_safetensors_get(&sb, sa.names[i]);
+        size_t nb = dg_tensor_nbytes(ta);
+        same = tb && dg_tensor_dtype(ta) == dg_tensor_dtype(tb) && dg_tensor_nbytes(tb) == nb &&
+               memcmp(dg_tensor_data(ta), dg_tensor_data(tb), nb) == 0;
+        if (!same)
+            printf("  %s differs\n", sa.names[i]);
+        (*n)++;
+    }
+    dg_safetensors_free(&sa);
+    dg_safetensors_free(&sb);
+    dg_ctx_free(&cpu);
+    return same;
+}
+
+/* The same run with the step captured and replayed, and eagerly. Bit for bit, not within a
+ * tolerance: a replay launches the kernels of the captured step with the same arguments on the
+ * same addresses, the kernels reduce in fixed orders (no float atomics), and cuBLAS works in
+ * the context's one fixed workspace, so it picks the same algorithm for a captured GEMM as for
+ * the eager one. The first step of both runs is eager; steps 2-9 are the capture and its
+ * replays against eager steps, with evaluations, samples and checkpoints (host reads of the
+ * weights) between launches. */
+static void graph_case(dg_dtype compute, dg_train_graph mode) {
+    const char *dn = dg_dtype_name(compute), *mn = mode == DG_TRAIN_GRAPH_ON ? "on" : "default";
+    char don[512], doff[512], name[64];
+    snprintf(name, sizeof name, "graph_%s_%s", mn, dn);
+    tmp_path(don, sizeof don, name);
+    snprintf(name, sizeof name, "eager_%s_%s", mn, dn);
+    tmp_path(doff, sizeof doff, name);
+    dg_train_opts o = tiny_opts(don);
+    o.device = dg_cuda(0);
+    o.compute_dtype = compute;
+    o.model.chunk = 16;
+    o.steps = 9;
+    o.accum = 2; /* the capture holds both micro-batches and the update */
+    o.log_every = 3;
+    o.eval_every = 4;
+    o.sample_every = 4;
+    o.sample_tokens = 16;
+    o.ckpt_every = 4;
+    o.graph = mode;
+    graph_seen seen;
+    memset(&seen, 0, sizeof seen);
+    dg_train_result rg, re;
+    char what[160];
+    snprintf(what, sizeof what, "%s, --graph %s: train 9 steps", dn, mn);
+    if (!dg_check_ok(dg_train_run(&o, watch_graph, &seen, &rg), what))
+        return;
+    dg_check(seen.warns == 0, "%s, --graph %s: no warning (%s)", dn, mn, seen.warn);
+    dg_check(seen.captured == 1 && rg.graph_steps == 8,
+             "%s, --graph %s: step 2 captured, steps 2-9 from the graph (%lld)", dn, mn,
+             (long long)rg.graph_steps);
+    o = tiny_opts(doff);
+    o.device = dg_cuda(0);
+    o.compute_dtype = compute;
+    o.model.chunk = 16;
+    o.steps = 9;
+    o.accum = 2;
+    o.log_every = 3;
+    o.eval_every = 4;
+    o.sample_every = 4;
+    o.sample_tokens = 16;
+    o.ckpt_every = 4;
+    o.graph = DG_TRAIN_GRAPH_OFF;
+    snprintf(what, sizeof what, "%s, --graph off: train 9 steps", dn);
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &re), what)) {
+        dg_train_result_free(&rg);
+        return;
+    }
+    dg_check(re.graph_steps == 0, "%s, --graph off: every step eager", dn);
+    int same = 1;
+    for (int64_t s = 0; s < 9; s++)
+        if (memcmp(&rg.losses[s], &re.losses[s], sizeof(double)) != 0) {
+            printf("  step %lld: graph %.9g, eager %.9g\n", (long long)s + 1, rg.losses[s],
+                   re.losses[s]);
+            same = 0;
+        }
+    dg_check(same, "%s, --graph %s: the 9 losses equal the eager run's bit for bit (last %.6f)", dn,
+             mn, re.losses[8]);
+    dg_check(memcmp(&rg.final_val, &re.final_val, sizeof(double)) == 0,
+             "%s: final validation loss identical (%.9g vs %.9g)", dn, rg.final_val, re.final_val);
+    char ca[600], cb[600];
+    snprintf(ca, sizeof ca, "%s/log.csv", don);
+    snprintf(cb, sizeof cb, "%s/log.csv", doff);
+    char *la = csv_cols(ca, 5), *lb = csv_cols(cb, 5);
+    dg_check(la && lb && strlen(la) > 100 && !strcmp(la, lb),
+             "%s: log.csv step, train_loss, val_loss, lr, grad_norm identical", dn);
+    free(la);
+    free(lb);
+    dg_ckpt_latest_path(don, ca, sizeof ca);
+    dg_ckpt_latest_path(doff, cb, sizeof cb);
+    int n = 0;
+    dg_check(same_ckpt_tensors(ca, cb, &n),
+             "%s: final weights and AdamW moments identical bit for bit (%d tensors)", dn, n);
+    dg_train_result_free(&rg);
+    dg_train_result_free(&re);
+}
+
+static void test_graph(void) {
+    graph_case(DG_F32, DG_TRAIN_GRAPH_AUTO);
+    graph_case(DG_BF16, DG_TRAIN_GRAPH_ON);
+    /* profiling times every node with a sync: the default steps aside, on is refused */
+    dg_train_opts o = tiny_opts(NULL);
+    o.device = dg_cuda(0);
+    o.model.chunk = 16;
+    o.steps = 3;
+    dg_profile_enable(1);
+    dg_train_result r;
+    if (dg_check_ok(dg_train_run(&o, NULL, NULL, &r), "--profile, --graph left to its default")) {
+        dg_check(r.graph_steps == 0, "with --profile the default runs every step eagerly");
+        dg_train_result_free(&r);
+    }
+    o.graph = DG_TRAIN_GRAPH_ON;
+    dg_check_err(dg_train_run(&o, NULL, NULL, NULL), DG_ERR_ARG, "--profile",
+                 "--graph on with --profile");
+    dg_profile_enable(0);
+    dg_profile_reset();
+}
+
 int main(int argc, char **argv) {
     int gpu = dg_test_init(argc, argv, "train");
     if (gpu) {
         int skip = dg_test_need_gpu();
         if (skip)
             return skip;
+        tmp_setup();
         test_gpu();
+        test_graph();
+        tmp_cleanup();
         return dg_test_finish();
     }
     tmp_setup();
     test_config();
     test_errors();
+    test_graph_flag();
     test_causality();
     test_loss_falls();
     test_resume();

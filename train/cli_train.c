@@ -172,6 +172,10 @@ static void train_help(FILE *f) {
         "                       so it slows the run) and print the split at the end\n"
         "  --recompute P        none | default | all: tape policy (cache every intermediate, each\n"
         "                       op's own choice, or recompute in backward; default: default)\n"
+        "  --graph G            on | off: on CUDA, capture the training step (forward, backward,\n"
+        "                       AdamW) once in a CUDA graph and replay it for every later step\n"
+        "                       (default: on for one process on CUDA without --profile, else off;\n"
+        "                       on is refused where it cannot apply)\n"
         "  --threads N          CPU threads for the ops (default 0: all cores, fewer while the\n"
         "                       machine is busy; OMP_NUM_THREADS also works; under mpirun: the\n"
         "                       cores divided by the processes)\n"
@@ -463,6 +467,13 @@ int dg_cmd_train(int argc, char **argv) {
                 o.recompute = DG_POLICY_RECOMPUTE;
             else
                 return bad(cmd, "--recompute: '%s' is not none, default or all%s", v, "");
+        } else if (!strcmp(a, "--graph")) {
+            if (!strcmp(v, "on"))
+                o.graph = DG_TRAIN_GRAPH_ON;
+            else if (!strcmp(v, "off"))
+                o.graph = DG_TRAIN_GRAPH_OFF;
+            else
+                return bad(cmd, "--graph: '%s' is not on or off%s", v, "");
         } else if (!strcmp(a, "--batch")) {
             rc = parse_int(cmd, a, v, 1, DG_TRAIN_MAX_BATCH, &o.batch);
         } else if (!strcmp(a, "--seq-len")) {
@@ -562,6 +573,16 @@ int dg_cmd_train(int argc, char **argv) {
     }
     if (o.resume && no_out)
         return bad(cmd, "--resume needs a run directory (--out DIR), not --no-out%s%s", "", "");
+    if (o.graph == DG_TRAIN_GRAPH_ON && dev.kind != DG_DEV_CUDA)
+        return bad(cmd,
+                   "--graph on needs a CUDA device (--device cuda): on the CPU every op runs at "
+                   "once, there is nothing to capture%s%s",
+                   "", "");
+    if (o.graph == DG_TRAIN_GRAPH_ON && profile)
+        return bad(cmd,
+                   "--graph on and --profile exclude each other: profiling syncs the device at "
+                   "every tape node, a graph replay runs no host code%s%s",
+                   "", "");
     if (no_out)
         o.out_dir[0] = 0;
     if (!o.resume)

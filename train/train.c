@@ -211,15 +211,28 @@ typedef struct run {
     dg_adamw *opt;        /* AdamW over every parameter, clipping on the device */
     const dg_tensor **grads; /* this step's gradients, one per parameter (NULL: none) */
     /* What a step leaves on the device until the host reads it (every log_every steps):
-     * loss_acc, the step's loss summed over micro-batches (f64 [1]); ring, f64 [2 * log_every]:
-     * (loss sum, gradient norm) of steps ring_first .. ring_first + ring_n - 1. */
-    dg_tensor *loss_acc, *ring;
+     * step_out, f64 [2]: the step's loss summed over micro-batches (loss_acc, a view of
+     * step_out[0]) and its gradient norm; ring, f64 [2 * log_every]: step_out of steps
+     * ring_first .. ring_first + ring_n - 1. */
+    dg_tensor *step_out, *loss_acc, *ring;
     int64_t ring_first, ring_n;
     double *ring_lr; /* the host's lr of those steps */
     double t_mark;   /* when the steps of the ring began (the end of the last read) */
     dg_text text;
     dg_train_state state;
     int32_t *ids, *tgt; /* host batch buffers [B*T] */
+    /* The step's batch on the device, i32 [2 * accum * n] (n = mb_shape[0] * mb_shape[1]):
+     * this rank's ids of micro-batches 0 .. accum-1, then their targets, filled before each step
+     * by one asynchronous copy from `stage` (see upload_batch). This rank's micro-batch is
+     * [mb_shape] tokens from offset mb_off of the host batch [B*T]; mb_frac: their share of the
+     * batch's tokens. */
+    dg_stage *stage;
+    dg_tensor *batch;
+    int64_t mb_shape[2], mb_off;
+    double mb_frac;
+    /* CUDA graphs: graph_on while the step is (to be) captured; graph: the captured step */
+    int graph_on;
+    dg_graph *graph;
     FILE *csv;
     char csv_path[DG_PATH_MAX + 32];
     int lock_fd;       /* DIR/train.lock, flock'ed for the whole run; -1 when none */
@@ -273,16 +286,66 @@ static size_t mem_bytes(const run *r) {
  * its share of the batch's tokens (the local mean loss times frac, summed over ranks, is the
  * batch mean). */
 static dg_status local_batch(run *r, dg_tensor **ids, dg_tensor **tgt, double *frac) {
+    *frac = r->mb_frac;
+    DG_TRY(dg_tensor_from_host(r->ctx, DG_I32, 2, r->mb_shape, r->ids + r->mb_off, ids));
+    dg_status s = dg_tensor_from_host(r->ctx, DG_I32, 2, r->mb_shape, r->tgt + r->mb_off, tgt);
+    if (s != DG_OK)
+        dg_tensor_free(ids);
+    return s;
+}
+
+/* Where this rank's part of a host batch lies (local_batch), set once the ranks are known. */
+static void set_local_part(run *r) {
     const int64_t B = r->o.batch, T = r->o.seq_len, Bd = B / r->dp;
-    int64_t off = r->dp_index * Bd * T, shape[2] = {Bd, T};
+    r->mb_off = r->dp_index * Bd * T;
+    r->mb_shape[0] = Bd;
+    r->mb_shape[1] = T;
     if (r->plan) {
-        off += r->plan->begin;
-        shape[0] = 1;
-        shape[1] = r->plan->end - r->plan->begin;
+        r->mb_off += r->plan->begin;
+        r->mb_shape[0] = 1;
+        r->mb_shape[1] = r->plan->end - r->plan->begin;
     }
-    *frac = (double)(shape[0] * shape[1]) / (double)(B * T);
-    DG_TRY(dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->ids + off, ids));
-    dg_status s = dg_tensor_from_host(r->ctx, DG_I32, 2, shape, r->tgt + off, tgt);
+    r->mb_frac = (double)(r->mb_shape[0] * r->mb_shape[1]) / (double)(B * T);
+}
+
+/* The step's training batches, `accum` micro-batches drawn at the data position (which moves
+ * on), into r->batch: the host writes this rank's part of each into the stage's next buffer,
+ * then one asynchronous copy moves them all (no host wait; see dg_stage). */
+static dg_status upload_batch(run *r) {
+    const dg_train_opts *o = &r->o;
+    const int64_t n = r->mb_shape[0] * r->mb_shape[1], full = (int64_t)o->batch * o->seq_len;
+    int32_t *buf = NULL;
+    DG_TRY(dg_stage_next(r->stage, (void **)&buf));
+    for (int a = 0; a < o->accum; a++) {
+        int32_t *ids = buf + (int64_t)a * n, *tgt = buf + (int64_t)(o->accum + a) * n;
+        if (n == full) { /* the whole batch is this rank's: straight into the buffer */
+            dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len, ids,
+                                tgt);
+        } else {
+            dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len,
+                                r->ids, r->tgt);
+            memcpy(ids, r->ids + r->mb_off, (size_t)n * sizeof *ids);
+            memcpy(tgt, r->tgt + r->mb_off, (size_t)n * sizeof *tgt);
+        }
+        r->state.data_counter += (uint64_t)o->batch;
+    }
+    return dg_stage_upload(r->stage, r->batch);
+}
+
+/* Micro-batch a's ids and targets: views [mb_shape] of r->batch (no copy, no device work). */
+static dg_status micro_batch(run *r, int a, dg_tensor **ids, dg_tensor **tgt) {
+    const int64_t n = r->mb_shape[0] * r->mb_shape[1];
+    dg_tensor *v = NULL;
+    dg_status s = dg_slice(r->batch, 0, a * n, (a + 1) * n, &v);
+    if (s == DG_OK)
+        s = dg_reshape(v, 2, r->mb_shape, ids);
+    dg_tensor_free(&v);
+    const int64_t t0 = (int64_t)(r->o.accum + a) * n;
+    if (s == DG_OK)
+        s = dg_slice(r->batch, 0, t0, t0 + n, &v);
+    if (s == DG_OK)
+        s = dg_reshape(v, 2, r->mb_shape, tgt);
+    dg_tensor_free(&v);
     if (s != DG_OK)
         dg_tensor_free(ids);
     return s;
@@ -394,18 +457,16 @@ static dg_status evaluate(run *r, double *out) {
     return s;
 }
 
-/* One optimizer step's forward/backward over `accum` micro-batches. The loss stays on the device:
- * r->loss_acc = sum over micro-batches of this rank's share (summed over ranks), read later. */
+/* One optimizer step's forward/backward over the `accum` micro-batches in r->batch. The loss
+ * stays on the device: r->loss_acc = sum over micro-batches of this rank's share (summed over
+ * ranks), read later. */
 static dg_status forward_backward(run *r, size_t *tape_bytes, int *tape_nodes) {
     const dg_train_opts *o = &r->o;
     DG_TRY(dg_tensor_fill_(r->loss_acc, 0.0));
     for (int a = 0; a < o->accum; a++) {
-        dg_text_train_batch(&r->text, o->seed, r->state.data_counter, o->batch, o->seq_len, r->ids,
-                            r->tgt);
-        r->state.data_counter += (uint64_t)o->batch;
         dg_tensor *ids = NULL, *tgt = NULL, *l = NULL, *ls = NULL;
-        double frac = 1.0;
-        dg_status s = local_batch(r, &ids, &tgt, &frac);
+        const double frac = r->mb_frac;
+        dg_status s = micro_batch(r, a, &ids, &tgt);
         dg_profile_mark(r->ctx); /* charge batch preparation to nobody */
         if (s == DG_OK)
             s = dg_model_loss(r->m, ids, tgt, &l);
@@ -432,40 +493,49 @@ static dg_status forward_backward(run *r, size_t *tape_bytes, int *tape_nodes) {
     return sum_grads(r);
 }
 
-/* Clip by global norm and apply AdamW to every parameter (dg_adamw: on the device, no sync);
- * grads are cleared. */
-static dg_status optimizer_step(run *r, int64_t step, double lr) {
+/* Clip by global norm and apply AdamW to every parameter (dg_adamw: on the device, no sync),
+ * with the step and lr set by dg_adamw_set_step before; grads are cleared. The gradient norm
+ * goes to step_out[1]. */
+static dg_status optimizer_step(run *r) {
     dg_model *m = r->m;
     for (int i = 0; i < m->n_params; i++)
         r->grads[i] = dg_tensor_grad(m->params[i].t);
-    DG_TRY(dg_adamw_set_step(r->opt, step, lr));
     dg_status s = dg_adamw_update(r->opt, r->grads);
     for (int i = 0; i < m->n_params; i++) {
         r->grads[i] = NULL;
         dg_tensor_zero_grad(m->params[i].t);
     }
-    return s;
-}
-
-/* Keep step's loss sum and gradient norm on the device, in the ring's next slot (device copies,
- * no sync). */
-static dg_status push_step(run *r, int64_t step, double lr) {
-    if (r->ring_n == 0)
-        r->ring_first = step;
-    const int64_t k = r->ring_n;
     dg_tensor *dst = NULL, *norm = NULL;
-    dg_status s = dg_slice(r->ring, 0, 2 * k, 2 * k + 1, &dst);
     if (s == DG_OK)
-        s = dg_tensor_copy_(dst, r->loss_acc);
-    dg_tensor_free(&dst);
-    if (s == DG_OK)
-        s = dg_slice(r->ring, 0, 2 * k + 1, 2 * k + 2, &dst);
+        s = dg_slice(r->step_out, 0, 1, 2, &dst);
     if (s == DG_OK) /* dg_adamw_stats: {norm, coef} */
         s = dg_slice((dg_tensor *)dg_adamw_stats(r->opt), 0, 0, 1, &norm);
     if (s == DG_OK)
         s = dg_tensor_copy_(dst, norm);
     dg_tensor_free(&dst);
     dg_tensor_free(&norm);
+    return s;
+}
+
+/* The device work of a step once its batch is in r->batch and dg_adamw_set_step has run: what
+ * a CUDA graph captures (see train_step). */
+static dg_status step_core(run *r, size_t *tape_bytes, int *tape_nodes) {
+    DG_TRY(forward_backward(r, tape_bytes, tape_nodes));
+    return optimizer_step(r);
+}
+
+/* Keep the step's loss sum and gradient norm on the device, in the ring's next slot (one device
+ * copy, no sync). Outside the graph: the slot moves from step to step, a replay writes the
+ * addresses its capture wrote. */
+static dg_status push_step(run *r, int64_t step, double lr) {
+    if (r->ring_n == 0)
+        r->ring_first = step;
+    const int64_t k = r->ring_n;
+    dg_tensor *dst = NULL;
+    dg_status s = dg_slice(r->ring, 0, 2 * k, 2 * k + 2, &dst);
+    if (s == DG_OK)
+        s = dg_tensor_copy_(dst, r->step_out);
+    dg_tensor_free(&dst);
     r->ring_lr[k] = lr;
     r->ring_n++;
     return s;
@@ -734,7 +804,7 @@ static void header(run *r) {
           "%lld\n"
           "  optim   AdamW lr %g (warmup %lld, cosine to %g%%) betas %g/%g eps %g wd %g, clip "
           "%g; seed %llu\n"
-          "  device  %s, params %s, compute %s, recompute %s\n"
+          "  device  %s, params %s, compute %s, recompute %s%s\n"
           "  eval    every %lld steps on %d x %d fixed validation windows\n"
           "  out     %s",
           o->config_name, (long long)np, np / 1e6, c->d, c->n_layers, c->n_heads, c->n_v_heads,
@@ -751,6 +821,9 @@ static void header(run *r) {
           o->recompute == DG_POLICY_CACHE       ? "none (cache everything)"
           : o->recompute == DG_POLICY_RECOMPUTE ? "all (recompute everything)"
                                                 : "default (per-op choice)",
+          dg_ctx_device(r->ctx).kind != DG_DEV_CUDA ? ""
+          : r->graph_on                             ? ", CUDA graph on (--graph)"
+                                                    : ", CUDA graph off (--graph)",
           (long long)(o->eval_every ? o->eval_every : o->steps), o->eval_batches, o->batch, out);
 }
 
@@ -777,13 +850,41 @@ static dg_status setup_step_state(run *r) {
         s = dg_adamw_new(r->ctx, n, ps, r->am, r->av, decay, &hp, o->clip, &r->opt);
     free(ps);
     free(decay);
-    int64_t one = 1, len = 2 * o->log_every;
+    int64_t two = 2, len = 2 * o->log_every;
     if (s == DG_OK)
-        s = dg_tensor_zeros(r->ctx, DG_F64, 1, &one, &r->loss_acc);
+        s = dg_tensor_zeros(r->ctx, DG_F64, 1, &two, &r->step_out);
+    if (s == DG_OK)
+        s = dg_slice(r->step_out, 0, 0, 1, &r->loss_acc);
     if (s == DG_OK)
         s = dg_tensor_zeros(r->ctx, DG_F64, 1, &len, &r->ring);
+    /* the step's batch: accum micro-batches of ids and targets, and its staging buffers */
+    const int64_t nb = 2 * (int64_t)o->accum * r->mb_shape[0] * r->mb_shape[1];
+    if (s == DG_OK)
+        s = dg_tensor_new(r->ctx, DG_I32, 1, &nb, &r->batch);
+    if (s == DG_OK)
+        s = dg_stage_new(r->ctx, dg_tensor_nbytes(r->batch), &r->stage);
     dg_ctx_defer_checks(r->ctx, 1);
     return s;
+}
+
+/* --graph: whether the step is captured (see train.h). */
+static dg_status setup_graph(run *r) {
+    const dg_train_opts *o = &r->o;
+    const char *why = NULL;
+    if (dg_ctx_device(r->ctx).kind != DG_DEV_CUDA)
+        why = "CUDA graphs need a CUDA device (--device cuda); on the CPU every op runs at once, "
+              "there is nothing to capture";
+    else if (r->world > 1)
+        why = "the step is captured for one process only: with several, the gradient and loss "
+              "sums over ranks (and the context-parallel ops) are host-driven collectives "
+              "bounded by timeouts, which a graph cannot replay";
+    else if (dg_profile_enabled())
+        why = "--profile times every tape node with a device sync, and a graph replay runs no "
+              "host code";
+    if (o->graph == DG_TRAIN_GRAPH_ON && why)
+        return dg__err(DG_ERR_ARG, "--graph on: %s; use --graph off (or leave --graph out)", why);
+    r->graph_on = o->graph != DG_TRAIN_GRAPH_OFF && !why;
+    return DG_OK;
 }
 
 static dg_status setup(run *r, const dg_train_opts *in) {
@@ -832,6 +933,10 @@ static dg_status setup(run *r, const dg_train_opts *in) {
         s = dg_model_new(r->ctx, &o->model, o->param_dtype, o->compute_dtype, &r->m);
     if (s == DG_OK)
         s = setup_dist(r);
+    if (s == DG_OK) {
+        set_local_part(r);
+        s = setup_graph(r);
+    }
     if (s == DG_OK && o->resume)
         s = dg_ckpt_restore_model(&ck, r->m);
     else if (s == DG_OK)
@@ -877,6 +982,9 @@ static dg_status setup(run *r, const dg_train_opts *in) {
 }
 
 static void teardown(run *r) {
+    /* the graph and the stage first: both may still have work in flight on the context */
+    dg_graph_free(&r->graph);
+    dg_stage_free(&r->stage);
     if (r->csv)
         fclose(r->csv);
     if (r->lock_fd >= 0)
@@ -892,6 +1000,8 @@ static void teardown(run *r) {
     dg_adamw_free(&r->opt);
     free(r->grads);
     dg_tensor_free(&r->loss_acc);
+    dg_tensor_free(&r->step_out);
+    dg_tensor_free(&r->batch);
     dg_tensor_free(&r->ring);
     free(r->ring_lr);
     free(r->ids);
@@ -913,8 +1023,60 @@ void dg_train_result_free(dg_train_result *res) {
 
 /* ---- the loop ------------------------------------------------------------------------------- */
 
-/* One step, queued: forward/backward over the micro-batches, AdamW, the step's loss and norm
- * into the ring. No host sync (on CUDA the host may run ahead of the device). */
+/* Capture the step's device work (step_core) in a CUDA graph and launch it for this step. The
+ * step before ran the same calls eagerly and released what they returned, so the allocator's
+ * cache holds every block the capture asks for, the KDA chunk tables are on the device and
+ * every kernel is loaded. If the capture fails, the run says why (DG_EV_WARN) and this step and
+ * every later one run eagerly. */
+static dg_status capture_step(run *r, int64_t step, dg_train_result *res) {
+    char why[2048] = "";
+    dg_status s = dg_graph_begin(r->ctx);
+    if (s == DG_OK) {
+        dg_status sc = step_core(r, NULL, NULL);
+        if (sc != DG_OK) /* a call refused during the capture (the capture may still end well) */
+            snprintf(why, sizeof why, "%s", dg_last_error());
+        dg_graph *g = NULL;
+        s = dg_graph_end(r->ctx, &g); /* on failure: its message names the capture's first error */
+        if (s == DG_OK && sc != DG_OK) {
+            dg_graph_free(&g);
+            s = sc;
+        } else if (s != DG_OK) {
+            snprintf(why, sizeof why, "%s", dg_last_error());
+        }
+        if (s == DG_OK) {
+            r->graph = g;
+            dg_mem_stats ms = dg_ctx_mem_stats(r->ctx);
+            emitf(r, DG_EV_INFO,
+                  "CUDA graph: step %lld captured (forward, backward, AdamW over %d "
+                  "micro-batch%s); later steps replay it (its temporaries: %.2f MiB kept for "
+                  "it; --graph off runs every step eagerly)",
+                  (long long)step, r->o.accum, r->o.accum > 1 ? "es" : "",
+                  (double)ms.graph / 1048576.0);
+            if (res)
+                res->graph_steps++;
+            return dg_graph_launch(r->ctx, r->graph);
+        }
+    } else {
+        snprintf(why, sizeof why, "%s", dg_last_error());
+    }
+    dg_clear_error();
+    r->graph_on = 0;
+    /* nothing of the capture ran: drop what it left on the host side and run the step eagerly */
+    dg_tape_reset();
+    for (int i = 0; i < r->m->n_params; i++)
+        dg_tensor_zero_grad(r->m->params[i].t);
+    emitf(r, DG_EV_WARN,
+          "CUDA graph: capturing step %lld failed, so every step runs eagerly (--graph off "
+          "skips the attempt): %s",
+          (long long)step, why);
+    return step_core(r, NULL, NULL);
+}
+
+/* One step, queued: its batch uploaded (asynchronously), the step's lr and bias corrections
+ * written to the device (dg_adamw_set_step), forward/backward over the micro-batches and AdamW
+ * (eagerly, or as one launch of the captured graph), the step's loss and norm into the ring.
+ * No host sync (on CUDA the host may run ahead of the device, by two steps at most: the
+ * stage's buffers). */
 static dg_status train_step(run *r, int64_t step, int64_t first, dg_train_result *res) {
     const dg_train_opts *o = &r->o;
     double lr = dg_train_lr(o, step);
@@ -922,7 +1084,19 @@ static dg_status train_step(run *r, int64_t step, int64_t first, dg_train_result
     int tn = 0;
     if (step == first)
         dg_ctx_reset_peak(r->ctx);
-    DG_TRY(forward_backward(r, step == first ? &tb : NULL, &tn));
+    DG_TRY(upload_batch(r));
+    /* outside the graph: it writes this step's values into the device memory the update reads
+     * (inside, the capture would keep the captured step's values as kernel arguments) */
+    DG_TRY(dg_adamw_set_step(r->opt, step, lr));
+    if (r->graph) {
+        DG_TRY(dg_graph_launch(r->ctx, r->graph));
+        if (res)
+            res->graph_steps++;
+    } else if (r->graph_on && step > first) {
+        DG_TRY(capture_step(r, step, res));
+    } else {
+        DG_TRY(step_core(r, step == first ? &tb : NULL, &tn));
+    }
     if (step == first) {
         if (res)
             res->tape_bytes = tb;
@@ -932,7 +1106,6 @@ static dg_status train_step(run *r, int64_t step, int64_t first, dg_train_result
               : o->recompute == DG_POLICY_RECOMPUTE ? "--recompute all"
                                                     : "--recompute default");
     }
-    DG_TRY(optimizer_step(r, step, lr));
     DG_TRY(push_step(r, step, lr));
     r->state.step = step;
     return DG_OK;

@@ -35,6 +35,13 @@
 #define DG_TRAIN_MAX_TOKENS ((int64_t)1 << 31)
 #define DG_TRAIN_MAX_ROWS_PER_STEP ((int64_t)1 << 22)
 
+/* Whether the training step runs as a CUDA graph (docs/training.md, "CUDA graphs"). */
+typedef enum dg_train_graph {
+    DG_TRAIN_GRAPH_AUTO = 0, /* on where it applies (one process on CUDA, no profiling), else off */
+    DG_TRAIN_GRAPH_ON,       /* on; refused (DG_ERR_ARG) where it cannot apply */
+    DG_TRAIN_GRAPH_OFF,      /* every step eagerly */
+} dg_train_graph;
+
 typedef struct dg_train_opts {
     char config_name[16]; /* the preset the defaults came from: cpu, gpu, bench */
     dg_model_config model;
@@ -80,6 +87,12 @@ typedef struct dg_train_opts {
      * rank 0 reports events and writes files. */
     dg_comm *comm;
     int cp; /* ranks per context-parallel group (0 or 1: off) */
+    /* The step as a CUDA graph (launch-time, not stored in checkpoints): the first step of an
+     * invocation runs eagerly, the second is captured (forward, backward, loss sum, clipping
+     * and AdamW over every micro-batch of the step) and every later step replays the capture
+     * after uploading its batch. A capture that fails is reported (DG_EV_WARN) and the run goes
+     * on eagerly. ON needs a CUDA device, one process and profiling off. */
+    dg_train_graph graph;
     int overwrite;       /* a fresh run may replace the run already in out_dir (else refused) */
     /* Checked after every step: once non-zero (a signal handler sets it), the run writes a
      * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never.
@@ -120,6 +133,7 @@ typedef struct dg_train_result {
     int64_t tokens;
     size_t tape_bytes; /* after the first forward */
     int64_t n_params;
+    int64_t graph_steps; /* steps run by replaying a captured CUDA graph (the capture included) */
 } dg_train_result;
 void dg_train_result_free(dg_train_result *r);
 
