@@ -483,28 +483,6 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1], nch = c_end - c_beg;
     auto chunk_of = [&](int64_t it) { return BWD ? c_end - 1 - it : c_beg + it; };
 
-    /* X0 of chunk ch for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns
-     * 8 (NXT (w % 2) + jj) + 2t (+ 1); rows past the chunk's L are zero */
-    const int xm = w >> 1;
-    const bool xwarp = xm < BT / 16;
-    auto load_X0 = [&](int64_t ch, float (&dst)[NXT][4]) {
-        const int64_t t0 = chunk_t0[ch];
-        const int L = chunk_len[ch];
-#pragma unroll
-        for (int jj = 0; jj < NXT; jj++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = 16 * xm + g + 8 * (e >> 1),
-                          c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
-                dst[jj][e] = (X0 && xwarp && r < L && c < nv)
-                                 ? kda_ld(X0 + (t0 + r) * rv + hv * V + v0 + c)
-                                 : 0.f;
-            }
-    };
-    float Xn[NXT][4];
-    if (nch > 0)
-        load_X0(chunk_of(0), Xn);
-
     /* prologue: A1 + lambda of the first chunk (group 1), A2 (group 2) */
     if (nch > 0) {
         const int64_t ch = chunk_of(0), t0 = chunk_t0[ch];
@@ -527,30 +505,21 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         if (Sst)
             store_S(Sst + (ch * HV + hv) * KV + v0, V, true);
 
-        /* X0 of this chunk (loaded during the previous chunk's update) */
+        /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (NXT (w % 2) + jj) + 2t
+         */
+        const int xm = w >> 1;
+        const bool xwarp = xm < BT / 16;
         float X[NXT][4];
 #pragma unroll
         for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                X[jj][e] = Xn[jj][e];
-        /* Sup_c for this thread's elements of S, in flight during the A1 S product */
-        float2 sp[MT][NJ][2];
-        {
-            const float *sup = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-#pragma unroll
-                for (int j = 0; j < NJ; j++)
-#pragma unroll
-                    for (int hlf = 0; hlf < 2; hlf++) {
-                        const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
-                        sp[m][j][hlf] = make_float2(0.f, 0.f);
-                        if (sup && w + 8 * m < mtiles && c < nv)
-                            sp[m][j][hlf] =
-                                *reinterpret_cast<const float2 *>(sup + (int64_t)r * V + c);
-                    }
-        }
+            for (int e = 0; e < 4; e++) {
+                const int r = 16 * xm + g + 8 * (e >> 1),
+                          c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
+                X[jj][e] = (X0 && xwarp && r < L && c < nv)
+                               ? kda_ld(X0 + (t0 + r) * rv + hv * V + v0 + c)
+                               : 0.f;
+            }
 
         kdamma::cp_async_wait<1>(); /* A1 and lambda of this chunk */
         __syncthreads();    /* ... visible to all; Ss complete */
@@ -636,19 +605,20 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         }
         kdamma::cp_async_commit();
 
-        /* X0 of the next chunk, in flight during this chunk's update */
-        if (it + 1 < nch)
-            load_X0(chunk_of(it + 1), Xn);
-
         /* S = exp(lambda) S + Sup_c */
+        const float *sup = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
             for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
-                    S[m][j][2 * hlf] = el[m][hlf] * S[m][j][2 * hlf] + sp[m][j][hlf].x;
-                    S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + sp[m][j][hlf].y;
+                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
+                    float2 add = make_float2(0.f, 0.f);
+                    if (sup && w + 8 * m < mtiles && c < nv)
+                        add = *reinterpret_cast<const float2 *>(sup + (int64_t)r * V + c);
+                    S[m][j][2 * hlf] = el[m][hlf] * S[m][j][2 * hlf] + add.x;
+                    S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + add.y;
                 }
 
         kdamma::cp_async_wait<1>(); /* A2 of this chunk */
