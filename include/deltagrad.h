@@ -503,6 +503,14 @@ dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out);
 dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out);
 /* y = x / sqrt(mean x^2 + eps) * w       w: [last] or NULL */
 dg_status dg_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, double eps, dg_tensor **out);
+/* The residual add and the RMSNorm after it, fused (one tape node, one kernel each way on CUDA):
+ *   sum = x + r                         (the new residual stream; x, r: the same shape)
+ *   y = rmsnorm(sum) * w                (dg_rmsnorm of sum as stored; w: [last] or NULL)
+ * Equal to dg_add then dg_rmsnorm, forward and gradients, up to rounding (the sum's gradient and
+ * the norm's are added before being rounded to the dtype). eps must be > 0. Either output may be
+ * left out of the loss; both are new references. */
+dg_status dg_add_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *r, dg_tensor *w, double eps,
+                         dg_tensor **sum, dg_tensor **y);
 typedef enum dg_act { DG_ACT_NONE = 0, DG_ACT_SILU, DG_ACT_SIGMOID } dg_act;
 /* y = rmsnorm(x) * w * act(gate)         x, gate: same shape; w: [last] or NULL;
  * act NONE is the identity (y = rmsnorm(x) * w * gate). */

@@ -7,6 +7,13 @@
  * warp plus, in block mode, a fixed-order sum over the warps, so results are bitwise reproducible.
  * The weight gradient sums over rows in two passes: blocks of NORM_DW_COLS columns x one chunk of
  * rows write partial sums, then one thread per column adds the chunks in order. No atomics.
+ *
+ * The residual add + RMSNorm (dg_add_rmsnorm) uses the same row layout. Its forward reads x and
+ * the residual once and writes the sum and y. Its backward is one row kernel: each block takes a
+ * contiguous run of rows, writes dx and keeps its share of dw in shared memory (one row of D per
+ * warp on the warp path, one per block on the block path while D fits, else in the block's own
+ * row of the partial buffer), then writes one partial row; norm_colsum_kernel adds the partials in
+ * block order. The rows a block takes depend on rows and D only: bitwise reproducible.
  */
 #include "common.cuh"
 #include "norm.cuh"
@@ -20,6 +27,11 @@
 #define NORM_DW_LANES 8
 #define NORM_DW_MAX_CHUNKS 512
 #define NORM_DW_MIN_CHUNK_ROWS 64
+/* dg_add_rmsnorm's backward: at most this many blocks (= dw partial rows) when dw is wanted. A
+ * fixed number, so that the summation order does not depend on the device; 768 blocks are one
+ * wave on a 132-SM H100/H200 for D <= 1024 (32 KB of shared memory per block, 6 per SM). */
+#define ADD_NORM_MAX_BLOCKS 768
+#define ADD_NORM_SMEM_MAX_D (48 * 1024 / 4) /* block path: dw share in shared memory up to here */
 
 // ---- CUDA kernels
 
@@ -218,6 +230,124 @@ __global__ void norm_colsum_kernel(int nchunks, int D, const float *partial, T *
     }
 }
 
+/* The value v takes once stored as T (what a later reader of the stored tensor sees). */
+__device__ __forceinline__ float norm_round(float v, const float *) { return v; }
+__device__ __forceinline__ float norm_round(float v, const __nv_bfloat16 *) {
+    return __bfloat162float(__float2bfloat16(v));
+}
+
+/* sum = x + res (stored as T), y = sum r w; the statistics use the stored sum. */
+template <typename T, bool WARP>
+__global__ void add_norm_fwd_kernel(int64_t rows, int D, float scale, float eps, const T *x,
+                                    const T *res, const T *w, T *sum, T *y, float *rstd) {
+    __shared__ float smem[32];
+    int64_t row, step;
+    int lane, width;
+    norm_rows<WARP>(row, step, lane, width);
+    for (; row < rows; row += step) {
+        const T *xr = x + row * D, *rr = res + row * D;
+        T *sr = sum + row * D;
+        float ss = 0.0f;
+        for (int j = lane; j < D; j += width) {
+            float v = norm_round(dg_ld(xr, j) + dg_ld(rr, j), sr);
+            dg_st(sr, j, v); /* exact: v is representable in T */
+            ss += v * v;
+        }
+        ss = norm_row_sum<WARP>(ss, smem);
+        float r = 1.0f / sqrtf(ss * scale + eps);
+        if (rstd && lane == 0)
+            rstd[row] = r;
+        T *yr = y + row * D;
+        for (int j = lane; j < D; j += width) { /* this thread's own stores: no barrier needed */
+            float v = dg_ld(sr, j) * r;
+            if (w)
+                v *= dg_ld(w, j);
+            dg_st(yr, j, v);
+        }
+    }
+}
+
+/* Rows [blockIdx.x * rows_per_block, + rows_per_block): dx = dsum + rmsnorm backward, and, when
+ * partial is set, partial[blockIdx.x, j] = this block's sum over its rows of dy s r. Dynamic shared
+ * memory: NORM_WARP_ROWS * D floats (warp path), D floats (block path, acc_smem) or none. */
+template <typename T, bool WARP>
+__global__ void add_norm_bwd_kernel(int64_t rows, int D, int64_t rows_per_block, float scale,
+                                    float eps, const T *s, const T *w, const float *rstd,
+                                    const T *dy, const T *dsum, T *dx, float *partial,
+                                    int acc_smem) {
+    extern __shared__ float acc_s[];
+    __shared__ float smem[32];
+    const int lane = threadIdx.x, width = WARP ? 32 : blockDim.x;
+    const int sub = WARP ? threadIdx.y : 0, nsub = WARP ? blockDim.y : 1;
+    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
+    const int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
+    float *acc = nullptr; /* this warp's (or block's) dw share; column j belongs to one thread */
+    if (partial) {
+        if (WARP)
+            acc = acc_s + (int64_t)sub * D;
+        else
+            acc = acc_smem ? acc_s : partial + (int64_t)blockIdx.x * D;
+        for (int j = lane; j < D; j += width)
+            acc[j] = 0.0f;
+    }
+    for (int64_t row = r0 + sub; row < r1; row += nsub) {
+        const T *sr = s + row * D, *dyr = dy + row * D;
+        float r;
+        if (rstd) {
+            r = rstd[row];
+        } else { /* the forward's reduction, in the forward's order */
+            float ss = 0.0f;
+            for (int j = lane; j < D; j += width) {
+                float v = dg_ld(sr, j);
+                ss += v * v;
+            }
+            ss = norm_row_sum<WARP>(ss, smem);
+            r = 1.0f / sqrtf(ss * scale + eps);
+        }
+        if (dx) {
+            float dot = 0.0f; /* sum_j g_j s_j */
+            for (int j = lane; j < D; j += width) {
+                float g = dg_ld(dyr, j);
+                if (w)
+                    g *= dg_ld(w, j);
+                dot += g * dg_ld(sr, j);
+            }
+            dot = norm_row_sum<WARP>(dot, smem);
+            float m = scale * r * dot; /* scale * sum_j g_j sh_j */
+            const T *dsr = dsum ? dsum + row * D : nullptr;
+            T *dxr = dx + row * D;
+            for (int j = lane; j < D; j += width) {
+                float sv = dg_ld(sr, j), dyv = dg_ld(dyr, j);
+                float g = w ? dyv * dg_ld(w, j) : dyv;
+                float v = r * (g - sv * r * m);
+                if (dsr)
+                    v += dg_ld(dsr, j);
+                dg_st(dxr, j, v);
+                if (acc)
+                    acc[j] += dyv * sv * r;
+            }
+        } else if (acc) {
+            for (int j = lane; j < D; j += width)
+                acc[j] += dg_ld(dyr, j) * dg_ld(sr, j) * r;
+        }
+    }
+    if (!partial)
+        return;
+    float *out = partial + (int64_t)blockIdx.x * D;
+    if (WARP) { /* the warps' shares, added in warp order */
+        __syncthreads();
+        for (int j = sub * 32 + lane; j < D; j += 32 * nsub) {
+            float v = 0.0f;
+            for (int k = 0; k < nsub; k++)
+                v += acc_s[(int64_t)k * D + j];
+            out[j] = v;
+        }
+    } else if (acc_smem) { /* each thread copies its own columns */
+        for (int j = lane; j < D; j += width)
+            out[j] = acc_s[j];
+    }
+}
+
 // ---- kernel launchers
 
 template <typename T>
@@ -336,4 +466,117 @@ extern "C" dg_status dg__norm_bwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, i
     dg__cuda_free(ctx, partial, partial_bytes);
     dg__cuda_free(ctx, rstd_tmp, rstd_bytes);
     return s;
+}
+
+// ---- residual add + RMSNorm launchers
+
+template <typename T>
+static dg_status add_norm_fwd_typed(dg_ctx *ctx, int64_t rows, int D, float scale, float eps,
+                                    const void *x, const void *res, const void *w, void *sum,
+                                    void *y, float *rstd) {
+    cudaStream_t st = dg__stream(ctx);
+    if (D <= NORM_WARP_MAX_D) {
+        dim3 block(32, NORM_WARP_ROWS);
+        add_norm_fwd_kernel<T, true><<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(
+            rows, D, scale, eps, (const T *)x, (const T *)res, (const T *)w, (T *)sum, (T *)y,
+            rstd);
+    } else {
+        add_norm_fwd_kernel<T, false><<<dg__blocks(rows, 1), NORM_BLOCK_THREADS, 0, st>>>(
+            rows, D, scale, eps, (const T *)x, (const T *)res, (const T *)w, (T *)sum, (T *)y,
+            rstd);
+    }
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+extern "C" dg_status dg__add_norm_fwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, int64_t D,
+                                           float scale, float eps, const void *x, const void *res,
+                                           const void *w, void *sum, void *y, float *rstd) {
+    if (rows <= 0 || D <= 0)
+        return DG_OK;
+    if (D > INT_MAX)
+        return dg__err(DG_ERR_SHAPE, "add_rmsnorm (cuda): last axis %lld is too long",
+                       (long long)D);
+    switch (dt) {
+    case DG_F32:
+        return add_norm_fwd_typed<float>(ctx, rows, (int)D, scale, eps, x, res, w, sum, y, rstd);
+    case DG_BF16:
+        return add_norm_fwd_typed<__nv_bfloat16>(ctx, rows, (int)D, scale, eps, x, res, w, sum, y,
+                                                 rstd);
+    default:
+        return dg__err(DG_ERR_DTYPE, "add_rmsnorm (cuda): no kernel for dtype %s (f32, bf16)",
+                       dg_dtype_name(dt));
+    }
+}
+
+template <typename T>
+static dg_status add_norm_bwd_typed(dg_ctx *ctx, int64_t rows, int D, int64_t rows_per_block,
+                                    int nblocks, float scale, float eps, const void *s,
+                                    const void *w, const float *rstd, const void *dy,
+                                    const void *dsum, void *dx, void *dw, float *partial) {
+    cudaStream_t st = dg__stream(ctx);
+    if (D <= NORM_WARP_MAX_D) {
+        dim3 block(32, NORM_WARP_ROWS);
+        size_t smem = partial ? (size_t)NORM_WARP_ROWS * D * sizeof(float) : 0;
+        add_norm_bwd_kernel<T, true><<<nblocks, block, smem, st>>>(
+            rows, D, rows_per_block, scale, eps, (const T *)s, (const T *)w, rstd, (const T *)dy,
+            (const T *)dsum, (T *)dx, partial, 1);
+    } else {
+        int acc_smem = partial && D <= ADD_NORM_SMEM_MAX_D;
+        size_t smem = acc_smem ? (size_t)D * sizeof(float) : 0;
+        add_norm_bwd_kernel<T, false><<<nblocks, NORM_BLOCK_THREADS, smem, st>>>(
+            rows, D, rows_per_block, scale, eps, (const T *)s, (const T *)w, rstd, (const T *)dy,
+            (const T *)dsum, (T *)dx, partial, acc_smem);
+    }
+    DG_CHECK_LAUNCH();
+    if (dw) {
+        norm_colsum_kernel<T><<<dg__blocks(D, 256), 256, 0, st>>>(nblocks, D, partial, (T *)dw);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
+}
+
+extern "C" dg_status dg__add_norm_bwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, int64_t D,
+                                           float scale, float eps, const void *s, const void *w,
+                                           const float *rstd, const void *dy, const void *dsum,
+                                           void *dx, void *dw) {
+    if (D <= 0 || (!dx && !dw))
+        return DG_OK;
+    if (dt != DG_F32 && dt != DG_BF16)
+        return dg__err(DG_ERR_DTYPE,
+                       "add_rmsnorm backward (cuda): no kernel for dtype %s (f32, bf16)",
+                       dg_dtype_name(dt));
+    if (D > INT_MAX)
+        return dg__err(DG_ERR_SHAPE, "add_rmsnorm backward (cuda): last axis %lld is too long",
+                       (long long)D);
+    if (rows <= 0) { /* no rows: dw is an empty sum */
+        if (dw)
+            DG_CHECK_CUDA(cudaMemsetAsync(dw, 0, (size_t)D * dg_dtype_size(dt), dg__stream(ctx)));
+        return DG_OK;
+    }
+    /* Contiguous row runs per block: at most ADD_NORM_MAX_BLOCKS partial rows with dw, else as
+     * many blocks as the row layout wants (capped as dg__blocks caps). */
+    const int warp = D <= NORM_WARP_MAX_D;
+    const int64_t min_rows = warp ? NORM_WARP_ROWS : 1;
+    const int64_t max_blocks = dw ? ADD_NORM_MAX_BLOCKS : 65535LL * 16;
+    int64_t rows_per_block = DG_CEIL_DIV(rows, max_blocks);
+    if (rows_per_block < min_rows)
+        rows_per_block = min_rows;
+    int nblocks = (int)DG_CEIL_DIV(rows, rows_per_block);
+    float *partial = NULL;
+    size_t partial_bytes = 0;
+    if (dw) {
+        partial_bytes = (size_t)nblocks * (size_t)D * sizeof(float);
+        DG_TRY(dg__cuda_malloc(ctx, partial_bytes, (void **)&partial));
+    }
+    dg_status st;
+    if (dt == DG_F32)
+        st = add_norm_bwd_typed<float>(ctx, rows, (int)D, rows_per_block, nblocks, scale, eps, s, w,
+                                       rstd, dy, dsum, dx, dw, partial);
+    else
+        st = add_norm_bwd_typed<__nv_bfloat16>(ctx, rows, (int)D, rows_per_block, nblocks, scale,
+                                               eps, s, w, rstd, dy, dsum, dx, dw, partial);
+    /* Stream-ordered free: the block is reused only by work queued after these kernels. */
+    dg__cuda_free(ctx, partial, partial_bytes);
+    return st;
 }

@@ -591,26 +591,29 @@ static dg_status model_run(dg_model *m, dg_tensor *const *W, dg_tensor *ids, dg_
         st = dg__err(DG_ERR_NOMEM, "dg_model_forward: out of host memory");
         goto fail;
     }
+    /* Each residual add is fused with the norm that reads its result (dg_add_rmsnorm): the MLP's
+     * pre-norm, the next layer's attention pre-norm, and after the last layer the final norm.
+     * Only the first layer's attention pre-norm stands alone. h: the normed input of what comes
+     * next; x: the residual stream. */
     RUN(dg_embedding(ctx, W[m->embed], ids, &x));
+    RUN(dg_rmsnorm(ctx, x, W[m->layers[0].attn_norm], c->norm_eps, &h));
     for (int l = 0; l < c->n_layers; l++) {
         const dg_layer_ix *L = &m->layers[l];
-        RUN(dg_rmsnorm(ctx, x, W[L->attn_norm], c->norm_eps, &h));
+        int next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
         RUN(kda_layer(m, W, L, h, sin ? sin + 4 * l : NULL, sout ? sout + 4 * l : NULL, sc, &r));
         dg_tensor_free(&h);
-        RUN(dg_add(ctx, x, r, &x2));
+        RUN(dg_add_rmsnorm(ctx, x, r, W[L->mlp_norm], c->norm_eps, &x2, &h));
         dg_tensor_free(&r);
         dg_tensor_free(&x);
         x = x2, x2 = NULL;
-        RUN(dg_rmsnorm(ctx, x, W[L->mlp_norm], c->norm_eps, &h));
         RUN(mlp(m, W, L, h, sc, &r));
         dg_tensor_free(&h);
-        RUN(dg_add(ctx, x, r, &x2));
+        RUN(dg_add_rmsnorm(ctx, x, r, W[next_norm], c->norm_eps, &x2, &h));
         dg_tensor_free(&r);
         dg_tensor_free(&x);
         x = x2, x2 = NULL;
         scratch_free(sc);
     }
-    RUN(dg_rmsnorm(ctx, x, W[m->final_norm], c->norm_eps, &h));
     RUN(dg_linear(ctx, h, W[m->lm_head], logits));
 fail:
     dg_tensor_free(&x);
