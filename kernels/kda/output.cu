@@ -12,8 +12,8 @@
  *   tc == 0, f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
  *     backward out_dh_kernel, out_dA_kernel, out_dE_kernel.
  *   tc == 1 and K, V % 4 == 0 with 16-byte aligned arrays: mma.sync TF32 with cp.async stages
- *     (mma.cuh's gemm_acc): output_fwd_mma_kernel; backward out_dh_mma_kernel, out_de_mma_kernel
- *     (dAqk stays on WMMA).
+ *     (mma.cuh's gemm_acc): output_fwd_mma_kernel; backward out_dh_mma_kernel, out_da_mma_kernel,
+ *     out_de_mma_kernel.
  *   tc != 0 otherwise: WMMA TF32 (tc == 1) or 3xTF32 (tc == 2): output_fwd_tc_kernel; backward
  *     out_dh_tc_kernel, out_da_tc_kernel, out_de_tc_kernel (transposed operands are row-major
  *     shared tiles read as col_major; static shared memory at most 2 x 64 x 72 floats, 36 KB).
@@ -496,6 +496,26 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                           ne, nv, scale);
 }
 
+/* dAqk[i][j] = dO_i . E_j for j <= i, 0 above (rows < L, all BT columns) on mma.sync (TF32),
+ * grid (chunk, hv): both operands k-contiguous (dO rows i, E rows j), k = the V value columns in
+ * cp.async stages; E of M (f32 or bf16). Needs V % 4 == 0 (bf16 E: % 8) and 16-byte aligned dO,
+ * E, dAqk (checked by the launcher). */
+template <int BT, class M>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    out_da_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                      int HV, int V, const float *__restrict__ dO, const M *__restrict__ E,
+                      float *__restrict__ dAqk) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true, float, M>()];
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch];
+    float acc[kdamma::AbTile<BT>::NTW][4] = {};
+    kdamma::gemm_acc<BT, true, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
+                                     E + (t0 * HV + hv) * V, (int64_t)HV * V, L, BT, V, sm);
+    kdamma::store_acc<BT, true>(acc, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
+}
+
 template <int BT>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_de_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
@@ -626,7 +646,10 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
             DG_CHECK_LAUNCH();
         }
         if (dAqk) {
-            if (p2)
+            if (mma && aligned16(E) && aligned16(dAqk))
+                out_da_mma_kernel<BT_, M><<<dim3(nc, hvs), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, dO, (const M *)E, dAqk);
+            else if (p2)
                 out_da_tc_kernel<BT_, 2, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
             else
