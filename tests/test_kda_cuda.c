@@ -13,6 +13,9 @@
  *   ffma      raw kernels with tc = 0 against the raw CPU f64 functions (group TC)
  *   tf32      the same with tc = 1 (TF32 tensor cores / mma.sync)
  *   3xtf32    the same with tc = 2 (3xTF32)
+ *   mid       tc = 1 with kda_cuda_dims.mid = 1: W, U, KG, QG, h and E stored as bf16 on the
+ *             device, against the CPU f64 functions fed the same bf16-rounded values (group TC,
+ *             the cases where dg__kda_mid_fits holds; the others are skipped, not failed)
  *   ops-f32   the ops-layer entry points (dg_kda_*) on CUDA through the tape, f32 activations,
  *             against the CPU f64 op run on the values the CUDA op actually used: forward values
  *             and the gradient of every input, seeded with random output gradients (OS, OC)
@@ -27,7 +30,9 @@
  *       bit for bit (no float atomics)
  *   TC  ffma, tf32, 3xtf32: intra, wy, state, output forward and backward against one f64 chain
  *       (each stage fed the f32 rounding of the chain's own inputs), outputs alone, upstream
- *       gradients left out, and the acc mode of the intra and wy backward
+ *       gradients left out, and the acc mode of the intra and wy backward; mid: the stages that
+ *       read or write the bf16 intermediates (wy, state, output forward; state, output backward),
+ *       and the refusal of mid = 1 where it does not apply (errors row, column mid)
  *   OS  ops-f32, ops-bf16: every stage entry point on its own (l2norm and state under both
  *       policies, beta c = 1 and 2, gate_cumsum with every gate kind; state and output take f32
  *       intermediates only, so they run in ops-f32)
@@ -59,9 +64,10 @@
  *   case number (as --list prints) or text the case name contains; S a stage or extra name; V a
  *   variant. Without a filter everything runs; with --variant the extras without a variant
  *   (tables, errors, rule, args, timing) are left out, with --case the extras not tied to a case
- *   (rule, args, timing). A small run for compute-sanitizer, e.g.:
+ *   (rule, args, timing). --list also names the variants. A small run for compute-sanitizer, e.g.:
  *     compute-sanitizer --tool racecheck ./build-cuda/test_kda_cuda gpu --case 7 \
  *         --variant tf32 --stage intra,state
+ *   The bf16 intermediates alone (stages and the errors row): --variant mid.
  */
 #include "harness.h"
 #include "kda_testutil.h"
@@ -100,6 +106,15 @@ int main(int argc, char **argv) {
 #define TOL_3XTF32 1e-4
 /* tc = 0 (the f32 FFMA kernels) against f64: the contrast to the two above, asserted loosely. */
 #define TOL_FFMA 1e-4
+/* mid (tc = 1, W, U, KG, QG, h, E stored as bf16), the outputs stored as bf16: the final
+ * round-to-nearest-even alone is up to 2^-9 ~ 2e-3 of each element, on top of the TF32 / bf16
+ * product errors of the mma.sync kernels (TOL_TF32's budget); the references are the exact f64
+ * values, so 1e-2 of the largest value leaves ~5x over the storage rounding. The f32 outputs of
+ * the mid variant (ht, O and the gradients) are computed from the same bf16 inputs as their f64
+ * references, so only the kernels' own roundings count: the TF32 products, and in the bf16 mma
+ * forms the bf16 staging of the state / X operands (2^-9 per operand instead of TF32's 2^-11,
+ * accumulated in f32); they are held to TOL_TF32. */
+#define TOL_MID 1e-2
 /* Ops layer, f32 CUDA against f64: the kernels sum in f32 over at most BT-long rows, K/V-long dot
  * products and a state chain of a few chunks; the CPU f32 reference stays within 1e-5 of f64 on
  * the same cases (test_kda_chunk), and the kernels only reorder those sums. */
@@ -138,9 +153,9 @@ static const char *stage_name[NSTAGE] = {"l2norm", "beta",   "gate",      "intra
                                          "policy", "errors", "rule",      "args",  "timing"};
 enum { D_FWD, D_BWD, D_ACC, NDIR };
 static const char *dir_name[NDIR] = {"fwd", "bwd", "acc"};
-enum { V_F32, V_FFMA, V_TF32, V_3XTF32, V_OPS_F32, V_OPS_BF16, V_NONE, NVAR };
-static const char *var_name[NVAR] = {"f32",     "ffma",     "tf32", "3xtf32",
-                                     "ops-f32", "ops-bf16", "none"};
+enum { V_F32, V_FFMA, V_TF32, V_3XTF32, V_MID, V_OPS_F32, V_OPS_BF16, V_NONE, NVAR };
+static const char *var_name[NVAR] = {"f32", "ffma",    "tf32",     "3xtf32",
+                                     "mid", "ops-f32", "ops-bf16", "none"};
 
 static int g_n[NSTAGE][NDIR][NVAR], g_bad[NSTAGE][NDIR][NVAR], g_has_err[NSTAGE][NDIR][NVAR];
 static double g_err[NSTAGE][NDIR][NVAR];
@@ -575,7 +590,12 @@ static void rtab_free(dg_ctx *gpu, rtab *t) {
  * logits, v, h0 and upstream gradients uniform in [-1, 1]; the f64 world draws the same numbers.
  * Above the diagonal of Aqk and Tm (never to be read) the f32 world gives the backward stages junk
  * (and the forward stages the clean matrices); the f64 world gives every stage an Aqk with junk
- * there and the clean Tm. The upstream dAqk and dTm fill whole rows. */
+ * there and the clean Tm. The upstream dAqk and dTm fill whole rows.
+ * The mid world (variant mid, f64): W, U, KG, QG are rounded to bf16 right after the wy forward
+ * and h, E right after the state forward, so every later stage of the chain (and every backward
+ * reference) is computed from exactly the bf16 values the device holds (uploaded as bf16: the
+ * upload of a bf16-exact value is exact); the forward stages producing them are compared against
+ * the values before the rounding (Wo .. Eo). */
 #define WORLD_MAXT 112
 
 typedef struct world {
@@ -584,6 +604,7 @@ typedef struct world {
     kda_cuda_dims *dd;
     dg_dtype dt;
     int mode, var; /* tc of the kernels being checked and its variant */
+    int mid;       /* W, U, KG, QG, h, E stored as bf16 on the device (kda_cuda_dims.mid) */
     double tol;    /* the variant's tolerance */
     int64_t TT, NC;
     int N, H, HV, K, V, BT;
@@ -592,6 +613,9 @@ typedef struct world {
     dg_tensor *qraw, *kraw, *v, *graw, *braw, *h0, *xg, *Alog, *dtb;
     dg_tensor *q, *k, *rq, *beta, *beta2, *G, *Aqk, *Tm, *AqkB, *TmB, *W, *U, *KG, *QG, *h, *E, *ht,
         *O, *orec, *htrec;
+    /* the references of the wy and state forward outputs: W .. E before the mid world's bf16
+     * rounding (the same tensors outside it) */
+    dg_tensor *Wo, *Uo, *KGo, *QGo, *ho, *Eo;
     dg_tensor *dy, *dbu, *dGu, *dAu, *dTu, *dWu, *dUu, *dKGu, *dQGu, *dhu, *dEu, *dht, *dO;
     /* device (f32); AqkF/TmF: what the forward stages get, AqkB/TmB the backward ones */
     dg_tensor *qraw_d, *kraw_d, *q_d, *k_d, *rq_d, *v_d, *graw_d, *braw_d, *h0_d, *xg_d, *Alog_d,
@@ -644,7 +668,52 @@ static dg_tensor *junk_upper(world *w, dg_ctx *cpu, const dg_tensor *M) {
     return t;
 }
 
-static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_dtype dt, world *w) {
+/* A kept copy of t (the value before round_bf16_ changes t). */
+static dg_tensor *kept_copy(world *w, dg_ctx *cpu, const dg_tensor *t) {
+    dg_tensor *c = NULL;
+    DG_TEST_TRY(dg_tensor_new(cpu, dg_tensor_dtype(t), dg_tensor_ndim(t), dg_tensor_shape(t), &c));
+    DG_TEST_TRY(dg_tensor_copy_(c, t));
+    return keep(w, c);
+}
+
+/* Round the host f64 tensor t to bf16 in place (to nearest even, through a bf16 tensor: the same
+ * conversion as any bf16 upload). */
+static void round_bf16_(dg_ctx *cpu, dg_tensor *t) {
+    double *x = host64(t);
+    dg_tensor *b = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_BF16, dg_tensor_ndim(t), dg_tensor_shape(t), x, &b));
+    free(x);
+    x = host64(b);
+    memcpy(P(t), x, (size_t)dg_tensor_numel(t) * sizeof(double));
+    free(x);
+    dg_tensor_free(&b);
+}
+
+/* The device copy of a world input: bf16 for the mid intermediates of the mid world (their host
+ * values are bf16-exact there), else f32 (up). */
+static dg_tensor *up_mid(dg_ctx *gpu, const world *w, dg_tensor *t) {
+    if (!w->mid || !t)
+        return up(gpu, t);
+    double *x = host64(t);
+    dg_tensor *g = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(gpu, DG_BF16, dg_tensor_ndim(t), dg_tensor_shape(t), x, &g));
+    free(x);
+    return g;
+}
+
+/* A poisoned device output for one of the mid intermediates: bf16 in the mid world. */
+static dg_tensor *poisoned_mid(dg_ctx *gpu, const world *w, const dg_tensor *like) {
+    if (!w->mid)
+        return poisoned(gpu, like);
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_new(gpu, DG_BF16, dg_tensor_ndim(like), dg_tensor_shape(like), &t));
+    DG_TEST_TRY(dg_tensor_fill_(t, NAN));
+    return t;
+}
+
+/* mid: the world of variant mid (dt must be DG_F64). */
+static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_dtype dt, int mid,
+                        world *w) {
     memset(w, 0, sizeof *w);
     const kcase *c = r->c;
     const kda_dims *d = &tab->cfg.d;
@@ -653,6 +722,7 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
     w->d = d;
     w->dd = &tab->dd;
     w->dt = dt;
+    w->mid = mid;
     const int64_t TT = r->TT, NC = r->NC;
     const int N = r->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
     w->TT = TT;
@@ -700,11 +770,24 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
     w->QG = keep(w, ref(w, cpu, TT, HV, K, 0));
     DG_TEST_TRY(REF(w, wy_fwd, d, P(w->q), P(w->k), P(w->v), P(w->beta), P(w->G), P(w->Tm), P(w->W),
                     P(w->U), P(w->KG), P(w->QG)));
+    dg_tensor **mw[4] = {&w->W, &w->U, &w->KG, &w->QG},
+              **mwo[4] = {&w->Wo, &w->Uo, &w->KGo, &w->QGo};
+    for (int i = 0; i < 4; i++) {
+        *mwo[i] = mid ? kept_copy(w, cpu, *mw[i]) : *mw[i];
+        if (mid)
+            round_bf16_(cpu, *mw[i]);
+    }
     w->h = keep(w, ref(w, cpu, NC, HV, K, V));
     w->E = keep(w, ref(w, cpu, TT, HV, V, 0));
     w->ht = keep(w, ref(w, cpu, N, HV, K, V));
     DG_TEST_TRY(REF(w, state_fwd, d, P(w->W), P(w->U), P(w->KG), P(w->G), P(w->h0), P(w->h),
                     P(w->E), P(w->ht)));
+    w->ho = mid ? kept_copy(w, cpu, w->h) : w->h;
+    w->Eo = mid ? kept_copy(w, cpu, w->E) : w->E;
+    if (mid) {
+        round_bf16_(cpu, w->h);
+        round_bf16_(cpu, w->E);
+    }
     w->O = keep(w, ref(w, cpu, TT, HV, V, 0));
     REF(w, output_fwd, d, scale, P(w->QG), P(w->h), P(w->Aqk), P(w->E), P(w->O));
     w->orec = keep(w, ref(w, cpu, TT, HV, V, 0));
@@ -742,8 +825,11 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
                          w->W,    w->U,    w->KG,  w->QG,   w->h,   w->E,    w->dy,
                          w->dbu,  w->dGu,  w->dAu, w->dTu,  w->dWu, w->dUu,  w->dKGu,
                          w->dQGu, w->dhu,  w->dEu, w->dht,  w->dO};
-    for (size_t i = 0; i < NELEM(to); i++)
-        *to[i] = keep(w, up(gpu, from[i]));
+    for (size_t i = 0; i < NELEM(to); i++) {
+        const int m = from[i] == w->W || from[i] == w->U || from[i] == w->KG || from[i] == w->QG ||
+                      from[i] == w->h || from[i] == w->E;
+        *to[i] = keep(w, m ? up_mid(gpu, w, from[i]) : up(gpu, from[i]));
+    }
     w->AqkF_d = keep(w, up(gpu, f64 ? AqkJ : w->Aqk));
     w->AqkB_d = f64 ? w->AqkF_d : keep(w, up(gpu, AqkJ));
     w->TmF_d = keep(w, up(gpu, w->Tm));
@@ -790,6 +876,13 @@ static void wcmp_tol(const world *w, const char *kern, const char *what, const d
 static void wcmp(const world *w, const char *kern, const char *what, const dg_tensor *got,
                  const dg_tensor *want) {
     wcmp_tol(w, kern, what, got, want, 0.0, w->tol);
+}
+
+/* wcmp for an output stored in the intermediates' storage (W, U, KG, QG, h, E): TOL_MID in the
+ * mid world. */
+static void wcmp_mid(const world *w, const char *kern, const char *what, const dg_tensor *got,
+                     const dg_tensor *want) {
+    wcmp_tol(w, kern, what, got, want, 0.0, w->mid ? TOL_MID : w->tol);
 }
 
 static double max_abs_t(const dg_tensor *t) {
@@ -920,35 +1013,35 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
         break;
     case S_WY: /* all four outputs, then W alone, then U with QG (f32) or U alone (f64): NULL
                   outputs are skipped */
-        o1 = poisoned(gpu, w->W);
-        o2 = poisoned(gpu, w->U);
-        o3 = poisoned(gpu, w->KG);
-        o4 = poisoned(gpu, w->QG);
+        o1 = poisoned_mid(gpu, w, w->W);
+        o2 = poisoned_mid(gpu, w, w->U);
+        o3 = poisoned_mid(gpu, w, w->KG);
+        o4 = poisoned_mid(gpu, w, w->QG);
         dg_check_ok(dg__kda_wy_fwd_cuda(gpu, dd, F(w->q_d), F(w->k_d), F(w->v_d), F(w->beta_d),
                                         F(w->G_d), F(w->TmF_d), F(o1), F(o2), F(o3), F(o4)),
                     "wy launch");
-        wcmp(w, "kda_wy_fwd", "W", o1, w->W);
-        wcmp(w, "kda_wy_fwd", "U", o2, w->U);
-        wcmp(w, "kda_wy_fwd", "KG", o3, w->KG);
-        wcmp(w, "kda_wy_fwd", "QG", o4, w->QG);
+        wcmp_mid(w, "kda_wy_fwd", "W", o1, w->Wo);
+        wcmp_mid(w, "kda_wy_fwd", "U", o2, w->Uo);
+        wcmp_mid(w, "kda_wy_fwd", "KG", o3, w->KGo);
+        wcmp_mid(w, "kda_wy_fwd", "QG", o4, w->QGo);
         DG_TEST_TRY(dg_tensor_fill_(o1, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
         DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
         dg_check_ok(dg__kda_wy_fwd_cuda(gpu, dd, NULL, F(w->k_d), NULL, F(w->beta_d), F(w->G_d),
                                         F(w->TmF_d), F(o1), NULL, NULL, NULL),
                     "wy launch (W only)");
-        wcmp(w, "kda_wy_fwd", "W (alone)", o1, w->W);
+        wcmp_mid(w, "kda_wy_fwd", "W (alone)", o1, w->Wo);
         if (f64) {
             dg_check_ok(dg__kda_wy_fwd_cuda(gpu, dd, NULL, NULL, F(w->v_d), F(w->beta_d), F(w->G_d),
                                             F(w->TmF_d), NULL, F(o2), NULL, NULL),
                         "wy launch (U only)");
-            wcmp(w, "kda_wy_fwd", "U (alone)", o2, w->U);
+            wcmp_mid(w, "kda_wy_fwd", "U (alone)", o2, w->Uo);
         } else {
             dg_check_ok(dg__kda_wy_fwd_cuda(gpu, dd, F(w->q_d), NULL, F(w->v_d), F(w->beta_d),
                                             F(w->G_d), F(w->TmF_d), NULL, F(o2), NULL, F(o4)),
                         "wy launch (U and QG)");
-            wcmp(w, "kda_wy_fwd", "U (with QG)", o2, w->U);
-            wcmp(w, "kda_wy_fwd", "QG (with U)", o4, w->QG);
+            wcmp_mid(w, "kda_wy_fwd", "U (with QG)", o2, w->Uo);
+            wcmp_mid(w, "kda_wy_fwd", "QG (with U)", o4, w->QGo);
         }
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
@@ -956,20 +1049,20 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
         dg_tensor_free(&o4);
         break;
     case S_STATE: /* with and without ht */
-        o1 = poisoned(gpu, w->h);
-        o2 = poisoned(gpu, w->E);
+        o1 = poisoned_mid(gpu, w, w->h);
+        o2 = poisoned_mid(gpu, w, w->E);
         o3 = poisoned(gpu, w->ht);
         dg_check_ok(dg__kda_state_fwd_cuda(gpu, dd, F(w->W_d), F(w->U_d), F(w->KG_d), F(w->G_d),
                                            F(w->h0_d), F(o1), F(o2), F(o3)),
                     "state launch");
-        wcmp(w, "kda_state_fwd", "h", o1, w->h);
-        wcmp(w, "kda_state_fwd", "E", o2, w->E);
+        wcmp_mid(w, "kda_state_fwd", "h", o1, w->ho);
+        wcmp_mid(w, "kda_state_fwd", "E", o2, w->Eo);
         wcmp(w, "kda_state_fwd", "ht", o3, w->ht);
         DG_TEST_TRY(dg_tensor_fill_(o2, NAN));
         dg_check_ok(dg__kda_state_fwd_cuda(gpu, dd, F(w->W_d), F(w->U_d), F(w->KG_d), F(w->G_d),
                                            F(w->h0_d), F(o1), F(o2), NULL),
                     "state launch (no ht)");
-        wcmp(w, "kda_state_fwd", "E (no ht)", o2, w->E);
+        wcmp_mid(w, "kda_state_fwd", "E (no ht)", o2, w->Eo);
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
         dg_tensor_free(&o3);
@@ -1420,26 +1513,78 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
 }
 
 /* Stages of each variant (bits of S_*): f32 every stage (the chunked pipeline forward only);
- * the tc variants the stages with a tensor-core path. */
+ * the tc variants the stages with a tensor-core path; mid the stages reading or writing the bf16
+ * intermediates (the wy backward reads none of them: f32 inputs, f32 upstream gradients). */
 #define STAGE_BITS(a, b) ((2u << (b)) - (1u << (a)))
-static const unsigned raw_fwd_stages[2] = {STAGE_BITS(S_L2, S_CHUNK),
-                                           STAGE_BITS(S_INTRA, S_OUTPUT)};
-static const unsigned raw_bwd_stages[2] = {STAGE_BITS(S_L2, S_REC), STAGE_BITS(S_INTRA, S_OUTPUT)};
+static const unsigned raw_fwd_stages[3] = {STAGE_BITS(S_L2, S_CHUNK), STAGE_BITS(S_INTRA, S_OUTPUT),
+                                           STAGE_BITS(S_WY, S_OUTPUT)};
+static const unsigned raw_bwd_stages[3] = {STAGE_BITS(S_L2, S_REC), STAGE_BITS(S_INTRA, S_OUTPUT),
+                                           STAGE_BITS(S_STATE, S_OUTPUT)};
 
 /* Every selected stage of world w with tc = w->mode; fwd/bwd: run those directions at all. */
 static void raw_run(dg_ctx *cpu, dg_ctx *gpu, world *w, int fwd, int bwd) {
-    const int f64 = w->dt == DG_F64;
+    const int f64 = w->dt == DG_F64, set = w->mid ? 2 : f64;
     for (int s = S_L2; s <= S_CHUNK && fwd; s++)
-        if ((raw_fwd_stages[f64] >> s & 1) && sel(s, D_FWD, w->var))
+        if ((raw_fwd_stages[set] >> s & 1) && sel(s, D_FWD, w->var))
             raw_fwd(cpu, gpu, w, s);
     for (int s = S_L2; s <= S_REC && bwd; s++) {
-        if (!(raw_bwd_stages[f64] >> s & 1))
+        if (!(raw_bwd_stages[set] >> s & 1))
             continue;
         const int b = sel(s, D_BWD, w->var);
         const int a = f64 && (s == S_INTRA || s == S_WY) && sel(s, D_ACC, w->var);
         if (b || a)
             raw_bwd(cpu, gpu, w, s, b, a);
     }
+}
+
+/* errors, column mid: the raw launchers refuse mid = 1 where it does not apply, with
+ * DG_ERR_UNSUPPORTED and kda_mid_refused's message: tc == 0 (every launcher that reads or writes
+ * the bf16 intermediates; none of them has an FFMA bf16 kernel) and tc == 1 with K % 16 != 0 (the
+ * state pass, forward and backward: its bf16 form is the mma.sync kernel alone). The calls take
+ * the mid world's arrays and f32 outputs (at least as large as bf16 ones; K - 8 only shrinks
+ * what a launch would touch), so a launcher that failed to refuse would still stay in bounds. */
+static void mid_refusals(dg_ctx *gpu, world *w) {
+    cell(S_ERRORS, D_FWD, V_MID);
+    const char *needle = "bf16 intermediates (mid = 1) need", *cn = w->r->name;
+    const float scale = (float)w->scale;
+    kda_cuda_dims bad = *w->dd; /* shares the device tables of w->dd; never freed */
+    bad.mid = 1;
+    dg_tensor *o[10] = {poisoned(gpu, w->W),  poisoned(gpu, w->U),   poisoned(gpu, w->KG),
+                        poisoned(gpu, w->QG), poisoned(gpu, w->G),   poisoned(gpu, w->h),
+                        poisoned(gpu, w->E),  poisoned(gpu, w->Aqk), poisoned(gpu, w->ht),
+                        poisoned(gpu, w->O)};
+    float *fW = F(o[0]), *fU = F(o[1]), *fKG = F(o[2]), *fQG = F(o[3]), *fG = F(o[4]);
+    float *fh = F(o[5]), *fE = F(o[6]), *fA = F(o[7]), *fht = F(o[8]), *fO = F(o[9]);
+    char what[240];
+#define REFUSED(call, tag)                                                                         \
+    do {                                                                                           \
+        snprintf(what, sizeof what, "%s | mid %s refused (tc=%d K=%d)", cn, tag, bad.tc, bad.K);   \
+        dg_check_err((call), DG_ERR_UNSUPPORTED, needle, what);                                    \
+    } while (0)
+    bad.tc = 0;
+    REFUSED(dg__kda_wy_fwd_cuda(gpu, &bad, F(w->q_d), F(w->k_d), F(w->v_d), F(w->beta_d), F(w->G_d),
+                                F(w->TmF_d), fW, fU, fKG, fQG),
+            "wy fwd");
+    REFUSED(dg__kda_output_fwd_cuda(gpu, &bad, scale, F(w->QG_d), F(w->h_d), F(w->AqkF_d),
+                                    F(w->E_d), fO),
+            "output fwd");
+    REFUSED(dg__kda_output_bwd_cuda(gpu, &bad, scale, F(w->QG_d), F(w->h_d), F(w->AqkB_d),
+                                    F(w->E_d), F(w->dO_d), fQG, fh, fA, fE),
+            "output bwd");
+    for (int i = 0; i < 2; i++) { /* the state pass: tc == 0, then tc == 1 with K % 16 != 0 */
+        bad.tc = i;
+        bad.K = w->dd->K - 8 * i;
+        REFUSED(dg__kda_state_fwd_cuda(gpu, &bad, F(w->W_d), F(w->U_d), F(w->KG_d), F(w->G_d),
+                                       F(w->h0_d), fh, fE, fht),
+                "state fwd");
+        REFUSED(dg__kda_state_bwd_cuda(gpu, &bad, F(w->W_d), F(w->KG_d), F(w->G_d), F(w->h_d),
+                                       F(w->E_d), F(w->dhu_d), F(w->dEu_d), F(w->dht_d), fW, fU,
+                                       fKG, fG, fht),
+                "state bwd");
+    }
+#undef REFUSED
+    DG_TEST_TRY(dg_ctx_sync(gpu));
+    free_all(o, NELEM(o));
 }
 
 /* ---- groups OS, OC, OP, OE: the ops-layer entry points through the tape ---------------------- */
@@ -2403,7 +2548,11 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
     const int tc = (runs & TC) && (any_raw(D_FWD, S_INTRA, S_OUTPUT, V_FFMA, V_3XTF32) ||
                                    any_raw(D_BWD, S_INTRA, S_OUTPUT, V_FFMA, V_3XTF32) ||
                                    any_raw(D_ACC, S_INTRA, S_WY, V_FFMA, V_3XTF32));
-    const int tables = (runs & (RF | RB | TC)) && (rf || rb || tc || sel_x(S_TABLES, V_NONE));
+    const int mid =
+        (runs & TC) && (any_raw(D_FWD, S_WY, S_OUTPUT, V_MID, V_MID) ||
+                        any_raw(D_BWD, S_STATE, S_OUTPUT, V_MID, V_MID) || sel_x(S_ERRORS, V_MID));
+    const int tables =
+        (runs & (RF | RB | TC)) && (rf || rb || tc || mid || sel_x(S_TABLES, V_NONE));
     const int os = (runs & OS) && any_ops(S_L2, S_OUTPUT);
     const int oc = (runs & OC) && any_ops(S_REC, S_CHUNK);
     const int op = (runs & OP) && (sel_x(S_POLICY, V_OPS_F32) || sel_x(S_POLICY, V_OPS_BF16));
@@ -2419,7 +2568,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
         rtab_init(cpu, gpu, r, &tab);
         world w;
         if (rf || rb) { /* variant f32: tc = 0 against the CPU f32 chain */
-            world_setup(cpu, gpu, r, &tab, DG_F32, &w);
+            world_setup(cpu, gpu, r, &tab, DG_F32, 0, &w);
             w.mode = 0;
             w.var = V_F32;
             w.tol = TOL_RAW_F32;
@@ -2429,7 +2578,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
         if (tc) { /* variants tf32, 3xtf32, ffma: tc = 1, 2, 0 against the CPU f64 chain */
             static const int modes[3] = {1, 2, 0};
             static const double mode_tol[3] = {TOL_FFMA, TOL_TF32, TOL_3XTF32};
-            world_setup(cpu, gpu, r, &tab, DG_F64, &w);
+            world_setup(cpu, gpu, r, &tab, DG_F64, 0, &w);
             for (int i = 0; i < 3; i++) {
                 w.mode = tab.dd.tc = modes[i];
                 w.var = V_FFMA + w.mode;
@@ -2438,6 +2587,25 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
             }
             tab.dd.tc = 0;
             world_free(&w);
+        }
+        if (mid) { /* variant mid: tc = 1 and bf16 intermediates where the sizes allow them */
+            tab.dd.tc = 1;
+            tab.dd.mid = 1;
+            if (dg__kda_mid_fits(&tab.dd)) {
+                world_setup(cpu, gpu, r, &tab, DG_F64, 1, &w);
+                w.mode = 1;
+                w.var = V_MID;
+                w.tol = TOL_TF32;
+                raw_run(cpu, gpu, &w, 1, 1);
+                if (sel_x(S_ERRORS, V_MID))
+                    mid_refusals(gpu, &w);
+                world_free(&w);
+            } else {
+                printf("   mid: skipped (needs K %% 16 == 0, K <= 256, V %% 16 == 0; K=%d V=%d)\n",
+                       r->c->K, r->c->V);
+            }
+            tab.dd.tc = 0;
+            tab.dd.mid = 0;
         }
         rtab_free(gpu, &tab);
     }
@@ -2460,6 +2628,10 @@ static void list_cases(void) {
         print_groups(kcases[i].runs);
         printf("\n");
     }
+    printf("   variants:");
+    for (int v = 0; v < V_NONE; v++)
+        printf(" %s", var_name[v]);
+    printf("\n");
 }
 
 int main(int argc, char **argv) {
