@@ -305,6 +305,52 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 // ---- backward kernels
 
+/* The arrays of the WY backward's per-column work (wy_cols_kernel, wy_cols_mma_kernel). */
+struct WyCols {
+    const float *q, *k, *v, *beta, *G, *dKG, *dQG;
+    float *dqv, *dkv, *dv, *dG;
+    int H, HV, K, V;
+    unsigned acc;
+};
+
+/* Token t of one column e of the WY backward, given s = (Tm^T dW)_t (key column) or
+ * (Tm^T dU)_t (value column): writes dq, dk and dG (a key column; the chunk's last row keeps its
+ * dG in last, to which the column sum is added later) or dv (a value column), adds k a to the
+ * column sum, and returns this element's share of dbeta. FAST: the hardware __expf (the
+ * tensor-core path). */
+template <bool FAST>
+__device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e,
+                                            bool kcol, bool vcol, bool lastrow, float lam,
+                                            float s, float &colsum, float &last) {
+    const float bj = o.beta[t * o.HV + hv];
+    if (kcol) {
+        const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
+        const float Gj = o.G[ig], kj = o.k[iq], qj = o.q[iq];
+        const float gam = FAST ? __expf(Gj) : expf(Gj);
+        const float X = bj * kj * gam;
+        const float tq = o.dQG ? o.dQG[ig] * gam : 0.f;
+        const float a = o.dKG ? o.dKG[ig] * (FAST ? __expf(lam - Gj) : expf(lam - Gj)) : 0.f;
+        if (o.dqv)
+            o.dqv[ig] = (o.acc & KDA_ACC_DQ ? o.dqv[ig] : 0.f) + tq;
+        if (o.dkv)
+            o.dkv[ig] = (o.acc & KDA_ACC_DK ? o.dkv[ig] : 0.f) + a + bj * gam * s;
+        const float g = qj * tq - kj * a + X * s;
+        if (lastrow)
+            last = g;
+        else if (o.dG)
+            o.dG[ig] = (o.acc & KDA_ACC_DG ? o.dG[ig] : 0.f) + g;
+        colsum += kj * a;
+        return s * kj * gam;
+    }
+    if (vcol) {
+        const int64_t iv = (t * o.HV + hv) * o.V + e;
+        if (o.dv)
+            o.dv[iv] = bj * s;
+        return s * o.v[iv];
+    }
+    return 0.f;
+}
+
 template <int BT>
 __global__ void __launch_bounds__(NTH)
     wy_cols_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
@@ -339,39 +385,15 @@ __global__ void __launch_bounds__(NTH)
     const int e = c0 + lane;
     const bool ok = e < ncol;
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
+    const WyCols o{q, k, v, beta, G, dKG, dQG, dqv, dkv, dv, dG, H, HV, K, V, acc};
     float colsum = 0.f, last = 0.f;
     for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
         float s = 0.f;                /* (Tm^T up)_j, rows i >= j in order */
         for (int i = j; i < L; i++)
             s += sTm[i][j] * sX[i][lane];
         const int64_t t = t0 + j;
-        const float bj = beta[t * HV + hv];
-        float pb = 0.f;
-        if (key && ok) {
-            const int64_t ig = (t * HV + hv) * K + e, iq = (t * H + hq) * K + e;
-            const float Gj = G[ig], kj = k[iq], qj = q[iq];
-            const float gam = expf(Gj);
-            const float X = bj * kj * gam;
-            const float tq = dQG ? dQG[ig] * gam : 0.f;
-            const float a = dKG ? dKG[ig] * expf(lam - Gj) : 0.f;
-            if (dqv)
-                dqv[ig] = (acc & KDA_ACC_DQ ? dqv[ig] : 0.f) + tq;
-            if (dkv)
-                dkv[ig] = (acc & KDA_ACC_DK ? dkv[ig] : 0.f) + a + bj * gam * s;
-            const float g = qj * tq - kj * a + X * s;
-            if (j == L - 1)
-                last = g;
-            else if (dG)
-                dG[ig] = (acc & KDA_ACC_DG ? dG[ig] : 0.f) + g;
-            colsum += kj * a;
-            pb = s * kj * gam;
-        } else if (ok) {
-            const int64_t iv = (t * HV + hv) * V + e;
-            if (dv)
-                dv[iv] = bj * s;
-            pb = s * v[iv];
-        }
-        pb = warp_sum(pb);
+        const float pb = warp_sum(wy_col_row<false>(o, t, hv, hq, e, key && ok, !key && ok,
+                                                   j == L - 1, lam, s, colsum, last));
         if (dbp && lane == 0)
             dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
     }
@@ -446,37 +468,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* half: warp-uniform */
     const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
+    const WyCols o{q, k, v, beta, G, dKG, dQG, dqv, dkv, dv, dG, H, HV, K, V, acc};
     float colsum = 0.f, last = 0.f;
     for (int j = rg; half && j < L; j += RG) {
         const float s = Xs[j * LDX + el]; /* (Tm^T up)_j */
         const int64_t t = t0 + j;
-        const float bj = beta[t * HV + hv];
-        float pb = 0.f;
-        if (key && ok) {
-            const int64_t ig = (t * HV + hv) * K + e, iq = (t * H + hq) * K + e;
-            const float Gj = G[ig], kj = k[iq], qj = q[iq];
-            const float gam = __expf(Gj);
-            const float X = bj * kj * gam;
-            const float tq = dQG ? dQG[ig] * gam : 0.f;
-            const float a = dKG ? dKG[ig] * __expf(lam - Gj) : 0.f;
-            if (dqv)
-                dqv[ig] = (acc & KDA_ACC_DQ ? dqv[ig] : 0.f) + tq;
-            if (dkv)
-                dkv[ig] = (acc & KDA_ACC_DK ? dkv[ig] : 0.f) + a + bj * gam * s;
-            const float g = qj * tq - kj * a + X * s;
-            if (j == L - 1)
-                last = g;
-            else if (dG)
-                dG[ig] = (acc & KDA_ACC_DG ? dG[ig] : 0.f) + g;
-            colsum += kj * a;
-            pb = s * kj * gam;
-        } else if (ok) {
-            const int64_t iv = (t * HV + hv) * V + e;
-            if (dv)
-                dv[iv] = bj * s;
-            pb = s * v[iv];
-        }
-        pb = warp_sum(pb);
+        const float pb = warp_sum(wy_col_row<true>(o, t, hv, hq, e, key && ok, !key && ok,
+                                                   j == L - 1, lam, s, colsum, last));
         if (dbp && lane == 0)
             dbp[(int64_t)zs * d.TT * HV + t * HV + hv] = pb;
     }
