@@ -15,7 +15,7 @@
  * computed in f32), f32/bf16 on CUDA (f32 math). Tape: the node saves s, w and, under CACHE (the
  * default), rstd [rows] (f64 for f64 inputs, else f32); RECOMPUTE recomputes rstd from s.
  */
-#include "../autograd/tape.h"
+#include "rmsnorm.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/norm.cuh"
 #endif
@@ -26,114 +26,31 @@ typedef struct {
     double eps;
 } arn_params;
 
-// ---- reference
+// ---- reference: the sum, then ops/rmsnorm.c's reference on it (the same bits as the two ops)
 
 #ifdef _OPENMP
-#define ARN_OMP_ROWS _Pragma("omp parallel for schedule(static) if (rows * D > 32768)")
+#define ARN_OMP_ROWS _Pragma("omp parallel for schedule(static) if (n > 32768)")
 #else
 #define ARN_OMP_ROWS
 #endif
-#define ARN_DW_COLS 64 /* columns per OpenMP task in the dw reduction */
 
-/* One body for f64 and f32 (f32 computes in f32), written as ops/rmsnorm.c writes the plain
- * RMSNorm so that the results are those of dg_add + dg_rmsnorm. rstd_in: the forward's or NULL;
- * dsum: NULL when no gradient reached s; dx, dw: NULL to skip. */
-#define ARN_DEFINE(T, SUF, SQRT)                                                                   \
-    static T arn_rstd_##SUF(const T *sr, int64_t D, T scale, T eps) {                              \
-        T ss = 0;                                                                                  \
-        for (int64_t j = 0; j < D; j++)                                                            \
-            ss += sr[j] * sr[j];                                                                   \
-        return (T)1 / SQRT(ss * scale + eps);                                                      \
-    }                                                                                              \
-    static void arn_fwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x, const T *res,   \
-                              const T *w, T *sum, T *y, T *rstd) {                                 \
+/* out = a + b over n elements (out may be a or b); f64 or f32 by SUF. */
+#define ARN_ADD_DEFINE(T, SUF)                                                                     \
+    static void arn_add_##SUF(int64_t n, const T *a, const T *b, T *out) {                         \
         ARN_OMP_ROWS                                                                               \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            const T *xr = x + r * D, *rr = res + r * D;                                            \
-            T *sr = sum + r * D;                                                                   \
-            for (int64_t j = 0; j < D; j++)                                                        \
-                sr[j] = xr[j] + rr[j];                                                             \
-            T rs = arn_rstd_##SUF(sr, D, scale, eps);                                              \
-            if (rstd)                                                                              \
-                rstd[r] = rs;                                                                      \
-            for (int64_t j = 0; j < D; j++) {                                                      \
-                T v = sr[j] * rs;                                                                  \
-                if (w)                                                                             \
-                    v *= w[j];                                                                     \
-                y[r * D + j] = v;                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    static dg_status arn_bwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *s,            \
-                                   const T *w, const T *rstd_in, const T *dy, const T *dsum,       \
-                                   T *dx, T *dw) {                                                 \
-        T *rs_buf = NULL;                                                                          \
-        const T *rs = rstd_in;                                                                     \
-        if (!rs) {                                                                                 \
-            rs_buf = DG_MALLOC((size_t)(rows > 0 ? rows : 1) * sizeof(T));                         \
-            if (!rs_buf)                                                                           \
-                return dg__err(DG_ERR_NOMEM, "add_rmsnorm backward: out of host memory");          \
-            ARN_OMP_ROWS                                                                           \
-            for (int64_t r = 0; r < rows; r++)                                                     \
-                rs_buf[r] = arn_rstd_##SUF(s + r * D, D, scale, eps);                              \
-            rs = rs_buf;                                                                           \
-        }                                                                                          \
-        if (dx) {                                                                                  \
-            ARN_OMP_ROWS                                                                           \
-            for (int64_t r = 0; r < rows; r++) {                                                   \
-                const T *sr = s + r * D, *dyr = dy + r * D;                                        \
-                T dot = 0;                                                                         \
-                for (int64_t j = 0; j < D; j++) {                                                  \
-                    T g = dyr[j];                                                                  \
-                    if (w)                                                                         \
-                        g *= w[j];                                                                 \
-                    dot += g * sr[j];                                                              \
-                }                                                                                  \
-                T m = scale * rs[r] * dot;                                                         \
-                for (int64_t j = 0; j < D; j++) {                                                  \
-                    T g = dyr[j];                                                                  \
-                    if (w)                                                                         \
-                        g *= w[j];                                                                 \
-                    T v = rs[r] * (g - sr[j] * rs[r] * m);                                         \
-                    dx[r * D + j] = dsum ? dsum[r * D + j] + v : v;                                \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        if (dw) {                                                                                  \
-            /* Column blocks in parallel, rows in order inside each: deterministic. */             \
-            int64_t nb = (D + ARN_DW_COLS - 1) / ARN_DW_COLS;                                      \
-            ARN_OMP_ROWS                                                                           \
-            for (int64_t b = 0; b < nb; b++) {                                                     \
-                int64_t j0 = b * ARN_DW_COLS, j1 = j0 + ARN_DW_COLS < D ? j0 + ARN_DW_COLS : D;    \
-                for (int64_t j = j0; j < j1; j++)                                                  \
-                    dw[j] = 0;                                                                     \
-                for (int64_t r = 0; r < rows; r++)                                                 \
-                    for (int64_t j = j0; j < j1; j++)                                              \
-                        dw[j] += dy[r * D + j] * s[r * D + j] * rs[r];                             \
-            }                                                                                      \
-        }                                                                                          \
-        DG_FREE(rs_buf);                                                                           \
-        return DG_OK;                                                                              \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            out[i] = a[i] + b[i];                                                                  \
     }
-
-ARN_DEFINE(double, f64, sqrt)
-ARN_DEFINE(float, f32, sqrtf)
+ARN_ADD_DEFINE(double, f64)
+ARN_ADD_DEFINE(float, f32)
 
 // ---- forward
 
 static const char *const k_op = "dg_add_rmsnorm";
 
-/* Device first, then dtype: f64/f32 on the CPU, f32/bf16 on CUDA. */
+/* Device first, then dtype (as dg_rmsnorm's x), then at least one dimension. */
 static dg_status arn_check_x(const dg_tensor *x, const dg_ctx *ctx) {
-    DG_TRY(dg__check_device(k_op, "x", x, ctx));
-    DG_TRY(dg__check_dtype(k_op, "x", x, DG_FLOATS));
-    if (!dg__is_cuda(x) && x->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: 'x' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", k_op,
-                       dg_tensor_desc(x));
-    if (dg__is_cuda(x) && x->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: 'x' is %s; the CUDA kernels run f32 or bf16", k_op,
-                       dg_tensor_desc(x));
+    DG_TRY(dg__rmsnorm_check_float(k_op, "x", x, ctx));
     if (x->ndim < 1)
         return dg__err(DG_ERR_SHAPE, "%s: 'x' must have at least one dimension, got %s", k_op,
                        dg_tensor_desc(x));
@@ -167,12 +84,18 @@ static dg_status arn_run_fwd(dg_ctx *ctx, dg_tensor *x, dg_tensor *r, dg_tensor 
         return dg__no_cuda("add_rmsnorm");
 #endif
     }
-    if (x->dtype == DG_F64)
-        arn_fwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, eps, dg__f64(x), dg__f64(r),
-                    w ? dg__f64(w) : NULL, dg__f64(sum), dg__f64(y), rstd ? dg__f64(rstd) : NULL);
-    else
-        arn_fwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)eps, dg__f32(x), dg__f32(r),
-                    w ? dg__f32(w) : NULL, dg__f32(sum), dg__f32(y), rstd ? dg__f32(rstd) : NULL);
+    const int64_t n = rows * D;
+    if (x->dtype == DG_F64) {
+        arn_add_f64(n, dg__f64(x), dg__f64(r), dg__f64(sum));
+        dg__rmsnorm_fwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, eps, dg__f64(sum),
+                            w ? dg__f64(w) : NULL, NULL, DG_ACT_NONE, dg__f64(y),
+                            rstd ? dg__f64(rstd) : NULL);
+    } else {
+        arn_add_f32(n, dg__f32(x), dg__f32(r), dg__f32(sum));
+        dg__rmsnorm_fwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)eps, dg__f32(sum),
+                            w ? dg__f32(w) : NULL, NULL, DG_ACT_NONE, dg__f32(y),
+                            rstd ? dg__f32(rstd) : NULL);
+    }
     return DG_OK;
 }
 
@@ -266,13 +189,22 @@ static dg_status arn_run_bwd(dg_ctx *ctx, double eps, dg_tensor *s, dg_tensor *w
         return dg__no_cuda("add_rmsnorm backward");
 #endif
     }
-    if (s->dtype == DG_F64)
-        return arn_bwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, eps, dg__f64(s), ARN_PTR(w, dg__f64),
-                           ARN_PTR(rstd, dg__f64), dg__f64(dy), ARN_PTR(dsum, dg__f64),
-                           ARN_PTR(dx, dg__f64), ARN_PTR(dw, dg__f64));
-    return arn_bwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)eps, dg__f32(s),
-                       ARN_PTR(w, dg__f32), ARN_PTR(rstd, dg__f32), dg__f32(dy),
-                       ARN_PTR(dsum, dg__f32), ARN_PTR(dx, dg__f32), ARN_PTR(dw, dg__f32));
+    /* dx = dsum + the RMSNorm's dx (dsum NULL: no gradient reached the sum) */
+    const int64_t n = rows * D;
+    if (s->dtype == DG_F64) {
+        DG_TRY(dg__rmsnorm_bwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, eps, dg__f64(s),
+                                   ARN_PTR(w, dg__f64), NULL, DG_ACT_NONE, ARN_PTR(rstd, dg__f64),
+                                   dg__f64(dy), ARN_PTR(dx, dg__f64), ARN_PTR(dw, dg__f64), NULL));
+        if (dx && dsum)
+            arn_add_f64(n, dg__f64(dsum), dg__f64(dx), dg__f64(dx));
+        return DG_OK;
+    }
+    DG_TRY(dg__rmsnorm_bwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)eps, dg__f32(s),
+                               ARN_PTR(w, dg__f32), NULL, DG_ACT_NONE, ARN_PTR(rstd, dg__f32),
+                               dg__f32(dy), ARN_PTR(dx, dg__f32), ARN_PTR(dw, dg__f32), NULL));
+    if (dx && dsum)
+        arn_add_f32(n, dg__f32(dsum), dg__f32(dx), dg__f32(dx));
+    return DG_OK;
 #undef ARN_PTR
 }
 

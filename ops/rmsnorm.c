@@ -11,7 +11,7 @@
  * Shapes: x [..., D], y like x. Tape: the node saves x, w, gate and, under CACHE (the default),
  * rstd [rows] (f64 for f64 inputs, else f32); RECOMPUTE recomputes rstd in backward.
  */
-#include "../autograd/tape.h"
+#include "rmsnorm.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/norm.cuh"
 #endif
@@ -55,8 +55,8 @@ typedef struct {
             ss += xr[j] * xr[j];                                                                   \
         return (T)1 / SQRT(ss * scale + eps);                                                      \
     }                                                                                              \
-    static void rms_fwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x, const T *w,     \
-                              const T *gate, dg_act act, T *y, T *rstd) {                          \
+    void dg__rmsnorm_fwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x, const T *w,    \
+                               const T *gate, dg_act act, T *y, T *rstd) {                         \
         RMS_OMP_ROWS                                                                               \
         for (int64_t r = 0; r < rows; r++) {                                                       \
             const T *xr = x + r * D;                                                               \
@@ -73,9 +73,9 @@ typedef struct {
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
-    static dg_status rms_bwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x,            \
-                                   const T *w, const T *gate, dg_act act, const T *rstd_in,        \
-                                   const T *dy, T *dx, T *dw, T *dgate) {                          \
+    dg_status dg__rmsnorm_bwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x,           \
+                                    const T *w, const T *gate, dg_act act, const T *rstd_in,       \
+                                    const T *dy, T *dx, T *dw, T *dgate) {                         \
         T *rs_buf = NULL;                                                                          \
         const T *rs = rstd_in;                                                                     \
         if (!rs) {                                                                                 \
@@ -149,8 +149,8 @@ RMS_DEFINE(float, f32, sqrtf, expf)
 // ---- forward
 
 /* Device first, then dtype: f64/f32 on the CPU, f32/bf16 on CUDA. */
-static dg_status rms_check_float(const char *op, const char *arg, const dg_tensor *t,
-                                 const dg_ctx *ctx) {
+dg_status dg__rmsnorm_check_float(const char *op, const char *arg, const dg_tensor *t,
+                                  const dg_ctx *ctx) {
     DG_TRY(dg__check_device(op, arg, t, ctx));
     DG_TRY(dg__check_dtype(op, arg, t, DG_FLOATS));
     if (!dg__is_cuda(t) && t->dtype == DG_BF16)
@@ -179,12 +179,13 @@ static dg_status rms_run_fwd(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor 
 #endif
     }
     if (x->dtype == DG_F64)
-        rms_fwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, eps, dg__f64(x), w ? dg__f64(w) : NULL,
-                    gate ? dg__f64(gate) : NULL, act, dg__f64(y), rstd ? dg__f64(rstd) : NULL);
+        dg__rmsnorm_fwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, eps, dg__f64(x),
+                            w ? dg__f64(w) : NULL, gate ? dg__f64(gate) : NULL, act, dg__f64(y),
+                            rstd ? dg__f64(rstd) : NULL);
     else
-        rms_fwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)eps, dg__f32(x),
-                    w ? dg__f32(w) : NULL, gate ? dg__f32(gate) : NULL, act, dg__f32(y),
-                    rstd ? dg__f32(rstd) : NULL);
+        dg__rmsnorm_fwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)eps, dg__f32(x),
+                            w ? dg__f32(w) : NULL, gate ? dg__f32(gate) : NULL, act, dg__f32(y),
+                            rstd ? dg__f32(rstd) : NULL);
     return DG_OK;
 }
 
@@ -194,7 +195,7 @@ static dg_status rms_impl(const char *op, const char *kind, dg_ctx *ctx, dg_tens
     *out = NULL;
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
     DG_TRY(dg__check_ptr(op, "x", x));
-    DG_TRY(rms_check_float(op, "x", x, ctx));
+    DG_TRY(dg__rmsnorm_check_float(op, "x", x, ctx));
     if (x->ndim < 1)
         return dg__err(DG_ERR_SHAPE, "%s: 'x' must have at least one dimension, got %s", op,
                        dg_tensor_desc(x));
@@ -246,7 +247,8 @@ static dg_status rms_impl(const char *op, const char *kind, dg_ctx *ctx, dg_tens
             dg__node_save(n, wc);
             dg__node_save(n, gc);
             dg__node_save(n, rstd);
-            s = dg__node_commit_params(n, &(rms_params){.eps = eps, .act = act}, sizeof(rms_params));
+            s = dg__node_commit_params(n, &(rms_params){.eps = eps, .act = act},
+                                       sizeof(rms_params));
         }
     }
     dg_tensor_free(&xc);
@@ -287,14 +289,14 @@ static dg_status rms_run_bwd(dg_ctx *ctx, const rms_params *p, dg_tensor *x, dg_
 #endif
     }
     if (x->dtype == DG_F64)
-        return rms_bwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, p->eps, dg__f64(x),
-                           RMS_PTR(w, dg__f64), RMS_PTR(gate, dg__f64), p->act,
-                           RMS_PTR(rstd, dg__f64), dg__f64(dy), RMS_PTR(dx, dg__f64),
-                           RMS_PTR(dw, dg__f64), RMS_PTR(dgate, dg__f64));
-    return rms_bwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)p->eps, dg__f32(x),
-                       RMS_PTR(w, dg__f32), RMS_PTR(gate, dg__f32), p->act, RMS_PTR(rstd, dg__f32),
-                       dg__f32(dy), RMS_PTR(dx, dg__f32), RMS_PTR(dw, dg__f32),
-                       RMS_PTR(dgate, dg__f32));
+        return dg__rmsnorm_bwd_f64(rows, D, D ? 1.0 / (double)D : 0.0, p->eps, dg__f64(x),
+                                   RMS_PTR(w, dg__f64), RMS_PTR(gate, dg__f64), p->act,
+                                   RMS_PTR(rstd, dg__f64), dg__f64(dy), RMS_PTR(dx, dg__f64),
+                                   RMS_PTR(dw, dg__f64), RMS_PTR(dgate, dg__f64));
+    return dg__rmsnorm_bwd_f32(rows, D, D ? 1.0f / (float)D : 0.0f, (float)p->eps, dg__f32(x),
+                               RMS_PTR(w, dg__f32), RMS_PTR(gate, dg__f32), p->act,
+                               RMS_PTR(rstd, dg__f32), dg__f32(dy), RMS_PTR(dx, dg__f32),
+                               RMS_PTR(dw, dg__f32), RMS_PTR(dgate, dg__f32));
 #undef RMS_PTR
 }
 
