@@ -88,17 +88,6 @@ __device__ __forceinline__ void kda_st2(kda_bf16 *p, float a, float b) {
         }                                                                                          \
     } while (0)
 
-/* Arguments every forward launcher checks first. */
-static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cuda_dims *d) {
-    if (!ctx || !d || !d->buf)
-        return dg__err(DG_ERR_ARG, "%s: ctx and a dims built by dg__kda_cuda_dims_new are required",
-                       fn);
-    return DG_OK;
-}
-
-/* 16-byte alignment, as cp.async and the float4 / float2 accesses need. */
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 /* A launcher that reaches a kernel without a bf16 variant while d->mid is set refuses: the ops
  * layer sets mid only where every reader and writer has one (dg__kda_mid_fits). */
 static inline dg_status kda_mid_refused(const char *fn, const kda_cuda_dims *d) {
@@ -107,6 +96,19 @@ static inline dg_status kda_mid_refused(const char *fn, const kda_cuda_dims *d) 
                    "V %% 16 == 0 and 16-byte aligned arrays; got tc=%d K=%d V=%d",
                    fn, d->tc, d->K, d->V);
 }
+
+/* Arguments every forward launcher checks first (mid = 1 only where dg__kda_mid_fits). */
+static inline dg_status kda_check_dims(const char *fn, dg_ctx *ctx, const kda_cuda_dims *d) {
+    if (!ctx || !d || !d->buf)
+        return dg__err(DG_ERR_ARG, "%s: ctx and a dims built by dg__kda_cuda_dims_new are required",
+                       fn);
+    if (d->mid && !dg__kda_mid_fits(d))
+        return kda_mid_refused(fn, d);
+    return DG_OK;
+}
+
+/* 16-byte alignment, as cp.async and the float4 / float2 accesses need. */
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 /* Kernels that split a chunk's work into nz column tiles launch grid.x = NC * nz with a chunk's
  * tiles as neighbours, so the operands the tiles share are still in L2 when the next tile reads
@@ -163,6 +165,8 @@ static inline dg_status check_dims(const char *fn, const kda_cuda_dims *d) {
         d->TT < 0 || d->NC < 0)
         return dg__err(DG_ERR_SHAPE, "%s: bad dims H=%d HV=%d K=%d V=%d N=%d TT=%lld NC=%lld", fn,
                        d->H, d->HV, d->K, d->V, d->N, (long long)d->TT, (long long)d->NC);
+    if (d->mid && !dg__kda_mid_fits(d))
+        return kda_mid_refused(fn, d);
     return DG_OK;
 }
 
