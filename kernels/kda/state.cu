@@ -132,6 +132,11 @@ template <class T> __host__ __device__ constexpr int state_ld1(int K) {
     return sizeof(T) == 4 ? K + 4 : K + 8;
 }
 
+/* Operand buffers of state_mma_kernel: two for bf16 (the next chunk's W, KG and lambda load
+ * during the whole of the current chunk's step; two blocks per SM still fit at K = 128), one for
+ * f32 (two would leave one block per SM). */
+template <class T> __host__ __device__ constexpr int state_nbuf() { return sizeof(T) == 2 ? 2 : 1; }
+
 } // namespace
 
 // ---- forward kernels (state_tc_kernel and state_mma_kernel also run the backward's serial pass)
@@ -388,8 +393,10 @@ __global__ void __launch_bounds__(TC_THREADS)
  *   - the running state S [K][VT] lives in registers as mma accumulators (warp w owns the 16-row
  *     tiles w and w + 8 of S, all VT / 8 8-column tiles), so the update S += A2^T X accumulates in
  *     place; S goes through shared memory once per chunk only as the B operand of A1 S;
- *   - the next chunk's A1 tile (and lambda) is fetched with cp.async while the current chunk's
- *     update runs, and its A2 tile while the next A1 S runs (single buffers, two commit groups);
+ *   - the operands of the chunks ahead (A1, A2 tiles and lambda) are fetched with cp.async into
+ *     a ring of NB buffers (state_nbuf: two for bf16, so chunk c + 1 loads during the whole of
+ *     chunk c's step; one for f32), one commit group per chunk; with two buffers X is staged in
+ *     its own space, so a step has three barriers;
  *   - f32 operands (TA = f32): mma.sync m16n8k8 TF32 with f32 accumulators, fragments read
  *     straight from padded shared memory (row pads chosen so that both the row-major A1 reads and
  *     the transposed A2 reads are free of bank conflicts); the staged S and X are TF32-rounded;
@@ -405,8 +412,9 @@ __global__ void __launch_bounds__(TC_THREADS)
  * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
  * or 64; the launcher picks it from the grid size). TA: the storage of A1 and A2 (W, KG: f32 or
  * bf16, kda_cuda_dims.mid); the forward's X0, Sst, Xo (U, h, E) have it too, the backward's
- * (dE, dHn, dE_tot) are f32. Dynamic shared memory: A1s [BT][state_ld1] and A2s [BT][K + 8] of TA,
- * then Ss [max(K, BT)][VT + 8] of TA (also Xs), f32 Gs [K]. */
+ * (dE, dHn, dE_tot) are f32. Dynamic shared memory (state_mma_smem): NB x A1s [BT][state_ld1],
+ * NB x A2s [BT][K + 8] of TA, then Ss [K][VT + 8] and Xs [BT][VT + 8] of TA (one buffer: Xs
+ * reuses Ss, max(K, BT) rows), NB x f32 Gs [K]. */
 template <int BT, int MT, int VT, bool BWD, class TA>
 __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
@@ -425,12 +433,14 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     typedef typename std::conditional<BWD, float, TA>::type TX;
     typedef TA TS; /* the staged S and X: TF32-rounded f32, or bf16 */
     extern __shared__ __align__(16) float sm_smem[];
+    constexpr int NB = state_nbuf<TA>(); /* operand buffers: chunk it + NB - 1 loads during it */
+    constexpr bool XOWN = NB > 1;         /* Xs has its own space (else it reuses Ss's) */
     const int LD1 = state_ld1<TA>(K), LD2 = K + 8;
-    TA *A1s = reinterpret_cast<TA *>(sm_smem);
-    TA *A2s = A1s + BT * LD1;
-    TS *Ss = A2s + BT * LD2;
-    TS *Xs = Ss; /* X lives where S was staged (after a barrier; max(K, BT) rows) */
-    float *Gs = reinterpret_cast<float *>(Ss + (K > BT ? K : BT) * LDS);
+    TA *const A1b = reinterpret_cast<TA *>(sm_smem);
+    TA *const A2b = A1b + NB * BT * LD1;
+    TS *const Ss = A2b + NB * BT * LD2;
+    TS *const Xs = XOWN ? Ss + K * LDS : Ss; /* reused: max(K, BT) rows of Ss, after a barrier */
+    float *const Gb = reinterpret_cast<float *>(Xs + (XOWN ? BT : (K > BT ? K : BT)) * LDS);
     /* ldmatrix addressing: lane l gives row l % 8 of 8 x 8 tile l / 8 */
     const int mat = (int)(threadIdx.x & 31) >> 3, mr = (int)threadIdx.x & 7;
 
@@ -483,26 +493,63 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1], nch = c_end - c_beg;
     auto chunk_of = [&](int64_t it) { return BWD ? c_end - 1 - it : c_beg + it; };
 
-    /* prologue: A1 + lambda of the first chunk (group 1), A2 (group 2) */
-    if (nch > 0) {
-        const int64_t ch = chunk_of(0), t0 = chunk_t0[ch];
-        const int L = chunk_len[ch];
-        tile_async<BT>(A1s, LD1, A1, t0, L, HV, hv, K, tw);
-        for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
-            kdamma::cp_async16(Gs + 4 * idx, G + ((t0 + L - 1) * HV + hv) * (int64_t)K + 4 * idx,
-                               true);
+    /* A1, A2 and lambda of chunk it into buffer it % NB, as one commit group (empty past the
+     * last chunk, so that group counting stays uniform) */
+    /* The forward with bf16 operands stages X0 (U) of chunk it in Xs by cp.async: each thread
+     * later reads its X0 elements from Xs and writes its X elements to the same places, so the two
+     * need no barrier between them. Its own commit group, issued before the operands of chunk
+     * it + 1 (group order: ..., X0 of it, operands of it + 1). */
+    const bool xasync = !BWD && B16 && X0 && V % 8 == 0;
+    auto fetch_x0 = [&](int64_t it) {
+        if (it < nch) {
+            const int64_t ch = chunk_of(it);
+            const int L = chunk_len[ch];
+            const TX *src = X0 + chunk_t0[ch] * rv + hv * V + v0;
+            for (int idx = threadIdx.x; idx < BT * (VT / 8); idx += SM_THREADS) {
+                const int r = idx / (VT / 8), c = 8 * (idx % (VT / 8));
+                const bool ok = r < L && c < nv;
+                kdamma::cp_async16(Xs + r * LDX + c, ok ? src + r * rv + c : X0, ok);
+            }
+        }
         kdamma::cp_async_commit();
-        tile_async<BT>(A2s, LD2, A2, t0, L, HV, hv, K, tw);
+    };
+    /* the forward's h (from Ss) and E (from Xs) as 16-byte row pieces, where the block's tile is
+     * full: Ss and Xs hold exactly the bf16 values a fragment-wise store would write */
+    const bool coalesced = !BWD && B16 && nv == VT && V % 8 == 0;
+    auto copy_out = [&](TX *dst, const TS *src, int rows, int64_t ld) {
+        for (int idx = threadIdx.x; idx < rows * (VT / 8); idx += SM_THREADS) {
+            const int r = idx / (VT / 8), c = 8 * (idx % (VT / 8));
+            *reinterpret_cast<uint4 *>(dst + r * ld + c) =
+                *reinterpret_cast<const uint4 *>(src + r * LDX + c);
+        }
+    };
+    auto fetch = [&](int64_t it) {
+        if (it < nch) {
+            const int64_t ch = chunk_of(it), t0 = chunk_t0[ch];
+            const int L = chunk_len[ch], b = (int)(it % NB);
+            tile_async<BT>(A1b + b * BT * LD1, LD1, A1, t0, L, HV, hv, K, tw);
+            tile_async<BT>(A2b + b * BT * LD2, LD2, A2, t0, L, HV, hv, K, tw);
+            const float *gl = G + ((t0 + L - 1) * HV + hv) * (int64_t)K;
+            for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
+                kdamma::cp_async16(Gb + b * K + 4 * idx, gl + 4 * idx, true);
+        }
         kdamma::cp_async_commit();
-    }
+    };
+    if (xasync) /* X0 of chunk 0 joins its operands' group */
+        fetch_x0(0);
+#pragma unroll
+    for (int b = 0; b < NB; b++)
+        fetch(b);
 
     for (int64_t it = 0; it < nch; it++) {
         const int64_t ch = chunk_of(it), t0 = chunk_t0[ch];
-        const int L = chunk_len[ch];
+        const int L = chunk_len[ch], b = (int)(it % NB);
+        const TA *const A1s = A1b + b * BT * LD1, *const A2s = A2b + b * BT * LD2;
+        const float *const Gs = Gb + b * K;
 
         /* S (the state at this chunk's start) -> Ss for the A1 S product, and -> Sst */
         store_S(Ss, LDS, false);
-        if (Sst)
+        if (Sst && !coalesced)
             store_S(Sst + (ch * HV + hv) * KV + v0, V, true);
 
         /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (NXT (w % 2) + jj) + 2t
@@ -516,13 +563,23 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             for (int e = 0; e < 4; e++) {
                 const int r = 16 * xm + g + 8 * (e >> 1),
                           c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
-                X[jj][e] = (X0 && xwarp && r < L && c < nv)
+                X[jj][e] = (!xasync && X0 && xwarp && r < L && c < nv)
                                ? kda_ld(X0 + (t0 + r) * rv + hv * V + v0 + c)
                                : 0.f;
             }
 
-        kdamma::cp_async_wait<1>(); /* A1 and lambda of this chunk */
-        __syncthreads();    /* ... visible to all; Ss complete */
+        kdamma::cp_async_wait<NB - 1>(); /* this chunk's operands (and X0) */
+        __syncthreads();                 /* ... visible to all; Ss complete */
+        if (xasync && xwarp) {
+#pragma unroll
+            for (int jj = 0; jj < NXT; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 16 * xm + g + 8 * (e >> 1),
+                              c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
+                    X[jj][e] = kda_ld(Xs + r * LDX + c);
+                }
+        }
 
         /* X = X0 + sgnA A1 S */
         float acc[NXT][4] = {};
@@ -558,7 +615,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 }
             }
         }
-        __syncthreads(); /* every read of Ss is done: Xs reuses its space */
+        if (!XOWN)
+            __syncthreads(); /* every read of Ss is done: Xs reuses its space */
         if (xwarp) {
             TX *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
 #pragma unroll
@@ -579,7 +637,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                         kda_st2(Xs + r * LDX + c, val.x, val.y);
                     else
                         kda_st2(Xs + r * LDX + c, tf32r(val.x), tf32r(val.y));
-                    if (xo && r < L && c < nv)
+                    if (xo && !coalesced && r < L && c < nv)
                         kda_st2(xo + r * rv + c, val.x, val.y);
                 }
         }
@@ -592,18 +650,13 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 const int r = 16 * (w + 8 * m) + g + 8 * hlf;
                 el[m][hlf] = (w + 8 * m < mtiles) ? __expf(Gs[r]) : 0.f;
             }
-        __syncthreads(); /* Xs complete; A1s, Gs and Ss free */
-
-        /* prefetch the next chunk's A1 and lambda */
-        if (it + 1 < nch) {
-            const int64_t cn = chunk_of(it + 1), tn = chunk_t0[cn];
-            const int Ln = chunk_len[cn];
-            tile_async<BT>(A1s, LD1, A1, tn, Ln, HV, hv, K, tw);
-            for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
-                kdamma::cp_async16(Gs + 4 * idx,
-                                   G + ((tn + Ln - 1) * HV + hv) * (int64_t)K + 4 * idx, true);
+        __syncthreads(); /* Xs complete */
+        if (coalesced) {
+            if (Sst)
+                copy_out(Sst + (ch * HV + hv) * KV + v0, Ss, K, V);
+            if (Xo)
+                copy_out(Xo + t0 * rv + hv * V + v0, Xs, L, rv);
         }
-        kdamma::cp_async_commit();
 
         /* S = exp(lambda) S + Sup_c */
         const float *sup = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
@@ -620,9 +673,6 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                     S[m][j][2 * hlf] = el[m][hlf] * S[m][j][2 * hlf] + add.x;
                     S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + add.y;
                 }
-
-        kdamma::cp_async_wait<1>(); /* A2 of this chunk */
-        __syncthreads();
 
         /* S += sgnB A2^T X: A(m = key row, k = token i) = A2s[i][m] */
         const int ksteps = B16 ? 0 : (L + 7) / 8;
@@ -678,14 +728,10 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 }
             }
         }
-        __syncthreads(); /* A2s and Xs free */
-
-        /* prefetch the next chunk's A2 */
-        if (it + 1 < nch) {
-            const int64_t cn = chunk_of(it + 1);
-            tile_async<BT>(A2s, LD2, A2, chunk_t0[cn], chunk_len[cn], HV, hv, K, tw);
-        }
-        kdamma::cp_async_commit();
+        __syncthreads(); /* buffer b, Ss and Xs free */
+        if (xasync)
+            fetch_x0(it + 1);
+        fetch(it + NB);
     }
     kdamma::cp_async_wait<0>();
 
@@ -980,9 +1026,10 @@ static int state_mma_fits(const kda_cuda_dims *d, const void *A1, const void *X0
 }
 
 template <int BT, class TA> static size_t state_mma_smem(int K, int VT) {
-    return sizeof(TA) * ((size_t)BT * state_ld1<TA>(K) + (size_t)BT * (K + 8) +
-                         (size_t)(K > BT ? K : BT) * (VT + 8)) +
-           sizeof(float) * K;
+    constexpr int NB = state_nbuf<TA>();
+    const size_t s_rows = NB > 1 ? (size_t)K + BT : (size_t)(K > BT ? K : BT); /* Ss (+ Xs) */
+    return sizeof(TA) * (NB * (size_t)BT * (state_ld1<TA>(K) + K + 8) + s_rows * (VT + 8)) +
+           sizeof(float) * NB * K;
 }
 
 /* Shared memory of one variant, with the dynamic limit raised (once per device and size) when it
