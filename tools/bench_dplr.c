@@ -182,12 +182,12 @@ int dg_bench_dplr(int argc, char **argv) {
                    "[--gate rwkv7|ref]\n"
                    "                           [--chunk 16|32|64] [--shape B,T,H,K]... "
                    "[--profile]\n\n"
-                   "Times chunked DPLR (dg_dplr_chunk, chunk 64 by default, RWKV-7's stable form\n"
-                   "a = -kh, b = alpha kh) forward and forward+backward on CUDA device 0 at the\n"
-                   "shapes of bench kda (B,T,H,K=V), median of N runs, with peak device memory\n"
-                   "under CACHE and RECOMPUTE and the ratio of each time to its compute and memory\n"
-                   "floors (peaks measured in the same run). The DPLR kernels are f32 FFMA (no\n"
-                   "tensor cores yet) for either dtype.\n\n"
+                   "Times chunked DPLR (dg_dplr_chunk, chunk 64 by default, RWKV-7's stable\n"
+                   "form a = -kh, b = alpha kh) forward and forward+backward on CUDA device 0 at\n"
+                   "the shapes of bench kda (B,T,H,K=V), median of N runs, with peak device\n"
+                   "memory under CACHE and RECOMPUTE and the ratio of each time to its compute\n"
+                   "and memory floors (peaks measured in the same run). The DPLR kernels are f32\n"
+                   "FFMA (no tensor cores yet) for either dtype.\n\n"
                    "  --gate rwkv7    gk = -e^{-1/2} sigmoid(randn), RWKV-7's gate (default)\n"
                    "  --gate ref      gk = log(sigmoid(randn)), the gate bench kda uses\n"
                    "  --shape         time only this shape (repeat for several; at most 8)\n"
@@ -308,12 +308,13 @@ int dg_bench_dplr(int argc, char **argv) {
                r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
         dg_ctx_empty_cache(ctx);
     }
-    printf("\ncf = compute floor (DPLR.md §4 FLOP, backward 2x forward plus the recomputed passes,\n"
-           "/ measured bf16 GEMM rate), mf = memory floor (bytes that must move / measured copy\n"
-           "bandwidth); the ratios say how far each time is from the bound (the kernels are f32\n"
-           "FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the default policy; f+b\n"
-           "cache and peak cache: every node caching (dg_policy_set_global(DG_POLICY_CACHE)).\n"
-           "Peak = device memory high-water mark of one fwd+bwd (inputs included).\n");
+    printf("\ncf = compute floor (DPLR.md §4 FLOP, backward 2x forward plus the recomputed\n"
+           "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
+           "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"
+           "kernels are f32 FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the\n"
+           "default policy; f+b cache and peak cache: every node caching\n"
+           "(dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water mark of one\n"
+           "fwd+bwd (inputs included).\n");
     dg_ctx_free(&ctx);
     return rc;
 }
