@@ -693,8 +693,10 @@ dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
 
 /* =============================================================================================
  * DPLR: the generalised delta rule with a diagonal-plus-low-rank transition (spec: docs/dplr.md
- * and shared DPLR.md). Defined in ops/dplr/. CPU only for now: on a CUDA context every DPLR entry
- * point returns DG_ERR_UNSUPPORTED.
+ * and shared DPLR.md). Defined in ops/dplr/ (CPU) and kernels/dplr/ (CUDA). On the CPU every
+ * tensor of a call has one dtype, f64 or f32 (computed in f32). On CUDA the kernels compute in
+ * f32: the activations q, k, v, a, b, gk are f32 or bf16 (one dtype per call), h0 and the
+ * intermediates of the stage nodes are f32, o has the activations' dtype; K <= 256.
  * ============================================================================================= */
 
 typedef struct dg_dplr_opts {
@@ -707,9 +709,9 @@ typedef struct dg_dplr_opts {
 
 /* The token-by-token DPLR recurrence, per head (S in R^{K x V}, S_0 = h0 or 0):
  *   S_t = Diag(exp(gk_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,   o_t = scale * S_t^T q_t.
- * q, k, a, b, gk: [B,T,H,K]; v: [B,T,H,V]; h0: [N,H,K,V] or NULL; all one dtype (f64, or f32
- * computed in f32). Outputs o: [B,T,H,V], ht: [N,H,K,V] when opts->output_final_state (else
- * *ht = NULL; ht itself may be NULL then). One tape node with its own backward through time. */
+ * q, k, a, b, gk: [B,T,H,K]; v: [B,T,H,V]; h0: [N,H,K,V] or NULL (dtypes: see above). Outputs
+ * o: [B,T,H,V], ht: [N,H,K,V] when opts->output_final_state (else *ht = NULL; ht itself may be
+ * NULL then). One tape node with its own backward through time. */
 dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
                             dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
                             dg_tensor **o, dg_tensor **ht);
@@ -719,13 +721,15 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
  * What the state and output stages keep for backward follows the policies of "dplr_wy" and
  * "dplr_state" (dg_policy_set; default RECOMPUTE: w, u, qg, kg, bg, h, v2 are rebuilt in
  * backward from the kept intra matrices and h0; CACHE keeps them). Both give the same
- * gradients. CPU only (f64, or f32 computed in f32). */
+ * gradients. */
 dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
                         dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
                         dg_tensor **o, dg_tensor **ht);
 
 /* ---- DPLR stage nodes (the chunked algorithm, one tape node each; see ops/dplr/) ----
- * CPU only; every tensor has one dtype (f64, or f32 computed in f32). `opts` supplies
+ * CPU: every tensor has one dtype (f64, or f32 computed in f32); CUDA: the activations (q, k,
+ * v, a, b, gk) f32 or bf16, every other input f32, the outputs f32 except dg_dplr_output's o
+ * (v's dtype). `opts` supplies
  * chunk_size, scale and cu_seqlens exactly as for dg_dplr_chunk (other fields are ignored).
  * Per-chunk matrices [B,T,H,BT]: token row t holds row (t - chunk start) of its chunk's matrix;
  * h: [B,NT,H,K,V] (varlen: [1,NC,H,K,V], NC = total chunks over all sequences), the state at the

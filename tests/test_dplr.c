@@ -7,7 +7,8 @@
  *   every gradient, f64, chunk sizes 16/32/64, T not a multiple of the chunk, varlen packs with
  *   boundaries on and off chunk boundaries and empty sequences, with and without h0, three gate
  *   ranges); f32 against f64; CACHE and RECOMPUTE giving identical gradients; KDA written as
- *   DPLR. Bad inputs, and the CUDA refusal (gpu mode).
+ *   DPLR. Bad inputs, and the refusal of f64 tensors on CUDA (gpu mode; the CUDA path itself is
+ *   tests/test_dplr_cuda.c).
  */
 #include "harness.h"
 #include "kda_testutil.h"
@@ -936,33 +937,35 @@ static void test_bad_inputs(dg_ctx *ctx, dplr_fn fn, const char *fname) {
     free_data(&d);
 }
 
-/* gpu mode: every DPLR entry point refuses a CUDA context with DG_ERR_UNSUPPORTED. */
+/* gpu mode: on CUDA the kernels compute in f32 and read f32 or bf16 activations; every DPLR
+ * entry point refuses f64 tensors there (the CUDA path itself: test_dplr_cuda). */
 static int gpu_main(void) {
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &ctx));
     int64_t sk[4] = {1, 8, 1, 4};
     dg_tensor *x[6] = {0};
     for (int i = 0; i < 6; i++)
-        DG_TEST_TRY(dg_tensor_zeros(ctx, DG_F32, 4, sk, &x[i]));
+        DG_TEST_TRY(dg_tensor_zeros(ctx, DG_F64, 4, sk, &x[i]));
+    static const char *want = "f32 or bf16 on CUDA";
     dg_tensor *o = NULL, *ht = NULL;
     dg_check_err(dg_dplr_recurrent(ctx, x[0], x[1], x[2], x[3], x[4], x[5], NULL, NULL, &o, &ht),
-                 DG_ERR_UNSUPPORTED, "DPLR on CUDA is not implemented yet", "dg_dplr_recurrent");
-    dg_check_err(dg_dplr_gate_cumsum(ctx, x[5], NULL, &o, &ht), DG_ERR_UNSUPPORTED,
-                 "DPLR on CUDA is not implemented yet", "dg_dplr_gate_cumsum");
+                 DG_ERR_DTYPE, want, "dg_dplr_recurrent: f64 on CUDA");
+    dg_check_err(dg_dplr_gate_cumsum(ctx, x[5], NULL, &o, &ht), DG_ERR_DTYPE, want,
+                 "dg_dplr_gate_cumsum: f64 on CUDA");
     dg_check_err(dg_dplr_chunk(ctx, x[0], x[1], x[2], x[3], x[4], x[5], NULL, NULL, &o, &ht),
-                 DG_ERR_UNSUPPORTED, "DPLR on CUDA is not implemented yet", "dg_dplr_chunk");
+                 DG_ERR_DTYPE, want, "dg_dplr_chunk: f64 on CUDA");
     dg_tensor *m[5] = {0};
     dg_check_err(
         dg_dplr_intra(ctx, x[0], x[1], x[3], x[4], x[5], x[5], NULL, &m[0], &m[1], &m[2], &m[3]),
-        DG_ERR_UNSUPPORTED, "DPLR on CUDA is not implemented yet", "dg_dplr_intra");
+        DG_ERR_DTYPE, want, "dg_dplr_intra: f64 on CUDA");
     dg_check_err(dg_dplr_wy(ctx, x[0], x[1], x[2], x[3], x[4], x[5], x[5], x[0], x[0], NULL, &m[0],
                             &m[1], &m[2], &m[3], &m[4]),
-                 DG_ERR_UNSUPPORTED, "DPLR on CUDA is not implemented yet", "dg_dplr_wy");
+                 DG_ERR_DTYPE, want, "dg_dplr_wy: f64 on CUDA");
     dg_check_err(
         dg_dplr_state(ctx, x[0], x[2], x[1], x[4], x[2], x[5], NULL, NULL, &m[0], &m[1], NULL),
-        DG_ERR_UNSUPPORTED, "DPLR on CUDA is not implemented yet", "dg_dplr_state");
-    dg_check_err(dg_dplr_output(ctx, x[0], x[0], x[0], x[0], x[2], x[2], NULL, &o),
-                 DG_ERR_UNSUPPORTED, "DPLR on CUDA is not implemented yet", "dg_dplr_output");
+        DG_ERR_DTYPE, want, "dg_dplr_state: f64 on CUDA");
+    dg_check_err(dg_dplr_output(ctx, x[0], x[0], x[0], x[0], x[2], x[2], NULL, &o), DG_ERR_DTYPE,
+                 want, "dg_dplr_output: f64 on CUDA");
     for (int i = 0; i < 6; i++)
         dg_tensor_free(&x[i]);
     dg_ctx_free(&ctx);

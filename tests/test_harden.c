@@ -814,6 +814,8 @@ static void test_numeric_flags(void) {
         {"bench", "core", "--sizes", "64,1x", NULL, "--sizes"},
         {"bench", "kda", "--reps", "3x", NULL, "--reps"},
         {"bench", "kda", "--reps", "65", NULL, "--reps"},
+        {"bench", "dplr", "--reps", "3x", NULL, "--reps"},
+        {"bench", "dplr", "--chunk", "48", NULL, "--chunk"},
         {"bench", "cp", "--T", "16abc", NULL, "--T"},
         {"bench", "cp", "--chunk", "48", NULL, "--chunk"},
         {"bench", "cp", "--reps", "0", NULL, "--reps"},

@@ -30,50 +30,6 @@
         }                                                                                          \
     } while (0)
 
-/* Median seconds of a large bf16 GEMM (n x n x n) -> FLOP/s. */
-static double measure_gemm(dg_ctx *ctx, int64_t n, int reps) {
-    int64_t sh[2] = {n, n};
-    dg_tensor *a = NULL, *b = NULL, *c = NULL;
-    CHECK(dg_tensor_new(ctx, DG_BF16, 2, sh, &a));
-    CHECK(dg_tensor_new(ctx, DG_BF16, 2, sh, &b));
-    CHECK(dg_tensor_rand_normal(a, 1, 0, 1));
-    CHECK(dg_tensor_rand_normal(b, 2, 0, 1));
-    double t[64];
-    for (int i = -3; i < reps; i++) {
-        CHECK(dg_ctx_sync(ctx));
-        double t0 = dg_bench_now_s();
-        CHECK(dg_matmul(ctx, a, b, &c));
-        CHECK(dg_ctx_sync(ctx));
-        if (i >= 0)
-            t[i] = dg_bench_now_s() - t0;
-        dg_tensor_free(&c);
-    }
-    dg_tensor_free(&a);
-    dg_tensor_free(&b);
-    return 2.0 * (double)n * n * n / dg_bench_median(t, reps);
-}
-
-/* Bytes/s of a device-to-device copy of `bytes` (read + write counted). */
-static double measure_copy(dg_ctx *ctx, int64_t bytes, int reps) {
-    int64_t sh[1] = {bytes / 4};
-    dg_tensor *a = NULL, *b = NULL;
-    CHECK(dg_tensor_new(ctx, DG_F32, 1, sh, &a));
-    CHECK(dg_tensor_new(ctx, DG_F32, 1, sh, &b));
-    CHECK(dg_tensor_rand_uniform(a, 3, -1, 1));
-    double t[64];
-    for (int i = -3; i < reps; i++) {
-        CHECK(dg_ctx_sync(ctx));
-        double t0 = dg_bench_now_s();
-        CHECK(dg_tensor_copy_(b, a));
-        CHECK(dg_ctx_sync(ctx));
-        if (i >= 0)
-            t[i] = dg_bench_now_s() - t0;
-    }
-    dg_tensor_free(&a);
-    dg_tensor_free(&b);
-    return 2.0 * (double)sh[0] * 4 / dg_bench_median(t, reps);
-}
-
 typedef struct {
     int B, T, H, K;
 } shape_t;
@@ -293,9 +249,10 @@ int dg_bench_kda(int argc, char **argv) {
         fprintf(stderr, "bench kda: %s\n", dg_last_error());
         return 1;
     }
-    double flops = measure_gemm(ctx, 8192, 10);
-    double bw = measure_copy(ctx, (int64_t)1 << 30, 10);
+    double flops = dg_bench_gemm_rate(ctx, 8192, 10);
+    double bw = flops > 0 ? dg_bench_copy_rate(ctx, (int64_t)1 << 30, 10) : -1;
     if (flops <= 0 || bw <= 0) {
+        fprintf(stderr, "bench kda: measuring the device peaks failed: %s\n", dg_last_error());
         dg_ctx_free(&ctx);
         return 1;
     }

@@ -1,6 +1,7 @@
 /*
  * tools/cmd_bench.c -- `deltagrad bench core` (GEMM throughput, memory bandwidth) and the
- * dispatch to `deltagrad bench kda` (tools/bench_kda.c).
+ * dispatch to `deltagrad bench kda` (tools/bench_kda.c) and `deltagrad bench dplr`
+ * (tools/bench_dplr.c).
  *
  * On a GPU: bf16 and f32 GEMMs through dg_matmul at a few square sizes, timed with CUDA events
  * around each call, and large copies / an axpy through the library's own kernels. Each result is
@@ -46,6 +47,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: deltagrad bench core [options]\n"
             "       deltagrad bench kda [options]      (see deltagrad bench kda --help)\n"
+            "       deltagrad bench dplr [options]     (see deltagrad bench dplr --help)\n"
             "       mpirun -np N deltagrad bench cp [options]   (see deltagrad bench cp --help)\n"
             "\n"
             "bench core: GEMM throughput through dg_matmul and memory bandwidth through the\n"
@@ -438,6 +440,8 @@ int dg_cmd_bench(int argc, char **argv) {
         return bench_core(argc - 2, argv + 2);
     if (!strcmp(argv[1], "kda"))
         return dg_bench_kda(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "dplr"))
+        return dg_bench_dplr(argc - 1, argv + 1);
     if (!strcmp(argv[1], "cp"))
         return dg_bench_cp(argc - 1, argv + 1);
     fprintf(stderr, "deltagrad bench: unknown benchmark '%s'\n\n", argv[1]);

@@ -14,6 +14,8 @@ int dg_cmd_kda_check(int argc, char **argv);
 int dg_cmd_bench(int argc, char **argv); /* tools/cmd_bench.c */
 /* `deltagrad bench kda ...` (tools/bench_kda.c); argv[0] is "kda". */
 int dg_bench_kda(int argc, char **argv);
+/* `deltagrad bench dplr ...` (tools/bench_dplr.c); argv[0] is "dplr". */
+int dg_bench_dplr(int argc, char **argv);
 /* `deltagrad bench cp ...` (tools/bench_cp.c): KCP on the ranks of an MPI job; argv[0] is "cp". */
 int dg_bench_cp(int argc, char **argv);
 int dg_cmd_explain(int argc, char **argv); /* tools/cmd_explain.c */

@@ -25,7 +25,8 @@ static const struct {
     {"sample", dg_cmd_sample, "generate text from a checkpoint"},
     {"kda", dg_cmd_kda, "run chunked KDA (forward/backward) on .npy files"},
     {"bench", dg_cmd_bench,
-     "benchmarks: `bench core` (matmul, bandwidth), `bench kda`, `bench cp` (under mpirun)"},
+     "benchmarks: `bench core` (matmul, bandwidth), `bench kda`, `bench dplr`, `bench cp` "
+     "(under mpirun)"},
     {"explain", dg_cmd_explain, "print the chunked KDA algorithm, stage by stage"},
     {"version", cmd_version, "print version and what this build supports"},
 };

@@ -13,7 +13,9 @@
  * kept after the forward; the output node's backward rebuilds them once from Tab, Aak and h0
  * (spec §5). Under CACHE they are kept. The gradients are the same either way (the
  * recomputation repeats the forward's arithmetic).
- * CPU only (f64, or f32 computed in f32); a CUDA context gets DG_ERR_UNSUPPORTED.
+ * CPU: f64, or f32 computed in f32. CUDA: the stages run their kernels (kernels/dplr/) on one
+ * upload of the chunk tables; q, k, v, a, b, gk may be f32 or bf16 (one dtype, read as stored by
+ * the kernels), every intermediate is f32, o has q's dtype, h0 and ht are f32.
  */
 #include "dplr.h"
 
@@ -37,12 +39,13 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
     enum { GI, GE, AQK, AQB, AAK, TAB, W, U, QG, KG, BG, HS, V2, NT_ };
     dg_tensor *t[NT_] = {0};
     dg__group *grp = NULL;
-    dg_status st = dg_dplr_gate_cumsum(ctx, gk, opts, &t[GI], &t[GE]);
+    dg_status st = dg__dplr_gate_cumsum_x(ctx, gk, opts, cfg.dev, &t[GI], &t[GE]);
     if (st == DG_OK)
-        st = dg_dplr_intra(ctx, q, k, a, b, t[GI], t[GE], opts, &t[AQK], &t[AQB], &t[AAK], &t[TAB]);
+        st = dg__dplr_intra_x(ctx, q, k, a, b, t[GI], t[GE], opts, cfg.dev, &t[AQK], &t[AQB],
+                              &t[AAK], &t[TAB]);
     if (st == DG_OK)
-        st = dg_dplr_wy(ctx, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], opts, &t[W], &t[U],
-                        &t[QG], &t[KG], &t[BG]);
+        st = dg__dplr_wy_x(ctx, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], opts, cfg.dev, &t[W],
+                           &t[U], &t[QG], &t[KG], &t[BG]);
     if (st == DG_OK)
         st = dg__dplr_group_new(&cfg, &grp);
     if (st == DG_OK) {

@@ -1,7 +1,7 @@
 /*
  * ops/dplr/dplr_common.c -- option resolution and argument checks shared by the DPLR entry
  * points, and the params block of a DPLR tape node. The sequence/chunk tables are KDA's
- * (dg__kda_cfg_init), with DPLR's default chunk size 16.
+ * (dg__kda_cfg_init, dg__kda_cfg_dev), with DPLR's default chunk size 16.
  */
 #include "dplr.h"
 
@@ -11,13 +11,14 @@ dg_status dg__dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opt
     memset(cfg, 0, sizeof *cfg);
     if (!opts)
         opts = &defaults;
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, "%s: DPLR on CUDA is not implemented yet", op);
     const int BT = opts->chunk_size ? opts->chunk_size : 16;
     if (BT != 16 && BT != 32 && BT != 64)
         return dg__err(DG_ERR_ARG,
                        "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 16), got %d", op,
                        opts->chunk_size);
+    if (ctx->device.kind == DG_DEV_CUDA && K > 256)
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: the CUDA DPLR kernels need K <= 256, got K=%d",
+                       op, K);
     dg_kda_opts ko;
     memset(&ko, 0, sizeof ko);
     ko.chunk_size = BT;
@@ -26,21 +27,30 @@ dg_status dg__dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opt
     ko.output_final_state = opts->output_final_state;
     ko.cu_seqlens = opts->cu_seqlens;
     ko.n_seqs = opts->n_seqs;
-    return dg__kda_cfg_init(op, ctx, &ko, B, T, H, H, K, V, dt, cfg);
+    DG_TRY(dg__kda_cfg_init(op, ctx, &ko, B, T, H, H, K, V, dt, cfg));
+    cfg->tc = 0; /* one mode: f32 FFMA */
+    return DG_OK;
+}
+
+dg_status dg__dplr_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *share) {
+    cfg->tc = 0;
+    DG_TRY(dg__kda_cfg_dev(op, ctx, cfg, share));
+    cfg->cd.tc = 0;
+    cfg->cd.mid = 0;
+    cfg->mid = cfg->dt;
+    return DG_OK;
 }
 
 dg_status dg__dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_tensor *k,
                                 dg_tensor *v, dg_tensor *a, dg_tensor *b, dg_tensor *gk,
                                 dg_tensor *h0, const dg_dplr_opts *opts, kda_cfg *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, "%s: DPLR on CUDA is not implemented yet", op);
     DG_TRY(dg__kda_check_first(op, "q", q, ctx, 4, "B,T,H,K"));
     DG_TRY(dg__kda_check_first(op, "v", v, ctx, 4, "B,T,H,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     const int64_t V = v->shape[3];
     DG_TRY(dg__dplr_cfg_init(op, ctx, opts, B, T, (int)H, (int)K, (int)V, q->dtype, cfg));
-    const unsigned m = DG_MASK(q->dtype);
+    const unsigned m = dplr_leaf_mask(cfg, q);
     int64_t sq[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, s0[4] = {cfg->d.N, H, K, V};
     dg_status st = dg__kda_check(op, "k", k, ctx, m, 4, sq, "B,T,H,K");
     if (st == DG_OK)
@@ -52,7 +62,9 @@ dg_status dg__dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_te
     if (st == DG_OK)
         st = dg__kda_check(op, "gk", gk, ctx, m, 4, sq, "B,T,H,K");
     if (st == DG_OK && h0)
-        st = dg__kda_check(op, "h0", h0, ctx, m, 4, s0, "N,H,K,V");
+        st = dg__kda_check(op, "h0", h0, ctx, cfg->m_f, 4, s0, "N,H,K,V");
+    if (st == DG_OK)
+        st = dg__dplr_cfg_dev(op, ctx, cfg, NULL);
     if (st != DG_OK)
         dg__kda_cfg_free(cfg);
     return st;
@@ -61,6 +73,7 @@ dg_status dg__dplr_check_inputs(const char *op, dg_ctx *ctx, dg_tensor *q, dg_te
 static void np_free(void *params) {
     dplr_np *np = (dplr_np *)params;
     dg__group_release(&np->grp);
+    dg__kda_dev_release(&np->cfg.dev);
 }
 
 dplr_np *dg__dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
@@ -73,7 +86,7 @@ dplr_np *dg__dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     np->cfg.tab = np->tab;
     np->cfg.d.cu = np->tab;
     np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = NULL; /* CPU only */
+    np->cfg.dev = dg__kda_dev_retain(cfg->dev); /* cfg.cd borrows its tables */
     np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;

@@ -75,7 +75,7 @@ static const dg__group_spec dplr_group = {
     .recipes = dplr_recipes,
 };
 
-/* ---- the group's data: the cfg of the op call (tables owned; CPU only) ---- */
+/* ---- the group's data: the cfg of the op call (host tables owned, device tables retained) ---- */
 
 static void cfg_free(void *p) {
     dg__kda_cfg_free((kda_cfg *)p);
@@ -97,8 +97,12 @@ dg_status dg__dplr_group_new(const kda_cfg *cfg, dg__group **out) {
     c->tab = tab;
     c->d.cu = tab;
     c->d.chunk_off = tab + cfg->d.N + 1;
-    c->dev = NULL; /* CPU only */
+    c->dev = dg__kda_dev_retain(cfg->dev); /* c->cd borrows its tables */
     return dg__group_new(&dplr_group, c, cfg_free, out);
+}
+
+kda_dev *dg__dplr_group_dev(const dg__group *g) {
+    return ((const kda_cfg *)dg__group_data(g))->dev;
 }
 
 /* ---- recipes ---- */
@@ -118,13 +122,16 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
             if (st == DG_OK)
                 o[s] = dg_tensor_data(out[s]);
         }
+    /* q, k, v, a, b: the leaves, read as the forward read them */
+    const int bf16 = dplr_bf16(c, dg__group_input(g, DPLR_IN_Q));
     for (int i = 0; i <= DPLR_IN_TAB && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, dg__group_input(g, i), c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, dg__group_input(g, i), i <= DPLR_IN_B ? dplr_leaf_dt(c, bf16) : c->dt,
+                         &tmp[i], &p[i]);
     if (st == DG_OK)
-        st =
-            dplr_run_wy_fwd(c, p[DPLR_IN_Q], p[DPLR_IN_K], p[DPLR_IN_V], p[DPLR_IN_A], p[DPLR_IN_B],
-                            p[DPLR_IN_GI], p[DPLR_IN_GE], p[DPLR_IN_AAK], p[DPLR_IN_TAB], o[DPLR_W],
-                            o[DPLR_U], o[DPLR_QG], o[DPLR_KG], o[DPLR_BG]);
+        st = dplr_run_wy_fwd(ctx, c, bf16, p[DPLR_IN_Q], p[DPLR_IN_K], p[DPLR_IN_V], p[DPLR_IN_A],
+                             p[DPLR_IN_B], p[DPLR_IN_GI], p[DPLR_IN_GE], p[DPLR_IN_AAK],
+                             p[DPLR_IN_TAB], o[DPLR_W], o[DPLR_U], o[DPLR_QG], o[DPLR_KG],
+                             o[DPLR_BG]);
     for (int s = DPLR_W; s <= DPLR_BG; s++) {
         if (st == DG_OK && out[s])
             dg__group_put(g, s, out[s]);
@@ -147,11 +154,13 @@ static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     dg_status st = dg__kda_new(ctx, c, 5, sh, &h);
     if (st == DG_OK)
         st = dg__kda_new(ctx, c, 4, sv, &v2);
+    const int bf16 = dplr_bf16(c, dg__group_input(g, DPLR_IN_V)); /* v: the leaf */
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (dg__group_input(g, ins[i]))
-            st = dg__kda_ptr(ctx, dg__group_input(g, ins[i]), c->dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, dg__group_input(g, ins[i]),
+                             i == 0 ? dplr_leaf_dt(c, bf16) : c->dt, &tmp[i], &p[i]);
     if (st == DG_OK)
-        st = dplr_run_state_fwd(c, dg_tensor_data(dg__group_tensor(g, DPLR_W)),
+        st = dplr_run_state_fwd(ctx, c, bf16, dg_tensor_data(dg__group_tensor(g, DPLR_W)),
                                 dg_tensor_data(dg__group_tensor(g, DPLR_U)),
                                 dg_tensor_data(dg__group_tensor(g, DPLR_KG)),
                                 dg_tensor_data(dg__group_tensor(g, DPLR_BG)), p[0], p[1], p[2],

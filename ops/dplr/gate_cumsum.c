@@ -3,8 +3,8 @@
  * spec §4 as one tape node. Per chunk, per head and key channel:
  *   Gi_i = sum_{r<=i} gk_r (inclusive),  Ge_i = Gi_i - gk_i = sum_{r<i} gk_r (exclusive)
  * Backward (linear): dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r within the chunk. The node keeps
- * a reference to gk (for the floor below) under either policy. CPU only (f64, or f32 computed in
- * f32).
+ * a reference to gk (for the floor below) under either policy. CPU: f64, or f32 computed in f32.
+ * CUDA (kernels/dplr/gate.cu): gk f32 or bf16, read as stored; Gi, Ge f32; dgk in gk's dtype.
  *
  * Decay of (nearly) zero: gk is floored at DPLR_G_FLOOR (-128) before the cumsum, as KDA's gate
  * does (ops/kda/gate_cumsum.c). A step with gk = -inf wipes the decayed part of the state in the
@@ -41,7 +41,8 @@ void KF(dg__dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
     }
 }
 
-void KF(dg__dplr_cumsum_bwd)(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe, KT *dgk) {
+void KF(dg__dplr_cumsum_bwd)(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,
+                             KT *dgk) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
     for (int64_t c = 0; c < NC; c++) {
@@ -67,18 +68,20 @@ static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gI = dg__node_grad_out(n, 0), *gE = dg__node_grad_out(n, 1);
     if ((!gI && !gE) || !dg__node_wants_grad(n, 0))
         return DG_OK;
+    const dg_tensor *gk = n->saved[0];
+    const int bf16 = dplr_bf16(c, gk);
     dg_tensor *tmp[3] = {0}, *dgk = NULL;
     const void *p[3] = {0};
-    dg_status st = dg__kda_ptr(ctx, n->saved[0], c->dt, &tmp[2], &p[2]);
+    dg_status st = dg__kda_ptr(ctx, gk, dplr_leaf_dt(c, bf16), &tmp[2], &p[2]);
     if (st == DG_OK && gI)
         st = dg__kda_ptr(ctx, gI, c->dt, &tmp[0], &p[0]);
     if (st == DG_OK && gE)
         st = dg__kda_ptr(ctx, gE, c->dt, &tmp[1], &p[1]);
     int64_t s[4] = {c->d.B, c->d.T, c->d.H, c->d.K};
+    if (st == DG_OK) /* in gk's dtype */
+        st = dg_tensor_new(ctx, dplr_leaf_dt(c, bf16), 4, s, &dgk);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, c, 4, s, &dgk);
-    if (st == DG_OK)
-        st = dplr_run_cumsum_bwd(c, p[2], p[0], p[1], dg_tensor_data(dgk));
+        st = dplr_run_cumsum_bwd(ctx, c, bf16, p[2], p[0], p[1], dg_tensor_data(dgk));
     if (st == DG_OK)
         st = dg__node_accum(ctx, n, 0, dgk);
     for (int i = 0; i < 3; i++)
@@ -87,27 +90,28 @@ static dg_status cumsum_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts, dg_tensor **Gi,
-                              dg_tensor **Ge) {
+dg_status dg__dplr_gate_cumsum_x(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts,
+                                 kda_dev *share, dg_tensor **Gi, dg_tensor **Ge) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "Gi", Gi));
     DG_TRY(dg__check_ptr(OP, "Ge", Ge));
     *Gi = *Ge = NULL;
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
     DG_TRY(dg__kda_check_first(OP, "gk", gk, ctx, 4, "B,T,H,K"));
     kda_cfg cfg;
     DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, gk->shape[0], gk->shape[1], (int)gk->shape[2],
-                         (int)gk->shape[3], 1, gk->dtype, &cfg));
+                             (int)gk->shape[3], 1, gk->dtype, &cfg));
+    const int bf16 = dplr_bf16(&cfg, gk);
     dg_tensor *tmp = NULL;
     const void *p = NULL;
-    dg_status st = dg__kda_ptr(ctx, gk, cfg.dt, &tmp, &p);
+    dg_status st = dg__dplr_cfg_dev(OP, ctx, &cfg, share);
     if (st == DG_OK)
+        st = dg__kda_ptr(ctx, gk, dplr_leaf_dt(&cfg, bf16), &tmp, &p);
+    if (st == DG_OK) /* Gi, Ge: the compute dtype whatever gk's */
         st = dg__kda_new(ctx, &cfg, 4, gk->shape, Gi);
     if (st == DG_OK)
         st = dg__kda_new(ctx, &cfg, 4, gk->shape, Ge);
     if (st == DG_OK)
-        st = dplr_run_cumsum_fwd(&cfg, p, dg_tensor_data(*Gi), dg_tensor_data(*Ge));
+        st = dplr_run_cumsum_fwd(ctx, &cfg, bf16, p, dg_tensor_data(*Gi), dg_tensor_data(*Ge));
     if (st == DG_OK && dg__needs_grad(1, &gk)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_gate_cumsum", DG_POLICY_CACHE, cumsum_backward, ctx, &n);
@@ -133,5 +137,10 @@ dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *op
         dg_tensor_free(Ge);
     }
     return st;
+}
+
+dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts, dg_tensor **Gi,
+                              dg_tensor **Ge) {
+    return dg__dplr_gate_cumsum_x(ctx, gk, opts, NULL, Gi, Ge);
 }
 #endif

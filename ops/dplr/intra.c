@@ -15,7 +15,9 @@
  * read, where they are <= 0, so nothing above 1 is ever exponentiated. Aab is rebuilt in
  * backward from the same exponentials; the node keeps q, k, a, b, Gi, Ge and Tab under either
  * policy. Shapes: q, k, a, b, Gi, Ge [B,T,H,K]; Aqk, Aqb, Aak, Tab [B,T,H,BT] (token row t holds
- * row t - chunk start of its chunk's matrix). CPU only (f64, or f32 computed in f32).
+ * row t - chunk start of its chunk's matrix). CPU: f64, or f32 computed in f32. CUDA
+ * (kernels/dplr/intra.cu): q, k, a, b f32 or bf16 (one dtype, read as stored); Gi, Ge and the
+ * four matrices f32.
  */
 #ifndef DPLR_TMPL
 #include "dplr.h"
@@ -185,22 +187,23 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
         any |= (go[i] = dg__node_grad_out(n, i)) != NULL;
     if (!any)
         return DG_OK;
-    /* saved: q, k, a, b, Gi, Ge, Tab; then the output grads */
+    /* saved: q, k, a, b (the leaves), Gi, Ge, Tab; then the output grads */
+    const int bf16 = dplr_bf16(c, n->saved[0]);
     dg_tensor *tmp[NIN + 1 + NOUT] = {0}, *gr[NIN] = {0};
     const void *p[NIN + 1 + NOUT] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < NIN + 1 && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, n->saved[i], i < 4 ? dplr_leaf_dt(c, bf16) : c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         if (go[i])
             st = dg__kda_ptr(ctx, go[i], c->dt, &tmp[NIN + 1 + i], &p[NIN + 1 + i]);
-    for (int i = 0; i < NIN && st == DG_OK; i++)
+    for (int i = 0; i < NIN && st == DG_OK; i++) /* in the compute dtype (accumulated as such) */
         st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st =
-            dplr_run_intra_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
-                               dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                               dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+        st = dplr_run_intra_bwd(ctx, c, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                                p[9], p[10], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
+                                dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
+                                dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -211,9 +214,9 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, dg_tensor *b,
-                        dg_tensor *Gi, dg_tensor *Ge, const dg_dplr_opts *opts, dg_tensor **Aqk,
-                        dg_tensor **Aqb, dg_tensor **Aak, dg_tensor **Tab) {
+dg_status dg__dplr_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, dg_tensor *b,
+                           dg_tensor *Gi, dg_tensor *Ge, const dg_dplr_opts *opts, kda_dev *share,
+                           dg_tensor **Aqk, dg_tensor **Aqb, dg_tensor **Aak, dg_tensor **Tab) {
     dg_tensor **outs[NOUT] = {Aqk, Aqb, Aak, Tab};
     static const char *onames[NOUT] = {"Aqk", "Aqb", "Aak", "Tab"};
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -221,8 +224,6 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
         DG_TRY(dg__check_ptr(OP, onames[i], outs[i]));
         *outs[i] = NULL;
     }
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
     DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
     kda_cfg cfg;
@@ -230,17 +231,23 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
     const int64_t sq[4] = {B, T, H, K}, sa[4] = {B, T, H, cfg.d.BT};
     dg_tensor *in[NIN] = {q, k, a, b, Gi, Ge}, *tmp[NIN] = {0};
     static const char *inames[NIN] = {"q", "k", "a", "b", "Gi", "Ge"};
+    const int bf16 = dplr_bf16(&cfg, q);
     const void *p[NIN] = {0};
     dg_status st = DG_OK;
+    /* q, k, a, b: the leaves (q's dtype); Gi, Ge: the compute dtype */
     for (int i = 1; i < NIN && st == DG_OK; i++)
-        st = dg__kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, sq, "B,T,H,K");
+        st = dg__kda_check(OP, inames[i], in[i], ctx, i < 4 ? dplr_leaf_mask(&cfg, q) : cfg.m_f, 4,
+                           sq, "B,T,H,K");
+    if (st == DG_OK)
+        st = dg__dplr_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, in[i], i < 4 ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         st = dg__kda_new(ctx, &cfg, 4, sa, outs[i]);
     if (st == DG_OK)
-        st = dplr_run_intra_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*Aqk),
-                                dg_tensor_data(*Aqb), dg_tensor_data(*Aak), dg_tensor_data(*Tab));
+        st = dplr_run_intra_fwd(ctx, &cfg, bf16, p[0], p[1], p[2], p[3], p[4], p[5],
+                                dg_tensor_data(*Aqk), dg_tensor_data(*Aqb), dg_tensor_data(*Aak),
+                                dg_tensor_data(*Tab));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
@@ -266,5 +273,11 @@ dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, d
         for (int i = 0; i < NOUT; i++)
             dg_tensor_free(outs[i]);
     return st;
+}
+
+dg_status dg_dplr_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a, dg_tensor *b,
+                        dg_tensor *Gi, dg_tensor *Ge, const dg_dplr_opts *opts, dg_tensor **Aqk,
+                        dg_tensor **Aqb, dg_tensor **Aak, dg_tensor **Tab) {
+    return dg__dplr_intra_x(ctx, q, k, a, b, Gi, Ge, opts, NULL, Aqk, Aqb, Aak, Tab);
 }
 #endif

@@ -8,8 +8,9 @@
  * zero gradient. The node reads qg, h and v2 through the recompute group (dplr_group.c): inside
  * dg_dplr_chunk they are rebuilt in backward under the default policies; used alone, the node
  * keeps its inputs.
- * Shapes: qg [B,T,H,K]; h [B,NT,H,K,V]; Aqk, Aqb [B,T,H,BT]; v, v2, o [B,T,H,V]. CPU only (f64,
- * or f32 computed in f32).
+ * Shapes: qg [B,T,H,K]; h [B,NT,H,K,V]; Aqk, Aqb [B,T,H,BT]; v, v2, o [B,T,H,V]. CPU: f64, or f32
+ * computed in f32. CUDA (kernels/dplr/output.cu): v f32 or bf16 (read as stored), o in v's dtype
+ * (written so by the kernel, as is o's gradient read), everything else f32.
  */
 #ifndef DPLR_TMPL
 #include "dplr.h"
@@ -20,8 +21,8 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
-                         const KT *v, const KT *v2, KT *o) {
+void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,
+                             const KT *Aqb, const KT *v, const KT *v2, KT *o) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
     /* work item: one (chunk, head); it writes only its own rows */
@@ -48,9 +49,9 @@ void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const
     }
 }
 
-void KF(dg__dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk, const KT *Aqb,
-                         const KT *v, const KT *v2, const KT *dO, KT *dqg, KT *dh, KT *dAqk,
-                         KT *dAqb, KT *dv, KT *dv2) {
+void KF(dg__dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,
+                             const KT *Aqb, const KT *v, const KT *v2, const KT *dO, KT *dqg,
+                             KT *dh, KT *dAqk, KT *dAqb, KT *dv, KT *dv2) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N], rows = d->B * d->T * H;
     /* rows of empty sequences are never visited: clear every output first */
@@ -110,8 +111,10 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gO = dg__node_grad_out(n, 0);
     if (!gO)
         return DG_OK;
-    /* qg, h, v2 from the recompute group; saved: Aqk, Aqb, v */
+    /* qg, h, v2 from the recompute group; saved: Aqk, Aqb, v (the leaf) */
     static const int slots[3] = {DPLR_QG, DPLR_H, DPLR_V2};
+    const int bf16 = dplr_bf16(c, n->saved[2]);
+    const dg_dtype lt = dplr_leaf_dt(c, bf16);
     dg_tensor *rt[3], *tmp[7] = {0}, *gr[NIN] = {0};
     const void *p[7] = {0};
     dg_status st = DG_OK;
@@ -120,18 +123,18 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 3 && st == DG_OK; i++)
         st = dg__kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[3 + i], &p[3 + i]);
-    if (st == DG_OK)
-        st = dg__kda_ptr(ctx, gO, c->dt, &tmp[6], &p[6]);
-    /* inputs in node order: qg, h, Aqk, Aqb, v, v2 */
+        st = dg__kda_ptr(ctx, n->saved[i], i == 2 ? lt : c->dt, &tmp[3 + i], &p[3 + i]);
+    if (st == DG_OK) /* o's gradient, in o's dtype (v's) */
+        st = dg__kda_ptr(ctx, gO, lt, &tmp[6], &p[6]);
+    /* inputs in node order: qg, h, Aqk, Aqb, v, v2; gradients in the compute dtype */
     dg_tensor *like[NIN] = {rt[0], rt[1], n->saved[0], n->saved[1], n->saved[2], rt[2]};
     for (int i = 0; i < NIN && st == DG_OK; i++)
         st = kda_new_as(ctx, c, like[i], &gr[i]);
     if (st == DG_OK)
-        st =
-            dplr_run_output_bwd(c, p[0], p[1], p[3], p[4], p[5], p[2], p[6], dg_tensor_data(gr[0]),
-                                dg_tensor_data(gr[1]), dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
-                                dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+        st = dplr_run_output_bwd(ctx, c, bf16, p[0], p[1], p[3], p[4], p[5], p[2], p[6],
+                                 dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
+                                 dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
+                                 dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -154,8 +157,6 @@ dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor 
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "o", o));
     *o = NULL;
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
     DG_TRY(dg__kda_check_first(OP, "qg", qg, ctx, 4, "B,T,H,K"));
     DG_TRY(dg__kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
     const int64_t B = qg->shape[0], T = qg->shape[1], H = qg->shape[2], K = qg->shape[3];
@@ -163,26 +164,34 @@ dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor 
     kda_cfg cfg;
     DG_TRY(dg__dplr_cfg_init(OP, ctx, opts, B, T, (int)H, (int)K, (int)V, qg->dtype, &cfg));
     const int64_t NC = kda_cfg_nc(&cfg);
-    const int64_t sv[4] = {B, T, H, V}, sa[4] = {B, T, H, cfg.d.BT};
+    const int64_t sk[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, sa[4] = {B, T, H, cfg.d.BT};
     const int64_t sh[5] = {B, NC / B, H, K, V};
     dg_tensor *in[NIN] = {qg, h, Aqk, Aqb, v, v2}, *tmp[NIN] = {0};
+    const int bf16 = dplr_bf16(&cfg, v);
+    const dg_dtype lt = dplr_leaf_dt(&cfg, bf16);
     const void *p[NIN] = {0};
     dg__group *own = NULL;
-    dg_status st = dg__kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,H,K,V");
+    /* v is the leaf (f32 or bf16 on CUDA); the rest have the compute dtype */
+    dg_status st = dg__kda_check(OP, "qg", qg, ctx, cfg.m_f, 4, sk, "B,T,H,K");
+    if (st == DG_OK)
+        st = dg__kda_check(OP, "h", h, ctx, cfg.m_f, 5, sh, "B,NT,H,K,V");
     if (st == DG_OK)
         st = dg__kda_check(OP, "Aqk", Aqk, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
     if (st == DG_OK)
         st = dg__kda_check(OP, "Aqb", Aqb, ctx, cfg.m_f, 4, sa, "B,T,H,BT");
     if (st == DG_OK)
-        st = dg__kda_check(OP, "v", v, ctx, cfg.m_f, 4, sv, "B,T,H,V");
+        st = dg__kda_check(OP, "v", v, ctx, dplr_leaf_mask(&cfg, v), 4, sv, "B,T,H,V");
     if (st == DG_OK)
         st = dg__kda_check(OP, "v2", v2, ctx, cfg.m_f, 4, sv, "B,T,H,V");
+    if (st == DG_OK)
+        st = dg__dplr_cfg_dev(OP, ctx, &cfg, grp ? dg__dplr_group_dev(grp) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, in[i], i == 4 ? lt : cfg.dt, &tmp[i], &p[i]);
+    if (st == DG_OK) /* o in v's dtype */
+        st = dg_tensor_new(ctx, lt, 4, sv, o);
     if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, sv, o);
-    if (st == DG_OK)
-        st = dplr_run_output_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], dg_tensor_data(*o));
+        st = dplr_run_output_fwd(ctx, &cfg, bf16, p[0], p[1], p[2], p[3], p[4], p[5],
+                                 dg_tensor_data(*o));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);

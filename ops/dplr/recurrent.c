@@ -9,7 +9,8 @@
  *   db_t = dS p, dp = dS^T b_t;  da_t = S_{t-1} dp
  *   dgk_t = exp(gk_t) . rowsum(S_{t-1} . dS);  dS <- Diag(exp(gk_t)) dS + a_t dp^T
  * States are recomputed from checkpoints stored every DPLR_REC_SEG tokens. The node keeps its
- * inputs only (both policies). CPU only (f64, or f32 computed in f32).
+ * inputs only (both policies). CPU: f64, or f32 computed in f32. CUDA (kernels/dplr/recurrent.cu):
+ * q, k, v, a, b, gk f32 or bf16 (one dtype, read as stored), o in that dtype; h0, ht f32.
  */
 #ifndef DPLR_TMPL
 #include "dplr.h"
@@ -48,9 +49,9 @@ static void KF(dplr_step)(const kda_dims *d, KT scale, int64_t t, int h, const K
     }
 }
 
-dg_status KF(dg__dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
-                                 const KT *a, const KT *b, const KT *gk, const KT *h0, KT *o,
-                                 KT *ht) {
+dg_status KF(dg__dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
+                                     const KT *v, const KT *a, const KT *b, const KT *gk,
+                                     const KT *h0, KT *o, KT *ht) {
     const int H = d->H;
     const int64_t KV = (int64_t)d->K * d->V, per = KV + d->V;
     KT *scr = (KT *)DG_MALLOC(sizeof(KT) * (size_t)per * (size_t)kda_max_threads());
@@ -73,10 +74,10 @@ dg_status KF(dg__dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, c
     return DG_OK;
 }
 
-dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
-                                 const KT *a, const KT *b, const KT *gk, const KT *h0, const KT *dO,
-                                 const KT *dht, KT *dq, KT *dk, KT *dv, KT *da, KT *db, KT *dgk,
-                                 KT *dh0) {
+dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
+                                     const KT *v, const KT *a, const KT *b, const KT *gk,
+                                     const KT *h0, const KT *dO, const KT *dht, KT *dq, KT *dk,
+                                     KT *dv, KT *da, KT *db, KT *dgk, KT *dh0) {
     const int H = d->H, K = d->K, V = d->V, SEG = DPLR_REC_SEG;
     const int64_t KV = (int64_t)K * V;
     int64_t maxlen = 0;
@@ -180,7 +181,7 @@ dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, c
 
 #define OP "dg_dplr_recurrent"
 
-enum { NIN = 7 }; /* q, k, v, a, b, gk, h0 */
+enum { IH0 = 6, NIN = 7 }; /* q, k, v, a, b, gk, h0 */
 
 static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
@@ -189,24 +190,27 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gH = np->flags ? dg__node_grad_out(n, 1) : NULL;
     if (!gO && !gH)
         return DG_OK;
+    const int bf16 = dplr_bf16(c, n->saved[0]);
+    const dg_dtype lt = dplr_leaf_dt(c, bf16);
     dg_tensor *tmp[NIN + 2] = {0}, *gr[NIN] = {0};
     const void *p[NIN + 2] = {0};
     dg_status st = DG_OK;
-    for (int i = 0; i < NIN && st == DG_OK; i++)
+    for (int i = 0; i < NIN && st == DG_OK; i++) /* the leaves q .. gk, then h0 */
         if (n->saved[i])
-            st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
-    if (st == DG_OK && gO)
-        st = dg__kda_ptr(ctx, gO, c->dt, &tmp[NIN], &p[NIN]);
+            st = dg__kda_ptr(ctx, n->saved[i], i < IH0 ? lt : c->dt, &tmp[i], &p[i]);
+    if (st == DG_OK && gO) /* o's gradient in o's dtype (the leaves') */
+        st = dg__kda_ptr(ctx, gO, lt, &tmp[NIN], &p[NIN]);
     if (st == DG_OK && gH)
         st = dg__kda_ptr(ctx, gH, c->dt, &tmp[NIN + 1], &p[NIN + 1]);
-    for (int i = 0; i < NIN && st == DG_OK; i++)
+    for (int i = 0; i < NIN && st == DG_OK; i++) /* in the compute dtype (accumulated as such) */
         if (n->saved[i])
             st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     if (st == DG_OK)
-        st = dplr_run_recurrent_bwd(
-            c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[NIN], p[NIN + 1], dg_tensor_data(gr[0]),
-            dg_tensor_data(gr[1]), dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
-            dg_tensor_data(gr[4]), dg_tensor_data(gr[5]), gr[6] ? dg_tensor_data(gr[6]) : NULL);
+        st = dplr_run_recurrent_bwd(ctx, c, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[NIN],
+                                    p[NIN + 1], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
+                                    dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
+                                    dg_tensor_data(gr[4]), dg_tensor_data(gr[5]),
+                                    gr[6] ? dg_tensor_data(gr[6]) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -230,20 +234,22 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
     kda_cfg cfg;
     DG_TRY(dg__dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
+    const int bf16 = dplr_bf16(&cfg, q);
+    const dg_dtype lt = dplr_leaf_dt(&cfg, bf16);
     dg_tensor *in[NIN] = {q, k, v, a, b, gk, h0}, *tmp[NIN] = {0};
     const void *p[NIN] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (in[i])
-            st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, in[i], i < IH0 ? lt : cfg.dt, &tmp[i], &p[i]);
     int64_t so[4] = {cfg.d.B, cfg.d.T, cfg.d.H, cfg.d.V};
     int64_t s0[4] = {cfg.d.N, cfg.d.H, cfg.d.K, cfg.d.V};
-    if (st == DG_OK)
-        st = dg__kda_new(ctx, &cfg, 4, so, o);
+    if (st == DG_OK) /* o in the leaves' dtype */
+        st = dg_tensor_new(ctx, lt, 4, so, o);
     if (st == DG_OK && want_ht)
         st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = dplr_run_recurrent_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
+        st = dplr_run_recurrent_fwd(ctx, &cfg, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
                                     dg_tensor_data(*o), want_ht ? dg_tensor_data(*ht) : NULL);
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;

@@ -14,7 +14,8 @@
  * keeps what rebuilds them (w, u, kg, bg, v, Gi, h0, or inside dg_dplr_chunk the composite's
  * inputs) and reruns this pass in backward (spec §5: FLA recomputes unless disable_recompute).
  * Shapes: w, kg, bg, Gi [B,T,H,K]; u, v, v2 [B,T,H,V]; h [B,NT,H,K,V] (varlen: [1,NC,H,K,V]);
- * h0, ht [N,H,K,V]. CPU only (f64, or f32 computed in f32).
+ * h0, ht [N,H,K,V]. CPU: f64, or f32 computed in f32. CUDA (kernels/dplr/state.cu): v f32 or bf16
+ * (read as stored), everything else f32.
  */
 #ifndef DPLR_TMPL
 #include "dplr.h"
@@ -179,8 +180,9 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
                               (np->flags & HAS_HT) ? dg__node_grad_out(n, 2) : NULL};
     if (!go[0] && !go[1] && !go[2])
         return DG_OK;
-    /* from the recompute group: w, kg, bg, h, v2; saved: v, Gi (then h0) */
+    /* from the recompute group: w, kg, bg, h, v2; saved: v (the leaf), Gi (then h0) */
     static const int slots[5] = {DPLR_W, DPLR_KG, DPLR_BG, DPLR_H, DPLR_V2};
+    const int bf16 = dplr_bf16(c, n->saved[0]);
     dg_tensor *rt[5], *tmp[10] = {0}, *gr[NIN] = {0};
     const void *p[10] = {0};
     dg_status st = DG_OK;
@@ -189,22 +191,24 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     for (int i = 0; i < 5 && st == DG_OK; i++)
         st = dg__kda_ptr(ctx, rt[i], c->dt, &tmp[i], &p[i]);
     for (int i = 0; i < 2 && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[5 + i], &p[5 + i]);
+        st = dg__kda_ptr(ctx, n->saved[i], i == 0 ? dplr_leaf_dt(c, bf16) : c->dt, &tmp[5 + i],
+                         &p[5 + i]);
     for (int i = 0; i < 3 && st == DG_OK; i++)
         if (go[i])
             st = dg__kda_ptr(ctx, go[i], c->dt, &tmp[7 + i], &p[7 + i]);
     const int64_t sk[4] = {c->d.B, c->d.T, c->d.H, c->d.K},
                   sv[4] = {c->d.B, c->d.T, c->d.H, c->d.V};
     const int64_t s0[4] = {c->d.N, c->d.H, c->d.K, c->d.V};
-    /* gradients of w, u, kg, bg, v, Gi (h0 below), shaped like them */
+    /* gradients of w, u, kg, bg, v, Gi (h0 below), shaped like them, in the compute dtype */
     for (int i = 0; i < 6 && st == DG_OK; i++)
         st = dg__kda_new(ctx, c, 4, i == 1 || i == 4 ? sv : sk, &gr[i]);
     if (st == DG_OK && n->saved[2] && dg__node_wants_grad(n, 6))
         st = dg__kda_new(ctx, c, 4, s0, &gr[6]);
     if (st == DG_OK)
-        st = dplr_run_state_bwd(c, p[0], p[1], p[2], p[5], p[6], p[3], p[4], p[7], p[8], p[9],
-                                dg_tensor_data(gr[0]), dg_tensor_data(gr[1]), dg_tensor_data(gr[2]),
-                                dg_tensor_data(gr[3]), dg_tensor_data(gr[4]), dg_tensor_data(gr[5]),
+        st = dplr_run_state_bwd(ctx, c, bf16, p[0], p[1], p[2], p[5], p[6], p[3], p[4], p[7], p[8],
+                                p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
+                                dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
+                                dg_tensor_data(gr[4]), dg_tensor_data(gr[5]),
                                 gr[6] ? dg_tensor_data(gr[6]) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
@@ -231,10 +235,9 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
     *h = *v2 = NULL;
     if (ht)
         *ht = NULL;
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
     DG_TRY(dg__kda_check_first(OP, "w", w, ctx, 4, "B,T,H,K"));
     DG_TRY(dg__kda_check_first(OP, "u", u, ctx, 4, "B,T,H,V"));
+    DG_TRY(dg__kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V")); /* the leaf's dtype rule */
     const int64_t B = w->shape[0], T = w->shape[1], H = w->shape[2], K = w->shape[3];
     const int64_t V = u->shape[3];
     kda_cfg cfg;
@@ -244,19 +247,24 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
     const int64_t sh[5] = {B, NC / B, H, K, V};
     dg_tensor *in[NIN] = {w, u, kg, bg, v, Gi, h0}, *tmp[NIN] = {0};
     static const char *inames[NIN] = {"w", "u", "kg", "bg", "v", "Gi", "h0"};
+    const int bf16 = dplr_bf16(&cfg, v);
     const void *p[NIN] = {0};
     dg__group *own = NULL;
     dg_status st = DG_OK;
-    for (int i = 1; i < NIN - 1 && st == DG_OK; i++) {
+    /* v is the leaf (f32 or bf16 on CUDA); the rest have the compute dtype */
+    for (int i = 0; i < NIN - 1 && st == DG_OK; i++) {
         const int isv = i == 1 || i == 4;
-        st = dg__kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, isv ? sv : sk,
-                       isv ? "B,T,H,V" : "B,T,H,K");
+        st = dg__kda_check(OP, inames[i], in[i], ctx, i == 4 ? dplr_leaf_mask(&cfg, v) : cfg.m_f,
+                           4, isv ? sv : sk, isv ? "B,T,H,V" : "B,T,H,K");
     }
     if (st == DG_OK && h0)
         st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,H,K,V");
+    if (st == DG_OK)
+        st = dg__dplr_cfg_dev(OP, ctx, &cfg, grp ? dg__dplr_group_dev(grp) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (in[i])
-            st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+            st = dg__kda_ptr(ctx, in[i], i == 4 ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i],
+                             &p[i]);
     if (st == DG_OK)
         st = dg__kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)
@@ -264,8 +272,9 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
     if (st == DG_OK && ht)
         st = dg__kda_new(ctx, &cfg, 4, s0, ht);
     if (st == DG_OK)
-        st = dplr_run_state_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6], dg_tensor_data(*h),
-                                dg_tensor_data(*v2), ht ? dg_tensor_data(*ht) : NULL);
+        st = dplr_run_state_fwd(ctx, &cfg, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
+                                dg_tensor_data(*h), dg_tensor_data(*v2),
+                                ht ? dg_tensor_data(*ht) : NULL);
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
         dg_node *n = NULL;
         st = dg__node_new("dplr_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);

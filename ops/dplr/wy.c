@@ -13,7 +13,9 @@
  * Every exponent (Gi_i, Ge_i, lam - Gi_i) is <= 0. The node keeps its inputs only: whether w, u,
  * qg, kg, bg themselves are kept for the later nodes is the "dplr_wy" policy, applied by
  * dg_dplr_chunk through the recompute group (dplr_group.c). Shapes: q, k, a, b, Gi, Ge, w, qg, kg,
- * bg [B,T,H,K]; v, u [B,T,H,V]; Aak, Tab [B,T,H,BT]. CPU only (f64, or f32 computed in f32).
+ * bg [B,T,H,K]; v, u [B,T,H,V]; Aak, Tab [B,T,H,BT]. CPU: f64, or f32 computed in f32. CUDA
+ * (kernels/dplr/wy.cu): q, k, v, a, b f32 or bf16 (one dtype, read as stored); Gi, Ge, Aak, Tab
+ * and the outputs f32.
  */
 #ifndef DPLR_TMPL
 #include "dplr.h"
@@ -198,6 +200,9 @@ dg_status KF(dg__dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT
 
 enum { NIN = 9, NOUT = 5 }; /* q, k, v, a, b, Gi, Ge, Aak, Tab -> w, u, qg, kg, bg */
 
+/* inputs 0..4 (q, k, v, a, b) are the leaves */
+static int is_leaf(int i) { return i < 5; }
+
 static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     const kda_cfg *c = &((const kda_np *)n->params)->cfg;
     const dg_tensor *go[NOUT];
@@ -206,23 +211,25 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
         any |= (go[i] = dg__node_grad_out(n, i)) != NULL;
     if (!any)
         return DG_OK;
+    const int bf16 = dplr_bf16(c, n->saved[0]);
     dg_tensor *tmp[NIN + NOUT] = {0}, *gr[NIN] = {0};
     const void *p[NIN + NOUT] = {0};
     dg_status st = DG_OK;
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, n->saved[i], c->dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, n->saved[i], is_leaf(i) ? dplr_leaf_dt(c, bf16) : c->dt, &tmp[i],
+                         &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         if (go[i])
             st = dg__kda_ptr(ctx, go[i], c->dt, &tmp[NIN + i], &p[NIN + i]);
-    for (int i = 0; i < NIN && st == DG_OK; i++)
+    for (int i = 0; i < NIN && st == DG_OK; i++) /* in the compute dtype (accumulated as such) */
         st = kda_new_as(ctx, c, n->saved[i], &gr[i]);
     void *g[NIN];
     for (int i = 0; i < NIN; i++)
         g[i] = gr[i] ? dg_tensor_data(gr[i]) : NULL;
     if (st == DG_OK) /* gradient order: dq, dk, dv, da, db, dGi, dGe, dAak, dTab */
-        st = dplr_run_wy_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], p[9], p[10],
-                             p[11], p[12], p[13], g[0], g[1], g[2], g[3], g[4], g[5], g[6], g[7],
-                             g[8]);
+        st = dplr_run_wy_bwd(ctx, c, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+                             p[9], p[10], p[11], p[12], p[13], g[0], g[1], g[2], g[3], g[4], g[5],
+                             g[6], g[7], g[8]);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -233,10 +240,10 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
-                     dg_tensor *b, dg_tensor *Gi, dg_tensor *Ge, dg_tensor *Aak, dg_tensor *Tab,
-                     const dg_dplr_opts *opts, dg_tensor **w, dg_tensor **u, dg_tensor **qg,
-                     dg_tensor **kg, dg_tensor **bg) {
+dg_status dg__dplr_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                        dg_tensor *b, dg_tensor *Gi, dg_tensor *Ge, dg_tensor *Aak, dg_tensor *Tab,
+                        const dg_dplr_opts *opts, kda_dev *share, dg_tensor **w, dg_tensor **u,
+                        dg_tensor **qg, dg_tensor **kg, dg_tensor **bg) {
     dg_tensor **outs[NOUT] = {w, u, qg, kg, bg};
     static const char *onames[NOUT] = {"w", "u", "qg", "kg", "bg"};
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -244,8 +251,6 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
         DG_TRY(dg__check_ptr(OP, onames[i], outs[i]));
         *outs[i] = NULL;
     }
-    if (ctx->device.kind == DG_DEV_CUDA)
-        return dg__err(DG_ERR_UNSUPPORTED, OP ": DPLR on CUDA is not implemented yet");
     DG_TRY(dg__kda_check_first(OP, "q", q, ctx, 4, "B,T,H,K"));
     DG_TRY(dg__kda_check_first(OP, "v", v, ctx, 4, "B,T,H,V"));
     const int64_t B = q->shape[0], T = q->shape[1], H = q->shape[2], K = q->shape[3];
@@ -255,19 +260,24 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
     const int64_t sk[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, sa[4] = {B, T, H, cfg.d.BT};
     dg_tensor *in[NIN] = {q, k, v, a, b, Gi, Ge, Aak, Tab}, *tmp[NIN] = {0};
     static const char *inames[NIN] = {"q", "k", "v", "a", "b", "Gi", "Ge", "Aak", "Tab"};
+    const int bf16 = dplr_bf16(&cfg, q);
     const void *p[NIN] = {0};
     dg_status st = DG_OK;
     for (int i = 1; i < NIN && st == DG_OK; i++) {
         const int64_t *s = i == 2 ? sv : i >= 7 ? sa : sk;
         const char *names = i == 2 ? "B,T,H,V" : i >= 7 ? "B,T,H,BT" : "B,T,H,K";
-        st = dg__kda_check(OP, inames[i], in[i], ctx, cfg.m_f, 4, s, names);
+        st = dg__kda_check(OP, inames[i], in[i], ctx,
+                           is_leaf(i) ? dplr_leaf_mask(&cfg, q) : cfg.m_f, 4, s, names);
     }
+    if (st == DG_OK)
+        st = dg__dplr_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, in[i], cfg.dt, &tmp[i], &p[i]);
+        st = dg__kda_ptr(ctx, in[i], is_leaf(i) ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i],
+                         &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         st = dg__kda_new(ctx, &cfg, 4, i == 1 ? sv : sk, outs[i]);
     if (st == DG_OK)
-        st = dplr_run_wy_fwd(&cfg, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
+        st = dplr_run_wy_fwd(ctx, &cfg, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
                              dg_tensor_data(*w), dg_tensor_data(*u), dg_tensor_data(*qg),
                              dg_tensor_data(*kg), dg_tensor_data(*bg));
     if (st == DG_OK && dg__needs_grad(NIN, in)) {
@@ -293,5 +303,12 @@ dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_t
         for (int i = 0; i < NOUT; i++)
             dg_tensor_free(outs[i]);
     return st;
+}
+
+dg_status dg_dplr_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                     dg_tensor *b, dg_tensor *Gi, dg_tensor *Ge, dg_tensor *Aak, dg_tensor *Tab,
+                     const dg_dplr_opts *opts, dg_tensor **w, dg_tensor **u, dg_tensor **qg,
+                     dg_tensor **kg, dg_tensor **bg) {
+    return dg__dplr_wy_x(ctx, q, k, v, a, b, Gi, Ge, Aak, Tab, opts, NULL, w, u, qg, kg, bg);
 }
 #endif

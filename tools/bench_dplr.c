@@ -1,0 +1,320 @@
+/*
+ * tools/bench_dplr.c -- `deltagrad bench dplr`: chunked DPLR (dg_dplr_chunk) forward and
+ * forward+backward times on a GPU at the shapes `bench kda` uses, peak device memory under CACHE
+ * and RECOMPUTE, and each time's ratio to the compute and memory floors.
+ *
+ * Floors (as bench kda's: the larger of the two bounds no implementation beats by much):
+ *   compute floor = FLOP / measured bf16 GEMM rate (dg_matmul), with the forward's dense count of
+ *                   DPLR.md §4 (8KV + 10CK + 6CV + 2.3C^2 per token and head) and the backward
+ *                   counted as twice the forward plus the recomputed WY and state passes (each
+ *                   product has two gradient products of its size);
+ *   memory floor  = bytes that must move (inputs read once, outputs written once) / measured
+ *                   device copy bandwidth.
+ * Inputs: RWKV-7's stable form (a = -kh, b = alpha kh, kh unit-norm rows, alpha in (0.1, 0.9)),
+ * gk = -e^{-1/2} sigmoid(randn) (RWKV-7's gate) or log(sigmoid(randn)) (the gate bench kda uses).
+ */
+#include "deltagrad.h"
+#include "tools/bench_util.h"
+#include "tools/commands.h"
+#include "train/args.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHECK(expr)                                                                                \
+    do {                                                                                           \
+        dg_status s__ = (expr);                                                                    \
+        if (s__ != DG_OK) {                                                                        \
+            fprintf(stderr, "bench dplr: %s failed: %s\n", #expr, dg_last_error());               \
+            return -1;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+typedef struct {
+    int B, T, H, K;
+} shape_t;
+
+typedef struct {
+    double fwd_ms, fb_ms, fb_cache_ms; /* fwd+bwd: default policy, everything cached */
+    size_t peak_cache, peak_recompute;
+} result_t;
+
+typedef enum { GATE_RWKV7 = 0, GATE_REF } gate_mode;
+
+/* The leaves q, k, v, a, b, gk [B,T,H,K] (K = V) in dtype dt, made without recording. */
+static int make_inputs(dg_ctx *ctx, shape_t s, dg_dtype dt, gate_mode gm, dg_tensor **x) {
+    int64_t sq[4] = {s.B, s.T, s.H, s.K};
+    dg_tensor *kh0 = NULL, *kh = NULL, *al = NULL, *z = NULL, *sg = NULL;
+    for (int i = 0; i < 6; i++)
+        x[i] = NULL;
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &x[0]));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &x[1]));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &x[2]));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &kh0));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &al));
+    CHECK(dg_tensor_new(ctx, DG_F32, 4, sq, &z));
+    CHECK(dg_tensor_rand_normal(x[0], 11, 0, 1));
+    CHECK(dg_tensor_rand_normal(x[1], 12, 0, 1.0 / sqrt((double)s.K)));
+    CHECK(dg_tensor_rand_normal(x[2], 13, 0, 1));
+    CHECK(dg_tensor_rand_normal(kh0, 14, 0, 1));
+    CHECK(dg_tensor_rand_uniform(al, 15, 0.1, 0.9));
+    CHECK(dg_tensor_rand_normal(z, 16, 0, 1));
+    dg_no_grad_begin();
+    dg_status st = dg_kda_l2norm(ctx, kh0, &kh);
+    if (st == DG_OK)
+        st = dg_scale(ctx, kh, -1.0, &x[3]); /* a = -kh */
+    if (st == DG_OK)
+        st = dg_mul(ctx, al, kh, &x[4]); /* b = alpha kh */
+    if (st == DG_OK)
+        st = dg_sigmoid(ctx, z, &sg);
+    dg_tensor *g = NULL;
+    if (st == DG_OK)
+        st = gm == GATE_RWKV7 ? dg_scale(ctx, sg, -exp(-0.5), &g) : dg_log(ctx, sg, &g);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, dt, 4, sq, &x[5]);
+    if (st == DG_OK)
+        st = dg_tensor_copy_(x[5], g);
+    dg_no_grad_end();
+    dg_tensor *tmp[6] = {kh0, kh, al, z, sg, g};
+    for (int i = 0; i < 6; i++)
+        dg_tensor_free(&tmp[i]);
+    CHECK(st);
+    return 0;
+}
+
+static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm, int chunk,
+                     int profile, result_t *r) {
+    int64_t sq[4] = {s.B, s.T, s.H, s.K};
+    dg_tensor *x[6], *dO = NULL;
+    if (make_inputs(ctx, s, dt, gm, x) != 0) {
+        for (int i = 0; i < 6; i++)
+            dg_tensor_free(&x[i]);
+        return -1;
+    }
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &dO));
+    CHECK(dg_tensor_rand_normal(dO, 17, 0, 1));
+    dg_dplr_opts o;
+    memset(&o, 0, sizeof o);
+    o.chunk_size = chunk;
+    double t[64];
+    dg_tensor *out = NULL;
+#define CHUNK() dg_dplr_chunk(ctx, x[0], x[1], x[2], x[3], x[4], x[5], NULL, &o, &out, NULL)
+
+    /* forward only */
+    dg_no_grad_begin();
+    for (int i = -2; i < reps; i++) {
+        CHECK(dg_ctx_sync(ctx));
+        double t0 = dg_bench_now_s();
+        CHECK(CHUNK());
+        CHECK(dg_ctx_sync(ctx));
+        if (i >= 0)
+            t[i] = dg_bench_now_s() - t0;
+        dg_tensor_free(&out);
+    }
+    dg_no_grad_end();
+    r->fwd_ms = 1e3 * dg_bench_median(t, reps);
+
+    /* forward + backward under both policies, reps runs each (the default policy last) */
+    for (int i = 0; i < 6; i++)
+        dg_tensor_set_requires_grad(x[i], 1);
+    for (int pol = 0; pol < 2; pol++) {
+        dg_policy_set_global(pol == 0 ? DG_POLICY_CACHE : DG_POLICY_DEFAULT);
+        for (int i = -2; i < reps; i++) {
+            for (int j = 0; j < 6; j++)
+                dg_tensor_zero_grad(x[j]);
+            CHECK(dg_ctx_sync(ctx));
+            dg_ctx_reset_peak(ctx);
+            double t0 = dg_bench_now_s();
+            CHECK(CHUNK());
+            CHECK(dg_tape_backward_with(ctx, out, dO));
+            CHECK(dg_ctx_sync(ctx));
+            if (i >= 0)
+                t[i] = dg_bench_now_s() - t0;
+            size_t peak = dg_ctx_mem_stats(ctx).peak_in_use;
+            if (pol == 0)
+                r->peak_cache = peak;
+            else
+                r->peak_recompute = peak;
+            dg_tape_reset();
+            dg_tensor_free(&out);
+        }
+        if (pol == 1)
+            r->fb_ms = 1e3 * dg_bench_median(t, reps);
+        else
+            r->fb_cache_ms = 1e3 * dg_bench_median(t, reps);
+    }
+    dg_policy_set_global(DG_POLICY_DEFAULT);
+    if (profile) {
+        /* one more fwd+bwd with the tape timing every node (it synchronises at each boundary) */
+        for (int j = 0; j < 6; j++)
+            dg_tensor_zero_grad(x[j]);
+        dg_profile_reset();
+        dg_profile_enable(1);
+        dg_profile_mark(ctx);
+        CHECK(CHUNK());
+        CHECK(dg_tape_backward_with(ctx, out, dO));
+        CHECK(dg_ctx_sync(ctx));
+        dg_profile_enable(0);
+        dg_tape_reset();
+        dg_tensor_free(&out);
+        printf("per-stage time of one fwd+bwd (default policy, synchronised at every node):\n");
+        dg_profile_dump(stdout);
+    }
+#undef CHUNK
+    for (int j = 0; j < 6; j++) {
+        dg_tensor_zero_grad(x[j]);
+        dg_tensor_free(&x[j]);
+    }
+    dg_tensor_free(&dO);
+    return 0;
+}
+
+int dg_bench_dplr(int argc, char **argv) {
+    int reps = 10, profile = 0, nsel = 0, chunk = 64;
+    dg_dtype dt = DG_BF16;
+    gate_mode gm = GATE_RWKV7;
+    shape_t sel[8];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: deltagrad bench dplr [--reps N (1..64)] [--dtype bf16|f32] "
+                   "[--gate rwkv7|ref]\n"
+                   "                           [--chunk 16|32|64] [--shape B,T,H,K]... "
+                   "[--profile]\n\n"
+                   "Times chunked DPLR (dg_dplr_chunk, chunk 64 by default, RWKV-7's stable\n"
+                   "form a = -kh, b = alpha kh) forward and forward+backward on CUDA device 0 at\n"
+                   "the shapes of bench kda (B,T,H,K=V), median of N runs, with peak device\n"
+                   "memory under CACHE and RECOMPUTE and the ratio of each time to its compute\n"
+                   "and memory floors (peaks measured in the same run). The DPLR kernels are f32\n"
+                   "FFMA (no tensor cores yet) for either dtype.\n\n"
+                   "  --gate rwkv7    gk = -e^{-1/2} sigmoid(randn), RWKV-7's gate (default)\n"
+                   "  --gate ref      gk = log(sigmoid(randn)), the gate bench kda uses\n"
+                   "  --shape         time only this shape (repeat for several; at most 8)\n"
+                   "  --profile       also print the time of every tape node of one fwd+bwd\n");
+            return 0;
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            if (dg_arg_int("--reps", argv[++i], 1, 64, &reps) != DG_OK) {
+                fprintf(stderr, "bench dplr: %s\n", dg_last_error());
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
+            static const int chunks[3] = {16, 32, 64};
+            if (dg_arg_choice("--chunk", argv[++i], chunks, 3, &chunk) != DG_OK) {
+                fprintf(stderr, "bench dplr: %s\n", dg_last_error());
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
+            if (dg_dtype_parse(argv[++i], &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
+                fprintf(stderr, "bench dplr: --dtype must be bf16 or f32\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--gate") && i + 1 < argc) {
+            const char *gv = argv[++i];
+            if (!strcmp(gv, "rwkv7"))
+                gm = GATE_RWKV7;
+            else if (!strcmp(gv, "ref"))
+                gm = GATE_REF;
+            else {
+                fprintf(stderr, "bench dplr: --gate must be rwkv7 or ref, got '%s'\n", gv);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            /* B,T,H,K: four comma-separated integers, each through the strict parser */
+            char buf[96];
+            int v[4], nv = 0;
+            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
+                static const char *names[4] = {"--shape B", "--shape T", "--shape H",
+                                               "--shape K"};
+                static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
+                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &v[nv]) != DG_OK) {
+                    fprintf(stderr, "bench dplr: %s\n", dg_last_error());
+                    return 2;
+                }
+            }
+            if (nv != 4 || nsel == 8) {
+                fprintf(stderr,
+                        "bench dplr: --shape takes B,T,H,K (four integers; at most 8 shapes), "
+                        "got '%s'\n",
+                        argv[i]);
+                return 2;
+            }
+            sel[nsel++] = (shape_t){v[0], v[1], v[2], v[3]};
+        } else if (!strcmp(argv[i], "--profile")) {
+            profile = 1;
+        } else {
+            fprintf(stderr, "bench dplr: unknown option '%s' (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (dg_cuda_device_count() < 1) {
+        fprintf(stderr, "bench dplr: needs a CUDA device (this build: CUDA %s, devices: %d)\n",
+                dg_have_cuda() ? "yes" : "no", dg_cuda_device_count());
+        return 2;
+    }
+    dg_ctx *ctx = NULL;
+    if (dg_ctx_new(dg_cuda(0), &ctx) != DG_OK) {
+        fprintf(stderr, "bench dplr: %s\n", dg_last_error());
+        return 1;
+    }
+    double flops = dg_bench_gemm_rate(ctx, 8192, 10);
+    double bw = flops > 0 ? dg_bench_copy_rate(ctx, (int64_t)1 << 30, 10) : -1;
+    if (flops <= 0 || bw <= 0) {
+        fprintf(stderr, "bench dplr: measuring the device peaks failed: %s\n", dg_last_error());
+        dg_ctx_free(&ctx);
+        return 1;
+    }
+    printf("measured peaks: bf16 GEMM 8192^3 %.1f TFLOP/s, device copy %.0f GB/s\n", flops / 1e12,
+           bw / 1e9);
+    static const shape_t ref_shapes[] = {{1, 8192, 96, 128}, {2, 16384, 16, 128},
+                                         {4, 2048, 16, 128}, {4, 4096, 64, 128},
+                                         {8, 1024, 8, 64},   {8, 2048, 32, 256}};
+    const shape_t *shapes = nsel ? sel : ref_shapes;
+    size_t nshapes = nsel ? (size_t)nsel : sizeof ref_shapes / sizeof *ref_shapes;
+    printf("gate: %s; chunk %d; dtype %s\n",
+           gm == GATE_RWKV7 ? "-e^{-1/2} sigmoid(randn) (RWKV-7's)" : "log(sigmoid(randn))", chunk,
+           dg_dtype_name(dt));
+    printf("\n%-20s %9s %9s %8s %8s %9s %9s %10s %10s %10s\n", "B,T,H,K=V", "fwd ms", "fwd+bwd",
+           "fwd/cf", "fwd/mf", "f+b/cf", "f+b/mf", "peak recomp", "f+b cache", "peak cache");
+    int rc = 0;
+    for (size_t i = 0; i < nshapes; i++) {
+        shape_t s = shapes[i];
+        result_t r;
+        memset(&r, 0, sizeof r);
+        char name[64];
+        snprintf(name, sizeof name, "%d,%d,%d,%d", s.B, s.T, s.H, s.K);
+        if (run_shape(ctx, s, reps, dt, gm, chunk, profile, &r) != 0) {
+            printf("%-20s failed: %s\n", name, dg_last_error());
+            rc = 1;
+            dg_tape_reset();
+            dg_ctx_empty_cache(ctx);
+            continue;
+        }
+        const double C = chunk, K = s.K, V = s.K, tok = (double)s.B * s.T * s.H;
+        const double f_fwd = tok * (8 * K * V + 10 * C * K + 6 * C * V + 2.3 * C * C);
+        /* backward: twice the forward, plus the WY (2CK + 2CV + 2C^2) and state (6KV) passes
+         * the default policy recomputes */
+        const double f_bwd = 2 * f_fwd + tok * (6 * K * V + 2 * C * K + 2 * C * V + 2 * C * C);
+        const double es = dg_dtype_size(dt);
+        /* fwd: q k a b gk (K each) and v read, o written; bwd adds dO read and the six
+         * gradients written */
+        const double b_fwd = tok * (5 * K + V) * es + tok * V * es;
+        const double b_bwd = b_fwd + tok * V * es + tok * (5 * K + V) * es;
+        const double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
+        const double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
+        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name,
+               r.fwd_ms, r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
+               r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
+        dg_ctx_empty_cache(ctx);
+    }
+    printf("\ncf = compute floor (DPLR.md §4 FLOP, backward 2x forward plus the recomputed\n"
+           "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
+           "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"
+           "kernels are f32 FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the\n"
+           "default policy; f+b cache and peak cache: every node caching\n"
+           "(dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water mark of one\n"
+           "fwd+bwd (inputs included).\n");
+    dg_ctx_free(&ctx);
+    return rc;
+}
