@@ -771,7 +771,8 @@ dg_status dg_dplr_output(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aq
                          dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts, dg_tensor **o);
 
 /* =============================================================================================
- * Distributed: communicators (dist/) and context parallelism (KCP) for KDA and the short conv
+ * Distributed: communicators (dist/) and context parallelism (KCP) for KDA, DPLR and the short
+ * conv
  * ============================================================================================= */
 
 /* A group of ranks. MPI backend: host tensors, and CUDA tensors staged through host buffers (so
@@ -880,6 +881,19 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
                           dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
                           dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                           const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
+/* dg_dplr_chunk over a context-parallel split (KCP with the DPLR transition Diag(exp(lam)) +
+ * bg^T w, shared spec KCP.md §6), called like dg_kda_chunk_cp: every rank passes its slice,
+ * q, k, a, b, gk: [1,T_r,H,K], v: [1,T_r,H,V] (T_r = plan->end - plan->begin), in the dtypes of
+ * dg_dplr_chunk (CPU: f64, or f32 computed in f32; a CUDA context gets DG_ERR_UNSUPPORTED like
+ * every DPLR entry point). opts->cu_seqlens must be NULL (the plan holds the sequences). h0:
+ * [n_seqs,H,K,V] global or NULL, each row read by the rank where its sequence starts. ht
+ * (output_final_state): [n_seqs,H,K,V], rows of sequences that end on this rank filled, the
+ * others zero. One all_gather of a [H,K,V+K] summary per rank forward and one backward; every
+ * rank must run backward through the op. */
+dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *q,
+                           dg_tensor *k, dg_tensor *v, dg_tensor *a, dg_tensor *b, dg_tensor *gk,
+                           dg_tensor *h0, const dg_dplr_opts *opts, dg_tensor **o,
+                           dg_tensor **ht);
 /* dg_short_conv over a context-parallel split: x [1,T_r,C] is this rank's slice; the last W-1
  * rows go to the next rank (and their gradient comes back in backward). Every rank must hold at
  * least W-1 tokens. */

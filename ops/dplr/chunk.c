@@ -19,6 +19,42 @@
  */
 #include "dplr.h"
 
+dg_status dg__dplr_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                                dg_tensor *b, dg_tensor *gk, const dg_dplr_opts *opts,
+                                kda_dev *share, dplr_local *l) {
+    memset(l, 0, sizeof *l);
+    dg_status st = dg__dplr_gate_cumsum_x(ctx, gk, opts, share, &l->Gi, &l->Ge);
+    if (st == DG_OK)
+        st = dg__dplr_intra_x(ctx, q, k, a, b, l->Gi, l->Ge, opts, share, &l->Aqk, &l->Aqb,
+                              &l->Aak, &l->Tab);
+    if (st == DG_OK)
+        st = dg__dplr_wy_x(ctx, q, k, v, a, b, l->Gi, l->Ge, l->Aak, l->Tab, opts, share, &l->w,
+                           &l->u, &l->qg, &l->kg, &l->bg);
+    if (st != DG_OK)
+        dg__dplr_local_free(l);
+    return st;
+}
+
+dg_status dg__dplr_local_group(const kda_cfg *cfg, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                               dg_tensor *a, dg_tensor *b, const dplr_local *l, dg_tensor *h0,
+                               dg__group **grp) {
+    DG_TRY(dg__dplr_group_new(cfg, grp));
+    dg_tensor *in[DPLR_NINPUTS] = {q, k, v, a, b, l->Gi, l->Ge, l->Aak, l->Tab, h0};
+    for (int i = 0; i < DPLR_NINPUTS; i++)
+        dg__group_set_input(*grp, i, in[i]);
+    dg_tensor *made[5] = {l->w, l->u, l->qg, l->kg, l->bg}; /* DPLR_W .. DPLR_BG */
+    for (int i = 0; i < 5; i++)
+        dg__group_offer(*grp, DPLR_W + i, made[i]);
+    return DG_OK;
+}
+
+void dg__dplr_local_free(dplr_local *l) {
+    dg_tensor **t[11] = {&l->Gi, &l->Ge, &l->Aqk, &l->Aqb, &l->Aak, &l->Tab,
+                         &l->w,  &l->u,  &l->qg,  &l->kg,  &l->bg};
+    for (int i = 0; i < 11; i++)
+        dg_tensor_free(t[i]);
+}
+
 #define OP "dg_dplr_chunk"
 
 dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
@@ -35,36 +71,22 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
     DG_TRY(dg__dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, h0, opts, &cfg));
     const int want_ht = opts && opts->output_final_state;
 
-    /* Gi Ge | Aqk Aqb Aak Tab | w u qg kg bg | h v2 */
-    enum { GI, GE, AQK, AQB, AAK, TAB, W, U, QG, KG, BG, HS, V2, NT_ };
-    dg_tensor *t[NT_] = {0};
+    dplr_local l;
+    dg_tensor *h = NULL, *v2 = NULL;
     dg__group *grp = NULL;
-    dg_status st = dg__dplr_gate_cumsum_x(ctx, gk, opts, cfg.dev, &t[GI], &t[GE]);
+    dg_status st = dg__dplr_local_stages(ctx, q, k, v, a, b, gk, opts, cfg.dev, &l);
     if (st == DG_OK)
-        st = dg__dplr_intra_x(ctx, q, k, a, b, t[GI], t[GE], opts, cfg.dev, &t[AQK], &t[AQB],
-                              &t[AAK], &t[TAB]);
+        st = dg__dplr_local_group(&cfg, q, k, v, a, b, &l, h0, &grp);
     if (st == DG_OK)
-        st = dg__dplr_wy_x(ctx, q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], opts, cfg.dev, &t[W],
-                           &t[U], &t[QG], &t[KG], &t[BG]);
+        st = dg__dplr_state_x(ctx, l.w, l.u, l.kg, l.bg, v, l.Gi, h0, opts, grp, &h, &v2,
+                              want_ht ? ht : NULL);
     if (st == DG_OK)
-        st = dg__dplr_group_new(&cfg, &grp);
-    if (st == DG_OK) {
-        dg_tensor *in[DPLR_NINPUTS] = {q, k, v, a, b, t[GI], t[GE], t[AAK], t[TAB], h0};
-        for (int i = 0; i < DPLR_NINPUTS; i++)
-            dg__group_set_input(grp, i, in[i]);
-        dg_tensor *made[5] = {t[W], t[U], t[QG], t[KG], t[BG]}; /* DPLR_W .. DPLR_BG */
-        for (int i = 0; i < 5; i++)
-            dg__group_offer(grp, DPLR_W + i, made[i]);
-    }
-    if (st == DG_OK)
-        st = dg__dplr_state_x(ctx, t[W], t[U], t[KG], t[BG], v, t[GI], h0, opts, grp, &t[HS],
-                              &t[V2], want_ht ? ht : NULL);
-    if (st == DG_OK)
-        st = dg__dplr_output_x(ctx, t[QG], t[HS], t[AQK], t[AQB], v, t[V2], opts, grp, o);
+        st = dg__dplr_output_x(ctx, l.qg, h, l.Aqk, l.Aqb, v, v2, opts, grp, o);
 
     dg__group_release(&grp);
-    for (int i = 0; i < NT_; i++)
-        dg_tensor_free(&t[i]);
+    dg__dplr_local_free(&l);
+    dg_tensor_free(&h);
+    dg_tensor_free(&v2);
     dg__kda_cfg_free(&cfg);
     if (st != DG_OK && ht)
         dg_tensor_free(ht);

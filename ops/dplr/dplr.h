@@ -317,9 +317,10 @@ dg_status dg__dplr_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *s
 
 /* ---- the recompute group and node parameters ----------------------------------------------
  * The state and output nodes of one dg_dplr_chunk call read w, u, qg, kg, bg, h, v2 through one
- * recompute group (dplr_group.c: the table of what is kept and what is rebuilt); used alone,
- * dg_dplr_state and dg_dplr_output make their own with their inputs kept. */
-enum { DPLR_M_STATE, DPLR_M_OUTPUT, DPLR_NMEMBERS };
+ * recompute group (dplr_group.c: the table of what is kept and what is rebuilt), and so does the
+ * link node of dg_dplr_chunk_cp (member DPLR_M_LINK, ops/dplr/kcp.c); used alone, dg_dplr_state
+ * and dg_dplr_output make their own with their inputs kept. */
+enum { DPLR_M_STATE, DPLR_M_LINK, DPLR_M_OUTPUT, DPLR_NMEMBERS };
 enum {
     DPLR_IN_Q,
     DPLR_IN_K,
@@ -366,6 +367,22 @@ dg_status dg__dplr_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
 dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
                            dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
                            dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht);
+/* The local part of the chunked composite (ops/dplr/chunk.c), shared by dg_dplr_chunk and the
+ * context-parallel dg_dplr_chunk_cp: the gate_cumsum, intra and wy stage nodes (on the device chunk
+ * tables `share`, NULL: their own), their outputs
+ * each an owned reference (dg__dplr_local_free releases them; on error nothing is held). */
+typedef struct dplr_local {
+    dg_tensor *Gi, *Ge, *Aqk, *Aqb, *Aak, *Tab, *w, *u, *qg, *kg, *bg;
+} dplr_local;
+dg_status dg__dplr_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                                dg_tensor *a, dg_tensor *b, dg_tensor *gk,
+                                const dg_dplr_opts *opts, kda_dev *share, dplr_local *l);
+/* The recompute group of the state/output (and CP link) nodes over l, from initial state h0:
+ * its inputs, and w, u, qg, kg, bg offered to it (kept when the policy of "dplr_wy" is CACHE). */
+dg_status dg__dplr_local_group(const kda_cfg *cfg, dg_tensor *q, dg_tensor *k, dg_tensor *v,
+                               dg_tensor *a, dg_tensor *b, const dplr_local *l, dg_tensor *h0,
+                               dg__group **grp);
+void dg__dplr_local_free(dplr_local *l);
 dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor *Aqk,
                             dg_tensor *Aqb, dg_tensor *v, dg_tensor *v2, const dg_dplr_opts *opts,
                             dg__group *grp, dg_tensor **o);

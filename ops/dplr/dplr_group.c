@@ -5,17 +5,19 @@
  * apply it are in autograd/group.h; KDA's table (ops/kda/kda_group.c) is the same story.
  *
  *   tensor  made by     kept when           read in backward by   else rebuilt by  from
- *   w       dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
+ *   w       dplr_wy     "dplr_wy" CACHE     state, cp_link        rebuild_wy       (1)
  *   u       dplr_wy     "dplr_wy" CACHE     (rebuild_state only)  rebuild_wy       (1)
  *   qg      dplr_wy     "dplr_wy" CACHE     output                rebuild_wy       (1)
  *   kg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
- *   bg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
+ *   bg      dplr_wy     "dplr_wy" CACHE     state, cp_link        rebuild_wy       (1)
  *   h       dplr_state  "dplr_state" CACHE  state, output         rebuild_state    (2)
  *   v2      dplr_state  "dplr_state" CACHE  state, output         rebuild_state    (2)
  *   (1) q k v a b Gi Ge Aak Tab     (2) w u kg bg v Gi [h0]
  *
  * The inputs are kept by the intra, wy and state nodes anyway (the intra node always keeps Aqk,
- * Aqb, Aak, Tab). Both policies default to RECOMPUTE. Backward runs output, then state:
+ * Aqb, Aak, Tab). Both policies default to RECOMPUTE. The members are recorded state, cp_link
+ * (dg_dplr_chunk_cp only: its h0 input is then the merged initial states), output, so backward
+ * runs output, then cp_link, then state:
  *
  *   RECOMPUTE, RECOMPUTE  output's backward runs rebuild_wy (w u qg kg bg) and rebuild_state
  *                         (h v2), for itself and for state; u is freed at once, qg when output
@@ -41,11 +43,11 @@ static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make);
 /* clang-format off */
 static const dg__group_row dplr_tensors[DPLR_NDERIVED] = {
     /* name  made by       its default           read in backward by     rebuilt by */
-    {"w",    "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
+    {"w",    "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
     {"u",    "dplr_wy",    DG_POLICY_RECOMPUTE,  0,                      R_WY},
     {"qg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(OUTPUT),              R_WY},
     {"kg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
-    {"bg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
+    {"bg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
     {"h",    "dplr_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
     {"v2",   "dplr_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
 };
@@ -60,7 +62,8 @@ static const dg__group_recipe dplr_recipes[] = {
 };
 /* clang-format on */
 
-static const char *const dplr_members[DPLR_NMEMBERS] = {"dplr_state", "dplr_output"};
+static const char *const dplr_members[DPLR_NMEMBERS] = {"dplr_state", "dplr_cp_link",
+                                                        "dplr_output"};
 static const char *const dplr_inputs[DPLR_NINPUTS] = {"q",  "k",  "v",   "a",   "b",
                                                       "Gi", "Ge", "Aak", "Tab", "h0"};
 
