@@ -749,8 +749,8 @@ static void test_numeric_parser(void) {
                   "--chunk 16abc is refused", "16abc", NULL);
 }
 
-/* Every numeric flag of `train`, `sample`, `kda` and `bench` refuses trailing garbage, no digits,
- * an empty value and an out-of-range value, with exit 2 and a message naming the flag. */
+/* Every numeric flag of `train`, `sample`, `kda`, `dplr` and `bench` refuses trailing garbage, no
+ * digits, an empty value and an out-of-range value, with exit 2 and a message naming the flag. */
 typedef struct flag_case {
     const char *flag, *out_of_range;
 } flag_case;
@@ -806,6 +806,11 @@ static void test_numeric_flags(void) {
         {"kda", "--in", ".", "--scale", "abc", "--scale"},
         {"kda", "--in", ".", "--scale", "0", "--scale"},
         {"kda", "--in", ".", "--scale", "", "--scale"},
+        {"dplr", "--in", ".", "--chunk-size", "16abc", "--chunk-size"},
+        {"dplr", "--in", ".", "--chunk-size", "48", "--chunk-size"},
+        {"dplr", "--in", ".", "--scale", "abc", "--scale"},
+        {"dplr", "--in", ".", "--scale", "0", "--scale"},
+        {"dplr", "--in", ".", "--scale", "", "--scale"},
         {"bench", "core", "--reps", "5x", NULL, "--reps"},
         {"bench", "core", "--warmup", "-1", NULL, "--warmup"},
         {"bench", "core", "--m", "abc", NULL, "--m"},
@@ -825,7 +830,7 @@ static void test_numeric_flags(void) {
         int k = 1;
         for (int j = 0; j < 5 && tool_cases[i][j]; j++)
             argv[k++] = (char *)tool_cases[i][j];
-        if (!strcmp(tool_cases[i][0], "kda")) {
+        if (!strcmp(tool_cases[i][0], "kda") || !strcmp(tool_cases[i][0], "dplr")) {
             argv[k++] = "--out";
             argv[k++] = g_tmp;
         }

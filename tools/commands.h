@@ -11,6 +11,9 @@ int dg_cmd_sample_check(int argc, char **argv);
 int dg_cmd_kda(int argc, char **argv); /* tools/cmd_kda.c */
 /* Its argument parsing alone: 0 when valid, else the usage error's exit code. */
 int dg_cmd_kda_check(int argc, char **argv);
+int dg_cmd_dplr(int argc, char **argv); /* tools/cmd_dplr.c */
+/* Its argument parsing alone: 0 when valid, else the usage error's exit code. */
+int dg_cmd_dplr_check(int argc, char **argv);
 int dg_cmd_bench(int argc, char **argv); /* tools/cmd_bench.c */
 /* `deltagrad bench kda ...` (tools/bench_kda.c); argv[0] is "kda". */
 int dg_bench_kda(int argc, char **argv);

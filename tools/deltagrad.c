@@ -24,6 +24,7 @@ static const struct {
     {"train", dg_cmd_train, "train the toy KDA language model"},
     {"sample", dg_cmd_sample, "generate text from a checkpoint"},
     {"kda", dg_cmd_kda, "run chunked KDA (forward/backward) on .npy files"},
+    {"dplr", dg_cmd_dplr, "run chunked DPLR (forward/backward) on .npy files"},
     {"bench", dg_cmd_bench,
      "benchmarks: `bench core` (matmul, bandwidth), `bench kda`, `bench dplr`, `bench cp` "
      "(under mpirun)"},

@@ -1,6 +1,6 @@
-/* tests/fuzz/fuzz_args.c -- the argument parsing of `deltagrad train`, `sample` and `kda`, and
- * the strict number parser. The input is NUL-separated arguments; its first byte picks the
- * command. */
+/* tests/fuzz/fuzz_args.c -- the argument parsing of `deltagrad train`, `sample`, `kda` and
+ * `dplr`, and the strict number parser. The input is NUL-separated arguments; its first byte
+ * picks the command (mod 4). */
 #include "tests/fuzz/fuzz_util.h"
 #include "tools/commands.h"
 #include "train/args.h"
@@ -17,8 +17,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     buf[size - 1] = 0;
     char *argv[MAX_ARGS + 2];
     int argc = 0;
-    static char *const cmds[3] = {"train", "sample", "kda"};
-    int which = data[0] % 3;
+    static char *const cmds[4] = {"train", "sample", "kda", "dplr"};
+    int which = data[0] % 4;
     argv[argc++] = cmds[which];
     for (char *p = buf; p < buf + size - 1 && argc < MAX_ARGS + 1; p += strlen(p) + 1)
         argv[argc++] = p;
@@ -26,7 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     fz_quiet();
     int rc = which == 0   ? dg_cmd_train_check(argc, argv)
              : which == 1 ? dg_cmd_sample_check(argc, argv)
-                          : dg_cmd_kda_check(argc, argv);
+             : which == 2 ? dg_cmd_kda_check(argc, argv)
+                          : dg_cmd_dplr_check(argc, argv);
     fz_loud();
     if (rc != 0 && rc != 2)
         abort(); /* parsing alone never fails otherwise */

@@ -1,27 +1,23 @@
 #!/usr/bin/env python3
 """Check `deltagrad kda` against an independent NumPy recurrence on random tensors.
 
-usage: kda_runner_check.py DELTAGRAD_BINARY WORKDIR [--device cpu|cuda] [--dtype f64|f32|bf16]
+usage: kda_runner_check.py DELTAGRAD_BINARY WORKDIR [--device cpu|cuda] [--dtype f64|f32|bf16]...
 
-Writes random q k v g beta h0 cu_seqlens do dht (.npy) to WORKDIR/in, runs the chunked op and the
-recurrent op through the CLI, and compares o and ht with a float64 NumPy recurrence written here
-from the spec (KDA.md section 2). Gradients: in f64 the chunked and recurrent CLI runs must agree
-to rounding; in f32/bf16 each is compared with an f64 CPU run of the CLI on the same files (the
-NumPy side has no backward). Exit 0 on success, 77 when NumPy is missing or --device cuda finds no
-device (`deltagrad version` reports "CUDA devices: 0"; ctest reports it as skipped), 1 on a
-mismatch.
+For each --dtype (default f64 on cpu, f32 on cuda): writes random q k v g beta h0 cu_seqlens do
+dht (.npy) to WORKDIR/<dtype>/in, runs the chunked op and the recurrent op through the CLI, and
+compares o and ht with a float64 NumPy recurrence written here from the spec (KDA.md section 2).
+Gradients: in f64 the chunked and recurrent CLI runs must agree to rounding; in f32/bf16 each is
+compared with an f64 CPU run of the CLI on the same files (the NumPy side has no backward).
+Exit 0 on success, 77 when NumPy is missing or --device cuda finds no device (`deltagrad
+version` reports "CUDA devices: 0"; ctest reports it as skipped), 1 on a mismatch. The part
+shared with dplr_runner_check.py is runner_check.py.
 """
-import argparse
 import os
-import re
-import subprocess
 import sys
 
-try:
-    import numpy as np
-except ImportError:
-    print("SKIPPED: python3-numpy is not installed")
-    sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from runner_check import (Checker, load_outputs, np, parse_args, rounder,  # noqa: E402
+                          run_cli, save_inputs, to_f32)
 
 
 def naive(q, k, v, g, beta, scale, h0, cu):
@@ -44,26 +40,8 @@ def naive(q, k, v, g, beta, scale, h0, cu):
     return o, ht
 
 
-def cuda_devices(exe):
-    """The device count `deltagrad version` reports (0 when it says nothing about it)."""
-    out = subprocess.run([exe, "version"], check=True, capture_output=True, text=True).stdout
-    m = re.search(r"CUDA devices:\s*(\d+)", out)
-    return int(m.group(1)) if m else 0
-
-
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("exe")
-    ap.add_argument("work")
-    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    ap.add_argument("--dtype", choices=("f64", "f32", "bf16"))
-    args = ap.parse_args()
-    exe, work, device = args.exe, args.work, args.device
-    dtype = args.dtype or ("f64" if device == "cpu" else "f32")
-    if device == "cuda" and cuda_devices(exe) == 0:
-        print("SKIPPED: `deltagrad version` reports no CUDA device")
-        return 77
-
+def check_dtype(exe, work, device, dtype):
+    """The whole check in one compute dtype; True when every comparison holds."""
     rng = np.random.default_rng(20261122)
     H, HV, K, V = 2, 4, 16, 8
     cu = np.array([0, 37, 101, 150], dtype=np.int64)  # three sequences of odd lengths
@@ -81,17 +59,11 @@ def main():
     if dtype != "f64":
         # the CLI rounds q k v g beta do to the compute dtype (h0, dht stay f32 on CUDA); give
         # it values it holds exactly, so every side below sees the same inputs
-        rnd = {"f32": lambda a: a.astype(np.float32).astype(np.float64),
-               "bf16": lambda a: (a.astype(np.float32).view(np.uint32) + 0x7FFF
-                                  + ((a.astype(np.float32).view(np.uint32) >> 16) & 1)
-                                  & 0xFFFF0000).view(np.float32).astype(np.float64)}[dtype]
+        rnd = rounder(dtype)
         q, k, v, g, beta, do = (rnd(a) for a in (q, k, v, g, beta, do))
-        h0, dht = (a.astype(np.float32).astype(np.float64) for a in (h0, dht))
+        h0, dht = to_f32(h0), to_f32(dht)
     ind = os.path.join(work, "in")
-    os.makedirs(ind, exist_ok=True)
-    for name, arr in dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu, do=do,
-                          dht=dht).items():
-        np.save(os.path.join(ind, name + ".npy"), arr)
+    save_inputs(ind, dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu, do=do, dht=dht))
 
     grads = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
     runs = [("chunk", device, dtype), ("recurrent", device, dtype)]
@@ -101,12 +73,12 @@ def main():
     for mode, dev, dt in runs:
         tag = f"{mode}-{dev}-{dt}"
         od = os.path.join(work, tag)
-        cmd = [exe, "kda", "--in", ind, "--out", od, "--device", dev, "--dtype", dt,
-               "--chunk-size", "16"] + (["--recurrent"] if mode == "recurrent" else [])
-        print("$", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        outs[tag] = {n: np.load(os.path.join(od, n + ".npy")).astype(np.float64)
-                     for n in ("o", "ht") + grads}
+        rc, _ = run_cli(exe, "kda", ind, od, dev, dt, ["--chunk-size", "16"]
+                        + (["--recurrent"] if mode == "recurrent" else []))
+        if rc != 0:
+            print(f"== kda runner {dtype}: NOT OK (`deltagrad kda` exited {rc})")
+            return False
+        outs[tag] = load_outputs(od, ("o", "ht") + grads)
 
     o_ref, ht_ref = naive(q, k, v, g, beta, K ** -0.5, h0, cu)
     # f64 agrees to rounding. f32 (FFMA, f32 accumulation over at most 16-row chunks, K/V = 16/8
@@ -115,30 +87,31 @@ def main():
     # a reordering of the same sums with ~25x headroom. bf16: the output rounding alone is 2^-9
     # of the largest value.
     tol = {"f64": 1e-10, "f32": 1e-5, "bf16": 1e-2}[dtype]
-    ok = True
-
-    def check(name, a, b, t=tol):
-        nonlocal ok
-        err = float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-12))
-        good = np.isfinite(err) and err <= t
-        ok &= good
-        print(f"  {'OK' if good else 'NOT OK':6s} {name:44s} rel err {err:.3e} (tol {t:.0e})")
+    c = Checker()
+    check = c.rel
 
     ch, re_ = outs[f"chunk-{device}-{dtype}"], outs[f"recurrent-{device}-{dtype}"]
-    check("o: chunked cli vs numpy recurrence", ch["o"], o_ref)
-    check("ht: chunked cli vs numpy recurrence", ch["ht"], ht_ref)
-    check("o: recurrent cli vs numpy recurrence", re_["o"], o_ref)
-    check("ht: recurrent cli vs numpy recurrence", re_["ht"], ht_ref)
+    check("o: chunked cli vs numpy recurrence", ch["o"], o_ref, tol)
+    check("ht: chunked cli vs numpy recurrence", ch["ht"], ht_ref, tol)
+    check("o: recurrent cli vs numpy recurrence", re_["o"], o_ref, tol)
+    check("ht: recurrent cli vs numpy recurrence", re_["ht"], ht_ref, tol)
     if dtype == "f64":
         for n in grads:
-            check(f"{n}: chunked vs recurrent cli", ch[n], re_[n])
+            check(f"{n}: chunked vs recurrent cli", ch[n], re_[n], tol)
     else:
         ref = outs["chunk-cpu-f64"]
         for n in grads:
-            check(f"{n}: chunked {device} {dtype} vs cpu f64", ch[n], ref[n])
-            check(f"{n}: recurrent {device} {dtype} vs cpu f64", re_[n], ref[n])
-    print("== kda runner:", "overall okay" if ok else "NOT OK")
-    return 0 if ok else 1
+            check(f"{n}: chunked {device} {dtype} vs cpu f64", ch[n], ref[n], tol)
+            check(f"{n}: recurrent {device} {dtype} vs cpu f64", re_[n], ref[n], tol)
+    print(f"== kda runner {dtype}:", "okay" if c.ok else "NOT OK")
+    return c.ok
+
+
+def main():
+    exe, work, device, dtypes = parse_args()
+    ok = [check_dtype(exe, os.path.join(work, dt), device, dt) for dt in dtypes]
+    print("== kda runner:", "overall okay" if all(ok) else "NOT OK")
+    return 0 if all(ok) else 1
 
 
 if __name__ == "__main__":

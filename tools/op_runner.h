@@ -1,0 +1,103 @@
+/*
+ * tools/op_runner.h -- what the op runners (`deltagrad kda`, `deltagrad dplr`) share: the common
+ * flags, loading DIR/<name>.npy onto the run device, running backward from do.npy (+ dht.npy),
+ * writing OUT/<name>.npy in the dtype of its input file with a count of non-finite values, and
+ * the exit codes: 0 done, 1 an input or the op failed, 2 a usage error, 3 an output holds NaN or
+ * Inf (unless --allow-nonfinite).
+ *
+ * A command built on it:
+ *   dg_runner_init; its own flag loop, handing every flag it does not know to dg_runner_flag;
+ *   dg_runner_args_done;
+ *   a table of inputs (dg_runner_in) for dg_runner_start: every missing required file listed at
+ *   once, OUT created, the contexts opened, every input loaded (the error names the file);
+ *   dg_runner_seqlens; the op on r->t[...]; dg_runner_finish (o.npy, ht.npy, and with do.npy the
+ *   backward and one gradient file per input that names one); dg_runner_free.
+ * Every message starts with "deltagrad <cmd>: ".
+ */
+#ifndef DG_TOOLS_OP_RUNNER_H
+#define DG_TOOLS_OP_RUNNER_H
+
+#include "deltagrad.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+#define DG_RUNNER_MAX_IN 16 /* inputs of one command */
+
+enum { DG_RUNNER_SKIP, DG_RUNNER_OPTIONAL, DG_RUNNER_REQUIRED };
+
+/* One input file DIR/<name>.npy. The entries named "do" and "dht" are the upstream gradients of
+ * o and ht: with do.npy loaded, every input that names a `grad` file gets requires_grad. */
+typedef struct dg_runner_in {
+    const char *name;
+    int need;         /* DG_RUNNER_SKIP, _OPTIONAL (loaded when the file exists), _REQUIRED */
+    const char *why;  /* a required file: shown after its name when missing (NULL: nothing) */
+    dg_dtype dt;      /* a float dtype: converted to it on the run device; an integer dtype: kept
+                         as the file holds it, on the host (index arrays) */
+    const char *grad; /* OUT/<grad>.npy gets its gradient; NULL: none */
+} dg_runner_in;
+
+typedef struct dg_runner {
+    const char *cmd;              /* "kda", "dplr": names the command in every message */
+    void (*usage)(FILE *f);       /* the command's --help text */
+    const char *in_dir, *out_dir; /* --in, --out */
+    dg_device dev;
+    dg_dtype dt; /* compute dtype of the activations */
+    int dt_set, recurrent, quiet, allow_nonfinite;
+    int out_dt;     /* -1: each output in its input file's dtype; else DG_F64 or DG_F32 */
+    int chunk_size; /* --chunk-size; 0: the op's default */
+    double scale;   /* --scale; 0: the op's default (K^-1/2) */
+    int check_only; /* parse only: --help prints nothing */
+    /* after dg_runner_start: the CPU context and the run context (ctx == host on the CPU) */
+    dg_ctx *host, *ctx;
+    const dg_runner_in *inputs; /* dg_runner_start's table (n entries) */
+    int n;
+    dg_tensor *t[DG_RUNNER_MAX_IN];     /* inputs[i] as loaded, or NULL */
+    dg_dtype file_dt[DG_RUNNER_MAX_IN]; /* the dtype the file of inputs[i] holds */
+    dg_tensor *o, *ht;   /* the op's outputs: pass &r->o, &r->ht to it; freed by dg_runner_free */
+    char nonfinite[512]; /* names of the written outputs that hold NaN / Inf */
+} dg_runner;
+
+void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f));
+/* Consume the flag argv[*i] (and its value) if it is a common one: --help/-h, --in, --out,
+ * --device, --dtype, --out-dtype, --chunk-size, --scale, --recurrent, --allow-nonfinite,
+ * --quiet. Returns 0 when consumed, 1 for --help (the usage printed unless check_only), 2 after
+ * printing a usage error (an unknown flag included). */
+int dg_runner_flag(dg_runner *r, int argc, char **argv, int *i);
+/* The value of the flag argv[*i] (advancing *i), or NULL after printing that it needs one. */
+const char *dg_runner_value(dg_runner *r, int argc, char **argv, int *i);
+/* Print "deltagrad <cmd>: <flag> <why>" and return 2. */
+int dg_runner_bad(const dg_runner *r, const char *flag, const char *why);
+/* Print dg_last_error() (a dg_arg_* refusal, which names the flag) and return 2. */
+int dg_runner_bad_arg(const dg_runner *r);
+/* After the flags: --in and --out are required; the default dtype (f64 on the CPU, f32 on
+ * CUDA); bf16 runs on CUDA only. 0 or 2. */
+int dg_runner_args_done(dg_runner *r);
+/* The dtype of the state files (h0, dht): the compute dtype on the CPU, f32 on CUDA (the state is
+ * f32 there, KDA.md and DPLR.md §1). */
+dg_dtype dg_runner_state_dtype(const dg_runner *r);
+
+/* Check that every required input of in[n] (n <= DG_RUNNER_MAX_IN) exists (all missing ones
+ * listed in one message), create OUT, open the contexts and load in[i] into r->t[i]. 0, or 1
+ * after printing the error (free with dg_runner_free in either case). */
+int dg_runner_start(dg_runner *r, const dg_runner_in *in, int n);
+/* cu (an integer [N+1] tensor, or NULL) as the op's host table: checked against q's T
+ * (dg_kda_seqlens) into *out (malloc'd, free it; NULL when cu is NULL), *n_seqs = N. 0, or 1
+ * after printing the error naming cu_seqlens.npy. */
+int dg_runner_seqlens(dg_runner *r, const dg_tensor *cu, const dg_tensor *q, int64_t **out,
+                      int *n_seqs);
+/* Print "deltagrad <cmd>: <what>: <dg_last_error()>" (with a hint after out of memory); 1. */
+int dg_runner_fail(const dg_runner *r, const char *what);
+/* The op `op` returned s: dg_runner_fail, and after a shape, dtype or argument error a note that
+ * the arguments it names are the .npy files of the same names in DIR. 1. */
+int dg_runner_op_fail(const dg_runner *r, const char *op, dg_status s);
+/* After a successful op: check that do.npy and dht.npy have the shapes of o and ht (nothing is
+ * written otherwise), write r->o as o.npy (dtype o_like) and r->ht as ht.npy (ht_like; r->ht
+ * may be NULL), then, when do.npy was loaded, run backward from o and ht seeded with do and dht
+ * (optional) and write the gradient of every input that names one; report non-finite outputs and
+ * print the summary line. Returns the exit code. */
+int dg_runner_finish(dg_runner *r, dg_dtype o_like, dg_dtype ht_like);
+/* Reset the tape, free the outputs, the inputs and the contexts. */
+void dg_runner_free(dg_runner *r);
+
+#endif /* DG_TOOLS_OP_RUNNER_H */
