@@ -14,13 +14,20 @@
  *      checkpoints;
  *      (f) --graph on is refused on the CPU (library and command), left to its default the CPU
  *      runs every step eagerly;
+ *      (g) the DPLR mixer (--mixer dplr): f64 gradchecks of every parameter of its layer (both
+ *      gates) and of the block around it; chunked == recurrent DPLR inside the model (f64 logits
+ *      and every parameter gradient); causality (in (d)); 40 steps lower the loss; stop +
+ *      resume == straight bit for bit; checkpoints record the mixer (round trip, mismatch
+ *      refused, configs without the key are KDA); `deltagrad train --mixer dplr` end to end
+ *      and its flag errors (bad name, GVA, with --resume, with --cp);
  *      plus config JSON round trip and parameter counts (MODEL.md §5: 28,132,896).
  * gpu: the same model on CUDA matches the CPU (f32 logits and one training step), and bf16
  *      compute runs and stays close; the step captured in a CUDA graph and replayed (--graph
  *      on, and the default) trains exactly as the eager step (--graph off): the same losses,
  *      validation losses, gradient norms, weights and AdamW moments, bit for bit, in f32 and
  *      bf16 compute, with accumulation, evaluations, samples and checkpoints between replays;
- *      with profiling on the default runs eagerly and --graph on is refused.
+ *      with profiling on the default runs eagerly and --graph on is refused; a --mixer dplr
+ *      model's first 3 steps follow the CPU's losses.
  */
 #define _XOPEN_SOURCE 700
 #include "tests/harness.h"
@@ -400,13 +407,15 @@ static float *logits_of(dg_model *m, const int32_t *ids, int B, int T) {
     return v;
 }
 
-static void causality_case(int HV, int chunk) {
+static void causality_case(dg_mixer_kind mixer, int HV, int chunk) {
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
     dg_model_config c = tiny_config();
     c.d = 48, c.head_k = c.head_v = 16, c.chunk = chunk, c.n_layers = 2, c.inter = 96;
     c.n_v_heads = HV;
-    printf("  model: H=%d HV=%d chunk=%d, 2 layers\n", c.n_heads, HV, chunk);
+    c.mixer = mixer;
+    printf("  model: %s mixer, H=%d HV=%d chunk=%d, 2 layers\n", dg_mixer_name(mixer), c.n_heads,
+           HV, chunk);
     dg_model *m = NULL;
     DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
     /* larger init than 0.02 so every path carries signal */
@@ -464,8 +473,9 @@ static void causality_case(int HV, int chunk) {
 }
 
 static void test_causality(void) {
-    causality_case(2, 16);
-    causality_case(4, 32); /* GVA: 2 value heads per q/k head */
+    causality_case(DG_MIXER_KDA, 2, 16);
+    causality_case(DG_MIXER_KDA, 4, 32); /* GVA: 2 value heads per q/k head */
+    causality_case(DG_MIXER_DPLR, 2, 16);
 }
 
 /* ---- (e) errors ----------------------------------------------------------------------------- */
@@ -606,6 +616,7 @@ static void test_config(void) {
     c.gate = DG_GATE_KDA;
     c.tie = 1;
     c.lower_bound = -3.25;
+    c.mixer = DG_MIXER_DPLR;
     DG_TEST_TRY(dg_model_config_to_json(&c, json, sizeof json));
     dg_check_ok(dg_model_config_from_json(json, &back), "config JSON parses back");
     /* field by field: the struct has padding bytes that memcmp would read */
@@ -614,13 +625,31 @@ static void test_config(void) {
                  c.head_k == back.head_k && c.head_v == back.head_v && c.inter == back.inter &&
                  c.conv == back.conv && c.chunk == back.chunk && c.gate == back.gate &&
                  c.lower_bound == back.lower_bound && c.norm_eps == back.norm_eps &&
-                 c.tie == back.tie && c.init_std == back.init_std,
+                 c.tie == back.tie && c.init_std == back.init_std && c.mixer == back.mixer,
              "config JSON round trip is exact");
+    /* the mixer: written as a string, a config without it is KDA, an unknown one is refused */
+    char *mx = strstr(json, ", \"mixer\": \"dplr\"}");
+    dg_check(mx != NULL, "the JSON records \"mixer\": \"dplr\"");
+    if (mx) {
+        snprintf(mx, sizeof json - (size_t)(mx - json), ", \"mixer\": \"rwkv\"}");
+        dg_check_err(dg_model_config_from_json(json, &back), DG_ERR_FORMAT, "\"mixer\"",
+                     "an unknown mixer in the JSON");
+        snprintf(mx, sizeof json - (size_t)(mx - json), "}");
+        dg_check(dg_model_config_from_json(json, &back) == DG_OK && back.mixer == DG_MIXER_KDA,
+                 "a config JSON without \"mixer\" is KDA");
+    }
     dg_check_err(dg_model_config_from_json("{\"vocab_size\": 256}", &back), DG_ERR_FORMAT,
                  "hidden_size", "a config missing a key");
     DG_TEST_TRY(dg_model_config_preset("cpu", &c));
     c.n_v_heads = 3;
     dg_check_err(dg_model_config_check(&c), DG_ERR_ARG, "num_v_heads", "HV not a multiple of H");
+    c.n_v_heads = 4;
+    c.mixer = DG_MIXER_DPLR;
+    dg_check_err(dg_model_config_check(&c), DG_ERR_ARG, "one value head per key head",
+                 "the DPLR mixer with GVA (HV = 4, H = 2)");
+    c.mixer = (dg_mixer_kind)7;
+    dg_check_err(dg_model_config_check(&c), DG_ERR_ARG, "mixer must be kda or dplr",
+                 "a mixer outside the enum");
 
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
@@ -652,6 +681,392 @@ static void test_config(void) {
                  fabs(dg_train_lr(&o, o.steps) - o.lr * o.min_lr_frac) < 1e-12 &&
                  dg_train_lr(&o, 1) < o.lr / 10,
              "schedule: warmup to lr, cosine down to 10%%");
+}
+
+/* ---- (g) the DPLR mixer --------------------------------------------------------------------- */
+
+/* A small model in f64 with the given mixer and gate: d 16, H = HV = 2, K = V = 8, chunk 16. The
+ * matrices get std 0.2 instead of 0.02 so every path (convs, gate, alpha, state) carries signal
+ * into the logits. */
+static dg_model *f64_model(dg_ctx *ctx, dg_mixer_kind mixer, dg_gate_kind gate, int layers,
+                           uint64_t seed) {
+    dg_model_config c = tiny_config();
+    c.d = 16, c.n_layers = layers, c.n_heads = c.n_v_heads = 2, c.head_k = c.head_v = 8;
+    c.inter = 16, c.chunk = 16, c.gate = gate, c.mixer = mixer;
+    dg_model *m = NULL;
+    DG_TEST_TRY(dg_model_new(ctx, &c, DG_F64, DG_F64, &m));
+    DG_TEST_TRY(dg_model_init(m, seed));
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].decay)
+            DG_TEST_TRY(dg_tensor_rand_normal(m->params[i].t, seed * 100 + (uint64_t)i, 0.0, 0.2));
+    return m;
+}
+
+static dg_tensor *rand_ids(dg_ctx *ctx, int B, int T, uint64_t seed) {
+    int32_t *v = malloc((size_t)B * T * sizeof *v);
+    for (int i = 0; i < B * T; i++)
+        v[i] = (int32_t)(dg_rand_u01(seed, (uint64_t)i) * 256);
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_from_host(ctx, DG_I32, 2, (int64_t[]){B, T}, v, &t));
+    free(v);
+    return t;
+}
+
+typedef struct model_arg {
+    dg_model *m;
+    dg_tensor *ids;
+} model_arg;
+
+/* gradcheck's function: the model's logits. The inputs are some of the model's own parameters,
+ * which gradcheck perturbs in place; the forward reads them from the model. */
+static dg_status logits_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **out, int n_out,
+                           void *user) {
+    (void)ctx, (void)in, (void)n_in, (void)n_out;
+    model_arg *a = user;
+    return dg_model_forward(a->m, a->ids, &out[0]);
+}
+
+static void gradcheck_params(dg_ctx *ctx, model_arg *arg, const int *ix, int n, const char *what) {
+    dg_tensor *in[DG_GRADCHECK_MAX_INPUTS];
+    for (int i = 0; i < n; i++)
+        in[i] = arg->m->params[ix[i]].t;
+    dg_gradcheck_report rep;
+    dg_status st = dg_gradcheck(ctx, logits_fn, arg, in, n, 1, 1e-6, 5, &rep);
+    if (!dg_check_ok(st, what))
+        return;
+    int worst = 0;
+    for (int i = 1; i < n; i++)
+        if (rep.rel_err[i] > rep.rel_err[worst])
+            worst = i;
+    if (rep.max_rel_err >= 1e-6)
+        for (int i = 0; i < n; i++)
+            printf("     %-40s rel err %.3e\n", arg->m->params[ix[i]].name, rep.rel_err[i]);
+    dg_check(rep.max_rel_err < 1e-6, "%s: max rel err %.3e (worst %s; tol 1e-6)", what,
+             rep.max_rel_err, arg->m->params[ix[worst]].name);
+}
+
+/* f64 finite differences of the logits w.r.t. every parameter of the DPLR layer (and the block
+ * around it): 2 rows of 24 tokens, two chunks of 16, the second partial. */
+static void dplr_gradcheck_case(dg_gate_kind gate) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_model *m = f64_model(ctx, DG_MIXER_DPLR, gate, 1, gate == DG_GATE_KDA ? 31 : 17);
+    model_arg arg = {m, rand_ids(ctx, 2, 24, 3)};
+    const dg_layer_ix *L = &m->layers[0];
+    const int mix[16] = {L->q_proj,  L->k_proj,  L->v_proj, L->q_conv, L->k_conv,  L->v_conv,
+                         L->f_proj0, L->f_proj1, L->b_proj, L->A_log,  L->dt_bias, L->g_proj0,
+                         L->g_proj1, L->g_bias,  L->o_norm, L->o_proj};
+    const int rest[6] = {L->attn_norm, L->mlp_norm,  L->gate_proj,
+                         L->up_proj,   L->down_proj, m->final_norm};
+    const char *gn = gate == DG_GATE_KDA ? "KDA gate" : "lower-bound gate";
+    char what[160];
+    snprintf(what, sizeof what, "gradcheck DPLR model (%s): the 16 mixer parameters", gn);
+    gradcheck_params(ctx, &arg, mix, 16, what);
+    if (gate == DG_GATE_LOWERBOUND) {
+        snprintf(what, sizeof what, "gradcheck DPLR model (%s): norms and MLP", gn);
+        gradcheck_params(ctx, &arg, rest, 6, what);
+    }
+    dg_tensor_free(&arg.ids);
+    dg_model_free(&m);
+    dg_tape_reset();
+    dg_ctx_free(&ctx);
+}
+
+/* Logits and the gradients of every parameter (concatenated, f64) for loss = <logits, R>. */
+static double *logits_and_grads(dg_model *m, dg_tensor *ids, uint64_t seed, double **grads,
+                                int64_t *n_logits, int64_t *n_grads) {
+    dg_tensor *lg = NULL, *R = NULL;
+    DG_TEST_TRY(dg_model_forward(m, ids, &lg));
+    R = dg_test_rand(m->ctx, DG_F64, dg_tensor_ndim(lg), dg_tensor_shape(lg), seed, -1, 1);
+    for (int i = 0; i < m->n_params; i++)
+        dg_tensor_zero_grad(m->params[i].t);
+    DG_TEST_TRY(dg_tape_backward_with(m->ctx, lg, R));
+    *n_grads = dg_model_num_params(m);
+    double *g = calloc((size_t)*n_grads, sizeof *g), *lv = NULL;
+    int64_t at = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        const dg_tensor *gt = dg_tensor_grad(m->params[i].t);
+        int64_t n = dg_tensor_numel(m->params[i].t);
+        if (gt) {
+            double *v = NULL;
+            DG_TEST_TRY(dg_tensor_to_f64(gt, &v));
+            memcpy(g + at, v, (size_t)n * sizeof *v);
+            free(v);
+        }
+        at += n;
+    }
+    DG_TEST_TRY(dg_tensor_to_f64(lg, &lv));
+    *n_logits = dg_tensor_numel(lg);
+    *grads = g;
+    dg_tensor_free(&R);
+    dg_tensor_free(&lg);
+    dg_tape_reset();
+    return lv;
+}
+
+/* The chunked DPLR op against its token-by-token recurrence inside the model, f64: the logits
+ * and the gradients of all parameters. 2 layers, 2 rows of 50 tokens: chunks of 16, the last
+ * partial. The op's own test measures the two forms ~3e-15 apart (tolerance 1e-10); the model
+ * adds norms and projections around it, not new reorderings of the recurrence. */
+static void test_dplr_chunk_vs_recurrent(void) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_model *m = f64_model(ctx, DG_MIXER_DPLR, DG_GATE_LOWERBOUND, 2, 23);
+    dg_tensor *ids = rand_ids(ctx, 2, 50, 4);
+    int64_t nl = 0, ng = 0;
+    double *gc = NULL, *gr = NULL;
+    double *lc = logits_and_grads(m, ids, 9, &gc, &nl, &ng);
+    m->recurrent_mixer = 1;
+    double *lr = logits_and_grads(m, ids, 9, &gr, &nl, &ng);
+    m->recurrent_mixer = 0;
+    dg_check_rel("DPLR model f64: chunked vs recurrent logits", lc, lr, nl, 1e-10);
+    dg_check_rel("DPLR model f64: chunked vs recurrent parameter gradients", gc, gr, ng, 1e-10);
+    double gmax = 0.0;
+    for (int64_t i = 0; i < ng; i++)
+        gmax = fmax(gmax, fabs(gc[i]));
+    dg_check(gmax > 1e-3, "  ...the gradients are not trivially zero (max %.3e)", gmax);
+    free(lc), free(lr), free(gc), free(gr);
+    dg_tensor_free(&ids);
+    dg_model_free(&m);
+    dg_ctx_free(&ctx);
+}
+
+/* The header event's text. */
+static void keep_header(const dg_train_event *ev, void *user) {
+    if (ev->kind == DG_EV_HEADER && ev->text)
+        snprintf((char *)user, 4096, "%s", ev->text);
+}
+
+/* Training: the loss falls as it does with KDA; a run interrupted and resumed (the mixer coming
+ * from the checkpoint) repeats the uninterrupted one bit for bit. */
+static void test_dplr_train(void) {
+    dg_train_opts o = tiny_opts(NULL);
+    o.model.mixer = DG_MIXER_DPLR;
+    dg_train_result r;
+    char head[4096] = "";
+    if (!dg_check_ok(dg_train_run(&o, keep_header, head, &r), "DPLR: train 40 tiny steps"))
+        return;
+    double first = mean_range(r.losses, 0, 3), last = mean_range(r.losses, o.steps - 5, o.steps);
+    printf("  DPLR loss: first 3 steps %.4f, last 5 steps %.4f, val %.4f, %lld parameters\n", first,
+           last, r.final_val, (long long)r.n_params);
+    dg_check(strstr(head, "dplr mixer") != NULL, "the header names the DPLR mixer");
+    dg_check(r.n_params == dg_model_config_num_params(&o.model),
+             "DPLR model: %lld parameters, as the formula (the KDA layer's list)",
+             (long long)r.n_params);
+    dg_check(first > 5.0 && first < 6.0, "DPLR: initial loss %.4f is near ln 256 = 5.545", first);
+    dg_check(last < first - 1.5, "DPLR: loss falls by > 1.5 nats in 40 steps (%.4f -> %.4f)", first,
+             last);
+    dg_check(r.final_val < 3.8, "DPLR: validation loss %.4f < 3.8 after 40 steps", r.final_val);
+    dg_train_result_free(&r);
+
+    char a[512], b[512];
+    tmp_path(a, sizeof a, "dplr_straight");
+    tmp_path(b, sizeof b, "dplr_resumed");
+    const int64_t N = 6;
+    dg_train_result straight, half, rest;
+    o = tiny_opts(a);
+    o.model.mixer = DG_MIXER_DPLR;
+    o.steps = N;
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &straight), "DPLR: straight run"))
+        return;
+    o = tiny_opts(b);
+    o.model.mixer = DG_MIXER_DPLR;
+    o.steps = N;
+    o.stop_at = N / 2;
+    if (!dg_check_ok(dg_train_run(&o, NULL, NULL, &half), "DPLR: first half")) {
+        dg_train_result_free(&straight);
+        return;
+    }
+    dg_train_opts o2 = tiny_opts(b);
+    o2.resume = 1;
+    o2.model.mixer = DG_MIXER_KDA; /* ignored: the model comes from the checkpoint */
+    head[0] = 0;
+    if (dg_check_ok(dg_train_run(&o2, keep_header, head, &rest), "DPLR: resumed second half")) {
+        int same = 1;
+        for (int64_t s = 0; s < N; s++) {
+            double want = straight.losses[s], got = s < N / 2 ? half.losses[s] : rest.losses[s];
+            same &= memcmp(&want, &got, sizeof want) == 0;
+        }
+        dg_check(same && strstr(head, "dplr mixer"),
+                 "DPLR: straight == stop + resume, the %lld losses bit for bit (the resumed run "
+                 "is a DPLR model)",
+                 (long long)N);
+        dg_train_result_free(&rest);
+    }
+    dg_train_result_free(&straight);
+    dg_train_result_free(&half);
+}
+
+/* The checkpoint's config without its "mixer" key, as written before the key existed. */
+static void strip_mixer(const char *path, const char *out) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_safetensors st;
+    DG_TEST_TRY(dg_safetensors_load(ctx, path, &st));
+    char cfg[4096];
+    for (int i = 0; i < st.n_meta; i++) {
+        if (strcmp(st.meta_keys[i], "config") != 0)
+            continue;
+        snprintf(cfg, sizeof cfg, "%s", st.meta_values[i]);
+        char *p = strstr(cfg, ", \"mixer\": ");
+        if (p)
+            snprintf(p, sizeof cfg - (size_t)(p - cfg), "}");
+        free(st.meta_values[i]);
+        st.meta_values[i] = strdup(cfg);
+    }
+    DG_TEST_TRY(dg_safetensors_save(
+        out, st.n, (const char *const *)st.names, (const dg_tensor *const *)st.tensors, st.n_meta,
+        (const char *const *)st.meta_keys, (const char *const *)st.meta_values));
+    dg_safetensors_free(&st);
+    dg_ctx_free(&ctx);
+}
+
+/* Checkpoints record the mixer: a DPLR checkpoint restores a DPLR model (the same logits bit for
+ * bit) and is refused by a KDA model; a checkpoint without the key is KDA. */
+static void test_dplr_ckpt(void) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_model_config c = tiny_config();
+    c.mixer = DG_MIXER_DPLR;
+    dg_model *m = NULL, *m2 = NULL, *mk = NULL;
+    DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
+    DG_TEST_TRY(dg_model_init(m, 4));
+    dg_train_opts o = tiny_opts(NULL);
+    o.model = c;
+    dg_train_state st = {5, 50, 1, 1};
+    char path[512], old[512];
+    tmp_path(path, sizeof path, "dplr.safetensors");
+    DG_TEST_TRY(dg_ckpt_save(path, m, NULL, NULL, &o, &st));
+    dg_ckpt ck;
+    if (!dg_check_ok(dg_ckpt_load(ctx, path, &ck), "DPLR checkpoint loads"))
+        return;
+    dg_check(ck.cfg.mixer == DG_MIXER_DPLR, "the checkpoint's config says dplr");
+    DG_TEST_TRY(dg_model_new(ctx, &ck.cfg, DG_F32, DG_F32, &m2));
+    dg_check_ok(dg_ckpt_restore_model(&ck, m2), "DPLR checkpoint restores a DPLR model");
+    int32_t ids[2 * 40];
+    for (int i = 0; i < 80; i++)
+        ids[i] = (int32_t)(dg_rand_u01(12, (uint64_t)i) * 256);
+    float *l1 = logits_of(m, ids, 2, 40), *l2 = logits_of(m2, ids, 2, 40);
+    dg_check(memcmp(l1, l2, sizeof(float) * 80 * 256) == 0,
+             "restored DPLR model: the same logits bit for bit");
+    free(l1), free(l2);
+    dg_model_config ckda = c;
+    ckda.mixer = DG_MIXER_KDA;
+    DG_TEST_TRY(dg_model_new(ctx, &ckda, DG_F32, DG_F32, &mk));
+    dg_check_err(dg_ckpt_restore_model(&ck, mk), DG_ERR_FORMAT,
+                 "holds a model with the dplr mixer, but this model uses the kda mixer",
+                 "a DPLR checkpoint into a KDA model");
+    dg_ckpt_free(&ck);
+
+    /* a KDA checkpoint written before "mixer" existed loads as KDA */
+    tmp_path(path, sizeof path, "kda.safetensors");
+    tmp_path(old, sizeof old, "kda_old.safetensors");
+    DG_TEST_TRY(dg_ckpt_save(path, mk, NULL, NULL, &o, &st));
+    strip_mixer(path, old);
+    if (dg_check_ok(dg_ckpt_load(ctx, old, &ck), "a checkpoint without \"mixer\" loads")) {
+        const char *cfg = dg_safetensors_meta(&ck.st, "config");
+        dg_check(cfg && !strstr(cfg, "mixer") && ck.cfg.mixer == DG_MIXER_KDA,
+                 "a config without \"mixer\" is a KDA model");
+        dg_check_ok(dg_ckpt_restore_model(&ck, mk), "  ...and restores a KDA model");
+        dg_check_err(dg_ckpt_restore_model(&ck, m2), DG_ERR_FORMAT,
+                     "holds a model with the kda mixer, but this model uses the dplr mixer",
+                     "  ...and is refused by a DPLR model");
+        dg_ckpt_free(&ck);
+    }
+    dg_model_free(&mk);
+    dg_model_free(&m2);
+    dg_model_free(&m);
+    dg_tape_reset();
+    dg_ctx_free(&ctx);
+}
+
+/* dg_cmd_train's stdout while it runs argv, into buf (NUL-terminated). */
+static int run_captured(int argc, char **argv, char *buf, size_t n) {
+    char path[512];
+    tmp_path(path, sizeof path, "stdout.txt");
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO);
+    FILE *f = fopen(path, "w");
+    dup2(fileno(f), STDOUT_FILENO);
+    int rc = dg_cmd_train(argc, argv);
+    fflush(stdout);
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    fclose(f);
+    f = fopen(path, "r");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[got] = 0;
+    if (f)
+        fclose(f);
+    return rc;
+}
+
+/* `deltagrad train --mixer dplr` end to end on the CPU, and its flag errors. */
+static void test_dplr_cli(void) {
+    char *run[] = {"train",  "--device",       "cpu", "--mixer",
+                   "dplr",   "--steps",        "3",   "--d",
+                   "32",     "--layers",       "1",   "--heads",
+                   "2",      "--head-dim",     "16",  "--inter",
+                   "64",     "--chunk",        "32",  "--batch",
+                   "2",      "--seq-len",      "64",  "--max-bytes",
+                   "200000", "--eval-batches", "1",   "--sample-tokens",
+                   "16",     "--no-out",       NULL};
+    int argc = (int)(sizeof run / sizeof *run) - 1;
+    static char out[1 << 16];
+    int rc = run_captured(argc, run, out, sizeof out);
+    dg_check(rc == 0, "deltagrad train --mixer dplr: 3 steps on the CPU (exit %d)", rc);
+    dg_check(strstr(out, "dplr mixer") && strstr(out, " parameters (") &&
+                 strstr(out, "step 1/3 loss") && strstr(out, "step 3/3 loss") &&
+                 strstr(out, "--- sample at step 3 ---") && strstr(out, "done: step 3"),
+             "  ...prints the header (mixer, parameter count), every step, a sample and the "
+             "summary");
+    if (rc != 0 || !strstr(out, "done: step 3"))
+        printf("%s\n", out);
+    char *bad_mixer[] = {"train", "--device", "cpu", "--mixer", "rwkv", NULL};
+    rc = dg_cmd_train_check(5, bad_mixer);
+    dg_check(rc == 2, "--mixer rwkv exits 2 (got %d)", rc);
+    char *gva[] = {"train",   "--device", "cpu",         "--mixer", "dplr",     "--v-heads", "4",
+                   "--steps", "1",        "--max-bytes", "200000",  "--no-out", NULL};
+    rc = dg_cmd_train(12, gva);
+    dg_check(rc == 2, "--mixer dplr --v-heads 4 (GVA) exits 2 (got %d)", rc);
+    char dir[512];
+    tmp_path(dir, sizeof dir, "dplr_cli");
+    char *res[] = {"train", "--device", "cpu", "--resume", "--mixer", "dplr", "--out", dir, NULL};
+    rc = dg_cmd_train_check(8, res);
+    dg_check(rc == 2, "--mixer with --resume exits 2 (the checkpoint holds the mixer; got %d)", rc);
+    dg_train_opts o = tiny_opts(NULL);
+    o.model.mixer = DG_MIXER_DPLR;
+    o.cp = 2;
+    dg_check_err(dg_train_run(&o, NULL, NULL, NULL), DG_ERR_ARG, "no context-parallel form",
+                 "--mixer dplr with --cp 2");
+}
+
+static void test_dplr(void) {
+    dplr_gradcheck_case(DG_GATE_LOWERBOUND);
+    dplr_gradcheck_case(DG_GATE_KDA);
+    test_dplr_chunk_vs_recurrent();
+    test_dplr_train();
+    test_dplr_ckpt();
+    test_dplr_cli();
+}
+
+/* gpu: a DPLR model's first training steps on CUDA (f32) follow the CPU's losses. */
+static void test_dplr_gpu(void) {
+    dg_train_opts o = tiny_opts(NULL);
+    o.model.mixer = DG_MIXER_DPLR;
+    o.model.chunk = 16;
+    o.steps = 3;
+    dg_train_result rc, rg;
+    DG_TEST_TRY(dg_train_run(&o, NULL, NULL, &rc));
+    o.device = dg_cuda(0);
+    o.compute_dtype = DG_F32;
+    if (dg_check_ok(dg_train_run(&o, NULL, NULL, &rg),
+                    "DPLR model: 3 training steps on CUDA (f32)")) {
+        dg_check_rel("DPLR: cuda f32 training losses vs cpu (3 steps)", rg.losses, rc.losses, 3,
+                     1e-4);
+        dg_train_result_free(&rg);
+    }
+    dg_train_result_free(&rc);
 }
 
 /* ---- gpu: CUDA vs CPU ------------------------------------------------------------------------ */
@@ -879,6 +1294,7 @@ int main(int argc, char **argv) {
         tmp_setup();
         test_gpu();
         test_graph();
+        test_dplr_gpu();
         tmp_cleanup();
         return dg_test_finish();
     }
@@ -890,6 +1306,7 @@ int main(int argc, char **argv) {
     test_loss_falls();
     test_resume();
     test_kill_during_save();
+    test_dplr();
     tmp_cleanup();
     return dg_test_finish();
 }

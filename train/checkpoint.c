@@ -433,6 +433,14 @@ static dg_status copy_named(const dg_ckpt *c, const char *name, dg_tensor *dst) 
 dg_status dg_ckpt_restore_model(const dg_ckpt *c, dg_model *m) {
     if (!c || !m)
         return dg__err(DG_ERR_ARG, "dg_ckpt_restore_model: NULL argument");
+    /* the two mixers have the same parameter names and shapes: only the config tells them apart */
+    if (c->cfg.mixer != m->cfg.mixer)
+        return dg__err(DG_ERR_FORMAT,
+                       "checkpoint '%s' holds a model with the %s mixer, but this model uses the "
+                       "%s mixer (--mixer %s): their parameters have the same names and shapes "
+                       "but not the same meaning",
+                       c->path, dg_mixer_name(c->cfg.mixer), dg_mixer_name(m->cfg.mixer),
+                       dg_mixer_name(m->cfg.mixer));
     for (int i = 0; i < m->n_params; i++) {
         DG_TRY(copy_named(c, m->params[i].name, m->params[i].t));
         DG_TRY(check_finite(c, m->params[i].name, m->params[i].t));

@@ -5,7 +5,8 @@
  * plus the AdamW moments as "optim.m.<name>" and "optim.v.<name>".
  * __metadata__ (all strings):
  *   format        "deltagrad-checkpoint/1"
- *   config        the model config as JSON (model.h)
+ *   config        the model config as JSON (model.h; "mixer" is "kda" or "dplr", absent in
+ *                 checkpoints written before the DPLR mixer, which are KDA)
  *   step          steps completed
  *   data_counter  training windows drawn so far (the data position; see data.h)
  *   train.*       every hyperparameter that shapes later steps (seed, lr, schedule, batch, ...)
@@ -47,7 +48,8 @@ typedef struct dg_ckpt {
  * wrong (DG_ERR_IO, DG_ERR_FORMAT). Tensors are placed in ctx. */
 dg_status dg_ckpt_load(dg_ctx *ctx, const char *path, dg_ckpt *out);
 void dg_ckpt_free(dg_ckpt *c);
-/* Copies every parameter of m from the checkpoint (names and shapes must match). */
+/* Copies every parameter of m from the checkpoint (names and shapes must match, and so must the
+ * config's mixer: DG_ERR_FORMAT naming both). */
 dg_status dg_ckpt_restore_model(const dg_ckpt *c, dg_model *m);
 /* Copies the AdamW moments (arrays of m->n_params tensors). */
 dg_status dg_ckpt_restore_optim(const dg_ckpt *c, const dg_model *m, dg_tensor *const *adam_m,

@@ -1,7 +1,8 @@
 /*
- * train/model.c -- the byte-level KDA language model: config presets and JSON, the parameter
- * list and its init, the forward pass (all dg_ ops, so it records on the tape), the loss, the
- * decoding state (conv tails and KDA states carried between pieces of a sequence) and sampling.
+ * train/model.c -- the byte-level language model with a KDA or DPLR token mixer: config presets
+ * and JSON, the parameter list and its init, the forward pass (all dg_ ops, so it records on the
+ * tape), the loss, the decoding state (conv tails and mixer states carried between pieces of a
+ * sequence) and sampling.
  * Shapes: B rows of T bytes; d model width; H/HV heads; K/V head dims; I MLP width.
  */
 #include "train/model.h"
@@ -15,6 +16,22 @@
 #include "tensor/tensor.h"
 
 /* ---- config --------------------------------------------------------------------------------- */
+
+const char *dg_mixer_name(dg_mixer_kind k) {
+    return k == DG_MIXER_KDA ? "kda" : k == DG_MIXER_DPLR ? "dplr" : NULL;
+}
+
+dg_status dg_mixer_parse(const char *s, dg_mixer_kind *out) {
+    if (!s || !out)
+        return dg__err(DG_ERR_ARG, "dg_mixer_parse: s and out must not be NULL");
+    if (!strcmp(s, "kda"))
+        *out = DG_MIXER_KDA;
+    else if (!strcmp(s, "dplr"))
+        *out = DG_MIXER_DPLR;
+    else
+        return dg__err(DG_ERR_ARG, "--mixer: '%.64s' is not kda or dplr", s);
+    return DG_OK;
+}
 
 dg_status dg_model_config_preset(const char *name, dg_model_config *out) {
     if (!name || !out)
@@ -35,6 +52,7 @@ dg_status dg_model_config_preset(const char *name, dg_model_config *out) {
         .norm_eps = 1e-6,
         .tie = 0,
         .init_std = 0.02,
+        .mixer = DG_MIXER_KDA,
     };
     if (!strcmp(name, "cpu")) {
         /* MODEL.md §4's toy as is. */
@@ -96,6 +114,12 @@ dg_status dg_model_config_check(const dg_model_config *c) {
          c->norm_eps);
     NEED(c->init_std > 0.0 && c->init_std < 1e3,
          "model config: initializer_range must be > 0 (got %g)", c->init_std);
+    NEED(dg_mixer_name(c->mixer), "model config: mixer must be kda or dplr (got %d)",
+         (int)c->mixer);
+    NEED(c->mixer != DG_MIXER_DPLR || c->n_v_heads == c->n_heads,
+         "model config: the DPLR mixer (--mixer dplr) has one value head per key head: "
+         "num_v_heads (--v-heads, %d) must equal num_heads (--heads, %d)",
+         c->n_v_heads, c->n_heads);
 #undef NEED
     return DG_OK;
 }
@@ -106,10 +130,12 @@ dg_status dg_model_config_to_json(const dg_model_config *c, char *buf, size_t n)
         "{\"vocab_size\": %d, \"hidden_size\": %d, \"num_hidden_layers\": %d, \"num_heads\": %d, "
         "\"num_v_heads\": %d, \"head_dim\": %d, \"head_v_dim\": %d, \"intermediate_size\": %d, "
         "\"conv_size\": %d, \"chunk_size\": %d, \"gate\": \"%s\", \"lower_bound\": %.17g, "
-        "\"norm_eps\": %.17g, \"tie_word_embeddings\": %s, \"initializer_range\": %.17g}",
+        "\"norm_eps\": %.17g, \"tie_word_embeddings\": %s, \"initializer_range\": %.17g, "
+        "\"mixer\": \"%s\"}",
         c->vocab, c->d, c->n_layers, c->n_heads, c->n_v_heads, c->head_k, c->head_v, c->inter,
         c->conv, c->chunk, c->gate == DG_GATE_KDA ? "kda" : "lower_bound", c->lower_bound,
-        c->norm_eps, c->tie ? "true" : "false", c->init_std);
+        c->norm_eps, c->tie ? "true" : "false", c->init_std,
+        dg_mixer_name(c->mixer) ? dg_mixer_name(c->mixer) : "?");
     if (len < 0 || (size_t)len >= n)
         return dg__err(DG_ERR_ARG, "model config: JSON buffer of %zu bytes is too small", n);
     return DG_OK;
@@ -189,11 +215,21 @@ dg_status dg_model_config_from_json(const char *json, dg_model_config *out) {
     else
         return dg__err(DG_ERR_FORMAT,
                        "model config: key \"tie_word_embeddings\" must be true/false");
+    /* written since the DPLR mixer exists; a config without it is a KDA model */
+    const char *mx = json_value(json, "mixer");
+    if (!mx || !strncmp(mx, "\"kda\"", 5))
+        c.mixer = DG_MIXER_KDA;
+    else if (!strncmp(mx, "\"dplr\"", 6))
+        c.mixer = DG_MIXER_DPLR;
+    else
+        return dg__err(DG_ERR_FORMAT, "model config: key \"mixer\" must be \"kda\" or \"dplr\"");
     DG_TRY(dg_model_config_check(&c));
     *out = c;
     return DG_OK;
 }
 
+/* The DPLR mixer has the KDA layer's parameters exactly (b_proj gives its alpha), so the count
+ * does not depend on cfg.mixer. */
 int64_t dg_model_config_num_params(const dg_model_config *c) {
     int64_t d = c->d, H = c->n_heads, HV = c->n_v_heads, K = c->head_k, V = c->head_v;
     int64_t W = c->conv, I = c->inter;
@@ -471,12 +507,93 @@ static dg_status conv_silu(dg_model *m, dg_tensor *a, dg_tensor *w, dg_tensor *t
     return st;
 }
 
-/* The KDA token mixer (MODEL.md §1). h: [B,T,d] -> out: [B,T,d] (a new reference).
+/* The KDA layer's gate as its own tape nodes: gk [B,T,H,K] = the per-channel log decay the KDA
+ * op forms inside from graw, A_log [H] and dt_bias [H*K] (ops/kda/gate_cumsum.c):
+ *   lower bound:  gk = lb * sigmoid(exp(A_log) * (graw + dt_bias))    in (lb, 0)
+ *   KDA:          gk = -exp(A_log) * softplus(graw + dt_bias)         < 0
+ * A_log and dt_bias are cast to graw's dtype where they differ (they are kept in f32). */
+static dg_status dplr_gate(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *graw,
+                           scratch *sc, dg_tensor **out) {
+    const dg_model_config *c = &m->cfg;
+    dg_ctx *ctx = m->ctx;
+    dg_status st = DG_OK;
+    const int64_t H = c->n_heads, K = c->head_k;
+    const dg_dtype dt = dg_tensor_dtype(graw);
+    dg_tensor *Al = W[L->A_log], *db = W[L->dt_bias], *A4, *d4, *A, *z, *u, *s, *res;
+    if (dg_tensor_dtype(Al) != dt)
+        NEWT(Al, dg_to_dtype(ctx, W[L->A_log], dt, &Al));
+    if (dg_tensor_dtype(db) != dt)
+        NEWT(db, dg_to_dtype(ctx, W[L->dt_bias], dt, &db));
+    NEWT(A4, dg_reshape(Al, 2, (int64_t[]){H, 1}, &A4));
+    NEWT(d4, dg_reshape(db, 2, (int64_t[]){H, K}, &d4));
+    NEWT(A, dg_exp(ctx, A4, &A));
+    NEWT(z, dg_add(ctx, graw, d4, &z));
+    if (c->gate == DG_GATE_LOWERBOUND) {
+        NEWT(u, dg_mul(ctx, z, A, &u));
+        NEWT(s, dg_sigmoid(ctx, u, &s));
+        res = NULL;
+        RUN(dg_scale(ctx, s, c->lower_bound, &res));
+    } else {
+        NEWT(s, dg_softplus(ctx, z, &s));
+        NEWT(u, dg_mul(ctx, s, A, &u));
+        res = NULL;
+        RUN(dg_scale(ctx, u, -1.0, &res));
+    }
+    *out = res;
+    return DG_OK;
+fail:
+    return st;
+}
+
+/* The DPLR recurrence of the DPLR mixer in RWKV-7's form (docs/training.md, "The DPLR mixer"):
+ *   qh, kh = l2norm(q), l2norm(k) per head;  alpha = sigmoid(braw) per head [B,T,H];
+ *   a = -kh, b = alpha * kh, gk = dplr_gate(graw):
+ *   S_t = (Diag(exp(gk_t)) - alpha_t kh_t kh_t^T) S_{t-1} + kh_t v_t^T,  o_t = K^-1/2 S_t^T qh_t
+ * The transition is symmetric with eigenvalues in (-1, 1): the state never grows through it. */
+static dg_status dplr_mix(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *q,
+                          dg_tensor *k, dg_tensor *v, dg_tensor *graw, dg_tensor *braw,
+                          dg_tensor *h0, dg_tensor **ht, scratch *sc, dg_tensor **out) {
+    const dg_model_config *c = &m->cfg;
+    dg_ctx *ctx = m->ctx;
+    dg_status st = DG_OK;
+    const int64_t B = dg_tensor_dim(q, 0), T = dg_tensor_dim(q, 1), H = c->n_heads;
+    dg_tensor *qh, *kh, *a, *al, *al4, *b, *gk, *o;
+    if (m->cp_plan)
+        return dg__err(DG_ERR_UNSUPPORTED, "the DPLR mixer (--mixer dplr) has no "
+                                           "context-parallel form (--cp) yet");
+    NEWT(qh, dg_l2norm(ctx, q, 1e-6, &qh));
+    NEWT(kh, dg_l2norm(ctx, k, 1e-6, &kh));
+    NEWT(a, dg_scale(ctx, kh, -1.0, &a));
+    NEWT(al, dg_sigmoid(ctx, braw, &al));
+    NEWT(al4, dg_reshape(al, 4, (int64_t[]){B, T, H, 1}, &al4));
+    NEWT(b, dg_mul(ctx, kh, al4, &b));
+    NEWT(gk, dplr_gate(m, W, L, graw, sc, &gk));
+    dg_dplr_opts opts;
+    memset(&opts, 0, sizeof opts);
+    opts.chunk_size = c->chunk;
+    opts.scale = 1.0 / sqrt((double)c->head_k);
+    opts.output_final_state = ht != NULL;
+    o = NULL;
+    /* one token: the recurrence is the whole work (O(K V) per head) */
+    if (m->recurrent_mixer || (ht && T == 1))
+        RUN(dg_dplr_recurrent(ctx, qh, kh, v, a, b, gk, h0, &opts, &o, ht));
+    else
+        RUN(dg_dplr_chunk(ctx, qh, kh, v, a, b, gk, h0, &opts, &o, ht));
+    *out = o;
+    return DG_OK;
+fail:
+    return st;
+}
+
+/* The token mixer (MODEL.md §1 for KDA; cfg.mixer picks KDA or DPLR, which differ only in the
+ * recurrence between the input projections and the output gate). h: [B,T,d] -> out: [B,T,d]
+ * (a new reference).
  * State mode (sin, sout not NULL; B == 1): sin[0..2] are the q, k, v conv tails and sin[3] the
- * KDA state the sequence continues from (NULL: the sequence start); sout[0..3] get the new
+ * mixer's state the sequence continues from (NULL: the sequence start); sout[0..3] get the new
  * ones. */
-static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *h,
-                           dg_tensor *const *sin, dg_tensor **sout, scratch *sc, dg_tensor **out) {
+static dg_status mixer_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_tensor *h,
+                             dg_tensor *const *sin, dg_tensor **sout, scratch *sc,
+                             dg_tensor **out) {
     const dg_model_config *c = &m->cfg;
     dg_ctx *ctx = m->ctx;
     dg_status st = DG_OK;
@@ -500,31 +617,37 @@ static dg_status kda_layer(dg_model *m, dg_tensor *const *W, const dg_layer_ix *
     NEWT(vc, conv_silu(m, a, wv, state ? sin[2] : NULL, state ? &sout[2] : NULL, &vc));
     NEWT(v, dg_reshape(vc, 4, (int64_t[]){B, T, HV, V}, &v));
 
-    /* raw gate through the low-rank pair, raw beta; the op applies gate, sigmoid and l2norm */
+    /* raw gate through the low-rank pair, raw beta (KDA) / alpha (DPLR) */
     NEWT(g1, dg_linear(ctx, h, W[L->f_proj0], &g1));
     NEWT(g2, dg_linear(ctx, g1, W[L->f_proj1], &g2));
     NEWT(g, dg_reshape(g2, 4, (int64_t[]){B, T, HV, K}, &g));
     NEWT(beta, dg_linear(ctx, h, W[L->b_proj], &beta));
 
-    dg_kda_opts opts;
-    memset(&opts, 0, sizeof opts);
-    opts.chunk_size = c->chunk;
-    opts.gate = c->gate;
-    opts.lower_bound = c->lower_bound;
-    opts.l2norm_qk = 1;
-    opts.beta_sigmoid = 1;
-    opts.scale = 1.0 / sqrt((double)K);
-    opts.output_final_state = state;
     dg_tensor *h0 = state ? sin[3] : NULL, **ht = state ? &sout[3] : NULL;
-    /* one token: the recurrence is the whole work (O(K V) per head) */
-    if (m->recurrent_mixer || (state && T == 1))
-        NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], h0, &opts, &o,
+    if (c->mixer == DG_MIXER_DPLR) {
+        NEWT(o, dplr_mix(m, W, L, q, k, v, g, beta, h0, ht, sc, &o));
+    } else {
+        /* the op applies the gate, the sigmoid of beta and the l2norm of q and k */
+        dg_kda_opts opts;
+        memset(&opts, 0, sizeof opts);
+        opts.chunk_size = c->chunk;
+        opts.gate = c->gate;
+        opts.lower_bound = c->lower_bound;
+        opts.l2norm_qk = 1;
+        opts.beta_sigmoid = 1;
+        opts.scale = 1.0 / sqrt((double)K);
+        opts.output_final_state = state;
+        /* one token: the recurrence is the whole work (O(K V) per head) */
+        if (m->recurrent_mixer || (state && T == 1))
+            NEWT(o, dg_kda_recurrent(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], h0, &opts,
+                                     &o, ht));
+        else if (m->cp_plan)
+            NEWT(o, dg_kda_chunk_cp(ctx, m->cp_comm, m->cp_plan, q, k, v, g, beta, W[L->A_log],
+                                    W[L->dt_bias], NULL, &opts, &o, NULL));
+        else
+            NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], h0, &opts, &o,
                                  ht));
-    else if (m->cp_plan)
-        NEWT(o, dg_kda_chunk_cp(ctx, m->cp_comm, m->cp_plan, q, k, v, g, beta, W[L->A_log],
-                                W[L->dt_bias], NULL, &opts, &o, NULL));
-    else
-        NEWT(o, dg_kda_chunk(ctx, q, k, v, g, beta, W[L->A_log], W[L->dt_bias], h0, &opts, &o, ht));
+    }
 
     /* output gate, per-head gated RMSNorm, output projection */
     NEWT(a, dg_linear(ctx, h, W[L->g_proj0], &a));
@@ -578,7 +701,7 @@ static dg_status cast_weights(dg_model *m, dg_tensor **W) {
 }
 
 /* Embedding -> blocks -> final norm -> logits with the weights W. sin/sout: NULL, or the state
- * slots (4 per layer) the sequence continues from / the new ones (see kda_layer). */
+ * slots (4 per layer) the sequence continues from / the new ones (see mixer_layer). */
 static dg_status model_run(dg_model *m, dg_tensor *const *W, dg_tensor *ids, dg_tensor *const *sin,
                            dg_tensor **sout, dg_tensor **logits) {
     const dg_model_config *c = &m->cfg;
@@ -600,7 +723,7 @@ static dg_status model_run(dg_model *m, dg_tensor *const *W, dg_tensor *ids, dg_
     for (int l = 0; l < c->n_layers; l++) {
         const dg_layer_ix *L = &m->layers[l];
         int next_norm = l + 1 < c->n_layers ? m->layers[l + 1].attn_norm : m->final_norm;
-        RUN(kda_layer(m, W, L, h, sin ? sin + 4 * l : NULL, sout ? sout + 4 * l : NULL, sc, &r));
+        RUN(mixer_layer(m, W, L, h, sin ? sin + 4 * l : NULL, sout ? sout + 4 * l : NULL, sc, &r));
         dg_tensor_free(&h);
         RUN(dg_add_rmsnorm(ctx, x, r, W[L->mlp_norm], c->norm_eps, &x2, &h));
         dg_tensor_free(&r);

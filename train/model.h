@@ -2,7 +2,12 @@
  * train/model.h -- the byte-level KDA language model (MODEL.md §1-2) built from dg_ ops.
  *
  *   ids [B,T] -> Embed [B,T,d] -> L x Block -> RMSNorm -> logits [B,T,vocab]
- *   Block(x): x += KDA_layer(RMSNorm(x));  x += SwiGLU_MLP(RMSNorm(x))
+ *   Block(x): x += mixer(RMSNorm(x));  x += SwiGLU_MLP(RMSNorm(x))
+ *
+ * The token mixer is the KDA layer (default) or the DPLR layer (cfg.mixer, `--mixer dplr`,
+ * docs/training.md "The DPLR mixer"): the same projections, short convs, gate, output norm and
+ * output projection, with the DPLR recurrence S_t = (Diag(exp(gk_t)) - alpha_t kh_t kh_t^T)
+ * S_{t-1} + kh_t v_t^T in place of KDA's delta rule. Both have the parameter list below.
  *
  * Parameters live in one named list in FLA / PyTorch layout ([out,in] linear weights, [C,1,W]
  * conv weights), so a checkpoint's tensors load into the PyTorch model by name:
@@ -38,6 +43,17 @@
 #define DG_MODEL_MAX_LAYERS 256
 #define DG_MODEL_MAX_HEAD_K 256
 
+/* The token mixer of every block. */
+typedef enum dg_mixer_kind {
+    DG_MIXER_KDA = 0, /* Kimi Delta Attention (MODEL.md §1) */
+    DG_MIXER_DPLR,    /* the DPLR delta rule in RWKV-7's form (CPU only for now) */
+} dg_mixer_kind;
+
+/* "kda" / "dplr" (NULL for a value outside the enum). */
+const char *dg_mixer_name(dg_mixer_kind k);
+/* "kda" or "dplr" -> *out; DG_ERR_ARG naming the text otherwise. */
+dg_status dg_mixer_parse(const char *s, dg_mixer_kind *out);
+
 typedef struct dg_model_config {
     int vocab; /* 256: raw bytes */
     int d;     /* hidden size */
@@ -54,6 +70,9 @@ typedef struct dg_model_config {
     double norm_eps;
     int tie;         /* tie the LM head to the embedding */
     double init_std; /* 0.02 */
+    /* KDA (0, the default) or DPLR. DPLR has one value head per key head (HV == H). JSON key
+     * "mixer"; a config without it (checkpoints written before the key existed) is KDA. */
+    dg_mixer_kind mixer;
 } dg_model_config;
 
 /* Presets: "cpu" (MODEL.md §4's toy, tuned for a few CPU minutes), "gpu" (~21M parameters),
@@ -89,7 +108,9 @@ typedef struct dg_model {
     dg_param *params;
     int embed, final_norm, lm_head; /* lm_head == embed when tied */
     dg_layer_ix *layers;
-    int recurrent_mixer; /* use dg_kda_recurrent instead of dg_kda_chunk (tests: same logits) */
+    /* use the token-by-token recurrence (dg_kda_recurrent / dg_dplr_recurrent) instead of the
+     * chunked op (tests: same logits) */
+    int recurrent_mixer;
     /* Context parallelism (set by the training loop, not owned): when cp_plan is not NULL the
      * forward takes this rank's slice [1, T_r] of the packed sequences and runs the short convs
      * and KDA through dg_short_conv_cp / dg_kda_chunk_cp over cp_comm. */
@@ -97,7 +118,10 @@ typedef struct dg_model {
     const dg_cp_plan *cp_plan;
 } dg_model;
 
-/* A model with allocated (uninitialised) parameters that require grad. */
+/* A model with allocated (uninitialised) parameters that require grad. For the DPLR mixer it
+ * first runs the chunked DPLR op once on a few zeros of the compute dtype on ctx's device
+ * (without grad): an op that refuses the device or dtype (DPLR on CUDA before its kernels exist:
+ * DG_ERR_UNSUPPORTED) fails here with the op's reason, before any training step. */
 dg_status dg_model_new(dg_ctx *ctx, const dg_model_config *cfg, dg_dtype param_dtype,
                        dg_dtype compute_dtype, dg_model **out);
 void dg_model_free(dg_model **m);
@@ -117,10 +141,10 @@ dg_status dg_model_loss(dg_model *m, dg_tensor *ids, dg_tensor *targets, dg_tens
 
 /* ---- decoding with a recurrent state ----------------------------------------------------------
  *
- * A KDA layer's view of the past is finite: the last W-1 inputs of each of its three short
- * convolutions (q, k, v, before the conv) and the KDA state S [HV,K,V]. dg_model_state holds them
+ * A mixer's view of the past is finite: the last W-1 inputs of each of its three short
+ * convolutions (q, k, v, before the conv) and its state S [HV,K,V]. dg_model_state holds them
  * for one sequence (batch 1), so a sequence can be fed in pieces, each piece costing only its own
- * tokens: the prompt in one chunked forward, then one token at a time (the KDA recurrence), with
+ * tokens: the prompt in one chunked forward, then one token at a time (the recurrence), with
  * the same logits as dg_model_forward over the whole sequence up to rounding. */
 typedef struct dg_model_state {
     dg_model *m;
@@ -128,8 +152,8 @@ typedef struct dg_model_state {
      * changing the parameters make a new state */
     dg_tensor **W;
     /* per layer l, slots 4l..4l+3: the q, k, v conv tails [1, W-1, C] (compute dtype; NULL when
-     * W == 1) and the KDA state [1, HV, K, V] (f32 on CUDA, the compute dtype on the CPU). NULL
-     * before the first token: the zero history of a sequence start. */
+     * W == 1) and the mixer's state [1, HV, K, V] (KDA on CUDA: f32; else the compute dtype).
+     * NULL before the first token: the zero history of a sequence start. */
     dg_tensor **slot;
     int64_t n_tokens; /* tokens fed since the start */
 } dg_model_state;
@@ -143,7 +167,7 @@ void dg_model_state_free(dg_model_state **s);
 /* Continues the sequence held by s with ids [1,T] (i32/i64, T >= 1, on the model's device):
  * logits [1,T,vocab] (compute dtype), and s moves past the T tokens. Runs without grad (nothing
  * is recorded on the tape whatever the grad mode). T == 1 takes the token-by-token recurrence;
- * longer pieces the chunked KDA op starting from the state. On failure s is left unchanged. */
+ * longer pieces the chunked op starting from the state. On failure s is left unchanged. */
 dg_status dg_model_forward_state(dg_model_state *s, dg_tensor *ids, dg_tensor **logits);
 
 /* Called with each generated byte as soon as it is chosen; a status other than DG_OK stops the

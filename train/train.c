@@ -165,6 +165,10 @@ static dg_status check_opts(const dg_train_opts *o) {
          (long long)o->log_every);
     NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
     NEED(o->cp >= 0, "--cp must be >= 1 (got %d)", o->cp);
+    NEED(o->cp <= 1 || o->model.mixer != DG_MIXER_DPLR,
+         "--cp %d: the DPLR mixer (--mixer dplr) has no context-parallel form yet; use "
+         "--mixer kda or one process per data-parallel group (no --cp)",
+         o->cp);
     NEED(o->cp <= 1 || o->comm,
          "--cp %d needs %d processes: launch with mpirun -np %d deltagrad train --cp %d (or "
          "torchrun --nproc-per-node %d on GPUs)",
@@ -798,7 +802,8 @@ static void header(run *r) {
     snprintf(out, sizeof out, "%s", o->out_dir[0] ? o->out_dir : "(none: no log, no checkpoints)");
     emitf(r, DG_EV_HEADER,
           "config %s: %lld parameters (%.2fM)\n"
-          "  model   d=%d layers=%d heads=%d/%d K=%d V=%d I=%d conv=%d chunk=%d gate=%s%s%s\n"
+          "  model   %s mixer, d=%d layers=%d heads=%d/%d K=%d V=%d I=%d conv=%d chunk=%d "
+          "gate=%s%s%s\n"
           "  data    %s: %lld bytes (%lld train / %lld validation)\n"
           "  batch   %d x %d bytes x accum %d = %lld tokens/step; %lld steps, first %lld, last "
           "%lld\n"
@@ -807,8 +812,8 @@ static void header(run *r) {
           "  device  %s, params %s, compute %s, recompute %s%s\n"
           "  eval    every %lld steps on %d x %d fixed validation windows\n"
           "  out     %s",
-          o->config_name, (long long)np, np / 1e6, c->d, c->n_layers, c->n_heads, c->n_v_heads,
-          c->head_k, c->head_v, c->inter, c->conv, c->chunk,
+          o->config_name, (long long)np, np / 1e6, dg_mixer_name(c->mixer), c->d, c->n_layers,
+          c->n_heads, c->n_v_heads, c->head_k, c->head_v, c->inter, c->conv, c->chunk,
           c->gate == DG_GATE_KDA ? "kda" : "lower_bound", c->gate == DG_GATE_KDA ? "" : " lb=",
           c->gate == DG_GATE_KDA ? "" : (c->lower_bound == -5.0 ? "-5" : "custom"), o->data_path,
           (long long)r->text.n, (long long)r->text.n_train,
