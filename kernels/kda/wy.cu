@@ -276,24 +276,40 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    for (int idx = threadIdx.x; idx < L * AB_N; idx += NT) {
-        const int j = idx / AB_N, e = idx % AB_N;
-        if (e >= nc)
-            continue;
-        const float bj = beta[(t0 + j) * HV + hv];
-        float x = Xs[j * LDX + e];
-        if (wt) {
-            const float gj = Gs[j * LDX + e], lam = Gs[(L - 1) * LDX + e];
-            const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
-            if (KG)
-                kda_st(KG + og, x * __expf(lam - gj));
-            if (QG)
-                kda_st(QG + og, q[((t0 + j) * H + hq) * K + c0 + e] * __expf(gj));
-            x = bj * x * __expf(gj);
-        } else {
-            x = bj * x;
+    /* The elementwise part: thread column e, rows j0, j0 + RS, ... (NT is a multiple of AB_N);
+     * RU rows at a time with their global loads (q, beta) issued first, so that RU loads are in
+     * flight per thread instead of one. */
+    static_assert(NT % AB_N == 0, "a thread keeps its column");
+    constexpr int RS = NT / AB_N, RU = 4;
+    const int e = threadIdx.x % AB_N;
+    const float lam = (wt && e < nc && L > 0) ? Gs[(L - 1) * LDX + e] : 0.f;
+    for (int jb = threadIdx.x / AB_N; e < nc && jb < L; jb += RS * RU) {
+        float qv[RU], bv[RU];
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            const int j = jb + RS * u;
+            bv[u] = j < L ? beta[(t0 + j) * HV + hv] : 0.f;
+            qv[u] = (wt && QG && j < L) ? q[((t0 + j) * H + hq) * K + c0 + e] : 0.f;
         }
-        Xs[j * LDX + e] = x; /* rows past L stay zero */
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            const int j = jb + RS * u;
+            if (j >= L)
+                break;
+            float x = Xs[j * LDX + e];
+            if (wt) {
+                const float gj = Gs[j * LDX + e];
+                const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
+                if (KG)
+                    kda_st(KG + og, x * __expf(lam - gj));
+                if (QG)
+                    kda_st(QG + og, qv[u] * __expf(gj));
+                x = bv[u] * x * __expf(gj);
+            } else {
+                x = bv[u] * x;
+            }
+            Xs[j * LDX + e] = x; /* rows past L stay zero */
+        }
     }
     if (!dst)
         return; /* block-uniform */
