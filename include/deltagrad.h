@@ -57,7 +57,17 @@
 extern "C" {
 #endif
 
-#define DG_VERSION "0.1.0"
+/* The version of this header (semantic versioning; while the major version is 0, a new minor
+ * version may change the API and the ABI, a new patch version changes neither). dg_version()
+ * gives the version of the library actually linked, which must equal DG_VERSION. */
+#define DG_VERSION_MAJOR 0
+#define DG_VERSION_MINOR 9
+#define DG_VERSION_PATCH 0
+#define DG__VERSION_STR2(a, b, c) #a "." #b "." #c
+#define DG__VERSION_STR(a, b, c) DG__VERSION_STR2(a, b, c)
+#define DG_VERSION DG__VERSION_STR(DG_VERSION_MAJOR, DG_VERSION_MINOR, DG_VERSION_PATCH)
+/* One number for #if comparisons: 0.9.0 is 900, 1.2.3 is 10203. */
+#define DG_VERSION_NUMBER (DG_VERSION_MAJOR * 10000 + DG_VERSION_MINOR * 100 + DG_VERSION_PATCH)
 #define DG_MAX_DIMS 5
 
 /* =============================================================================================
@@ -116,6 +126,14 @@ int dg_dtype_is_float(dg_dtype t);
 /* Was the library built with CUDA / NCCL? */
 int dg_have_cuda(void);
 int dg_have_nccl(void);
+/* The library's version ("0.9.0"; DG_VERSION of the header it was built with), the git commit
+ * it was built from ("unknown" outside a git checkout; "-dirty" appended when the tree had
+ * uncommitted changes) and the CUDA architectures its kernels were compiled for ("90", "80,90";
+ * "none" without CUDA). Static strings. */
+const char *dg_version(void);
+int dg_version_number(void);
+const char *dg_build_commit(void);
+const char *dg_build_cuda_archs(void);
 /* Number of usable CUDA devices: 0 when built without CUDA or when no device is present. */
 int dg_cuda_device_count(void);
 

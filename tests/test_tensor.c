@@ -101,6 +101,29 @@ static void test_views_and_tape(dg_ctx *cpu) {
     dg_tensor_free(&x);
 }
 
+/* The header's version macros, the library's version and build facts agree. */
+static void test_version(void) {
+    char want[32];
+    snprintf(want, sizeof want, "%d.%d.%d", DG_VERSION_MAJOR, DG_VERSION_MINOR, DG_VERSION_PATCH);
+    dg_check(!strcmp(DG_VERSION, want), "DG_VERSION \"%s\" is MAJOR.MINOR.PATCH \"%s\"",
+             DG_VERSION, want);
+    dg_check(!strcmp(dg_version(), DG_VERSION), "dg_version() \"%s\" == DG_VERSION", dg_version());
+    dg_check(dg_version_number() == DG_VERSION_NUMBER &&
+                 DG_VERSION_NUMBER ==
+                     DG_VERSION_MAJOR * 10000 + DG_VERSION_MINOR * 100 + DG_VERSION_PATCH,
+             "dg_version_number() %d == DG_VERSION_NUMBER", dg_version_number());
+    /* the commit: "unknown", or 12 hex digits with an optional "-dirty" */
+    const char *c = dg_build_commit();
+    size_t hex = strspn(c, "0123456789abcdef");
+    dg_check(!strcmp(c, "unknown") ||
+                 (hex == 12 && (c[hex] == '\0' || !strcmp(c + hex, "-dirty"))),
+             "dg_build_commit() \"%s\" is a short hash or \"unknown\"", c);
+    const char *archs = dg_build_cuda_archs();
+    dg_check(dg_have_cuda() ? archs[0] != '\0' && strcmp(archs, "none") != 0
+                            : !strcmp(archs, "none"),
+             "dg_build_cuda_archs() \"%s\" matches dg_have_cuda() %d", archs, dg_have_cuda());
+}
+
 static void test_policy(void) {
     dg_policy_reset();
     dg_check(dg_policy_resolve("kda_state", DG_POLICY_RECOMPUTE) == DG_POLICY_RECOMPUTE,
@@ -351,6 +374,7 @@ int main(int argc, char **argv) {
         test_stage(cpu);
         test_views_and_tape(cpu);
         test_policy();
+        test_version();
         test_dtypes_and_errors(cpu);
         dg_check_err(dg_ctx_new(dg_cuda(0), &(dg_ctx *){NULL}),
                      dg_have_cuda() ? DG_ERR_DEVICE : DG_ERR_UNSUPPORTED, NULL,

@@ -3,7 +3,9 @@
 #
 #   1. the `default` preset: auto-detects CUDA/NCCL/MPI, so where nvcc is present every kernel is
 #      compiled; runs the cpu, gpu and dist labels (gpu tests report "skipped" without a device;
-#      dist tests run under mpirun with 2 and 4 ranks when MPI is installed).
+#      dist tests run under mpirun with 2 and 4 ranks when MPI is installed). Then that build is
+#      installed to a temporary prefix and examples/* are built against the installed package,
+#      with CMake (find_package) and with pkg-config, and run (tools/check_examples.sh).
 #   2. the `sanitize` preset (host only, ASan + UBSan): runs the cpu label again, and the MPI
 #      test programs of the dist label (leak checking off there: Open MPI's own allocations).
 #   3. tools/fuzz.sh: the libFuzzer targets, DG_FUZZ_SECONDS (default 30) each, when clang can
@@ -17,6 +19,8 @@ echo "== [1/3] default build (CUDA if available) + cpu, gpu and dist tests"
 cmake --preset default
 cmake --build --preset default -j "$jobs"
 ctest --preset default -j "$jobs"
+echo "== [1/3] install the default build; the examples against it (CMake and pkg-config)"
+bash tools/check_examples.sh build
 
 if [ "${DG_CHECK_FAST:-0}" != 1 ]; then
     echo "== [2/3] sanitizer build (ASan + UBSan, host only) + cpu and dist tests"

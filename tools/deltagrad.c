@@ -10,9 +10,14 @@
 static int cmd_version(int argc, char **argv) {
     (void)argc;
     (void)argv;
-    printf("deltagrad %s (CUDA: %s, NCCL: %s, MPI: %s, CUDA devices: %d)\n", DG_VERSION,
-           dg_have_cuda() ? "yes" : "no", dg_have_nccl() ? "yes" : "no",
-           dg_have_mpi() ? "yes" : "no", dg_cuda_device_count());
+    /* the library's own version: a shared libdeltagrad found at run time may not be the one
+     * this command was built against */
+    printf("deltagrad %s (commit %s, CUDA architectures: %s)\n", dg_version(), dg_build_commit(),
+           dg_build_cuda_archs());
+    if (strcmp(dg_version(), DG_VERSION) != 0)
+        printf("warning: the command was built against deltagrad.h %s\n", DG_VERSION);
+    printf("CUDA: %s, NCCL: %s, MPI: %s, CUDA devices: %d\n", dg_have_cuda() ? "yes" : "no",
+           dg_have_nccl() ? "yes" : "no", dg_have_mpi() ? "yes" : "no", dg_cuda_device_count());
     return 0;
 }
 
