@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/gpu_train.sh -- the toy KDA language model on a GPU: a short run of the `gpu` config
-# (loss curve, tokens/s), the MODEL.md §5 `bench` config under each recompute policy (tokens/s,
+# (loss curve, tokens/s), the training.md M3 `bench` config under each recompute policy (tokens/s,
 # peak memory), its time split by op kind (--profile), and the docs' PyTorch loading snippet on
 # the resulting checkpoint. Logs and the loss curve go to $OUT.
 set -uo pipefail

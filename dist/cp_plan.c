@@ -1,6 +1,6 @@
 /*
- * dist/cp_plan.c -- dg_cp_plan: one rank's view of a context-parallel split (shared spec KCP.md
- * §2, generalised to uneven splits).
+ * dist/cp_plan.c -- dg_cp_plan: one rank's view of a context-parallel split (docs/distributed.md
+ * K2, with uneven splits).
  *
  * The global token axis [0, total) holds n_seqs sequences (cu_seqlens) and is cut into world
  * contiguous slices; rank r owns [bound[r], bound[r+1]). The sequences overlapping the slice are

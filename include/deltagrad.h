@@ -608,7 +608,7 @@ dg_status dg_adamw_update(dg_adamw *opt, const dg_tensor *const *grads);
 const dg_tensor *dg_adamw_stats(const dg_adamw *opt);
 
 /* =============================================================================================
- * KDA: Kimi Delta Attention (spec: docs/ and shared KDA.md). Defined in ops/kda/.
+ * KDA: Kimi Delta Attention (the equations: docs/kda.md §11). Defined in ops/kda/.
  * ============================================================================================= */
 
 typedef enum dg_gate_kind {
@@ -661,7 +661,7 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
 
 /* ---- KDA stage nodes (the chunked algorithm, one tape node each; see ops/kda/) ---- */
 /* KDA_STAGE_API_BEGIN */
-/* The chunked algorithm of dg_kda_chunk as separate tape nodes (spec KDA.md §10), for tests and
+/* The chunked algorithm of dg_kda_chunk as separate tape nodes (kda.md §2), for tests and
  * for callers that want to reorder or fuse stages. `opts` supplies chunk_size, gate, lower_bound,
  * allow_neg_eigval, scale and cu_seqlens exactly as for dg_kda_chunk (other fields are ignored).
  * All tensors share one dtype (f64 or f32 on the CPU). On CUDA the activation inputs (x, b, g, q,
@@ -710,8 +710,8 @@ dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
 /* KDA_STAGE_API_END */
 
 /* =============================================================================================
- * DPLR: the generalised delta rule with a diagonal-plus-low-rank transition (spec: docs/dplr.md
- * and shared DPLR.md). Defined in ops/dplr/ (CPU) and kernels/dplr/ (CUDA). On the CPU every
+ * DPLR: the generalised delta rule with a diagonal-plus-low-rank transition (the equations:
+ * docs/dplr.md D1-D5). Defined in ops/dplr/ (CPU) and kernels/dplr/ (CUDA). On the CPU every
  * tensor of a call has one dtype, f64 or f32 (computed in f32). On CUDA the kernels compute in
  * f32: the activations q, k, v, a, b, gk are f32 or bf16 (one dtype per call), h0 and the
  * intermediates of the stage nodes are f32, o has the activations' dtype; K <= 256.
@@ -733,7 +733,7 @@ typedef struct dg_dplr_opts {
 dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
                             dg_tensor *b, dg_tensor *gk, dg_tensor *h0, const dg_dplr_opts *opts,
                             dg_tensor **o, dg_tensor **ht);
-/* The chunked form of the same recurrence (spec DPLR.md §4), same arguments and outputs as
+/* The chunked form of the same recurrence (dplr.md D3), same arguments and outputs as
  * dg_dplr_recurrent: a chain of the stage nodes below (gate_cumsum, intra, wy, state, output),
  * chunks of opts->chunk_size tokens from each sequence's start (the last one may be partial).
  * What the state and output stages keep for backward follows the policies of "dplr_wy" and
@@ -887,7 +887,7 @@ dg_status dg_cp_plan_new(int world, int rank, int64_t total, const int64_t *cu_s
                          const int64_t *rank_tokens, dg_cp_plan **out);
 void dg_cp_plan_free(dg_cp_plan **p);
 
-/* dg_kda_chunk over a context-parallel split (KCP, shared spec KCP.md): every rank calls it with
+/* dg_kda_chunk over a context-parallel split (KCP, docs/distributed.md): every rank calls it with
  * its slice, q, k: [1,T_r,H,K] etc. (T_r = plan->end - plan->begin), with the dtypes and devices
  * of dg_kda_chunk (on CUDA the summaries are computed on host copies; not yet run on a GPU).
  * opts->cu_seqlens must be NULL (the plan holds the sequences). h0: [n_seqs,HV,K,V] global or
@@ -900,7 +900,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
                           dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                           const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht);
 /* dg_dplr_chunk over a context-parallel split (KCP with the DPLR transition Diag(exp(lam)) +
- * bg^T w, shared spec KCP.md §6), called like dg_kda_chunk_cp: every rank passes its slice,
+ * bg^T w, distributed.md K6), called like dg_kda_chunk_cp: every rank passes its slice,
  * q, k, a, b, gk: [1,T_r,H,K], v: [1,T_r,H,V] (T_r = plan->end - plan->begin), in the dtypes of
  * dg_dplr_chunk (CPU: f64, or f32 computed in f32; a CUDA context gets DG_ERR_UNSUPPORTED like
  * every DPLR entry point). opts->cu_seqlens must be NULL (the plan holds the sequences). h0:

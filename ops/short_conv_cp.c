@@ -1,5 +1,5 @@
 /*
- * ops/short_conv_cp.c -- dg_short_conv over a context-parallel split (shared spec KCP.md §8).
+ * ops/short_conv_cp.c -- dg_short_conv over a context-parallel split (distributed.md K7).
  *
  * Rank r's first output rows need the last W-1 conv inputs of rank r-1 when its local sequence 0
  * started there. One tape node ("short_conv_cp_halo") builds xe = [halo | x] ([1, W-1+T_r, C]):

@@ -51,7 +51,8 @@ static inline double *kt_rand(int64_t n, uint64_t seed, double lo, double hi) {
         p[i] = kt_uniform(seed, (uint64_t)i, lo, hi);
     return p;
 }
-/* Normalise rows of K in place (keys with norm 1 keep the recurrence a contraction, §4). */
+/* Normalise rows of K in place (keys with norm 1 keep the recurrence a contraction, kda.md §11.3).
+ */
 static inline void kt_rownorm(double *x, int64_t rows, int K) {
     for (int64_t r = 0; r < rows; r++) {
         double s = 0;

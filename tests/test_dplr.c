@@ -41,7 +41,7 @@ typedef struct dres {
 static int nseqs(const dcase *c) { return c->cu ? c->nseq : c->B; }
 static int64_t numel4(const int64_t *s) { return s[0] * s[1] * s[2] * s[3]; }
 
-/* RWKV-7-like inputs (spec §2): a = -kh, b = alpha kh with kh unit-norm and alpha in (0.1, 0.9),
+/* RWKV-7-like inputs (dplr.md D1): a = -kh, b = alpha kh with kh unit-norm and alpha in (0.1, 0.9),
  * so every transition D + b a^T is a contraction. gk per c->gate: uniform in [-0.5, -0.01];
  * logsigmoid(2 x) of normal x (mostly in [-4, 0], with a tail of strong decays); or RWKV-7's
  * safe gate -e^{-1/2} sigmoid(x) (in (-0.61, 0)). */
@@ -771,7 +771,7 @@ static void test_stage_bad_inputs(dg_ctx *ctx) {
         dg_tensor_free(&rest[i]);
 }
 
-/* ---- KDA written as DPLR (spec §3) ----
+/* ---- KDA written as DPLR (dplr.md D2) ----
  * k' = beta k, a = -exp(g) k, b = beta k, gk = g, q and v unchanged: the mapping is built with
  * differentiable elementwise ops, so the gradients of q, k, v, g, beta, h0 flow through it into
  * dg_dplr_recurrent or dg_dplr_chunk (dplr != NULL) and are compared with dg_kda_chunk's (f64;

@@ -749,8 +749,9 @@ static void test_numeric_parser(void) {
                   "--chunk 16abc is refused", "16abc", NULL);
 }
 
-/* Every numeric flag of `train`, `sample`, `kda`, `dplr` and `bench` refuses trailing garbage, no
- * digits, an empty value and an out-of-range value, with exit 2 and a message naming the flag. */
+/* Every numeric flag of `train`, `sample`, `kda`, `dplr`, `bench` and `gradcheck` refuses trailing
+ * garbage, no digits, an empty value and an out-of-range value, with exit 2 and a message naming
+ * the flag. */
 typedef struct flag_case {
     const char *flag, *out_of_range;
 } flag_case;
@@ -824,7 +825,23 @@ static void test_numeric_flags(void) {
         {"bench", "cp", "--T", "16abc", NULL, "--T"},
         {"bench", "cp", "--chunk", "48", NULL, "--chunk"},
         {"bench", "cp", "--reps", "0", NULL, "--reps"},
-        {"bench", "cp", "--cores", "", NULL, "--cores"}};
+        {"bench", "cp", "--cores", "", NULL, "--cores"},
+        {"gradcheck", "kda", "--B", "0", NULL, "--B"},
+        {"gradcheck", "kda", "--T", "16abc", NULL, "--T"},
+        {"gradcheck", "kda", "--H", "abc", NULL, "--H"},
+        {"gradcheck", "kda", "--HV", "", NULL, "--HV"},
+        {"gradcheck", "kda", "--K", "257", NULL, "--K"},
+        {"gradcheck", "kda", "--V", "0", NULL, "--V"},
+        {"gradcheck", "kda", "--chunk-size", "48", NULL, "--chunk-size"},
+        {"gradcheck", "kda", "--lower-bound", "0", NULL, "--lower-bound"},
+        {"gradcheck", "kda", "--scale", "0", NULL, "--scale"},
+        {"gradcheck", "kda", "--seed", "-1", NULL, "--seed"},
+        {"gradcheck", "kda", "--eps", "1", NULL, "--eps"},
+        {"gradcheck", "kda", "--tol", "0", NULL, "--tol"},
+        {"gradcheck", "kda", "--cu-seqlens", "0,1x", NULL, "--cu-seqlens"},
+        {"gradcheck", "dplr", "--T", "", NULL, "--T"},
+        {"gradcheck", "dplr", "--K", "2.5", NULL, "--K"},
+        {"gradcheck", "dplr", "--chunk-size", "16abc", NULL, "--chunk-size"}};
     for (size_t i = 0; i < sizeof tool_cases / sizeof *tool_cases; i++) {
         char *argv[12] = {"deltagrad"};
         int k = 1;
@@ -836,7 +853,8 @@ static void test_numeric_flags(void) {
         }
         argv[k] = NULL;
         int rc = run_binary(argv, err, sizeof err);
-        int bench = !strcmp(tool_cases[i][0], "bench");
+        /* "bench" and "gradcheck" name a sub-command before the flag */
+        int bench = !strcmp(tool_cases[i][0], "bench") || !strcmp(tool_cases[i][0], "gradcheck");
         REJ(2, dg_check(rc == 2 && strstr(err, tool_cases[i][5]) && strstr(err, "expected"),
                         "deltagrad %s %s %s '%s' -> exit %d: %.120s", tool_cases[i][0],
                         tool_cases[i][1], tool_cases[i][bench ? 2 : 3],

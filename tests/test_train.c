@@ -20,7 +20,7 @@
  *      resume == straight bit for bit; checkpoints record the mixer (round trip, mismatch
  *      refused, configs without the key are KDA); `deltagrad train --mixer dplr` end to end
  *      and its flag errors (bad name, GVA, with --resume, with --cp);
- *      plus config JSON round trip and parameter counts (MODEL.md §5: 28,132,896).
+ *      plus config JSON round trip and parameter counts (training.md M3: 28,132,896).
  * gpu: the same model on CUDA matches the CPU (f32 logits and one training step), and bf16
  *      compute runs and stays close; the step captured in a CUDA graph and replayed (--graph
  *      on, and the default) trains exactly as the eager step (--graph off): the same losses,
@@ -610,7 +610,7 @@ static void test_config(void) {
     dg_model_config c, back;
     DG_TEST_TRY(dg_model_config_preset("bench", &c));
     dg_check(dg_model_config_num_params(&c) == 28132896,
-             "bench config (MODEL.md §5) has 28,132,896 parameters (%lld)",
+             "bench config (training.md M3) has 28,132,896 parameters (%lld)",
              (long long)dg_model_config_num_params(&c));
     char json[2048];
     c.gate = DG_GATE_KDA;

@@ -5,7 +5,7 @@
  *
  * Floors (as bench kda's: the larger of the two bounds no implementation beats by much):
  *   compute floor = FLOP / measured bf16 GEMM rate (dg_matmul), with the forward's dense count of
- *                   DPLR.md §4 (8KV + 10CK + 6CV + 2.3C^2 per token and head) and the backward
+ *                   dplr.md D3 (8KV + 10CK + 6CV + 2.3C^2 per token and head) and the backward
  *                   counted as twice the forward plus the recomputed WY and state passes (each
  *                   product has two gradient products of its size);
  *   memory floor  = bytes that must move (inputs read once, outputs written once) / measured
@@ -308,7 +308,7 @@ int dg_bench_dplr(int argc, char **argv) {
                r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
         dg_ctx_empty_cache(ctx);
     }
-    printf("\ncf = compute floor (DPLR.md §4 FLOP, backward 2x forward plus the recomputed\n"
+    printf("\ncf = compute floor (dplr.md D3 FLOP, backward 2x forward plus the recomputed\n"
            "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
            "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"
            "kernels are f32 FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the\n"

@@ -4,7 +4,7 @@
  * to the compute and memory floors.
  *
  * Floors (METHOD: the larger of the two bounds no implementation beats by much):
- *   compute floor = FLOP (KDA.md §9 dense-tile counts) / measured bf16 GEMM rate (dg_matmul);
+ *   compute floor = FLOP (kda.md §11.9 dense-tile counts) / measured bf16 GEMM rate (dg_matmul);
  *   memory floor  = bytes that must move (inputs read once, outputs written once) / measured
  *                   device copy bandwidth.
  * Both peaks are measured in the same run, so the ratios compare like with like.
@@ -297,7 +297,7 @@ int dg_bench_kda(int argc, char **argv) {
                r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
         dg_ctx_empty_cache(ctx);
     }
-    printf("\ncf = compute floor (KDA.md §9 FLOP / measured GEMM rate), mf = memory floor (bytes\n"
+    printf("\ncf = compute floor (kda.md §11.9 FLOP / GEMM rate), mf = memory floor (bytes\n"
            "that must move / measured copy bandwidth); the ratios say how far each time is from\n"
            "the bound. fwd+bwd and peak recomp: the default policy; f+b cache and peak cache: every\n"
            "node caching (dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water\n"

@@ -81,7 +81,7 @@ int dg_cmd_dplr(int argc, char **argv) {
     int rc = parse(argc, argv, &r, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
-    /* the state: the compute dtype on the CPU, f32 on CUDA (DPLR.md §1) */
+    /* the state: the compute dtype on the CPU, f32 on CUDA (dplr.md D1) */
     const dg_dtype dt = r.dt, st = dg_runner_state_dtype(&r);
     enum { Q, K, V, A, B, GK, H0, CU, DO, DHT, NIN };
     const dg_runner_in in[NIN] = {

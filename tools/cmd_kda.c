@@ -112,7 +112,7 @@ int dg_cmd_kda(int argc, char **argv) {
     int rc = parse(argc, argv, &r, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
-    /* State and gate parameters: the compute dtype on the CPU, f32 on CUDA (KDA.md §1). */
+    /* State and gate parameters: the compute dtype on the CPU, f32 on CUDA (kda.md §11.1). */
     const dg_dtype dt = r.dt, aux = dg_runner_state_dtype(&r);
     const int gate = o.gate != DG_GATE_NONE;
     enum { Q, K, V, G, BETA, H0, ALOG, DTB, CU, DO, DHT, NIN };

@@ -22,5 +22,7 @@ int dg_bench_dplr(int argc, char **argv);
 /* `deltagrad bench cp ...` (tools/bench_cp.c): KCP on the ranks of an MPI job; argv[0] is "cp". */
 int dg_bench_cp(int argc, char **argv);
 int dg_cmd_explain(int argc, char **argv); /* tools/cmd_explain.c */
+/* `deltagrad gradcheck kda|dplr ...` (tools/cmd_gradcheck.c); argv[1] is the op. */
+int dg_cmd_gradcheck(int argc, char **argv);
 
 #endif

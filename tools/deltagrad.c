@@ -34,13 +34,15 @@ static const struct {
      "benchmarks: `bench core` (matmul, bandwidth), `bench kda`, `bench dplr`, `bench cp` "
      "(under mpirun)"},
     {"explain", dg_cmd_explain, "print the chunked KDA algorithm, stage by stage"},
+    {"gradcheck", dg_cmd_gradcheck,
+     "finite-difference check (f64, CPU) of a KDA or DPLR stage or composite on chosen shapes"},
     {"version", cmd_version, "print version and what this build supports"},
 };
 
 static void usage(FILE *f) {
     fprintf(f, "usage: deltagrad <command> [options]   (deltagrad <command> --help for more)\n\n");
     for (size_t i = 0; i < sizeof g_cmds / sizeof *g_cmds; i++)
-        fprintf(f, "  %-9s %s\n", g_cmds[i].name, g_cmds[i].help);
+        fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].help);
 }
 
 int main(int argc, char **argv) {

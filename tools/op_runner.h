@@ -74,7 +74,7 @@ int dg_runner_bad_arg(const dg_runner *r);
  * CUDA); bf16 runs on CUDA only. 0 or 2. */
 int dg_runner_args_done(dg_runner *r);
 /* The dtype of the state files (h0, dht): the compute dtype on the CPU, f32 on CUDA (the state is
- * f32 there, KDA.md and DPLR.md §1). */
+ * f32 there, kda.md §11.1 and dplr.md D1). */
 dg_dtype dg_runner_state_dtype(const dg_runner *r);
 
 /* Check that every required input of in[n] (n <= DG_RUNNER_MAX_IN) exists (all missing ones

@@ -55,7 +55,7 @@ dg_status dg_model_config_preset(const char *name, dg_model_config *out) {
         .mixer = DG_MIXER_KDA,
     };
     if (!strcmp(name, "cpu")) {
-        /* MODEL.md §4's toy as is. */
+        /* training.md M3's toy as is. */
     } else if (!strcmp(name, "gpu")) {
         c.d = 512, c.n_layers = 6, c.n_heads = c.n_v_heads = 4, c.head_k = c.head_v = 128;
         c.inter = 1408;
@@ -585,7 +585,7 @@ fail:
     return st;
 }
 
-/* The token mixer (MODEL.md §1 for KDA; cfg.mixer picks KDA or DPLR, which differ only in the
+/* The token mixer (training.md M1 for KDA; cfg.mixer picks KDA or DPLR, which differ only in the
  * recurrence between the input projections and the output gate). h: [B,T,d] -> out: [B,T,d]
  * (a new reference).
  * State mode (sin, sout not NULL; B == 1): sin[0..2] are the q, k, v conv tails and sin[3] the

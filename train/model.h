@@ -1,5 +1,5 @@
 /*
- * train/model.h -- the byte-level KDA language model (MODEL.md §1-2) built from dg_ ops.
+ * train/model.h -- the byte-level KDA language model (training.md M1-M2) built from dg_ ops.
  *
  *   ids [B,T] -> Embed [B,T,d] -> L x Block -> RMSNorm -> logits [B,T,vocab]
  *   Block(x): x += mixer(RMSNorm(x));  x += SwiGLU_MLP(RMSNorm(x))
@@ -45,7 +45,7 @@
 
 /* The token mixer of every block. */
 typedef enum dg_mixer_kind {
-    DG_MIXER_KDA = 0, /* Kimi Delta Attention (MODEL.md §1) */
+    DG_MIXER_KDA = 0, /* Kimi Delta Attention (training.md M1) */
     DG_MIXER_DPLR,    /* the DPLR delta rule in RWKV-7's form (CPU only for now) */
 } dg_mixer_kind;
 
@@ -75,8 +75,8 @@ typedef struct dg_model_config {
     dg_mixer_kind mixer;
 } dg_model_config;
 
-/* Presets: "cpu" (MODEL.md §4's toy, tuned for a few CPU minutes), "gpu" (~21M parameters),
- * "bench" (MODEL.md §5 exactly: 28,132,896 parameters). */
+/* Presets: "cpu" (training.md M3's toy, tuned for a few CPU minutes), "gpu" (~21M parameters),
+ * "bench" (training.md M3 exactly: 28,132,896 parameters). */
 dg_status dg_model_config_preset(const char *name, dg_model_config *out);
 /* Checks the config's internal consistency; the message names the offending field. */
 dg_status dg_model_config_check(const dg_model_config *c);

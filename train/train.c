@@ -78,7 +78,7 @@ dg_status dg_train_opts_default(const char *config, dg_train_opts *o) {
         o->sample_every = 500;
         o->ckpt_every = 500;
         o->log_every = 10;
-    } else { /* bench: MODEL.md §5 */
+    } else { /* bench: training.md M3 */
         o->steps = 50;
         o->warmup = 10;
         o->batch = 16;

@@ -1,5 +1,5 @@
 /*
- * kernels/dplr/gate.cu -- the chunk-local cumulative log decays of DPLR (spec DPLR.md §4); CPU
+ * kernels/dplr/gate.cu -- the chunk-local cumulative log decays of DPLR (dplr.md D3); CPU
  * twins: dg__dplr_cumsum_fwd_f32 / dg__dplr_cumsum_bwd_f32 in ops/dplr/gate_cumsum.c (same
  * formulas, same order of the sums).
  *   forward:   Ge_i = sum_{r<i} gk_r,  Gi_i = sum_{r<=i} gk_r  within each chunk, every gk floored

@@ -1,7 +1,7 @@
 /*
- * kernels/dplr/intra.cu -- the four intra-chunk matrices and the WY solve of DPLR (spec DPLR.md
- * §4 forward, §5 steps 5-7 backward); CPU twins: dg__dplr_intra_fwd_f32 / dg__dplr_intra_bwd_f32
- * in ops/dplr/intra.c.
+ * kernels/dplr/intra.cu -- the four intra-chunk matrices and the WY solve of DPLR
+ * (docs/dplr.md D3 forward, D4 steps 5-7 backward); CPU twins: dg__dplr_intra_fwd_f32 /
+ * dg__dplr_intra_bwd_f32 in ops/dplr/intra.c.
  *
  * Forward, per chunk (rows i, j < L) and head:
  *   Aqk[i,j] = s sum_d q_i k_j exp(Gi_i - Gi_j)   (j <= i)

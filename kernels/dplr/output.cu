@@ -1,5 +1,5 @@
 /*
- * kernels/dplr/output.cu -- the output of DPLR (spec DPLR.md §4; backward §5 step 1); CPU twins:
+ * kernels/dplr/output.cu -- the output of DPLR (dplr.md D3; backward D4 step 1); CPU twins:
  * dg__dplr_output_fwd_f32 / dg__dplr_output_bwd_f32 in ops/dplr/output.c.
  *   forward:   o_c = qg_c h_c + Aqk_c v_c + Aqb_c v2_c     (Aqk, Aqb read for j <= i)
  *   backward:  dqg = dO h^T, dh_c = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),

@@ -1,5 +1,5 @@
 /*
- * kernels/dplr/recurrent.cu -- the token-by-token DPLR recurrence (spec DPLR.md §2), forward and
+ * kernels/dplr/recurrent.cu -- the token-by-token DPLR recurrence (dplr.md D1), forward and
  * backward through time: the ground truth the chunked stages must reproduce on the GPU. CPU
  * twins: dg__dplr_recurrent_fwd_f32 / dg__dplr_recurrent_bwd_f32 in ops/dplr/recurrent.c (states
  * recomputed from checkpoints in the backward, as here).

@@ -1,5 +1,5 @@
 /*
- * kernels/dplr/state.cu -- the inter-chunk state pass of DPLR (spec DPLR.md §4 forward, §5 steps
+ * kernels/dplr/state.cu -- the inter-chunk state pass of DPLR (dplr.md D3 forward, D4 steps
  * 2-4 backward); CPU twins: dg__dplr_state_fwd_f32 / dg__dplr_state_bwd_f32 in ops/dplr/state.c.
  *
  * Forward, per sequence and head, S = h0 (or 0), chunks c in order (lam_c = Gi at the chunk's

@@ -1,6 +1,7 @@
 /*
- * kernels/dplr/wy.cu -- the WY representation and the gated operands of DPLR (spec DPLR.md §4;
- * backward §5 steps 4-5); CPU twins: dg__dplr_wy_fwd_f32 / dg__dplr_wy_bwd_f32 in ops/dplr/wy.c.
+ * kernels/dplr/wy.cu -- the WY representation and the gated operands of DPLR (dplr.md D3;
+ * backward dplr.md D4 steps 4-5); CPU twins: dg__dplr_wy_fwd_f32 / dg__dplr_wy_bwd_f32 in
+ * ops/dplr/wy.c.
  *
  * Per chunk (rows i < L) and head, lam = Gi_{L-1}:
  *   ag_i = a_i exp(Ge_i)     X = Aak v (Aak read for j < i)     w = Tab ag,  u = Tab X

@@ -1,5 +1,5 @@
 /*
- * kernels/kda/beta.cu -- N2, the beta transform (spec §4, §6.6); CPU twin: ops/kda/beta.c.
+ * kernels/kda/beta.cu -- N2, the beta transform (kda.md §11.3, §11.6 B5); CPU twin: ops/kda/beta.c.
  *   forward:   beta = c sigmoid(b)
  *   backward:  db = dbeta c s (1 - s),  s = sigmoid(b)
  * One thread per element (n elements, grid-stride); one f32 FFMA variant: the tc mode does not

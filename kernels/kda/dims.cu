@@ -1,5 +1,5 @@
 /*
- * kernels/kda/dims.cu -- the device copy of the KDA sequence/chunk tables (spec §8) that every
+ * kernels/kda/dims.cu -- the device copy of the KDA sequence/chunk tables (kda.md §11.8) that every
  * chunked stage reads. Entry points (kda_cuda.h): dg__kda_cuda_dims_new, dg__kda_cuda_dims_free.
  *
  * One device allocation holds, in this order (int64 first so every array stays aligned):

@@ -1,10 +1,11 @@
 /*
- * kernels/kda/gate.cu -- N3, the gate and the chunk-local cumsum (spec §3, §5.0, §6.5, §6.6);
+ * kernels/kda/gate.cu -- N3, the gate and the chunk-local cumsum (kda.md §11.2, §11.4(a),
+ * §11.6 B5);
  * CPU twin: ops/kda/gate_cumsum.c (same formulas, same branches).
  *   forward:   g = gate(x) (NONE / KDA / LOWERBOUND), then (cumsum != 0) the chunk-local
  *              inclusive cumsum G_i = sum_{r <= i} g_r restarting at every chunk, with each g
  *              floored at KDA_G_FLOOR_F first                       x, G: [TT, HV, K]
- *   backward:  dg = reverse chunk-local cumsum of dG, then the gate backward (§3) -> dx;
+ *   backward:  dg = reverse chunk-local cumsum of dG, then the gate backward (kda.md §11.2) -> dx;
  *              dA_log [HV] and ddt_bias [HV*K] are sums over all tokens: per (chunk, hv, d)
  *              partials into scratch, then two reduction kernels sum them in a fixed order.
  * One thread per (chunk, key column) walks its chunk's tokens in order (backward: in reverse),

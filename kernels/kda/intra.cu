@@ -1,6 +1,7 @@
 /*
- * kernels/kda/intra.cu -- N4, the intra-chunk matrices (spec §5.1, §5.2 forward; §6.3 last line,
- * §6.4 backward); CPU twins: dg__kda_intra_fwd_f32 / dg__kda_intra_bwd_f32 in ops/kda/intra.c.
+ * kernels/kda/intra.cu -- N4, the intra-chunk matrices (kda.md §11.4(b)-(c) forward; §11.6 B3
+ * last line and B4 backward); CPU twins: dg__kda_intra_fwd_f32 / dg__kda_intra_bwd_f32 in
+ * ops/kda/intra.c.
  *
  * Forward, per chunk and value head:
  *   Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i),  Aqk = s Araw
@@ -15,7 +16,7 @@
  *   dbeta_i = sum_{j<i} dLkk[i,j] P[i,j] = sum_d k_i RL_i     (P expanded: no extra L*L*K pass)
  * Layouts (flat tokens TT, see kda_cuda.h): q, k [TT,H,K]; G, dG [TT,HV,K]; beta [TT,HV]; Aqk,
  * Tm and their gradients [TT,HV,BT]. Value head hv reads q/k head hv / (HV/H).
- * Stability (§7.1): exponents are only formed for j <= i, where G_i - G_j <= 0; the upper
+ * Stability (kda.md §11.7): exponents are only formed for j <= i, where G_i - G_j <= 0; the upper
  * triangle is masked in the exponent (exp(-inf) = 0), so -40/step gates stay finite. Whole rows
  * of Aqk and Tm are written for the L valid tokens of a chunk (zeros above the diagonal and
  * beyond L, ones on Tm's diagonal), exactly like the CPU reference.
@@ -32,7 +33,7 @@
  *              order).
  *   tc != 0, tensor cores (hardware exp __expf, far below the TF32 operand rounding):
  *     forward  intra_fwd_tc_kernel: the off-diagonal 16x16 blocks of Araw and P on WMMA, TF32
- *              (tc == 1) or 3xTF32 (tc == 2), factorised around a reference row (spec §7
+ *              (tc == 1) or 3xTF32 (tc == 2), factorised around a reference row (kda.md §11.7
  *              rule 2); the diagonal blocks 3xTF32 around their middle rows when the gates
  *              allow (MID_SPAN), else exact FFMA; the block solve (kda_solve_blocked);
  *     backward intra_dl_mma_kernel and intra_main_mma_kernel: the same sums as mma.sync 3xTF32
@@ -251,10 +252,10 @@ __global__ void __launch_bounds__(KDA_THREADS)
     kda_intra_finish<BT, R>(accA, accP, tiles, Ts, beta, Aqk, Tm, t0, L, hv, HV, scale);
 }
 
-/* N4 intra (spec §5.1, §5.2), grid (chunk, hv). Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i)
+/* N4 intra (kda.md §11.4(b)), grid (chunk, hv). Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i)
  * and P[i,j] = sum_d k_i k_j exp(G_i - G_j) (j < i), then Tm = (I + Diag(beta) P)^{-1} as in the
  * FFMA kernel. Off-diagonal 16x16 blocks (row block I > column block J) on tensor cores with the
- * reference-row factorisation of §7 rule 2, r = 16 I (the first row of block I):
+ * reference-row factorisation of kda.md §11.7 rule 2, r = 16 I (the first row of block I):
  *   Araw_IJ = (Q_I . exp(G_I - G_r)) (K_J . exp(G_r - G_J))^T,  P_IJ likewise with K_I,
  * where both exponents are <= 0 (G is non-increasing in a chunk), so no factor exceeds 1 for any
  * gate values. The exponents are clamped at 0 (min(., 0)), which changes nothing for valid rows

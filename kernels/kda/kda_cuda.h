@@ -24,7 +24,7 @@
  * selects 3xTF32, DG_KDA_TC_DEFAULT (0) TF32. Kernels with a tensor-core variant (each in the
  * file of its stage, next to its FFMA kernels): dg__kda_output_fwd_cuda, dg__kda_state_fwd_cuda,
  * dg__kda_wy_fwd_cuda (W and U), dg__kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and
- * Lkk, factorised around the first row of the row block, spec §7 rule 2; diagonal blocks and the
+ * Lkk, factorised around the first row of the row block (kda.md §11.7, 2); diagonal blocks and the
  * solve stay f32 FFMA), dg__kda_output_bwd_cuda, dg__kda_state_bwd_cuda,
  * dg__kda_intra_bwd_cuda (tc = 1 and 2: mma.sync 3xTF32, as the sums of its gradients feed
  * dA_log's long sums, where TF32 rounding showed); every other function ignores tc.

@@ -1,5 +1,5 @@
 /*
- * kernels/kda/l2norm.cu -- N1, the l2 normalisation of q and k (spec §4, §6.6); CPU twin:
+ * kernels/kda/l2norm.cu -- N1, the l2 normalisation of q and k (kda.md §11.3, §11.6 B5); CPU twin:
  * ops/kda/l2norm.c (same formulas).
  *   forward:   y = x r,  r = 1/sqrt(sum_K x^2 + 1e-6)      x, y, dy, dx: [rows, K]; r: [rows]
  *   backward:  dx = r (dy - (dy . y) y)

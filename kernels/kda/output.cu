@@ -1,5 +1,5 @@
 /*
- * kernels/kda/output.cu -- N7, the output (spec §5.4 forward; §6.1, §10 N7 backward); CPU twins:
+ * kernels/kda/output.cu -- N7, the output (kda.md §11.4(e) forward; §11.6 B1 backward); CPU twins:
  * dg__kda_output_fwd_f32 / dg__kda_output_bwd_f32 in ops/kda/output.c.
  *   forward:   O_c = s QG_c h_c + Aqk_c E_c   (Aqk read for j <= i only)
  *   backward:  dQG = s dO h^T,  dh_c = s QG^T dO,  dAqk = tril(dO E^T) (j <= i),  dE = Aqk^T dO

@@ -1,5 +1,6 @@
 /*
- * kernels/kda/recurrent.cu -- the token-by-token KDA recurrence (spec §2), forward and backward
+ * kernels/kda/recurrent.cu -- the token-by-token KDA recurrence (kda.md §11.1), forward and
+ * backward
  * through time: the ground truth the chunked stages must reproduce on the GPU. CPU twins:
  * dg__kda_recurrent_fwd_f32 / dg__kda_recurrent_bwd_f32 in ops/kda/recurrent.c (states recomputed
  * from checkpoints in the backward, like here).

@@ -1,5 +1,5 @@
 /*
- * kernels/kda/state.cu -- N6, the inter-chunk state pass (spec §5.3 forward; §6.2, §10 N6
+ * kernels/kda/state.cu -- N6, the inter-chunk state pass (kda.md §11.4(d) forward; §11.6 B2, §2 N6
  * backward) and the KCP summaries built on it (ops/kda/kcp.c); CPU twins: dg__kda_state_fwd_f32 /
  * dg__kda_state_bwd_f32 in ops/kda/state.c.
  *
@@ -264,7 +264,8 @@ __global__ void __launch_bounds__(KDA_THREADS)
             ht[(((int64_t)n * HV + hv) * K + kk) * V + col] = hs[kk * VT + lane];
 }
 
-/* The serial state pass of the forward (BWD = false) and of the backward (BWD = true, spec §6.2),
+/* The serial state pass of the forward (BWD = false) and of the backward (BWD = true,
+ * kda.md §11.6 B2),
  * which have the same shape:
  *   forward,  chunks in order:    store S = h_c;   X = U  - W  S  -> E;
  *                                 S = exp(lambda) S + KG^T X

@@ -1,5 +1,5 @@
 /*
- * kernels/kda/wy.cu -- N5, the WY transform (spec §5.2 forward; §6.3 WY part, §10 N5 backward);
+ * kernels/kda/wy.cu -- N5, the WY transform (kda.md §11.4(c) forward; §11.6 B3 WY part backward);
  * CPU twins: dg__kda_wy_fwd_f32 / dg__kda_wy_bwd_f32 in ops/kda/wy.c.
  *
  * Forward, per chunk and value head (lambda = G of the chunk's last row):

@@ -1,6 +1,6 @@
 /*
- * ops/dplr/chunk.c -- dg_dplr_chunk: the chunked DPLR forward as a chain of stage nodes (spec §4,
- * FLA's kernel sequence cumsum -> intra -> wy -> h -> o):
+ * ops/dplr/chunk.c -- dg_dplr_chunk: the chunked DPLR forward as a chain of stage nodes
+ * (dplr.md D3, FLA's kernel sequence cumsum -> intra -> wy -> h -> o):
  *
  *   gk --gate_cumsum--> Gi, Ge
  *   (q, k, a, b, Gi, Ge) --intra--> Aqk, Aqb, Aak, Tab
@@ -11,7 +11,7 @@
  * read w, u, qg, kg, bg, h, v2 through one recompute group (its table is at the top of
  * dplr_group.c): under the default policies ("dplr_wy", "dplr_state": RECOMPUTE) they are not
  * kept after the forward; the output node's backward rebuilds them once from Tab, Aak and h0
- * (spec §5). Under CACHE they are kept. The gradients are the same either way (the
+ * (dplr.md D4). Under CACHE they are kept. The gradients are the same either way (the
  * recomputation repeats the forward's arithmetic).
  * CPU: f64, or f32 computed in f32. CUDA: the stages run their kernels (kernels/dplr/) on one
  * upload of the chunk tables; q, k, v, a, b, gk may be f32 or bf16 (one dtype, read as stored by

@@ -4,7 +4,7 @@
  * or the reference by dtype (dplr_run_*), the argument checks of the public entry points and the
  * recompute group.
  *
- * Spec: shared/spec/DPLR.md (section numbers below refer to it). DPLR reuses KDA's sizes and
+ * The equations: docs/dplr.md D1-D5 (the D numbers below refer to it). DPLR reuses KDA's sizes and
  * sequence/chunk tables (kda_dims, kda_cfg with HV = H: DPLR has no GVA) and KDA's helpers for
  * pointers and node params (ops/kda/kda.h).
  *
@@ -21,7 +21,7 @@
 #include "../kda/kda.h"
 
 #define DPLR_DECLARE_RAW(KT, SFX)                                                                  \
-    /* §2 token by token: p = S^T a_t; S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;               \
+    /* D1 token by token: p = S^T a_t; S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;               \
      * o_t = s S^T q_t. h0 NULL means zero; ht optional. */                                        \
     dg_status dg__dplr_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,  \
                                            const KT *v, const KT *a, const KT *b, const KT *gk,    \
@@ -32,26 +32,26 @@
                                            const KT *v, const KT *a, const KT *b, const KT *gk,    \
                                            const KT *h0, const KT *dO, const KT *dht, KT *dq,      \
                                            KT *dk, KT *dv, KT *da, KT *db, KT *dgk, KT *dh0);      \
-    /* §4: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
+    /* D3: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
      * at -128 (a decay of exp(-128) ~ 0, see gate_cumsum.c). */                                   \
     void dg__dplr_cumsum_fwd_##SFX(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge);               \
     /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk (0 where gk is below the floor);       \
      * dGi, dGe optional (zero). */                                                                \
     void dg__dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,  \
                                    KT *dgk);                                                       \
-    /* §4 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all           \
+    /* D3 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all           \
      * [TT,H,BT]; entries outside the read triangle are written as zero (Tab: 1 on the             \
      * diagonal). Exponents Gi_i - Gi_j (j <= i) and Ge_i - Gi_j (j < i) are never positive. */    \
     dg_status dg__dplr_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,      \
                                        const KT *a, const KT *b, const KT *Gi, const KT *Ge,       \
                                        KT *Aqk, KT *Aqb, KT *Aak, KT *Tab);                        \
-    /* §5 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward    \
+    /* D4 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward    \
      * writes are read, dTab strictly below the diagonal): dq, dk, da, db, dGi, dGe [TT,H,K]. */   \
     dg_status dg__dplr_intra_bwd_##SFX(                                                            \
         const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a, const KT *b,           \
         const KT *Gi, const KT *Ge, const KT *Tab, const KT *dAqk, const KT *dAqb, const KT *dAak, \
         const KT *dTab, KT *dq, KT *dk, KT *da, KT *db, KT *dGi, KT *dGe);                         \
-    /* §4 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                    \
+    /* D3 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                    \
      * kg = k exp(lam - Gi), bg = b exp(lam - Gi), lam = Gi at the chunk's last row. Any           \
      * output may be NULL (skipped). */                                                            \
     dg_status dg__dplr_wy_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,         \
@@ -64,21 +64,21 @@
         const KT *b, const KT *Gi, const KT *Ge, const KT *Aak, const KT *Tab, const KT *dw,       \
         const KT *du, const KT *dqg, const KT *dkg, const KT *dbg, KT *dq, KT *dk, KT *dv, KT *da, \
         KT *db, KT *dGi, KT *dGe, KT *dAak, KT *dTab);                                             \
-    /* §4 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,  \
+    /* D3 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,  \
      * v2 = w h + u, h <- Diag(exp(lam)) h + kg^T v + bg^T v2. h0 NULL = zero; ht optional. */     \
     dg_status dg__dplr_state_fwd_##SFX(const kda_dims *d, const KT *w, const KT *u, const KT *kg,  \
                                        const KT *bg, const KT *v, const KT *Gi, const KT *h0,      \
                                        KT *h, KT *v2, KT *ht);                                     \
-    /* §5 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0        \
+    /* D4 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0        \
      * optional. dGi is non-zero only at the last row of each chunk (the gradient of lam). */      \
     dg_status dg__dplr_state_bwd_##SFX(const kda_dims *d, const KT *w, const KT *kg, const KT *bg, \
                                        const KT *v, const KT *Gi, const KT *h, const KT *v2,       \
                                        const KT *dh, const KT *dv2, const KT *dht, KT *dw, KT *du, \
                                        KT *dkg, KT *dbg, KT *dv, KT *dGi, KT *dh0);                \
-    /* §4 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                        \
+    /* D3 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                        \
     void dg__dplr_output_fwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,    \
                                    const KT *Aqb, const KT *v, const KT *v2, KT *o);               \
-    /* §5 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),          \
+    /* D4 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),          \
      * dv = Aqk^T dO, dv2 = Aqb^T dO. */                                                           \
     void dg__dplr_output_bwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,    \
                                    const KT *Aqb, const KT *v, const KT *v2, const KT *dO,         \

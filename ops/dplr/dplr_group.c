@@ -1,6 +1,6 @@
 /*
  * ops/dplr/dplr_group.c -- what the DPLR wy, state and output nodes keep for backward and what
- * backward rebuilds (spec §5: FLA's DPLR backward recomputes everything from q, k, v, a, b, gk,
+ * backward rebuilds (dplr.md D4: FLA's DPLR backward recomputes everything from q, k, v, a, b, gk,
  * h0 unless disable_recompute is set): the table of the DPLR recompute group. The rules that
  * apply it are in autograd/group.h; KDA's table (ops/kda/kda_group.c) is the same story.
  *
@@ -110,7 +110,7 @@ kda_dev *dg__dplr_group_dev(const dg__group *g) {
 
 /* ---- recipes ---- */
 
-/* w, u, qg, kg, bg (spec §4, the WY stage), the wy node's forward, for the tensors in make. */
+/* w, u, qg, kg, bg (dplr.md D3, the WY stage), the wy node's forward, for the tensors in make. */
 static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
     const int64_t sk[4] = {c->d.B, c->d.T, c->d.H, c->d.K};
@@ -145,7 +145,7 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     return st;
 }
 
-/* h, v2: the sequential state pass (spec §4), the state node's forward, rerun from h0. */
+/* h, v2: the sequential state pass (dplr.md D3), the state node's forward, rerun from h0. */
 static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
     const int64_t NC = kda_cfg_nc(c);

@@ -1,6 +1,6 @@
 /*
  * ops/dplr/gate_cumsum.c -- dg_dplr_gate_cumsum: the chunk-local cumulative log decays of
- * spec §4 as one tape node. Per chunk, per head and key channel:
+ * dplr.md D3 as one tape node. Per chunk, per head and key channel:
  *   Gi_i = sum_{r<=i} gk_r (inclusive),  Ge_i = Gi_i - gk_i = sum_{r<i} gk_r (exclusive)
  * Backward (linear): dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r within the chunk. The node keeps
  * a reference to gk (for the floor below) under either policy. CPU: f64, or f32 computed in f32.

@@ -1,6 +1,6 @@
 /*
- * ops/dplr/intra.c -- dg_dplr_intra: the four intra-chunk matrices and the WY solve (spec §4;
- * backward §5 steps 5-7) as one tape node.
+ * ops/dplr/intra.c -- dg_dplr_intra: the four intra-chunk matrices and the WY solve (dplr.md D3;
+ * backward dplr.md D4 steps 5-7) as one tape node.
  *
  * Per chunk (rows i, j < L) and head, with Gi / Ge the inclusive / exclusive chunk cumsums:
  *   Aqk[i,j] = s sum_d q_i k_j exp(Gi_i - Gi_j)   (j <= i)
@@ -11,7 +11,7 @@
  * Backward from dAqk, dAqb, dAak, dTab: dAab = +stril(Tab^T dTab Tab^T) (plus: Tab inverts
  * I - Aab), then the pairwise sums of every matrix into dq, dk, da, db; each operand is gated by
  * exactly one cumsum (q: +Gi, a: +Ge, k and b: -Gi), so dGi = q dq - k dk - b db and dGe = a da
- * (this node's contributions). Stability (§4): exponents are only formed for the pairs that are
+ * (this node's contributions). Stability (D3): exponents are only formed for the pairs that are
  * read, where they are <= 0, so nothing above 1 is ever exponentiated. Aab is rebuilt in
  * backward from the same exponentials; the node keeps q, k, a, b, Gi, Ge and Tab under either
  * policy. Shapes: q, k, a, b, Gi, Ge [B,T,H,K]; Aqk, Aqb, Aak, Tab [B,T,H,BT] (token row t holds

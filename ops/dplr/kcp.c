@@ -1,6 +1,6 @@
 /*
  * ops/dplr/kcp.c -- dg_dplr_chunk_cp: chunked DPLR over a context-parallel split (KCP, shared
- * spec KCP.md §6, the "bg" path; with KDA's generalisations: uneven splits, varlen packs across
+ * distributed.md K6, the "bg" path; with KDA's generalisations: uneven splits, varlen packs across
  * ranks, an initial state and the final state).
  *
  * The DPLR state pass (state.c) is affine in its initial state. Per chunk c, with
@@ -21,7 +21,7 @@
  *   "dplr_cp_link"                  -> h', v2', ht  (reads w, bg through the recompute group)
  *   output (h', v2')                -> o
  * The recompute group's h0 input is h0m, so the backward's rebuild of h starts every local
- * sequence from its true initial state (KCP.md §9).
+ * sequence from its true initial state (distributed.md K8).
  * CUDA: the local stages run their kernels; the exchange stages device tensors through host
  * copies, as for KDA, and the summaries below run on host copies of w, u, kg, bg, v, Gi and of
  * the output's gradients (a device summary, as KDA's summary_dev, can replace them later).

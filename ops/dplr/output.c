@@ -1,5 +1,6 @@
 /*
- * ops/dplr/output.c -- dg_dplr_output: the output (spec §4; backward §5 step 1) as one tape node.
+ * ops/dplr/output.c -- dg_dplr_output: the output (dplr.md D3; backward D4 step 1) as one tape
+ * node.
  *
  *   o_c = qg_c h_c + Aqk_c v_c + Aqb_c v2_c     (inter-chunk through the state + causal intra)
  * qg carries the scale (wy.c), Aqk and Aqb too (intra.c), so no scale appears here.

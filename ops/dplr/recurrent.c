@@ -1,5 +1,5 @@
 /*
- * ops/dplr/recurrent.c -- dg_dplr_recurrent: the token-by-token DPLR recurrence (spec §2) as ONE
+ * ops/dplr/recurrent.c -- dg_dplr_recurrent: the token-by-token DPLR recurrence (dplr.md D1) as ONE
  * tape node with its own backward through time; the ground truth dg_dplr_chunk must equal.
  *
  *   p = S^T a_t  (reads the undecayed S_{t-1});  S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;
@@ -21,7 +21,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-/* One token of §2 on S [K,V] in place (p: [V] scratch); writes o_t when o is not NULL. */
+/* One token of dplr.md D1 on S [K,V] in place (p: [V] scratch); writes o_t when o is not NULL. */
 static void KF(dplr_step)(const kda_dims *d, KT scale, int64_t t, int h, const KT *q, const KT *k,
                           const KT *v, const KT *a, const KT *b, const KT *gk, KT *S, KT *p,
                           KT *o) {

@@ -1,5 +1,5 @@
 /*
- * ops/dplr/state.c -- dg_dplr_state: the inter-chunk state pass (spec §4; backward §5 steps 2-4)
+ * ops/dplr/state.c -- dg_dplr_state: the inter-chunk state pass (dplr.md D3; backward D4 steps 2-4)
  * as one tape node.
  *
  * Sequential over the chunks of each sequence (the serial part of the algorithm), per head:
@@ -12,7 +12,7 @@
  *   dH <- Diag(exp(lam_c)) dH + w_c^T dv2_c + dh_c^out;     dh0 = dH at the end
  * Policy "dplr_state" (default RECOMPUTE): under CACHE the node keeps h and v2; under RECOMPUTE it
  * keeps what rebuilds them (w, u, kg, bg, v, Gi, h0, or inside dg_dplr_chunk the composite's
- * inputs) and reruns this pass in backward (spec §5: FLA recomputes unless disable_recompute).
+ * inputs) and reruns this pass in backward (dplr.md D4: FLA recomputes unless disable_recompute).
  * Shapes: w, kg, bg, Gi [B,T,H,K]; u, v, v2 [B,T,H,V]; h [B,NT,H,K,V] (varlen: [1,NC,H,K,V]);
  * h0, ht [N,H,K,V]. CPU: f64, or f32 computed in f32. CUDA (kernels/dplr/state.cu): v f32 or bf16
  * (read as stored), everything else f32.

@@ -1,6 +1,6 @@
 /*
- * ops/dplr/wy.c -- dg_dplr_wy: the WY representation and the gated operands (spec §4; backward
- * §5 steps 4-5) as one tape node.
+ * ops/dplr/wy.c -- dg_dplr_wy: the WY representation and the gated operands (dplr.md D3; backward
+ * dplr.md D4 steps 4-5) as one tape node.
  *
  * Per chunk (rows i < L) and head, lam = Gi_{L-1} (the chunk's total log decay):
  *   ag_i = a_i exp(Ge_i)     X = Aak v (Aak read for j < i)     w = Tab ag,  u = Tab X

@@ -1,6 +1,6 @@
 /*
  * ops/kcp/kcp.h -- the op-independent part of context parallelism over a chunked state pass (KCP,
- * shared spec KCP.md), used by dg_kda_chunk_cp (ops/kda/kcp.c) and dg_dplr_chunk_cp
+ * docs/distributed.md K1-K8), used by dg_kda_chunk_cp (ops/kda/kcp.c) and dg_dplr_chunk_cp
  * (ops/dplr/kcp.c).
  *
  * Both ops have a state pass that is affine in its initial state. Over one piece of a sequence,
@@ -45,9 +45,9 @@ typedef struct kcp_term {
  *     S[:, :V] += (or -=) A_t^T B_t for each term t
  *     S[:, :V] += dh_c                              when dh ([NC,HV,K,V]) is given
  * with lam_c = G at the chunk's last row (G: the chunk-local cumulative log decay [TT,HV,K]).
- * out [HV, K, V+K]. Forward (KCP.md §3.1): S0 = the known initial state, out = [h_out | M].
- * Backward (§4.1): pass X, Y swapped (M_c^T = Diag + s Y^T X), S0 = the gradient of the state
- * that leaves the sequence; out = [dh_in | M^T]. */
+ * out [HV, K, V+K]. Forward (distributed.md K3): S0 = the known initial state, out = [h_out | M].
+ * Backward (distributed.md K4): pass X, Y swapped (M_c^T = Diag + s Y^T X), S0 = the gradient of
+ * the state that leaves the sequence; out = [dh_in | M^T]. */
 typedef struct kcp_summary_io {
     int seq, reverse;
     const void *X, *Y, *G;
@@ -93,8 +93,8 @@ typedef struct kcp_ops {
     const char *prof_all_gather; /* forward profile labels after the all_gather and the merge */
     const char *prof_merge;
     int link_member; /* the link node's member index in the op's recompute group */
-    /* The reverse summary [dh_in | M^T] of local sequence 0 (KCP.md §4.1) into dhm (a zeroed host
-     * tensor [HV, K, V+K] of the compute dtype), run by the link node's backward when local
+    /* The reverse summary [dh_in | M^T] of local sequence 0 (distributed.md K4) into dhm (a zeroed
+     * host tensor [HV, K, V+K] of the compute dtype), run by the link node's backward when local
      * sequence 0 started on an earlier rank. gh, gx: the upstream gradients of the state
      * pass's h and of its second output (KDA's E, DPLR's v2), either NULL (zero); ght: the
      * gradient of the op's global ht (NULL: zero) and ght_h its host copy (compute dtype). The

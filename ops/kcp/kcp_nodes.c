@@ -1,7 +1,7 @@
 /*
- * ops/kcp/kcp_nodes.c -- the op-independent tape side of KCP (shared spec KCP.md §3.2-3.3,
- * §4.2-4.3): host staging, the forward exchange with its init node, and the link node whose
- * backward does the reverse exchange. The ops (ops/kda/kcp.c, ops/dplr/kcp.c) record, around
+ * ops/kcp/kcp_nodes.c -- the op-independent tape side of KCP (distributed.md K3,
+ * distributed.md K4): host staging, the forward exchange with its init node, and the link node
+ * whose backward does the reverse exchange. The ops (ops/kda/kcp.c, ops/dplr/kcp.c) record, around
  * their own stage nodes:
  *
  *   local stages (no communication)
@@ -17,9 +17,9 @@
  *   output from (h', x')
  * The dh0 the state node produces for a local sequence 0 that started on an earlier rank is
  * dropped: the earlier ranks already received its content through the backward all_gather
- * (KCP.md §4.3). Both all_gathers send every rank's summary (the ones a rank does not need are
- * zero or unused), one collective each way, HV K (V+K) values per rank. Merges and row moves run
- * on host copies, and the MPI communicator carries host buffers, so several processes can share
+ * (distributed.md K4). Both all_gathers send every rank's summary (the ones a rank does not need
+ * are zero or unused), one collective each way, HV K (V+K) values per rank. Merges and row moves
+ * run on host copies, and the MPI communicator carries host buffers, so several processes can share
  * one GPU; on the CPU the same code runs without copies.
  */
 #include "kcp.h"

@@ -1,7 +1,7 @@
 /*
- * ops/kcp/summary.c -- the raw KCP summaries and merge (shared spec KCP.md §3.1, §3.3, §4.1,
- * §4.3, §6) for every op whose state pass is affine in its initial state: f64 and f32 bodies
- * written once (the scheme of ops/kda/kda_tmpl.h). See kcp.h for what they compute.
+ * ops/kcp/summary.c -- the raw KCP summaries and merge (distributed.md K3, K4,
+ * distributed.md K4, K6) for every op whose state pass is affine in its initial state: f64 and f32
+ * bodies written once (the scheme of ops/kda/kda_tmpl.h). See kcp.h for what they compute.
  *
  * The summary carries [h | M] through the sequence's chunks as one [K, V+K] block per value
  * head: each chunk multiplies it by its K x K transition, formed explicitly, and adds the

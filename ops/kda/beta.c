@@ -1,5 +1,5 @@
 /*
- * ops/kda/beta.c -- N2: beta from its raw input (spec §4, FLA use_beta_sigmoid_in_kernel).
+ * ops/kda/beta.c -- N2: beta from its raw input (kda.md §11.3, FLA use_beta_sigmoid_in_kernel).
  *
  *   beta = c sigmoid(b),   c = 2 with allow_neg_eigval (eigenvalue 1 - beta in (-1, 1)) else 1
  *   db = dbeta c s (1 - s)

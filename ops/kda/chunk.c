@@ -1,5 +1,5 @@
 /*
- * ops/kda/chunk.c -- dg_kda_chunk: the chunked KDA forward as a chain of stage nodes (spec §10).
+ * ops/kda/chunk.c -- dg_kda_chunk: the chunked KDA forward as a chain of stage nodes (kda.md §2).
  *
  *   q, k --N1 l2norm--> q, k          b --N2 beta--> beta          g --N3 gate_cumsum--> G
  *   (q, k, beta, G) --N4 intra--> Aqk, Tm
@@ -10,7 +10,7 @@
  * state and output nodes read W, U, KG, QG, h, E through one recompute group (its table, what
  * is kept and what is rebuilt under each policy, is at the top of kda_group.c): under the
  * default policies ("kda_wy", "kda_state": RECOMPUTE) they are not kept after the forward; the
- * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (§6.7).
+ * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (kda.md §3).
  * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
  * g, beta may be bf16: each stage converts what it reads to f32; the normalised q, k, beta and
  * every intermediate are f32 tensors (storing them in bf16 is a later optimisation), o is

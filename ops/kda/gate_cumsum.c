@@ -1,5 +1,6 @@
 /*
- * ops/kda/gate_cumsum.c -- N3: the gate and the chunk-local cumsum (spec §3, §5.0, §6.5-6.6).
+ * ops/kda/gate_cumsum.c -- N3: the gate and the chunk-local cumsum (kda.md §11.2, §11.4(a), §11.6
+ * B5).
  *
  *   z = x + dt_bias[hv,d]
  *   NONE:        g = x                                   (x is already the log decay, <= 0)

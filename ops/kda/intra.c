@@ -1,12 +1,14 @@
 /*
- * ops/kda/intra.c -- N4: the intra-chunk matrices (spec §5.1-5.2, backward §6.3 last line, §6.4).
+ * ops/kda/intra.c -- N4: the intra-chunk matrices (kda.md §11.4(b), backward §11.6 B3 last line,
+ * §11.6 B4).
  *
  * Per chunk (rows i, j < L) and value head:
  *   Araw[i,j] = sum_d q_i k_j exp(G_i - G_j)  (j <= i)      Aqk = s Araw
  *   P[i,j]    = sum_d k_i k_j exp(G_i - G_j)  (j <  i)      Lkk = Diag(beta) P
  *   Tm        = (I + Lkk)^{-1}   by forward substitution (unit lower triangular)
- * Backward from dAqk, dTm:  dLkk = -stril(Tm^T dTm Tm^T), then Rq, Cq, Rk, Ck of §6.4 into dq,
- * dk, dbeta, dG. Stability (§7.1): exponents G_i - G_j are only formed for j <= i, where they are
+ * Backward from dAqk, dTm:  dLkk = -stril(Tm^T dTm Tm^T), then Rq, Cq, Rk, Ck of kda.md §11.6 B4
+ * into dq, dk, dbeta, dG. Stability (kda.md §11.7): exponents G_i - G_j are only formed for j <= i,
+ * where they are
  * <= 0 (G falls within a chunk), so nothing above 1 is ever exponentiated. P is recomputed in
  * backward on the fly from the same exponentials (it costs nothing extra), so the node keeps
  * q, k, beta, G and Tm under either policy. Shapes: q, k [B,T,H,K]; beta [B,T,HV];

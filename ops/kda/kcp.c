@@ -1,6 +1,6 @@
 /*
- * ops/kda/kcp.c -- dg_kda_chunk_cp: chunked KDA over a context-parallel split (KCP; shared spec
- * KCP.md §3-4, generalised to uneven splits, an initial state and the final state).
+ * ops/kda/kcp.c -- dg_kda_chunk_cp: chunked KDA over a context-parallel split (KCP;
+ * docs/distributed.md K3-K4, generalised to uneven splits, an initial state and the final state).
  *
  * The state pass is affine in its initial state: over one piece of a sequence,
  *     h_out = M h_in + h_ext,      M = prod_c (Diag(exp lambda_c) - KG_c^T W_c)   (last chunk left)

@@ -4,8 +4,8 @@
  * dispatch to the CUDA twin or the f64/f32 reference (kda_run_*), the option/shape validation
  * shared by the public entry points, and the recompute group of the composite.
  *
- * Spec: shared/spec/KDA.md (section numbers below refer to it). Letters: B, T, H, HV, K, V, BT, N,
- * NC (total chunks over all sequences), G = HV / H (value heads per q/k head).
+ * The equations: docs/kda.md §11 (the § numbers below refer to docs/kda.md). Letters: B, T, H, HV,
+ * K, V, BT, N, NC (total chunks over all sequences), G = HV / H (value heads per q/k head).
  *
  * Layouts of the raw arrays (contiguous, row-major; "token" = flat index b*T + t, TT = B*T):
  *   q, k                 [TT, H, K]     value head hv reads q/k head hv / G
@@ -94,15 +94,15 @@ static inline int kda_thread_id(void) { return 0; }
  * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
 #define KDA_DECLARE_RAW(KT, SFX)                                                                   \
-    /* N1 (§4): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */             \
+    /* N1 (§11.3): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */           \
     void dg__kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                 \
     /* dx = r (dy - (dy . y) y) */                                                                 \
     void dg__kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,     \
                                   KT *dx);                                                         \
-    /* N2 (§4): beta = c sigmoid(b), n elements. */                                               \
+    /* N2 (§11.3): beta = c sigmoid(b), n elements. */                                             \
     void dg__kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                           \
     void dg__kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);            \
-    /* N3 (§3, §5.0): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.          \
+    /* N3 (§11.2, §11.4(a)): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.     \
      * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
     void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum,           \
                                 const KT *x, const KT *A_log, const KT *dt_bias, KT *G);           \
@@ -111,38 +111,39 @@ static inline int kda_thread_id(void) { return 0; }
     void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum,           \
                                 const KT *x, const KT *A_log, const KT *dt_bias, const KT *dG,     \
                                 KT *dx, KT *dA_log, KT *ddt_bias);                                 \
-    /* N4 (§5.1-5.2): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */    \
+    /* N4 (§11.4(b)): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */     \
     dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
                                       const KT *beta, const KT *G, KT *Aqk, KT *Tm);               \
-    /* (§6.3 last line, §6.4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta [TT,HV],      \
-     * dG [TT,HV,K]. */                                                                            \
+    /* (§11.6 B3 last line, §11.6 B4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta         \
+     * [TT,HV], dG [TT,HV,K]. */                                                                   \
     dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
                                       const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,   \
                                       const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);           \
-    /* N5 (§5.2): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */        \
+    /* N5 (§11.4(c)): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */     \
     dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,       \
                                    const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U,        \
                                    KT *KG, KT *QG);                                                \
-    /* (§6.3 WY part, §10 N5) upstream dW, dU, dKG, dQG each optional. */                        \
+    /* (§11.6 B3 WY part, §2 N5) upstream dW, dU, dKG, dQG each optional. */                       \
     dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,       \
                                    const KT *beta, const KT *G, const KT *Tm, const KT *dW,        \
                                    const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk,     \
                                    KT *dv, KT *dbeta, KT *dG, KT *dTm);                            \
-    /* N6 (§5.3): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */      \
+    /* N6 (§11.4(d)): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */   \
     dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,   \
                                       const KT *G, const KT *h0, KT *h, KT *E, KT *ht);            \
-    /* (§6.2, §10 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */           \
+    /* (§11.6 B2, §2 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */          \
     dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,   \
                                       const KT *h, const KT *E, const KT *dh, const KT *dE,        \
                                       const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);    \
-    /* N7 (§5.4): O = s QG h + Aqk E (j <= i). */                                                 \
+    /* N7 (§11.4(e)): O = s QG h + Aqk E (j <= i). */                                              \
     void dg__kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,          \
                                   const KT *Aqk, const KT *E, KT *O);                              \
-    /* (§6.1, §10 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */     \
+    /* (§11.6 B1, §2 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */    \
     void dg__kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,          \
                                   const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh,       \
                                   KT *dAqk, KT *dE);                                               \
-    /* §2 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. */ \
+    /* §11.1 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional.  \
+     */                                                                                            \
     dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,   \
                                           const KT *v, const KT *g, const KT *beta, const KT *h0,  \
                                           KT *o, KT *ht);                                          \
@@ -554,7 +555,8 @@ static inline dg_status kda_run_output_bwd(dg_ctx *ctx, const kda_cfg *c,
     return DG_OK;
 }
 
-/* The recurrence (§2) with scale c->scale: q, k normalised, g the log decay, beta transformed. */
+/* The recurrence (§11.1) with scale c->scale: q, k normalised, g the log decay, beta transformed.
+ */
 typedef struct kda_recurrent_fwd_io {
     const void *q, *k, *v, *g, *beta, *h0;
     void *o, *ht;

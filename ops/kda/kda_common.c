@@ -1,7 +1,7 @@
 /*
  * ops/kda/kda_common.c -- what every KDA entry point shares: option resolution and the
- * sequence/chunk tables (spec §8), argument checks with messages that name the argument and the
- * expected shape, host pointers of inputs, and the params block of a KDA tape node.
+ * sequence/chunk tables (kda.md §11.8), argument checks with messages that name the argument and
+ * the expected shape, host pointers of inputs, and the params block of a KDA tape node.
  */
 #include "kda.h"
 

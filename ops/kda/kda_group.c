@@ -1,6 +1,6 @@
 /*
  * ops/kda/kda_group.c -- what the wy, state and output nodes keep for backward and what backward
- * rebuilds (spec §6.7): the table of the KDA recompute group. The rules that apply it (when a
+ * rebuilds (kda.md §3): the table of the KDA recompute group. The rules that apply it (when a
  * tensor is rebuilt, when it is freed) are in autograd/group.h.
  *
  * FLA keeps only Aqk and Tm from the forward and, in backward, rebuilds W, U, KG, QG from Tm
@@ -114,7 +114,7 @@ static dg_status in_ptr(dg_ctx *ctx, const dg__group *g, int i, dg_tensor **tmp,
     return dg__kda_ptr(ctx, dg__group_input(g, i), c->dt, tmp, p);
 }
 
-/* W, U, KG, QG: recompute_w_u (spec §5.2), the wy node's forward, for the tensors in make. */
+/* W, U, KG, QG: recompute_w_u (kda.md §11.4(c)), the wy node's forward, for the tensors in make. */
 static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
     const int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K};
@@ -156,7 +156,7 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     return st;
 }
 
-/* h, E: the sequential state pass (spec §5.3), the state node's forward, rerun from h0. */
+/* h, E: the sequential state pass (kda.md §11.4(d)), the state node's forward, rerun from h0. */
 static dg_status rebuild_state(dg__group *g, dg_ctx *ctx, unsigned make) {
     const kda_cfg *c = (const kda_cfg *)dg__group_data(g);
     const int64_t NC = kda_cfg_nc(c);

@@ -1,5 +1,5 @@
 /*
- * ops/kda/l2norm.c -- N1: the in-op L2 norm of q and k (spec §4, FLA use_qk_l2norm_in_kernel).
+ * ops/kda/l2norm.c -- N1: the in-op L2 norm of q and k (kda.md §11.3, FLA use_qk_l2norm_in_kernel).
  *
  *   r = 1 / sqrt(sum_d x_d^2 + 1e-6)   (eps inside the sqrt),   y = x r
  *   dx = r (dy - (dy . y) y)

@@ -1,5 +1,5 @@
 /*
- * ops/kda/output.c -- N7: the output (spec §5.4; backward §6.1 and §10 N7).
+ * ops/kda/output.c -- N7: the output (kda.md §11.4(e); backward §11.6 B1 and §2 N7).
  *
  *   O_c = s QG_c h_c + Aqk_c E_c          (inter-chunk through the state + causal intra-chunk)
  * Backward: dQG = s dO h^T, dh_c = s QG^T dO, dAqk = tril(dO E^T) (j <= i), dE = Aqk^T dO.

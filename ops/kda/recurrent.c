@@ -1,5 +1,5 @@
 /*
- * ops/kda/recurrent.c -- dg_kda_recurrent: the token-by-token recurrence (spec §2) as ONE tape
+ * ops/kda/recurrent.c -- dg_kda_recurrent: the token-by-token recurrence (kda.md §11.1) as ONE tape
  * node with its own backward through time. It is the ground truth dg_kda_chunk must equal.
  *
  *   S' = Diag(exp(g_t)) S;  p = S'^T k_t;  e = beta_t (v_t - p);  S = S' + k_t e^T;
@@ -24,7 +24,7 @@
 #ifdef KT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-/* One token of §2 on S [K,V] in place; writes o_t when o is not NULL. */
+/* One token of kda.md §11.1 on S [K,V] in place; writes o_t when o is not NULL. */
 static void KF(rec_step)(const kda_dims *d, KT scale, int64_t t, int hv, const KT *q, const KT *k,
                          const KT *v, const KT *g, const KT *beta, KT *S, KT *o) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, hq = hv / (HV / H);

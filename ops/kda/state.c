@@ -1,5 +1,5 @@
 /*
- * ops/kda/state.c -- N6: the inter-chunk state pass (spec §5.3; backward §6.2, §10 N6).
+ * ops/kda/state.c -- N6: the inter-chunk state pass (kda.md §11.4(d); backward §11.6 B2, §2 N6).
  *
  * Sequential over the chunks of each sequence (the serial part of the algorithm):
  *   h_0 = h0 (or 0);  for c: store h_c;  E_c = U_c - W_c h_c;
@@ -8,13 +8,13 @@
  *   dE_c = dE_c^out + KG_c dH        dKG_c = E_c dH^T         dU_c = dE_c    dW_c = -dE_c h_c^T
  *   dlambda_c = exp(lambda_c) . rowsum(h_c . dH)              (into dG at the chunk's last row)
  *   dH <- Diag(exp(lambda_c)) dH - W_c^T dE_c + dh_c^out;     dh0 = dH at the end
- * Only E (the KDA path) is not gated here: the exp(lambda - G) factor lives in KG (§5.3 note).
- * Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under RECOMPUTE they
- * are rebuilt in backward by rerunning this pass (spec §6.7). W, KG, h, E reach backward through
- * the recompute group (kda_group.c has the table).
- * Shapes: W, KG, G [B,T,HV,K]; U, E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V].
- * CUDA: W, U, KG f32 or bf16 (read in the intermediates' storage dtype, kda_cfg.mid: bf16 on the
- * tensor-core path where the sizes allow); h, E in that dtype, their gradients f32; G, h0, ht f32.
+ * Only E (the KDA path) is not gated here: the exp(lambda - G) factor lives in KG (kda.md §11.4(d)
+ * note). Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under
+ * RECOMPUTE they are rebuilt in backward by rerunning this pass (kda.md §3). W, KG, h, E reach
+ * backward through the recompute group (kda_group.c has the table). Shapes: W, KG, G [B,T,HV,K]; U,
+ * E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V]. CUDA: W, U, KG f32 or bf16 (read in the
+ * intermediates' storage dtype, kda_cfg.mid: bf16 on the tensor-core path where the sizes allow);
+ * h, E in that dtype, their gradients f32; G, h0, ht f32.
  */
 #ifndef KDA_TMPL
 #include "kda.h"

@@ -1,5 +1,5 @@
 /*
- * ops/kda/wy.c -- N5: the UT/WY transform (spec §5.2; backward §6.3 WY part, §10 N5).
+ * ops/kda/wy.c -- N5: the UT/WY transform (kda.md §11.4(c); backward §11.6 B3 WY part, §2 N5).
  *
  * Per chunk (rows i < L) and value head, with gamma_i = exp(G_i), lambda = G_{L-1}:
  *   X = Diag(beta) (K . Gamma)    W = Tm X          U = Tm Diag(beta) Vc

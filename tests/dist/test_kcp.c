@@ -8,7 +8,7 @@
  * (each rank's share) are summed over the ranks first. Cases: one long sequence cut at and off
  * chunk boundaries, varlen packs whose sequences start, end or span rank boundaries, uneven
  * splits (a rank holding only the middle of a sequence), h0 and ht, B > 1 packed as varlen.
- * Also: the plan of shared spec KCP.md §2's worked example, and argument errors. gpu mode: the
+ * Also: the plan of distributed.md K2's worked example, and argument errors. gpu mode: the
  * f32 cases on CUDA (every rank on device 0, the MPI backend staging through host memory)
  * against the unsplit op on CUDA.
  */
@@ -224,7 +224,7 @@ static void run_case(dg_ctx *ctx, dg_comm *comm, const kcase *c, dg_dtype dt, do
     free_data(&d);
 }
 
-/* Shared spec KCP.md §2: cu = [0,30,31,130,170,200], 4 ranks of 50 tokens. */
+/* The example of distributed.md K2: cu = [0,30,31,130,170,200], 4 ranks of 50 tokens. */
 static void test_plan_example(void) {
     static const int64_t cu[] = {0, 30, 31, 130, 170, 200};
     static const int64_t loc[4][4] = {
@@ -238,9 +238,8 @@ static void test_plan_example(void) {
                  p->pre_tokens == conv[r] && p->begin == 50 * r && p->end == 50 * (r + 1);
         for (int i = 0; ok && i <= p->n_local; i++)
             ok = p->cu_local[i] == loc[r][i];
-        dg_check(ok,
-                 "plan of KCP.md's example, rank %d: %d local, pre %d, post %d, pre_tokens %lld", r,
-                 p->n_local, p->pre_ranks, p->post_ranks, (long long)p->pre_tokens);
+        dg_check(ok, "plan of the K2 example, rank %d: %d local, pre %d, post %d, pre_tokens %lld",
+                 r, p->n_local, p->pre_ranks, p->post_ranks, (long long)p->pre_tokens);
         dg_cp_plan_free(&p);
     }
     dg_cp_plan *p = NULL;

@@ -7,10 +7,10 @@ For each --dtype (default f64 and f32 on cpu, f32 on cuda): writes random q k v 
 cu_seqlens do dht (.npy) to WORKDIR/<dtype>/in in RWKV-7's form, which keeps the recurrence
 stable (a = -kh, b = alpha * kh with kh of unit norm and alpha in (0, 1); gk = -e^-1/2 sigmoid(x),
 RWKV-7's decay), runs the chunked op and the recurrent op through the CLI, and compares o and ht
-with a float64 NumPy recurrence written here from the spec (DPLR.md section 2, docs/dplr.md).
+with a float64 NumPy recurrence written here from docs/dplr.md D1.
 Gradients: in f64 the chunked and recurrent CLI runs must agree to rounding, and the chunked ones
 must match central differences of the NumPy recurrence along one random direction per input (so
-the backward is held to the spec too, not only to itself); in f32/bf16 each run is compared with
+the backward is held to the recurrence, not only to itself); in f32/bf16 each run is compared with
 an f64 CPU run of the CLI on the same files. On the CPU it also checks that OUT holds exactly the
 files `--help` promises, and that bad inputs (a missing file, a wrong shape, a wrong dtype,
 cu_seqlens with B != 1, a do.npy of the wrong shape) exit 1 naming the file and write nothing.
@@ -29,7 +29,7 @@ GRADS = {"dq": "q", "dk": "k", "dv": "v", "da": "a", "db": "b", "dgk": "gk", "dh
 
 
 def naive(x, scale, cu):
-    """o, ht for packed sequences (B = 1) per DPLR.md section 2, per head with S [K,V]:
+    """o, ht for packed sequences (B = 1) per docs/dplr.md D1, per head with S [K,V]:
     S_t = Diag(exp(gk_t)) S_{t-1} + b_t (a_t^T S_{t-1}) + k_t v_t^T,  o_t = scale S_t^T q_t."""
     q, k, v, a, b, gk, h0 = (x[n] for n in ("q", "k", "v", "a", "b", "gk", "h0"))
     T, H, K = q.shape[1:]

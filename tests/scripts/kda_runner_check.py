@@ -5,7 +5,7 @@ usage: kda_runner_check.py DELTAGRAD_BINARY WORKDIR [--device cpu|cuda] [--dtype
 
 For each --dtype (default f64 on cpu, f32 on cuda): writes random q k v g beta h0 cu_seqlens do
 dht (.npy) to WORKDIR/<dtype>/in, runs the chunked op and the recurrent op through the CLI, and
-compares o and ht with a float64 NumPy recurrence written here from the spec (KDA.md section 2).
+compares o and ht with a float64 NumPy recurrence written here from docs/kda.md §11.1.
 Gradients: in f64 the chunked and recurrent CLI runs must agree to rounding; in f32/bf16 each is
 compared with an f64 CPU run of the CLI on the same files (the NumPy side has no backward).
 Exit 0 on success, 77 when NumPy is missing or --device cuda finds no device (`deltagrad
@@ -21,7 +21,7 @@ from runner_check import (Checker, load_outputs, np, parse_args, rounder,  # noq
 
 
 def naive(q, k, v, g, beta, scale, h0, cu):
-    """o, ht for packed sequences (B = 1) per KDA.md section 2; q, k already unit rows."""
+    """o, ht for packed sequences (B = 1) per docs/kda.md §11.1; q, k already unit rows."""
     T, H, K = q.shape[1:]
     HV, V = v.shape[2:]
     G = HV // H
