@@ -126,9 +126,7 @@ static int rec_prefix(const kx *x, int t, double *S) {
     return 0;
 }
 
-/* Akk of chunk c (L x L, stride BT; zero on and above the diagonal) from its definition:
- * Akk[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd), j < i. */
-static void akk(const kx *x, int c, double *A) {
+void kx_akk(const kx *x, int c, double *A) {
     const int t0 = c * x->BT, K = x->K;
     const int L = x->T - t0 < x->BT ? x->T - t0 : x->BT;
     memset(A, 0, sizeof(double) * (size_t)x->BT * x->BT);
@@ -243,7 +241,7 @@ static int walk_forward(ex_run *r, kx *x) {
         for (int c = 0; c < NC; c++) {
             const int t0 = c * BT, L = chunk_len(x, c);
             double *Ac = A + (int64_t)c * BT * BT;
-            akk(x, c, Ac);
+            kx_akk(x, c, Ac);
             const double *Tc = x->Tm + (int64_t)t0 * BT, *Qc = x->Aqk + (int64_t)t0 * BT;
             snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
             ex_mat m[] = {{t1, Qc, L, L, BT}, {"Akk", Ac, L, L, BT}, {"Tm = (I+Akk)^-1", Tc, L, L, BT}};
