@@ -31,7 +31,8 @@ static const stage_doc g_stages[] = {
     {"l2norm", "N1 kda_l2norm: q, k -> unit rows (optional)",
      "  y = x / sqrt(sum x^2 + 1e-6)                         q, k [B,T,H,K]\n"
      "  keeps y and 1/norm; backward dx = r (dy - (dy.y) y).\n"
-     "  Unit keys with beta in (0,1) make (I - beta k k^T) a contraction: the state stays bounded.\n"},
+     "  Unit keys with beta in (0,1) make (I - beta k k^T) a contraction: the state stays "
+     "bounded.\n"},
     {"beta", "N2 kda_beta: beta = c * sigmoid(b) (optional)",
      "  c = 1, or 2 with allow_neg_eigval (eigenvalues of I - beta k k^T then in (-1, 1)).\n"},
     {"gate_cumsum", "N3 kda_gate_cumsum: gate, then chunk-local cumulative sum",
@@ -96,41 +97,43 @@ static int print_card(const char *only) {
 }
 
 /* Stage names of the walks (--stage). */
-static const char *const g_kda_names[] = {"recurrence", "l2norm", "beta",   "gate_cumsum", "intra",
-                                          "wy",         "state",  "output", "kcp",
-                                          "composite"};
+static const char *const g_kda_names[] = {"recurrence", "l2norm",   "beta",  "gate_cumsum",
+                                          "intra",      "wy",       "state", "output",
+                                          "kcp",        "composite"};
 static const char *const g_dplr_names[] = {"recurrence", "cumsum", "intra", "wy",
                                            "state",      "output", "kcp",   "composite"};
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: deltagrad explain [--T N] [--chunk N] [--K N] [--V N] [--gate kda|lowerbound]\n"
-            "                         [--strength S] [--seed N] [--stage NAME] [--backward]\n"
-            "                         [--dplr] [--cp N] [--plots DIR]\n"
-            "       deltagrad explain --card [--stage NAME]\n\n"
-            "Runs chunked KDA (or DPLR with --dplr) on a small seeded example, one sequence and one\n"
-            "head, through the library's f64 stage functions; prints every intermediate and checks\n"
-            "each identity that makes the chunked form equal the recurrence (\"name: residual X\n"
-            "(ok)\"; exit 1 when one exceeds %.0e).\n"
-            "  --T 16 --chunk 4 --K 4 --V 4   tokens, chunk size, key and value dims (defaults)\n"
-            "  --gate kda          g = -S softplus(x) (A_log = log S); lowerbound: g = -S sigmoid(x)\n"
-            "  --strength 0.5      the gate strength S (lowerbound: S in (0, 5])\n"
-            "  --seed 1            the inputs' seed\n"
-            "  --stage NAME        only that stage; KDA:",
-            EX_TOL);
+    fprintf(
+        f,
+        "usage: deltagrad explain [--T N] [--chunk N] [--K N] [--V N] [--gate kda|lowerbound]\n"
+        "                         [--strength S] [--seed N] [--stage NAME] [--backward]\n"
+        "                         [--dplr] [--cp N] [--plots DIR]\n"
+        "       deltagrad explain --card [--stage NAME]\n\n"
+        "Runs chunked KDA (or DPLR with --dplr) on a small seeded example, one sequence and one\n"
+        "head, through the library's f64 stage functions; prints every intermediate and checks\n"
+        "each identity that makes the chunked form equal the recurrence (\"name: residual X\n"
+        "(ok)\"; exit 1 when one exceeds %.0e).\n"
+        "  --T 16 --chunk 4 --K 4 --V 4   tokens, chunk size, key and value dims (defaults)\n"
+        "  --gate kda          g = -S softplus(x) (A_log = log S); lowerbound: g = -S sigmoid(x)\n"
+        "  --strength 0.5      the gate strength S (lowerbound: S in (0, 5])\n"
+        "  --seed 1            the inputs' seed\n"
+        "  --stage NAME        only that stage; KDA:",
+        EX_TOL);
     for (size_t i = 0; i < sizeof g_kda_names / sizeof *g_kda_names; i++)
         fprintf(f, " %s", g_kda_names[i]);
     fprintf(f, "\n                      DPLR:");
     for (size_t i = 0; i < sizeof g_dplr_names / sizeof *g_dplr_names; i++)
         fprintf(f, " %s", g_dplr_names[i]);
-    fprintf(f, "\n  --backward          walk the backward stages; each gradient against central\n"
-               "                      finite differences of its stage (f64)\n"
-               "  --dplr              the same for DPLR (ops/dplr/)\n"
-               "  --cp N              also split the sequence over N simulated ranks and merge their\n"
-               "                      KCP summaries (ops/kcp/)\n"
-               "  --plots DIR         gnuplot PNGs: Akk, Aqk and gate decay heatmaps, state norms,\n"
-               "                      chunked-vs-recurrent error in f32 and bf16 (needs gnuplot)\n"
-               "  --card              the reference card of the stages (no numbers)\n");
+    fprintf(f,
+            "\n  --backward          walk the backward stages; each gradient against central\n"
+            "                      finite differences of its stage (f64)\n"
+            "  --dplr              the same for DPLR (ops/dplr/)\n"
+            "  --cp N              also split the sequence over N simulated ranks and merge their\n"
+            "                      KCP summaries (ops/kcp/)\n"
+            "  --plots DIR         gnuplot PNGs: Akk, Aqk and gate decay heatmaps, state norms,\n"
+            "                      chunked-vs-recurrent error in f32 and bf16 (needs gnuplot)\n"
+            "  --card              the reference card of the stages (no numbers)\n");
 }
 
 static int known_stage(const char *s, int dplr) {
@@ -216,14 +219,14 @@ int dg_cmd_explain(int argc, char **argv) {
     if (card)
         return print_card(o.stage);
     if (o.gate == DG_GATE_LOWERBOUND && o.strength > 5) {
-        fprintf(stderr, "deltagrad explain: --strength: the lower bound -S must lie in [-5, 0), "
-                        "got S = %g\n",
+        fprintf(stderr,
+                "deltagrad explain: --strength: the lower bound -S must lie in [-5, 0), "
+                "got S = %g\n",
                 o.strength);
         return 2;
     }
     if (o.cp > o.T) {
-        fprintf(stderr, "deltagrad explain: --cp %d: more ranks than tokens (--T %d)\n", o.cp,
-                o.T);
+        fprintf(stderr, "deltagrad explain: --cp %d: more ranks than tokens (--T %d)\n", o.cp, o.T);
         return 2;
     }
     if (o.stage && !known_stage(o.stage, o.dplr)) {

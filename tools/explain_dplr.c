@@ -72,8 +72,8 @@ static void px_init(px *x, const ex_opts *o) {
     x->h0 = ex_zeros(kv);
     x->dO = ex_randn(nv, s + 8, 1.0);
     x->dht = ex_randn(kv, s + 9, 1.0);
-    double **f[] = {&x->Gi, &x->Ge, &x->Aqk, &x->Aqb, &x->Aak, &x->Tab, &x->w, &x->u,
-                    &x->qg, &x->kg, &x->bg, &x->v2, &x->o, &x->orec};
+    double **f[] = {&x->Gi, &x->Ge, &x->Aqk, &x->Aqb, &x->Aak, &x->Tab, &x->w,
+                    &x->u,  &x->qg, &x->kg,  &x->bg,  &x->v2,  &x->o,   &x->orec};
     const int64_t n[] = {nk, nk, na, na, na, na, nk, nv, nk, nk, nk, nv, nv, nv};
     for (size_t i = 0; i < sizeof n / sizeof *n; i++)
         *f[i] = ex_zeros(n[i]);
@@ -83,9 +83,9 @@ static void px_init(px *x, const ex_opts *o) {
 }
 
 static void px_free(px *x) {
-    double *p[] = {x->q,   x->k,   x->v,   x->a,   x->b,  x->gk, x->h0, x->dO, x->dht,
-                   x->Gi,  x->Ge,  x->Aqk, x->Aqb, x->Aak, x->Tab, x->w, x->u, x->qg, x->kg,
-                   x->bg,  x->h,   x->v2,  x->ht,  x->o,  x->orec, x->htrec};
+    double *p[] = {x->q,  x->k,  x->v,   x->a,   x->b,   x->gk,  x->h0,   x->dO,   x->dht,
+                   x->Gi, x->Ge, x->Aqk, x->Aqb, x->Aak, x->Tab, x->w,    x->u,    x->qg,
+                   x->kg, x->bg, x->h,   x->v2,  x->ht,  x->o,   x->orec, x->htrec};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++)
         free(p[i]);
 }
@@ -95,8 +95,8 @@ static int px_forward(px *x) {
     dg__dplr_cumsum_fwd_f64(d, x->gk, x->Gi, x->Ge);
     if (dg__dplr_intra_fwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, x->Aqk, x->Aqb,
                                x->Aak, x->Tab) ||
-        dg__dplr_wy_fwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak,
-                            x->Tab, x->w, x->u, x->qg, x->kg, x->bg) ||
+        dg__dplr_wy_fwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak, x->Tab,
+                            x->w, x->u, x->qg, x->kg, x->bg) ||
         dg__dplr_state_fwd_f64(d, x->w, x->u, x->kg, x->bg, x->v, x->Gi, x->h0, x->h, x->v2,
                                x->ht)) {
         fprintf(stderr, "deltagrad explain: dplr forward: %s\n", dg_last_error());
@@ -117,8 +117,8 @@ static int rec_prefix(const px *x, int t, double *S) {
     int64_t tab[4];
     kx_dims(&d, tab, t, x->BT, x->K, x->V);
     double *o = ex_zeros((int64_t)t * x->V);
-    dg_status st = dg__dplr_recurrent_fwd_f64(&d, x->scale, x->q, x->k, x->v, x->a, x->b, x->gk,
-                                              x->h0, o, S);
+    dg_status st =
+        dg__dplr_recurrent_fwd_f64(&d, x->scale, x->q, x->k, x->v, x->a, x->b, x->gk, x->h0, o, S);
     free(o);
     if (st != DG_OK) {
         fprintf(stderr, "deltagrad explain: dplr recurrence: %s\n", dg_last_error());
@@ -174,13 +174,15 @@ static int walk_forward(ex_run *r, px *x) {
         ex_print(r, "recurrence", 2, m);
     }
 
-    ex_heading(r, "cumsum", "inclusive Gi and exclusive Ge chunk cumsums (dg__dplr_cumsum_fwd_f64)");
+    ex_heading(r, "cumsum",
+               "inclusive Gi and exclusive Ge chunk cumsums (dg__dplr_cumsum_fwd_f64)");
     {
         double res = 0;
         for (int c = 0; c < NC; c++) {
             const int t0 = c * BT, L = chunk_len(x, c);
             snprintf(t1, sizeof t1, "chunk %d: Gi", c);
-            ex_mat m[] = {{t1, x->Gi + (int64_t)t0 * K, L, K, K}, {"Ge", x->Ge + (int64_t)t0 * K, L, K, K}};
+            ex_mat m[] = {{t1, x->Gi + (int64_t)t0 * K, L, K, K},
+                          {"Ge", x->Ge + (int64_t)t0 * K, L, K, K}};
             ex_print(r, "cumsum", 2, m);
             for (int e = 0; e < K; e++) {
                 double s = 0;
@@ -211,15 +213,18 @@ static int walk_forward(ex_run *r, px *x) {
                 for (int j = 0; j < i; j++) {
                     double s = 0;
                     for (int e = 0; e < K; e++) {
-                        const int64_t pi = (int64_t)(t0 + i) * K + e, pj = (int64_t)(t0 + j) * K + e;
+                        const int64_t pi = (int64_t)(t0 + i) * K + e,
+                                      pj = (int64_t)(t0 + j) * K + e;
                         s += x->a[pi] * x->b[pj] * exp(x->Ge[pi] - x->Gi[pj]);
                     }
                     Ac[i * BT + j] = s;
                 }
             const int64_t p = (int64_t)t0 * BT;
             snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
-            ex_mat m[] = {{t1, x->Aqk + p, L, L, BT}, {"Aqb", x->Aqb + p, L, L, BT},
-                          {"Aak", x->Aak + p, L, L, BT}, {"Aab", Ac, L, L, BT},
+            ex_mat m[] = {{t1, x->Aqk + p, L, L, BT},
+                          {"Aqb", x->Aqb + p, L, L, BT},
+                          {"Aak", x->Aak + p, L, L, BT},
+                          {"Aab", Ac, L, L, BT},
                           {"Tab = (I-Aab)^-1", x->Tab + p, L, L, BT}};
             ex_print(r, "intra", 5, m);
             for (int i = 0; i < L; i++)
@@ -249,7 +254,8 @@ static int walk_forward(ex_run *r, px *x) {
                     av[(int64_t)(t0 + i) * V + e] = s;
                 }
             snprintf(t1, sizeof t1, "chunk %d: w", c);
-            ex_mat m[] = {{t1, x->w + (int64_t)t0 * K, L, K, K}, {"u", x->u + (int64_t)t0 * V, L, V, V},
+            ex_mat m[] = {{t1, x->w + (int64_t)t0 * K, L, K, K},
+                          {"u", x->u + (int64_t)t0 * V, L, V, V},
                           {"kg", x->kg + (int64_t)t0 * K, L, K, K},
                           {"bg", x->bg + (int64_t)t0 * K, L, K, K}};
             ex_print(r, "wy", 4, m);
@@ -297,8 +303,8 @@ static int walk_forward(ex_run *r, px *x) {
 
     ex_heading(r, "output", "o = qg h (inter) + Aqk v + Aqb v2 (intra) (dg__dplr_output_fwd_f64)");
     {
-        double *zv = ex_zeros(nv), *zh = ex_zeros(NC * kv), *oi = ex_zeros(nv),
-               *oa = ex_zeros(nv), *sum = ex_zeros(nv);
+        double *zv = ex_zeros(nv), *zh = ex_zeros(NC * kv), *oi = ex_zeros(nv), *oa = ex_zeros(nv),
+               *sum = ex_zeros(nv);
         dg__dplr_output_fwd_f64(&x->d, x->qg, x->h, x->Aqk, x->Aqb, zv, zv, oi);
         dg__dplr_output_fwd_f64(&x->d, x->qg, zh, x->Aqk, x->Aqb, x->v, x->v2, oa);
         for (int64_t i = 0; i < nv; i++)
@@ -307,8 +313,10 @@ static int walk_forward(ex_run *r, px *x) {
             const int64_t p = (int64_t)c * BT * V;
             const int L = chunk_len(x, c);
             snprintf(t1, sizeof t1, "chunk %d: inter qg h", c);
-            ex_mat m[] = {{t1, oi + p, L, V, V}, {"intra", oa + p, L, V, V},
-                          {"o (chunked)", x->o + p, L, V, V}, {"o (recurrent)", x->orec + p, L, V, V}};
+            ex_mat m[] = {{t1, oi + p, L, V, V},
+                          {"intra", oa + p, L, V, V},
+                          {"o (chunked)", x->o + p, L, V, V},
+                          {"o (recurrent)", x->orec + p, L, V, V}};
             ex_print(r, "output", 4, m);
         }
         ex_check(r, "output", "inter + intra = o", ex_relres(sum, x->o, nv));
@@ -326,9 +334,10 @@ static int walk_kcp(ex_run *r, px *x, int N) {
     char t1[96];
     ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
     if (ex_shown(r, "kcp"))
-        printf("  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
-               "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
-               "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n");
+        printf(
+            "  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
+            "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
+            "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n");
     double *ag = ex_zeros((int64_t)N * K * C), *o = ex_zeros((int64_t)T * V);
     double *hin = ex_zeros(kv), *S = ex_zeros(kv), *htl = ex_zeros(kv);
     int order[64];
@@ -344,9 +353,9 @@ static int walk_kcp(ex_run *r, px *x, int N) {
             int64_t tab[4];
             kx_dims(&d, tab, Tr, BT, K, V);
             const int64_t nk = (int64_t)Tr * K, nv = (int64_t)Tr * V, na = (int64_t)Tr * BT;
-            double *Gi = ex_zeros(nk), *Ge = ex_zeros(nk), *Aqk = ex_zeros(na),
-                   *Aqb = ex_zeros(na), *Aak = ex_zeros(na), *Tab = ex_zeros(na), *w = ex_zeros(nk),
-                   *u = ex_zeros(nv), *qg = ex_zeros(nk), *kg = ex_zeros(nk), *bg = ex_zeros(nk),
+            double *Gi = ex_zeros(nk), *Ge = ex_zeros(nk), *Aqk = ex_zeros(na), *Aqb = ex_zeros(na),
+                   *Aak = ex_zeros(na), *Tab = ex_zeros(na), *w = ex_zeros(nk), *u = ex_zeros(nv),
+                   *qg = ex_zeros(nk), *kg = ex_zeros(nk), *bg = ex_zeros(nk),
                    *h = ex_zeros(NCr * kv), *v2 = ex_zeros(nv);
             const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
             const double *a = x->a + (int64_t)s0 * K, *b = x->b + (int64_t)s0 * K;
@@ -382,7 +391,8 @@ static int walk_kcp(ex_run *r, px *x, int N) {
                 if (!rc) {
                     dg__dplr_output_fwd_f64(&d, qg, h, Aqk, Aqb, v, v2, o + (int64_t)s0 * V);
                     snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", rk, s0, s1 - 1);
-                    ex_mat m[] = {{t1, out, K, V, C}, {"M", out + V, K, K, C},
+                    ex_mat m[] = {{t1, out, K, V, C},
+                                  {"M", out + V, K, K, C},
                                   {"h_in (merged)", hin, K, V, V}};
                     ex_print(r, "kcp", 3, m);
                     if (rec_prefix(x, s0, S))
@@ -417,11 +427,42 @@ static int walk_kcp(ex_run *r, px *x, int N) {
 enum { P_OUTPUT, P_STATE, P_WY, P_INTRA, P_CUMSUM, P_FULL, P_NG };
 /* The gradient arrays, by name. */
 enum {
-    G_QG, G_H, G_AQK, G_AQB, G_VO, G_V2, /* output bwd */
-    G_W, G_U, G_KG, G_BG, G_VS, G_GIS, G_H0, /* state bwd */
-    G_QW, G_KW, G_VW, G_AW, G_BW, G_GIW, G_GEW, G_AAK, G_TAB, /* wy bwd */
-    G_QI, G_KI, G_AI, G_BI, G_GII, G_GEI,                     /* intra bwd */
-    G_GI, G_GE, G_GK, G_Q, G_K, G_V, G_A, G_B,                /* sums, cumsum bwd */
+    G_QG,
+    G_H,
+    G_AQK,
+    G_AQB,
+    G_VO,
+    G_V2, /* output bwd */
+    G_W,
+    G_U,
+    G_KG,
+    G_BG,
+    G_VS,
+    G_GIS,
+    G_H0, /* state bwd */
+    G_QW,
+    G_KW,
+    G_VW,
+    G_AW,
+    G_BW,
+    G_GIW,
+    G_GEW,
+    G_AAK,
+    G_TAB, /* wy bwd */
+    G_QI,
+    G_KI,
+    G_AI,
+    G_BI,
+    G_GII,
+    G_GEI, /* intra bwd */
+    G_GI,
+    G_GE,
+    G_GK,
+    G_Q,
+    G_K,
+    G_V,
+    G_A,
+    G_B, /* sums, cumsum bwd */
     G_N
 };
 
@@ -455,8 +496,8 @@ static double px_loss(void *p) {
         return ex_dot(g[G_W], s[4], nk) + ex_dot(g[G_U], s[5], nv) + ex_dot(g[G_QG], s[6], nk) +
                ex_dot(g[G_KG], s[7], nk) + ex_dot(g[G_BG], s[8], nk);
     case P_INTRA:
-        if (dg__dplr_intra_fwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, s[9],
-                                   s[10], s[11], s[12]))
+        if (dg__dplr_intra_fwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, s[9], s[10],
+                                   s[11], s[12]))
             return NAN;
         return ex_dot(g[G_AQK], s[9], na) + ex_dot(g[G_AQB], s[10], na) +
                ex_dot(g[G_AAK], s[11], na) + ex_dot(g[G_TAB], s[12], na);
@@ -486,9 +527,9 @@ static int walk_backward(ex_run *r, px *x) {
     pb b;
     memset(&b, 0, sizeof b);
     b.x = x;
-    const int64_t gn[G_N] = {nk, nh, na, na, nv, nv, nk, nv, nk, nk, nv, nk, kv, nk, nk,
-                             nv, nk, nk, nk, nk, na, na, nk, nk, nk, nk, nk, nk, nk, nk,
-                             nk, nk, nk, nv, nk, nk};
+    const int64_t gn[G_N] = {nk, nh, na, na, nv, nv, nk, nv, nk, nk, nv, nk,
+                             kv, nk, nk, nv, nk, nk, nk, nk, na, na, nk, nk,
+                             nk, nk, nk, nk, nk, nk, nk, nk, nk, nv, nk, nk};
     const int64_t sn[15] = {nv, nh, nv, kv, nk, nv, nk, nk, nk, na, na, na, na, nk, nk};
     for (int i = 0; i < G_N; i++)
         b.g[i] = ex_zeros(gn[i]);
@@ -504,14 +545,18 @@ static int walk_backward(ex_run *r, px *x) {
     dg__dplr_output_bwd_f64(d, x->qg, x->h, x->Aqk, x->Aqb, x->v, x->v2, x->dO, g[G_QG], g[G_H],
                             g[G_AQK], g[G_AQB], g[G_VO], g[G_V2]);
     {
-        ex_mat m[] = {{"dO", x->dO, T, V, V}, {"dqg", g[G_QG], T, K, K},
-                      {"dv", g[G_VO], T, V, V}, {"dv2", g[G_V2], T, V, V}};
+        ex_mat m[] = {{"dO", x->dO, T, V, V},
+                      {"dqg", g[G_QG], T, K, K},
+                      {"dv", g[G_VO], T, V, V},
+                      {"dv2", g[G_V2], T, V, V}};
         ex_print(r, "output", 4, m);
         print_states(r, "output", "dh", g[G_H], NC, K, V);
         ex_check(r, "output", "dqg vs finite differences", pfd(&b, P_OUTPUT, x->qg, nk, g[G_QG]));
         ex_check(r, "output", "dh vs finite differences", pfd(&b, P_OUTPUT, x->h, nh, g[G_H]));
-        ex_check(r, "output", "dAqk vs finite differences", pfd(&b, P_OUTPUT, x->Aqk, na, g[G_AQK]));
-        ex_check(r, "output", "dAqb vs finite differences", pfd(&b, P_OUTPUT, x->Aqb, na, g[G_AQB]));
+        ex_check(r, "output", "dAqk vs finite differences",
+                 pfd(&b, P_OUTPUT, x->Aqk, na, g[G_AQK]));
+        ex_check(r, "output", "dAqb vs finite differences",
+                 pfd(&b, P_OUTPUT, x->Aqb, na, g[G_AQB]));
         ex_check(r, "output", "dv vs finite differences", pfd(&b, P_OUTPUT, x->v, nv, g[G_VO]));
         ex_check(r, "output", "dv2 vs finite differences", pfd(&b, P_OUTPUT, x->v2, nv, g[G_V2]));
     }
@@ -524,7 +569,9 @@ static int walk_backward(ex_run *r, px *x) {
         goto fail;
     }
     {
-        ex_mat m[] = {{"dw", g[G_W], T, K, K}, {"du", g[G_U], T, V, V}, {"dkg", g[G_KG], T, K, K},
+        ex_mat m[] = {{"dw", g[G_W], T, K, K},
+                      {"du", g[G_U], T, V, V},
+                      {"dkg", g[G_KG], T, K, K},
                       {"dbg", g[G_BG], T, K, K}};
         ex_print(r, "state", 4, m);
         ex_check(r, "state", "dw vs finite differences", pfd(&b, P_STATE, x->w, nk, g[G_W]));
@@ -537,14 +584,16 @@ static int walk_backward(ex_run *r, px *x) {
     }
 
     ex_heading(r, "wy", "backward (dg__dplr_wy_bwd_f64)");
-    if (dg__dplr_wy_bwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak,
-                            x->Tab, g[G_W], g[G_U], g[G_QG], g[G_KG], g[G_BG], g[G_QW], g[G_KW],
-                            g[G_VW], g[G_AW], g[G_BW], g[G_GIW], g[G_GEW], g[G_AAK], g[G_TAB])) {
+    if (dg__dplr_wy_bwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak, x->Tab,
+                            g[G_W], g[G_U], g[G_QG], g[G_KG], g[G_BG], g[G_QW], g[G_KW], g[G_VW],
+                            g[G_AW], g[G_BW], g[G_GIW], g[G_GEW], g[G_AAK], g[G_TAB])) {
         rc = 2;
         goto fail;
     }
     {
-        ex_mat m[] = {{"dq", g[G_QW], T, K, K}, {"dk", g[G_KW], T, K, K}, {"da", g[G_AW], T, K, K},
+        ex_mat m[] = {{"dq", g[G_QW], T, K, K},
+                      {"dk", g[G_KW], T, K, K},
+                      {"da", g[G_AW], T, K, K},
                       {"db", g[G_BW], T, K, K}};
         ex_print(r, "wy", 4, m);
         double *in[] = {x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak, x->Tab};
@@ -559,9 +608,9 @@ static int walk_backward(ex_run *r, px *x) {
     }
 
     ex_heading(r, "intra", "backward (dg__dplr_intra_bwd_f64)");
-    if (dg__dplr_intra_bwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, x->Tab,
-                               g[G_AQK], g[G_AQB], g[G_AAK], g[G_TAB], g[G_QI], g[G_KI], g[G_AI],
-                               g[G_BI], g[G_GII], g[G_GEI])) {
+    if (dg__dplr_intra_bwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, x->Tab, g[G_AQK],
+                               g[G_AQB], g[G_AAK], g[G_TAB], g[G_QI], g[G_KI], g[G_AI], g[G_BI],
+                               g[G_GII], g[G_GEI])) {
         rc = 2;
         goto fail;
     }
@@ -590,8 +639,9 @@ static int walk_backward(ex_run *r, px *x) {
     dg__dplr_cumsum_bwd_f64(d, x->gk, g[G_GI], g[G_GE], g[G_GK]);
     ex_check(r, "cumsum", "dgk vs finite differences", pfd(&b, P_CUMSUM, x->gk, nk, g[G_GK]));
 
-    ex_heading(r, "composite", "the chained gradients vs the recurrence's backward and vs "
-                               "differences of the whole chunked forward");
+    ex_heading(r, "composite",
+               "the chained gradients vs the recurrence's backward and vs "
+               "differences of the whole chunked forward");
     {
         double *rg[7];
         const int64_t rn[7] = {nk, nk, nv, nk, nk, nk, kv};

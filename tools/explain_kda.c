@@ -63,9 +63,9 @@ int kx_init(kx *x, const ex_opts *o, int T, int BT, int K, int V) {
     x->h0 = ex_zeros(kv);
     x->dO = ex_randn(nv, s + 7, 1.0);
     x->dht = ex_randn(kv, s + 8, 1.0);
-    double **f[] = {&x->q, &x->k, &x->rq, &x->rk, &x->beta, &x->g, &x->G, &x->Aqk, &x->Tm,
-                    &x->W, &x->U, &x->KG, &x->QG, &x->E, &x->O, &x->orec};
-    const int64_t n[] = {nk, nk, T, T, T, nk, nk, (int64_t)T * BT, (int64_t)T * BT,
+    double **f[] = {&x->q,  &x->k, &x->rq, &x->rk, &x->beta, &x->g, &x->G, &x->Aqk,
+                    &x->Tm, &x->W, &x->U,  &x->KG, &x->QG,   &x->E, &x->O, &x->orec};
+    const int64_t n[] = {nk, nk, T,  T,  T,  nk, nk, (int64_t)T * BT, (int64_t)T * BT,
                          nk, nv, nk, nk, nv, nv, nv};
     for (size_t i = 0; i < sizeof n / sizeof *n; i++)
         *f[i] = ex_zeros(n[i]);
@@ -76,9 +76,9 @@ int kx_init(kx *x, const ex_opts *o, int T, int BT, int K, int V) {
 }
 
 void kx_free(kx *x) {
-    double *p[] = {x->qr, x->kr, x->v, x->braw, x->x, x->dt_bias, x->h0, x->dO, x->dht,
-                   x->q,  x->k,  x->rq, x->rk, x->beta, x->g, x->G, x->Aqk, x->Tm, x->W, x->U,
-                   x->KG, x->QG, x->E, x->O, x->orec, x->h, x->ht, x->htrec};
+    double *p[] = {x->qr, x->kr, x->v,  x->braw, x->x,    x->dt_bias, x->h0,  x->dO,   x->dht, x->q,
+                   x->k,  x->rq, x->rk, x->beta, x->g,    x->G,       x->Aqk, x->Tm,   x->W,   x->U,
+                   x->KG, x->QG, x->E,  x->O,    x->orec, x->h,       x->ht,  x->htrec};
     for (size_t i = 0; i < sizeof p / sizeof *p; i++)
         free(p[i]);
 }
@@ -100,8 +100,8 @@ int kx_forward(kx *x) {
 }
 
 int kx_recurrent(kx *x) {
-    TRY(dg__kda_recurrent_fwd_f64(&x->d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0,
-                                  x->orec, x->htrec));
+    TRY(dg__kda_recurrent_fwd_f64(&x->d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0, x->orec,
+                                  x->htrec));
     return 0;
 }
 
@@ -244,7 +244,8 @@ static int walk_forward(ex_run *r, kx *x) {
             kx_akk(x, c, Ac);
             const double *Tc = x->Tm + (int64_t)t0 * BT, *Qc = x->Aqk + (int64_t)t0 * BT;
             snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
-            ex_mat m[] = {{t1, Qc, L, L, BT}, {"Akk", Ac, L, L, BT}, {"Tm = (I+Akk)^-1", Tc, L, L, BT}};
+            ex_mat m[] = {
+                {t1, Qc, L, L, BT}, {"Akk", Ac, L, L, BT}, {"Tm = (I+Akk)^-1", Tc, L, L, BT}};
             ex_print(r, "intra", 3, m);
             for (int i = 0; i < L; i++)
                 for (int j = 0; j <= i; j++) {
@@ -254,7 +255,8 @@ static int walk_forward(ex_run *r, kx *x) {
                     rinv = fmax(rinv, fabs(s - (i == j)));
                     double a = 0;
                     for (int e = 0; e < K; e++) {
-                        const int64_t ti = (int64_t)(t0 + i) * K + e, tj = (int64_t)(t0 + j) * K + e;
+                        const int64_t ti = (int64_t)(t0 + i) * K + e,
+                                      tj = (int64_t)(t0 + j) * K + e;
                         a += x->q[ti] * x->k[tj] * exp(x->G[ti] - x->G[tj]);
                     }
                     rqk = fmax(rqk, fabs(Qc[i * BT + j] - x->scale * a));
@@ -264,7 +266,8 @@ static int walk_forward(ex_run *r, kx *x) {
         ex_check(r, "intra", "(I + Akk) Tm = I", rinv);
     }
 
-    ex_heading(r, "wy", "the WY form: W = Tm (beta k exp(G)), U = Tm (beta v) (dg__kda_wy_fwd_f64)");
+    ex_heading(r, "wy",
+               "the WY form: W = Tm (beta k exp(G)), U = Tm (beta v) (dg__kda_wy_fwd_f64)");
     if (ex_shown(r, "wy"))
         printf("%s", ex_card_text("wy"));
     {
@@ -344,8 +347,8 @@ static int walk_forward(ex_run *r, kx *x) {
                ex_card_text("output"));
     {
         const int64_t nv = (int64_t)T * V;
-        double *zE = ex_zeros(nv), *zh = ex_zeros(NC * kv), *oi = ex_zeros(nv),
-               *oa = ex_zeros(nv), *sum = ex_zeros(nv);
+        double *zE = ex_zeros(nv), *zh = ex_zeros(NC * kv), *oi = ex_zeros(nv), *oa = ex_zeros(nv),
+               *sum = ex_zeros(nv);
         dg__kda_output_fwd_f64(&x->d, x->scale, x->QG, x->h, x->Aqk, zE, oi);
         dg__kda_output_fwd_f64(&x->d, x->scale, x->QG, zh, x->Aqk, x->E, oa);
         for (int64_t i = 0; i < nv; i++)
@@ -383,12 +386,13 @@ static int walk_kcp(ex_run *r, kx *x) {
     char t1[96];
     ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
     if (ex_shown(r, "kcp"))
-        printf("  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
-               "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
-               "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
-               "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
-               "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
-               "  ranks are simulated in one process, one after another.\n");
+        printf(
+            "  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
+            "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
+            "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
+            "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
+            "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
+            "  ranks are simulated in one process, one after another.\n");
     double *ag = ex_zeros((int64_t)N * K * C);
     double *o = ex_zeros((int64_t)T * V), *hin = ex_zeros(kv), *S = ex_zeros(kv);
     double *pred = ex_zeros(kv);
@@ -438,7 +442,8 @@ static int walk_kcp(ex_run *r, kx *x) {
                 TRY(dg__kda_state_fwd_f64(&d, W, U, KG, G, hin, h, E, htl));
                 dg__kda_output_fwd_f64(&d, x->scale, QG, h, Aqk, E, o + (int64_t)s0 * V);
                 snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", rk, s0, s1 - 1);
-                ex_mat m[] = {{t1, out, K, V, C}, {"M", out + V, K, K, C}, {"h_in (merged)", hin, K, V, V}};
+                ex_mat m[] = {
+                    {t1, out, K, V, C}, {"M", out + V, K, K, C}, {"h_in (merged)", hin, K, V, V}};
                 ex_print(r, "kcp", 3, m);
                 if (rec_prefix(x, s0, S))
                     return 2;
@@ -556,14 +561,14 @@ static int walk_backward(ex_run *r, kx *x) {
     kx_bwd b;
     memset(&b, 0, sizeof b);
     b.x = x;
-    double **f[] = {&b.dQG, &b.dh, &b.dAqk, &b.dE, &b.dW, &b.dU, &b.dKG, &b.dGs, &b.dh0,
-                    &b.dqw, &b.dkw, &b.dv, &b.dbw, &b.dGw, &b.dTm, &b.dqi, &b.dki, &b.dbi,
-                    &b.dGi, &b.dG, &b.dq, &b.dk, &b.dbeta, &b.dx, &b.dAlog, &b.ddtb, &b.db,
-                    &b.dqr, &b.dkr, &b.sO, &b.sh, &b.sE, &b.sht, &b.sW, &b.sU, &b.sKG, &b.sQG,
-                    &b.sAqk, &b.sTm, &b.sG, &b.sb, &b.sq};
-    const int64_t n[] = {nk, nh, na, nv, nk, nv, nk, nk, kv, nk, nk, nv, T, nk, na, nk, nk, T,
-                         nk, nk, nk, nk, T, nk, 1, K, T, nk, nk, nv, nh, nv, kv, nk, nv, nk, nk,
-                         na, na, nk, T, nk};
+    double **f[] = {&b.dQG, &b.dh,   &b.dAqk, &b.dE,  &b.dW,    &b.dU,  &b.dKG,   &b.dGs,  &b.dh0,
+                    &b.dqw, &b.dkw,  &b.dv,   &b.dbw, &b.dGw,   &b.dTm, &b.dqi,   &b.dki,  &b.dbi,
+                    &b.dGi, &b.dG,   &b.dq,   &b.dk,  &b.dbeta, &b.dx,  &b.dAlog, &b.ddtb, &b.db,
+                    &b.dqr, &b.dkr,  &b.sO,   &b.sh,  &b.sE,    &b.sht, &b.sW,    &b.sU,   &b.sKG,
+                    &b.sQG, &b.sAqk, &b.sTm,  &b.sG,  &b.sb,    &b.sq};
+    const int64_t n[] = {nk, nh, na, nv, nk, nv, nk, nk, kv, nk, nk, nv, T, nk,
+                         na, nk, nk, T,  nk, nk, nk, nk, T,  nk, 1,  K,  T, nk,
+                         nk, nv, nh, nv, kv, nk, nv, nk, nk, na, na, nk, T, nk};
     for (size_t i = 0; i < sizeof n / sizeof *n; i++)
         *f[i] = ex_zeros(n[i]);
     int rc = 0;
@@ -571,9 +576,10 @@ static int walk_backward(ex_run *r, kx *x) {
 
     ex_heading(r, "output", "backward: dQG, dh, dAqk, dE from dO (dg__kda_output_bwd_f64)");
     if (ex_shown(r, "output"))
-        printf("  The loss is L = <dO, o> + <dht, ht> with random dO, dht. Each stage's gradient\n"
-               "  is checked against central differences of that stage alone, L_stage = <upstream,\n"
-               "  its outputs>; their sum over stages is the chain rule.\n");
+        printf(
+            "  The loss is L = <dO, o> + <dht, ht> with random dO, dht. Each stage's gradient\n"
+            "  is checked against central differences of that stage alone, L_stage = <upstream,\n"
+            "  its outputs>; their sum over stages is the chain rule.\n");
     dg__kda_output_bwd_f64(d, x->scale, x->QG, x->h, x->Aqk, x->E, x->dO, b.dQG, b.dh, b.dAqk,
                            b.dE);
     {
@@ -683,8 +689,9 @@ static int walk_backward(ex_run *r, kx *x) {
     ex_check(r, "l2norm", "dq_raw vs finite differences", fd(&b, L_L2Q, x->qr, nk, b.dqr));
     ex_check(r, "l2norm", "dk_raw vs finite differences", fd(&b, L_L2K, x->kr, nk, b.dkr));
 
-    ex_heading(r, "composite", "the chained gradients vs the recurrence's backward and vs "
-                               "differences of the whole chunked forward");
+    ex_heading(r, "composite",
+               "the chained gradients vs the recurrence's backward and vs "
+               "differences of the whole chunked forward");
     {
         double *rq = ex_zeros(nk), *rk = ex_zeros(nk), *rv = ex_zeros(nv), *rg = ex_zeros(nk),
                *rb = ex_zeros(T), *rh0 = ex_zeros(kv), *dg = ex_zeros(nk);
@@ -695,8 +702,10 @@ static int walk_backward(ex_run *r, kx *x) {
         } else {
             /* the chunked dg: dG through the reverse chunk cumsum alone (gate NONE) */
             dg__kda_gate_bwd_f64(d, DG_GATE_NONE, 0, 1, x->g, NULL, NULL, b.dG, dg, NULL, NULL);
-            ex_check(r, "composite", "dq (unit rows): chunked = recurrent", ex_relres(b.dq, rq, nk));
-            ex_check(r, "composite", "dk (unit rows): chunked = recurrent", ex_relres(b.dk, rk, nk));
+            ex_check(r, "composite", "dq (unit rows): chunked = recurrent",
+                     ex_relres(b.dq, rq, nk));
+            ex_check(r, "composite", "dk (unit rows): chunked = recurrent",
+                     ex_relres(b.dk, rk, nk));
             ex_check(r, "composite", "dv: chunked = recurrent", ex_relres(b.dv, rv, nv));
             ex_check(r, "composite", "dbeta: chunked = recurrent", ex_relres(b.dbeta, rb, T));
             ex_check(r, "composite", "dg (log decay): chunked = recurrent", ex_relres(dg, rg, nk));

@@ -5,8 +5,8 @@
  *   akk.png, aqk.png      heatmaps of Akk and Aqk over the whole sequence (block diagonal: one
  *                         block per chunk), the example's sizes and gate
  *   decay.png             the gate decay matrix, mean over the key dims of
- *                         exp(g_{j+1} + ... + g_i), j <= i: how much of token j's write is left at i
- *   state_norms.png       |h_c|_F at each chunk start (T >= 256), for three gate strengths
+ *                         exp(g_{j+1} + ... + g_i), j <= i: how much of token j's write is left at
+ * i state_norms.png       |h_c|_F at each chunk start (T >= 256), for three gate strengths
  *   error_chunk.png       max |o - o_ref| / max |o_ref| of the chunked form against the f64
  *   error_gate.png        recurrence, by chunk size and by gate strength, in f32 and in bf16
  * f32: every stage is the library's raw f32 function (f32 inputs, f32 arithmetic). bf16: the
@@ -78,8 +78,7 @@ static FILE *script(const char *name, const char *term, int w, int h) {
     return f;
 }
 
-static int heatmap(const char *name, const char *title, const double *m, int n,
-                   const char *term) {
+static int heatmap(const char *name, const char *title, const double *m, int n, const char *term) {
     char fn[64];
     snprintf(fn, sizeof fn, "%s.dat", name);
     FILE *f = open_in_dir(fn);
@@ -207,8 +206,8 @@ static int reference(kx *x, int bf16, double *oref, float *orec32) {
                          x->dt_bias, g);
     int rc = dg__kda_recurrent_fwd_f64(&x->d, x->scale, q, k, v, g, beta, NULL, oref, NULL) ? 2 : 0;
     if (!rc && orec32) {
-        float *fq = to_f32(q, nk), *fk = to_f32(k, nk), *fv = to_f32(v, nv),
-              *fg = to_f32(g, nk), *fb = to_f32(beta, x->T);
+        float *fq = to_f32(q, nk), *fk = to_f32(k, nk), *fv = to_f32(v, nv), *fg = to_f32(g, nk),
+              *fb = to_f32(beta, x->T);
         if (dg__kda_recurrent_fwd_f32(&x->d, (float)x->scale, fq, fk, fv, fg, fb, NULL, orec32,
                                       NULL))
             rc = 2;
@@ -288,19 +287,20 @@ static int error_plots(const ex_opts *o, const char *term) {
     f = script("error_chunk", term, 1100, 480);
     if (!f)
         return 2;
-    fprintf(f,
-            "set multiplot layout 1,2 title 'chunked vs recurrent KDA, gate %s, T=%d K=V=%d'\n"
-            "set logscale xy\nset xlabel 'chunk size'\nset ylabel 'max |o - o_{ref}| / max |o_{ref}|'\n"
-            "set key left top font ',8'\nset format y '%%.0e'\n"
-            "set title 'f32 (dashed: f32 recurrence)'\n"
-            "plot for [i=0:%d] 'error_chunk.dat' index i using 1:2 with linespoints lt i+1 "
-            "title sprintf('strength %%s', word('0.05 0.1 0.25 0.5 1 2 4', i+1)), "
-            "for [i=0:%d] 'error_chunk.dat' index i using 1:4 with lines lt i+1 dt 2 notitle\n"
-            "set title 'bf16 inputs and stored intermediates'\n"
-            "plot for [i=0:%d] 'error_chunk.dat' index i using 1:3 with linespoints lt i+1 "
-            "title sprintf('strength %%s', word('0.05 0.1 0.25 0.5 1 2 4', i+1))\n"
-            "unset multiplot\n",
-            gate, T, KD, NS - 1, NS - 1, NS - 1);
+    fprintf(
+        f,
+        "set multiplot layout 1,2 title 'chunked vs recurrent KDA, gate %s, T=%d K=V=%d'\n"
+        "set logscale xy\nset xlabel 'chunk size'\nset ylabel 'max |o - o_{ref}| / max |o_{ref}|'\n"
+        "set key left top font ',8'\nset format y '%%.0e'\n"
+        "set title 'f32 (dashed: f32 recurrence)'\n"
+        "plot for [i=0:%d] 'error_chunk.dat' index i using 1:2 with linespoints lt i+1 "
+        "title sprintf('strength %%s', word('0.05 0.1 0.25 0.5 1 2 4', i+1)), "
+        "for [i=0:%d] 'error_chunk.dat' index i using 1:4 with lines lt i+1 dt 2 notitle\n"
+        "set title 'bf16 inputs and stored intermediates'\n"
+        "plot for [i=0:%d] 'error_chunk.dat' index i using 1:3 with linespoints lt i+1 "
+        "title sprintf('strength %%s', word('0.05 0.1 0.25 0.5 1 2 4', i+1))\n"
+        "unset multiplot\n",
+        gate, T, KD, NS - 1, NS - 1, NS - 1);
     fclose(f);
     int rc = render("error_chunk");
     if (rc)
@@ -310,7 +310,8 @@ static int error_plots(const ex_opts *o, const char *term) {
         return 2;
     fprintf(f,
             "set multiplot layout 1,2 title 'chunked vs recurrent KDA, gate %s, T=%d K=V=%d'\n"
-            "set logscale xy\nset xlabel 'gate strength'\nset ylabel 'max |o - o_{ref}| / max |o_{ref}|'\n"
+            "set logscale xy\nset xlabel 'gate strength'\nset ylabel 'max |o - o_{ref}| / max "
+            "|o_{ref}|'\n"
             "set key left top font ',8'\nset format y '%%.0e'\n"
             "set title 'f32'\n"
             "plot for [i=0:%d] 'error_gate.dat' index i using 1:2 with linespoints lt i+1 "
