@@ -1,12 +1,18 @@
 /*
- * tools/cmd_explain.c -- `deltagrad explain`: the chunked KDA algorithm, stage by stage, as the
- * tape sees it: what each node computes, its shapes, what it keeps for backward under each policy,
- * and its cost. `--stage NAME` prints one stage.
+ * tools/cmd_explain.c -- `deltagrad explain`: the chunked KDA algorithm on a small seeded example.
+ * It runs the recurrence and every chunked stage through the library's raw f64 functions, prints
+ * each intermediate as compact matrices and checks the identities that make the chunked form
+ * equal the recurrence (tools/explain_kda.c; DPLR in tools/explain_dplr.c; plots in
+ * tools/explain_plots.c). `--card` prints the reference card instead: what each tape node
+ * computes, its shapes, what it keeps for backward under each policy. This file holds the card,
+ * the options and the printing shared by the walks (tools/explain.h).
  */
-#include "deltagrad.h"
+#include "tools/explain.h"
 #include "tools/commands.h"
+#include "train/args.h"
 
-#include <stdio.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -25,7 +31,8 @@ static const stage_doc g_stages[] = {
     {"l2norm", "N1 kda_l2norm: q, k -> unit rows (optional)",
      "  y = x / sqrt(sum x^2 + 1e-6)                         q, k [B,T,H,K]\n"
      "  keeps y and 1/norm; backward dx = r (dy - (dy.y) y).\n"
-     "  Unit keys with beta in (0,1) make (I - beta k k^T) a contraction: the state stays bounded.\n"},
+     "  Unit keys with beta in (0,1) make (I - beta k k^T) a contraction: the state stays "
+     "bounded.\n"},
     {"beta", "N2 kda_beta: beta = c * sigmoid(b) (optional)",
      "  c = 1, or 2 with allow_neg_eigval (eigenvalues of I - beta k k^T then in (-1, 1)).\n"},
     {"gate_cumsum", "N3 kda_gate_cumsum: gate, then chunk-local cumulative sum",
@@ -58,29 +65,14 @@ static const stage_doc g_stages[] = {
      "  for itself and N6; each rebuilt tensor is freed when its last reader's backward ends.\n"},
 };
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: deltagrad explain [--stage NAME]\n\n"
-               "Prints the chunked KDA algorithm as deltagrad runs it, one tape node per stage.\n"
-               "Stages:");
+const char *ex_card_text(const char *name) {
     for (size_t i = 0; i < sizeof g_stages / sizeof *g_stages; i++)
-        fprintf(f, " %s", g_stages[i].name);
-    fprintf(f, "\n");
+        if (!strcmp(name, g_stages[i].name))
+            return g_stages[i].text;
+    return NULL;
 }
 
-int dg_cmd_explain(int argc, char **argv) {
-    const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--stage") && i + 1 < argc) {
-            only = argv[++i];
-        } else {
-            fprintf(stderr, "deltagrad explain: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
+static int print_card(const char *only) {
     int shown = 0;
     if (!only)
         printf("Chunked Kimi Delta Attention in deltagrad (per sequence and value head; letters:\n"
@@ -93,8 +85,7 @@ int dg_cmd_explain(int argc, char **argv) {
         shown++;
     }
     if (!shown) {
-        fprintf(stderr, "deltagrad explain: no stage named '%s'\n", only);
-        usage(stderr);
+        fprintf(stderr, "deltagrad explain: the card has no stage named '%s'\n", only);
         return 2;
     }
     if (!only)
@@ -103,4 +94,277 @@ int dg_cmd_explain(int argc, char **argv) {
                "Every stage has a CPU reference (f64/f32) and a CUDA kernel, and a test that the\n"
                "chained stages equal the recurrence (tests/test_kda_chunk.c).\n");
     return 0;
+}
+
+/* Stage names of the walks (--stage). */
+static const char *const g_kda_names[] = {"recurrence", "l2norm",   "beta",  "gate_cumsum",
+                                          "intra",      "wy",       "state", "output",
+                                          "kcp",        "composite"};
+static const char *const g_dplr_names[] = {"recurrence", "cumsum", "intra", "wy",
+                                           "state",      "output", "kcp",   "composite"};
+
+static void usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: deltagrad explain [--T N] [--chunk N] [--K N] [--V N] [--gate kda|lowerbound]\n"
+        "                         [--strength S] [--seed N] [--stage NAME] [--backward]\n"
+        "                         [--dplr] [--cp N] [--plots DIR]\n"
+        "       deltagrad explain --card [--stage NAME]\n\n"
+        "Runs chunked KDA (or DPLR with --dplr) on a small seeded example, one sequence and one\n"
+        "head, through the library's f64 stage functions; prints every intermediate and checks\n"
+        "each identity that makes the chunked form equal the recurrence (\"name: residual X\n"
+        "(ok)\"; exit 1 when one exceeds %.0e).\n"
+        "  --T 16 --chunk 4 --K 4 --V 4   tokens, chunk size, key and value dims (defaults)\n"
+        "  --gate kda          g = -S softplus(x) (A_log = log S); lowerbound: g = -S sigmoid(x)\n"
+        "  --strength 0.5      the gate strength S (lowerbound: S in (0, 5])\n"
+        "  --seed 1            the inputs' seed\n"
+        "  --stage NAME        only that stage; KDA:",
+        EX_TOL);
+    for (size_t i = 0; i < sizeof g_kda_names / sizeof *g_kda_names; i++)
+        fprintf(f, " %s", g_kda_names[i]);
+    fprintf(f, "\n                      DPLR:");
+    for (size_t i = 0; i < sizeof g_dplr_names / sizeof *g_dplr_names; i++)
+        fprintf(f, " %s", g_dplr_names[i]);
+    fprintf(f,
+            "\n  --backward          walk the backward stages; each gradient against central\n"
+            "                      finite differences of its stage (f64)\n"
+            "  --dplr              the same for DPLR (ops/dplr/)\n"
+            "  --cp N              also split the sequence over N simulated ranks and merge their\n"
+            "                      KCP summaries (ops/kcp/)\n"
+            "  --plots DIR         gnuplot PNGs: Akk, Aqk and gate decay heatmaps, state norms,\n"
+            "                      chunked-vs-recurrent error in f32 and bf16 (needs gnuplot)\n"
+            "  --card              the reference card of the stages (no numbers)\n");
+}
+
+static int known_stage(const char *s, int dplr) {
+    const char *const *n = dplr ? g_dplr_names : g_kda_names;
+    size_t cnt = dplr ? sizeof g_dplr_names / sizeof *g_dplr_names
+                      : sizeof g_kda_names / sizeof *g_kda_names;
+    for (size_t i = 0; i < cnt; i++)
+        if (!strcmp(s, n[i]))
+            return 1;
+    return 0;
+}
+
+int dg_cmd_explain(int argc, char **argv) {
+    ex_opts o;
+    memset(&o, 0, sizeof o);
+    o.T = 16;
+    o.BT = 4;
+    o.K = 4;
+    o.V = 4;
+    o.gate = DG_GATE_KDA;
+    o.strength = 0.5;
+    o.seed = 1;
+    int card = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        dg_status st = DG_OK;
+        int64_t seed = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--card")) {
+            card = 1;
+        } else if (!strcmp(a, "--backward")) {
+            o.backward = 1;
+        } else if (!strcmp(a, "--dplr")) {
+            o.dplr = 1;
+        } else if (!val) {
+            fprintf(stderr, "deltagrad explain: unknown option '%s' (or its value is missing)\n",
+                    a);
+            usage(stderr);
+            return 2;
+        } else if (!strcmp(a, "--stage")) {
+            o.stage = argv[++i];
+        } else if (!strcmp(a, "--plots")) {
+            o.plots = argv[++i];
+        } else if (!strcmp(a, "--T")) {
+            st = dg_arg_int(a, argv[++i], 1, 4096, &o.T);
+        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--chunk-size")) {
+            st = dg_arg_int(a, argv[++i], 1, 256, &o.BT);
+        } else if (!strcmp(a, "--K")) {
+            st = dg_arg_int(a, argv[++i], 1, 256, &o.K);
+        } else if (!strcmp(a, "--V")) {
+            st = dg_arg_int(a, argv[++i], 1, 256, &o.V);
+        } else if (!strcmp(a, "--cp")) {
+            st = dg_arg_int(a, argv[++i], 1, 64, &o.cp);
+        } else if (!strcmp(a, "--seed")) {
+            st = dg_arg_i64(a, argv[++i], 0, INT64_MAX, &seed);
+            o.seed = (uint64_t)seed;
+        } else if (!strcmp(a, "--strength")) {
+            st = dg_arg_f64(a, argv[++i], 0, 50, DG_ARG_LO_OPEN, &o.strength);
+        } else if (!strcmp(a, "--gate")) {
+            const char *g = argv[++i];
+            if (!strcmp(g, "kda"))
+                o.gate = DG_GATE_KDA;
+            else if (!strcmp(g, "lowerbound"))
+                o.gate = DG_GATE_LOWERBOUND;
+            else {
+                fprintf(stderr, "deltagrad explain: --gate: expected kda or lowerbound, got '%s'\n",
+                        g);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "deltagrad explain: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (st != DG_OK) {
+            fprintf(stderr, "deltagrad explain: %s\n", dg_last_error());
+            return 2;
+        }
+    }
+    if (card)
+        return print_card(o.stage);
+    if (o.gate == DG_GATE_LOWERBOUND && o.strength > 5) {
+        fprintf(stderr,
+                "deltagrad explain: --strength: the lower bound -S must lie in [-5, 0), "
+                "got S = %g\n",
+                o.strength);
+        return 2;
+    }
+    if (o.cp > o.T) {
+        fprintf(stderr, "deltagrad explain: --cp %d: more ranks than tokens (--T %d)\n", o.cp, o.T);
+        return 2;
+    }
+    if (o.stage && !known_stage(o.stage, o.dplr)) {
+        fprintf(stderr, "deltagrad explain: no %s stage named '%s'\n", o.dplr ? "DPLR" : "KDA",
+                o.stage);
+        usage(stderr);
+        return 2;
+    }
+    if (o.plots)
+        return ex_plots(&o);
+    return o.dplr ? ex_dplr(&o) : ex_kda(&o);
+}
+
+/* ---- printing and checks shared by the walks ------------------------------------------------ */
+
+int ex_shown(const ex_run *r, const char *name) {
+    return !r->o->stage || !strcmp(r->o->stage, name);
+}
+
+void ex_heading(const ex_run *r, const char *name, const char *title) {
+    if (ex_shown(r, name))
+        printf("\n== %s: %s\n", name, title);
+}
+
+void ex_check(ex_run *r, const char *stage, const char *name, double residual) {
+    int ok = residual <= EX_TOL; /* NaN fails */
+    r->checks++;
+    if (!ok)
+        r->failed++;
+    if (!(residual <= r->worst))
+        r->worst = residual;
+    if (ok && !ex_shown(r, stage))
+        return;
+    printf("  %s: residual %.1e (%s)\n", name, residual, ok ? "ok" : "NOT OK");
+}
+
+void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m) {
+    if (!ex_shown(r, stage))
+        return;
+    enum { W = 8 }; /* "% 7.3f" */
+    int rows = 0;
+    for (int i = 0; i < n; i++)
+        if (m[i].rows > rows)
+            rows = m[i].rows;
+    printf("  ");
+    for (int i = 0; i < n; i++) {
+        int w = m[i].cols * W;
+        if (w < (int)strlen(m[i].title))
+            w = (int)strlen(m[i].title);
+        printf("%-*s%s", w, m[i].title, i + 1 < n ? "   " : "\n");
+    }
+    for (int row = 0; row < rows; row++) {
+        printf("  ");
+        for (int i = 0; i < n; i++) {
+            int w = m[i].cols * W, tl = (int)strlen(m[i].title);
+            for (int c = 0; c < m[i].cols; c++) {
+                if (row < m[i].rows) {
+                    double v = m[i].a[(int64_t)row * m[i].ld + c];
+                    if (fabs(v) >= 999.5 || (v != 0 && fabs(v) < 5e-4))
+                        printf(" %7.0e", v);
+                    else
+                        printf(" % 7.3f", v);
+                } else {
+                    printf("%*s", W, "");
+                }
+            }
+            printf("%*s%s", w < tl ? tl - w : 0, "", i + 1 < n ? "   " : "\n");
+        }
+    }
+}
+
+double ex_relres(const double *a, const double *b, int64_t n) {
+    double err = 0, mag = 1;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(a[i] - b[i]);
+        if (!(e <= err))
+            err = e;
+        if (fabs(b[i]) > mag)
+            mag = fabs(b[i]);
+    }
+    return err / mag;
+}
+
+/* The 4-point central difference of f in x[i] with step h (error O(h^4)). */
+static double fd4(double (*f)(void *ctx), void *ctx, double *x, int64_t i, double h) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    double p1 = f(ctx);
+    x[i] = x0 - h;
+    double m1 = f(ctx);
+    x[i] = x0 + 2 * h;
+    double p2 = f(ctx);
+    x[i] = x0 - 2 * h;
+    double m2 = f(ctx);
+    x[i] = x0;
+    return (8 * (p1 - m1) - (p2 - m2)) / (12 * h);
+}
+
+double ex_fdcheck(double (*f)(void *ctx), void *ctx, double *x, int64_t n, const double *g,
+                  const unsigned char *skip) {
+    double *fd = ex_zeros(n), *gm = ex_zeros(n);
+    for (int64_t i = 0; i < n; i++) {
+        if (skip && skip[i])
+            continue;
+        const double h = 1e-3 * (fabs(x[i]) > 1 ? fabs(x[i]) : 1);
+        /* Richardson: the h^4 terms of the steps h and h/2 cancel */
+        fd[i] = (16 * fd4(f, ctx, x, i, h / 2) - fd4(f, ctx, x, i, h)) / 15;
+        gm[i] = g[i];
+    }
+    double res = ex_relres(gm, fd, n);
+    free(fd);
+    free(gm);
+    return res;
+}
+
+double *ex_zeros(int64_t n) {
+    double *p = (double *)calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+    if (!p) {
+        fprintf(stderr, "deltagrad explain: out of host memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+double *ex_randn(int64_t n, uint64_t seed, double scale) {
+    double *p = ex_zeros(n);
+    for (int64_t i = 0; i < n; i++) {
+        double u1 = dg_rand_u01(seed, 2 * (uint64_t)i), u2 = dg_rand_u01(seed, 2 * (uint64_t)i + 1);
+        if (u1 < 1e-300)
+            u1 = 1e-300;
+        p[i] = scale * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+    return p;
+}
+
+double ex_dot(const double *a, const double *b, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
 }

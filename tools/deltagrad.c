@@ -33,7 +33,7 @@ static const struct {
     {"bench", dg_cmd_bench,
      "benchmarks: `bench core` (matmul, bandwidth), `bench kda`, `bench dplr`, `bench cp` "
      "(under mpirun)"},
-    {"explain", dg_cmd_explain, "print the chunked KDA algorithm, stage by stage"},
+    {"explain", dg_cmd_explain, "chunked KDA/DPLR on a seeded example, identities checked"},
     {"gradcheck", dg_cmd_gradcheck,
      "finite-difference check (f64, CPU) of a KDA or DPLR stage or composite on chosen shapes"},
     {"version", cmd_version, "print version and what this build supports"},

@@ -1,0 +1,707 @@
+/*
+ * tools/explain_dplr.c -- `deltagrad explain --dplr`: the chunked DPLR delta rule on one sequence,
+ * one head, every stage run by the library's raw f64 functions (ops/dplr/dplr.h), the KCP
+ * summaries and merge by ops/kcp/kcp.h. The tool computes only the checks (Aab from its
+ * definition, the triangular identities, prefix runs of the recurrence, finite differences).
+ *
+ *   recurrence: p_t = S_{t-1}^T a_t;  S_t = Diag(exp gk_t) S_{t-1} + b_t p_t^T + k_t v_t^T;
+ *               o_t = s S_t^T q_t
+ * Here a = -khat, b = alpha khat (khat a unit vector, alpha in (0, 1)), the decay gk from the
+ * gate (--gate, --strength) as for KDA.
+ */
+#include "ops/dplr/dplr.h"
+#include "ops/kcp/kcp.h"
+#include "tools/explain.h"
+#include "tools/explain_kda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct px {
+    int T, BT, K, V, NC;
+    kda_dims d;
+    int64_t tab[4];
+    double scale;
+    double *q, *k, *v, *a, *b, *gk, *h0, *dO, *dht;
+    double *Gi, *Ge, *Aqk, *Aqb, *Aak, *Tab, *w, *u, *qg, *kg, *bg, *h, *v2, *ht, *o;
+    double *orec, *htrec;
+} px;
+
+static int chunk_len(const px *x, int c) {
+    const int t0 = c * x->BT;
+    return x->T - t0 < x->BT ? x->T - t0 : x->BT;
+}
+
+static void px_init(px *x, const ex_opts *o) {
+    memset(x, 0, sizeof *x);
+    const int T = o->T, BT = o->BT, K = o->K, V = o->V;
+    x->T = T;
+    x->BT = BT;
+    x->K = K;
+    x->V = V;
+    x->NC = (T + BT - 1) / BT;
+    kx_dims(&x->d, x->tab, T, BT, K, V);
+    x->scale = 1.0 / sqrt((double)K);
+    const int64_t nk = (int64_t)T * K, nv = (int64_t)T * V, kv = (int64_t)K * V;
+    const int64_t na = (int64_t)T * BT;
+    const uint64_t s = o->seed * 1000 + 500;
+    x->q = ex_randn(nk, s + 1, 1.0);
+    x->k = ex_randn(nk, s + 2, 1.0 / sqrt((double)K));
+    x->v = ex_randn(nv, s + 3, 1.0);
+    x->a = ex_randn(nk, s + 4, 1.0);
+    x->b = ex_zeros(nk);
+    for (int t = 0; t < T; t++) { /* a = -khat, b = alpha khat */
+        double n2 = 0, al = dg_rand_u01(s + 5, (uint64_t)t) * 0.8 + 0.1;
+        for (int e = 0; e < K; e++)
+            n2 += x->a[t * K + e] * x->a[t * K + e];
+        for (int e = 0; e < K; e++) {
+            const double kh = x->a[t * K + e] / sqrt(n2);
+            x->a[t * K + e] = -kh;
+            x->b[t * K + e] = al * kh;
+        }
+    }
+    /* the decay from the KDA gate's raw function (cumsum off) */
+    double *gx = ex_randn(nk, s + 6, 1.0), *dtb = ex_randn(K, s + 7, 0.3);
+    double A_log = log(o->strength);
+    x->gk = ex_zeros(nk);
+    dg__kda_gate_fwd_f64(&x->d, o->gate, o->gate == DG_GATE_LOWERBOUND ? -o->strength : 0, 0, gx,
+                         o->gate == DG_GATE_KDA ? &A_log : NULL, dtb, x->gk);
+    free(gx);
+    free(dtb);
+    x->h0 = ex_zeros(kv);
+    x->dO = ex_randn(nv, s + 8, 1.0);
+    x->dht = ex_randn(kv, s + 9, 1.0);
+    double **f[] = {&x->Gi, &x->Ge, &x->Aqk, &x->Aqb, &x->Aak, &x->Tab, &x->w,
+                    &x->u,  &x->qg, &x->kg,  &x->bg,  &x->v2,  &x->o,   &x->orec};
+    const int64_t n[] = {nk, nk, na, na, na, na, nk, nv, nk, nk, nk, nv, nv, nv};
+    for (size_t i = 0; i < sizeof n / sizeof *n; i++)
+        *f[i] = ex_zeros(n[i]);
+    x->h = ex_zeros(x->NC * kv);
+    x->ht = ex_zeros(kv);
+    x->htrec = ex_zeros(kv);
+}
+
+static void px_free(px *x) {
+    double *p[] = {x->q,  x->k,  x->v,   x->a,   x->b,   x->gk,  x->h0,   x->dO,   x->dht,
+                   x->Gi, x->Ge, x->Aqk, x->Aqb, x->Aak, x->Tab, x->w,    x->u,    x->qg,
+                   x->kg, x->bg, x->h,   x->v2,  x->ht,  x->o,   x->orec, x->htrec};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++)
+        free(p[i]);
+}
+
+static int px_forward(px *x) {
+    const kda_dims *d = &x->d;
+    dg__dplr_cumsum_fwd_f64(d, x->gk, x->Gi, x->Ge);
+    if (dg__dplr_intra_fwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, x->Aqk, x->Aqb,
+                               x->Aak, x->Tab) ||
+        dg__dplr_wy_fwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak, x->Tab,
+                            x->w, x->u, x->qg, x->kg, x->bg) ||
+        dg__dplr_state_fwd_f64(d, x->w, x->u, x->kg, x->bg, x->v, x->Gi, x->h0, x->h, x->v2,
+                               x->ht)) {
+        fprintf(stderr, "deltagrad explain: dplr forward: %s\n", dg_last_error());
+        return 2;
+    }
+    dg__dplr_output_fwd_f64(d, x->qg, x->h, x->Aqk, x->Aqb, x->v, x->v2, x->o);
+    return 0;
+}
+
+/* The recurrence's state after the first t tokens (h0 for t = 0). */
+static int rec_prefix(const px *x, int t, double *S) {
+    const int64_t kv = (int64_t)x->K * x->V;
+    if (t == 0) {
+        memcpy(S, x->h0, sizeof(double) * (size_t)kv);
+        return 0;
+    }
+    kda_dims d;
+    int64_t tab[4];
+    kx_dims(&d, tab, t, x->BT, x->K, x->V);
+    double *o = ex_zeros((int64_t)t * x->V);
+    dg_status st =
+        dg__dplr_recurrent_fwd_f64(&d, x->scale, x->q, x->k, x->v, x->a, x->b, x->gk, x->h0, o, S);
+    free(o);
+    if (st != DG_OK) {
+        fprintf(stderr, "deltagrad explain: dplr recurrence: %s\n", dg_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+static void print_states(const ex_run *r, const char *stage, const char *name, const double *h,
+                         int n, int K, int V) {
+    static char titles[4][32];
+    for (int c0 = 0; c0 < n; c0 += 4) {
+        ex_mat m[4];
+        int cnt = n - c0 < 4 ? n - c0 : 4;
+        for (int i = 0; i < cnt; i++) {
+            snprintf(titles[i], sizeof titles[i], "%s[%d]", name, c0 + i);
+            m[i] = (ex_mat){titles[i], h + (int64_t)(c0 + i) * K * V, K, V, V};
+        }
+        ex_print(r, stage, cnt, m);
+    }
+}
+
+/* (I - Aab) X = R over chunk rows: max |X_i - sum_{j<i} Aab_ij X_j - R_i|. */
+static double tri_res(const px *x, const double *A, const double *X, const double *R, int n) {
+    double res = 0;
+    for (int c = 0; c < x->NC; c++) {
+        const int t0 = c * x->BT, L = chunk_len(x, c);
+        const double *Ac = A + (int64_t)c * x->BT * x->BT;
+        for (int i = 0; i < L; i++)
+            for (int e = 0; e < n; e++) {
+                double s = X[(int64_t)(t0 + i) * n + e];
+                for (int j = 0; j < i; j++)
+                    s -= Ac[i * x->BT + j] * X[(int64_t)(t0 + j) * n + e];
+                res = fmax(res, fabs(s - R[(int64_t)(t0 + i) * n + e]));
+            }
+    }
+    return res;
+}
+
+static int walk_forward(ex_run *r, px *x) {
+    const int T = x->T, BT = x->BT, K = x->K, V = x->V, NC = x->NC;
+    const int64_t kv = (int64_t)K * V, nk = (int64_t)T * K, nv = (int64_t)T * V;
+    char t1[64];
+
+    ex_heading(r, "recurrence", "the ground truth, token by token (dg__dplr_recurrent_fwd_f64)");
+    if (ex_shown(r, "recurrence"))
+        printf("  p_t = S_{t-1}^T a_t;  S_t = Diag(exp gk_t) S_{t-1} + b_t p_t^T + k_t v_t^T;\n"
+               "  o_t = s S_t^T q_t.  Here a_t = -khat_t, b_t = alpha_t khat_t (|khat| = 1,\n"
+               "  alpha in (0.1, 0.9)): the transition Diag(exp gk) - alpha khat khat^T is a\n"
+               "  contraction, the delta rule with a per-key decay.\n");
+    {
+        ex_mat m[] = {{"gk (log decay)", x->gk, T, K, K}, {"o (recurrent)", x->orec, T, V, V}};
+        ex_print(r, "recurrence", 2, m);
+    }
+
+    ex_heading(r, "cumsum",
+               "inclusive Gi and exclusive Ge chunk cumsums (dg__dplr_cumsum_fwd_f64)");
+    {
+        double res = 0;
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            snprintf(t1, sizeof t1, "chunk %d: Gi", c);
+            ex_mat m[] = {{t1, x->Gi + (int64_t)t0 * K, L, K, K},
+                          {"Ge", x->Ge + (int64_t)t0 * K, L, K, K}};
+            ex_print(r, "cumsum", 2, m);
+            for (int e = 0; e < K; e++) {
+                double s = 0;
+                for (int i = 0; i < L; i++) {
+                    const int64_t p = (int64_t)(t0 + i) * K + e;
+                    res = fmax(res, fabs(x->Ge[p] - s));
+                    s += x->gk[p];
+                    res = fmax(res, fabs(x->Gi[p] - s));
+                }
+            }
+        }
+        ex_check(r, "cumsum", "Gi = inclusive, Ge = exclusive chunk cumsum of gk", res);
+    }
+
+    ex_heading(r, "intra", "Aqk, Aqb, Aak and Tab = (I - Aab)^-1 (dg__dplr_intra_fwd_f64)");
+    if (ex_shown(r, "intra"))
+        printf("  Aqk[i,j] = s q_i.(k_j exp(Gi_i - Gi_j)), Aqb the same with b (j <= i);\n"
+               "  Aak[i,j] = a_i.(k_j exp(Ge_i - Gi_j)), Aab the same with b (j < i).\n"
+               "  a_i reads the state before token i's decay, hence Ge. Aab is computed here\n"
+               "  from its definition, to check Tab.\n");
+    double *A = ex_zeros((int64_t)NC * BT * BT);
+    {
+        double rinv = 0;
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            double *Ac = A + (int64_t)c * BT * BT;
+            for (int i = 0; i < L; i++)
+                for (int j = 0; j < i; j++) {
+                    double s = 0;
+                    for (int e = 0; e < K; e++) {
+                        const int64_t pi = (int64_t)(t0 + i) * K + e,
+                                      pj = (int64_t)(t0 + j) * K + e;
+                        s += x->a[pi] * x->b[pj] * exp(x->Ge[pi] - x->Gi[pj]);
+                    }
+                    Ac[i * BT + j] = s;
+                }
+            const int64_t p = (int64_t)t0 * BT;
+            snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
+            ex_mat m[] = {{t1, x->Aqk + p, L, L, BT},
+                          {"Aqb", x->Aqb + p, L, L, BT},
+                          {"Aak", x->Aak + p, L, L, BT},
+                          {"Aab", Ac, L, L, BT},
+                          {"Tab = (I-Aab)^-1", x->Tab + p, L, L, BT}};
+            ex_print(r, "intra", 5, m);
+            for (int i = 0; i < L; i++)
+                for (int j = 0; j <= i; j++) {
+                    double s = x->Tab[p + i * BT + j];
+                    for (int m2 = j; m2 < i; m2++)
+                        s -= Ac[i * BT + m2] * x->Tab[p + m2 * BT + j];
+                    rinv = fmax(rinv, fabs(s - (i == j)));
+                }
+        }
+        ex_check(r, "intra", "(I - Aab) Tab = I", rinv);
+    }
+
+    ex_heading(r, "wy", "w = Tab (a exp Ge), u = Tab Aak v, qg, kg, bg (dg__dplr_wy_fwd_f64)");
+    {
+        double *ag = ex_zeros(nk), *av = ex_zeros(nv);
+        for (int64_t i = 0; i < nk; i++)
+            ag[i] = x->a[i] * exp(x->Ge[i]);
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            const double *Ak = x->Aak + (int64_t)t0 * BT;
+            for (int i = 0; i < L; i++)
+                for (int e = 0; e < V; e++) {
+                    double s = 0;
+                    for (int j = 0; j < i; j++)
+                        s += Ak[i * BT + j] * x->v[(int64_t)(t0 + j) * V + e];
+                    av[(int64_t)(t0 + i) * V + e] = s;
+                }
+            snprintf(t1, sizeof t1, "chunk %d: w", c);
+            ex_mat m[] = {{t1, x->w + (int64_t)t0 * K, L, K, K},
+                          {"u", x->u + (int64_t)t0 * V, L, V, V},
+                          {"kg", x->kg + (int64_t)t0 * K, L, K, K},
+                          {"bg", x->bg + (int64_t)t0 * K, L, K, K}};
+            ex_print(r, "wy", 4, m);
+        }
+        ex_check(r, "wy", "(I - Aab) w = a exp(Ge)", tri_res(x, A, x->w, ag, K));
+        ex_check(r, "wy", "(I - Aab) u = Aak v", tri_res(x, A, x->u, av, V));
+        free(ag);
+        free(av);
+    }
+    free(A);
+
+    ex_heading(r, "state", "states at chunk starts and v2 = w h + u (dg__dplr_state_fwd_f64)");
+    if (ex_shown(r, "state"))
+        printf("  h_{c+1} = Diag(exp lam_c) h_c + kg_c^T v_c + bg_c^T v2_c, v2_c = w_c h_c + u_c;\n"
+               "  v2_t is the recurrence's p_t = S_{t-1}^T a_t.\n");
+    {
+        print_states(r, "state", "h", x->h, NC, K, V);
+        for (int c = 0; c < NC; c++) {
+            snprintf(t1, sizeof t1, "chunk %d: v2", c);
+            ex_mat m[] = {{t1, x->v2 + (int64_t)c * BT * V, chunk_len(x, c), V, V}};
+            ex_print(r, "state", 1, m);
+        }
+        double *S = ex_zeros(kv);
+        for (int c = 0; c < NC; c++) {
+            if (rec_prefix(x, c * BT, S))
+                return 2;
+            snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
+            ex_check(r, "state", t1, ex_relres(x->h + (int64_t)c * kv, S, kv));
+        }
+        ex_check(r, "state", "final state = recurrence S_T", ex_relres(x->ht, x->htrec, kv));
+        double re = 0;
+        for (int t = 0; t < T; t++) {
+            if (rec_prefix(x, t, S))
+                return 2;
+            for (int e = 0; e < V; e++) {
+                double p = 0;
+                for (int i = 0; i < K; i++)
+                    p += S[i * V + e] * x->a[(int64_t)t * K + i];
+                re = fmax(re, fabs(x->v2[(int64_t)t * V + e] - p));
+            }
+        }
+        ex_check(r, "state", "v2_t = p_t = S_{t-1}^T a_t of the recurrence", re);
+        free(S);
+    }
+
+    ex_heading(r, "output", "o = qg h (inter) + Aqk v + Aqb v2 (intra) (dg__dplr_output_fwd_f64)");
+    {
+        double *zv = ex_zeros(nv), *zh = ex_zeros(NC * kv), *oi = ex_zeros(nv), *oa = ex_zeros(nv),
+               *sum = ex_zeros(nv);
+        dg__dplr_output_fwd_f64(&x->d, x->qg, x->h, x->Aqk, x->Aqb, zv, zv, oi);
+        dg__dplr_output_fwd_f64(&x->d, x->qg, zh, x->Aqk, x->Aqb, x->v, x->v2, oa);
+        for (int64_t i = 0; i < nv; i++)
+            sum[i] = oi[i] + oa[i];
+        for (int c = 0; c < NC; c++) {
+            const int64_t p = (int64_t)c * BT * V;
+            const int L = chunk_len(x, c);
+            snprintf(t1, sizeof t1, "chunk %d: inter qg h", c);
+            ex_mat m[] = {{t1, oi + p, L, V, V},
+                          {"intra", oa + p, L, V, V},
+                          {"o (chunked)", x->o + p, L, V, V},
+                          {"o (recurrent)", x->orec + p, L, V, V}};
+            ex_print(r, "output", 4, m);
+        }
+        ex_check(r, "output", "inter + intra = o", ex_relres(sum, x->o, nv));
+        ex_check(r, "output", "chunked o = recurrent o", ex_relres(x->o, x->orec, nv));
+        double *fr[] = {zv, zh, oi, oa, sum};
+        for (int i = 0; i < 5; i++)
+            free(fr[i]);
+    }
+    return 0;
+}
+
+static int walk_kcp(ex_run *r, px *x, int N) {
+    const int T = x->T, BT = x->BT, K = x->K, V = x->V, C = V + K;
+    const int64_t kv = (int64_t)K * V;
+    char t1[96];
+    ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
+    if (ex_shown(r, "kcp"))
+        printf(
+            "  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
+            "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
+            "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n");
+    double *ag = ex_zeros((int64_t)N * K * C), *o = ex_zeros((int64_t)T * V);
+    double *hin = ex_zeros(kv), *S = ex_zeros(kv), *htl = ex_zeros(kv);
+    int order[64];
+    for (int i = 0; i < N; i++)
+        order[i] = i;
+    double ro = 0;
+    int rc = 0;
+    for (int pass = 0; pass < 2 && !rc; pass++)
+        for (int rk = 0; rk < N && !rc; rk++) {
+            const int s0 = (int)((int64_t)rk * T / N), s1 = (int)((int64_t)(rk + 1) * T / N);
+            const int Tr = s1 - s0, NCr = (Tr + BT - 1) / BT;
+            kda_dims d;
+            int64_t tab[4];
+            kx_dims(&d, tab, Tr, BT, K, V);
+            const int64_t nk = (int64_t)Tr * K, nv = (int64_t)Tr * V, na = (int64_t)Tr * BT;
+            double *Gi = ex_zeros(nk), *Ge = ex_zeros(nk), *Aqk = ex_zeros(na), *Aqb = ex_zeros(na),
+                   *Aak = ex_zeros(na), *Tab = ex_zeros(na), *w = ex_zeros(nk), *u = ex_zeros(nv),
+                   *qg = ex_zeros(nk), *kg = ex_zeros(nk), *bg = ex_zeros(nk),
+                   *h = ex_zeros(NCr * kv), *v2 = ex_zeros(nv);
+            const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
+            const double *a = x->a + (int64_t)s0 * K, *b = x->b + (int64_t)s0 * K;
+            const double *v = x->v + (int64_t)s0 * V;
+            double *out = ag + (int64_t)rk * K * C;
+            dg__dplr_cumsum_fwd_f64(&d, x->gk + (int64_t)s0 * K, Gi, Ge);
+            if (dg__dplr_intra_fwd_f64(&d, x->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab) ||
+                dg__dplr_wy_fwd_f64(&d, x->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg,
+                                    bg))
+                rc = 2;
+            if (!rc && pass == 0) {
+                kcp_summary_io io;
+                memset(&io, 0, sizeof io);
+                io.X = bg; /* M_c = Diag + bg^T w */
+                io.Y = w;
+                io.G = Gi;
+                io.nterm = 2;
+                io.term[0].A = kg; /* + kg^T v */
+                io.term[0].B = v;
+                io.term[1].A = bg; /* + bg^T u */
+                io.term[1].B = u;
+                io.S0 = rk == 0 ? x->h0 : NULL;
+                io.out = out;
+                if (dg__kcp_summary_f64(&d, &io))
+                    rc = 2;
+            } else if (!rc) {
+                if (rk == 0)
+                    memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
+                else if (dg__kcp_merge_f64(1, K, V, ag, order, rk, hin))
+                    rc = 2;
+                if (!rc && dg__dplr_state_fwd_f64(&d, w, u, kg, bg, v, Gi, hin, h, v2, htl))
+                    rc = 2;
+                if (!rc) {
+                    dg__dplr_output_fwd_f64(&d, qg, h, Aqk, Aqb, v, v2, o + (int64_t)s0 * V);
+                    snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", rk, s0, s1 - 1);
+                    ex_mat m[] = {{t1, out, K, V, C},
+                                  {"M", out + V, K, K, C},
+                                  {"h_in (merged)", hin, K, V, V}};
+                    ex_print(r, "kcp", 3, m);
+                    if (rec_prefix(x, s0, S))
+                        rc = 2;
+                }
+                if (!rc) {
+                    snprintf(t1, sizeof t1,
+                             "rank %d: merged h_in = recurrence state after token %d", rk, s0);
+                    ex_check(r, "kcp", t1, ex_relres(hin, S, kv));
+                    ro = fmax(ro, ex_relres(o + (int64_t)s0 * V, x->o + (int64_t)s0 * V, nv));
+                }
+            }
+            if (rc)
+                fprintf(stderr, "deltagrad explain: dplr kcp: %s\n", dg_last_error());
+            double *fr[] = {Gi, Ge, Aqk, Aqb, Aak, Tab, w, u, qg, kg, bg, h, v2};
+            for (int i = 0; i < 13; i++)
+                free(fr[i]);
+        }
+    if (!rc) {
+        ex_check(r, "kcp", "o of the ranks = o of the unsplit pass", ro);
+        ex_check(r, "kcp", "last rank's final state = unsplit final state",
+                 ex_relres(htl, x->ht, kv));
+    }
+    double *fr[] = {ag, o, hin, S, htl};
+    for (int i = 0; i < 5; i++)
+        free(fr[i]);
+    return rc;
+}
+
+/* ---- backward ------------------------------------------------------------------------------ */
+
+enum { P_OUTPUT, P_STATE, P_WY, P_INTRA, P_CUMSUM, P_FULL, P_NG };
+/* The gradient arrays, by name. */
+enum {
+    G_QG,
+    G_H,
+    G_AQK,
+    G_AQB,
+    G_VO,
+    G_V2, /* output bwd */
+    G_W,
+    G_U,
+    G_KG,
+    G_BG,
+    G_VS,
+    G_GIS,
+    G_H0, /* state bwd */
+    G_QW,
+    G_KW,
+    G_VW,
+    G_AW,
+    G_BW,
+    G_GIW,
+    G_GEW,
+    G_AAK,
+    G_TAB, /* wy bwd */
+    G_QI,
+    G_KI,
+    G_AI,
+    G_BI,
+    G_GII,
+    G_GEI, /* intra bwd */
+    G_GI,
+    G_GE,
+    G_GK,
+    G_Q,
+    G_K,
+    G_V,
+    G_A,
+    G_B, /* sums, cumsum bwd */
+    G_N
+};
+
+typedef struct pb {
+    px *x;
+    int which;
+    double *g[G_N];
+    double *s[16]; /* scratch outputs of the stage forwards */
+} pb;
+
+static double px_loss(void *p) {
+    pb *b = (pb *)p;
+    px *x = b->x;
+    const kda_dims *d = &x->d;
+    const int64_t nk = (int64_t)x->T * x->K, nv = (int64_t)x->T * x->V, kv = (int64_t)x->K * x->V;
+    const int64_t na = (int64_t)x->T * x->BT, nh = x->NC * kv;
+    double **s = b->s, **g = b->g;
+    switch (b->which) {
+    case P_OUTPUT:
+        dg__dplr_output_fwd_f64(d, x->qg, x->h, x->Aqk, x->Aqb, x->v, x->v2, s[0]);
+        return ex_dot(x->dO, s[0], nv);
+    case P_STATE:
+        if (dg__dplr_state_fwd_f64(d, x->w, x->u, x->kg, x->bg, x->v, x->Gi, x->h0, s[1], s[2],
+                                   s[3]))
+            return NAN;
+        return ex_dot(g[G_H], s[1], nh) + ex_dot(g[G_V2], s[2], nv) + ex_dot(x->dht, s[3], kv);
+    case P_WY:
+        if (dg__dplr_wy_fwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak,
+                                x->Tab, s[4], s[5], s[6], s[7], s[8]))
+            return NAN;
+        return ex_dot(g[G_W], s[4], nk) + ex_dot(g[G_U], s[5], nv) + ex_dot(g[G_QG], s[6], nk) +
+               ex_dot(g[G_KG], s[7], nk) + ex_dot(g[G_BG], s[8], nk);
+    case P_INTRA:
+        if (dg__dplr_intra_fwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, s[9], s[10],
+                                   s[11], s[12]))
+            return NAN;
+        return ex_dot(g[G_AQK], s[9], na) + ex_dot(g[G_AQB], s[10], na) +
+               ex_dot(g[G_AAK], s[11], na) + ex_dot(g[G_TAB], s[12], na);
+    case P_CUMSUM:
+        dg__dplr_cumsum_fwd_f64(d, x->gk, s[13], s[14]);
+        return ex_dot(g[G_GI], s[13], nk) + ex_dot(g[G_GE], s[14], nk);
+    default:
+        if (px_forward(x))
+            return NAN;
+        return ex_dot(x->dO, x->o, nv) + ex_dot(x->dht, x->ht, kv);
+    }
+}
+
+static double pfd(pb *b, int which, double *in, int64_t n, const double *g) {
+    b->which = which;
+    double res = ex_fdcheck(px_loss, b, in, n, g, NULL);
+    if (which == P_FULL && px_forward(b->x))
+        return NAN;
+    return res;
+}
+
+static int walk_backward(ex_run *r, px *x) {
+    const int T = x->T, K = x->K, V = x->V, NC = x->NC;
+    const int64_t nk = (int64_t)T * K, nv = (int64_t)T * V, kv = (int64_t)K * V;
+    const int64_t na = (int64_t)T * x->BT, nh = NC * kv;
+    const kda_dims *d = &x->d;
+    pb b;
+    memset(&b, 0, sizeof b);
+    b.x = x;
+    const int64_t gn[G_N] = {nk, nh, na, na, nv, nv, nk, nv, nk, nk, nv, nk,
+                             kv, nk, nk, nv, nk, nk, nk, nk, na, na, nk, nk,
+                             nk, nk, nk, nk, nk, nk, nk, nk, nk, nv, nk, nk};
+    const int64_t sn[15] = {nv, nh, nv, kv, nk, nv, nk, nk, nk, na, na, na, na, nk, nk};
+    for (int i = 0; i < G_N; i++)
+        b.g[i] = ex_zeros(gn[i]);
+    for (int i = 0; i < 15; i++)
+        b.s[i] = ex_zeros(sn[i]);
+    double **g = b.g;
+    int rc = 0;
+
+    ex_heading(r, "output", "backward (dg__dplr_output_bwd_f64)");
+    if (ex_shown(r, "output"))
+        printf("  L = <dO, o> + <dht, ht>; each stage's gradient against central differences of\n"
+               "  that stage alone (L_stage = <upstream, its outputs>).\n");
+    dg__dplr_output_bwd_f64(d, x->qg, x->h, x->Aqk, x->Aqb, x->v, x->v2, x->dO, g[G_QG], g[G_H],
+                            g[G_AQK], g[G_AQB], g[G_VO], g[G_V2]);
+    {
+        ex_mat m[] = {{"dO", x->dO, T, V, V},
+                      {"dqg", g[G_QG], T, K, K},
+                      {"dv", g[G_VO], T, V, V},
+                      {"dv2", g[G_V2], T, V, V}};
+        ex_print(r, "output", 4, m);
+        print_states(r, "output", "dh", g[G_H], NC, K, V);
+        ex_check(r, "output", "dqg vs finite differences", pfd(&b, P_OUTPUT, x->qg, nk, g[G_QG]));
+        ex_check(r, "output", "dh vs finite differences", pfd(&b, P_OUTPUT, x->h, nh, g[G_H]));
+        ex_check(r, "output", "dAqk vs finite differences",
+                 pfd(&b, P_OUTPUT, x->Aqk, na, g[G_AQK]));
+        ex_check(r, "output", "dAqb vs finite differences",
+                 pfd(&b, P_OUTPUT, x->Aqb, na, g[G_AQB]));
+        ex_check(r, "output", "dv vs finite differences", pfd(&b, P_OUTPUT, x->v, nv, g[G_VO]));
+        ex_check(r, "output", "dv2 vs finite differences", pfd(&b, P_OUTPUT, x->v2, nv, g[G_V2]));
+    }
+
+    ex_heading(r, "state", "backward: the reverse state pass (dg__dplr_state_bwd_f64)");
+    if (dg__dplr_state_bwd_f64(d, x->w, x->kg, x->bg, x->v, x->Gi, x->h, x->v2, g[G_H], g[G_V2],
+                               x->dht, g[G_W], g[G_U], g[G_KG], g[G_BG], g[G_VS], g[G_GIS],
+                               g[G_H0])) {
+        rc = 2;
+        goto fail;
+    }
+    {
+        ex_mat m[] = {{"dw", g[G_W], T, K, K},
+                      {"du", g[G_U], T, V, V},
+                      {"dkg", g[G_KG], T, K, K},
+                      {"dbg", g[G_BG], T, K, K}};
+        ex_print(r, "state", 4, m);
+        ex_check(r, "state", "dw vs finite differences", pfd(&b, P_STATE, x->w, nk, g[G_W]));
+        ex_check(r, "state", "du vs finite differences", pfd(&b, P_STATE, x->u, nv, g[G_U]));
+        ex_check(r, "state", "dkg vs finite differences", pfd(&b, P_STATE, x->kg, nk, g[G_KG]));
+        ex_check(r, "state", "dbg vs finite differences", pfd(&b, P_STATE, x->bg, nk, g[G_BG]));
+        ex_check(r, "state", "dv vs finite differences", pfd(&b, P_STATE, x->v, nv, g[G_VS]));
+        ex_check(r, "state", "dGi vs finite differences", pfd(&b, P_STATE, x->Gi, nk, g[G_GIS]));
+        ex_check(r, "state", "dh0 vs finite differences", pfd(&b, P_STATE, x->h0, kv, g[G_H0]));
+    }
+
+    ex_heading(r, "wy", "backward (dg__dplr_wy_bwd_f64)");
+    if (dg__dplr_wy_bwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak, x->Tab,
+                            g[G_W], g[G_U], g[G_QG], g[G_KG], g[G_BG], g[G_QW], g[G_KW], g[G_VW],
+                            g[G_AW], g[G_BW], g[G_GIW], g[G_GEW], g[G_AAK], g[G_TAB])) {
+        rc = 2;
+        goto fail;
+    }
+    {
+        ex_mat m[] = {{"dq", g[G_QW], T, K, K},
+                      {"dk", g[G_KW], T, K, K},
+                      {"da", g[G_AW], T, K, K},
+                      {"db", g[G_BW], T, K, K}};
+        ex_print(r, "wy", 4, m);
+        double *in[] = {x->q, x->k, x->v, x->a, x->b, x->Gi, x->Ge, x->Aak, x->Tab};
+        const int gi[] = {G_QW, G_KW, G_VW, G_AW, G_BW, G_GIW, G_GEW, G_AAK, G_TAB};
+        const int64_t n[] = {nk, nk, nv, nk, nk, nk, nk, na, na};
+        const char *nm[] = {"dq", "dk", "dv", "da", "db", "dGi", "dGe", "dAak", "dTab"};
+        char t1[64];
+        for (int i = 0; i < 9; i++) {
+            snprintf(t1, sizeof t1, "%s vs finite differences", nm[i]);
+            ex_check(r, "wy", t1, pfd(&b, P_WY, in[i], n[i], g[gi[i]]));
+        }
+    }
+
+    ex_heading(r, "intra", "backward (dg__dplr_intra_bwd_f64)");
+    if (dg__dplr_intra_bwd_f64(d, x->scale, x->q, x->k, x->a, x->b, x->Gi, x->Ge, x->Tab, g[G_AQK],
+                               g[G_AQB], g[G_AAK], g[G_TAB], g[G_QI], g[G_KI], g[G_AI], g[G_BI],
+                               g[G_GII], g[G_GEI])) {
+        rc = 2;
+        goto fail;
+    }
+    {
+        double *in[] = {x->q, x->k, x->a, x->b, x->Gi, x->Ge};
+        const int gi[] = {G_QI, G_KI, G_AI, G_BI, G_GII, G_GEI};
+        const char *nm[] = {"dq", "dk", "da", "db", "dGi", "dGe"};
+        char t1[64];
+        for (int i = 0; i < 6; i++) {
+            snprintf(t1, sizeof t1, "%s vs finite differences", nm[i]);
+            ex_check(r, "intra", t1, pfd(&b, P_INTRA, in[i], nk, g[gi[i]]));
+        }
+    }
+    for (int64_t i = 0; i < nk; i++) {
+        g[G_GI][i] = g[G_GIS][i] + g[G_GIW][i] + g[G_GII][i];
+        g[G_GE][i] = g[G_GEW][i] + g[G_GEI][i];
+        g[G_Q][i] = g[G_QW][i] + g[G_QI][i];
+        g[G_K][i] = g[G_KW][i] + g[G_KI][i];
+        g[G_A][i] = g[G_AW][i] + g[G_AI][i];
+        g[G_B][i] = g[G_BW][i] + g[G_BI][i];
+    }
+    for (int64_t i = 0; i < nv; i++)
+        g[G_V][i] = g[G_VO][i] + g[G_VS][i] + g[G_VW][i];
+
+    ex_heading(r, "cumsum", "backward: reverse cumsums (dg__dplr_cumsum_bwd_f64)");
+    dg__dplr_cumsum_bwd_f64(d, x->gk, g[G_GI], g[G_GE], g[G_GK]);
+    ex_check(r, "cumsum", "dgk vs finite differences", pfd(&b, P_CUMSUM, x->gk, nk, g[G_GK]));
+
+    ex_heading(r, "composite",
+               "the chained gradients vs the recurrence's backward and vs "
+               "differences of the whole chunked forward");
+    {
+        double *rg[7];
+        const int64_t rn[7] = {nk, nk, nv, nk, nk, nk, kv};
+        for (int i = 0; i < 7; i++)
+            rg[i] = ex_zeros(rn[i]);
+        if (dg__dplr_recurrent_bwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->gk, x->h0,
+                                       x->dO, x->dht, rg[0], rg[1], rg[2], rg[3], rg[4], rg[5],
+                                       rg[6])) {
+            rc = 2;
+        } else {
+            const int gi[7] = {G_Q, G_K, G_V, G_A, G_B, G_GK, G_H0};
+            const char *nm[7] = {"dq", "dk", "dv", "da", "db", "dgk", "dh0"};
+            double *in[7] = {x->q, x->k, x->v, x->a, x->b, x->gk, NULL};
+            char t1[80];
+            for (int i = 0; i < 7; i++) {
+                snprintf(t1, sizeof t1, "%s: chunked = recurrent", nm[i]);
+                ex_check(r, "composite", t1, ex_relres(g[gi[i]], rg[i], rn[i]));
+            }
+            for (int i = 0; i < 6; i++) {
+                snprintf(t1, sizeof t1, "%s vs differences of the whole forward", nm[i]);
+                ex_check(r, "composite", t1, pfd(&b, P_FULL, in[i], rn[i], g[gi[i]]));
+            }
+        }
+        for (int i = 0; i < 7; i++)
+            free(rg[i]);
+    }
+fail:
+    if (rc)
+        fprintf(stderr, "deltagrad explain: dplr backward: %s\n", dg_last_error());
+    for (int i = 0; i < G_N; i++)
+        free(b.g[i]);
+    for (int i = 0; i < 15; i++)
+        free(b.s[i]);
+    return rc;
+}
+
+int ex_dplr(const ex_opts *o) {
+    px x;
+    ex_run r = {o, 0, 0, 0};
+    px_init(&x, o);
+    printf("deltagrad explain --dplr: chunked DPLR on one sequence, one head, f64: T=%d chunk=%d "
+           "K=%d V=%d gate=%s strength=%g seed=%llu%s\n",
+           o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
+           (unsigned long long)o->seed, o->backward ? " (backward)" : "");
+    int rc = px_forward(&x);
+    if (!rc && dg__dplr_recurrent_fwd_f64(&x.d, x.scale, x.q, x.k, x.v, x.a, x.b, x.gk, x.h0,
+                                          x.orec, x.htrec)) {
+        fprintf(stderr, "deltagrad explain: dplr recurrence: %s\n", dg_last_error());
+        rc = 2;
+    }
+    if (!rc && !o->backward)
+        rc = walk_forward(&r, &x);
+    if (!rc && o->cp)
+        rc = walk_kcp(&r, &x, o->cp);
+    if (!rc && o->backward)
+        rc = walk_backward(&r, &x);
+    px_free(&x);
+    if (rc)
+        return rc;
+    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r.checks, r.failed,
+           EX_TOL, r.worst);
+    return r.failed ? 1 : 0;
+}

@@ -1,0 +1,757 @@
+/*
+ * tools/explain_kda.c -- `deltagrad explain` for KDA: one sequence, one head, every stage run by
+ * the library's raw f64 functions (ops/kda/kda.h), the KCP summaries and merge by ops/kcp/kcp.h.
+ * What the tool computes itself are the checks: Akk from its definition, the triangular identity,
+ * prefix runs of the recurrence, the finite differences.
+ */
+#include "ops/kcp/kcp.h"
+#include "ops/kda/kda.h"
+#include "tools/explain.h"
+#include "tools/explain_kda.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TRY(call)                                                                                  \
+    do {                                                                                           \
+        dg_status st_ = (call);                                                                    \
+        if (st_ != DG_OK) {                                                                        \
+            fprintf(stderr, "deltagrad explain: %s failed: %s\n", #call, dg_last_error());         \
+            return 2;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+void kx_dims(kda_dims *d, int64_t *tab, int T, int BT, int K, int V) {
+    memset(d, 0, sizeof *d);
+    d->B = 1;
+    d->T = T;
+    d->H = d->HV = 1;
+    d->K = K;
+    d->V = V;
+    d->BT = BT;
+    d->N = 1;
+    tab[0] = 0;
+    tab[1] = T;
+    tab[2] = 0;
+    tab[3] = (T + BT - 1) / BT;
+    d->cu = tab;
+    d->chunk_off = tab + 2;
+}
+
+int kx_init(kx *x, const ex_opts *o, int T, int BT, int K, int V) {
+    memset(x, 0, sizeof *x);
+    x->o = o;
+    x->T = T;
+    x->BT = BT;
+    x->K = K;
+    x->V = V;
+    x->NC = (T + BT - 1) / BT;
+    kx_dims(&x->d, x->tab, T, BT, K, V);
+    x->scale = 1.0 / sqrt((double)K);
+    x->gate = o->gate;
+    x->lb = o->gate == DG_GATE_LOWERBOUND ? -o->strength : 0;
+    x->A_log[0] = log(o->strength);
+    const int64_t nk = (int64_t)T * K, nv = (int64_t)T * V, kv = (int64_t)K * V;
+    const uint64_t s = o->seed * 1000;
+    x->qr = ex_randn(nk, s + 1, 1.0);
+    x->kr = ex_randn(nk, s + 2, 1.0);
+    x->v = ex_randn(nv, s + 3, 1.0);
+    x->braw = ex_randn(T, s + 4, 1.0);
+    x->x = ex_randn(nk, s + 5, 1.0);
+    x->dt_bias = ex_randn(K, s + 6, 0.3);
+    x->h0 = ex_zeros(kv);
+    x->dO = ex_randn(nv, s + 7, 1.0);
+    x->dht = ex_randn(kv, s + 8, 1.0);
+    double **f[] = {&x->q,  &x->k, &x->rq, &x->rk, &x->beta, &x->g, &x->G, &x->Aqk,
+                    &x->Tm, &x->W, &x->U,  &x->KG, &x->QG,   &x->E, &x->O, &x->orec};
+    const int64_t n[] = {nk, nk, T,  T,  T,  nk, nk, (int64_t)T * BT, (int64_t)T * BT,
+                         nk, nv, nk, nk, nv, nv, nv};
+    for (size_t i = 0; i < sizeof n / sizeof *n; i++)
+        *f[i] = ex_zeros(n[i]);
+    x->h = ex_zeros(x->NC * kv);
+    x->ht = ex_zeros(kv);
+    x->htrec = ex_zeros(kv);
+    return 0;
+}
+
+void kx_free(kx *x) {
+    double *p[] = {x->qr, x->kr, x->v,  x->braw, x->x,    x->dt_bias, x->h0,  x->dO,   x->dht, x->q,
+                   x->k,  x->rq, x->rk, x->beta, x->g,    x->G,       x->Aqk, x->Tm,   x->W,   x->U,
+                   x->KG, x->QG, x->E,  x->O,    x->orec, x->h,       x->ht,  x->htrec};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++)
+        free(p[i]);
+}
+
+/* The chunked forward from the raw inputs, every stage through the library. */
+int kx_forward(kx *x) {
+    const kda_dims *d = &x->d;
+    const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
+    dg__kda_l2norm_fwd_f64(x->T, x->K, x->qr, x->q, x->rq);
+    dg__kda_l2norm_fwd_f64(x->T, x->K, x->kr, x->k, x->rk);
+    dg__kda_beta_fwd_f64(x->T, 1.0, x->braw, x->beta);
+    dg__kda_gate_fwd_f64(d, x->gate, x->lb, 0, x->x, A_log, x->dt_bias, x->g);
+    dg__kda_gate_fwd_f64(d, x->gate, x->lb, 1, x->x, A_log, x->dt_bias, x->G);
+    TRY(dg__kda_intra_fwd_f64(d, x->scale, x->q, x->k, x->beta, x->G, x->Aqk, x->Tm));
+    TRY(dg__kda_wy_fwd_f64(d, x->q, x->k, x->v, x->beta, x->G, x->Tm, x->W, x->U, x->KG, x->QG));
+    TRY(dg__kda_state_fwd_f64(d, x->W, x->U, x->KG, x->G, x->h0, x->h, x->E, x->ht));
+    dg__kda_output_fwd_f64(d, x->scale, x->QG, x->h, x->Aqk, x->E, x->O);
+    return 0;
+}
+
+int kx_recurrent(kx *x) {
+    TRY(dg__kda_recurrent_fwd_f64(&x->d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0, x->orec,
+                                  x->htrec));
+    return 0;
+}
+
+/* The recurrence's state after the first t tokens (h0 for t = 0), into S [K,V]. */
+static int rec_prefix(const kx *x, int t, double *S) {
+    const int64_t kv = (int64_t)x->K * x->V;
+    if (t == 0) {
+        memcpy(S, x->h0, sizeof(double) * (size_t)kv);
+        return 0;
+    }
+    kda_dims d;
+    int64_t tab[4];
+    kx_dims(&d, tab, t, x->BT, x->K, x->V);
+    double *o = ex_zeros((int64_t)t * x->V);
+    dg_status st =
+        dg__kda_recurrent_fwd_f64(&d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0, o, S);
+    free(o);
+    if (st != DG_OK) {
+        fprintf(stderr, "deltagrad explain: recurrence: %s\n", dg_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+void kx_akk(const kx *x, int c, double *A) {
+    const int t0 = c * x->BT, K = x->K;
+    const int L = x->T - t0 < x->BT ? x->T - t0 : x->BT;
+    memset(A, 0, sizeof(double) * (size_t)x->BT * x->BT);
+    for (int i = 0; i < L; i++)
+        for (int j = 0; j < i; j++) {
+            double s = 0;
+            for (int e = 0; e < K; e++) {
+                const int64_t ti = (int64_t)(t0 + i) * K + e, tj = (int64_t)(t0 + j) * K + e;
+                s += x->k[ti] * x->k[tj] * exp(x->G[ti] - x->G[tj]);
+            }
+            A[i * x->BT + j] = x->beta[t0 + i] * s;
+        }
+}
+
+static int chunk_len(const kx *x, int c) {
+    const int t0 = c * x->BT;
+    return x->T - t0 < x->BT ? x->T - t0 : x->BT;
+}
+
+/* Print NC states [K,V] (array [NC,K,V]) four to a row. */
+static void print_states(const ex_run *r, const char *stage, const char *name, const double *h,
+                         int n, int K, int V) {
+    static char titles[4][32];
+    for (int c0 = 0; c0 < n; c0 += 4) {
+        ex_mat m[4];
+        int cnt = n - c0 < 4 ? n - c0 : 4;
+        for (int i = 0; i < cnt; i++) {
+            snprintf(titles[i], sizeof titles[i], "%s[%d]", name, c0 + i);
+            m[i] = (ex_mat){titles[i], h + (int64_t)(c0 + i) * K * V, K, V, V};
+        }
+        ex_print(r, stage, cnt, m);
+    }
+}
+
+/* ---- the forward walk ---------------------------------------------------------------------- */
+
+static int walk_forward(ex_run *r, kx *x) {
+    const int T = x->T, BT = x->BT, K = x->K, V = x->V, NC = x->NC;
+    const int64_t kv = (int64_t)K * V;
+    char t1[64], t2[64], t3[64], t4[64];
+
+    ex_heading(r, "recurrence", "the ground truth, token by token (dg__kda_recurrent_fwd_f64)");
+    if (ex_shown(r, "recurrence"))
+        printf("%s", ex_card_text("recurrence"));
+    {
+        ex_mat m[] = {{"o (recurrent)", x->orec, T, V, V}};
+        ex_print(r, "recurrence", 1, m);
+        ex_mat m2[] = {{"final state S_T", x->htrec, K, V, V}};
+        ex_print(r, "recurrence", 1, m2);
+    }
+
+    ex_heading(r, "l2norm", "unit rows of q and k (dg__kda_l2norm_fwd_f64)");
+    {
+        ex_mat m[] = {{"q", x->q, T, K, K}, {"k", x->k, T, K, K}};
+        ex_print(r, "l2norm", 2, m);
+        double res = 0;
+        for (int t = 0; t < T; t++) {
+            double a = 0, s = 0;
+            for (int e = 0; e < K; e++) {
+                a += x->qr[t * K + e] * x->qr[t * K + e];
+                s += x->q[t * K + e] * x->q[t * K + e];
+            }
+            res = fmax(res, fabs(s - a / (a + KDA_L2_EPS)));
+        }
+        ex_check(r, "l2norm", "|q_t|^2 = s/(s + 1e-6), s = |q_raw_t|^2", res);
+    }
+
+    ex_heading(r, "beta", "beta = sigmoid(b) (dg__kda_beta_fwd_f64)");
+    {
+        ex_mat m[] = {{"b", x->braw, T, 1, 1}, {"beta", x->beta, T, 1, 1}};
+        ex_print(r, "beta", 2, m);
+        double res = 0;
+        for (int t = 0; t < T; t++)
+            res = fmax(res, fabs(x->beta[t] - 1.0 / (1.0 + exp(-x->braw[t]))));
+        ex_check(r, "beta", "beta = 1/(1 + exp(-b))", res);
+    }
+
+    ex_heading(r, "gate_cumsum", "log decay g and its chunk-local cumsum G (dg__kda_gate_fwd_f64)");
+    if (ex_shown(r, "gate_cumsum")) {
+        printf("%s", ex_card_text("gate_cumsum"));
+        if (x->gate == DG_GATE_KDA)
+            printf("  here: gate kda, A_log = log %g, dt_bias random\n", x->o->strength);
+        else
+            printf("  here: gate lowerbound, lb = %g, no A_log, dt_bias random\n", x->lb);
+    }
+    {
+        double res = 0;
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            snprintf(t1, sizeof t1, "chunk %d: g", c);
+            ex_mat m[] = {{t1, x->g + (int64_t)t0 * K, L, K, K},
+                          {"G (cumsum)", x->G + (int64_t)t0 * K, L, K, K}};
+            ex_print(r, "gate_cumsum", 2, m);
+            for (int e = 0; e < K; e++) {
+                double s = 0;
+                for (int i = 0; i < L; i++) {
+                    s += x->g[(int64_t)(t0 + i) * K + e];
+                    res = fmax(res, fabs(x->G[(int64_t)(t0 + i) * K + e] - s));
+                }
+            }
+        }
+        ex_check(r, "gate_cumsum", "G = chunk-local cumsum of g", res);
+    }
+
+    ex_heading(r, "intra", "Aqk, Akk and Tm = (I + Akk)^-1 per chunk (dg__kda_intra_fwd_f64)");
+    if (ex_shown(r, "intra"))
+        printf("%s  Akk (the Lkk above) is computed here from its definition, to check Tm.\n",
+               ex_card_text("intra"));
+    double *A = ex_zeros((int64_t)NC * BT * BT);
+    {
+        double rinv = 0, rqk = 0;
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            double *Ac = A + (int64_t)c * BT * BT;
+            kx_akk(x, c, Ac);
+            const double *Tc = x->Tm + (int64_t)t0 * BT, *Qc = x->Aqk + (int64_t)t0 * BT;
+            snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
+            ex_mat m[] = {
+                {t1, Qc, L, L, BT}, {"Akk", Ac, L, L, BT}, {"Tm = (I+Akk)^-1", Tc, L, L, BT}};
+            ex_print(r, "intra", 3, m);
+            for (int i = 0; i < L; i++)
+                for (int j = 0; j <= i; j++) {
+                    double s = Tc[i * BT + j]; /* (I + A) Tm, read triangles only */
+                    for (int m2 = j; m2 < i; m2++)
+                        s += Ac[i * BT + m2] * Tc[m2 * BT + j];
+                    rinv = fmax(rinv, fabs(s - (i == j)));
+                    double a = 0;
+                    for (int e = 0; e < K; e++) {
+                        const int64_t ti = (int64_t)(t0 + i) * K + e,
+                                      tj = (int64_t)(t0 + j) * K + e;
+                        a += x->q[ti] * x->k[tj] * exp(x->G[ti] - x->G[tj]);
+                    }
+                    rqk = fmax(rqk, fabs(Qc[i * BT + j] - x->scale * a));
+                }
+        }
+        ex_check(r, "intra", "Aqk[i,j] = s sum_d q_id k_jd exp(G_id - G_jd)", rqk);
+        ex_check(r, "intra", "(I + Akk) Tm = I", rinv);
+    }
+
+    ex_heading(r, "wy",
+               "the WY form: W = Tm (beta k exp(G)), U = Tm (beta v) (dg__kda_wy_fwd_f64)");
+    if (ex_shown(r, "wy"))
+        printf("%s", ex_card_text("wy"));
+    {
+        double rw = 0, ru = 0;
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            const double *Ac = A + (int64_t)c * BT * BT;
+            snprintf(t1, sizeof t1, "chunk %d: W", c);
+            ex_mat m[] = {{t1, x->W + (int64_t)t0 * K, L, K, K},
+                          {"U", x->U + (int64_t)t0 * V, L, V, V},
+                          {"KG", x->KG + (int64_t)t0 * K, L, K, K},
+                          {"QG", x->QG + (int64_t)t0 * K, L, K, K}};
+            ex_print(r, "wy", 4, m);
+            /* (I + Akk) W = beta k exp(G), (I + Akk) U = beta v */
+            for (int i = 0; i < L; i++) {
+                const int ti = t0 + i;
+                for (int e = 0; e < K; e++) {
+                    double s = x->W[(int64_t)ti * K + e];
+                    for (int j = 0; j < i; j++)
+                        s += Ac[i * BT + j] * x->W[(int64_t)(t0 + j) * K + e];
+                    const int64_t p = (int64_t)ti * K + e;
+                    rw = fmax(rw, fabs(s - x->beta[ti] * x->k[p] * exp(x->G[p])));
+                }
+                for (int e = 0; e < V; e++) {
+                    double s = x->U[(int64_t)ti * V + e];
+                    for (int j = 0; j < i; j++)
+                        s += Ac[i * BT + j] * x->U[(int64_t)(t0 + j) * V + e];
+                    ru = fmax(ru, fabs(s - x->beta[ti] * x->v[(int64_t)ti * V + e]));
+                }
+            }
+        }
+        ex_check(r, "wy", "(I + Akk) W = beta k exp(G)", rw);
+        ex_check(r, "wy", "(I + Akk) U = beta v", ru);
+    }
+    free(A);
+
+    ex_heading(r, "state", "states at chunk starts and v_new = U - W h (dg__kda_state_fwd_f64)");
+    if (ex_shown(r, "state"))
+        printf("%s", ex_card_text("state"));
+    {
+        print_states(r, "state", "h", x->h, NC, K, V);
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            snprintf(t1, sizeof t1, "chunk %d: v_new = E", c);
+            ex_mat m[] = {{t1, x->E + (int64_t)t0 * V, L, V, V}};
+            ex_print(r, "state", 1, m);
+        }
+        double *S = ex_zeros(kv), *Sp = ex_zeros(kv);
+        for (int c = 0; c < NC; c++) {
+            if (rec_prefix(x, c * BT, S))
+                return 2;
+            snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
+            ex_check(r, "state", t1, ex_relres(x->h + (int64_t)c * kv, S, kv));
+        }
+        ex_check(r, "state", "final state = recurrence S_T", ex_relres(x->ht, x->htrec, kv));
+        /* v_new_t = beta_t (v_t - S'^T k_t), S' = Diag(exp g_t) S_{t-1}: the recurrence's delta */
+        double re = 0;
+        for (int t = 0; t < T; t++) {
+            if (rec_prefix(x, t, S))
+                return 2;
+            for (int e = 0; e < V; e++) {
+                double p = 0;
+                for (int a = 0; a < K; a++)
+                    p += exp(x->g[(int64_t)t * K + a]) * S[a * V + e] * x->k[(int64_t)t * K + a];
+                double want = x->beta[t] * (x->v[(int64_t)t * V + e] - p);
+                re = fmax(re, fabs(x->E[(int64_t)t * V + e] - want));
+            }
+        }
+        ex_check(r, "state", "v_new_t = beta_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t)", re);
+        free(S);
+        free(Sp);
+    }
+
+    ex_heading(r, "output", "o = s QG h (inter) + Aqk v_new (intra) (dg__kda_output_fwd_f64)");
+    if (ex_shown(r, "output"))
+        printf("%s  The two parts are the library's output stage with v_new = 0 and h = 0.\n",
+               ex_card_text("output"));
+    {
+        const int64_t nv = (int64_t)T * V;
+        double *zE = ex_zeros(nv), *zh = ex_zeros(NC * kv), *oi = ex_zeros(nv), *oa = ex_zeros(nv),
+               *sum = ex_zeros(nv);
+        dg__kda_output_fwd_f64(&x->d, x->scale, x->QG, x->h, x->Aqk, zE, oi);
+        dg__kda_output_fwd_f64(&x->d, x->scale, x->QG, zh, x->Aqk, x->E, oa);
+        for (int64_t i = 0; i < nv; i++)
+            sum[i] = oi[i] + oa[i];
+        for (int c = 0; c < NC; c++) {
+            const int t0 = c * BT, L = chunk_len(x, c);
+            snprintf(t1, sizeof t1, "chunk %d: inter s QG h", c);
+            snprintf(t2, sizeof t2, "intra Aqk E");
+            snprintf(t3, sizeof t3, "o (chunked)");
+            snprintf(t4, sizeof t4, "o (recurrent)");
+            const int64_t p = (int64_t)t0 * V;
+            ex_mat m[] = {{t1, oi + p, L, V, V},
+                          {t2, oa + p, L, V, V},
+                          {t3, x->O + p, L, V, V},
+                          {t4, x->orec + p, L, V, V}};
+            ex_print(r, "output", 4, m);
+        }
+        ex_check(r, "output", "inter + intra = o", ex_relres(sum, x->O, nv));
+        ex_check(r, "output", "chunked o = recurrent o", ex_relres(x->O, x->orec, nv));
+        free(zE);
+        free(zh);
+        free(oi);
+        free(oa);
+        free(sum);
+    }
+    return 0;
+}
+
+/* ---- context parallelism on simulated ranks ------------------------------------------------ */
+
+static int walk_kcp(ex_run *r, kx *x) {
+    const int N = x->o->cp, T = x->T, BT = x->BT, K = x->K, V = x->V, C = V + K;
+    const int64_t kv = (int64_t)K * V;
+    const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
+    char t1[96];
+    ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
+    if (ex_shown(r, "kcp"))
+        printf(
+            "  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
+            "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
+            "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
+            "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
+            "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
+            "  ranks are simulated in one process, one after another.\n");
+    double *ag = ex_zeros((int64_t)N * K * C);
+    double *o = ex_zeros((int64_t)T * V), *hin = ex_zeros(kv), *S = ex_zeros(kv);
+    double *pred = ex_zeros(kv);
+    int order[64];
+    for (int rk = 0; rk < N; rk++)
+        order[rk] = rk;
+    double ro = 0;
+    double *htl = ex_zeros(kv);
+    /* two passes: summaries of every rank, then each rank's merge and local state pass */
+    for (int pass = 0; pass < 2; pass++)
+        for (int rk = 0; rk < N; rk++) {
+            const int s0 = (int)((int64_t)rk * T / N), s1 = (int)((int64_t)(rk + 1) * T / N);
+            const int Tr = s1 - s0, NCr = (Tr + BT - 1) / BT;
+            kda_dims d;
+            int64_t tab[4];
+            kx_dims(&d, tab, Tr, BT, K, V);
+            const int64_t nk = (int64_t)Tr * K, nv = (int64_t)Tr * V;
+            double *G = ex_zeros(nk), *Aqk = ex_zeros((int64_t)Tr * BT),
+                   *Tm = ex_zeros((int64_t)Tr * BT), *W = ex_zeros(nk), *U = ex_zeros(nv),
+                   *KG = ex_zeros(nk), *QG = ex_zeros(nk), *h = ex_zeros(NCr * kv),
+                   *E = ex_zeros(nv);
+            const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
+            const double *v = x->v + (int64_t)s0 * V, *beta = x->beta + s0;
+            dg__kda_gate_fwd_f64(&d, x->gate, x->lb, 1, x->x + (int64_t)s0 * K, A_log, x->dt_bias,
+                                 G);
+            TRY(dg__kda_intra_fwd_f64(&d, x->scale, q, k, beta, G, Aqk, Tm));
+            TRY(dg__kda_wy_fwd_f64(&d, q, k, v, beta, G, Tm, W, U, KG, QG));
+            double *out = ag + (int64_t)rk * K * C;
+            if (pass == 0) {
+                kcp_summary_io io;
+                memset(&io, 0, sizeof io);
+                io.X = KG; /* M_c = Diag(exp lam) - KG^T W */
+                io.Y = W;
+                io.G = G;
+                io.neg_xy = 1;
+                io.nterm = 1;
+                io.term[0].A = KG; /* + KG^T U */
+                io.term[0].B = U;
+                io.S0 = rk == 0 ? x->h0 : NULL;
+                io.out = out;
+                TRY(dg__kcp_summary_f64(&d, &io));
+            } else {
+                if (rk == 0)
+                    memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
+                else
+                    TRY(dg__kcp_merge_f64(1, K, V, ag, order, rk, hin));
+                TRY(dg__kda_state_fwd_f64(&d, W, U, KG, G, hin, h, E, htl));
+                dg__kda_output_fwd_f64(&d, x->scale, QG, h, Aqk, E, o + (int64_t)s0 * V);
+                snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", rk, s0, s1 - 1);
+                ex_mat m[] = {
+                    {t1, out, K, V, C}, {"M", out + V, K, K, C}, {"h_in (merged)", hin, K, V, V}};
+                ex_print(r, "kcp", 3, m);
+                if (rec_prefix(x, s0, S))
+                    return 2;
+                snprintf(t1, sizeof t1, "rank %d: merged h_in = recurrence state after token %d",
+                         rk, s0);
+                ex_check(r, "kcp", t1, ex_relres(hin, S, kv));
+                /* the summary is the affine map: M h_in + h_ext = the local final state */
+                for (int a = 0; a < K; a++)
+                    for (int e = 0; e < V; e++) {
+                        double s = rk == 0 ? 0 : out[a * C + e];
+                        for (int b = 0; b < K && rk > 0; b++)
+                            s += out[a * C + V + b] * hin[b * V + e];
+                        pred[a * V + e] = rk == 0 ? out[a * C + e] : s;
+                    }
+                snprintf(t1, sizeof t1, "rank %d: M h_in + h_ext = its final state", rk);
+                ex_check(r, "kcp", t1, ex_relres(pred, htl, kv));
+                ro = fmax(ro, ex_relres(o + (int64_t)s0 * V, x->O + (int64_t)s0 * V, nv));
+            }
+            double *fr[] = {G, Aqk, Tm, W, U, KG, QG, h, E};
+            for (int i = 0; i < 9; i++)
+                free(fr[i]);
+        }
+    ex_check(r, "kcp", "o of the ranks = o of the unsplit pass", ro);
+    ex_check(r, "kcp", "last rank's final state = unsplit final state", ex_relres(htl, x->ht, kv));
+    free(ag);
+    free(o);
+    free(hin);
+    free(S);
+    free(pred);
+    free(htl);
+    return 0;
+}
+
+/* ---- the backward walk --------------------------------------------------------------------- */
+
+/* Scratch outputs of the stage forwards run by the finite differences. */
+typedef struct kx_bwd {
+    kx *x;
+    int which;
+    /* upstream gradients and the library's backward results */
+    double *dQG, *dh, *dAqk, *dE, *dW, *dU, *dKG, *dGs, *dh0, *dqw, *dkw, *dv, *dbw, *dGw, *dTm,
+        *dqi, *dki, *dbi, *dGi, *dG, *dq, *dk, *dbeta, *dx, *dAlog, *ddtb, *db, *dqr, *dkr;
+    /* scratch */
+    double *sO, *sh, *sE, *sht, *sW, *sU, *sKG, *sQG, *sAqk, *sTm, *sG, *sb, *sq;
+} kx_bwd;
+
+enum { L_OUTPUT, L_STATE, L_WY, L_INTRA, L_GATE, L_BETA, L_L2Q, L_L2K, L_FULL };
+
+static double kx_loss(void *p) {
+    kx_bwd *b = (kx_bwd *)p;
+    kx *x = b->x;
+    const kda_dims *d = &x->d;
+    const int64_t nk = (int64_t)x->T * x->K, nv = (int64_t)x->T * x->V, kv = (int64_t)x->K * x->V;
+    const int64_t na = (int64_t)x->T * x->BT, nh = x->NC * kv;
+    const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
+    switch (b->which) {
+    case L_OUTPUT:
+        dg__kda_output_fwd_f64(d, x->scale, x->QG, x->h, x->Aqk, x->E, b->sO);
+        return ex_dot(x->dO, b->sO, nv);
+    case L_STATE:
+        if (dg__kda_state_fwd_f64(d, x->W, x->U, x->KG, x->G, x->h0, b->sh, b->sE, b->sht))
+            return NAN;
+        return ex_dot(b->dh, b->sh, nh) + ex_dot(b->dE, b->sE, nv) + ex_dot(x->dht, b->sht, kv);
+    case L_WY:
+        if (dg__kda_wy_fwd_f64(d, x->q, x->k, x->v, x->beta, x->G, x->Tm, b->sW, b->sU, b->sKG,
+                               b->sQG))
+            return NAN;
+        return ex_dot(b->dW, b->sW, nk) + ex_dot(b->dU, b->sU, nv) + ex_dot(b->dKG, b->sKG, nk) +
+               ex_dot(b->dQG, b->sQG, nk);
+    case L_INTRA:
+        if (dg__kda_intra_fwd_f64(d, x->scale, x->q, x->k, x->beta, x->G, b->sAqk, b->sTm))
+            return NAN;
+        return ex_dot(b->dAqk, b->sAqk, na) + ex_dot(b->dTm, b->sTm, na);
+    case L_GATE:
+        dg__kda_gate_fwd_f64(d, x->gate, x->lb, 1, x->x, A_log, x->dt_bias, b->sG);
+        return ex_dot(b->dG, b->sG, nk);
+    case L_BETA:
+        dg__kda_beta_fwd_f64(x->T, 1.0, x->braw, b->sb);
+        return ex_dot(b->dbeta, b->sb, x->T);
+    case L_L2Q:
+        dg__kda_l2norm_fwd_f64(x->T, x->K, x->qr, b->sq, NULL);
+        return ex_dot(b->dq, b->sq, nk);
+    case L_L2K:
+        dg__kda_l2norm_fwd_f64(x->T, x->K, x->kr, b->sq, NULL);
+        return ex_dot(b->dk, b->sq, nk);
+    default:
+        if (kx_forward(x))
+            return NAN;
+        return ex_dot(x->dO, x->O, nv) + ex_dot(x->dht, x->ht, kv);
+    }
+}
+
+static double fd(kx_bwd *b, int which, double *in, int64_t n, const double *g) {
+    b->which = which;
+    double res = ex_fdcheck(kx_loss, b, in, n, g, NULL);
+    if (which == L_FULL && kx_forward(b->x)) /* back to the unperturbed intermediates */
+        return NAN;
+    return res;
+}
+
+static void print_rows(const ex_run *r, const char *stage, int n, const char *const *names,
+                       const double *const *a, const int *cols, int T) {
+    ex_mat m[6];
+    for (int i = 0; i < n; i++)
+        m[i] = (ex_mat){names[i], a[i], T, cols[i], cols[i]};
+    ex_print(r, stage, n, m);
+}
+
+static int walk_backward(ex_run *r, kx *x) {
+    const int T = x->T, BT = x->BT, K = x->K, V = x->V, NC = x->NC;
+    const int64_t nk = (int64_t)T * K, nv = (int64_t)T * V, kv = (int64_t)K * V;
+    const int64_t na = (int64_t)T * BT, nh = NC * kv;
+    const kda_dims *d = &x->d;
+    const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
+    kx_bwd b;
+    memset(&b, 0, sizeof b);
+    b.x = x;
+    double **f[] = {&b.dQG, &b.dh,   &b.dAqk, &b.dE,  &b.dW,    &b.dU,  &b.dKG,   &b.dGs,  &b.dh0,
+                    &b.dqw, &b.dkw,  &b.dv,   &b.dbw, &b.dGw,   &b.dTm, &b.dqi,   &b.dki,  &b.dbi,
+                    &b.dGi, &b.dG,   &b.dq,   &b.dk,  &b.dbeta, &b.dx,  &b.dAlog, &b.ddtb, &b.db,
+                    &b.dqr, &b.dkr,  &b.sO,   &b.sh,  &b.sE,    &b.sht, &b.sW,    &b.sU,   &b.sKG,
+                    &b.sQG, &b.sAqk, &b.sTm,  &b.sG,  &b.sb,    &b.sq};
+    const int64_t n[] = {nk, nh, na, nv, nk, nv, nk, nk, kv, nk, nk, nv, T, nk,
+                         na, nk, nk, T,  nk, nk, nk, nk, T,  nk, 1,  K,  T, nk,
+                         nk, nv, nh, nv, kv, nk, nv, nk, nk, na, na, nk, T, nk};
+    for (size_t i = 0; i < sizeof n / sizeof *n; i++)
+        *f[i] = ex_zeros(n[i]);
+    int rc = 0;
+    char t1[64];
+
+    ex_heading(r, "output", "backward: dQG, dh, dAqk, dE from dO (dg__kda_output_bwd_f64)");
+    if (ex_shown(r, "output"))
+        printf(
+            "  The loss is L = <dO, o> + <dht, ht> with random dO, dht. Each stage's gradient\n"
+            "  is checked against central differences of that stage alone, L_stage = <upstream,\n"
+            "  its outputs>; their sum over stages is the chain rule.\n");
+    dg__kda_output_bwd_f64(d, x->scale, x->QG, x->h, x->Aqk, x->E, x->dO, b.dQG, b.dh, b.dAqk,
+                           b.dE);
+    {
+        const char *nm[] = {"dO", "dQG", "dE"};
+        const double *a[] = {x->dO, b.dQG, b.dE};
+        const int cols[] = {V, K, V};
+        print_rows(r, "output", 3, nm, a, cols, T);
+        print_states(r, "output", "dh", b.dh, NC, K, V);
+        ex_check(r, "output", "dQG vs finite differences", fd(&b, L_OUTPUT, x->QG, nk, b.dQG));
+        ex_check(r, "output", "dh vs finite differences", fd(&b, L_OUTPUT, x->h, nh, b.dh));
+        ex_check(r, "output", "dAqk vs finite differences", fd(&b, L_OUTPUT, x->Aqk, na, b.dAqk));
+        ex_check(r, "output", "dE vs finite differences", fd(&b, L_OUTPUT, x->E, nv, b.dE));
+    }
+
+    ex_heading(r, "state", "backward: the reverse state pass (dg__kda_state_bwd_f64)");
+    if (dg__kda_state_bwd_f64(d, x->W, x->KG, x->G, x->h, x->E, b.dh, b.dE, x->dht, b.dW, b.dU,
+                              b.dKG, b.dGs, b.dh0)) {
+        fprintf(stderr, "deltagrad explain: state backward: %s\n", dg_last_error());
+        rc = 2;
+        goto done;
+    }
+    {
+        const char *nm[] = {"dW", "dU", "dKG", "dG (last rows)"};
+        const double *a[] = {b.dW, b.dU, b.dKG, b.dGs};
+        const int cols[] = {K, V, K, K};
+        print_rows(r, "state", 4, nm, a, cols, T);
+        ex_check(r, "state", "dW vs finite differences", fd(&b, L_STATE, x->W, nk, b.dW));
+        ex_check(r, "state", "dU vs finite differences", fd(&b, L_STATE, x->U, nv, b.dU));
+        ex_check(r, "state", "dKG vs finite differences", fd(&b, L_STATE, x->KG, nk, b.dKG));
+        ex_check(r, "state", "dG vs finite differences", fd(&b, L_STATE, x->G, nk, b.dGs));
+        ex_check(r, "state", "dh0 vs finite differences", fd(&b, L_STATE, x->h0, kv, b.dh0));
+    }
+
+    ex_heading(r, "wy", "backward: through W, U, KG, QG (dg__kda_wy_bwd_f64)");
+    if (dg__kda_wy_bwd_f64(d, x->q, x->k, x->v, x->beta, x->G, x->Tm, b.dW, b.dU, b.dKG, b.dQG,
+                           b.dqw, b.dkw, b.dv, b.dbw, b.dGw, b.dTm)) {
+        fprintf(stderr, "deltagrad explain: wy backward: %s\n", dg_last_error());
+        rc = 2;
+        goto done;
+    }
+    {
+        const char *nm[] = {"dq", "dk", "dv", "dbeta", "dG"};
+        const double *a[] = {b.dqw, b.dkw, b.dv, b.dbw, b.dGw};
+        const int cols[] = {K, K, V, 1, K};
+        print_rows(r, "wy", 5, nm, a, cols, T);
+        for (int c = 0; c < NC; c++) {
+            snprintf(t1, sizeof t1, "chunk %d: dTm", c);
+            ex_mat m[] = {{t1, b.dTm + (int64_t)c * BT * BT, chunk_len(x, c), chunk_len(x, c), BT}};
+            ex_print(r, "wy", 1, m);
+        }
+        ex_check(r, "wy", "dq vs finite differences", fd(&b, L_WY, x->q, nk, b.dqw));
+        ex_check(r, "wy", "dk vs finite differences", fd(&b, L_WY, x->k, nk, b.dkw));
+        ex_check(r, "wy", "dv vs finite differences", fd(&b, L_WY, x->v, nv, b.dv));
+        ex_check(r, "wy", "dbeta vs finite differences", fd(&b, L_WY, x->beta, T, b.dbw));
+        ex_check(r, "wy", "dG vs finite differences", fd(&b, L_WY, x->G, nk, b.dGw));
+        ex_check(r, "wy", "dTm vs finite differences", fd(&b, L_WY, x->Tm, na, b.dTm));
+    }
+
+    ex_heading(r, "intra", "backward: through Aqk and Tm = (I + Akk)^-1 (dg__kda_intra_bwd_f64)");
+    if (dg__kda_intra_bwd_f64(d, x->scale, x->q, x->k, x->beta, x->G, x->Tm, b.dAqk, b.dTm, b.dqi,
+                              b.dki, b.dbi, b.dGi)) {
+        fprintf(stderr, "deltagrad explain: intra backward: %s\n", dg_last_error());
+        rc = 2;
+        goto done;
+    }
+    {
+        const char *nm[] = {"dq", "dk", "dbeta", "dG"};
+        const double *a[] = {b.dqi, b.dki, b.dbi, b.dGi};
+        const int cols[] = {K, K, 1, K};
+        print_rows(r, "intra", 4, nm, a, cols, T);
+        ex_check(r, "intra", "dq vs finite differences", fd(&b, L_INTRA, x->q, nk, b.dqi));
+        ex_check(r, "intra", "dk vs finite differences", fd(&b, L_INTRA, x->k, nk, b.dki));
+        ex_check(r, "intra", "dbeta vs finite differences", fd(&b, L_INTRA, x->beta, T, b.dbi));
+        ex_check(r, "intra", "dG vs finite differences", fd(&b, L_INTRA, x->G, nk, b.dGi));
+    }
+    for (int64_t i = 0; i < nk; i++) {
+        b.dG[i] = b.dGs[i] + b.dGw[i] + b.dGi[i];
+        b.dq[i] = b.dqw[i] + b.dqi[i];
+        b.dk[i] = b.dkw[i] + b.dki[i];
+    }
+    for (int t = 0; t < T; t++)
+        b.dbeta[t] = b.dbw[t] + b.dbi[t];
+
+    ex_heading(r, "gate_cumsum", "backward: reverse cumsum, then the gate (dg__kda_gate_bwd_f64)");
+    dg__kda_gate_bwd_f64(d, x->gate, x->lb, 1, x->x, A_log, x->dt_bias, b.dG, b.dx,
+                         A_log ? b.dAlog : NULL, b.ddtb);
+    {
+        const char *nm[] = {"dG (sum of 3)", "dx"};
+        const double *a[] = {b.dG, b.dx};
+        const int cols[] = {K, K};
+        print_rows(r, "gate_cumsum", 2, nm, a, cols, T);
+        ex_check(r, "gate_cumsum", "dx vs finite differences", fd(&b, L_GATE, x->x, nk, b.dx));
+        if (A_log)
+            ex_check(r, "gate_cumsum", "dA_log vs finite differences",
+                     fd(&b, L_GATE, x->A_log, 1, b.dAlog));
+        ex_check(r, "gate_cumsum", "ddt_bias vs finite differences",
+                 fd(&b, L_GATE, x->dt_bias, K, b.ddtb));
+    }
+
+    ex_heading(r, "beta", "backward: beta = sigmoid(b) (dg__kda_beta_bwd_f64)");
+    dg__kda_beta_bwd_f64(T, 1.0, x->braw, b.dbeta, b.db);
+    ex_check(r, "beta", "db vs finite differences", fd(&b, L_BETA, x->braw, T, b.db));
+
+    ex_heading(r, "l2norm", "backward: unit rows (dg__kda_l2norm_bwd_f64)");
+    dg__kda_l2norm_bwd_f64(T, K, x->q, x->rq, b.dq, b.dqr);
+    dg__kda_l2norm_bwd_f64(T, K, x->k, x->rk, b.dk, b.dkr);
+    ex_check(r, "l2norm", "dq_raw vs finite differences", fd(&b, L_L2Q, x->qr, nk, b.dqr));
+    ex_check(r, "l2norm", "dk_raw vs finite differences", fd(&b, L_L2K, x->kr, nk, b.dkr));
+
+    ex_heading(r, "composite",
+               "the chained gradients vs the recurrence's backward and vs "
+               "differences of the whole chunked forward");
+    {
+        double *rq = ex_zeros(nk), *rk = ex_zeros(nk), *rv = ex_zeros(nv), *rg = ex_zeros(nk),
+               *rb = ex_zeros(T), *rh0 = ex_zeros(kv), *dg = ex_zeros(nk);
+        if (dg__kda_recurrent_bwd_f64(d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0, x->dO,
+                                      x->dht, rq, rk, rv, rg, rb, rh0)) {
+            fprintf(stderr, "deltagrad explain: recurrent backward: %s\n", dg_last_error());
+            rc = 2;
+        } else {
+            /* the chunked dg: dG through the reverse chunk cumsum alone (gate NONE) */
+            dg__kda_gate_bwd_f64(d, DG_GATE_NONE, 0, 1, x->g, NULL, NULL, b.dG, dg, NULL, NULL);
+            ex_check(r, "composite", "dq (unit rows): chunked = recurrent",
+                     ex_relres(b.dq, rq, nk));
+            ex_check(r, "composite", "dk (unit rows): chunked = recurrent",
+                     ex_relres(b.dk, rk, nk));
+            ex_check(r, "composite", "dv: chunked = recurrent", ex_relres(b.dv, rv, nv));
+            ex_check(r, "composite", "dbeta: chunked = recurrent", ex_relres(b.dbeta, rb, T));
+            ex_check(r, "composite", "dg (log decay): chunked = recurrent", ex_relres(dg, rg, nk));
+            ex_check(r, "composite", "dh0: chunked = recurrent", ex_relres(b.dh0, rh0, kv));
+            ex_check(r, "composite", "dq_raw vs differences of the whole forward",
+                     fd(&b, L_FULL, x->qr, nk, b.dqr));
+            ex_check(r, "composite", "dk_raw vs differences of the whole forward",
+                     fd(&b, L_FULL, x->kr, nk, b.dkr));
+            ex_check(r, "composite", "dv vs differences of the whole forward",
+                     fd(&b, L_FULL, x->v, nv, b.dv));
+            ex_check(r, "composite", "db vs differences of the whole forward",
+                     fd(&b, L_FULL, x->braw, T, b.db));
+            ex_check(r, "composite", "dx (gate input) vs differences of the whole forward",
+                     fd(&b, L_FULL, x->x, nk, b.dx));
+        }
+        double *fr[] = {rq, rk, rv, rg, rb, rh0, dg};
+        for (int i = 0; i < 7; i++)
+            free(fr[i]);
+    }
+done:
+    for (size_t i = 0; i < sizeof n / sizeof *n; i++)
+        free(*f[i]);
+    return rc;
+}
+
+int ex_kda(const ex_opts *o) {
+    kx x;
+    ex_run r = {o, 0, 0, 0};
+    kx_init(&x, o, o->T, o->BT, o->K, o->V);
+    printf("deltagrad explain: chunked KDA on one sequence, one head, f64: T=%d chunk=%d K=%d V=%d "
+           "gate=%s strength=%g seed=%llu%s\n",
+           o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
+           (unsigned long long)o->seed, o->backward ? " (backward)" : "");
+    int rc = kx_forward(&x);
+    if (!rc)
+        rc = kx_recurrent(&x);
+    if (!rc && !o->backward)
+        rc = walk_forward(&r, &x);
+    if (!rc && o->cp)
+        rc = walk_kcp(&r, &x);
+    if (!rc && o->backward)
+        rc = walk_backward(&r, &x);
+    kx_free(&x);
+    if (rc)
+        return rc;
+    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r.checks, r.failed,
+           EX_TOL, r.worst);
+    return r.failed ? 1 : 0;
+}
