@@ -3,7 +3,7 @@
  * display, and exit codes (0 ok, 1 the run failed, 2 bad usage). Everything else is library code
  * in train/ that returns a dg_status.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 #include "tools/commands.h"
 #include "train/args.h"
 #include "train/checkpoint.h"
