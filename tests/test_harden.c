@@ -9,7 +9,7 @@
  * A watchdog alarm fails the suite instead of letting a blocked open hang ctest.
  */
 #define _XOPEN_SOURCE 700 /* nftw (an XSI interface); also POSIX.1-2008 */
-#define _DEFAULT_SOURCE /* flock, usleep */
+#define _DEFAULT_SOURCE   /* flock, usleep */
 #include "tests/harness.h"
 #include "tools/commands.h"
 #include "train/args.h"

@@ -720,7 +720,7 @@ static void sample_help(FILE *f) {
             "  --escape             write bytes other than printable ASCII, newline and tab as\n"
             "                       \\xHH (and a backslash as \\\\)\n"
             "  --device DEV         cpu | cuda | cuda:N (default: cpu)\n"
-            "  --threads N          CPU threads with OpenMP (default 0: all cores, fewer while busy)\n"
+            "  --threads N          OpenMP threads (default 0: all cores, fewer while busy)\n"
             "  --help               this text\n");
 }
 
