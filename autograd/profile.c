@@ -8,7 +8,7 @@
  * Nothing is timed while the node's context captures a CUDA graph (no sync is allowed then, and
  * the captured calls run nothing).
  */
-#define _XOPEN_SOURCE 700 /* clock_gettime */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "tape.h"
 
 #include <time.h>

@@ -2,7 +2,7 @@
  * tensor/fileio.c -- file plumbing shared by the .npy and safetensors code (see fileio.h).
  * POSIX: fstat/fseeko for 64-bit sizes and offsets, fsync + rename for atomic saves.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 
 #include "tensor/fileio.h"
 

@@ -12,7 +12,7 @@
  * 64-bit arithmetic, so a corrupt file gives an error naming the problem instead of a crash or
  * a huge allocation.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 
 #include "tensor/fileio.h"
 

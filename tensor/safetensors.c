@@ -11,7 +11,7 @@
  * tensor data is touched. Loading keeps the header's order; gaps between tensors are allowed,
  * overlaps are not. Saving packs tensors in the given order and writes atomically.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 
 #include "tensor/safetensors.h"
 

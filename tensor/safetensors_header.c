@@ -10,7 +10,7 @@
  * themselves, and validation of every offset against the data section before any tensor is
  * read, so a corrupt or hostile header yields an error naming the problem.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 
 #include "tensor/safetensors.h"
 

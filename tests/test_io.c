@@ -6,7 +6,7 @@
  *
  * Files live under a mkdtemp() directory that is removed at the end.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 
 #include "harness.h"
 

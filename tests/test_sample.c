@@ -16,7 +16,7 @@
  * gpu: the same equivalence on CUDA (f32), CUDA against the CPU, bf16 compute, and the command
  *      with --device cuda.
  */
-#define _XOPEN_SOURCE 700
+#define _XOPEN_SOURCE 700 /* nftw (an XSI interface); also POSIX.1-2008 */
 #include "tests/harness.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"

@@ -29,7 +29,7 @@
  *      with profiling on the default runs eagerly and --graph on is refused; a --mixer dplr
  *      model's first 3 steps follow the CPU's losses.
  */
-#define _XOPEN_SOURCE 700
+#define _XOPEN_SOURCE 700 /* nftw (an XSI interface); also POSIX.1-2008 */
 #include "tests/harness.h"
 #include "tools/commands.h"
 #include "train/checkpoint.h"

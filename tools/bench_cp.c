@@ -13,6 +13,7 @@
  * on a GPU (local rank modulo the devices) and picks the communicator with dg_comm_init_launch:
  * NCCL when every rank has a GPU of its own, else MPI with host staging (ranks sharing a GPU).
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (bench_util.h), sysconf */
 #include "deltagrad.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
@@ -343,9 +344,14 @@ int dg_bench_cp(int argc, char **argv) {
                "-");
         printf("  %-10d %-12lld %-12.1f %-9.2f %-22lld %.1f%%\n", world,
                (long long)(plan->end - plan->begin), 1e3 * b, a / b, (long long)bytes, 100.0 * c);
+#ifdef _OPENMP
         if (!cuda)
             printf("  (threads: %ld on one rank, %ld per rank split)\n", cores,
                    cores > world ? cores / world : 1);
+#else
+        if (!cuda)
+            printf("  (threads: 1 on every rank, a build without OpenMP)\n");
+#endif
         printf("  (medians of %d iterations; KCP sends two all_gathers of HV*K*(K+V) values per "
                "rank and iteration)\n",
                s.reps);

@@ -13,6 +13,7 @@
  * Inputs: RWKV-7's stable form (a = -kh, b = alpha kh, kh unit-norm rows, alpha in (0.1, 0.9)),
  * gk = -e^{-1/2} sigmoid(randn) (RWKV-7's gate) or log(sigmoid(randn)) (the gate bench kda uses).
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (bench_util.h) */
 #include "deltagrad.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"

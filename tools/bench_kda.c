@@ -9,6 +9,7 @@
  *                   device copy bandwidth.
  * Both peaks are measured in the same run, so the ratios compare like with like.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime (bench_util.h) */
 #include "deltagrad.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"

@@ -9,6 +9,10 @@
 #include <stdlib.h>
 #include <time.h>
 
+#if !defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 199309L
+#error "define _POSIX_C_SOURCE 200809L before the first #include (clock_gettime)"
+#endif
+
 static inline double dg_bench_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -10,6 +10,7 @@
  * dtype and the datasheet number (--peak-tflops, --peak-tflops-f32). On the CPU: the CPU GEMM's
  * GFLOP/s only.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "deltagrad.h"
 #include "tensor/tensor.h"
 #include "tools/bench_util.h"
@@ -100,7 +101,7 @@ static int parse_sizes(const char *s, bench_opts *o) {
 static int parse_args(int argc, char **argv, bench_opts *o, int *done) {
     *done = 0;
     int have_dev = 0;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) { /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int64_t iv = 0;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -147,7 +148,6 @@ static int parse_args(int argc, char **argv, bench_opts *o, int *done) {
                 fprintf(stderr, "bench core: bad value '%s' for %s\n", v, a);
             return 2;
         }
-        i++;
     }
     if ((o->m || o->n || o->k) && !(o->m && o->n && o->k)) {
         fprintf(stderr, "bench core: --m, --n and --k go together\n");

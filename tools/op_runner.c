@@ -2,6 +2,7 @@
  * tools/op_runner.c -- the shared part of the op runners `deltagrad kda` and `deltagrad dplr`
  * (see op_runner.h): common flags, loading, backward, writing, exit codes.
  */
+#define _POSIX_C_SOURCE 200809L /* mkdir, stat, access */
 #include "tools/op_runner.h"
 #include "train/args.h"
 

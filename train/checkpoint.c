@@ -1,7 +1,7 @@
 /*
  * train/checkpoint.c -- saving and loading training checkpoints (format in checkpoint.h).
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 #include "train/checkpoint.h"
 #include "tensor/tensor.h"
 

@@ -3,7 +3,7 @@
  * display, and exit codes (0 ok, 1 the run failed, 2 bad usage). Everything else is library code
  * in train/ that returns a dg_status.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 #include "tools/commands.h"
 #include "train/args.h"
 #include "train/checkpoint.h"
@@ -29,13 +29,17 @@
  * default spin-waiting makes a team of 2 threads several times slower than 1 thread when the 2
  * cores are shared with other work. So by default the commands let OpenMP size each team from
  * the load average (omp_set_dynamic): all cores on an idle machine, fewer on a busy one.
- * --threads N pins the count. Returns a description for the log header. */
-static const char *setup_threads(int threads, char *buf, size_t n) {
+ * --threads N pins the count (asked: it came from the flag, not from the --cp split). A build
+ * without OpenMP runs on one thread and says so when more were asked for. Returns a description
+ * for the log header. */
+static const char *setup_threads(const char *cmd, int threads, int asked, char *buf, size_t n) {
 #ifdef _OPENMP
+    (void)cmd;
     if (threads > 0) {
         omp_set_dynamic(0);
         omp_set_num_threads(threads);
-        snprintf(buf, n, "%d OpenMP thread%s (--threads)", threads, threads == 1 ? "" : "s");
+        snprintf(buf, n, "%d OpenMP thread%s (%s)", threads, threads == 1 ? "" : "s",
+                 asked ? "--threads" : "cores / ranks");
     } else if (getenv("OMP_NUM_THREADS") || getenv("OMP_DYNAMIC")) {
         snprintf(buf, n, "up to %d OpenMP threads (from the environment)", omp_get_max_threads());
     } else {
@@ -44,7 +48,11 @@ static const char *setup_threads(int threads, char *buf, size_t n) {
                  omp_get_max_threads());
     }
 #else
-    (void)threads;
+    if (asked && threads > 1)
+        fprintf(stderr,
+                "deltagrad %s: --threads %d: this build has no OpenMP (configure with "
+                "-DDG_OPENMP=ON), so the ops run on 1 thread\n",
+                cmd, threads);
     snprintf(buf, n, "1 thread (built without OpenMP)");
 #endif
     return buf;
@@ -176,9 +184,9 @@ static void train_help(FILE *f) {
         "                       AdamW) once in a CUDA graph and replay it for every later step\n"
         "                       (default: on for one process on CUDA without --profile, else off;\n"
         "                       on is refused where it cannot apply)\n"
-        "  --threads N          CPU threads for the ops (default 0: all cores, fewer while the\n"
-        "                       machine is busy; OMP_NUM_THREADS also works; under mpirun: the\n"
-        "                       cores divided by the processes)\n"
+        "  --threads N          CPU threads for the ops in a build with OpenMP (default 0: all\n"
+        "                       cores, fewer while the machine is busy; OMP_NUM_THREADS also\n"
+        "                       works; under mpirun: the cores divided by the processes)\n"
         "  --cp N               context parallelism over N processes: launch with\n"
         "                       mpirun -np P deltagrad train --cp N ...; each group of N ranks\n"
         "                       splits its rows, packed end to end, into N slices (KCP), and the\n"
@@ -392,7 +400,7 @@ int dg_cmd_train(int argc, char **argv) {
     int data_given = 0, no_out = 0;
     cli_state cs = {isatty(STDOUT_FILENO), 10, 0, NAN, NULL};
     const char *run_flag_given = NULL;
-    int threads = 0, profile = 0;
+    int threads = 0, threads_asked = 1, profile = 0;
     dg_comm_pick pick = DG_COMM_PICK_AUTO;
 
     /* pass 2: everything else */
@@ -621,6 +629,7 @@ int dg_cmd_train(int argc, char **argv) {
         o.comm = comm;
         int world = dg_comm_size(comm);
         if (threads == 0 && world > 1 && !getenv("OMP_NUM_THREADS")) {
+            threads_asked = 0;
             long cores = sysconf(_SC_NPROCESSORS_ONLN);
             threads = cores > world ? (int)(cores / world) : 1;
         }
@@ -629,7 +638,7 @@ int dg_cmd_train(int argc, char **argv) {
     }
     char tbuf[128];
     if (dev.kind == DG_DEV_CPU)
-        cs.threads = setup_threads(threads, tbuf, sizeof tbuf);
+        cs.threads = setup_threads(cmd, threads, threads_asked, tbuf, sizeof tbuf);
     dg_profile_enable(profile);
     struct sigaction sa, old_int, old_term;
     memset(&sa, 0, sizeof sa);
@@ -711,7 +720,7 @@ static void sample_help(FILE *f) {
             "  --escape             write bytes other than printable ASCII, newline and tab as\n"
             "                       \\xHH (and a backslash as \\\\)\n"
             "  --device DEV         cpu | cuda | cuda:N (default: cpu)\n"
-            "  --threads N          CPU threads (default 0: all cores, fewer while busy)\n"
+            "  --threads N          OpenMP threads (default 0: all cores, fewer while busy)\n"
             "  --help               this text\n");
 }
 
@@ -793,7 +802,7 @@ int dg_cmd_sample(int argc, char **argv) {
     if (g_check_only)
         return 0;
     char tbuf[128];
-    setup_threads(threads, tbuf, sizeof tbuf);
+    setup_threads(cmd, threads, 1, tbuf, sizeof tbuf);
     char path[DG_PATH_MAX + 64];
     snprintf(path, sizeof path, "%s", ckpt);
     if (access(path, F_OK) == 0) {

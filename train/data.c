@@ -1,7 +1,7 @@
 /*
  * train/data.c -- loading the text, the split and deterministic batches (see data.h).
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 #include "train/data.h"
 #include "tensor/fileio.h"
 #include "tensor/tensor.h"

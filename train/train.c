@@ -3,7 +3,7 @@
  * accumulation, clipping, AdamW with warmup + cosine, evaluation, sampling, checkpoints, the CSV
  * log and the gnuplot loss curve.
  */
-#define _XOPEN_SOURCE 700
+#define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE /* flock */
 #include "train/train.h"
 #include "train/checkpoint.h"

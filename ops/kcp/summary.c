@@ -119,7 +119,7 @@ dg_status KF(dg__kcp_merge)(int HV, int K, int V, const void *agv, const int *or
         return dg__err(DG_ERR_NOMEM, "kcp merge: no memory");
     memset(out, 0, sizeof(KT) * (size_t)HV * K * V);
     for (int s = 0; s < n; s++) {
-#pragma omp parallel for schedule(static) if (HV * (int64_t)K * K * V > 1 << 20)
+        KDA_OMP(parallel for schedule(static) if (HV * (int64_t)K * K * V > 1 << 20))
         for (int hv = 0; hv < HV; hv++) {
             const KT *sm = ag + order[s] * per + (int64_t)hv * K * C;
             KT *x = out + (int64_t)hv * K * V, *row = rows + (int64_t)hv * K * V;

@@ -8,6 +8,7 @@
  * Exit status: nonzero when the job was ended as intended (the script checks the message and
  * the time); 0 only if the bad rank was somehow waited for, which the script reports as failure.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, sleep */
 #include "deltagrad.h"
 
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_args.c -- the argument parsing of `deltagrad train`, `sample`, `kda` and
  * `dplr`, and the strict number parser. The input is NUL-separated arguments; its first byte
  * picks the command (mod 4). */
+#define _POSIX_C_SOURCE 200809L /* fuzz_util.h: getpid, dup, dup2, open */
 #include "tests/fuzz/fuzz_util.h"
 #include "tools/commands.h"
 #include "train/args.h"

@@ -1,5 +1,6 @@
 /* tests/fuzz/fuzz_data.c -- the training text loader and the batch windows on arbitrary files:
  * the first byte picks seq_len and max_bytes, the rest is the text. */
+#define _POSIX_C_SOURCE 200809L /* fuzz_util.h: getpid, dup, dup2, open */
 #include "tests/fuzz/fuzz_util.h"
 #include "train/data.h"
 

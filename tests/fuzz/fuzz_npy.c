@@ -1,5 +1,6 @@
 /* tests/fuzz/fuzz_npy.c -- dg_npy_load on arbitrary bytes: an error or a tensor whose size the
  * file really holds, never a crash, a leak or a huge allocation. */
+#define _POSIX_C_SOURCE 200809L /* fuzz_util.h: getpid, dup, dup2, open */
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -1,5 +1,6 @@
 /* tests/fuzz/fuzz_safetensors.c -- dg_safetensors_load and dg_ckpt_load (metadata, bounds,
  * checksums) on arbitrary bytes. */
+#define _POSIX_C_SOURCE 200809L /* fuzz_util.h: getpid, dup, dup2, open */
 #include "tests/fuzz/fuzz_util.h"
 #include "train/checkpoint.h"
 

@@ -1,6 +1,7 @@
 /* tests/fuzz/fuzz_seqlens.c -- cu_seqlens validation (dg_kda_seqlens) and, for the arrays it
  * accepts, chunked KDA over those sequences (chunk tables, varlen indexing). Byte 0: dtype and
  * rank; byte 1: T (-1: unchecked); the rest: the entries. */
+#define _POSIX_C_SOURCE 200809L /* fuzz_util.h: getpid, dup, dup2, open */
 #include "tests/fuzz/fuzz_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -7,7 +7,6 @@
 #ifndef DG_FUZZ_UTIL_H
 #define DG_FUZZ_UTIL_H
 
-#define _XOPEN_SOURCE 700
 #include "deltagrad.h"
 
 #include <fcntl.h>
@@ -17,6 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#if !defined(_POSIX_C_SOURCE) || _POSIX_C_SOURCE < 200809L
+#error "define _POSIX_C_SOURCE 200809L before the first #include (getpid, dup, dup2, open)"
+#endif
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
