@@ -12,6 +12,7 @@
  *   max_i |analytic_i - numeric_i| / max_i |numeric_i|.
  * Exit codes: 0 every input within --tol, 1 an input over it (or the op failed), 2 bad flags.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "deltagrad.h"
 #include "tools/commands.h"
 #include "train/args.h"
