@@ -75,6 +75,8 @@ typedef struct kda_cuda_dims {
     const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
     int tc;                   /* 0: f32 FFMA; 1: TF32 tensor cores; 2: 3xTF32 (see above) */
     int mid;                  /* storage of W, U, KG, QG, h, E: 0 f32, 1 bf16 (see above) */
+    int leaf_bf16;            /* the op's own arrays v (wy), o (output forward) and dO (output
+                                 backward) are bf16, read / written as stored: 1; f32: 0 */
     void *buf;                /* device allocation holding the tables */
     size_t buf_bytes;         /* > 0: buf is owned by these dims; 0: by the context (tables) */
 } kda_cuda_dims;
@@ -129,12 +131,12 @@ dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scal
                                  const float *dAqk, const float *dTm, float *dq, float *dk,
                                  float *dbeta, float *dG, unsigned acc);
 
-/* ---- N5 wy (wy.cu) ---- */
+/* ---- N5 wy (wy.cu): v is bf16 when d->leaf_bf16 is set, else f32 ---- */
 dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                              const float *v, const float *beta, const float *G, const float *Tm,
+                              const void *v, const float *beta, const float *G, const float *Tm,
                               void *W, void *U, void *KG, void *QG);
 dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                              const float *v, const float *beta, const float *G, const float *Tm,
+                              const void *v, const float *beta, const float *G, const float *Tm,
                               const float *dW, const float *dU, const float *dKG, const float *dQG,
                               float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
                               unsigned acc);
@@ -160,11 +162,12 @@ dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int se
                                      const float *G, const float *Sup, const float *S0, float *Sh,
                                      float *SM);
 
-/* ---- N7 output (output.cu) ---- */
+/* ---- N7 output (output.cu): O (forward) and dO (backward) are bf16 when d->leaf_bf16 is set,
+ * else f32 ---- */
 dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
-                                  const void *h, const float *Aqk, const void *E, float *O);
+                                  const void *h, const float *Aqk, const void *E, void *O);
 dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
-                                  const void *h, const float *Aqk, const void *E, const float *dO,
+                                  const void *h, const float *Aqk, const void *E, const void *dO,
                                   float *dQG, float *dh, float *dAqk, float *dE);
 
 /* ---- the token recurrence (recurrent.cu) ---- */

@@ -200,13 +200,13 @@ __global__ void __launch_bounds__(TC_THREADS)
  * zero-filled). QG, h, E of M
  * (f32 or bf16, kda_cuda_dims.mid). Needs K, V % 4 == 0 (bf16: % 8) and 16-byte aligned arrays
  * (checked by the launcher). */
-template <int BT, class M>
+template <int BT, class M, class TO>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     output_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
                           const int32_t *__restrict__ chunk_len, int HV, int K, int V,
                           float scale, const M *__restrict__ QG, const M *__restrict__ h,
                           const float *__restrict__ Aqk, const M *__restrict__ E,
-                          float *__restrict__ O) {
+                          TO *__restrict__ O) {
     constexpr int NTW = kdamma::AbTile<BT>::NTW;
     constexpr int SM1 = kdamma::gemm_smem<BT, true, false, M, M>(),
                   SM2 = kdamma::gemm_smem<BT, true, false, float, M>();
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
             acc[j][e] *= scale;
     kdamma::gemm_acc<BT, true, false, 1>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
                                 E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
-    kdamma::store_acc<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
+    kdamma::store_acc<BT, false, TO>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
 }
 
 // ---- backward kernels
@@ -475,12 +475,12 @@ __global__ void __launch_bounds__(TC_THREADS)
  * (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG of M (f32 or bf16). out_de:
  * grid (chunk x V / 64, hv), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned
  * arrays (checked by the launcher). */
-template <int BT, class M>
+template <int BT, class M, class TD>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int HV, int K, int V, float scale, const M *__restrict__ QG,
-                      const float *__restrict__ dO, float *__restrict__ dh) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false, M, float>()];
+                      const TD *__restrict__ dO, float *__restrict__ dh) {
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false, M, TD>()];
     const int nvt = DG_CEIL_DIV(V, kdamma::AB_N);
     const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, kdamma::AB_N) * nvt); /* they share QG, dO */
     const int64_t ch = ct.c;
@@ -500,12 +500,12 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
  * grid (chunk, hv): both operands k-contiguous (dO rows i, E rows j), k = the V value columns in
  * cp.async stages; E of M (f32 or bf16). Needs V % 4 == 0 (bf16 E: % 8) and 16-byte aligned dO,
  * E, dAqk (checked by the launcher). */
-template <int BT, class M>
+template <int BT, class M, class TD>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_da_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int HV, int V, const float *__restrict__ dO, const M *__restrict__ E,
+                      int HV, int V, const TD *__restrict__ dO, const M *__restrict__ E,
                       float *__restrict__ dAqk) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true, float, M>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true, TD, M>()];
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
     const int64_t t0 = chunk_t0[ch];
@@ -516,12 +516,12 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     kdamma::store_acc<BT, true>(acc, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
-template <int BT>
+template <int BT, class TD>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_de_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
+                      int HV, int V, const float *__restrict__ Aqk, const TD *__restrict__ dO,
                       float *__restrict__ dE) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false>()];
+    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false, float, TD>()];
     const ChunkTile ct = chunk_tile(DG_CEIL_DIV(V, kdamma::AB_N)); /* the tiles share Aqk */
     const int64_t ch = ct.c;
     const int hv = blockIdx.y, v0 = ct.z * kdamma::AB_N;
@@ -536,30 +536,40 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 // ---- launchers
 
-/* The tensor-core forward (d->tc != 0), called by dg__kda_output_fwd_cuda after its checks. */
+/* Whether the forward runs on output_fwd_mma_kernel (tc == 1, K, V % 4 == 0 or % 8 with bf16
+ * intermediates, aligned arrays). */
+static bool output_fwd_mma(const kda_cuda_dims *d, const void *QG, const void *h, const void *Aqk,
+                           const void *E, const void *O) {
+    const int q = d->mid ? 8 : 4;
+    return d->tc == 1 && d->K % q == 0 && d->V % q == 0 && aligned16(QG) && aligned16(h) &&
+           aligned16(Aqk) && aligned16(E) && aligned16(O);
+}
+
+/* The tensor-core forward (d->tc != 0), called by dg__kda_output_fwd_cuda after its checks; O of
+ * TO (bf16 only when output_fwd_mma holds). */
+template <class TO>
 static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
-                               const void *h, const float *Aqk, const void *E, float *O) {
+                               const void *h, const float *Aqk, const void *E, TO *O) {
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
-    const int q = d->mid ? 8 : 4;
-    if (d->tc == 1 && d->K % q == 0 && d->V % q == 0 && aligned16(QG) && aligned16(h) &&
-        aligned16(Aqk) && aligned16(E) && aligned16(O)) {
+    if (output_fwd_mma(d, QG, h, Aqk, E, O)) {
         KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_MID(d->mid, {
-            output_fwd_mma_kernel<BT_, M_><<<dim3(grid.x * grid.z, grid.y),
-                                             kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+            output_fwd_mma_kernel<BT_, M_, TO><<<dim3(grid.x * grid.z, grid.y),
+                                                 kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
                 d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const M_ *)QG,
                 (const M_ *)h, Aqk, (const M_ *)E, O);
             DG_CHECK_LAUNCH();
         }));
         return DG_OK;
     }
-    if (d->mid)
+    if (d->mid || sizeof(TO) != sizeof(float))
         return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
                             d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale,
-                            (const float *)QG, (const float *)h, Aqk, (const float *)E, O);
+                            (const float *)QG, (const float *)h, Aqk, (const float *)E,
+                            (float *)O);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
@@ -567,10 +577,22 @@ static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
 
 extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                          const void *QG, const void *h, const float *Aqk,
-                                         const void *E, float *O) {
+                                         const void *E, void *Ov) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
-    if (!QG || !h || !Aqk || !E || !O)
+    if (!QG || !h || !Aqk || !E || !Ov)
         return dg__err(DG_ERR_ARG, "%s: QG, h, Aqk, E and O are required", __func__);
+    if (d->leaf_bf16) { /* a bf16 O is written by the mma kernel, else through an f32 copy */
+        if (d->tc && output_fwd_mma(d, QG, h, Aqk, E, Ov))
+            return output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, (kda_bf16 *)Ov);
+        const int64_t n = d->TT * d->HV * d->V;
+        Scratch o32(ctx);
+        DG_TRY(o32.alloc((size_t)n));
+        kda_cuda_dims df = *d;
+        df.leaf_bf16 = 0;
+        DG_TRY(dg__kda_output_fwd_cuda(ctx, &df, scale, QG, h, Aqk, E, o32.f()));
+        return kda_narrow(ctx, o32.f(), n, (kda_bf16 *)Ov);
+    }
+    float *O = (float *)Ov;
     if (d->tc)
         return output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, O);
     if (d->mid)
@@ -613,9 +635,9 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
 
 /* The tensor-core backward, called by dg__kda_output_bwd_cuda when d->tc != 0, dO != NULL and
  * NC > 0. */
-template <class M>
+template <class M, class TD>
 static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const M *QG,
-                               const M *h, const float *Aqk, const M *E, const float *dO,
+                               const M *h, const float *Aqk, const M *E, const TD *dO,
                                float *dQG, float *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
@@ -626,47 +648,49 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     const bool mma = d->tc == 1 && d->K % q == 0 && d->V % 4 == 0 && aligned16(QG) &&
                      aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
                      (!dE || aligned16(dE));
-    if (sizeof(M) == 2 && (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E))))
+    if ((sizeof(M) == 2 || sizeof(TD) == 2) &&
+        (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E))))
         return kda_mid_refused(__func__, d);
     if (dQG)
         DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
     KDA_DISPATCH_BT(d->BT, {
         if (dh) {
             if (mma)
-                out_dh_mma_kernel<BT_, M><<<dim3(nc * nkt * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+                out_dh_mma_kernel<BT_, M, TD>
+                    <<<dim3(nc * nkt * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
+                        d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             else if (p2)
                 out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG, dO,
-                    dh);
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
+                    (const float *)dO, dh);
             else
                 out_dh_tc_kernel<BT_, 1><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG, dO,
-                    dh);
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
+                    (const float *)dO, dh);
             DG_CHECK_LAUNCH();
         }
         if (dAqk) {
             if (mma && aligned16(E) && aligned16(dAqk))
-                out_da_mma_kernel<BT_, M><<<dim3(nc, hvs), kdamma::AB_THREADS, 0, s>>>(
+                out_da_mma_kernel<BT_, M, TD><<<dim3(nc, hvs), kdamma::AB_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, dO, (const M *)E, dAqk);
             else if (p2)
                 out_da_tc_kernel<BT_, 2, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, (const float *)dO, E, dAqk);
             else
                 out_da_tc_kernel<BT_, 1, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, (const float *)dO, E, dAqk);
             DG_CHECK_LAUNCH();
         }
         if (dE) {
             if (mma)
-                out_de_mma_kernel<BT_><<<dim3(nc * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
+                out_de_mma_kernel<BT_, TD><<<dim3(nc * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
             else if (p2)
                 out_de_tc_kernel<BT_, 2><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, (const float *)dO, dE);
             else
                 out_de_tc_kernel<BT_, 1><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, (const float *)dO, dE);
             DG_CHECK_LAUNCH();
         }
     });
@@ -675,11 +699,21 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
 
 extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                          const void *QGv, const void *hv, const float *Aqk,
-                                         const void *Ev, const float *dO, float *dQG, float *dh,
+                                         const void *Ev, const void *dOv, float *dQG, float *dh,
                                          float *dAqk, float *dE) {
     DG_TRY(check_dims("dg__kda_output_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
+    /* a bf16 dO is read as stored by the mma kernels (bf16 intermediates), else through an f32
+     * copy */
+    const float *dO = (const float *)dOv;
+    Scratch dO32(ctx);
+    if (dOv && d->leaf_bf16) {
+        if (d->mid && d->tc == 1 && d->V % 8 == 0 && aligned16(dOv))
+            return output_bwd_tc(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv, Aqk,
+                                 (const kda_bf16 *)Ev, (const kda_bf16 *)dOv, dQG, dh, dAqk, dE);
+        DG_TRY(kda_widen(ctx, (const kda_bf16 *)dOv, d->TT * d->HV * d->V, dO32, &dO));
+    }
     if (!dO) { /* no upstream gradient: every output is zero */
         cudaStream_t s = dg__stream(ctx);
         const size_t tk = (size_t)d->TT * d->HV;

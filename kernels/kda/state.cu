@@ -1348,6 +1348,11 @@ dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, 
     return d->tc ? rows_stateT_tc_launch(ctx, d, scale, A, S, C) : kda_mid_refused(__func__, d);
 }
 
+dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const kda_bf16 *A,
+                              const kda_bf16 *S, float *C) {
+    return d->tc ? rows_stateT_tc_launch(ctx, d, scale, A, S, C) : kda_mid_refused(__func__, d);
+}
+
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
                           const float *S, float *C) {
     if (d->tc)

@@ -242,11 +242,11 @@ __global__ void __launch_bounds__(TC_THREADS)
  * X in place and multiplied. Dynamic shared memory: Tm [BT][BT + 4], X and G [BT][72] floats
  * (54 KB at BT = 64). The outputs are stored as M (f32 or bf16, kda_cuda_dims.mid). Needs K,
  * V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
-template <int BT, class M>
+template <int BT, class M, class TV>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int H, int HV, int K, int V, const float *__restrict__ q,
-                      const float *__restrict__ k, const float *__restrict__ v,
+                      const float *__restrict__ k, const TV *__restrict__ v,
                       const float *__restrict__ beta, const float *__restrict__ G,
                       const float *__restrict__ Tm, M *__restrict__ W, M *__restrict__ U,
                       M *__restrict__ KG, M *__restrict__ QG) {
@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
         tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
     } else {
-        tile_async<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+        tile_in<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
     }
     cp_async_commit();
     cp_async_wait<0>();
@@ -324,6 +324,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 /* The arrays of the WY backward's per-column work (wy_cols_kernel, wy_cols_mma_kernel). */
 struct WyCols {
     const float *q, *k, *v, *beta, *G, *dKG, *dQG;
+    const kda_bf16 *vb; /* v in bf16 (v NULL then): the op's own leaf, read as stored */
     float *dqv, *dkv, *dv, *dG;
     int H, HV, K, V;
     unsigned acc;
@@ -362,7 +363,7 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
         const int64_t iv = (t * o.HV + hv) * o.V + e;
         if (o.dv)
             o.dv[iv] = bj * s;
-        return s * o.v[iv];
+        return s * (o.vb ? kda_ld(o.vb + iv) : o.v[iv]);
     }
     return 0.f;
 }
@@ -401,7 +402,7 @@ __global__ void __launch_bounds__(NTH)
     const int e = c0 + lane;
     const bool ok = e < ncol;
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
-    const WyCols o{q, k, v, beta, G, dKG, dQG, dqv, dkv, dv, dG, H, HV, K, V, acc};
+    const WyCols o{q, k, v, beta, G, dKG, dQG, nullptr, dqv, dkv, dv, dG, H, HV, K, V, acc};
     float colsum = 0.f, last = 0.f;
     for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
         float s = 0.f;                /* (Tm^T up)_j, rows i >= j in order */
@@ -440,7 +441,8 @@ __global__ void __launch_bounds__(NTH)
 template <int BT>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     wy_cols_mma_kernel(Dims d, const float *__restrict__ q, const float *__restrict__ k,
-                       const float *__restrict__ v, const float *__restrict__ beta,
+                       const float *__restrict__ v, const kda_bf16 *__restrict__ vb,
+                       const float *__restrict__ beta,
                        const float *__restrict__ G, const float *__restrict__ Tm,
                        const float *__restrict__ dW, const float *__restrict__ dU,
                        const float *__restrict__ dKG, const float *__restrict__ dQG,
@@ -484,7 +486,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* half: warp-uniform */
     const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
-    const WyCols o{q, k, v, beta, G, dKG, dQG, dqv, dkv, dv, dG, H, HV, K, V, acc};
+    const WyCols o{q, k, v, beta, G, dKG, dQG, vb, dqv, dkv, dv, dG, H, HV, K, V, acc};
     float colsum = 0.f, last = 0.f;
     for (int j = rg; half && j < L; j += RG) {
         const float s = Xs[j * LDX + el]; /* (Tm^T up)_j */
@@ -561,9 +563,9 @@ __global__ void __launch_bounds__(NTH)
  * V: the dW / dU tile (rows i) and the k (with G) or v tile (rows j) come in with cp.async, the
  * B tile is turned into X or beta v in place, then one mma stage. Dynamic shared memory
  * (BT + 128) x 68 floats (52 KB at BT = 64). Needs K, V % 4 == 0, 16-byte aligned arrays. */
-template <int BT>
+template <int BT, class TV>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
-    wy_dtm_mma_kernel(Dims d, const float *__restrict__ k, const float *__restrict__ v,
+    wy_dtm_mma_kernel(Dims d, const float *__restrict__ k, const TV *__restrict__ v,
                       const float *__restrict__ beta, const float *__restrict__ G,
                       const float *__restrict__ dW, const float *__restrict__ dU,
                       float *__restrict__ dTm) {
@@ -590,7 +592,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
             tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
             tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
         } else {
-            tile_async<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+            tile_in<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -609,23 +611,32 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 // ---- launchers
 
-/* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks. */
+/* Whether the forward runs on wy_fwd_mma_kernel (tc == 1, K, V % 4 == 0, aligned arrays; a
+ * bf16 v also needs V % 8 == 0). */
+static bool wy_fwd_mma(const kda_cuda_dims *d, const void *q, const void *k, const void *v,
+                       const void *G, const void *Tm) {
+    return d->tc == 1 && d->K % 4 == 0 && d->V % (d->leaf_bf16 ? 8 : 4) == 0 && aligned16(q) &&
+           aligned16(k) && aligned16(v) && aligned16(G) && aligned16(Tm);
+}
+
+/* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks; v of TV
+ * (bf16 only when wy_fwd_mma holds). */
+template <class TV>
 static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                           const float *v, const float *beta, const float *G, const float *Tm,
+                           const TV *v, const float *beta, const float *G, const float *Tm,
                            void *W, void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
-    if (d->tc == 1 && d->K % 4 == 0 && d->V % 4 == 0 && aligned16(q) && aligned16(k) &&
-        aligned16(v) && aligned16(G) && aligned16(Tm)) {
+    if (wy_fwd_mma(d, q, k, v, G, Tm)) {
         const unsigned nz =
             (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
         KDA_DISPATCH_BT(d->BT, {
             const size_t smem =
                 sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
             KDA_DISPATCH_MID(d->mid, {
-                DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_>, smem));
-                wy_fwd_mma_kernel<BT_, M_><<<dim3((unsigned)d->NC * nz, (unsigned)d->HV),
-                                             kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_, TV>, smem));
+                wy_fwd_mma_kernel<BT_, M_, TV><<<dim3((unsigned)d->NC * nz, (unsigned)d->HV),
+                                                 kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
                     d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm,
                     (M_ *)W, (M_ *)U, (M_ *)KG, (M_ *)QG);
                 DG_CHECK_LAUNCH();
@@ -633,20 +644,21 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
         });
         return DG_OK;
     }
-    if (d->mid)
+    if (d->mid || sizeof(TV) != sizeof(float))
         return kda_mid_refused(__func__, d);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         wy_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G,
-                            Tm, (float *)W, (float *)U, (float *)KG, (float *)QG);
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k,
+                            (const float *)v, beta, G, Tm, (float *)W, (float *)U, (float *)KG,
+                            (float *)QG);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                     const float *k, const float *v, const float *beta,
+                                     const float *k, const void *v, const float *beta,
                                      const float *G, const float *Tm, void *W, void *U, void *KG,
                                      void *QG) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
@@ -655,14 +667,24 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
                        "(W: k, beta, Tm; U: v, beta, Tm; KG: k; QG: q)", __func__);
     if (!W && !U && !KG && !QG)
         return DG_OK;
+    /* a bf16 v is read as stored by the mma kernel, else through an f32 copy */
+    const float *vf = (const float *)v;
+    Scratch vs(ctx);
+    if (d->leaf_bf16 && v) {
+        if (d->tc && wy_fwd_mma(d, q, k, v, G, Tm))
+            return wy_fwd_tc(ctx, d, q, k, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
+        DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
+    }
+    kda_cuda_dims df = *d; /* v is f32 from here */
+    df.leaf_bf16 = 0;
     if (d->tc)
-        return wy_fwd_tc(ctx, d, q, k, v, beta, G, Tm, W, U, KG, QG);
+        return wy_fwd_tc(ctx, &df, q, k, vf, beta, G, Tm, W, U, KG, QG);
     if (d->mid)
         return kda_mid_refused(__func__, d);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_wy_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm, (float *)W,
+            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, vf, beta, G, Tm, (float *)W,
             (float *)U, (float *)KG, (float *)QG);
         DG_CHECK_LAUNCH();
     });
@@ -671,7 +693,8 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
 
 template <int BT>
 static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
-                           const float *v, const float *beta, const float *G, const float *Tm,
+                           const float *v, const kda_bf16 *vb, const float *beta,
+                           const float *G, const float *Tm,
                            const float *dW, const float *dU, const float *dKG, const float *dQG,
                            float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
                            unsigned acc) {
@@ -695,27 +718,32 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         dbp = p;
     /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
-    if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
-        aligned16(dU)) {
+    if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
+               aligned16(dU))) {
         const unsigned nz =
             (unsigned)(DG_CEIL_DIV(d.K, kdamma::AB_N) + DG_CEIL_DIV(d.V, kdamma::AB_N));
         const size_t smem = sizeof(float) * (size_t)BT * (BT + 8 + kdamma::AB_LDB);
         DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT>, smem));
         wy_cols_mma_kernel<BT><<<dim3((unsigned)d.NC * nz, d.HV), kdamma::AB_THREADS, smem, s>>>(
-            d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+            d, q, k, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
     } else {
         wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
             d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
     }
     DG_CHECK_LAUNCH();
     if (dTm) {
-        if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) && aligned16(v) &&
-            aligned16(G) && aligned16(dW) && aligned16(dU)) {
-            const size_t smem =
-                sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT>, smem));
-            wy_dtm_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(
-                d, k, v, beta, G, dW, dU, dTm);
+        const size_t smem = sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);
+        if (vb) {
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, kda_bf16>, smem));
+            wy_dtm_mma_kernel<BT, kda_bf16>
+                <<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(d, k, vb, beta, G, dW,
+                                                                              dU, dTm);
+        } else if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) && aligned16(v) &&
+                   aligned16(G) && aligned16(dW) && aligned16(dU)) {
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, float>, smem));
+            wy_dtm_mma_kernel<BT, float>
+                <<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(d, k, v, beta, G, dW,
+                                                                              dU, dTm);
         } else {
             wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU,
                                                                         dTm);
@@ -732,7 +760,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
 }
 
 extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                     const float *k, const float *v, const float *beta,
+                                     const float *k, const void *v, const float *beta,
                                      const float *G, const float *Tm, const float *dW,
                                      const float *dU, const float *dKG, const float *dQG, float *dq,
                                      float *dk, float *dv, float *dbeta, float *dG, float *dTm,
@@ -740,15 +768,28 @@ extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     DG_TRY(check_dims("dg__kda_wy_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
+    /* a bf16 v is read as stored when both mma kernels run, else through an f32 copy */
+    const float *vf = (const float *)v;
+    const kda_bf16 *vb = nullptr;
+    Scratch vs(ctx);
+    if (d->leaf_bf16 && v) {
+        if (d->tc == 1 && d->K % 4 == 0 && d->V % 8 == 0 && aligned16(Tm) && aligned16(dW) &&
+            aligned16(dU) && aligned16(k) && aligned16(v) && aligned16(G))
+            vb = (const kda_bf16 *)v;
+        else
+            DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
+        if (vb)
+            vf = nullptr;
+    }
     switch (d->BT) {
     case 16:
-        return wy_bwd_bt<16>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
-                             dTm, acc);
+        return wy_bwd_bt<16>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta,
+                             dG, dTm, acc);
     case 32:
-        return wy_bwd_bt<32>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
-                             dTm, acc);
+        return wy_bwd_bt<32>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta,
+                             dG, dTm, acc);
     default:
-        return wy_bwd_bt<64>(ctx, d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta, dG,
-                             dTm, acc);
+        return wy_bwd_bt<64>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta,
+                             dG, dTm, acc);
     }
 }

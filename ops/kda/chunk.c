@@ -12,9 +12,9 @@
  * default policies ("kda_wy", "kda_state": RECOMPUTE) they are not kept after the forward; the
  * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (kda.md §3).
  * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
- * g, beta may be bf16: each stage converts what it reads to f32; the normalised q, k, beta and
- * every intermediate are f32 tensors (storing them in bf16 is a later optimisation), o is
- * converted back to q's dtype and ht is f32.
+ * g, beta may be bf16: the kernels read them as stored (l2norm, beta, gate; v in the WY node);
+ * the normalised q, k, beta, G, Aqk and Tm are f32, W, U, KG, QG, h, E bf16 on the tensor-core
+ * path (docs/kda.md section 6); o has q's dtype and ht is f32.
  */
 #include "kda.h"
 

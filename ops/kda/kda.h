@@ -449,12 +449,17 @@ static inline dg_status kda_run_intra_bwd(dg_ctx *ctx, const kda_cfg *c,
 typedef struct kda_wy_fwd_io {
     const void *q, *k, *v, *beta, *G, *Tm;
     void *W, *U, *KG, *QG;
+    int leaf_bf16; /* v is the op's bf16 input as stored (CUDA only; dg__kda_in_ptr) */
 } kda_wy_fwd_io;
 static inline dg_status kda_run_wy_fwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return dg__kda_wy_fwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
+    {
+        kda_cuda_dims cd = c->cd;
+        cd.leaf_bf16 = a->leaf_bf16;
+        return dg__kda_wy_fwd_cuda(ctx, &cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
                                    a->KG, a->QG);
+    }
 #endif
     if (c->dt == DG_F64)
         return dg__kda_wy_fwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
@@ -466,13 +471,18 @@ typedef struct kda_wy_bwd_io {
     const void *q, *k, *v, *beta, *G, *Tm, *dW, *dU, *dKG, *dQG;
     void *dq, *dk, *dv, *dbeta, *dG, *dTm;
     unsigned acc;
+    int leaf_bf16; /* v is the op's bf16 input as stored (CUDA only; dg__kda_in_ptr) */
 } kda_wy_bwd_io;
 static inline dg_status kda_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return dg__kda_wy_bwd_cuda(ctx, &c->cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW,
-                                   a->dU, a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG,
-                                   a->dTm, a->acc);
+    {
+        kda_cuda_dims cd = c->cd;
+        cd.leaf_bf16 = a->leaf_bf16;
+        return dg__kda_wy_bwd_cuda(ctx, &cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
+                                   a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm,
+                                   a->acc);
+    }
 #endif
     if (a->acc)
         return dg__err(DG_ERR_STATE, "kda wy backward: accumulating outputs is CUDA-only");
@@ -521,13 +531,17 @@ static inline dg_status kda_run_state_bwd(dg_ctx *ctx, const kda_cfg *c,
 typedef struct kda_output_fwd_io {
     const void *QG, *h, *Aqk, *E;
     void *O;
+    int leaf_bf16; /* O is the op's bf16 output, written as stored (CUDA only) */
 } kda_output_fwd_io;
 static inline dg_status kda_run_output_fwd(dg_ctx *ctx, const kda_cfg *c,
                                            const kda_output_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return dg__kda_output_fwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E,
-                                       a->O);
+    {
+        kda_cuda_dims cd = c->cd;
+        cd.leaf_bf16 = a->leaf_bf16;
+        return dg__kda_output_fwd_cuda(ctx, &cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
+    }
 #endif
     if (c->dt == DG_F64)
         dg__kda_output_fwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
@@ -538,13 +552,18 @@ static inline dg_status kda_run_output_fwd(dg_ctx *ctx, const kda_cfg *c,
 typedef struct kda_output_bwd_io {
     const void *QG, *h, *Aqk, *E, *dO;
     void *dQG, *dh, *dAqk, *dE;
+    int leaf_bf16; /* dO is the bf16 gradient of the op's output as stored (CUDA only) */
 } kda_output_bwd_io;
 static inline dg_status kda_run_output_bwd(dg_ctx *ctx, const kda_cfg *c,
                                            const kda_output_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda)
-        return dg__kda_output_bwd_cuda(ctx, &c->cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E,
+    {
+        kda_cuda_dims cd = c->cd;
+        cd.leaf_bf16 = a->leaf_bf16;
+        return dg__kda_output_bwd_cuda(ctx, &cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E,
                                        a->dO, a->dQG, a->dh, a->dAqk, a->dE);
+    }
 #endif
     if (c->dt == DG_F64)
         dg__kda_output_bwd_f64(&c->d, c->scale, a->QG, a->h, a->Aqk, a->E, a->dO, a->dQG, a->dh,

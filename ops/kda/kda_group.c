@@ -130,10 +130,15 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
             if (st == DG_OK)
                 po[s] = dg_tensor_data(out[s]);
         }
-    for (int i = KDA_IN_Q; i <= KDA_IN_TM && st == DG_OK; i++)
-        st = in_ptr(ctx, g, i, &tmp[i], &pi[i]);
+    int vbf16 = 0; /* v is read as stored when it is the op's bf16 input on CUDA */
+    for (int i = KDA_IN_Q; i <= KDA_IN_TM && st == DG_OK; i++) {
+        const dg_tensor *t = dg__group_input(g, i);
+        st = i == KDA_IN_V ? dg__kda_in_ptr(ctx, t, c->dt, &tmp[i], &pi[i], &vbf16)
+                           : in_ptr(ctx, g, i, &tmp[i], &pi[i]);
+    }
     if (st == DG_OK) {
         kda_wy_fwd_io io = {0};
+        io.leaf_bf16 = vbf16;
         io.q = pi[KDA_IN_Q];
         io.k = pi[KDA_IN_K];
         io.v = pi[KDA_IN_V];

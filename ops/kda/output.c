@@ -127,8 +127,8 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
         st = dg__kda_ptr(ctx, E, c->mid, &tE, &io.E);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, Aqk, c->dt, &tAqk, &io.Aqk);
-    if (st == DG_OK) /* o may be bf16 (the composite's output dtype) */
-        st = dg__kda_ptr(ctx, gO, c->dt, &tgO, &io.dO);
+    if (st == DG_OK) /* o may be bf16 (the composite's output dtype): read as stored on CUDA */
+        st = dg__kda_in_ptr(ctx, gO, c->dt, &tgO, &io.dO, &io.leaf_bf16);
     if (st == DG_OK)
         st = kda_new_as(ctx, c, QG, &dQG);
     if (st == DG_OK)
@@ -198,14 +198,18 @@ dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *
         st = dg__kda_ptr(ctx, Aqk, cfg.dt, &tAqk, &io.Aqk);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, E, cfg.mid, &tE, &io.E);
-    if (st == DG_OK) /* oc: o in the compute dtype */
-        st = dg__kda_new(ctx, &cfg, 4, sv, &oc);
+    /* o in the compute dtype (oc, then converted), or written as bf16 by the kernels on CUDA */
+    const dg_dtype odt = out_dt == DG_NDTYPES ? cfg.dt : out_dt;
+    io.leaf_bf16 = cfg.cuda && odt == DG_BF16;
+    if (st == DG_OK)
+        st = io.leaf_bf16 ? dg_tensor_new(ctx, DG_BF16, 4, sv, &oc)
+                          : dg__kda_new(ctx, &cfg, 4, sv, &oc);
     if (st == DG_OK) {
         io.O = dg_tensor_data(oc);
         st = kda_run_output_fwd(ctx, &cfg, &io);
     }
     if (st == DG_OK)
-        st = dg__kda_as_dtype(ctx, oc, out_dt == DG_NDTYPES ? cfg.dt : out_dt, o);
+        st = dg__kda_as_dtype(ctx, oc, odt, o);
     if (st == DG_OK && dg__needs_grad(4, in)) {
         dg_node *n = NULL;
         st = dg__node_new("kda_output", DG_POLICY_RECOMPUTE, output_backward, ctx, &n);

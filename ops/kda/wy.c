@@ -219,7 +219,7 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, k, c->dt, &tk, &io.k);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, v, c->dt, &tv, &io.v);
+        st = dg__kda_in_ptr(ctx, v, c->dt, &tv, &io.v, &io.leaf_bf16);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
     if (st == DG_OK)
@@ -301,7 +301,7 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, v, cfg.dt, &tv, &io.v);
+        st = dg__kda_in_ptr(ctx, v, cfg.dt, &tv, &io.v, &io.leaf_bf16);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
     if (st == DG_OK)
