@@ -993,7 +993,7 @@ static int walk_kcp_backward(ex_run *r, kx *x) {
             ex_print(r, "kcp", 3, m);
         } else if (ex_shown(r, "kcp")) {
             printf("  rank 0 (tokens %d..%d): no summary (no rank before it)\n", l->s0, l->s1 - 1);
-            ex_mat m[] = {{"dh_out (merged)", dh, K, V, V}};
+            ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
             ex_print(r, "kcp", 1, m);
         }
         const char *nm[] = {"dq", "dk", "dv", "dg", "dbeta"};
