@@ -1,7 +1,7 @@
 /*
  * tools/explain_kda.c -- `deltagrad explain` for KDA: one sequence, one head, every stage run by
  * the library's raw f64 functions (ops/kda/kda.h), the KCP summaries and merge by ops/kcp/kcp.h.
- * What the tool computes itself are the checks: Akk from its definition, the triangular identity,
+ * What the tool computes itself are the checks: Lkk from its definition, the triangular identity,
  * prefix runs of the recurrence, the finite differences.
  */
 #include "ops/kcp/kcp.h"
@@ -126,7 +126,7 @@ static int rec_prefix(const kx *x, int t, double *S) {
     return 0;
 }
 
-void kx_akk(const kx *x, int c, double *A) {
+void kx_lkk(const kx *x, int c, double *A) {
     const int t0 = c * x->BT, K = x->K;
     const int L = x->T - t0 < x->BT ? x->T - t0 : x->BT;
     memset(A, 0, sizeof(double) * (size_t)x->BT * x->BT);
@@ -231,9 +231,9 @@ static int walk_forward(ex_run *r, kx *x) {
         ex_check(r, "gate_cumsum", "G = chunk-local cumsum of g", res);
     }
 
-    ex_heading(r, "intra", "Aqk, Akk and Tm = (I + Akk)^-1 per chunk (dg__kda_intra_fwd_f64)");
+    ex_heading(r, "intra", "Aqk, Lkk and Tm = (I + Lkk)^-1 per chunk (dg__kda_intra_fwd_f64)");
     if (ex_shown(r, "intra"))
-        printf("%s  Akk (the Lkk above) is computed here from its definition, to check Tm.\n",
+        printf("%s  Lkk is computed here from its definition, to check Tm.\n",
                ex_card_text("intra"));
     double *A = ex_zeros((int64_t)NC * BT * BT);
     {
@@ -241,11 +241,11 @@ static int walk_forward(ex_run *r, kx *x) {
         for (int c = 0; c < NC; c++) {
             const int t0 = c * BT, L = chunk_len(x, c);
             double *Ac = A + (int64_t)c * BT * BT;
-            kx_akk(x, c, Ac);
+            kx_lkk(x, c, Ac);
             const double *Tc = x->Tm + (int64_t)t0 * BT, *Qc = x->Aqk + (int64_t)t0 * BT;
             snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
             ex_mat m[] = {
-                {t1, Qc, L, L, BT}, {"Akk", Ac, L, L, BT}, {"Tm = (I+Akk)^-1", Tc, L, L, BT}};
+                {t1, Qc, L, L, BT}, {"Lkk", Ac, L, L, BT}, {"Tm = (I+Lkk)^-1", Tc, L, L, BT}};
             ex_print(r, "intra", 3, m);
             for (int i = 0; i < L; i++)
                 for (int j = 0; j <= i; j++) {
@@ -263,7 +263,7 @@ static int walk_forward(ex_run *r, kx *x) {
                 }
         }
         ex_check(r, "intra", "Aqk[i,j] = s sum_d q_id k_jd exp(G_id - G_jd)", rqk);
-        ex_check(r, "intra", "(I + Akk) Tm = I", rinv);
+        ex_check(r, "intra", "(I + Lkk) Tm = I", rinv);
     }
 
     ex_heading(r, "wy",
@@ -281,7 +281,7 @@ static int walk_forward(ex_run *r, kx *x) {
                           {"KG", x->KG + (int64_t)t0 * K, L, K, K},
                           {"QG", x->QG + (int64_t)t0 * K, L, K, K}};
             ex_print(r, "wy", 4, m);
-            /* (I + Akk) W = beta k exp(G), (I + Akk) U = beta v */
+            /* (I + Lkk) W = beta k exp(G), (I + Lkk) U = beta v */
             for (int i = 0; i < L; i++) {
                 const int ti = t0 + i;
                 for (int e = 0; e < K; e++) {
@@ -299,8 +299,8 @@ static int walk_forward(ex_run *r, kx *x) {
                 }
             }
         }
-        ex_check(r, "wy", "(I + Akk) W = beta k exp(G)", rw);
-        ex_check(r, "wy", "(I + Akk) U = beta v", ru);
+        ex_check(r, "wy", "(I + Lkk) W = beta k exp(G)", rw);
+        ex_check(r, "wy", "(I + Lkk) U = beta v", ru);
     }
     free(A);
 
@@ -552,6 +552,75 @@ static void print_rows(const ex_run *r, const char *stage, int n, const char *co
     ex_print(r, stage, n, m);
 }
 
+/* The derivative of the inverse in the intra backward: L = sum_c <dTm_c, (I + Lkk_c)^-1>, the
+ * inverse by forward substitution (the tool's own, to check the formula the card states). */
+typedef struct kx_inv {
+    const kx *x;
+    double *Lk;        /* [NC, BT, BT] */
+    const double *dTm; /* [T, BT]: chunk c at row c BT */
+    double *Ts;        /* scratch [BT, BT] */
+} kx_inv;
+
+static double inv_loss(void *p) {
+    kx_inv *v = (kx_inv *)p;
+    const int BT = v->x->BT;
+    double s = 0;
+    for (int c = 0; c < v->x->NC; c++) {
+        const int L = chunk_len(v->x, c);
+        const double *A = v->Lk + (int64_t)c * BT * BT, *D = v->dTm + (int64_t)c * BT * BT;
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j <= i; j++) {
+                double t = i == j;
+                for (int m = j; m < i; m++)
+                    t -= A[i * BT + m] * v->Ts[m * BT + j];
+                v->Ts[i * BT + j] = t;
+                s += D[i * BT + j] * t;
+            }
+    }
+    return s;
+}
+
+/* dLkk = -stril(Tm^T dTm Tm^T) per chunk into dL [NC, BT, BT], printed, and checked against
+ * finite differences of inv_loss. */
+static void walk_dlkk(ex_run *r, const kx *x, const double *dTm) {
+    const int BT = x->BT, NC = x->NC;
+    const int64_t n = (int64_t)NC * BT * BT;
+    double *Lk = ex_zeros(n), *dL = ex_zeros(n), *Ts = ex_zeros((int64_t)BT * BT);
+    unsigned char *skip = (unsigned char *)calloc((size_t)n, 1);
+    char t1[64];
+    if (!skip) {
+        fprintf(stderr, "deltagrad explain: out of host memory\n");
+        exit(2);
+    }
+    for (int c = 0; c < NC; c++) {
+        const int L = chunk_len(x, c);
+        const int64_t o = (int64_t)c * BT * BT;
+        const double *Tc = x->Tm + o, *Dc = dTm + o;
+        kx_lkk(x, c, Lk + o);
+        for (int i = 0; i < BT; i++)
+            for (int j = 0; j < BT; j++) {
+                skip[o + i * BT + j] = !(i < L && j < i);
+                if (skip[o + i * BT + j])
+                    continue;
+                double s = 0; /* (Tm^T dTm Tm^T)[i,j] = sum_{a,b} Tm[a,i] dTm[a,b] Tm[j,b] */
+                for (int a = i; a < L; a++)
+                    for (int b = 0; b <= j; b++)
+                        s += Tc[a * BT + i] * Dc[a * BT + b] * Tc[j * BT + b];
+                dL[o + i * BT + j] = -s;
+            }
+        snprintf(t1, sizeof t1, "chunk %d: dLkk", c);
+        ex_mat m[] = {{t1, dL + o, L, L, BT}};
+        ex_print(r, "intra", 1, m);
+    }
+    kx_inv v = {x, Lk, dTm, Ts};
+    ex_check(r, "intra", "dLkk = -stril(Tm^T dTm Tm^T) vs differences of (I + Lkk)^-1",
+             ex_fdcheck(inv_loss, &v, Lk, n, dL, skip));
+    free(Lk);
+    free(dL);
+    free(Ts);
+    free(skip);
+}
+
 static int walk_backward(ex_run *r, kx *x) {
     const int T = x->T, BT = x->BT, K = x->K, V = x->V, NC = x->NC;
     const int64_t nk = (int64_t)T * K, nv = (int64_t)T * V, kv = (int64_t)K * V;
@@ -638,7 +707,7 @@ static int walk_backward(ex_run *r, kx *x) {
         ex_check(r, "wy", "dTm vs finite differences", fd(&b, L_WY, x->Tm, na, b.dTm));
     }
 
-    ex_heading(r, "intra", "backward: through Aqk and Tm = (I + Akk)^-1 (dg__kda_intra_bwd_f64)");
+    ex_heading(r, "intra", "backward: through Aqk and Tm = (I + Lkk)^-1 (dg__kda_intra_bwd_f64)");
     if (dg__kda_intra_bwd_f64(d, x->scale, x->q, x->k, x->beta, x->G, x->Tm, b.dAqk, b.dTm, b.dqi,
                               b.dki, b.dbi, b.dGi)) {
         fprintf(stderr, "deltagrad explain: intra backward: %s\n", dg_last_error());
@@ -646,6 +715,9 @@ static int walk_backward(ex_run *r, kx *x) {
         goto done;
     }
     {
+        if (ex_shown(r, "intra"))
+            printf("  dLkk (inside dg__kda_intra_bwd_f64; computed here from Tm and dTm):\n");
+        walk_dlkk(r, x, b.dTm);
         const char *nm[] = {"dq", "dk", "dbeta", "dG"};
         const double *a[] = {b.dqi, b.dki, b.dbi, b.dGi};
         const int cols[] = {K, K, 1, K};
