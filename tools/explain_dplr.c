@@ -402,6 +402,17 @@ static int walk_kcp(ex_run *r, px *x, int N) {
                     snprintf(t1, sizeof t1,
                              "rank %d: merged h_in = recurrence state after token %d", rk, s0);
                     ex_check(r, "kcp", t1, ex_relres(hin, S, kv));
+                    /* the summary is the affine map: M h_in + h_ext = the local final state
+                     * (rank 0's h_ext already holds M h0) */
+                    for (int p = 0; p < K; p++)
+                        for (int e = 0; e < V; e++) {
+                            double sum = out[p * C + e];
+                            for (int c = 0; c < K && rk > 0; c++)
+                                sum += out[p * C + V + c] * hin[c * V + e];
+                            S[p * V + e] = sum;
+                        }
+                    snprintf(t1, sizeof t1, "rank %d: M h_in + h_ext = its final state", rk);
+                    ex_check(r, "kcp", t1, ex_relres(S, htl, kv));
                     ro = fmax(ro, ex_relres(o + (int64_t)s0 * V, x->o + (int64_t)s0 * V, nv));
                 }
             }
@@ -1042,9 +1053,12 @@ int ex_dplr(const ex_opts *o) {
     ex_run r = {o, 0, 0, 0};
     px_init(&x, o);
     printf("deltagrad explain --dplr: chunked DPLR on one sequence, one head, f64: T=%d chunk=%d "
-           "K=%d V=%d gate=%s strength=%g seed=%llu%s\n",
+           "K=%d V=%d gate=%s strength=%g seed=%llu",
            o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed, o->backward ? " (backward)" : "");
+           (unsigned long long)o->seed);
+    if (o->cp)
+        printf(" ranks=%d", o->cp);
+    printf("%s\n", o->backward ? " (backward)" : "");
     int rc = px_forward(&x);
     if (!rc && dg__dplr_recurrent_fwd_f64(&x.d, x.scale, x.q, x.k, x.v, x.a, x.b, x.gk, x.h0,
                                           x.orec, x.htrec)) {

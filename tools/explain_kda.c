@@ -1135,9 +1135,12 @@ int ex_kda(const ex_opts *o) {
     ex_run r = {o, 0, 0, 0};
     kx_init(&x, o, o->T, o->BT, o->K, o->V);
     printf("deltagrad explain: chunked KDA on one sequence, one head, f64: T=%d chunk=%d K=%d V=%d "
-           "gate=%s strength=%g seed=%llu%s\n",
+           "gate=%s strength=%g seed=%llu",
            o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed, o->backward ? " (backward)" : "");
+           (unsigned long long)o->seed);
+    if (o->cp)
+        printf(" ranks=%d", o->cp);
+    printf("%s\n", o->backward ? " (backward)" : "");
     int rc = kx_forward(&x);
     if (!rc)
         rc = kx_recurrent(&x);
