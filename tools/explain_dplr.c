@@ -988,10 +988,14 @@ static int walk_kcp_backward(ex_run *r, px *x, int N) {
             ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
             ex_print(r, "kcp", 1, m);
         }
-        ex_mat m[] = {{"dq", l->a[PL_DQ], l->Tr, K, K}, {"dk", l->a[PL_DK], l->Tr, K, K},
-                      {"dv", l->a[PL_DV], l->Tr, V, V}, {"da", l->a[PL_DA], l->Tr, K, K},
-                      {"db", l->a[PL_DB], l->Tr, K, K}, {"dgk", l->a[PL_DGK], l->Tr, K, K}};
-        ex_print(r, "kcp", 6, m);
+        ex_mat m[] = {{"dq", l->a[PL_DQ], l->Tr, K, K},
+                      {"dk", l->a[PL_DK], l->Tr, K, K},
+                      {"dv", l->a[PL_DV], l->Tr, V, V}};
+        ex_print(r, "kcp", 3, m);
+        ex_mat m2[] = {{"da", l->a[PL_DA], l->Tr, K, K},
+                       {"db", l->a[PL_DB], l->Tr, K, K},
+                       {"dgk", l->a[PL_DGK], l->Tr, K, K}};
+        ex_print(r, "kcp", 3, m2);
         if (i < N - 1) {
             if ((rc = rec_suffix_dh(x, l->s1, S)))
                 goto done;
