@@ -2,7 +2,10 @@
  * tools/explain_kda.c -- `deltagrad explain` for KDA: one sequence, one head, every stage run by
  * the library's raw f64 functions (ops/kda/kda.h), the KCP summaries and merge by ops/kcp/kcp.h.
  * What the tool computes itself are the checks: Lkk from its definition, the triangular identity,
- * prefix runs of the recurrence, the finite differences.
+ * dLkk from Tm and dTm (the formula inside the intra backward), prefix runs of the recurrence,
+ * the finite differences. With --cp N the ranks are simulated one after another in this process,
+ * forward (summaries, merge) and, with --backward, backward (reverse summaries, reverse merge,
+ * each rank's local backward) as ops/kcp/kcp_nodes.c runs them.
  */
 #include "ops/kcp/kcp.h"
 #include "ops/kda/kda.h"
