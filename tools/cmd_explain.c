@@ -130,8 +130,10 @@ static void usage(FILE *f) {
             "                      finite differences of its stage (f64)\n"
             "  --dplr              the same for DPLR (ops/dplr/)\n"
             "  --cp N              also split the sequence over N simulated ranks and merge their\n"
-            "                      KCP summaries (ops/kcp/)\n"
-            "  --plots DIR         gnuplot PNGs: Akk, Aqk and gate decay heatmaps, state norms,\n"
+            "                      KCP summaries (ops/kcp/); with --backward also the reverse\n"
+            "                      summaries and merge, each rank's gradients against one rank\n"
+            "                      (KDA and DPLR)\n"
+            "  --plots DIR         gnuplot PNGs: Lkk, Aqk and gate decay heatmaps, state norms,\n"
             "                      chunked-vs-recurrent error in f32 and bf16 (needs gnuplot)\n"
             "  --card              the reference card of the stages (no numbers)\n");
 }

@@ -402,6 +402,17 @@ static int walk_kcp(ex_run *r, px *x, int N) {
                     snprintf(t1, sizeof t1,
                              "rank %d: merged h_in = recurrence state after token %d", rk, s0);
                     ex_check(r, "kcp", t1, ex_relres(hin, S, kv));
+                    /* the summary is the affine map: M h_in + h_ext = the local final state
+                     * (rank 0's h_ext already holds M h0) */
+                    for (int p = 0; p < K; p++)
+                        for (int e = 0; e < V; e++) {
+                            double sum = out[p * C + e];
+                            for (int c = 0; c < K && rk > 0; c++)
+                                sum += out[p * C + V + c] * hin[c * V + e];
+                            S[p * V + e] = sum;
+                        }
+                    snprintf(t1, sizeof t1, "rank %d: M h_in + h_ext = its final state", rk);
+                    ex_check(r, "kcp", t1, ex_relres(S, htl, kv));
                     ro = fmax(ro, ex_relres(o + (int64_t)s0 * V, x->o + (int64_t)s0 * V, nv));
                 }
             }
@@ -678,14 +689,380 @@ fail:
     return rc;
 }
 
+/* ---- context parallelism, backward --------------------------------------------------------- */
+
+/* One rank's slice [s0, s1): its local stages, state pass and backward through the library's raw
+ * functions over Tr = s1 - s0 tokens (its chunks restart at s0). The one-rank pass is [0, T). */
+enum {
+    PL_GI,
+    PL_GE,
+    PL_AQK,
+    PL_AQB,
+    PL_AAK,
+    PL_TAB,
+    PL_W,
+    PL_U,
+    PL_QG,
+    PL_KG,
+    PL_BG, /* local */
+    PL_H,
+    PL_V2,
+    PL_HT,
+    PL_O, /* state, o */
+    PL_DQG,
+    PL_DH,
+    PL_DAQK,
+    PL_DAQB,
+    PL_DVO,
+    PL_DV2, /* output backward */
+    PL_DW,
+    PL_DU,
+    PL_DKG,
+    PL_DBG,
+    PL_DVS,
+    PL_DGIS,
+    PL_DH0, /* state backward */
+    PL_DQW,
+    PL_DKW,
+    PL_DVW,
+    PL_DAW,
+    PL_DBW,
+    PL_DGIW,
+    PL_DGEW,
+    PL_DAAK,
+    PL_DTAB, /* wy */
+    PL_DQI,
+    PL_DKI,
+    PL_DAI,
+    PL_DBI,
+    PL_DGII,
+    PL_DGEI, /* intra backward */
+    PL_DQ,
+    PL_DK,
+    PL_DV,
+    PL_DA,
+    PL_DB,
+    PL_DGI,
+    PL_DGE,
+    PL_DGK, /* sums, dgk */
+    PL_N
+};
+
+typedef struct ploc {
+    int s0, s1, Tr;
+    kda_dims d;
+    int64_t tab[4];
+    double *a[PL_N];
+} ploc;
+
+static void ploc_init(ploc *l, const px *x, int s0, int s1) {
+    memset(l, 0, sizeof *l);
+    l->s0 = s0;
+    l->s1 = s1;
+    l->Tr = s1 - s0;
+    kx_dims(&l->d, l->tab, l->Tr, x->BT, x->K, x->V);
+    const int64_t T = l->Tr, nk = T * x->K, nv = T * x->V, kv = (int64_t)x->K * x->V;
+    const int64_t na = T * x->BT, nh = l->tab[3] * kv;
+    for (int i = 0; i < PL_N; i++) {
+        int64_t n = nk;
+        if (i == PL_AQK || i == PL_AQB || i == PL_AAK || i == PL_TAB || i == PL_DAQK ||
+            i == PL_DAQB || i == PL_DAAK || i == PL_DTAB)
+            n = na;
+        else if (i == PL_U || i == PL_V2 || i == PL_O || i == PL_DVO || i == PL_DV2 || i == PL_DU ||
+                 i == PL_DVS || i == PL_DVW || i == PL_DV)
+            n = nv;
+        else if (i == PL_H || i == PL_DH)
+            n = nh;
+        else if (i == PL_HT || i == PL_DH0)
+            n = kv;
+        l->a[i] = ex_zeros(n);
+    }
+}
+
+static void ploc_free(ploc *l) {
+    for (int i = 0; i < PL_N; i++)
+        free(l->a[i]);
+}
+
+/* The slice's inputs. */
+#define PL_IN(x, l)                                                                                \
+    const double *q = (x)->q + (int64_t)(l)->s0 * (x)->K, *k = (x)->k + (int64_t)(l)->s0 * (x)->K, \
+                 *a_ = (x)->a + (int64_t)(l)->s0 * (x)->K,                                         \
+                 *b_ = (x)->b + (int64_t)(l)->s0 * (x)->K, *v = (x)->v + (int64_t)(l)->s0 * (x)->V
+
+/* cumsum, intra, wy on the slice (no communication). */
+static int ploc_stages(const px *x, ploc *l) {
+    double **g = l->a;
+    PL_IN(x, l);
+    dg__dplr_cumsum_fwd_f64(&l->d, x->gk + (int64_t)l->s0 * x->K, g[PL_GI], g[PL_GE]);
+    if (dg__dplr_intra_fwd_f64(&l->d, x->scale, q, k, a_, b_, g[PL_GI], g[PL_GE], g[PL_AQK],
+                               g[PL_AQB], g[PL_AAK], g[PL_TAB]) ||
+        dg__dplr_wy_fwd_f64(&l->d, x->scale, q, k, v, a_, b_, g[PL_GI], g[PL_GE], g[PL_AAK],
+                            g[PL_TAB], g[PL_W], g[PL_U], g[PL_QG], g[PL_KG], g[PL_BG])) {
+        fprintf(stderr, "deltagrad explain: dplr kcp: %s\n", dg_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+/* The state pass from hin and the output, then the output's backward from dO (its rows). */
+static int ploc_state_out(const px *x, ploc *l, const double *hin) {
+    double **g = l->a;
+    const double *v = x->v + (int64_t)l->s0 * x->V;
+    if (dg__dplr_state_fwd_f64(&l->d, g[PL_W], g[PL_U], g[PL_KG], g[PL_BG], v, g[PL_GI], hin,
+                               g[PL_H], g[PL_V2], g[PL_HT])) {
+        fprintf(stderr, "deltagrad explain: dplr kcp: %s\n", dg_last_error());
+        return 2;
+    }
+    dg__dplr_output_fwd_f64(&l->d, g[PL_QG], g[PL_H], g[PL_AQK], g[PL_AQB], v, g[PL_V2], g[PL_O]);
+    dg__dplr_output_bwd_f64(&l->d, g[PL_QG], g[PL_H], g[PL_AQK], g[PL_AQB], v, g[PL_V2],
+                            x->dO + (int64_t)l->s0 * x->V, g[PL_DQG], g[PL_DH], g[PL_DAQK],
+                            g[PL_DAQB], g[PL_DVO], g[PL_DV2]);
+    return 0;
+}
+
+/* The state, wy, intra backward with dht the gradient of the state leaving the slice, the sums
+ * and the reverse cumsums (dgk). */
+static int ploc_backward(const px *x, ploc *l, const double *dht) {
+    double **g = l->a;
+    PL_IN(x, l);
+    if (dg__dplr_state_bwd_f64(&l->d, g[PL_W], g[PL_KG], g[PL_BG], v, g[PL_GI], g[PL_H], g[PL_V2],
+                               g[PL_DH], g[PL_DV2], dht, g[PL_DW], g[PL_DU], g[PL_DKG], g[PL_DBG],
+                               g[PL_DVS], g[PL_DGIS], g[PL_DH0]) ||
+        dg__dplr_wy_bwd_f64(&l->d, x->scale, q, k, v, a_, b_, g[PL_GI], g[PL_GE], g[PL_AAK],
+                            g[PL_TAB], g[PL_DW], g[PL_DU], g[PL_DQG], g[PL_DKG], g[PL_DBG],
+                            g[PL_DQW], g[PL_DKW], g[PL_DVW], g[PL_DAW], g[PL_DBW], g[PL_DGIW],
+                            g[PL_DGEW], g[PL_DAAK], g[PL_DTAB]) ||
+        dg__dplr_intra_bwd_f64(&l->d, x->scale, q, k, a_, b_, g[PL_GI], g[PL_GE], g[PL_TAB],
+                               g[PL_DAQK], g[PL_DAQB], g[PL_DAAK], g[PL_DTAB], g[PL_DQI], g[PL_DKI],
+                               g[PL_DAI], g[PL_DBI], g[PL_DGII], g[PL_DGEI])) {
+        fprintf(stderr, "deltagrad explain: dplr kcp backward: %s\n", dg_last_error());
+        return 2;
+    }
+    const int64_t nk = (int64_t)l->Tr * x->K, nv = (int64_t)l->Tr * x->V;
+    for (int64_t i = 0; i < nk; i++) {
+        g[PL_DGI][i] = g[PL_DGIS][i] + g[PL_DGIW][i] + g[PL_DGII][i];
+        g[PL_DGE][i] = g[PL_DGEW][i] + g[PL_DGEI][i];
+        g[PL_DQ][i] = g[PL_DQW][i] + g[PL_DQI][i];
+        g[PL_DK][i] = g[PL_DKW][i] + g[PL_DKI][i];
+        g[PL_DA][i] = g[PL_DAW][i] + g[PL_DAI][i];
+        g[PL_DB][i] = g[PL_DBW][i] + g[PL_DBI][i];
+    }
+    for (int64_t i = 0; i < nv; i++)
+        g[PL_DV][i] = g[PL_DVO][i] + g[PL_DVS][i] + g[PL_DVW][i];
+    dg__dplr_cumsum_bwd_f64(&l->d, x->gk + (int64_t)l->s0 * x->K, g[PL_DGI], g[PL_DGE], g[PL_DGK]);
+    return 0;
+}
+
+/* The recurrence's gradient of the state after token t (t < T): dh0 of the recurrent backward
+ * of tokens t..T-1 from the recurrence's state there, with the same dO and dht. */
+static int rec_suffix_dh(const px *x, int t, double *dS) {
+    const int K = x->K, V = x->V, n = x->T - t;
+    const int64_t kv = (int64_t)K * V, nk = (int64_t)n * K, nv = (int64_t)n * V;
+    kda_dims d;
+    int64_t tab[4];
+    kx_dims(&d, tab, n, x->BT, K, V);
+    double *S = ex_zeros(kv), *g[6];
+    const int64_t gn[6] = {nk, nk, nv, nk, nk, nk};
+    for (int i = 0; i < 6; i++)
+        g[i] = ex_zeros(gn[i]);
+    int rc = rec_prefix(x, t, S);
+    const int64_t ok = (int64_t)t * K, ov = (int64_t)t * V;
+    if (!rc && dg__dplr_recurrent_bwd_f64(&d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->a + ok,
+                                          x->b + ok, x->gk + ok, S, x->dO + ov, x->dht, g[0], g[1],
+                                          g[2], g[3], g[4], g[5], dS)) {
+        fprintf(stderr, "deltagrad explain: dplr recurrent backward: %s\n", dg_last_error());
+        rc = 2;
+    }
+    free(S);
+    for (int i = 0; i < 6; i++)
+        free(g[i]);
+    return rc;
+}
+
+static int walk_kcp_backward(ex_run *r, px *x, int N) {
+    const int T = x->T, K = x->K, V = x->V, C = V + K;
+    const int64_t kv = (int64_t)K * V;
+    char t1[112];
+    ex_heading(r, "kcp", "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/dplr/kcp.c)");
+    if (ex_shown(r, "kcp"))
+        printf(
+            "  As for KDA: each rank runs the output's backward on its slice (dh per chunk\n"
+            "  start, dv2); dh_in = M^T dh_out + dh_ext with M_c^T = Diag(exp lam_c) + w_c^T bg_c\n"
+            "  and dh_ext fed by w^T dv2 and the output's dh (dg__kcp_summary_f64, reverse; the\n"
+            "  last rank starts from dht, rank 0 sends zeros). Rank r chains ranks N-1 down to\n"
+            "  r+1 (dg__kcp_merge_f64) into the dh entering its slice, then runs the state, wy,\n"
+            "  intra and cumsum backward locally; a rank > 0 drops its dh0.\n");
+    ploc one, *rk = (ploc *)calloc((size_t)N, sizeof(ploc));
+    double *agf = ex_zeros((int64_t)N * K * C), *agb = ex_zeros((int64_t)N * K * C);
+    double *hin = ex_zeros((int64_t)N * kv), *dho = ex_zeros((int64_t)N * kv);
+    double *S = ex_zeros(kv), *pred = ex_zeros(kv);
+    int order[64], rc = 0;
+    if (!rk) {
+        fprintf(stderr, "deltagrad explain: out of host memory\n");
+        exit(2);
+    }
+    ploc_init(&one, x, 0, T); /* the one-rank backward */
+    rc = ploc_stages(x, &one);
+    if (!rc)
+        rc = ploc_state_out(x, &one, x->h0);
+    if (!rc)
+        rc = ploc_backward(x, &one, x->dht);
+    for (int i = 0; i < N; i++)
+        ploc_init(&rk[i], x, (int)((int64_t)i * T / N), (int)((int64_t)(i + 1) * T / N));
+    for (int i = 0; i < N && !rc; i++) { /* forward summaries */
+        rc = ploc_stages(x, &rk[i]);
+        double **g = rk[i].a;
+        kcp_summary_io io;
+        memset(&io, 0, sizeof io);
+        io.X = g[PL_BG]; /* M_c = Diag + bg^T w */
+        io.Y = g[PL_W];
+        io.G = g[PL_GI];
+        io.nterm = 2;
+        io.term[0].A = g[PL_KG]; /* + kg^T v */
+        io.term[0].B = x->v + (int64_t)rk[i].s0 * V;
+        io.term[1].A = g[PL_BG]; /* + bg^T u */
+        io.term[1].B = g[PL_U];
+        io.S0 = i == 0 ? x->h0 : NULL;
+        io.out = agf + (int64_t)i * K * C;
+        if (!rc && dg__kcp_summary_f64(&rk[i].d, &io))
+            rc = 2;
+    }
+    for (int i = 0; i < N && !rc; i++) { /* merges, state passes, output backward */
+        for (int s = 0; s < i; s++)
+            order[s] = s;
+        if (i == 0)
+            memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
+        else if (dg__kcp_merge_f64(1, K, V, agf, order, i, hin + i * kv))
+            rc = 2;
+        if (!rc)
+            rc = ploc_state_out(x, &rk[i], hin + i * kv);
+    }
+    for (int i = 1; i < N && !rc; i++) { /* the reverse summaries (ranks 1..N-1) */
+        double **g = rk[i].a;
+        kcp_summary_io io;
+        memset(&io, 0, sizeof io);
+        io.reverse = 1;
+        io.X = g[PL_W]; /* M_c^T = Diag + w^T bg */
+        io.Y = g[PL_BG];
+        io.G = g[PL_GI];
+        io.nterm = 1;
+        io.term[0].A = g[PL_W]; /* + w^T dv2 */
+        io.term[0].B = g[PL_DV2];
+        io.dh = g[PL_DH];
+        io.S0 = i == N - 1 ? x->dht : NULL;
+        io.out = agb + (int64_t)i * K * C;
+        if (dg__kcp_summary_f64(&rk[i].d, &io))
+            rc = 2;
+    }
+    for (int i = 0; i < N && !rc; i++) { /* the reverse merges, the local backward */
+        if (i == N - 1) {
+            memcpy(dho + i * kv, x->dht, sizeof(double) * (size_t)kv);
+        } else {
+            for (int s = 0; s < N - 1 - i; s++)
+                order[s] = N - 1 - s;
+            if (dg__kcp_merge_f64(1, K, V, agb, order, N - 1 - i, dho + i * kv))
+                rc = 2;
+        }
+        if (!rc)
+            rc = ploc_backward(x, &rk[i], dho + i * kv);
+    }
+    if (rc) {
+        fprintf(stderr, "deltagrad explain: dplr kcp backward: %s\n", dg_last_error());
+        goto done;
+    }
+
+    for (int i = 0; i < N; i++) {
+        const ploc *l = &rk[i];
+        const double *sm = agb + (int64_t)i * K * C, *fm = agf + (int64_t)i * K * C;
+        const double *dh = dho + i * kv;
+        snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): dh_ext%s", i, l->s0, l->s1 - 1,
+                 i == N - 1 ? " (from dht)" : "");
+        if (i > 0) {
+            ex_mat m[] = {{t1, sm, K, V, C},
+                          {"M^T", sm + V, K, K, C},
+                          {i == N - 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
+            ex_print(r, "kcp", 3, m);
+        } else if (ex_shown(r, "kcp")) {
+            printf("  rank 0 (tokens %d..%d): no summary (no rank before it)\n", l->s0, l->s1 - 1);
+            ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
+            ex_print(r, "kcp", 1, m);
+        }
+        ex_mat m[] = {{"dq", l->a[PL_DQ], l->Tr, K, K},
+                      {"dk", l->a[PL_DK], l->Tr, K, K},
+                      {"dv", l->a[PL_DV], l->Tr, V, V}};
+        ex_print(r, "kcp", 3, m);
+        ex_mat m2[] = {{"da", l->a[PL_DA], l->Tr, K, K},
+                       {"db", l->a[PL_DB], l->Tr, K, K},
+                       {"dgk", l->a[PL_DGK], l->Tr, K, K}};
+        ex_print(r, "kcp", 3, m2);
+        if (i < N - 1) {
+            if ((rc = rec_suffix_dh(x, l->s1, S)))
+                goto done;
+            snprintf(t1, sizeof t1,
+                     "rank %d: merged dh_out = recurrence gradient of the state after token %d", i,
+                     l->s1);
+            ex_check(r, "kcp", t1, ex_relres(dh, S, kv));
+        }
+        if (i > 0) {
+            for (int p = 0; p < K; p++)
+                for (int e = 0; e < V; e++) {
+                    double s = sm[p * C + e];
+                    for (int b = 0; b < K && i < N - 1; b++)
+                        s += sm[p * C + V + b] * dh[b * V + e];
+                    pred[p * V + e] = s;
+                }
+            snprintf(t1, sizeof t1, "rank %d: %s = its local dh0", i,
+                     i < N - 1 ? "M^T dh_out + dh_ext" : "dh_ext (from dht)");
+            ex_check(r, "kcp", t1, ex_relres(pred, l->a[PL_DH0], kv));
+            snprintf(t1, sizeof t1, "rank %d: its local dh0 = dh_out merged for rank %d", i, i - 1);
+            ex_check(r, "kcp", t1, ex_relres(l->a[PL_DH0], dho + (i - 1) * kv, kv));
+            double rt = 0;
+            for (int p = 0; p < K; p++)
+                for (int b = 0; b < K; b++)
+                    rt = fmax(rt, fabs(sm[p * C + V + b] - fm[b * C + V + p]));
+            snprintf(t1, sizeof t1, "rank %d: backward M^T = transpose of forward M", i);
+            ex_check(r, "kcp", t1, rt);
+        }
+    }
+    {
+        const int src[] = {PL_DQ, PL_DK, PL_DV, PL_DA, PL_DB, PL_DGK};
+        const int per[] = {K, K, V, K, K, K};
+        const char *nm[] = {"dq", "dk", "dv", "da", "db", "dgk"};
+        for (int j = 0; j < 6; j++) {
+            double res = 0;
+            for (int i = 0; i < N; i++)
+                res =
+                    fmax(res, ex_relres(rk[i].a[src[j]], one.a[src[j]] + (int64_t)rk[i].s0 * per[j],
+                                        (int64_t)rk[i].Tr * per[j]));
+            snprintf(t1, sizeof t1, "%s of the ranks = %s of the one-rank backward", nm[j], nm[j]);
+            ex_check(r, "kcp", t1, res);
+        }
+        ex_check(r, "kcp", "rank 0's dh0 = dh0 of the one-rank backward",
+                 ex_relres(rk[0].a[PL_DH0], one.a[PL_DH0], kv));
+    }
+done:
+    ploc_free(&one);
+    for (int i = 0; i < N; i++)
+        ploc_free(&rk[i]);
+    double *fr[] = {agf, agb, hin, dho, S, pred};
+    for (int i = 0; i < 6; i++)
+        free(fr[i]);
+    free(rk);
+    return rc;
+}
+
 int ex_dplr(const ex_opts *o) {
     px x;
     ex_run r = {o, 0, 0, 0};
     px_init(&x, o);
     printf("deltagrad explain --dplr: chunked DPLR on one sequence, one head, f64: T=%d chunk=%d "
-           "K=%d V=%d gate=%s strength=%g seed=%llu%s\n",
+           "K=%d V=%d gate=%s strength=%g seed=%llu",
            o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed, o->backward ? " (backward)" : "");
+           (unsigned long long)o->seed);
+    if (o->cp)
+        printf(" ranks=%d", o->cp);
+    printf("%s\n", o->backward ? " (backward)" : "");
     int rc = px_forward(&x);
     if (!rc && dg__dplr_recurrent_fwd_f64(&x.d, x.scale, x.q, x.k, x.v, x.a, x.b, x.gk, x.h0,
                                           x.orec, x.htrec)) {
@@ -698,6 +1075,8 @@ int ex_dplr(const ex_opts *o) {
         rc = walk_kcp(&r, &x, o->cp);
     if (!rc && o->backward)
         rc = walk_backward(&r, &x);
+    if (!rc && o->backward && o->cp)
+        rc = walk_kcp_backward(&r, &x, o->cp);
     px_free(&x);
     if (rc)
         return rc;

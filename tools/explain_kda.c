@@ -1,8 +1,11 @@
 /*
  * tools/explain_kda.c -- `deltagrad explain` for KDA: one sequence, one head, every stage run by
  * the library's raw f64 functions (ops/kda/kda.h), the KCP summaries and merge by ops/kcp/kcp.h.
- * What the tool computes itself are the checks: Akk from its definition, the triangular identity,
- * prefix runs of the recurrence, the finite differences.
+ * What the tool computes itself are the checks: Lkk from its definition, the triangular identity,
+ * dLkk from Tm and dTm (the formula inside the intra backward), prefix runs of the recurrence,
+ * the finite differences. With --cp N the ranks are simulated one after another in this process,
+ * forward (summaries, merge) and, with --backward, backward (reverse summaries, reverse merge,
+ * each rank's local backward) as ops/kcp/kcp_nodes.c runs them.
  */
 #include "ops/kcp/kcp.h"
 #include "ops/kda/kda.h"
@@ -126,7 +129,7 @@ static int rec_prefix(const kx *x, int t, double *S) {
     return 0;
 }
 
-void kx_akk(const kx *x, int c, double *A) {
+void kx_lkk(const kx *x, int c, double *A) {
     const int t0 = c * x->BT, K = x->K;
     const int L = x->T - t0 < x->BT ? x->T - t0 : x->BT;
     memset(A, 0, sizeof(double) * (size_t)x->BT * x->BT);
@@ -231,9 +234,9 @@ static int walk_forward(ex_run *r, kx *x) {
         ex_check(r, "gate_cumsum", "G = chunk-local cumsum of g", res);
     }
 
-    ex_heading(r, "intra", "Aqk, Akk and Tm = (I + Akk)^-1 per chunk (dg__kda_intra_fwd_f64)");
+    ex_heading(r, "intra", "Aqk, Lkk and Tm = (I + Lkk)^-1 per chunk (dg__kda_intra_fwd_f64)");
     if (ex_shown(r, "intra"))
-        printf("%s  Akk (the Lkk above) is computed here from its definition, to check Tm.\n",
+        printf("%s  Lkk is computed here from its definition, to check Tm.\n",
                ex_card_text("intra"));
     double *A = ex_zeros((int64_t)NC * BT * BT);
     {
@@ -241,11 +244,11 @@ static int walk_forward(ex_run *r, kx *x) {
         for (int c = 0; c < NC; c++) {
             const int t0 = c * BT, L = chunk_len(x, c);
             double *Ac = A + (int64_t)c * BT * BT;
-            kx_akk(x, c, Ac);
+            kx_lkk(x, c, Ac);
             const double *Tc = x->Tm + (int64_t)t0 * BT, *Qc = x->Aqk + (int64_t)t0 * BT;
             snprintf(t1, sizeof t1, "chunk %d: Aqk", c);
             ex_mat m[] = {
-                {t1, Qc, L, L, BT}, {"Akk", Ac, L, L, BT}, {"Tm = (I+Akk)^-1", Tc, L, L, BT}};
+                {t1, Qc, L, L, BT}, {"Lkk", Ac, L, L, BT}, {"Tm = (I+Lkk)^-1", Tc, L, L, BT}};
             ex_print(r, "intra", 3, m);
             for (int i = 0; i < L; i++)
                 for (int j = 0; j <= i; j++) {
@@ -263,7 +266,7 @@ static int walk_forward(ex_run *r, kx *x) {
                 }
         }
         ex_check(r, "intra", "Aqk[i,j] = s sum_d q_id k_jd exp(G_id - G_jd)", rqk);
-        ex_check(r, "intra", "(I + Akk) Tm = I", rinv);
+        ex_check(r, "intra", "(I + Lkk) Tm = I", rinv);
     }
 
     ex_heading(r, "wy",
@@ -281,7 +284,7 @@ static int walk_forward(ex_run *r, kx *x) {
                           {"KG", x->KG + (int64_t)t0 * K, L, K, K},
                           {"QG", x->QG + (int64_t)t0 * K, L, K, K}};
             ex_print(r, "wy", 4, m);
-            /* (I + Akk) W = beta k exp(G), (I + Akk) U = beta v */
+            /* (I + Lkk) W = beta k exp(G), (I + Lkk) U = beta v */
             for (int i = 0; i < L; i++) {
                 const int ti = t0 + i;
                 for (int e = 0; e < K; e++) {
@@ -299,8 +302,8 @@ static int walk_forward(ex_run *r, kx *x) {
                 }
             }
         }
-        ex_check(r, "wy", "(I + Akk) W = beta k exp(G)", rw);
-        ex_check(r, "wy", "(I + Akk) U = beta v", ru);
+        ex_check(r, "wy", "(I + Lkk) W = beta k exp(G)", rw);
+        ex_check(r, "wy", "(I + Lkk) U = beta v", ru);
     }
     free(A);
 
@@ -552,6 +555,75 @@ static void print_rows(const ex_run *r, const char *stage, int n, const char *co
     ex_print(r, stage, n, m);
 }
 
+/* The derivative of the inverse in the intra backward: L = sum_c <dTm_c, (I + Lkk_c)^-1>, the
+ * inverse by forward substitution (the tool's own, to check the formula the card states). */
+typedef struct kx_inv {
+    const kx *x;
+    double *Lk;        /* [NC, BT, BT] */
+    const double *dTm; /* [T, BT]: chunk c at row c BT */
+    double *Ts;        /* scratch [BT, BT] */
+} kx_inv;
+
+static double inv_loss(void *p) {
+    kx_inv *v = (kx_inv *)p;
+    const int BT = v->x->BT;
+    double s = 0;
+    for (int c = 0; c < v->x->NC; c++) {
+        const int L = chunk_len(v->x, c);
+        const double *A = v->Lk + (int64_t)c * BT * BT, *D = v->dTm + (int64_t)c * BT * BT;
+        for (int i = 0; i < L; i++)
+            for (int j = 0; j <= i; j++) {
+                double t = i == j;
+                for (int m = j; m < i; m++)
+                    t -= A[i * BT + m] * v->Ts[m * BT + j];
+                v->Ts[i * BT + j] = t;
+                s += D[i * BT + j] * t;
+            }
+    }
+    return s;
+}
+
+/* dLkk = -stril(Tm^T dTm Tm^T) per chunk into dL [NC, BT, BT], printed, and checked against
+ * finite differences of inv_loss. */
+static void walk_dlkk(ex_run *r, const kx *x, const double *dTm) {
+    const int BT = x->BT, NC = x->NC;
+    const int64_t n = (int64_t)NC * BT * BT;
+    double *Lk = ex_zeros(n), *dL = ex_zeros(n), *Ts = ex_zeros((int64_t)BT * BT);
+    unsigned char *skip = (unsigned char *)calloc((size_t)n, 1);
+    char t1[64];
+    if (!skip) {
+        fprintf(stderr, "deltagrad explain: out of host memory\n");
+        exit(2);
+    }
+    for (int c = 0; c < NC; c++) {
+        const int L = chunk_len(x, c);
+        const int64_t o = (int64_t)c * BT * BT;
+        const double *Tc = x->Tm + o, *Dc = dTm + o;
+        kx_lkk(x, c, Lk + o);
+        for (int i = 0; i < BT; i++)
+            for (int j = 0; j < BT; j++) {
+                skip[o + i * BT + j] = !(i < L && j < i);
+                if (skip[o + i * BT + j])
+                    continue;
+                double s = 0; /* (Tm^T dTm Tm^T)[i,j] = sum_{a,b} Tm[a,i] dTm[a,b] Tm[j,b] */
+                for (int a = i; a < L; a++)
+                    for (int b = 0; b <= j; b++)
+                        s += Tc[a * BT + i] * Dc[a * BT + b] * Tc[j * BT + b];
+                dL[o + i * BT + j] = -s;
+            }
+        snprintf(t1, sizeof t1, "chunk %d: dLkk", c);
+        ex_mat m[] = {{t1, dL + o, L, L, BT}};
+        ex_print(r, "intra", 1, m);
+    }
+    kx_inv v = {x, Lk, dTm, Ts};
+    ex_check(r, "intra", "dLkk = -stril(Tm^T dTm Tm^T) vs differences of (I + Lkk)^-1",
+             ex_fdcheck(inv_loss, &v, Lk, n, dL, skip));
+    free(Lk);
+    free(dL);
+    free(Ts);
+    free(skip);
+}
+
 static int walk_backward(ex_run *r, kx *x) {
     const int T = x->T, BT = x->BT, K = x->K, V = x->V, NC = x->NC;
     const int64_t nk = (int64_t)T * K, nv = (int64_t)T * V, kv = (int64_t)K * V;
@@ -638,7 +710,7 @@ static int walk_backward(ex_run *r, kx *x) {
         ex_check(r, "wy", "dTm vs finite differences", fd(&b, L_WY, x->Tm, na, b.dTm));
     }
 
-    ex_heading(r, "intra", "backward: through Aqk and Tm = (I + Akk)^-1 (dg__kda_intra_bwd_f64)");
+    ex_heading(r, "intra", "backward: through Aqk and Tm = (I + Lkk)^-1 (dg__kda_intra_bwd_f64)");
     if (dg__kda_intra_bwd_f64(d, x->scale, x->q, x->k, x->beta, x->G, x->Tm, b.dAqk, b.dTm, b.dqi,
                               b.dki, b.dbi, b.dGi)) {
         fprintf(stderr, "deltagrad explain: intra backward: %s\n", dg_last_error());
@@ -646,6 +718,9 @@ static int walk_backward(ex_run *r, kx *x) {
         goto done;
     }
     {
+        if (ex_shown(r, "intra"))
+            printf("  dLkk (inside dg__kda_intra_bwd_f64; computed here from Tm and dTm):\n");
+        walk_dlkk(r, x, b.dTm);
         const char *nm[] = {"dq", "dk", "dbeta", "dG"};
         const double *a[] = {b.dqi, b.dki, b.dbi, b.dGi};
         const int cols[] = {K, K, 1, K};
@@ -731,14 +806,344 @@ done:
     return rc;
 }
 
+/* ---- context parallelism, backward --------------------------------------------------------- */
+
+/* One rank's slice [s0, s1) of the example: its local stages, state pass and backward through
+ * the library's raw functions, in the layouts of kda.h over Tr = s1 - s0 tokens (its chunks
+ * restart at s0). The unsplit (one-rank) pass is the slice [0, T). */
+enum {
+    KL_G,
+    KL_AQK,
+    KL_TM,
+    KL_W,
+    KL_U,
+    KL_KG,
+    KL_QG,
+    KL_H,
+    KL_E,
+    KL_HT,
+    KL_O, /* forward */
+    KL_DQG,
+    KL_DH,
+    KL_DAQK,
+    KL_DE, /* N7 backward */
+    KL_DW,
+    KL_DU,
+    KL_DKG,
+    KL_DGS,
+    KL_DH0, /* N6 backward */
+    KL_DQW,
+    KL_DKW,
+    KL_DV,
+    KL_DBW,
+    KL_DGW,
+    KL_DTM, /* N5 backward */
+    KL_DQI,
+    KL_DKI,
+    KL_DBI,
+    KL_DGI, /* N4 backward */
+    KL_DQ,
+    KL_DK,
+    KL_DBETA,
+    KL_DG,
+    KL_DLOG, /* sums; dg */
+    KL_N
+};
+
+typedef struct kloc {
+    int s0, s1, Tr;
+    kda_dims d;
+    int64_t tab[4];
+    double *a[KL_N];
+} kloc;
+
+static void kloc_init(kloc *l, const kx *x, int s0, int s1) {
+    memset(l, 0, sizeof *l);
+    l->s0 = s0;
+    l->s1 = s1;
+    l->Tr = s1 - s0;
+    kx_dims(&l->d, l->tab, l->Tr, x->BT, x->K, x->V);
+    const int64_t T = l->Tr, nk = T * x->K, nv = T * x->V, kv = (int64_t)x->K * x->V;
+    const int64_t na = T * x->BT, nh = l->tab[3] * kv;
+    const int64_t sz[KL_N] = {
+        [KL_G] = nk,   [KL_AQK] = na,  [KL_TM] = na,   [KL_W] = nk,   [KL_U] = nv,   [KL_KG] = nk,
+        [KL_QG] = nk,  [KL_H] = nh,    [KL_E] = nv,    [KL_HT] = kv,  [KL_O] = nv,   [KL_DQG] = nk,
+        [KL_DH] = nh,  [KL_DAQK] = na, [KL_DE] = nv,   [KL_DW] = nk,  [KL_DU] = nv,  [KL_DKG] = nk,
+        [KL_DGS] = nk, [KL_DH0] = kv,  [KL_DQW] = nk,  [KL_DKW] = nk, [KL_DV] = nv,  [KL_DBW] = T,
+        [KL_DGW] = nk, [KL_DTM] = na,  [KL_DQI] = nk,  [KL_DKI] = nk, [KL_DBI] = T,  [KL_DGI] = nk,
+        [KL_DQ] = nk,  [KL_DK] = nk,   [KL_DBETA] = T, [KL_DG] = nk,  [KL_DLOG] = nk};
+    for (int i = 0; i < KL_N; i++)
+        l->a[i] = ex_zeros(sz[i]);
+}
+
+static void kloc_free(kloc *l) {
+    for (int i = 0; i < KL_N; i++)
+        free(l->a[i]);
+}
+
+/* N3-N5 on the slice (no communication). */
+static int kloc_stages(const kx *x, kloc *l) {
+    double **a = l->a;
+    const int K = x->K, s0 = l->s0;
+    const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
+    const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
+    const double *v = x->v + (int64_t)s0 * x->V, *beta = x->beta + s0;
+    dg__kda_gate_fwd_f64(&l->d, x->gate, x->lb, 1, x->x + (int64_t)s0 * K, A_log, x->dt_bias,
+                         a[KL_G]);
+    TRY(dg__kda_intra_fwd_f64(&l->d, x->scale, q, k, beta, a[KL_G], a[KL_AQK], a[KL_TM]));
+    TRY(dg__kda_wy_fwd_f64(&l->d, q, k, v, beta, a[KL_G], a[KL_TM], a[KL_W], a[KL_U], a[KL_KG],
+                           a[KL_QG]));
+    return 0;
+}
+
+/* N6-N7 from the slice's initial state hin, then N7's backward from dO (its rows of the slice):
+ * dQG, dh per chunk start, dAqk, dE. */
+static int kloc_state_out(const kx *x, kloc *l, const double *hin) {
+    double **a = l->a;
+    TRY(dg__kda_state_fwd_f64(&l->d, a[KL_W], a[KL_U], a[KL_KG], a[KL_G], hin, a[KL_H], a[KL_E],
+                              a[KL_HT]));
+    dg__kda_output_fwd_f64(&l->d, x->scale, a[KL_QG], a[KL_H], a[KL_AQK], a[KL_E], a[KL_O]);
+    dg__kda_output_bwd_f64(&l->d, x->scale, a[KL_QG], a[KL_H], a[KL_AQK], a[KL_E],
+                           x->dO + (int64_t)l->s0 * x->V, a[KL_DQG], a[KL_DH], a[KL_DAQK],
+                           a[KL_DE]);
+    return 0;
+}
+
+/* N6-N4's backward with dht the gradient of the state leaving the slice, the sums, and dg (the
+ * gradient of the per-token log decay: dG through the reverse chunk-local cumsum). */
+static int kloc_backward(const kx *x, kloc *l, const double *dht) {
+    double **a = l->a;
+    const int K = x->K, s0 = l->s0;
+    const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
+    const double *v = x->v + (int64_t)s0 * x->V, *beta = x->beta + s0;
+    const int64_t nk = (int64_t)l->Tr * K;
+    TRY(dg__kda_state_bwd_f64(&l->d, a[KL_W], a[KL_KG], a[KL_G], a[KL_H], a[KL_E], a[KL_DH],
+                              a[KL_DE], dht, a[KL_DW], a[KL_DU], a[KL_DKG], a[KL_DGS], a[KL_DH0]));
+    TRY(dg__kda_wy_bwd_f64(&l->d, q, k, v, beta, a[KL_G], a[KL_TM], a[KL_DW], a[KL_DU], a[KL_DKG],
+                           a[KL_DQG], a[KL_DQW], a[KL_DKW], a[KL_DV], a[KL_DBW], a[KL_DGW],
+                           a[KL_DTM]));
+    TRY(dg__kda_intra_bwd_f64(&l->d, x->scale, q, k, beta, a[KL_G], a[KL_TM], a[KL_DAQK], a[KL_DTM],
+                              a[KL_DQI], a[KL_DKI], a[KL_DBI], a[KL_DGI]));
+    for (int64_t i = 0; i < nk; i++) {
+        a[KL_DQ][i] = a[KL_DQW][i] + a[KL_DQI][i];
+        a[KL_DK][i] = a[KL_DKW][i] + a[KL_DKI][i];
+        a[KL_DG][i] = a[KL_DGS][i] + a[KL_DGW][i] + a[KL_DGI][i];
+    }
+    for (int t = 0; t < l->Tr; t++)
+        a[KL_DBETA][t] = a[KL_DBW][t] + a[KL_DBI][t];
+    dg__kda_gate_bwd_f64(&l->d, DG_GATE_NONE, 0, 1, x->g + (int64_t)s0 * K, NULL, NULL, a[KL_DG],
+                         a[KL_DLOG], NULL, NULL);
+    return 0;
+}
+
+/* The recurrence's gradient of the state after token t (t < T): dh0 of the recurrent backward
+ * of tokens t..T-1 from the recurrence's state there, with the same dO and dht. */
+static int rec_suffix_dh(const kx *x, int t, double *dS) {
+    const int K = x->K, V = x->V, n = x->T - t;
+    const int64_t kv = (int64_t)K * V, nk = (int64_t)n * K, nv = (int64_t)n * V;
+    kda_dims d;
+    int64_t tab[4];
+    kx_dims(&d, tab, n, x->BT, K, V);
+    double *S = ex_zeros(kv), *dq = ex_zeros(nk), *dk = ex_zeros(nk), *dv = ex_zeros(nv),
+           *dg = ex_zeros(nk), *db = ex_zeros(n);
+    int rc = rec_prefix(x, t, S);
+    if (!rc &&
+        dg__kda_recurrent_bwd_f64(&d, x->scale, x->q + (int64_t)t * K, x->k + (int64_t)t * K,
+                                  x->v + (int64_t)t * V, x->g + (int64_t)t * K, x->beta + t, S,
+                                  x->dO + (int64_t)t * V, x->dht, dq, dk, dv, dg, db, dS)) {
+        fprintf(stderr, "deltagrad explain: recurrent backward: %s\n", dg_last_error());
+        rc = 2;
+    }
+    double *fr[] = {S, dq, dk, dv, dg, db};
+    for (int i = 0; i < 6; i++)
+        free(fr[i]);
+    return rc;
+}
+
+static int walk_kcp_backward(ex_run *r, kx *x) {
+    const int N = x->o->cp, T = x->T, K = x->K, V = x->V, C = V + K;
+    const int64_t kv = (int64_t)K * V;
+    char t1[112];
+    ex_heading(r, "kcp", "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/kda/kcp.c)");
+    if (ex_shown(r, "kcp"))
+        printf(
+            "  Each rank runs N7's backward on its slice (dh per chunk start, dE). Its state\n"
+            "  pass's backward is affine in the unknown gradient dh_out of the state leaving\n"
+            "  the slice: dh_in = M^T dh_out + dh_ext. Ranks 1..N-1 compute [dh_ext | M^T]\n"
+            "  (dg__kcp_summary_f64, reverse: X = W, Y = KG, term - W^T dE, plus N7's dh; the\n"
+            "  last rank starts from the loss's dht); rank 0 sends zeros. After an all_gather,\n"
+            "  rank r chains the summaries of ranks N-1 down to r+1 (dg__kcp_merge_f64, farthest\n"
+            "  first) into the dh entering its slice from the right, then runs N6-N4's backward\n"
+            "  locally. A rank > 0 drops the dh0 it computes: rank r-1 already got it through\n"
+            "  the merge. dq, dk are gradients of the unit rows, dg of the per-token log decay\n"
+            "  (N1-N3's backward is per token, the same split or not).\n");
+    kloc one, *rk = (kloc *)calloc((size_t)N, sizeof(kloc));
+    double *agf = ex_zeros((int64_t)N * K * C), *agb = ex_zeros((int64_t)N * K * C);
+    double *hin = ex_zeros((int64_t)N * kv), *dho = ex_zeros((int64_t)N * kv);
+    double *S = ex_zeros(kv), *pred = ex_zeros(kv);
+    int order[64], rc = 0;
+    if (!rk) {
+        fprintf(stderr, "deltagrad explain: out of host memory\n");
+        exit(2);
+    }
+    /* the one-rank backward */
+    kloc_init(&one, x, 0, T);
+    rc = kloc_stages(x, &one);
+    if (!rc)
+        rc = kloc_state_out(x, &one, x->h0);
+    if (!rc)
+        rc = kloc_backward(x, &one, x->dht);
+    /* forward on the ranks: summaries, merge, state pass; then N7's backward */
+    for (int i = 0; i < N; i++)
+        kloc_init(&rk[i], x, (int)((int64_t)i * T / N), (int)((int64_t)(i + 1) * T / N));
+    for (int i = 0; i < N && !rc; i++) {
+        rc = kloc_stages(x, &rk[i]);
+        if (rc)
+            break;
+        double **a = rk[i].a;
+        kcp_summary_io io;
+        memset(&io, 0, sizeof io);
+        io.X = a[KL_KG];
+        io.Y = a[KL_W];
+        io.G = a[KL_G];
+        io.neg_xy = 1;
+        io.nterm = 1;
+        io.term[0].A = a[KL_KG];
+        io.term[0].B = a[KL_U];
+        io.S0 = i == 0 ? x->h0 : NULL;
+        io.out = agf + (int64_t)i * K * C;
+        TRY(dg__kcp_summary_f64(&rk[i].d, &io));
+    }
+    for (int i = 0; i < N && !rc; i++) {
+        for (int s = 0; s < i; s++)
+            order[s] = s;
+        if (i == 0)
+            memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
+        else
+            TRY(dg__kcp_merge_f64(1, K, V, agf, order, i, hin + i * kv));
+        rc = kloc_state_out(x, &rk[i], hin + i * kv);
+    }
+    /* the reverse summaries (ranks 1..N-1), the all_gather (agb), the reverse merges */
+    for (int i = 1; i < N && !rc; i++) {
+        double **a = rk[i].a;
+        kcp_summary_io io;
+        memset(&io, 0, sizeof io);
+        io.reverse = 1;
+        io.X = a[KL_W]; /* M_c^T = Diag(exp lam_c) - W_c^T KG_c */
+        io.Y = a[KL_KG];
+        io.G = a[KL_G];
+        io.neg_xy = 1;
+        io.nterm = 1;
+        io.term[0].A = a[KL_W]; /* - W^T dE */
+        io.term[0].B = a[KL_DE];
+        io.term[0].neg = 1;
+        io.dh = a[KL_DH];
+        io.S0 = i == N - 1 ? x->dht : NULL;
+        io.out = agb + (int64_t)i * K * C;
+        TRY(dg__kcp_summary_f64(&rk[i].d, &io));
+    }
+    for (int i = 0; i < N && !rc; i++) {
+        if (i == N - 1) {
+            memcpy(dho + i * kv, x->dht, sizeof(double) * (size_t)kv);
+        } else {
+            for (int s = 0; s < N - 1 - i; s++)
+                order[s] = N - 1 - s;
+            TRY(dg__kcp_merge_f64(1, K, V, agb, order, N - 1 - i, dho + i * kv));
+        }
+        rc = kloc_backward(x, &rk[i], dho + i * kv);
+    }
+    if (rc)
+        goto done;
+
+    for (int i = 0; i < N; i++) {
+        const kloc *l = &rk[i];
+        const double *sm = agb + (int64_t)i * K * C, *fm = agf + (int64_t)i * K * C;
+        const double *dh = dho + i * kv;
+        snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): dh_ext%s", i, l->s0, l->s1 - 1,
+                 i == N - 1 ? " (from dht)" : "");
+        if (i > 0) {
+            ex_mat m[] = {{t1, sm, K, V, C},
+                          {"M^T", sm + V, K, K, C},
+                          {i == N - 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
+            ex_print(r, "kcp", 3, m);
+        } else if (ex_shown(r, "kcp")) {
+            printf("  rank 0 (tokens %d..%d): no summary (no rank before it)\n", l->s0, l->s1 - 1);
+            ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
+            ex_print(r, "kcp", 1, m);
+        }
+        const char *nm[] = {"dq", "dk", "dv", "dg", "dbeta"};
+        const double *ar[] = {l->a[KL_DQ], l->a[KL_DK], l->a[KL_DV], l->a[KL_DLOG], l->a[KL_DBETA]};
+        const int cols[] = {K, K, V, K, 1};
+        print_rows(r, "kcp", 5, nm, ar, cols, l->Tr);
+        if (i < N - 1) {
+            if ((rc = rec_suffix_dh(x, l->s1, S)))
+                goto done;
+            snprintf(t1, sizeof t1,
+                     "rank %d: merged dh_out = recurrence gradient of the state after token %d", i,
+                     l->s1);
+            ex_check(r, "kcp", t1, ex_relres(dh, S, kv));
+        }
+        if (i > 0) {
+            /* the reverse summary is the affine map: M^T dh_out + dh_ext = the local dh0 (the
+             * last rank's dh_ext already holds M^T dht) */
+            for (int p = 0; p < K; p++)
+                for (int e = 0; e < V; e++) {
+                    double s = sm[p * C + e];
+                    for (int b = 0; b < K && i < N - 1; b++)
+                        s += sm[p * C + V + b] * dh[b * V + e];
+                    pred[p * V + e] = s;
+                }
+            snprintf(t1, sizeof t1, "rank %d: %s = its local dh0", i,
+                     i < N - 1 ? "M^T dh_out + dh_ext" : "dh_ext (from dht)");
+            ex_check(r, "kcp", t1, ex_relres(pred, l->a[KL_DH0], kv));
+            snprintf(t1, sizeof t1, "rank %d: its local dh0 = dh_out merged for rank %d", i, i - 1);
+            ex_check(r, "kcp", t1, ex_relres(l->a[KL_DH0], dho + (i - 1) * kv, kv));
+            double rt = 0;
+            for (int p = 0; p < K; p++)
+                for (int b = 0; b < K; b++)
+                    rt = fmax(rt, fabs(sm[p * C + V + b] - fm[b * C + V + p]));
+            snprintf(t1, sizeof t1, "rank %d: backward M^T = transpose of forward M", i);
+            ex_check(r, "kcp", t1, rt);
+        }
+    }
+    {
+        const int src[] = {KL_DQ, KL_DK, KL_DV, KL_DLOG, KL_DBETA};
+        const int per[] = {K, K, V, K, 1};
+        const char *nm[] = {"dq", "dk", "dv", "dg", "dbeta"};
+        for (int j = 0; j < 5; j++) {
+            double res = 0;
+            for (int i = 0; i < N; i++)
+                res =
+                    fmax(res, ex_relres(rk[i].a[src[j]], one.a[src[j]] + (int64_t)rk[i].s0 * per[j],
+                                        (int64_t)rk[i].Tr * per[j]));
+            snprintf(t1, sizeof t1, "%s of the ranks = %s of the one-rank backward", nm[j], nm[j]);
+            ex_check(r, "kcp", t1, res);
+        }
+        ex_check(r, "kcp", "rank 0's dh0 = dh0 of the one-rank backward",
+                 ex_relres(rk[0].a[KL_DH0], one.a[KL_DH0], kv));
+    }
+done:
+    kloc_free(&one);
+    for (int i = 0; i < N; i++)
+        kloc_free(&rk[i]);
+    double *fr[] = {agf, agb, hin, dho, S, pred};
+    for (int i = 0; i < 6; i++)
+        free(fr[i]);
+    free(rk);
+    return rc;
+}
+
 int ex_kda(const ex_opts *o) {
     kx x;
     ex_run r = {o, 0, 0, 0};
     kx_init(&x, o, o->T, o->BT, o->K, o->V);
     printf("deltagrad explain: chunked KDA on one sequence, one head, f64: T=%d chunk=%d K=%d V=%d "
-           "gate=%s strength=%g seed=%llu%s\n",
+           "gate=%s strength=%g seed=%llu",
            o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed, o->backward ? " (backward)" : "");
+           (unsigned long long)o->seed);
+    if (o->cp)
+        printf(" ranks=%d", o->cp);
+    printf("%s\n", o->backward ? " (backward)" : "");
     int rc = kx_forward(&x);
     if (!rc)
         rc = kx_recurrent(&x);
@@ -748,6 +1153,8 @@ int ex_kda(const ex_opts *o) {
         rc = walk_kcp(&r, &x);
     if (!rc && o->backward)
         rc = walk_backward(&r, &x);
+    if (!rc && o->backward && o->cp)
+        rc = walk_kcp_backward(&r, &x);
     kx_free(&x);
     if (rc)
         return rc;

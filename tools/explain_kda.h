@@ -32,8 +32,8 @@ void kx_free(kx *x);
 /* The chunked forward from the raw inputs, and the recurrence (orec, htrec): 0 or 2. */
 int kx_forward(kx *x);
 int kx_recurrent(kx *x);
-/* Akk of chunk c (L x L at row stride BT; zero on and above the diagonal) from its definition,
- * Akk[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd) for j < i (the tool's check of Tm). */
-void kx_akk(const kx *x, int c, double *A);
+/* Lkk of chunk c (L x L at row stride BT; zero on and above the diagonal) from its definition,
+ * Lkk[i,j] = beta_i sum_d k_id k_jd exp(G_id - G_jd) for j < i (the tool's check of Tm). */
+void kx_lkk(const kx *x, int c, double *A);
 
 #endif

@@ -2,7 +2,7 @@
  * tools/explain_plots.c -- `deltagrad explain --plots DIR`: gnuplot PNGs of the KDA example.
  * For each plot the data file (.dat) and the gnuplot script (.gp) are written to DIR and gnuplot
  * renders the PNG (pngcairo, else png):
- *   akk.png, aqk.png      heatmaps of Akk and Aqk over the whole sequence (block diagonal: one
+ *   lkk.png, aqk.png      heatmaps of Lkk and Aqk over the whole sequence (block diagonal: one
  *                         block per chunk), the example's sizes and gate
  *   decay.png             the gate decay matrix, mean over the key dims of
  *                         exp(g_{j+1} + ... + g_i), j <= i: how much of token j's write is left at
@@ -395,14 +395,14 @@ int ex_plots(const ex_opts *o) {
     kx_init(&x, o, o->T, o->BT, o->K, o->V);
     int rc = kx_forward(&x);
     const int T = x.T, BT = x.BT, K = x.K;
-    double *akk = ex_zeros((int64_t)T * T), *aqk = ex_zeros((int64_t)T * T),
+    double *lkk = ex_zeros((int64_t)T * T), *aqk = ex_zeros((int64_t)T * T),
            *dec = ex_zeros((int64_t)T * T), *A = ex_zeros((int64_t)BT * BT);
     for (int c = 0; c < x.NC && !rc; c++) {
         const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
-        kx_akk(&x, c, A);
+        kx_lkk(&x, c, A);
         for (int i = 0; i < L; i++)
             for (int j = 0; j <= i; j++) {
-                akk[(int64_t)(t0 + i) * T + t0 + j] = A[i * BT + j];
+                lkk[(int64_t)(t0 + i) * T + t0 + j] = A[i * BT + j];
                 aqk[(int64_t)(t0 + i) * T + t0 + j] = x.Aqk[(int64_t)(t0 + i) * BT + j];
             }
     }
@@ -421,8 +421,8 @@ int ex_plots(const ex_opts *o) {
     }
     char title[200];
     if (!rc) {
-        snprintf(title, sizeof title, "Akk (block per chunk of %d), T=%d K=%d", BT, T, K);
-        rc = heatmap("akk", title, akk, T, term);
+        snprintf(title, sizeof title, "Lkk (block per chunk of %d), T=%d K=%d", BT, T, K);
+        rc = heatmap("lkk", title, lkk, T, term);
     }
     if (!rc) {
         snprintf(title, sizeof title, "Aqk (block per chunk of %d), T=%d K=%d", BT, T, K);
@@ -433,7 +433,7 @@ int ex_plots(const ex_opts *o) {
                  o->strength);
         rc = heatmap("decay", title, dec, T, term);
     }
-    free(akk);
+    free(lkk);
     free(aqk);
     free(dec);
     free(A);
