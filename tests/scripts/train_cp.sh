@@ -71,6 +71,12 @@ compare "2 data-parallel processes vs one process" one/log.csv dp2/log.csv
 run1 --out one_acc --accum 2 --batch 2
 runN 4 --cp 2 --accum 2 --batch 2 --out cp2dp2_acc
 compare "--cp 2 x 2 groups, --accum 2 vs one process" one_acc/log.csv cp2dp2_acc/log.csv
+# the DPLR mixer: its KCP (dg_dplr_chunk_cp) under the model, 2 and 4 ranks
+run1 --mixer dplr --out one_dplr
+runN 2 --cp 2 --mixer dplr --out cp2_dplr
+compare "--mixer dplr --cp 2 vs one process" one_dplr/log.csv cp2_dplr/log.csv
+runN 4 --cp 4 --mixer dplr --out cp4_dplr
+compare "--mixer dplr --cp 4 vs one process" one_dplr/log.csv cp4_dplr/log.csv
 # a CP checkpoint resumed by one process, and the other way round
 runN 2 --cp 2 --out a --stop-at 4
 "$dg" train --out a --resume --no-plot --threads 1 --device cpu >/dev/null 2>err.txt ||
