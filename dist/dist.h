@@ -1,6 +1,7 @@
 /*
  * dist/dist.h -- library-internal side of the communicators: the backend table every backend
- * fills in, and the helpers the backends share (clock, timeout message).
+ * fills in, the helpers the backends share (clock, timeout message), and the halo exchange of the
+ * context-parallel token-local ops (dg__cp_halo_cat).
  *
  * dist/comm.c holds the public dg_comm_* functions: argument checks, host staging of CUDA tensors
  * for the MPI backend, statistics. A backend moves raw bytes (or raw f32/f64 arrays for the

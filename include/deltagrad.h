@@ -895,7 +895,8 @@ void dg_cp_plan_free(dg_cp_plan **p);
 
 /* dg_kda_chunk over a context-parallel split (KCP, docs/distributed.md): every rank calls it with
  * its slice, q, k: [1,T_r,H,K] etc. (T_r = plan->end - plan->begin), with the dtypes and devices
- * of dg_kda_chunk (on CUDA the summaries are computed on host copies; not yet run on a GPU).
+ * of dg_kda_chunk (on CUDA the summaries run on the device for bf16 inputs with K % 16 == 0, on
+ * host copies otherwise).
  * opts->cu_seqlens must be NULL (the plan holds the sequences). h0: [n_seqs,HV,K,V] global or
  * NULL; each row is read by the rank where its sequence starts. ht (output_final_state):
  * [n_seqs,HV,K,V]; rows of sequences that end on this rank hold the final state, the others are
@@ -908,9 +909,9 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 /* dg_dplr_chunk over a context-parallel split (KCP with the DPLR transition Diag(exp(lam)) +
  * bg^T w, distributed.md K6), called like dg_kda_chunk_cp: every rank passes its slice,
  * q, k, a, b, gk: [1,T_r,H,K], v: [1,T_r,H,V] (T_r = plan->end - plan->begin), in the dtypes of
- * dg_dplr_chunk (CPU: f64, or f32 computed in f32; a CUDA context gets DG_ERR_UNSUPPORTED like
- * every DPLR entry point). opts->cu_seqlens must be NULL (the plan holds the sequences). h0:
- * [n_seqs,H,K,V] global or NULL, each row read by the rank where its sequence starts. ht
+ * dg_dplr_chunk (CPU: f64, or f32 computed in f32; on CUDA the local stages run on the device
+ * and the summaries on host copies). opts->cu_seqlens must be NULL (the plan holds the sequences).
+ * h0: [n_seqs,H,K,V] global or NULL, each row read by the rank where its sequence starts. ht
  * (output_final_state): [n_seqs,H,K,V], rows of sequences that end on this rank filled, the
  * others zero. One all_gather of a [H,K,V+K] summary per rank forward and one backward; every
  * rank must run backward through the op. */
