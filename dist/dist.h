@@ -1,6 +1,7 @@
 /*
  * dist/dist.h -- library-internal side of the communicators: the backend table every backend
- * fills in, and the helpers the backends share (clock, timeout message).
+ * fills in, the helpers the backends share (clock, timeout message), and the halo exchange of the
+ * context-parallel token-local ops (dg__cp_halo_cat).
  *
  * dist/comm.c holds the public dg_comm_* functions: argument checks, host staging of CUDA tensors
  * for the MPI backend, statistics. A backend moves raw bytes (or raw f32/f64 arrays for the
@@ -59,5 +60,17 @@ dg_status dg__tcp_bcast(int rank, int size, const char *addr, int port, double t
 int dg__env_int(const char *name, int *v);
 /* The default timeout when the caller passes <= 0 (DG_COMM_TIMEOUT overrides it). */
 double dg__comm_default_timeout(double asked);
+
+/* The halo exchange of the context-parallel token-local ops (ops/short_conv_cp.c; used by
+ * dg_short_conv_cp with h = W-1 and dg_token_shift_cp with h = 1): xe = [halo | x]
+ * ([1, h+T_r, C], x [1, T_r, C] this rank's slice). Every rank sends its last h rows to rank r+1;
+ * of the h rows received from r-1 only the last min(h, plan->pre_tokens) belong to local
+ * sequence 0 and are kept, the others are zero (as before a sequence start). When x requires
+ * grad, records a node of kind `kind` (a static string) whose backward sends the gradient of the
+ * kept halo rows back to r-1, where it is added to the gradient of its last h rows. Every rank
+ * must hold at least h tokens (the caller checks). Collective: every rank calls it, and every
+ * rank runs its backward. */
+dg_status dg__cp_halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                          int64_t h, const char *kind, dg_tensor **xe);
 
 #endif /* DG_DIST_H */

@@ -11,7 +11,8 @@
  *     int64_t shape[2] = {4, 3};
  *     dg_tensor *x, *w, *y, *loss;
  *     dg_tensor_new(ctx, DG_F64, 2, shape, &x);
- *     dg_tensor_rand_normal(x, 42, 0.0, 1.0);           // counter-based: same numbers on CPU and GPU
+ *     dg_tensor_rand_normal(x, 42, 0.0, 1.0);           // counter-based: same numbers on CPU and
+ * GPU
  *     ... w likewise, shape {3, 3} ...
  *     dg_tensor_set_requires_grad(w, 1);                // w is a leaf the tape tracks
  *     dg_matmul(ctx, x, w, &y);                         // records a node on the tape
@@ -267,7 +268,7 @@ void dg_tensor_free(dg_tensor **t);
 int dg_tensor_ndim(const dg_tensor *t);
 const int64_t *dg_tensor_shape(const dg_tensor *t);
 const int64_t *dg_tensor_strides(const dg_tensor *t); /* in elements */
-int64_t dg_tensor_dim(const dg_tensor *t, int axis);   /* negative axis counts from the end */
+int64_t dg_tensor_dim(const dg_tensor *t, int axis);  /* negative axis counts from the end */
 int64_t dg_tensor_numel(const dg_tensor *t);
 size_t dg_tensor_nbytes(const dg_tensor *t);
 dg_dtype dg_tensor_dtype(const dg_tensor *t);
@@ -455,9 +456,9 @@ void dg_profile_dump(FILE *f);
 
 /* ---- gradcheck ----
  * A function under test maps n_in inputs to n_out outputs through dg_ ops (so it records on the
- * tape). gradcheck projects the outputs onto fixed random directions R_k (loss = sum_k <out_k,R_k>),
- * runs backward, and compares each input's gradient with central finite differences. Inputs must
- * be f64 CPU tensors; only those that require grad are checked. */
+ * tape). gradcheck projects the outputs onto fixed random directions R_k (loss = sum_k
+ * <out_k,R_k>), runs backward, and compares each input's gradient with central finite differences.
+ * Inputs must be f64 CPU tensors; only those that require grad are checked. */
 typedef dg_status (*dg_fn)(dg_ctx *ctx, dg_tensor *const *inputs, int n_in, dg_tensor **outputs,
                            int n_out, void *user);
 
@@ -550,14 +551,19 @@ dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor
  * outlive the call. */
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,
                         const int64_t *cu_seqlens, int n_seqs, dg_tensor **out);
+/* Token shift (RWKV-style): y[b,t,c] = x[b,t-1,c] - x[b,t,c] with x before the sequence start = 0.
+ * x [B,T,C]; cu_seqlens as for dg_short_conv (NULL: each of the B rows is one sequence). CPU f64
+ * and f32; on CUDA (f32, bf16) it runs as dg_short_conv with taps [1, -1]. */
+dg_status dg_token_shift(dg_ctx *ctx, dg_tensor *x, const int64_t *cu_seqlens, int n_seqs,
+                         dg_tensor **out);
 /* Mean softmax cross-entropy of logits [N,Vocab] against targets i32/i64 [N]; targets equal to
  * ignore_index do not count. Output: [1], f32 for f32/bf16 logits, f64 for f64. Fused and stable
  * (finite for logits of any magnitude). If every target is ignored the loss is 0 and the gradient
  * is 0. Any other target outside [0, Vocab) is DG_ERR_ARG (on CUDA this costs one sync, unless
  * checks are deferred: dg_ctx_defer_checks). Logits: f64/f32 on the CPU, f32/bf16 on CUDA.
  * Policy "cross_entropy": CACHE keeps 2 numbers a row. */
-dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets,
-                           int64_t ignore_index, dg_tensor **out);
+dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets, int64_t ignore_index,
+                           dg_tensor **out);
 
 /* ---- optimizer (not recorded on the tape) ---- */
 typedef struct dg_adamw_hparams {
@@ -625,14 +631,14 @@ typedef enum dg_kda_tc {
 } dg_kda_tc;
 
 typedef struct dg_kda_opts {
-    int chunk_size;          /* BT: 16, 32 or 64; 0 selects 64 */
-    dg_gate_kind gate;       /* how g is produced from the raw input */
-    double lower_bound;      /* lb for DG_GATE_LOWERBOUND, in [-5, 0); 0 selects -5 */
-    int l2norm_qk;           /* L2-normalise q and k inside the op (eps 1e-6 inside the sqrt) */
-    int beta_sigmoid;        /* beta input is raw: beta = c * sigmoid(b) */
-    int allow_neg_eigval;    /* c = 2 instead of 1 */
-    double scale;            /* output scale; <= 0 selects K^-1/2 */
-    int output_final_state;  /* return ht [N,HV,K,V] f32 */
+    int chunk_size;            /* BT: 16, 32 or 64; 0 selects 64 */
+    dg_gate_kind gate;         /* how g is produced from the raw input */
+    double lower_bound;        /* lb for DG_GATE_LOWERBOUND, in [-5, 0); 0 selects -5 */
+    int l2norm_qk;             /* L2-normalise q and k inside the op (eps 1e-6 inside the sqrt) */
+    int beta_sigmoid;          /* beta input is raw: beta = c * sigmoid(b) */
+    int allow_neg_eigval;      /* c = 2 instead of 1 */
+    double scale;              /* output scale; <= 0 selects K^-1/2 */
+    int output_final_state;    /* return ht [N,HV,K,V] f32 */
     const int64_t *cu_seqlens; /* host int64 [n_seqs+1] with B == 1, or NULL */
     int n_seqs;
     dg_kda_tc tensor_cores; /* bf16 inputs on CUDA only; 0 is DG_KDA_TC_DEFAULT */
@@ -758,8 +764,8 @@ dg_status dg_dplr_chunk(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
 /* Gi, Ge = the chunk-local inclusive and exclusive cumulative sums of gk [B,T,H,K]. gk is floored
  * at -128 first (exp(-128) ~ 2.6e-56: a decay of zero, gk = -inf, then gives the recurrence's
  * result instead of NaN; the gradient of a floored entry is 0). */
-dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts,
-                              dg_tensor **Gi, dg_tensor **Ge);
+dg_status dg_dplr_gate_cumsum(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts *opts, dg_tensor **Gi,
+                              dg_tensor **Ge);
 /* The four intra-chunk matrices and the WY solve, per chunk:
  *   Aqk = scale (q_i . k_j exp(Gi_i - Gi_j))_{j<=i}   Aqb = the same with b_j in place of k_j
  *   Aak = (a_i . k_j exp(Ge_i - Gi_j))_{j<i}          Tab = (I - Aab)^{-1}, Aab likewise with b
@@ -889,7 +895,8 @@ void dg_cp_plan_free(dg_cp_plan **p);
 
 /* dg_kda_chunk over a context-parallel split (KCP, docs/distributed.md): every rank calls it with
  * its slice, q, k: [1,T_r,H,K] etc. (T_r = plan->end - plan->begin), with the dtypes and devices
- * of dg_kda_chunk (on CUDA the summaries are computed on host copies; not yet run on a GPU).
+ * of dg_kda_chunk (on CUDA the summaries run on the device for bf16 inputs with K % 16 == 0, on
+ * host copies otherwise).
  * opts->cu_seqlens must be NULL (the plan holds the sequences). h0: [n_seqs,HV,K,V] global or
  * NULL; each row is read by the rank where its sequence starts. ht (output_final_state):
  * [n_seqs,HV,K,V]; rows of sequences that end on this rank hold the final state, the others are
@@ -902,21 +909,25 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 /* dg_dplr_chunk over a context-parallel split (KCP with the DPLR transition Diag(exp(lam)) +
  * bg^T w, distributed.md K6), called like dg_kda_chunk_cp: every rank passes its slice,
  * q, k, a, b, gk: [1,T_r,H,K], v: [1,T_r,H,V] (T_r = plan->end - plan->begin), in the dtypes of
- * dg_dplr_chunk (CPU: f64, or f32 computed in f32; a CUDA context gets DG_ERR_UNSUPPORTED like
- * every DPLR entry point). opts->cu_seqlens must be NULL (the plan holds the sequences). h0:
- * [n_seqs,H,K,V] global or NULL, each row read by the rank where its sequence starts. ht
+ * dg_dplr_chunk (CPU: f64, or f32 computed in f32; on CUDA the local stages run on the device
+ * and the summaries on host copies). opts->cu_seqlens must be NULL (the plan holds the sequences).
+ * h0: [n_seqs,H,K,V] global or NULL, each row read by the rank where its sequence starts. ht
  * (output_final_state): [n_seqs,H,K,V], rows of sequences that end on this rank filled, the
  * others zero. One all_gather of a [H,K,V+K] summary per rank forward and one backward; every
  * rank must run backward through the op. */
 dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *q,
                            dg_tensor *k, dg_tensor *v, dg_tensor *a, dg_tensor *b, dg_tensor *gk,
-                           dg_tensor *h0, const dg_dplr_opts *opts, dg_tensor **o,
-                           dg_tensor **ht);
+                           dg_tensor *h0, const dg_dplr_opts *opts, dg_tensor **o, dg_tensor **ht);
 /* dg_short_conv over a context-parallel split: x [1,T_r,C] is this rank's slice; the last W-1
  * rows go to the next rank (and their gradient comes back in backward). Every rank must hold at
  * least W-1 tokens. */
 dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
                            dg_tensor *w, dg_tensor *bias, dg_act act, dg_tensor **out);
+/* dg_token_shift over a context-parallel split: x [1,T_r,C] is this rank's slice; its last row
+ * goes to the next rank, where it is x[-1] of local sequence 0 if that sequence started earlier
+ * (its gradient comes back in backward). The same halo exchange as dg_short_conv_cp, one row. */
+dg_status dg_token_shift_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                            dg_tensor **out);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,6 @@
 /*
- * ops/short_conv_cp.c -- dg_short_conv over a context-parallel split (distributed.md K7).
+ * ops/short_conv_cp.c -- dg_short_conv over a context-parallel split (distributed.md K7), and the
+ * halo exchange it shares with dg_token_shift_cp (ops/token_shift.c): dg__cp_halo_cat.
  *
  * Rank r's first output rows need the last W-1 conv inputs of rank r-1 when its local sequence 0
  * started there. One tape node ("short_conv_cp_halo") builds xe = [halo | x] ([1, W-1+T_r, C]):
@@ -20,8 +21,9 @@
 
 typedef struct {
     dg_comm *comm;
-    int rank, world, W;
-    int64_t valid; /* halo rows that belong to local sequence 0 (the last `valid` of W-1) */
+    int rank, world;
+    int64_t h;     /* halo rows */
+    int64_t valid; /* halo rows that belong to local sequence 0 (the last `valid` of h) */
 } halo_params;
 
 /* A view of rows [b, e) along axis 1, without recording. */
@@ -68,7 +70,7 @@ static dg_status exchange(dg_ctx *ctx, dg_comm *comm, dg_tensor *x, int64_t h, i
 static dg_status halo_backward(dg_ctx *ctx, dg_node *n) {
     const halo_params *p = (const halo_params *)n->params;
     const dg_tensor *gxe = dg__node_grad_out(n, 0);
-    const int64_t h = p->W - 1, T = gxe->shape[1] - h, C = gxe->shape[2];
+    const int64_t h = p->h, T = gxe->shape[1] - h, C = gxe->shape[2];
     dg_tensor *gx = NULL, *ghalo = NULL, *back = NULL, *tail = NULL;
     /* the gradient of this rank's valid halo rows goes to r-1; r+1's comes back to us */
     dg_status st = dg_tensor_zeros(ctx, gxe->dtype, 3, (int64_t[]){1, h, C}, &ghalo);
@@ -98,10 +100,9 @@ static dg_status halo_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-/* xe = [halo | x] with the halo from rank r-1 (recorded when x requires grad). */
-static dg_status halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x, int W,
-                          dg_tensor **xe) {
-    const int64_t h = W - 1, T = x->shape[1], C = x->shape[2];
+dg_status dg__cp_halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                          int64_t h, const char *kind, dg_tensor **xe) {
+    const int64_t T = x->shape[1], C = x->shape[2];
     const int64_t valid = plan->pre_tokens < h ? plan->pre_tokens : h;
     dg_tensor *halo = NULL;
     dg_status st = exchange(ctx, comm, x, h, plan->rank + 1 < plan->world ? plan->rank + 1 : -1,
@@ -115,12 +116,12 @@ static dg_status halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg_tensor_free(&halo);
     if (st == DG_OK && dg__needs_grad(1, &x)) {
         dg_node *n = NULL;
-        st = dg__node_new("short_conv_cp_halo", DG_POLICY_CACHE, halo_backward, ctx, &n);
+        st = dg__node_new(kind, DG_POLICY_CACHE, halo_backward, ctx, &n);
         if (st == DG_OK)
             st = dg__node_input(n, x);
         if (st == DG_OK)
             st = dg__node_output(n, *xe);
-        halo_params hp = {comm, plan->rank, plan->world, W, valid};
+        halo_params hp = {comm, plan->rank, plan->world, h, valid};
         if (st == DG_OK)
             st = dg__node_commit_params(n, &hp, sizeof hp);
         else if (n)
@@ -167,7 +168,7 @@ dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
     for (int i = 1; i <= plan->n_local; i++)
         cu[i] = plan->cu_local[i] + h;
     dg_tensor *xe = NULL, *ye = NULL, *ys = NULL;
-    dg_status st = halo_cat(ctx, comm, plan, x, W, &xe);
+    dg_status st = dg__cp_halo_cat(ctx, comm, plan, x, h, "short_conv_cp_halo", &xe);
     if (st == DG_OK)
         st = dg_short_conv(ctx, xe, w, bias, act, cu, plan->n_local, &ye);
     if (st == DG_OK)

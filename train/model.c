@@ -558,9 +558,6 @@ static dg_status dplr_mix(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L
     dg_status st = DG_OK;
     const int64_t B = dg_tensor_dim(q, 0), T = dg_tensor_dim(q, 1), H = c->n_heads;
     dg_tensor *qh, *kh, *a, *al, *al4, *b, *gk, *o;
-    if (m->cp_plan)
-        return dg__err(DG_ERR_UNSUPPORTED, "the DPLR mixer (--mixer dplr) has no "
-                                           "context-parallel form (--cp) yet");
     NEWT(qh, dg_l2norm(ctx, q, 1e-6, &qh));
     NEWT(kh, dg_l2norm(ctx, k, 1e-6, &kh));
     NEWT(a, dg_scale(ctx, kh, -1.0, &a));
@@ -577,6 +574,9 @@ static dg_status dplr_mix(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L
     /* one token: the recurrence is the whole work (O(K V) per head) */
     if (m->recurrent_mixer || (ht && T == 1))
         RUN(dg_dplr_recurrent(ctx, qh, kh, v, a, b, gk, h0, &opts, &o, ht));
+    else if (m->cp_plan) /* this rank's slice of the packed rows (no state mode under CP) */
+        RUN(dg_dplr_chunk_cp(ctx, m->cp_comm, m->cp_plan, qh, kh, v, a, b, gk, NULL, &opts, &o,
+                             NULL));
     else
         RUN(dg_dplr_chunk(ctx, qh, kh, v, a, b, gk, h0, &opts, &o, ht));
     *out = o;

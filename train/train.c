@@ -165,10 +165,6 @@ static dg_status check_opts(const dg_train_opts *o) {
          (long long)o->log_every);
     NEED(!o->resume || o->out_dir[0], "--resume needs --out DIR (the run directory to resume)");
     NEED(o->cp >= 0, "--cp must be >= 1 (got %d)", o->cp);
-    NEED(o->cp <= 1 || o->model.mixer != DG_MIXER_DPLR,
-         "--cp %d: the DPLR mixer (--mixer dplr) has no context-parallel form yet; use "
-         "--mixer kda or one process per data-parallel group (no --cp)",
-         o->cp);
     NEED(o->cp <= 1 || o->comm,
          "--cp %d needs %d processes: launch with mpirun -np %d deltagrad train --cp %d (or "
          "torchrun --nproc-per-node %d on GPUs)",
@@ -211,8 +207,8 @@ typedef struct run {
     void *user;
     dg_ctx *ctx;
     dg_model *m;
-    dg_tensor **am, **av; /* AdamW moments, one per parameter */
-    dg_adamw *opt;        /* AdamW over every parameter, clipping on the device */
+    dg_tensor **am, **av;    /* AdamW moments, one per parameter */
+    dg_adamw *opt;           /* AdamW over every parameter, clipping on the device */
     const dg_tensor **grads; /* this step's gradients, one per parameter (NULL: none) */
     /* What a step leaves on the device until the host reads it (every log_every steps):
      * step_out, f64 [2]: the step's loss summed over micro-batches (loss_acc, a view of
@@ -596,9 +592,9 @@ static dg_status read_steps(run *r, double *losses, double *gnorms) {
                         losses[k], (long long)(a + k), *range ? " (found " : "", range,
                         *range ? ")" : "");
         else if (!isfinite(gnorms[k]))
-            s = dg__err(DG_ERR_NUMERIC,
-                        "training diverged: gradient norm is %g at step %lld%s%s%s", gnorms[k],
-                        (long long)(a + k), *range ? " (found " : "", range, *range ? ")" : "");
+            s = dg__err(DG_ERR_NUMERIC, "training diverged: gradient norm is %g at step %lld%s%s%s",
+                        gnorms[k], (long long)(a + k), *range ? " (found " : "", range,
+                        *range ? ")" : "");
     }
     free(h);
     return s;
@@ -1136,7 +1132,8 @@ static dg_status loop(run *r, dg_train_result *res) {
         emitf(r, DG_EV_INFO,
               "%d processes (%s): %d data-parallel group%s of %d context-parallel rank%s; "
               "rank 0 holds tokens [%lld, %lld) of its group's %d rows packed end to end",
-              r->world, dg_comm_kind(o->comm) == DG_COMM_NCCL ? "NCCL" : "MPI", r->dp, r->dp > 1 ? "s" : "", r->cp, r->cp > 1 ? "s" : "",
+              r->world, dg_comm_kind(o->comm) == DG_COMM_NCCL ? "NCCL" : "MPI", r->dp,
+              r->dp > 1 ? "s" : "", r->cp, r->cp > 1 ? "s" : "",
               (long long)(r->plan ? r->plan->begin : 0),
               (long long)(r->plan ? r->plan->end : (int64_t)o->batch / r->dp * o->seq_len),
               o->batch / r->dp);
@@ -1218,8 +1215,8 @@ static dg_status loop(run *r, dg_train_result *res) {
                 res->final_val = val;
             }
             if (r->csv)
-                s = csv_line(r, st, losses[k], ev_here, v, r->ring_lr[k], gnorms[k], tok_s,
-                             elapsed, mem);
+                s = csv_line(r, st, losses[k], ev_here, v, r->ring_lr[k], gnorms[k], tok_s, elapsed,
+                             mem);
             dg_train_event ev;
             memset(&ev, 0, sizeof ev);
             ev.kind = DG_EV_STEP;

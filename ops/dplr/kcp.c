@@ -85,9 +85,8 @@ static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tenso
         st = dg__kcp_to_host(hc, bg, c->dt, &bh);
     if (st == DG_OK)
         st = dg__kcp_to_host(hc, n->saved[0], c->dt, &gg);
-    const void *dhout = NULL; /* local sequence 0 ends here: its ht row's gradient */
-    if (dg__kcp_ends_here(np, 0) && ght_h)
-        dhout = (const char *)dg_tensor_data(ght_h) + (size_t)np->seq0 * dg__kcp_kv_bytes(c);
+    /* local sequence 0 ends here: its ht row's gradient */
+    const void *dhout = dg__kcp_ends_here(np, 0) ? dg__kcp_row(c, ght_h, np->seq0) : NULL;
     if (st == DG_OK)
         st = pre_host(c, 0, 1, dg__kcp_ptr(wh), NULL, NULL, dg__kcp_ptr(bh), NULL, dg__kcp_ptr(gg),
                       dg__kcp_ptr(gh_h), dg__kcp_ptr(gv_h), dhout, dg_tensor_data(dhm));
@@ -110,15 +109,8 @@ static const kcp_ops dplr_kcp_ops = {
 dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *q,
                            dg_tensor *k, dg_tensor *v, dg_tensor *a, dg_tensor *b, dg_tensor *gk,
                            dg_tensor *h0, const dg_dplr_opts *opts, dg_tensor **o, dg_tensor **ht) {
-    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
-    DG_TRY(dg__check_ptr(OP, "o", o));
-    *o = NULL;
-    if (ht)
-        *ht = NULL;
-    if (opts && opts->output_final_state && !ht)
-        return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
-    DG_TRY(dg__kcp_check_plan(OP, comm, plan, opts ? opts->cu_seqlens : NULL));
-    DG_TRY(dg__kcp_check_slice(OP, "q", q, ctx, plan, "H,K"));
+    DG_TRY(dg__kcp_check_entry(OP, ctx, comm, plan, q, opts && opts->output_final_state,
+                               opts ? opts->cu_seqlens : NULL, o, ht));
     dg_dplr_opts lo;
     memset(&lo, 0, sizeof lo);
     if (opts)
@@ -162,9 +154,8 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
         for (int i = 0; i < 6 && st == DG_OK; i++)
             st = dg__kcp_to_host(hc, src[i], cfg.dt, &hx[i]);
         /* its initial state is a row of h0 when it starts here */
-        const void *hin = dg__kcp_starts_here(&probe, NL - 1) && h0h
-                              ? (const char *)dg_tensor_data(h0h) +
-                                    (size_t)(plan->seq0 + NL - 1) * dg__kcp_kv_bytes(&cfg)
+        const void *hin = dg__kcp_starts_here(&probe, NL - 1)
+                              ? dg__kcp_row(&cfg, h0h, plan->seq0 + NL - 1)
                               : NULL;
         if (st == DG_OK)
             st = pre_host(&cfg, NL - 1, 0, dg__kcp_ptr(hx[0]), dg__kcp_ptr(hx[1]),

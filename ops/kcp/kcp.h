@@ -139,6 +139,17 @@ dg_status dg__kcp_check_plan(const char *op, dg_comm *comm, const dg_cp_plan *pl
  * this rank's tokens of the plan; `names` spells the last two dims ("H,K"). */
 dg_status dg__kcp_check_slice(const char *op, const char *arg, const dg_tensor *t, dg_ctx *ctx,
                               const dg_cp_plan *plan, const char *names);
+/* What every CP entry point checks first: ctx and o given (*o and, when given, *ht cleared), ht
+ * given when output_final_state, the plan (dg__kcp_check_plan) and q as this rank's slice
+ * (dg__kcp_check_slice, "H,K"). */
+dg_status dg__kcp_check_entry(const char *op, dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan,
+                              const dg_tensor *q, int output_final_state, const int64_t *cu_seqlens,
+                              dg_tensor **o, dg_tensor **ht);
+/* Row `row` of a host state tensor [rows, HV, K, V] of cfg's compute dtype (h0, the gradient of
+ * ht), or NULL when the tensor is. */
+static inline const void *dg__kcp_row(const kda_cfg *cfg, const dg_tensor *h, int64_t row) {
+    return h ? (const char *)dg_tensor_data(h) + (size_t)row * dg__kcp_kv_bytes(cfg) : NULL;
+}
 
 /* ---- forward ---- */
 

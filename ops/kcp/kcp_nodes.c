@@ -159,6 +159,20 @@ dg_status dg__kcp_check_slice(const char *op, const char *arg, const dg_tensor *
     return DG_OK;
 }
 
+dg_status dg__kcp_check_entry(const char *op, dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan,
+                              const dg_tensor *q, int output_final_state, const int64_t *cu_seqlens,
+                              dg_tensor **o, dg_tensor **ht) {
+    DG_TRY(dg__check_ptr(op, "ctx", ctx));
+    DG_TRY(dg__check_ptr(op, "o", o));
+    *o = NULL;
+    if (ht)
+        *ht = NULL;
+    if (output_final_state && !ht)
+        return dg__err(DG_ERR_ARG, "%s: opts->output_final_state is set but ht is NULL", op);
+    DG_TRY(dg__kcp_check_plan(op, comm, plan, cu_seqlens));
+    return dg__kcp_check_slice(op, "q", q, ctx, plan, "H,K");
+}
+
 /* ---- the init node: h0 -> h0m (backward only routes gradients) ---- */
 
 static dg_status init_backward(dg_ctx *ctx, dg_node *n) {

@@ -156,9 +156,7 @@ static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tenso
             st = dg__kcp_to_host(hc, KG, c->dt, &kh);
         if (st == DG_OK)
             st = dg__kcp_to_host(hc, n->saved[0], c->dt, &gg);
-        const void *dhout = NULL;
-        if (dg__kcp_ends_here(np, 0) && ght_h)
-            dhout = (const char *)dg_tensor_data(ght_h) + (size_t)np->seq0 * dg__kcp_kv_bytes(c);
+        const void *dhout = dg__kcp_ends_here(np, 0) ? dg__kcp_row(c, ght_h, np->seq0) : NULL;
         if (st == DG_OK)
             st = pre_host(c, 0, 1, dg__kcp_ptr(wh), NULL, dg__kcp_ptr(kh), dg__kcp_ptr(gg),
                           dg__kcp_ptr(gh_h), dg__kcp_ptr(gE_h), dhout, dg_tensor_data(dhm));
@@ -183,15 +181,8 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
                           dg_tensor *k, dg_tensor *v, dg_tensor *g, dg_tensor *beta,
                           dg_tensor *A_log, dg_tensor *dt_bias, dg_tensor *h0,
                           const dg_kda_opts *opts, dg_tensor **o, dg_tensor **ht) {
-    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
-    DG_TRY(dg__check_ptr(OP, "o", o));
-    *o = NULL;
-    if (ht)
-        *ht = NULL;
-    if (opts && opts->output_final_state && !ht)
-        return dg__err(DG_ERR_ARG, OP ": opts->output_final_state is set but ht is NULL");
-    DG_TRY(dg__kcp_check_plan(OP, comm, plan, opts ? opts->cu_seqlens : NULL));
-    DG_TRY(dg__kcp_check_slice(OP, "q", q, ctx, plan, "H,K"));
+    DG_TRY(dg__kcp_check_entry(OP, ctx, comm, plan, q, opts && opts->output_final_state,
+                               opts ? opts->cu_seqlens : NULL, o, ht));
     dg_kda_opts lo;
     memset(&lo, 0, sizeof lo);
     if (opts)
@@ -258,9 +249,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
                 st = dg__kcp_to_host(hc, l.KG, cfg.dt, &KGh);
             if (st == DG_OK)
                 st = dg__kcp_to_host(hc, l.G, cfg.dt, &Gh);
-            const void *hin = known ? (const char *)dg_tensor_data(h0h) +
-                                          (size_t)(plan->seq0 + NL - 1) * dg__kcp_kv_bytes(&cfg)
-                                    : NULL;
+            const void *hin = known ? dg__kcp_row(&cfg, h0h, plan->seq0 + NL - 1) : NULL;
             if (st == DG_OK)
                 st = pre_host(&cfg, NL - 1, 0, dg__kcp_ptr(Wh), dg__kcp_ptr(Uh), dg__kcp_ptr(KGh),
                               dg__kcp_ptr(Gh), NULL, NULL, hin, dg_tensor_data(hm));

@@ -1,26 +1,23 @@
 /*
  * tests/dist/test_kcp.c -- dg_kda_chunk_cp (KCP) on 2 and 4 ranks against dg_kda_chunk on one.
  *
- * Every rank builds the same global inputs, runs the unsplit op itself (the reference), then its
- * slice through the CP op; o, ht and every gradient must equal the reference (norm-relative:
- * f64 1e-10, f32 1e-5). Per-token tensors (o, dq, dk, dv, dg, dbeta) are compared on the rank's
- * slice; ht (zero rows for sequences ending elsewhere) and the gradients of A_log, dt_bias, h0
- * (each rank's share) are summed over the ranks first. Cases: one long sequence cut at and off
+ * The comparison of kcp_util.h (shared with test_kcp_dplr.c): every rank builds the same global
+ * inputs, runs the unsplit op itself (the reference), then its slice through the CP op; o, ht
+ * and every gradient must equal the reference (norm-relative: f64 1e-10, f32 1e-5). Per-token
+ * tensors (o, dq, dk, dv, dg, dbeta) are compared on the rank's slice; ht (zero rows for
+ * sequences ending elsewhere) and the gradients of A_log, dt_bias, h0 (each rank's share) are
+ * summed over the ranks first. Cases: one long sequence cut at and off
  * chunk boundaries, varlen packs whose sequences start, end or span rank boundaries, uneven
  * splits (a rank holding only the middle of a sequence), h0 and ht, B > 1 packed as varlen.
  * Also: the plan of distributed.md K2's worked example, and argument errors. gpu mode: the
  * f32 cases on CUDA (every rank on device 0, the MPI backend staging through host memory)
  * against the unsplit op on CUDA.
  */
-#include "../kda_testutil.h"
-#include "dist_util.h"
-
-#include "autograd/tape.h"
-
-#include <string.h>
+#include "kcp_util.h"
 
 enum { IQ, IK, IV, IG, IBETA, IA, ID, IH0, NIN };
-static const char *grad_name[NIN] = {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0"};
+static const char *const grad_name[NIN] = {"dq",    "dk",     "dv",       "dg",
+                                           "dbeta", "dA_log", "ddt_bias", "dh0"};
 static const int per_token[NIN] = {1, 1, 1, 1, 1, 0, 0, 0};
 
 typedef struct kcase {
@@ -30,85 +27,36 @@ typedef struct kcase {
     const int64_t *cu; /* NULL: one sequence */
     int nseq;
     int h0;
-    int uneven;      /* split by uneven_tokens() instead of evenly */
+    int uneven;      /* split by kcp_uneven_tokens() instead of evenly */
     int lower_bound; /* DG_GATE_LOWERBOUND with allow_neg_eigval instead of DG_GATE_KDA */
 } kcase;
 
-/* Ranks get 1, 3, 5, ... parts of the tokens (the last takes the rest): early ranks are short,
- * so a sequence can cover a rank completely. */
-static void uneven_tokens(int world, int64_t T, int64_t *out) {
-    int64_t parts = (int64_t)world * world, used = 0;
-    for (int r = 0; r < world - 1; r++) {
-        out[r] = T * (2 * r + 1) / parts;
-        if (out[r] < 1)
-            out[r] = 1;
-        used += out[r];
-    }
-    out[world - 1] = T - used;
-}
-
-typedef struct kdata {
-    int ndim[NIN];
-    int64_t shape[NIN][4];
-    int64_t row[NIN]; /* values per token (per-token inputs) */
-    double *x[NIN];
-    double *dO, *dht;
-    int64_t no, nht;
-} kdata;
-
-/* kt_randn / kt_rand with the size checked (keeps the compiler's range analysis quiet). */
-static int64_t sz(int64_t n) {
-    if (n < 1 || n > ((int64_t)1 << 40)) {
-        fprintf(stderr, "FATAL: bad size %lld\n", (long long)n);
-        exit(1);
-    }
-    return n;
-}
-
-static void make_data(const kcase *c, uint64_t seed, kdata *d) {
+static void make_data(const kcase *c, uint64_t seed, kcp_data *d) {
     memset(d, 0, sizeof *d);
     const int64_t T = c->T, N = c->cu ? c->nseq : 1;
     const int64_t sh[NIN][4] = {{1, T, c->H, c->K},      {1, T, c->H, c->K},    {1, T, c->HV, c->V},
                                 {1, T, c->HV, c->K},     {1, T, c->HV, 0},      {c->HV, 0, 0, 0},
                                 {c->HV * c->K, 0, 0, 0}, {N, c->HV, c->K, c->V}};
     const int nd[NIN] = {4, 4, 4, 4, 3, 1, 1, 4};
+    d->T = T;
     for (int i = 0; i < NIN; i++) {
         d->ndim[i] = nd[i];
         memcpy(d->shape[i], sh[i], sizeof sh[i]);
         d->row[i] = kt_numel(nd[i], sh[i]) / T;
     }
-    d->x[IQ] = kt_randn(sz(kt_numel(4, sh[IQ])), seed + 1, 1.0);
-    d->x[IK] = kt_randn(sz(kt_numel(4, sh[IK])), seed + 2, 1.0);
-    d->x[IV] = kt_randn(sz(kt_numel(4, sh[IV])), seed + 3, 1.0);
-    d->x[IG] = kt_randn(sz(kt_numel(4, sh[IG])), seed + 4, 1.0);
-    d->x[IBETA] = kt_randn(sz(kt_numel(3, sh[IBETA])), seed + 5, 1.0);
-    d->x[IA] = kt_rand(sz(kt_numel(1, sh[IA])), seed + 6, -1.0, 0.5);
-    d->x[ID] = kt_randn(sz(kt_numel(1, sh[ID])), seed + 7, 0.5);
+    d->x[IQ] = kt_randn(kcp_sz(kt_numel(4, sh[IQ])), seed + 1, 1.0);
+    d->x[IK] = kt_randn(kcp_sz(kt_numel(4, sh[IK])), seed + 2, 1.0);
+    d->x[IV] = kt_randn(kcp_sz(kt_numel(4, sh[IV])), seed + 3, 1.0);
+    d->x[IG] = kt_randn(kcp_sz(kt_numel(4, sh[IG])), seed + 4, 1.0);
+    d->x[IBETA] = kt_randn(kcp_sz(kt_numel(3, sh[IBETA])), seed + 5, 1.0);
+    d->x[IA] = kt_rand(kcp_sz(kt_numel(1, sh[IA])), seed + 6, -1.0, 0.5);
+    d->x[ID] = kt_randn(kcp_sz(kt_numel(1, sh[ID])), seed + 7, 0.5);
     if (c->h0)
-        d->x[IH0] = kt_randn(sz(kt_numel(4, sh[IH0])), seed + 8, 0.5);
-    d->no = T * c->HV * c->V;
+        d->x[IH0] = kt_randn(kcp_sz(kt_numel(4, sh[IH0])), seed + 8, 0.5);
+    d->ov = (int64_t)c->HV * c->V;
     d->nht = N * c->HV * c->K * c->V;
-    d->dO = kt_randn(sz(d->no), seed + 9, 1.0);
-    d->dht = kt_randn(sz(d->nht), seed + 10, 1.0);
-}
-
-static void free_data(kdata *d) {
-    for (int i = 0; i < NIN; i++)
-        free(d->x[i]);
-    free(d->dO);
-    free(d->dht);
-}
-
-typedef struct kres {
-    double *o, *ht, *grad[NIN];
-} kres;
-
-static void free_res(kres *r) {
-    free(r->o);
-    free(r->ht);
-    for (int i = 0; i < NIN; i++)
-        free(r->grad[i]);
-    memset(r, 0, sizeof *r);
+    d->dO = kt_randn(kcp_sz(T * d->ov), seed + 9, 1.0);
+    d->dht = kt_randn(kcp_sz(d->nht), seed + 10, 1.0);
 }
 
 static dg_kda_opts opts_of(const kcase *c) {
@@ -124,104 +72,30 @@ static dg_kda_opts opts_of(const kcase *c) {
     return o;
 }
 
-/* The slice [b, e) of token rows of input i (per-token inputs) or the whole input. */
-static dg_tensor *slice_tensor(dg_ctx *ctx, dg_dtype dt, const kdata *d, int i, int64_t b,
-                               int64_t e) {
-    if (!d->x[i])
-        return NULL;
-    if (!per_token[i])
-        return kt_tensor(ctx, dt, d->ndim[i], d->shape[i], d->x[i], 1);
-    int64_t sh[4];
-    memcpy(sh, d->shape[i], sizeof sh);
-    sh[1] = e - b;
-    return kt_tensor(ctx, dt, d->ndim[i], sh, d->x[i] + b * d->row[i], 1);
-}
-
-/* The unsplit reference (cp == NULL) or this rank's CP run. Results are this rank's view: slices
- * for per-token tensors, and for ht and the shared gradients the sum over the ranks. */
-static void run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kcase *c, const kdata *d,
-                dg_dtype dt, kres *r) {
-    memset(r, 0, sizeof *r);
-    const int64_t b = plan ? plan->begin : 0, e = plan ? plan->end : c->T;
-    dg_tensor *t[NIN];
-    for (int i = 0; i < NIN; i++) /* bf16 activations; A_log, dt_bias, h0 stay f32 (CUDA) */
-        t[i] = slice_tensor(ctx, dt == DG_BF16 && i >= IA ? DG_F32 : dt, d, i, b, e);
+/* kcp_spec.call: dg_kda_chunk_cp on this rank's slice, or the unsplit dg_kda_chunk. */
+static void call(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const void *cv,
+                 dg_tensor *const *t, dg_tensor **o, dg_tensor **ht) {
+    const kcase *c = (const kcase *)cv;
     dg_kda_opts op = opts_of(c);
-    dg_tensor *o = NULL, *ht = NULL;
-    dg_tape_reset();
     if (plan) {
         DG_TEST_TRY(dg_kda_chunk_cp(ctx, comm, plan, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA],
-                                    t[ID], t[IH0], &op, &o, &ht));
+                                    t[ID], t[IH0], &op, o, ht));
     } else {
         op.cu_seqlens = c->cu;
         op.n_seqs = c->nseq;
         DG_TEST_TRY(dg_kda_chunk(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA], t[ID], t[IH0],
-                                 &op, &o, &ht));
+                                 &op, o, ht));
     }
-    const int64_t ov = c->HV * c->V;
-    dg_tensor *dO = kt_tensor(ctx, dt, 4, dg_tensor_shape(o), d->dO + b * ov, 0);
-    dg_tensor *dht = kt_tensor(ctx, dt == DG_BF16 ? DG_F32 : dt, 4, dg_tensor_shape(ht), d->dht, 0);
-    dg_tensor *outs[2] = {o, ht};
-    const dg_tensor *seeds[2] = {dO, dht};
-    DG_TEST_TRY(dg__tape_backward_multi(ctx, 2, outs, seeds));
-    if (plan) { /* sum the shared results over the ranks */
-        DG_TEST_TRY(dg_comm_all_reduce(comm, ht));
-        for (int i = 0; i < NIN; i++)
-            if (t[i] && !per_token[i])
-                DG_TEST_TRY(dg_comm_all_reduce(comm, (dg_tensor *)dg_tensor_grad(t[i])));
-    }
-    r->o = kt_host(o, dg_tensor_numel(o));
-    r->ht = kt_host(ht, dg_tensor_numel(ht));
-    for (int i = 0; i < NIN; i++)
-        if (t[i]) {
-            const dg_tensor *gi = dg_tensor_grad(t[i]);
-            if (plan)
-                dg_check(gi != NULL, "%s: %s has a gradient", c->name, grad_name[i]);
-            r->grad[i] = kt_host(gi, dg_tensor_numel(t[i]));
-        }
-    dg_tape_reset();
-    for (int i = 0; i < NIN; i++)
-        dg_tensor_free(&t[i]);
-    dg_tensor_free(&o);
-    dg_tensor_free(&ht);
-    dg_tensor_free(&dO);
-    dg_tensor_free(&dht);
 }
 
+/* bf16 activations; A_log, dt_bias, h0 stay f32 (CUDA) */
+static const kcp_spec spec = {NIN, grad_name, per_token, IA, call};
+
 static void run_case(dg_ctx *ctx, dg_comm *comm, const kcase *c, dg_dtype dt, double tol) {
-    const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
-    kdata d;
+    kcp_data d;
     make_data(c, 1000 + (uint64_t)c->T, &d);
-    int64_t *tok = (int64_t *)malloc(sizeof(int64_t) * (size_t)W);
-    if (c->uneven)
-        uneven_tokens(W, c->T, tok);
-    dg_cp_plan *plan = NULL;
-    DG_TEST_TRY(dg_cp_plan_new(W, R, c->T, c->cu, c->nseq, c->uneven ? tok : NULL, &plan));
-    kres want, got;
-    run(ctx, comm, NULL, c, &d, dt, &want);
-    run(ctx, comm, plan, c, &d, dt, &got);
-    const int64_t b = plan->begin, e = plan->end;
-    char name[160];
-    snprintf(name, sizeof name, "%s %s [%lld,%lld) pre %d post %d: o", dg_dtype_name(dt), c->name,
-             (long long)b, (long long)e, plan->pre_ranks, plan->post_ranks);
-    dg_check_rel(name, got.o, want.o + b * c->HV * c->V, (e - b) * c->HV * c->V, tol);
-    snprintf(name, sizeof name, "%s %s: ht (summed)", dg_dtype_name(dt), c->name);
-    dg_check_rel(name, got.ht, want.ht, d.nht, tol);
-    for (int i = 0; i < NIN; i++) {
-        if (!d.x[i])
-            continue;
-        snprintf(name, sizeof name, "%s %s: %s%s", dg_dtype_name(dt), c->name, grad_name[i],
-                 per_token[i] ? "" : " (summed)");
-        if (per_token[i])
-            dg_check_rel(name, got.grad[i], want.grad[i] + b * d.row[i], (e - b) * d.row[i], tol);
-        else
-            dg_check_rel(name, got.grad[i], want.grad[i], kt_numel(d.ndim[i], d.shape[i]), tol);
-    }
-    free_res(&want);
-    free_res(&got);
-    dg_cp_plan_free(&plan);
-    free(tok);
-    free_data(&d);
+    kcp_run_case(ctx, comm, &spec, c, c->name, c->T, c->cu, c->nseq, c->uneven, &d, dt, tol);
+    kcp_free_data(&d);
 }
 
 /* The example of distributed.md K2: cu = [0,30,31,130,170,200], 4 ranks of 50 tokens. */
@@ -257,15 +131,15 @@ static void test_plan_example(void) {
 static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
     const kcase c = {"err", 64, 1, 1, 4, 4, 16, NULL, 0, 0, 0, 0};
-    kdata d;
+    kcp_data d;
     make_data(&c, 5, &d);
     dg_cp_plan *plan = NULL, *other = NULL;
     DG_TEST_TRY(dg_cp_plan_new(W, R, c.T, NULL, 0, NULL, &plan));
     DG_TEST_TRY(dg_cp_plan_new(W + 1, R, c.T, NULL, 0, NULL, &other));
     dg_tensor *t[NIN];
     for (int i = 0; i < NIN; i++)
-        t[i] = slice_tensor(ctx, DG_F64, &d, i, plan->begin, plan->end);
-    dg_tensor *full = slice_tensor(ctx, DG_F64, &d, IQ, 0, c.T);
+        t[i] = kcp_slice(ctx, DG_F64, &spec, &d, i, plan->begin, plan->end);
+    dg_tensor *full = kcp_slice(ctx, DG_F64, &spec, &d, IQ, 0, c.T);
     dg_kda_opts op = opts_of(&c);
     dg_tensor *o = NULL, *ht = NULL;
     dg_check_err(dg_kda_chunk_cp(ctx, comm, other, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA],
@@ -286,7 +160,7 @@ static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     dg_tensor_free(&full);
     dg_cp_plan_free(&plan);
     dg_cp_plan_free(&other);
-    free_data(&d);
+    kcp_free_data(&d);
 }
 
 static const int64_t cu_var[] = {0, 30, 31, 64, 130, 170, 203}; /* at and off BT=16 boundaries */
@@ -341,6 +215,7 @@ int main(int argc, char **argv) {
         run_case(ctx, comm, &c, gpu ? DG_F32 : DG_F64, gpu ? 1e-5 : 1e-10);
         dg_policy_set_global(saved);
     }
+    kcp_print_max_err();
     dg_ctx_free(&ctx);
     return dt_finish(&comm, "kcp");
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/scripts/train_cp.sh MPIRUN DELTAGRAD WORKDIR -- `deltagrad train --cp N` computes what one
-# process computes: the same loss curve (CPU f32, up to the order of rounding), and checkpoints
-# move between a CP run and a one-process run in both directions.
+# process computes: the same loss curve (CPU f32, up to the order of rounding) with the KDA mixer
+# and with `--mixer dplr`, and checkpoints move between a CP run and a one-process run in both
+# directions.
 #
 # Tolerance: 2e-5 relative per step. The CP run sums the same terms in another order (chunk grids
 # start at each rank's slice, losses and gradients are summed over ranks), so f32 results differ
@@ -41,6 +42,9 @@ run1 --out one
 runN 2 --cp 2 --out cp2
 compare "--cp 2 vs one process" one/log.csv cp2/log.csv
 if [ "$device" = cuda ]; then # the rest repeats device-independent logic
+    run1 --mixer dplr --out one_dplr
+    runN 2 --cp 2 --mixer dplr --out cp2_dplr
+    compare "--mixer dplr --cp 2 vs one process" one_dplr/log.csv cp2_dplr/log.csv
     runN 2 --cp 2 --out a --stop-at 4
     "$dg" train --out a --resume --no-plot --threads 1 --device cuda --dtype f32 >/dev/null \
         2>err.txt || { cat err.txt; fail=1; }
@@ -71,6 +75,12 @@ compare "2 data-parallel processes vs one process" one/log.csv dp2/log.csv
 run1 --out one_acc --accum 2 --batch 2
 runN 4 --cp 2 --accum 2 --batch 2 --out cp2dp2_acc
 compare "--cp 2 x 2 groups, --accum 2 vs one process" one_acc/log.csv cp2dp2_acc/log.csv
+# the DPLR mixer: its KCP (dg_dplr_chunk_cp) under the model, 2 and 4 ranks
+run1 --mixer dplr --out one_dplr
+runN 2 --cp 2 --mixer dplr --out cp2_dplr
+compare "--mixer dplr --cp 2 vs one process" one_dplr/log.csv cp2_dplr/log.csv
+runN 4 --cp 4 --mixer dplr --out cp4_dplr
+compare "--mixer dplr --cp 4 vs one process" one_dplr/log.csv cp4_dplr/log.csv
 # a CP checkpoint resumed by one process, and the other way round
 runN 2 --cp 2 --out a --stop-at 4
 "$dg" train --out a --resume --no-plot --threads 1 --device cpu >/dev/null 2>err.txt ||
