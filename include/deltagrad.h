@@ -444,6 +444,8 @@ typedef struct dg_profile_entry {
     char op[32];
     double fwd_s, bwd_s;
     int64_t fwd_n, bwd_n;
+    size_t peak_bytes; /* the context's device high-water mark when this op kind's forward or
+                          backward raised it (0: never; see dg_ctx_reset_peak) */
 } dg_profile_entry;
 void dg_profile_enable(int on);
 int dg_profile_enabled(void);
