@@ -1007,7 +1007,7 @@ static void test_dplr_cli(void) {
                    "dplr",   "--steps",        "3",   "--d",
                    "32",     "--layers",       "1",   "--heads",
                    "2",      "--head-dim",     "16",  "--inter",
-                   "64",     "--chunk",        "32",  "--batch",
+                   "64",     "--chunk-size",   "32",  "--batch",
                    "2",      "--seq-len",      "64",  "--max-bytes",
                    "200000", "--eval-batches", "1",   "--sample-tokens",
                    "16",     "--no-out",       NULL};

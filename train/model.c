@@ -105,7 +105,7 @@ dg_status dg_model_config_check(const dg_model_config *c) {
          DG_MODEL_MAX_DIM);
     NEED(c->conv >= 1 && c->conv <= 8, "model config: conv_size %d out of range [1,8]", c->conv);
     NEED(c->chunk == 16 || c->chunk == 32 || c->chunk == 64,
-         "model config: chunk_size (--chunk) must be 16, 32 or 64 (got %d)", c->chunk);
+         "model config: chunk_size (--chunk-size) must be 16, 32 or 64 (got %d)", c->chunk);
     NEED(c->gate == DG_GATE_LOWERBOUND || c->gate == DG_GATE_KDA,
          "model config: gate must be lower_bound or kda");
     NEED(c->gate != DG_GATE_LOWERBOUND || (c->lower_bound >= -5.0 && c->lower_bound < 0.0),
