@@ -776,6 +776,9 @@ static void sample_help(FILE *f) {
             "                       \\xHH (and a backslash as \\\\)\n"
             "  --device DEV         cpu | cuda | cuda:N (default: cpu)\n"
             "  --threads N          OpenMP threads (default 0: all cores, fewer while busy)\n"
+            "  --print-logits       print the logits of the byte after the prompt instead of\n"
+            "                       sampling: 256 lines \"<byte> <logit>\" (for comparisons, e.g.\n"
+            "                       tools/ckpt_to_torch.py)\n"
             "  --help               this text\n");
 }
 
@@ -804,10 +807,39 @@ static dg_status sink_byte(uint8_t b, void *user) {
     return DG_OK;
 }
 
+/* --print-logits: the model's logits for the byte after the prompt (one chunked forward of the
+ * prompt, as sampling starts), one "<byte> <logit>" line per vocabulary entry, %.9g. */
+static dg_status print_next_logits(dg_model *m, const char *prompt) {
+    const int n = (int)strlen(prompt), V = m->cfg.vocab;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids)
+        return DG_ERR_NOMEM;
+    for (int i = 0; i < n; i++)
+        ids[i] = (unsigned char)prompt[i];
+    dg_tensor *tid = NULL, *logits = NULL, *last = NULL;
+    double *v = NULL;
+    dg_status st = dg_tensor_from_host(m->ctx, DG_I32, 2, (int64_t[]){1, n}, ids, &tid);
+    if (st == DG_OK)
+        st = dg_model_forward(m, tid, &logits);
+    if (st == DG_OK)
+        st = dg_slice(logits, 1, n - 1, n, &last);
+    if (st == DG_OK)
+        st = dg_tensor_to_f64(last, &v);
+    for (int i = 0; st == DG_OK && i < V; i++)
+        if (printf("%d %.9g\n", i, v[i]) < 0)
+            st = DG_ERR_IO;
+    free(v);
+    free(ids);
+    dg_tensor_free(&last);
+    dg_tensor_free(&logits);
+    dg_tensor_free(&tid);
+    return st;
+}
+
 int dg_cmd_sample(int argc, char **argv) {
     const char *cmd = "sample";
     const char *ckpt = NULL, *prompt = "And God said";
-    int tokens = 300, top_k = 40, threads = 0, escape = 0;
+    int tokens = 300, top_k = 40, threads = 0, escape = 0, print_logits = 0;
     double temperature = 0.8;
     int64_t seed = 1;
     dg_device dev = dg_cpu();
@@ -816,7 +848,7 @@ int dg_cmd_sample(int argc, char **argv) {
         {"--tokens", "an integer"},  {"--temperature", "a number"},
         {"--top-k", "an integer"},   {"--seed", "an integer"},
         {"--escape", NULL},          {"--device", "cpu, cuda or cuda:N"},
-        {"--threads", "an integer"},
+        {"--threads", "an integer"}, {"--print-logits", NULL},
     };
     dg_cli cli;
     const char *a, *v;
@@ -828,6 +860,8 @@ int dg_cmd_sample(int argc, char **argv) {
         int rc = 0;
         if (!strcmp(a, "--escape"))
             escape = 1;
+        else if (!strcmp(a, "--print-logits"))
+            print_logits = 1;
         else if (!strcmp(a, "--ckpt"))
             ckpt = v;
         else if (!strcmp(a, "--prompt"))
@@ -860,14 +894,7 @@ int dg_cmd_sample(int argc, char **argv) {
     char tbuf[128];
     setup_threads(cmd, threads, 1, tbuf, sizeof tbuf);
     char path[DG_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s", ckpt);
-    if (access(path, F_OK) == 0) {
-        /* a run directory: its latest checkpoint */
-        char latest[DG_PATH_MAX + 64];
-        dg_ckpt_latest_path(ckpt, latest, sizeof latest);
-        if (access(latest, R_OK) == 0 && strstr(ckpt, ".safetensors") == NULL)
-            snprintf(path, sizeof path, "%s", latest);
-    }
+    dg_cmd_ckpt_path(ckpt, path, sizeof path);
     dg_ctx *ctx = NULL;
     dg_ckpt ck;
     dg_model *m = NULL;
@@ -888,6 +915,12 @@ int dg_cmd_sample(int argc, char **argv) {
     else
         fprintf(stderr, "deltagrad sample: --device %s: %s\n", dg_device_str(dev), dg_last_error());
     sample_sink sink = {escape, 0, 0};
+    if (loaded && print_logits) {
+        s = print_next_logits(m, prompt);
+        if (s != DG_OK)
+            fprintf(stderr, "deltagrad sample: --print-logits: %s\n", dg_last_error());
+        loaded = 0;
+    }
     if (loaded) {
         for (const unsigned char *p = (const unsigned char *)prompt; *p && !sink.failed; p++)
             sink_byte(*p, &sink);
@@ -909,6 +942,17 @@ int dg_cmd_sample(int argc, char **argv) {
     dg_tape_reset();
     dg_ctx_free(&ctx);
     return s == DG_OK ? 0 : (s == DG_ERR_ARG ? 2 : 1);
+}
+
+void dg_cmd_ckpt_path(const char *arg, char *buf, size_t n) {
+    snprintf(buf, n, "%s", arg);
+    if (access(arg, F_OK) == 0) {
+        /* a run directory: its latest checkpoint */
+        char latest[DG_PATH_MAX + 64];
+        dg_ckpt_latest_path(arg, latest, sizeof latest);
+        if (access(latest, R_OK) == 0 && strstr(arg, ".safetensors") == NULL)
+            snprintf(buf, n, "%s", latest);
+    }
 }
 
 int dg_cmd_train_check(int argc, char **argv) {

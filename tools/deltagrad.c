@@ -33,6 +33,7 @@ static const struct {
 } g_cmds[] = {
     {"train", dg_cmd_train, "train the toy KDA language model"},
     {"sample", dg_cmd_sample, "generate text from a checkpoint"},
+    {"info", dg_cmd_info, "a checkpoint's config.json-style metadata (reference model keys)"},
     {"kda", dg_cmd_kda, "run chunked KDA (forward/backward) on .npy files"},
     {"dplr", dg_cmd_dplr, "run chunked DPLR (forward/backward) on .npy files"},
     {"bench", dg_cmd_bench,
