@@ -6,8 +6,8 @@
  * Inf (unless --allow-nonfinite).
  *
  * A command built on it:
- *   dg_runner_init; its own flag loop, handing every flag it does not know to dg_runner_flag;
- *   dg_runner_args_done;
+ *   dg_runner_init; dg_runner_parse with a table of its own flags and a function taking them
+ *   (the common ones are handled there); dg_runner_args_done;
  *   a table of inputs (dg_runner_in) for dg_runner_start: every missing required file listed at
  *   once, OUT created, the contexts opened, every input loaded (the error names the file);
  *   dg_runner_seqlens; the op on r->t[...]; dg_runner_finish (o.npy, ht.npy, and with do.npy the
