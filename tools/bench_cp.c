@@ -231,15 +231,13 @@ int dg_bench_cp(int argc, char **argv) {
                 cores = (long)nc;
             } else if (!strcmp(a, "--device")) {
                 if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
-                    fprintf(stderr, "bench cp: --device must be cpu or cuda, got '%s'\n", v);
-                    return 2;
+                    return dg_cli_bad(&cli, "--device", "must be cpu or cuda, got '%s'", v);
                 }
                 cuda = !strcmp(v, "cuda");
             } else if (!strcmp(a, "--dtype")) {
                 if (dg_dtype_parse(v, &s.dt) != DG_OK ||
                     (s.dt != DG_F32 && s.dt != DG_F64 && s.dt != DG_BF16)) {
-                    fprintf(stderr, "bench cp: --dtype must be f32, f64 or bf16, got '%s'\n", v);
-                    return 2;
+                    return dg_cli_bad(&cli, "--dtype", "must be f32, f64 or bf16, got '%s'", v);
                 }
             }
             if (ps != DG_OK)

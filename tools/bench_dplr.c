@@ -206,19 +206,16 @@ int dg_bench_dplr(int argc, char **argv) {
     while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
         if (!strcmp(f, "--reps")) {
             if (dg_arg_int("--reps", v, 1, 64, &reps) != DG_OK) {
-                fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-                return 2;
+                return dg_cli_bad_arg(&cli);
             }
         } else if (!strcmp(f, "--chunk-size")) {
             static const int chunks[3] = {16, 32, 64};
             if (dg_arg_choice("--chunk-size", v, chunks, 3, &chunk) != DG_OK) {
-                fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-                return 2;
+                return dg_cli_bad_arg(&cli);
             }
         } else if (!strcmp(f, "--dtype")) {
             if (dg_dtype_parse(v, &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
-                fprintf(stderr, "bench dplr: --dtype must be bf16 or f32\n");
-                return 2;
+                return dg_cli_bad(&cli, "--dtype", "must be bf16 or f32, got '%s'", v);
             }
         } else if (!strcmp(f, "--g-dist")) {
             const char *gv = v;
@@ -227,8 +224,7 @@ int dg_bench_dplr(int argc, char **argv) {
             else if (!strcmp(gv, "ref"))
                 gm = GATE_REF;
             else {
-                fprintf(stderr, "bench dplr: --g-dist must be rwkv7 or ref, got '%s'\n", gv);
-                return 2;
+                return dg_cli_bad(&cli, "--g-dist", "must be rwkv7 or ref, got '%s'", gv);
             }
         } else if (!strcmp(f, "--shape")) {
             /* B,T,H,K: four comma-separated integers, each through the strict parser */
@@ -239,16 +235,12 @@ int dg_bench_dplr(int argc, char **argv) {
                 static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
                 static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
                 if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK) {
-                    fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-                    return 2;
+                    return dg_cli_bad_arg(&cli);
                 }
             }
             if (nv != 4 || nsel == 8) {
-                fprintf(stderr,
-                        "bench dplr: --shape takes B,T,H,K (four integers; at most 8 shapes), "
-                        "got '%s'\n",
-                        v);
-                return 2;
+                return dg_cli_bad(&cli, "--shape",
+                                  "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
             }
             sel[nsel++] = (shape_t){dim[0], dim[1], dim[2], dim[3]};
         } else if (!strcmp(f, "--profile")) {

@@ -194,13 +194,11 @@ int dg_bench_kda(int argc, char **argv) {
     while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
         if (!strcmp(f, "--reps")) {
             if (dg_arg_int("--reps", v, 1, 64, &reps) != DG_OK) {
-                fprintf(stderr, "bench kda: %s\n", dg_last_error());
-                return 2;
+                return dg_cli_bad_arg(&cli);
             }
         } else if (!strcmp(f, "--dtype")) {
             if (dg_dtype_parse(v, &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
-                fprintf(stderr, "bench kda: --dtype must be bf16 or f32\n");
-                return 2;
+                return dg_cli_bad(&cli, "--dtype", "must be bf16 or f32, got '%s'", v);
             }
         } else if (!strcmp(f, "--g-dist")) {
             const char *gv = v;
@@ -209,8 +207,7 @@ int dg_bench_kda(int argc, char **argv) {
             else if (!strcmp(gv, "uniform"))
                 gm = GATE_UNIFORM;
             else {
-                fprintf(stderr, "bench kda: --g-dist must be ref or uniform, got '%s'\n", gv);
-                return 2;
+                return dg_cli_bad(&cli, "--g-dist", "must be ref or uniform, got '%s'", gv);
             }
         } else if (!strcmp(f, "--shape")) {
             /* B,T,H,K: four comma-separated integers, each through the strict parser */
@@ -221,16 +218,12 @@ int dg_bench_kda(int argc, char **argv) {
                 static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
                 static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
                 if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK) {
-                    fprintf(stderr, "bench kda: %s\n", dg_last_error());
-                    return 2;
+                    return dg_cli_bad_arg(&cli);
                 }
             }
             if (nv != 4 || nsel == 8) {
-                fprintf(stderr,
-                        "bench kda: --shape takes B,T,H,K (four integers; at most 8 "
-                        "shapes), got '%s'\n",
-                        v);
-                return 2;
+                return dg_cli_bad(&cli, "--shape",
+                                  "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
             }
             sel[nsel++] = (shape_t){dim[0], dim[1], dim[2], dim[3]};
         } else if (!strcmp(f, "--tc")) {
@@ -242,8 +235,7 @@ int dg_bench_kda(int argc, char **argv) {
             else if (!strcmp(tv, "3xtf32"))
                 tc = DG_KDA_TC_3XTF32;
             else {
-                fprintf(stderr, "bench kda: --tc must be default, off or 3xtf32, got '%s'\n", tv);
-                return 2;
+                return dg_cli_bad(&cli, "--tc", "must be default, off or 3xtf32, got '%s'", tv);
             }
         } else if (!strcmp(f, "--profile")) {
             profile = 1;

@@ -85,6 +85,10 @@ int main(int argc, char **argv) {
         return cmd_version(argc - 1, argv + 1);
     if (!strcmp(a, "help")) {
         /* help CMD [SUB...]: CMD [SUB...] --help */
+        if (!strcmp(argv[2], "help")) {
+            usage(stdout);
+            return 0;
+        }
         int i = find(argv[2]);
         if (i < 0)
             return unknown(argv[2]);
