@@ -27,7 +27,7 @@ if [ "${DG_TESTS:-1}" = 1 ]; then
 fi
 H=${DG_CP_H:-16}
 for T in ${DG_CP_T:-32768 65536}; do
-    common=(bench cp --device cuda --dtype bf16 --heads "$H" --K 128 --V 128 --reps 10 --warmup 2)
+    common=(bench cp --device cuda --dtype bf16 --H "$H" --K 128 --V 128 --reps 10 --warmup 2)
     mpirun -np 2 --bind-to none "$dg" "${common[@]}" --T "$T" > "$out/cp_mpirun_T$T.log" 2>&1
     echo "T=$T mpirun 2 GPUs: rc=$?"; grep -E "^  [0-9]" "$out/cp_mpirun_T$T.log"
     port=$((29500 + RANDOM % 2000))

@@ -12,7 +12,7 @@
 #define _DEFAULT_SOURCE   /* flock, usleep */
 #include "tests/harness.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/model.h"
@@ -81,8 +81,8 @@ static void on_alarm(int sig) {
  * periodic checkpoints), spliced into their argv lists. */
 #define DG_TINY_RUN_ARGS                                                                           \
     "--batch", "2", "--seq-len", "32", "--d", "16", "--heads", "1", "--head-dim", "16", "--inter", \
-        "32", "--chunk", "16", "--eval-every", "0", "--sample-every", "-1", "--ckpt-every", "0",   \
-        "--no-plot", "--threads", "1"
+        "32", "--chunk-size", "16", "--eval-every", "0", "--sample-every", "-1", "--ckpt-every",   \
+        "0", "--no-plot", "--threads", "1"
 
 /* The status must be `want` and the message must hold every needle (NULL ends the list): a
  * rejection case. */
@@ -240,9 +240,10 @@ static void test_special_files(void) {
     mkdir(run, 0700);
     snprintf(csv, sizeof csv, "%s/log.csv", run);
     mkfifo(csv, 0600);
-    char *cargv[] = {"train", "--data",     KJV, "--max-bytes", "20000", "--out",   run,  "--steps",
-                     "1",     "--batch",    "1", "--seq-len",   "16",    "--d",     "8",  "--heads",
-                     "1",     "--head-dim", "8", "--inter",     "8",     "--chunk", "16", NULL};
+    char *cargv[] = {"train", "--data",  KJV, "--max-bytes",  "20000", "--out",
+                     run,     "--steps", "1", "--batch",      "1",     "--seq-len",
+                     "16",    "--d",     "8", "--heads",      "1",     "--head-dim",
+                     "8",     "--inter", "8", "--chunk-size", "16",    NULL};
     rc = dg_cmd_train(23, cargv);
     REJ(1, dg_check(rc == 1, "deltagrad train with a FIFO as DIR/log.csv exits 1 (got %d)", rc));
     /* `train --plot DIR` reading a FIFO log.csv, and `kda` reading a FIFO q.npy */
@@ -554,9 +555,10 @@ static void test_run_dirs(void) {
                   "--overwrite", "--resume", NULL);
     CASE(6, dg_check(same_file(csv, cb, cn) && same_file(ck, kb, kn),
                      "the refused run left log.csv and the checkpoint untouched"));
-    char *argv[] = {"train", "--data",     KJV, "--max-bytes", "20000", "--out",   dir,  "--steps",
-                    "1",     "--batch",    "1", "--seq-len",   "16",    "--d",     "8",  "--heads",
-                    "1",     "--head-dim", "8", "--inter",     "8",     "--chunk", "16", NULL};
+    char *argv[] = {"train", "--data",  KJV, "--max-bytes",  "20000", "--out",
+                    dir,     "--steps", "1", "--batch",      "1",     "--seq-len",
+                    "16",    "--d",     "8", "--heads",      "1",     "--head-dim",
+                    "8",     "--inter", "8", "--chunk-size", "16",    NULL};
     char err[4096];
     int rc = run_captured(dg_cmd_train, argv, err, sizeof err);
     REJ(6, dg_check(rc == 2 && strstr(err, "--overwrite"),
@@ -600,10 +602,10 @@ static void test_run_dirs(void) {
                     "a second trainer (--resume) on a busy directory: exit 1 naming %s (%d: "
                     "%.200s)",
                     pidtxt, rc, err));
-    char *fresh[] = {"deltagrad", "train",      "--out",  busy,      "--overwrite",
-                     "--steps",   "1",          "--d",    "8",       "--heads",
-                     "1",         "--head-dim", "8",      "--inter", "8",
-                     "--chunk",   "16",         "--data", KJV,       NULL};
+    char *fresh[] = {"deltagrad", "train",   "--out", busy,           "--overwrite", "--steps",
+                     "1",         "--d",     "8",     "--heads",      "1",           "--head-dim",
+                     "8",         "--inter", "8",     "--chunk-size", "16",          "--data",
+                     KJV,         NULL};
     rc = run_binary(fresh, err, sizeof err);
     REJ(6, dg_check(rc == 1 && strstr(err, "in use"),
                     "a second trainer with --overwrite is refused too (%d: %.160s)", rc, err));
@@ -744,12 +746,12 @@ static void test_numeric_parser(void) {
                   "a value that underflows to zero is refused", "--x", NULL);
     int c = 0;
     static const int chunks[3] = {16, 32, 64};
-    CASE(2, dg_check(dg_arg_choice("--chunk", "32", chunks, 3, &c) == DG_OK && c == 32,
-                     "--chunk 32 is a valid choice"));
-    check_err_all(2, dg_arg_choice("--chunk", "48", chunks, 3, &c), DG_ERR_ARG,
-                  "--chunk 48 is not a choice", "--chunk", "one of 16, 32, 64", NULL);
-    check_err_all(2, dg_arg_choice("--chunk", "16abc", chunks, 3, &c), DG_ERR_ARG,
-                  "--chunk 16abc is refused", "16abc", NULL);
+    CASE(2, dg_check(dg_arg_choice("--chunk-size", "32", chunks, 3, &c) == DG_OK && c == 32,
+                     "--chunk-size 32 is a valid choice"));
+    check_err_all(2, dg_arg_choice("--chunk-size", "48", chunks, 3, &c), DG_ERR_ARG,
+                  "--chunk-size 48 is not a choice", "--chunk-size", "one of 16, 32, 64", NULL);
+    check_err_all(2, dg_arg_choice("--chunk-size", "16abc", chunks, 3, &c), DG_ERR_ARG,
+                  "--chunk-size 16abc is refused", "16abc", NULL);
 }
 
 /* Every numeric flag of `train`, `sample`, `kda`, `dplr`, `bench` and `gradcheck` refuses trailing
@@ -771,7 +773,7 @@ static void test_numeric_flags(void) {
                                             {"--layers", "257"},      {"--heads", "0"},
                                             {"--v-heads", "0"},       {"--head-dim", "257"},
                                             {"--head-v-dim", "0"},    {"--inter", "0"},
-                                            {"--chunk", "48"},        {"--lower-bound", "0"},
+                                            {"--chunk-size", "48"},   {"--lower-bound", "0"},
                                             {"--eval-every", "-1"},   {"--eval-batches", "0"},
                                             {"--sample-every", "-2"}, {"--sample-tokens", "-1"},
                                             {"--temperature", "-1"},  {"--top-k", "257"},
@@ -824,9 +826,9 @@ static void test_numeric_flags(void) {
         {"bench", "kda", "--reps", "3x", NULL, "--reps"},
         {"bench", "kda", "--reps", "65", NULL, "--reps"},
         {"bench", "dplr", "--reps", "3x", NULL, "--reps"},
-        {"bench", "dplr", "--chunk", "48", NULL, "--chunk"},
+        {"bench", "dplr", "--chunk-size", "48", NULL, "--chunk-size"},
         {"bench", "cp", "--T", "16abc", NULL, "--T"},
-        {"bench", "cp", "--chunk", "48", NULL, "--chunk"},
+        {"bench", "cp", "--chunk-size", "48", NULL, "--chunk-size"},
         {"bench", "cp", "--reps", "0", NULL, "--reps"},
         {"bench", "cp", "--cores", "", NULL, "--cores"},
         {"gradcheck", "kda", "--B", "0", NULL, "--B"},

@@ -921,6 +921,94 @@ static void strip_mixer(const char *path, const char *out) {
     dg_ctx_free(&ctx);
 }
 
+/* path with its metadata entry `key` set to val (NULL: removed), written to out. */
+static void set_meta(const char *path, const char *out, const char *key, const char *val) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_safetensors st;
+    DG_TEST_TRY(dg_safetensors_load(ctx, path, &st));
+    int w = 0;
+    for (int i = 0; i < st.n_meta; i++) {
+        if (!strcmp(st.meta_keys[i], key)) {
+            if (!val) {
+                free(st.meta_keys[i]);
+                free(st.meta_values[i]);
+                continue;
+            }
+            free(st.meta_values[i]);
+            st.meta_values[i] = strdup(val);
+        }
+        st.meta_keys[w] = st.meta_keys[i];
+        st.meta_values[w++] = st.meta_values[i];
+    }
+    st.n_meta = w;
+    DG_TEST_TRY(dg_safetensors_save(
+        out, st.n, (const char *const *)st.names, (const dg_tensor *const *)st.tensors, st.n_meta,
+        (const char *const *)st.meta_keys, (const char *const *)st.meta_values));
+    dg_safetensors_free(&st);
+    dg_ctx_free(&ctx);
+}
+
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* Format 2 stores the reference's config.json beside the native config and the data path
+ * relative to the checkpoint; format-1 checkpoints (absolute or command-line data paths, no
+ * config.json) still load; other formats are refused naming both. */
+static void test_ckpt_format(void) {
+    dg_ctx *ctx = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+    dg_model_config c = tiny_config();
+    dg_model *m = NULL;
+    DG_TEST_TRY(dg_model_new(ctx, &c, DG_F32, DG_F32, &m));
+    DG_TEST_TRY(dg_model_init(m, 3));
+    dg_train_opts o = tiny_opts(NULL); /* data_path: the bundled text, an absolute path */
+    dg_train_state st = {2, 20, 1, 1};
+    char path[512], old[512], bad[512];
+    tmp_path(path, sizeof path, "fmt2.safetensors");
+    tmp_path(old, sizeof old, "fmt1.safetensors");
+    tmp_path(bad, sizeof bad, "fmt9.safetensors");
+    DG_TEST_TRY(dg_ckpt_save(path, m, NULL, NULL, &o, &st));
+    dg_ckpt ck;
+    if (dg_check_ok(dg_ckpt_load(ctx, path, &ck), "format-2 checkpoint loads")) {
+        const char *fmt = dg_safetensors_meta(&ck.st, "format");
+        const char *cj = dg_safetensors_meta(&ck.st, "config.json");
+        const char *dp = dg_safetensors_meta(&ck.st, "data.path");
+        dg_check(ck.format == 2 && fmt && !strcmp(fmt, "deltagrad-checkpoint/2"),
+                 "the format is deltagrad-checkpoint/2");
+        dg_check(cj && strstr(cj, "\"model_type\": \"kda\"") && strstr(cj, "\"safe_gate\": true") &&
+                     strstr(cj, "\"lower_bound\": -5") && strstr(cj, "\"expand_v\": 1") &&
+                     strstr(cj, "\"head_dim\": 32") && strstr(cj, "\"num_hidden_layers\": 1") &&
+                     strstr(cj, "\"conv_size\": 4"),
+                 "config.json carries the reference's keys: %.300s", cj ? cj : "(missing)");
+        dg_check(dp && dp[0] && dp[0] != '/', "data.path '%s' is not absolute", dp ? dp : "");
+        dg_check(same_file(ck.opts.data_path, KJV),
+                 "the stored relative data path resolves to the text (%s)", ck.opts.data_path);
+        dg_ckpt_free(&ck);
+    }
+    set_meta(path, old, "config.json", NULL);
+    set_meta(old, old, "format", "deltagrad-checkpoint/1");
+    set_meta(old, old, "data.path", KJV);
+    if (dg_check_ok(dg_ckpt_load(ctx, old, &ck), "a format-1 checkpoint still loads")) {
+        dg_check(ck.format == 1 && !strcmp(ck.opts.data_path, KJV) && ck.cfg.d == c.d,
+                 "format 1: its data path as stored, its config");
+        dg_model *m1 = NULL;
+        DG_TEST_TRY(dg_model_new(ctx, &ck.cfg, DG_F32, DG_F32, &m1));
+        dg_check_ok(dg_ckpt_restore_model(&ck, m1), "format 1: the model restores");
+        dg_model_free(&m1);
+        dg_ckpt_free(&ck);
+    }
+    set_meta(path, bad, "format", "deltagrad-checkpoint/9");
+    dg_check_err(dg_ckpt_load(ctx, bad, &ck), DG_ERR_FORMAT, "deltagrad-checkpoint/9",
+                 "an unknown format is refused");
+    dg_ckpt_free(&ck);
+    dg_model_free(&m);
+    dg_ctx_free(&ctx);
+}
+
 /* Checkpoints record the mixer: a DPLR checkpoint restores a DPLR model (the same logits bit for
  * bit) and is refused by a KDA model; a checkpoint without the key is KDA. */
 static void test_dplr_ckpt(void) {
@@ -1007,7 +1095,7 @@ static void test_dplr_cli(void) {
                    "dplr",   "--steps",        "3",   "--d",
                    "32",     "--layers",       "1",   "--heads",
                    "2",      "--head-dim",     "16",  "--inter",
-                   "64",     "--chunk",        "32",  "--batch",
+                   "64",     "--chunk-size",   "32",  "--batch",
                    "2",      "--seq-len",      "64",  "--max-bytes",
                    "200000", "--eval-batches", "1",   "--sample-tokens",
                    "16",     "--no-out",       NULL};
@@ -1307,6 +1395,7 @@ int main(int argc, char **argv) {
     test_loss_falls();
     test_resume();
     test_kill_during_save();
+    test_ckpt_format();
     test_dplr();
     tmp_cleanup();
     return dg_test_finish();

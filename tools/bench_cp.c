@@ -3,7 +3,7 @@
  * one rank against the same sequence split over every rank of the job (KCP, dg_kda_chunk_cp),
  * with the bytes each rank sends and the share of its time spent inside communicator calls.
  *
- *   mpirun -np N deltagrad bench cp [--T 8192] [--heads 2] [--K 64] [--V 64] ...
+ *   mpirun -np N deltagrad bench cp [--T 8192] [--H 2] [--K 64] [--V 64] ...
  *
  * The one-rank time is measured on rank 0 alone (the other ranks wait at a barrier, sleeping)
  * with all of the cores' threads, the split time on every rank with cores / N threads each, so
@@ -17,7 +17,8 @@
 #include "deltagrad.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
+#include "tools/cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,7 +29,6 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
 
 static void set_threads(int n) {
 #ifdef _OPENMP
@@ -163,9 +163,9 @@ static void usage(FILE *f) {
             "iteration and the share of time inside communicator calls.\n"
             "\n"
             "  --T N          tokens (default 8192)\n"
-            "  --heads H      heads, q/k and value (default 2)\n"
+            "  --H H          heads, q/k and value (default 2)\n"
             "  --K K --V V    head dims (default 64, 64)\n"
-            "  --chunk BT     chunk size 16, 32 or 64 (default 64)\n"
+            "  --chunk-size N 16, 32 or 64 (default 64)\n"
             "  --dtype D      f32 or f64 on the CPU, f32 or bf16 on CUDA (default f32)\n"
             "  --device D     cpu (default) or cuda: every rank on cuda:(local rank %% devices);\n"
             "                 over NCCL when every rank has a GPU of its own (mpirun or\n"
@@ -183,64 +183,68 @@ int dg_bench_cp(int argc, char **argv) {
     bshape s = {8192, 2, 64, 64, 64, 5, 1, DG_F32};
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int cuda = 0, profile = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--profile")) {
-            profile = 1;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "bench cp: %s needs a value\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        /* numbers through the one strict parser (train/args.c): the error names flag and range */
-        static const int chunks[3] = {16, 32, 64};
-        int64_t T = 0, nc = 0;
-        dg_status ps = DG_OK;
-        if (!strcmp(a, "--T")) {
-            ps = dg_arg_i64(a, v, 1, (int64_t)1 << 30, &T);
-            s.T = T;
-        } else if (!strcmp(a, "--heads"))
-            ps = dg_arg_int(a, v, 1, 4096, &s.H);
-        else if (!strcmp(a, "--K"))
-            ps = dg_arg_int(a, v, 1, 1024, &s.K);
-        else if (!strcmp(a, "--V"))
-            ps = dg_arg_int(a, v, 1, 1024, &s.V);
-        else if (!strcmp(a, "--chunk"))
-            ps = dg_arg_choice(a, v, chunks, 3, &s.BT);
-        else if (!strcmp(a, "--reps"))
-            ps = dg_arg_int(a, v, 1, 100, &s.reps);
-        else if (!strcmp(a, "--warmup"))
-            ps = dg_arg_int(a, v, 0, 100, &s.warmup);
-        else if (!strcmp(a, "--cores")) {
-            ps = dg_arg_i64(a, v, 1, 4096, &nc);
-            cores = (long)nc;
-        } else if (!strcmp(a, "--device")) {
-            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
-                fprintf(stderr, "bench cp: --device must be cpu or cuda, got '%s'\n", v);
-                return 2;
+    static const dg_cli_flag flags[] = {
+        {"--T", "an integer"},
+        {"--H", "an integer"},
+        {"--K", "an integer"},
+        {"--V", "an integer"},
+        {"--chunk-size", "16, 32 or 64"},
+        {"--reps", "an integer"},
+        {"--warmup", "an integer"},
+        {"--cores", "an integer"},
+        {"--device", "cpu or cuda"},
+        {"--dtype", "f32, f64 or bf16"},
+        {"--profile", NULL},
+    };
+    {
+        dg_cli cli;
+        dg_cli_init(&cli, "bench cp", usage, flags, DG_CLI_N(flags), argc, argv);
+        const char *a = NULL, *v = NULL;
+        int pr;
+        while ((pr = dg_cli_next(&cli, &a, &v)) == DG_CLI_FLAG) {
+            if (!strcmp(a, "--profile")) {
+                profile = 1;
+                continue;
             }
-            cuda = !strcmp(v, "cuda");
-        } else if (!strcmp(a, "--dtype")) {
-            if (dg_dtype_parse(v, &s.dt) != DG_OK ||
-                (s.dt != DG_F32 && s.dt != DG_F64 && s.dt != DG_BF16)) {
-                fprintf(stderr, "bench cp: --dtype must be f32, f64 or bf16, got '%s'\n", v);
-                return 2;
+            /* numbers through the one strict parser (tools/args.c): the error names flag and range
+             */
+            static const int chunks[3] = {16, 32, 64};
+            int64_t T = 0, nc = 0;
+            dg_status ps = DG_OK;
+            if (!strcmp(a, "--T")) {
+                ps = dg_arg_i64(a, v, 1, (int64_t)1 << 30, &T);
+                s.T = T;
+            } else if (!strcmp(a, "--H"))
+                ps = dg_arg_int(a, v, 1, 4096, &s.H);
+            else if (!strcmp(a, "--K"))
+                ps = dg_arg_int(a, v, 1, 1024, &s.K);
+            else if (!strcmp(a, "--V"))
+                ps = dg_arg_int(a, v, 1, 1024, &s.V);
+            else if (!strcmp(a, "--chunk-size"))
+                ps = dg_arg_choice(a, v, chunks, 3, &s.BT);
+            else if (!strcmp(a, "--reps"))
+                ps = dg_arg_int(a, v, 1, 100, &s.reps);
+            else if (!strcmp(a, "--warmup"))
+                ps = dg_arg_int(a, v, 0, 100, &s.warmup);
+            else if (!strcmp(a, "--cores")) {
+                ps = dg_arg_i64(a, v, 1, 4096, &nc);
+                cores = (long)nc;
+            } else if (!strcmp(a, "--device")) {
+                if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                    return dg_cli_bad(&cli, "--device", "must be cpu or cuda, got '%s'", v);
+                }
+                cuda = !strcmp(v, "cuda");
+            } else if (!strcmp(a, "--dtype")) {
+                if (dg_dtype_parse(v, &s.dt) != DG_OK ||
+                    (s.dt != DG_F32 && s.dt != DG_F64 && s.dt != DG_BF16)) {
+                    return dg_cli_bad(&cli, "--dtype", "must be f32, f64 or bf16, got '%s'", v);
+                }
             }
-        } else {
-            fprintf(stderr, "bench cp: unknown flag '%s'\n", a);
-            usage(stderr);
-            return 2;
+            if (ps != DG_OK)
+                return dg_cli_bad_arg(&cli);
         }
-        if (ps != DG_OK) {
-            fprintf(stderr, "bench cp: %s\n", dg_last_error());
-            return 2;
-        }
+        if (pr != DG_CLI_END)
+            return pr;
     }
     if (s.reps > 100)
         s.reps = 100;
@@ -328,7 +332,8 @@ int dg_bench_cp(int argc, char **argv) {
         bytes = (int64_t)m[2];
     }
     if (rank == 0) {
-        double a = dg_bench_median(t1, s.reps), b = dg_bench_median(tn, s.reps), c = dg_bench_median(cs, s.reps);
+        double a = dg_bench_median(t1, s.reps), b = dg_bench_median(tn, s.reps),
+               c = dg_bench_median(cs, s.reps);
         char where[96];
         if (cuda)
             snprintf(where, sizeof where, "CUDA, %s backend",

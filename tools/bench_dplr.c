@@ -17,7 +17,8 @@
 #include "deltagrad.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
+#include "tools/cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,7 +29,7 @@
     do {                                                                                           \
         dg_status s__ = (expr);                                                                    \
         if (s__ != DG_OK) {                                                                        \
-            fprintf(stderr, "bench dplr: %s failed: %s\n", #expr, dg_last_error());               \
+            fprintf(stderr, "bench dplr: %s failed: %s\n", #expr, dg_last_error());                \
             return -1;                                                                             \
         }                                                                                          \
     } while (0)
@@ -172,83 +173,82 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm
     return 0;
 }
 
+static void dplr_help(FILE *f) {
+    fprintf(f, "usage: deltagrad bench dplr [--reps N (1..64)] [--dtype bf16|f32] "
+               "[--g-dist rwkv7|ref]\n"
+               "                           [--chunk-size 16|32|64] [--shape B,T,H,K]... "
+               "[--profile]\n\n"
+               "Times chunked DPLR (dg_dplr_chunk, chunk 64 by default, RWKV-7's stable\n"
+               "form a = -kh, b = alpha kh) forward and forward+backward on CUDA device 0 at\n"
+               "the shapes of bench kda (B,T,H,K=V), median of N runs, with peak device\n"
+               "memory under CACHE and RECOMPUTE and the ratio of each time to its compute\n"
+               "and memory floors (peaks measured in the same run). The DPLR kernels are f32\n"
+               "FFMA (no tensor cores yet) for either dtype.\n\n"
+               "  --g-dist rwkv7    gk = -e^{-1/2} sigmoid(randn), RWKV-7's gate (default)\n"
+               "  --g-dist ref      gk = log(sigmoid(randn)), the gate bench kda uses\n"
+               "  --shape         time only this shape (repeat for several; at most 8)\n"
+               "  --profile       also print the time of every tape node of one fwd+bwd\n");
+}
+
 int dg_bench_dplr(int argc, char **argv) {
     int reps = 10, profile = 0, nsel = 0, chunk = 64;
     dg_dtype dt = DG_BF16;
     gate_mode gm = GATE_RWKV7;
     shape_t sel[8];
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: deltagrad bench dplr [--reps N (1..64)] [--dtype bf16|f32] "
-                   "[--gate rwkv7|ref]\n"
-                   "                           [--chunk 16|32|64] [--shape B,T,H,K]... "
-                   "[--profile]\n\n"
-                   "Times chunked DPLR (dg_dplr_chunk, chunk 64 by default, RWKV-7's stable\n"
-                   "form a = -kh, b = alpha kh) forward and forward+backward on CUDA device 0 at\n"
-                   "the shapes of bench kda (B,T,H,K=V), median of N runs, with peak device\n"
-                   "memory under CACHE and RECOMPUTE and the ratio of each time to its compute\n"
-                   "and memory floors (peaks measured in the same run). The DPLR kernels are f32\n"
-                   "FFMA (no tensor cores yet) for either dtype.\n\n"
-                   "  --gate rwkv7    gk = -e^{-1/2} sigmoid(randn), RWKV-7's gate (default)\n"
-                   "  --gate ref      gk = log(sigmoid(randn)), the gate bench kda uses\n"
-                   "  --shape         time only this shape (repeat for several; at most 8)\n"
-                   "  --profile       also print the time of every tape node of one fwd+bwd\n");
-            return 0;
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            if (dg_arg_int("--reps", argv[++i], 1, 64, &reps) != DG_OK) {
-                fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-                return 2;
+    static const dg_cli_flag flags[] = {
+        {"--reps", "1..64"},          {"--chunk-size", "16, 32 or 64"}, {"--dtype", "bf16 or f32"},
+        {"--g-dist", "rwkv7 or ref"}, {"--shape", "B,T,H,K"},           {"--profile", NULL},
+    };
+    dg_cli cli;
+    dg_cli_init(&cli, "bench dplr", dplr_help, flags, DG_CLI_N(flags), argc, argv);
+    const char *f, *v;
+    int pr;
+    while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
+        if (!strcmp(f, "--reps")) {
+            if (dg_arg_int("--reps", v, 1, 64, &reps) != DG_OK) {
+                return dg_cli_bad_arg(&cli);
             }
-        } else if (!strcmp(argv[i], "--chunk") && i + 1 < argc) {
+        } else if (!strcmp(f, "--chunk-size")) {
             static const int chunks[3] = {16, 32, 64};
-            if (dg_arg_choice("--chunk", argv[++i], chunks, 3, &chunk) != DG_OK) {
-                fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-                return 2;
+            if (dg_arg_choice("--chunk-size", v, chunks, 3, &chunk) != DG_OK) {
+                return dg_cli_bad_arg(&cli);
             }
-        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
-            if (dg_dtype_parse(argv[++i], &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
-                fprintf(stderr, "bench dplr: --dtype must be bf16 or f32\n");
-                return 2;
+        } else if (!strcmp(f, "--dtype")) {
+            if (dg_dtype_parse(v, &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
+                return dg_cli_bad(&cli, "--dtype", "must be bf16 or f32, got '%s'", v);
             }
-        } else if (!strcmp(argv[i], "--gate") && i + 1 < argc) {
-            const char *gv = argv[++i];
+        } else if (!strcmp(f, "--g-dist")) {
+            const char *gv = v;
             if (!strcmp(gv, "rwkv7"))
                 gm = GATE_RWKV7;
             else if (!strcmp(gv, "ref"))
                 gm = GATE_REF;
             else {
-                fprintf(stderr, "bench dplr: --gate must be rwkv7 or ref, got '%s'\n", gv);
-                return 2;
+                return dg_cli_bad(&cli, "--g-dist", "must be rwkv7 or ref, got '%s'", gv);
             }
-        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+        } else if (!strcmp(f, "--shape")) {
             /* B,T,H,K: four comma-separated integers, each through the strict parser */
             char buf[96];
-            int v[4], nv = 0;
-            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            int dim[4], nv = 0;
+            snprintf(buf, sizeof buf, "%s", v);
             for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
-                static const char *names[4] = {"--shape B", "--shape T", "--shape H",
-                                               "--shape K"};
+                static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
                 static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
-                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &v[nv]) != DG_OK) {
-                    fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-                    return 2;
+                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK) {
+                    return dg_cli_bad_arg(&cli);
                 }
             }
             if (nv != 4 || nsel == 8) {
-                fprintf(stderr,
-                        "bench dplr: --shape takes B,T,H,K (four integers; at most 8 shapes), "
-                        "got '%s'\n",
-                        argv[i]);
-                return 2;
+                return dg_cli_bad(&cli, "--shape",
+                                  "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
             }
-            sel[nsel++] = (shape_t){v[0], v[1], v[2], v[3]};
-        } else if (!strcmp(argv[i], "--profile")) {
+            sel[nsel++] = (shape_t){dim[0], dim[1], dim[2], dim[3]};
+        } else if (!strcmp(f, "--profile")) {
             profile = 1;
-        } else {
-            fprintf(stderr, "bench dplr: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
         }
     }
+    if (pr != DG_CLI_END)
+        return pr;
     if (dg_cuda_device_count() < 1) {
         fprintf(stderr, "bench dplr: needs a CUDA device (this build: CUDA %s, devices: %d)\n",
                 dg_have_cuda() ? "yes" : "no", dg_cuda_device_count());
@@ -304,8 +304,8 @@ int dg_bench_dplr(int argc, char **argv) {
         const double b_bwd = b_fwd + tok * V * es + tok * (5 * K + V) * es;
         const double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
         const double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
-        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name,
-               r.fwd_ms, r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
+        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name, r.fwd_ms,
+               r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
                r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
         dg_ctx_empty_cache(ctx);
     }

@@ -13,7 +13,8 @@
 #include "deltagrad.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
+#include "tools/cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -21,12 +22,11 @@
 #include <string.h>
 #include <time.h>
 
-
 #define CHECK(expr)                                                                                \
     do {                                                                                           \
         dg_status s__ = (expr);                                                                    \
         if (s__ != DG_OK) {                                                                        \
-            fprintf(stderr, "bench kda: %s failed: %s\n", #expr, dg_last_error());                \
+            fprintf(stderr, "bench kda: %s failed: %s\n", #expr, dg_last_error());                 \
             return -1;                                                                             \
         }                                                                                          \
     } while (0)
@@ -66,8 +66,8 @@ static int fill_gate(dg_ctx *ctx, dg_tensor *g, gate_mode gm) {
     return 0;
 }
 
-static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm,
-                     dg_kda_tc tc, int profile, result_t *r) {
+static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm, dg_kda_tc tc,
+                     int profile, result_t *r) {
     int64_t sq[4] = {s.B, s.T, s.H, s.K}, sb[3] = {s.B, s.T, s.H};
     dg_tensor *q = NULL, *k = NULL, *v = NULL, *g = NULL, *beta = NULL, *dO = NULL;
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &q));
@@ -162,68 +162,73 @@ static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm
     return 0;
 }
 
+static void kda_help(FILE *f) {
+    fprintf(
+        f,
+        "usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32] [--g-dist ref|uniform]\n"
+        "                          [--shape B,T,H,K]... [--tc default|off|3xtf32] [--profile]\n\n"
+        "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
+        "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
+        "device memory under CACHE and RECOMPUTE and the ratio of each time to its\n"
+        "compute and memory floors (peaks measured in the same run).\n\n"
+        "  --g-dist ref      g = log(sigmoid(randn)), the reference's benchmark gate (default)\n"
+        "  --g-dist uniform  g uniform in [-0.2, -0.001]\n"
+        "  --shape         time only this shape (repeat for several; at most 8)\n"
+        "  --tc            tensor cores for bf16: TF32 (default), off (f32 FMA), 3xtf32\n"
+        "  --profile       also print the time of every tape node of one fwd+bwd\n");
+}
+
 int dg_bench_kda(int argc, char **argv) {
     int reps = 10, profile = 0, nsel = 0;
     dg_dtype dt = DG_BF16;
     gate_mode gm = GATE_REF;
     dg_kda_tc tc = DG_KDA_TC_DEFAULT;
     shape_t sel[8];
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: deltagrad bench kda [--reps N (1..64)] [--dtype bf16|f32] [--gate ref|uniform]\n"
-                   "                          [--shape B,T,H,K]... [--tc default|off|3xtf32] [--profile]\n\n"
-                   "Times chunked KDA (chunk 64, in-op L2 norm) forward and forward+backward on\n"
-                   "CUDA device 0 at the reference shapes (B,T,H,K=V), median of N runs, with peak\n"
-                   "device memory under CACHE and RECOMPUTE and the ratio of each time to its\n"
-                   "compute and memory floors (peaks measured in the same run).\n\n"
-                   "  --gate ref      g = log(sigmoid(randn)), the reference's benchmark gate (default)\n"
-                   "  --gate uniform  g uniform in [-0.2, -0.001]\n"
-                   "  --shape         time only this shape (repeat for several; at most 8)\n"
-                   "  --tc            tensor cores for bf16: TF32 (default), off (f32 FMA), 3xtf32\n"
-                   "  --profile       also print the time of every tape node of one fwd+bwd\n");
-            return 0;
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            if (dg_arg_int("--reps", argv[++i], 1, 64, &reps) != DG_OK) {
-                fprintf(stderr, "bench kda: %s\n", dg_last_error());
-                return 2;
+    static const dg_cli_flag flags[] = {
+        {"--reps", "1..64"},    {"--dtype", "bf16 or f32"},         {"--g-dist", "ref or uniform"},
+        {"--shape", "B,T,H,K"}, {"--tc", "default, off or 3xtf32"}, {"--profile", NULL},
+    };
+    dg_cli cli;
+    dg_cli_init(&cli, "bench kda", kda_help, flags, DG_CLI_N(flags), argc, argv);
+    const char *f, *v;
+    int pr;
+    while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
+        if (!strcmp(f, "--reps")) {
+            if (dg_arg_int("--reps", v, 1, 64, &reps) != DG_OK) {
+                return dg_cli_bad_arg(&cli);
             }
-        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc) {
-            if (dg_dtype_parse(argv[++i], &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
-                fprintf(stderr, "bench kda: --dtype must be bf16 or f32\n");
-                return 2;
+        } else if (!strcmp(f, "--dtype")) {
+            if (dg_dtype_parse(v, &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
+                return dg_cli_bad(&cli, "--dtype", "must be bf16 or f32, got '%s'", v);
             }
-        } else if (!strcmp(argv[i], "--gate") && i + 1 < argc) {
-            const char *gv = argv[++i];
+        } else if (!strcmp(f, "--g-dist")) {
+            const char *gv = v;
             if (!strcmp(gv, "ref"))
                 gm = GATE_REF;
             else if (!strcmp(gv, "uniform"))
                 gm = GATE_UNIFORM;
             else {
-                fprintf(stderr, "bench kda: --gate must be ref or uniform, got '%s'\n", gv);
-                return 2;
+                return dg_cli_bad(&cli, "--g-dist", "must be ref or uniform, got '%s'", gv);
             }
-        } else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+        } else if (!strcmp(f, "--shape")) {
             /* B,T,H,K: four comma-separated integers, each through the strict parser */
             char buf[96];
-            int v[4], nv = 0;
-            snprintf(buf, sizeof buf, "%s", argv[++i]);
+            int dim[4], nv = 0;
+            snprintf(buf, sizeof buf, "%s", v);
             for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
-                static const char *names[4] = {"--shape B", "--shape T", "--shape H",
-                                               "--shape K"};
+                static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
                 static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
-                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &v[nv]) != DG_OK) {
-                    fprintf(stderr, "bench kda: %s\n", dg_last_error());
-                    return 2;
+                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK) {
+                    return dg_cli_bad_arg(&cli);
                 }
             }
             if (nv != 4 || nsel == 8) {
-                fprintf(stderr, "bench kda: --shape takes B,T,H,K (four integers; at most 8 "
-                                "shapes), got '%s'\n", argv[i]);
-                return 2;
+                return dg_cli_bad(&cli, "--shape",
+                                  "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
             }
-            sel[nsel++] = (shape_t){v[0], v[1], v[2], v[3]};
-        } else if (!strcmp(argv[i], "--tc") && i + 1 < argc) {
-            const char *tv = argv[++i];
+            sel[nsel++] = (shape_t){dim[0], dim[1], dim[2], dim[3]};
+        } else if (!strcmp(f, "--tc")) {
+            const char *tv = v;
             if (!strcmp(tv, "default"))
                 tc = DG_KDA_TC_DEFAULT;
             else if (!strcmp(tv, "off"))
@@ -231,16 +236,14 @@ int dg_bench_kda(int argc, char **argv) {
             else if (!strcmp(tv, "3xtf32"))
                 tc = DG_KDA_TC_3XTF32;
             else {
-                fprintf(stderr, "bench kda: --tc must be default, off or 3xtf32, got '%s'\n", tv);
-                return 2;
+                return dg_cli_bad(&cli, "--tc", "must be default, off or 3xtf32, got '%s'", tv);
             }
-        } else if (!strcmp(argv[i], "--profile")) {
+        } else if (!strcmp(f, "--profile")) {
             profile = 1;
-        } else {
-            fprintf(stderr, "bench kda: unknown option '%s' (see --help)\n", argv[i]);
-            return 2;
         }
     }
+    if (pr != DG_CLI_END)
+        return pr;
     if (dg_cuda_device_count() < 1) {
         fprintf(stderr, "bench kda: needs a CUDA device (this build: CUDA %s, devices: %d)\n",
                 dg_have_cuda() ? "yes" : "no", dg_cuda_device_count());
@@ -265,8 +268,8 @@ int dg_bench_kda(int argc, char **argv) {
                                          {8, 1024, 8, 64},   {8, 2048, 32, 256}};
     const shape_t *shapes = nsel ? sel : ref_shapes;
     size_t nshapes = nsel ? (size_t)nsel : sizeof ref_shapes / sizeof *ref_shapes;
-    printf("gate: %s\n", gm == GATE_REF ? "log(sigmoid(randn)) (the reference's)"
-                                         : "uniform [-0.2, -0.001]");
+    printf("gate: %s\n",
+           gm == GATE_REF ? "log(sigmoid(randn)) (the reference's)" : "uniform [-0.2, -0.001]");
     printf("\n%-20s %9s %9s %8s %8s %9s %9s %10s %10s %10s\n", "B,T,H,K=V", "fwd ms", "fwd+bwd",
            "fwd/cf", "fwd/mf", "f+b/cf", "f+b/mf", "peak recomp", "f+b cache", "peak cache");
     int rc = 0;
@@ -294,16 +297,17 @@ int dg_bench_kda(int argc, char **argv) {
         double b_bwd = b_fwd + tok * V * es + tok * (4 * K + 1) * es;
         double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
         double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
-        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name,
-               r.fwd_ms, r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
+        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name, r.fwd_ms,
+               r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
                r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
         dg_ctx_empty_cache(ctx);
     }
-    printf("\ncf = compute floor (kda.md §11.9 FLOP / GEMM rate), mf = memory floor (bytes\n"
-           "that must move / measured copy bandwidth); the ratios say how far each time is from\n"
-           "the bound. fwd+bwd and peak recomp: the default policy; f+b cache and peak cache: every\n"
-           "node caching (dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water\n"
-           "mark of one fwd+bwd (inputs included).\n");
+    printf(
+        "\ncf = compute floor (kda.md §11.9 FLOP / GEMM rate), mf = memory floor (bytes\n"
+        "that must move / measured copy bandwidth); the ratios say how far each time is from\n"
+        "the bound. fwd+bwd and peak recomp: the default policy; f+b cache and peak cache: every\n"
+        "node caching (dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water\n"
+        "mark of one fwd+bwd (inputs included).\n");
     dg_ctx_free(&ctx);
     return rc;
 }

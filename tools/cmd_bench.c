@@ -15,7 +15,8 @@
 #include "tensor/tensor.h"
 #include "tools/bench_util.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
+#include "tools/cli.h"
 
 #ifdef DG_HAVE_CUDA
 #include "kernels/bench_util.cuh"
@@ -67,18 +68,20 @@ static void usage(FILE *f) {
             "  -h, --help          this text\n");
 }
 
-/* Strict values through train/args.c; the error (naming the flag and range) is printed here. */
+/* Strict values through tools/args.c; the error (naming the flag and range) is printed here. */
 static int parse_i64(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (dg_arg_i64(flag, s, lo, hi, out) == DG_OK)
         return 1;
-    fprintf(stderr, "bench core: %s\n", dg_last_error());
+    fprintf(stderr, "deltagrad bench core: %s\n(deltagrad bench core --help lists the flags)\n",
+            dg_last_error());
     return 0;
 }
 
 static int parse_f64(const char *flag, const char *s, double *out) {
     if (dg_arg_f64(flag, s, 0.0, INFINITY, DG_ARG_LO_OPEN, out) == DG_OK)
         return 1;
-    fprintf(stderr, "bench core: %s\n", dg_last_error());
+    fprintf(stderr, "deltagrad bench core: %s\n(deltagrad bench core --help lists the flags)\n",
+            dg_last_error());
     return 0;
 }
 
@@ -97,23 +100,28 @@ static int parse_sizes(const char *s, bench_opts *o) {
     return o->n_sizes > 0;
 }
 
-/* Returns 0 on success, else the exit code (0 after --help is signalled by *done). */
+/* Returns 0 on success, else the exit code (0 after --help / --version is signalled by *done). */
 static int parse_args(int argc, char **argv, bench_opts *o, int *done) {
+    static const dg_cli_flag flags[] = {
+        {"--device", "cpu, cuda or cuda:N"},
+        {"--sizes", "N,N,..."},
+        {"--m", "an integer"},
+        {"--n", "an integer"},
+        {"--k", "an integer"},
+        {"--reps", "an integer"},
+        {"--warmup", "an integer"},
+        {"--peak-tflops", "a number"},
+        {"--peak-tflops-f32", "a number"},
+        {"--copy-mib", "a number"},
+    };
     *done = 0;
     int have_dev = 0;
-    for (int i = 0; i < argc; i += 2) { /* every option takes a value */
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    dg_cli cli;
+    dg_cli_init(&cli, "bench core", usage, flags, DG_CLI_N(flags), argc, argv);
+    const char *a, *v;
+    int pr;
+    while ((pr = dg_cli_next(&cli, &a, &v)) == DG_CLI_FLAG) {
         int64_t iv = 0;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            *done = 1;
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "bench core: option %s needs a value\n\n", a);
-            usage(stderr);
-            return 2;
-        }
         int ok = 1;
         if (!strcmp(a, "--device")) {
             ok = dg_device_parse(v, &o->dev) == DG_OK;
@@ -138,16 +146,18 @@ static int parse_args(int argc, char **argv, bench_opts *o, int *done) {
             ok = parse_f64(a, v, &o->peak_f32);
         } else if (!strcmp(a, "--copy-mib")) {
             ok = parse_f64(a, v, &o->copy_mib);
-        } else {
-            fprintf(stderr, "bench core: unknown option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
         }
         if (!ok) {
             if (!strcmp(a, "--device") || !strcmp(a, "--sizes"))
-                fprintf(stderr, "bench core: bad value '%s' for %s\n", v, a);
+                return dg_cli_bad(
+                    &cli, a, "expected %s, got '%s'",
+                    !strcmp(a, "--device") ? "cpu, cuda or cuda:N" : "comma-separated integers", v);
             return 2;
         }
+    }
+    if (pr != DG_CLI_END) {
+        *done = pr == 0;
+        return pr;
     }
     if ((o->m || o->n || o->k) && !(o->m && o->n && o->k)) {
         fprintf(stderr, "bench core: --m, --n and --k go together\n");
@@ -432,12 +442,19 @@ static int bench_core(int argc, char **argv) {
 }
 
 int dg_cmd_bench(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (argv[1][0] == '-') { /* --help, --version; any other flag comes after the benchmark */
+        dg_cli cli;
+        dg_cli_init(&cli, "bench", usage, NULL, 0, argc, argv);
+        const char *f, *v;
+        int r = dg_cli_next(&cli, &f, &v);
+        return r == DG_CLI_END ? 0 : r;
     }
     if (!strcmp(argv[1], "core"))
-        return bench_core(argc - 2, argv + 2);
+        return bench_core(argc - 1, argv + 1);
     if (!strcmp(argv[1], "kda"))
         return dg_bench_kda(argc - 1, argv + 1);
     if (!strcmp(argv[1], "dplr"))

@@ -58,17 +58,15 @@ static void usage(FILE *f) {
 /* Set by dg_cmd_dplr_check: parse and validate only. */
 static int g_check_only;
 
-/* DPLR has no flags of its own: the common ones (dg_runner_flag) are all it takes. */
+/* DPLR has no flags of its own: the common ones (dg_runner_parse) are all it takes. */
 static int parse(int argc, char **argv, dg_runner *r, dg_dplr_opts *o) {
     dg_runner_init(r, "dplr", usage);
     r->check_only = g_check_only;
     memset(o, 0, sizeof *o);
-    for (int i = 1; i < argc; i++) {
-        int rc = dg_runner_flag(r, argc, argv, &i);
-        if (rc)
-            return rc;
-    }
-    int rc = dg_runner_args_done(r);
+    int rc = dg_runner_parse(r, argc, argv, NULL, 0, NULL, NULL);
+    if (rc)
+        return rc;
+    rc = dg_runner_args_done(r);
     o->chunk_size = r->chunk_size;
     o->scale = r->scale;
     o->output_final_state = 1;

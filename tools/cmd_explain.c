@@ -9,7 +9,8 @@
  */
 #include "tools/explain.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
+#include "tools/cli.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -106,7 +107,8 @@ static const char *const g_dplr_names[] = {"recurrence", "cumsum", "intra", "wy"
 static void usage(FILE *f) {
     fprintf(
         f,
-        "usage: deltagrad explain [--T N] [--chunk N] [--K N] [--V N] [--gate kda|lowerbound]\n"
+        "usage: deltagrad explain [--T N] [--chunk-size N] [--K N] [--V N] [--gate "
+        "kda|lowerbound]\n"
         "                         [--strength S] [--seed N] [--stage NAME] [--backward]\n"
         "                         [--dplr] [--cp N] [--plots DIR]\n"
         "       deltagrad explain --card [--stage NAME]\n\n"
@@ -114,7 +116,7 @@ static void usage(FILE *f) {
         "head, through the library's f64 stage functions; prints every intermediate and checks\n"
         "each identity that makes the chunked form equal the recurrence (\"name: residual X\n"
         "(ok)\"; exit 1 when one exceeds %.0e).\n"
-        "  --T 16 --chunk 4 --K 4 --V 4   tokens, chunk size, key and value dims (defaults)\n"
+        "  --T 16 --chunk-size 4 --K 4 --V 4  tokens, chunk size, key and value dims (defaults)\n"
         "  --gate kda          g = -S softplus(x) (A_log = log S); lowerbound: g = -S sigmoid(x)\n"
         "  --strength 0.5      the gate strength S (lowerbound: S in (0, 5])\n"
         "  --seed 1            the inputs' seed\n"
@@ -159,65 +161,58 @@ int dg_cmd_explain(int argc, char **argv) {
     o.strength = 0.5;
     o.seed = 1;
     int card = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    static const dg_cli_flag flags[] = {
+        {"--T", "an integer"},    {"--chunk-size", "an integer"},  {"--K", "an integer"},
+        {"--V", "an integer"},    {"--gate", "kda or lowerbound"}, {"--strength", "a number"},
+        {"--seed", "an integer"}, {"--stage", "a stage name"},     {"--backward", NULL},
+        {"--dplr", NULL},         {"--cp", "an integer"},          {"--plots", "DIR"},
+        {"--card", NULL},
+    };
+    dg_cli cli;
+    dg_cli_init(&cli, "explain", usage, flags, DG_CLI_N(flags), argc, argv);
+    const char *a, *val;
+    int pr;
+    while ((pr = dg_cli_next(&cli, &a, &val)) == DG_CLI_FLAG) {
         dg_status st = DG_OK;
         int64_t seed = 0;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--card")) {
+        if (!strcmp(a, "--card")) {
             card = 1;
         } else if (!strcmp(a, "--backward")) {
             o.backward = 1;
         } else if (!strcmp(a, "--dplr")) {
             o.dplr = 1;
-        } else if (!val) {
-            fprintf(stderr, "deltagrad explain: unknown option '%s' (or its value is missing)\n",
-                    a);
-            usage(stderr);
-            return 2;
         } else if (!strcmp(a, "--stage")) {
-            o.stage = argv[++i];
+            o.stage = val;
         } else if (!strcmp(a, "--plots")) {
-            o.plots = argv[++i];
+            o.plots = val;
         } else if (!strcmp(a, "--T")) {
-            st = dg_arg_int(a, argv[++i], 1, 4096, &o.T);
-        } else if (!strcmp(a, "--chunk") || !strcmp(a, "--chunk-size")) {
-            st = dg_arg_int(a, argv[++i], 1, 256, &o.BT);
+            st = dg_arg_int(a, val, 1, 4096, &o.T);
+        } else if (!strcmp(a, "--chunk-size")) {
+            st = dg_arg_int(a, val, 1, 256, &o.BT);
         } else if (!strcmp(a, "--K")) {
-            st = dg_arg_int(a, argv[++i], 1, 256, &o.K);
+            st = dg_arg_int(a, val, 1, 256, &o.K);
         } else if (!strcmp(a, "--V")) {
-            st = dg_arg_int(a, argv[++i], 1, 256, &o.V);
+            st = dg_arg_int(a, val, 1, 256, &o.V);
         } else if (!strcmp(a, "--cp")) {
-            st = dg_arg_int(a, argv[++i], 1, 64, &o.cp);
+            st = dg_arg_int(a, val, 1, 64, &o.cp);
         } else if (!strcmp(a, "--seed")) {
-            st = dg_arg_i64(a, argv[++i], 0, INT64_MAX, &seed);
+            st = dg_arg_i64(a, val, 0, INT64_MAX, &seed);
             o.seed = (uint64_t)seed;
         } else if (!strcmp(a, "--strength")) {
-            st = dg_arg_f64(a, argv[++i], 0, 50, DG_ARG_LO_OPEN, &o.strength);
+            st = dg_arg_f64(a, val, 0, 50, DG_ARG_LO_OPEN, &o.strength);
         } else if (!strcmp(a, "--gate")) {
-            const char *g = argv[++i];
-            if (!strcmp(g, "kda"))
+            if (!strcmp(val, "kda"))
                 o.gate = DG_GATE_KDA;
-            else if (!strcmp(g, "lowerbound"))
+            else if (!strcmp(val, "lowerbound"))
                 o.gate = DG_GATE_LOWERBOUND;
-            else {
-                fprintf(stderr, "deltagrad explain: --gate: expected kda or lowerbound, got '%s'\n",
-                        g);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "deltagrad explain: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            else
+                return dg_cli_bad(&cli, a, "expected kda or lowerbound, got '%s'", val);
         }
-        if (st != DG_OK) {
-            fprintf(stderr, "deltagrad explain: %s\n", dg_last_error());
-            return 2;
-        }
+        if (st != DG_OK)
+            return dg_cli_bad_arg(&cli);
     }
+    if (pr != DG_CLI_END)
+        return pr;
     if (card)
         return print_card(o.stage);
     if (o.gate == DG_GATE_LOWERBOUND && o.strength > 5) {

@@ -15,7 +15,8 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "deltagrad.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
+#include "tools/cli.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -95,19 +96,19 @@ static void usage(FILE *f) {
         "  --no-h0              no initial state (default: a random h0 for state, recurrent,\n"
         "                       chunk)\n"
         "  --scale S            output scale, > 0 (default K^-1/2)\n"
-        "  --gate G             kda: none|kda|lowerbound, the op's gate (default none: g is the "
-        "log\n"
-        "                       decay, drawn in [-0.5, -0.01]); dplr: uniform|logsigmoid|rwkv7, "
-        "how\n"
-        "                       the log decay gk is drawn (default uniform: [-0.5, -0.01];\n"
-        "                       logsigmoid: log sigmoid(2x), x normal; rwkv7: -e^-1/2 sigmoid(x))\n"
+        "  --gate G             kda: none|kda|lowerbound, the op's gate (default none: g is the\n"
+        "                       log decay, drawn in [-0.5, -0.01])\n"
+        "  --g-dist D           dplr: uniform|logsigmoid|rwkv7, how the log decay gk is drawn\n"
+        "                       (default uniform: [-0.5, -0.01]; logsigmoid: log sigmoid(2x),\n"
+        "                       x normal; rwkv7: -e^-1/2 sigmoid(x))\n"
         "  --lower-bound X      kda: lower bound for --gate lowerbound, in [-5, 0) (default -5)\n"
         "  --l2norm-qk          kda: L2-normalise q and k inside the op (recurrent, chunk)\n"
         "  --beta-sigmoid       kda: beta is a raw logit, beta = sigmoid(b) (recurrent, chunk)\n"
         "  --allow-neg-eigval   kda: beta = 2 sigmoid(b) (stage beta; with --beta-sigmoid)\n"
-        "  --policy P           cache|recompute: what every node keeps for backward (default: "
-        "each\n"
-        "                       op's own; both must give the same gradients)\n"
+        "  --recompute P        none|default|all: the tape policy, as for deltagrad train (none:\n"
+        "                       every node keeps its intermediates; all: every node rebuilds them\n"
+        "                       in backward; default: each op's own); all must give the same\n"
+        "                       gradients\n"
         "  --seed N             seed of the inputs and of the random projections (default 1)\n"
         "  --eps X              finite-difference step, in (0, 0.01] (default 1e-6)\n"
         "  --tol X              pass if every input's error is below X, in (0, 1) (default 1e-6:\n"
@@ -120,12 +121,14 @@ static void usage(FILE *f) {
 }
 
 static int bad(const char *flag, const char *why) {
-    fprintf(stderr, "deltagrad gradcheck: %s %s\n", flag, why);
+    fprintf(stderr, "deltagrad gradcheck: %s %s\n(deltagrad gradcheck --help lists the flags)\n",
+            flag, why);
     return 2;
 }
 
 static int bad_arg(void) {
-    fprintf(stderr, "deltagrad gradcheck: %s\n", dg_last_error());
+    fprintf(stderr, "deltagrad gradcheck: %s\n(deltagrad gradcheck --help lists the flags)\n",
+            dg_last_error());
     return 2;
 }
 
@@ -159,38 +162,22 @@ static int parse_cu(gc_cfg *c, const char *flag, const char *v) {
     return 0;
 }
 
-static const char *value(int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        bad(argv[*i], "needs a value");
-        return NULL;
-    }
-    return argv[++*i];
-}
-
-static int takes_value(const char *f) {
-    static const char *const with_value[] = {"--stage", "--B",    "--T",           "--H",
-                                             "--HV",    "--K",    "--V",           "--chunk-size",
-                                             "--scale", "--gate", "--lower-bound", "--policy",
-                                             "--seed",  "--eps",  "--tol",         "--cu-seqlens"};
-    for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
-        if (!strcmp(f, with_value[k]))
-            return 1;
-    return 0;
-}
-
-/* 0 parsed, 1 --help printed, 2 usage error. */
+/* 0 parsed, 1 --help / --version printed, 2 usage error. */
 static int parse(int argc, char **argv, gc_cfg *c) {
     memset(c, 0, sizeof *c);
     c->B = 1, c->T = 40, c->H = 1, c->K = 4, c->V = 3, c->BT = 16;
     c->h0 = 1, c->eps = 1e-6, c->tol = 1e-6, c->seed = 1, c->policy = -1;
     c->stage = ST_CHUNK;
-    if (argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
-        usage(stdout);
-        return 1;
-    }
     if (argc < 2) {
         fprintf(stderr, "deltagrad gradcheck: which op? kda or dplr (see --help)\n");
         return 2;
+    }
+    if (argv[1][0] == '-') { /* --help, --version; the other flags come after the op */
+        dg_cli cli;
+        dg_cli_init(&cli, "gradcheck", usage, NULL, 0, argc, argv);
+        const char *f, *v;
+        int r = dg_cli_next(&cli, &f, &v);
+        return r == 0 ? 1 : r == DG_CLI_END ? 2 : r;
     }
     if (!strcmp(argv[1], "kda"))
         c->op = OP_KDA;
@@ -203,17 +190,45 @@ static int parse(int argc, char **argv, gc_cfg *c) {
     }
     const int kda = c->op == OP_KDA;
     static const int chunks[3] = {16, 32, 64};
-    static const char *const kda_only[] = {"--HV", "--lower-bound", "--l2norm-qk", "--beta-sigmoid",
-                                           "--allow-neg-eigval"};
-    for (int i = 2; i < argc; i++) {
-        const char *f = argv[i], *v;
+    static const dg_cli_flag flags[] = {
+        {"--stage", "a stage name"},
+        {"--B", "an integer"},
+        {"--T", "an integer"},
+        {"--H", "an integer"},
+        {"--HV", "an integer"},
+        {"--K", "an integer"},
+        {"--V", "an integer"},
+        {"--chunk-size", "16, 32 or 64"},
+        {"--cu-seqlens", "a list like 0,5,40"},
+        {"--no-h0", NULL},
+        {"--scale", "a number > 0"},
+        {"--gate", "none, kda or lowerbound"},
+        {"--g-dist", "uniform, logsigmoid or rwkv7"},
+        {"--lower-bound", "a number in [-5, 0)"},
+        {"--l2norm-qk", NULL},
+        {"--beta-sigmoid", NULL},
+        {"--allow-neg-eigval", NULL},
+        {"--recompute", "none, default or all"},
+        {"--seed", "an integer"},
+        {"--eps", "a number"},
+        {"--tol", "a number"},
+        {"--quiet", NULL},
+    };
+    static const char *const kda_only[] = {"--HV",           "--lower-bound",      "--l2norm-qk",
+                                           "--beta-sigmoid", "--allow-neg-eigval", "--gate"};
+    dg_cli cli;
+    dg_cli_init(&cli, kda ? "gradcheck kda" : "gradcheck dplr", usage, flags, DG_CLI_N(flags),
+                argc - 1, argv + 1);
+    const char *f, *v;
+    int pr;
+    while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
         for (size_t k = 0; !kda && k < sizeof kda_only / sizeof *kda_only; k++)
             if (!strcmp(f, kda_only[k]))
                 return bad(f, "applies to kda only (DPLR has one head count, --H, and no gate "
-                              "or beta options)");
-        if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-            usage(stdout);
-            return 1;
+                              "or beta options; --g-dist draws its log decay)");
+        if (kda && !strcmp(f, "--g-dist"))
+            return bad(f, "applies to dplr only (kda draws g in [-0.5, -0.01], or from --gate)");
+        if (0) {
         } else if (!strcmp(f, "--no-h0")) {
             c->h0 = 0;
         } else if (!strcmp(f, "--l2norm-qk")) {
@@ -224,9 +239,7 @@ static int parse(int argc, char **argv, gc_cfg *c) {
             c->neg = 1;
         } else if (!strcmp(f, "--quiet")) {
             c->quiet = 1;
-        } else if (takes_value(f)) {
-            if (!(v = value(argc, argv, &i)))
-                return 2;
+        } else {
             dg_status s = DG_OK;
             if (!strcmp(f, "--stage")) {
                 int st = -1;
@@ -272,14 +285,16 @@ static int parse(int argc, char **argv, gc_cfg *c) {
                 s = dg_arg_f64(f, v, 0.0, 1.0, DG_ARG_LO_OPEN | DG_ARG_HI_OPEN, &c->tol);
             } else if (!strcmp(f, "--seed")) {
                 s = dg_arg_i64(f, v, 0, 2147483647, &c->seed);
-            } else if (!strcmp(f, "--policy")) {
-                if (!strcmp(v, "cache"))
+            } else if (!strcmp(f, "--recompute")) {
+                if (!strcmp(v, "none"))
                     c->policy = DG_POLICY_CACHE;
-                else if (!strcmp(v, "recompute"))
+                else if (!strcmp(v, "all"))
                     c->policy = DG_POLICY_RECOMPUTE;
+                else if (!strcmp(v, "default"))
+                    c->policy = -1;
                 else
-                    return bad(f, "must be cache or recompute");
-            } else if (kda) { /* --gate */
+                    return bad(f, "must be none, default or all");
+            } else if (!strcmp(f, "--gate")) { /* kda */
                 if (!strcmp(v, "none"))
                     c->gate = DG_GATE_NONE;
                 else if (!strcmp(v, "kda"))
@@ -288,7 +303,7 @@ static int parse(int argc, char **argv, gc_cfg *c) {
                     c->gate = DG_GATE_LOWERBOUND;
                 else
                     return bad(f, "must be none, kda or lowerbound");
-            } else {
+            } else { /* --g-dist, dplr */
                 if (!strcmp(v, "uniform"))
                     c->dgate = DGATE_UNIFORM;
                 else if (!strcmp(v, "logsigmoid"))
@@ -300,11 +315,10 @@ static int parse(int argc, char **argv, gc_cfg *c) {
             }
             if (s != DG_OK)
                 return bad_arg();
-        } else {
-            fprintf(stderr, "deltagrad gradcheck: unknown option '%s' (see --help)\n", f);
-            return 2;
         }
     }
+    if (pr != DG_CLI_END)
+        return pr == 0 ? 1 : pr;
     if (!c->hv_set)
         c->HV = c->H;
     if (c->HV % c->H != 0)

@@ -13,9 +13,10 @@
  * What every op runner does alike (flags, loading, backward, writing) is in tools/op_runner.c.
  */
 #include "deltagrad.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 #include "tools/op_runner.h"
-#include "train/args.h"
+#include "tools/args.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,41 +66,47 @@ static void usage(FILE *f) {
 /* Set by dg_cmd_kda_check: parse and validate only. */
 static int g_check_only;
 
-/* The common flags (dg_runner_flag) and KDA's own: the gate, beta and q/k options. */
+/* KDA's own flags: the gate, beta and q/k options (the common ones are dg_runner_parse's). */
+static const dg_cli_flag k_flags[] = {
+    {"--gate", "none, kda or lowerbound"},
+    {"--lower-bound", "a number in [-5, 0)"},
+    {"--l2norm-qk", NULL},
+    {"--beta-sigmoid", NULL},
+    {"--allow-neg-eigval", NULL},
+};
+
+static int own_flag(dg_runner *r, const char *f, const char *v, void *user) {
+    dg_kda_opts *o = user;
+    if (!strcmp(f, "--gate")) {
+        if (!strcmp(v, "none"))
+            o->gate = DG_GATE_NONE;
+        else if (!strcmp(v, "kda"))
+            o->gate = DG_GATE_KDA;
+        else if (!strcmp(v, "lowerbound"))
+            o->gate = DG_GATE_LOWERBOUND;
+        else
+            return dg_runner_bad(r, f, "must be none, kda or lowerbound");
+    } else if (!strcmp(f, "--lower-bound")) {
+        if (dg_arg_f64(f, v, -5.0, 0.0, DG_ARG_HI_OPEN, &o->lower_bound) != DG_OK)
+            return dg_runner_bad_arg(r);
+    } else if (!strcmp(f, "--l2norm-qk")) {
+        o->l2norm_qk = 1;
+    } else if (!strcmp(f, "--beta-sigmoid")) {
+        o->beta_sigmoid = 1;
+    } else { /* --allow-neg-eigval */
+        o->allow_neg_eigval = 1;
+    }
+    return 0;
+}
+
 static int parse(int argc, char **argv, dg_runner *r, dg_kda_opts *o) {
     dg_runner_init(r, "kda", usage);
     r->check_only = g_check_only;
     memset(o, 0, sizeof *o);
-    for (int i = 1; i < argc; i++) {
-        const char *f = argv[i], *v;
-        int rc;
-        if (!strcmp(f, "--gate")) {
-            if (!(v = dg_runner_value(r, argc, argv, &i)))
-                return 2;
-            if (!strcmp(v, "none"))
-                o->gate = DG_GATE_NONE;
-            else if (!strcmp(v, "kda"))
-                o->gate = DG_GATE_KDA;
-            else if (!strcmp(v, "lowerbound"))
-                o->gate = DG_GATE_LOWERBOUND;
-            else
-                return dg_runner_bad(r, f, "must be none, kda or lowerbound");
-        } else if (!strcmp(f, "--lower-bound")) {
-            if (!(v = dg_runner_value(r, argc, argv, &i)))
-                return 2;
-            if (dg_arg_f64(f, v, -5.0, 0.0, DG_ARG_HI_OPEN, &o->lower_bound) != DG_OK)
-                return dg_runner_bad_arg(r);
-        } else if (!strcmp(f, "--l2norm-qk")) {
-            o->l2norm_qk = 1;
-        } else if (!strcmp(f, "--beta-sigmoid")) {
-            o->beta_sigmoid = 1;
-        } else if (!strcmp(f, "--allow-neg-eigval")) {
-            o->allow_neg_eigval = 1;
-        } else if ((rc = dg_runner_flag(r, argc, argv, &i)) != 0) {
-            return rc;
-        }
-    }
-    int rc = dg_runner_args_done(r);
+    int rc = dg_runner_parse(r, argc, argv, k_flags, DG_CLI_N(k_flags), own_flag, o);
+    if (rc)
+        return rc;
+    rc = dg_runner_args_done(r);
     o->chunk_size = r->chunk_size;
     o->scale = r->scale;
     o->output_final_state = 1;

@@ -2,13 +2,18 @@
 #ifndef DG_TOOLS_COMMANDS_H
 #define DG_TOOLS_COMMANDS_H
 
-int dg_cmd_train(int argc, char **argv);  /* train/cli_train.c */
-int dg_cmd_sample(int argc, char **argv); /* train/cli_train.c */
+#include <stddef.h>
+
+int dg_cmd_train(int argc, char **argv);  /* tools/cmd_train.c */
+int dg_cmd_sample(int argc, char **argv); /* tools/cmd_train.c */
 /* The same argument parsing and checks, without running anything (0: the arguments are valid;
  * else the usage error's exit code). For tests and the argument fuzzer. */
 int dg_cmd_train_check(int argc, char **argv);
 int dg_cmd_sample_check(int argc, char **argv);
-int dg_cmd_kda(int argc, char **argv); /* tools/cmd_kda.c */
+/* A --ckpt argument as a checkpoint file: a run directory means its ckpt_latest.safetensors. */
+void dg_cmd_ckpt_path(const char *arg, char *buf, size_t n);
+int dg_cmd_info(int argc, char **argv); /* tools/cmd_info.c */
+int dg_cmd_kda(int argc, char **argv);  /* tools/cmd_kda.c */
 /* Its argument parsing alone: 0 when valid, else the usage error's exit code. */
 int dg_cmd_kda_check(int argc, char **argv);
 int dg_cmd_dplr(int argc, char **argv); /* tools/cmd_dplr.c */

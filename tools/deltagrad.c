@@ -2,22 +2,27 @@
  * tools/deltagrad.c -- the `deltagrad` command: one binary, several subcommands.
  */
 #include "deltagrad.h"
+#include "tools/cli.h"
 #include "tools/commands.h"
 
 #include <stdio.h>
 #include <string.h>
 
+static void version_help(FILE *f) {
+    fprintf(f, "usage: deltagrad version\n\n"
+               "Prints the library's version, its git commit, the CUDA architectures built, and\n"
+               "whether this build has CUDA, NCCL and MPI and how many CUDA devices it sees.\n"
+               "Every command also takes --version and prints the same.\n");
+}
+
 static int cmd_version(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    /* the library's own version: a shared libdeltagrad found at run time may not be the one
-     * this command was built against */
-    printf("deltagrad %s (commit %s, CUDA architectures: %s)\n", dg_version(), dg_build_commit(),
-           dg_build_cuda_archs());
-    if (strcmp(dg_version(), DG_VERSION) != 0)
-        printf("warning: the command was built against deltagrad.h %s\n", DG_VERSION);
-    printf("CUDA: %s, NCCL: %s, MPI: %s, CUDA devices: %d\n", dg_have_cuda() ? "yes" : "no",
-           dg_have_nccl() ? "yes" : "no", dg_have_mpi() ? "yes" : "no", dg_cuda_device_count());
+    dg_cli c;
+    dg_cli_init(&c, "version", version_help, NULL, 0, argc, argv);
+    const char *f, *v;
+    int r = dg_cli_next(&c, &f, &v);
+    if (r != DG_CLI_END)
+        return r;
+    dg_cli_print_version(stdout);
     return 0;
 }
 
@@ -28,6 +33,7 @@ static const struct {
 } g_cmds[] = {
     {"train", dg_cmd_train, "train the toy KDA language model"},
     {"sample", dg_cmd_sample, "generate text from a checkpoint"},
+    {"info", dg_cmd_info, "a checkpoint's config.json-style metadata (reference model keys)"},
     {"kda", dg_cmd_kda, "run chunked KDA (forward/backward) on .npy files"},
     {"dplr", dg_cmd_dplr, "run chunked DPLR (forward/backward) on .npy files"},
     {"bench", dg_cmd_bench,
@@ -39,22 +45,67 @@ static const struct {
     {"version", cmd_version, "print version and what this build supports"},
 };
 
+#define N_CMDS (sizeof g_cmds / sizeof *g_cmds)
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: deltagrad <command> [options]   (deltagrad <command> --help for more)\n\n");
-    for (size_t i = 0; i < sizeof g_cmds / sizeof *g_cmds; i++)
+    fprintf(f, "usage: deltagrad <command> [options]\n"
+               "       deltagrad help <command>       (the same as deltagrad <command> --help)\n"
+               "       deltagrad --version\n\n"
+               "Every command takes --flag value or --flag=value, -h / --help and --version.\n\n"
+               "commands:\n");
+    for (size_t i = 0; i < N_CMDS; i++)
         fprintf(f, "  %-10s %s\n", g_cmds[i].name, g_cmds[i].help);
+    fprintf(f, "  %-10s %s\n", "help", "help CMD: the help of command CMD; alone: this list");
+}
+
+static int find(const char *name) {
+    for (size_t i = 0; i < N_CMDS; i++)
+        if (!strcmp(name, g_cmds[i].name))
+            return (int)i;
+    return -1;
+}
+
+static int unknown(const char *name) {
+    fprintf(stderr, "deltagrad: unknown command '%s'\n\n", name);
+    usage(stderr);
+    return 2;
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-        !strcmp(argv[1], "help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
     }
-    for (size_t i = 0; i < sizeof g_cmds / sizeof *g_cmds; i++)
-        if (!strcmp(argv[1], g_cmds[i].name))
-            return g_cmds[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "deltagrad: unknown command '%s'\n\n", argv[1]);
-    usage(stderr);
-    return 2;
+    const char *a = argv[1];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h") || (!strcmp(a, "help") && argc == 2)) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(a, "--version"))
+        return cmd_version(argc - 1, argv + 1);
+    if (!strcmp(a, "help")) {
+        /* help CMD [SUB...]: CMD [SUB...] --help */
+        if (!strcmp(argv[2], "help")) {
+            usage(stdout);
+            return 0;
+        }
+        int i = find(argv[2]);
+        if (i < 0)
+            return unknown(argv[2]);
+        char *hargv[16];
+        int n = 0;
+        for (int k = 2; k < argc && n < 14; k++)
+            hargv[n++] = argv[k];
+        static char help_flag[] = "--help";
+        hargv[n++] = help_flag;
+        hargv[n] = NULL;
+        return g_cmds[i].fn(n, hargv);
+    }
+    if (a[0] == '-') {
+        fprintf(stderr, "deltagrad: unknown flag '%s' before the command\n\n", a);
+        usage(stderr);
+        return 2;
+    }
+    int i = find(a);
+    return i < 0 ? unknown(a) : g_cmds[i].fn(argc - 1, argv + 1);
 }

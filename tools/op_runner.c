@@ -4,7 +4,8 @@
  */
 #define _POSIX_C_SOURCE 200809L /* mkdir, stat, access */
 #include "tools/op_runner.h"
-#include "train/args.h"
+#include "tools/cli.h"
+#include "tools/args.h"
 
 #include <errno.h>
 #include <math.h>
@@ -22,53 +23,40 @@ void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f)) {
 }
 
 int dg_runner_bad(const dg_runner *r, const char *flag, const char *why) {
-    fprintf(stderr, "deltagrad %s: %s %s\n", r->cmd, flag, why);
+    fprintf(stderr, "deltagrad %s: %s %s\n(deltagrad %s --help lists the flags)\n", r->cmd, flag,
+            why, r->cmd);
     return 2;
 }
 
 int dg_runner_bad_arg(const dg_runner *r) {
-    fprintf(stderr, "deltagrad %s: %s\n", r->cmd, dg_last_error());
+    fprintf(stderr, "deltagrad %s: %s\n(deltagrad %s --help lists the flags)\n", r->cmd,
+            dg_last_error(), r->cmd);
     return 2;
 }
 
-const char *dg_runner_value(dg_runner *r, int argc, char **argv, int *i) {
-    if (*i + 1 >= argc) {
-        dg_runner_bad(r, argv[*i], "needs a value");
-        return NULL;
-    }
-    return argv[++*i];
-}
+static const dg_cli_flag k_common[] = {
+    {"--in", "DIR"},
+    {"--out", "DIR"},
+    {"--device", "cpu, cuda or cuda:N"},
+    {"--dtype", "f64, f32 or bf16"},
+    {"--out-dtype", "same, f64 or f32"},
+    {"--chunk-size", "16, 32 or 64"},
+    {"--scale", "a number > 0"},
+    {"--recurrent", NULL},
+    {"--allow-nonfinite", NULL},
+    {"--quiet", NULL},
+};
 
-int dg_runner_flag(dg_runner *r, int argc, char **argv, int *i) {
+/* One of the common flags (k_common) with its value: 0, or 2 after the error. */
+static int common_flag(dg_runner *r, const char *f, const char *v) {
     static const int chunks[3] = {16, 32, 64};
-    const char *f = argv[*i], *v = NULL;
-    /* flags without a value */
-    if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
-        if (!r->check_only)
-            r->usage(stdout);
-        return 1;
-    } else if (!strcmp(f, "--recurrent")) {
+    if (!strcmp(f, "--recurrent")) {
         r->recurrent = 1;
-        return 0;
     } else if (!strcmp(f, "--allow-nonfinite")) {
         r->allow_nonfinite = 1;
-        return 0;
     } else if (!strcmp(f, "--quiet")) {
         r->quiet = 1;
-        return 0;
-    }
-    static const char *const with_value[] = {"--in",         "--out",   "--device",   "--dtype",
-                                             "--chunk-size", "--scale", "--out-dtype"};
-    int known = 0;
-    for (size_t k = 0; k < sizeof with_value / sizeof *with_value; k++)
-        known |= !strcmp(f, with_value[k]);
-    if (!known) {
-        fprintf(stderr, "deltagrad %s: unknown option '%s' (see --help)\n", r->cmd, f);
-        return 2;
-    }
-    if (!(v = dg_runner_value(r, argc, argv, i)))
-        return 2;
-    if (!strcmp(f, "--in")) {
+    } else if (!strcmp(f, "--in")) {
         r->in_dir = v;
     } else if (!strcmp(f, "--out")) {
         r->out_dir = v;
@@ -97,9 +85,39 @@ int dg_runner_flag(dg_runner *r, int argc, char **argv, int *i) {
     return 0;
 }
 
+int dg_runner_parse(dg_runner *r, int argc, char **argv, const dg_cli_flag *own, int n_own,
+                    int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
+                    void *user) {
+    dg_cli_flag all[DG_CLI_MAX_FLAGS];
+    int n = 0;
+    for (int i = 0; i < DG_CLI_N(k_common); i++)
+        all[n++] = k_common[i];
+    for (int i = 0; i < n_own && n < DG_CLI_MAX_FLAGS; i++)
+        all[n++] = own[i];
+    dg_cli c;
+    dg_cli_init(&c, r->cmd, r->usage, all, n, argc, argv);
+    c.quiet = r->check_only;
+    const char *f, *v;
+    int rc;
+    while ((rc = dg_cli_next(&c, &f, &v)) == DG_CLI_FLAG) {
+        int mine = 0;
+        for (int i = 0; i < n_own; i++)
+            mine |= own[i].name == f;
+        int e = mine ? own_flag(r, f, v, user) : common_flag(r, f, v);
+        if (e)
+            return e;
+    }
+    if (rc == DG_CLI_END)
+        return 0;
+    return rc == 0 ? 1 : rc; /* 1: --help or --version printed */
+}
+
 int dg_runner_args_done(dg_runner *r) {
     if (!r->in_dir || !r->out_dir) {
-        fprintf(stderr, "deltagrad %s: --in DIR and --out DIR are required (see --help)\n", r->cmd);
+        fprintf(stderr,
+                "deltagrad %s: --in DIR and --out DIR are required\n(deltagrad %s --help lists "
+                "the flags)\n",
+                r->cmd, r->cmd);
         return 2;
     }
     if (!r->dt_set)

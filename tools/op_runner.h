@@ -6,8 +6,8 @@
  * Inf (unless --allow-nonfinite).
  *
  * A command built on it:
- *   dg_runner_init; its own flag loop, handing every flag it does not know to dg_runner_flag;
- *   dg_runner_args_done;
+ *   dg_runner_init; dg_runner_parse with a table of its own flags and a function taking them
+ *   (the common ones are handled there); dg_runner_args_done;
  *   a table of inputs (dg_runner_in) for dg_runner_start: every missing required file listed at
  *   once, OUT created, the contexts opened, every input loaded (the error names the file);
  *   dg_runner_seqlens; the op on r->t[...]; dg_runner_finish (o.npy, ht.npy, and with do.npy the
@@ -21,6 +21,8 @@
 
 #include <stdint.h>
 #include <stdio.h>
+
+struct dg_cli_flag;
 
 #define DG_RUNNER_MAX_IN 16 /* inputs of one command */
 
@@ -59,13 +61,14 @@ typedef struct dg_runner {
 } dg_runner;
 
 void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f));
-/* Consume the flag argv[*i] (and its value) if it is a common one: --help/-h, --in, --out,
- * --device, --dtype, --out-dtype, --chunk-size, --scale, --recurrent, --allow-nonfinite,
- * --quiet. Returns 0 when consumed, 1 for --help (the usage printed unless check_only), 2 after
- * printing a usage error (an unknown flag included). */
-int dg_runner_flag(dg_runner *r, int argc, char **argv, int *i);
-/* The value of the flag argv[*i] (advancing *i), or NULL after printing that it needs one. */
-const char *dg_runner_value(dg_runner *r, int argc, char **argv, int *i);
+/* Parse argv (tools/cli.h: --flag value or --flag=value, --help, --version) with the common
+ * flags --in, --out, --device, --dtype, --out-dtype, --chunk-size, --scale, --recurrent,
+ * --allow-nonfinite, --quiet and the command's own (own[n_own], handed with their value to
+ * own_flag, which returns 0 or 2 after printing the error). Returns 0 when parsed, 1 after --help
+ * or --version (printed unless check_only), 2 after printing a usage error. */
+int dg_runner_parse(dg_runner *r, int argc, char **argv, const struct dg_cli_flag *own, int n_own,
+                    int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
+                    void *user);
 /* Print "deltagrad <cmd>: <flag> <why>" and return 2. */
 int dg_runner_bad(const dg_runner *r, const char *flag, const char *why);
 /* Print dg_last_error() (a dg_arg_* refusal, which names the flag) and return 2. */

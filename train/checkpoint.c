@@ -2,6 +2,7 @@
  * train/checkpoint.c -- saving and loading training checkpoints (format in checkpoint.h).
  */
 #define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 #include "train/checkpoint.h"
 #include "tensor/tensor.h"
 
@@ -186,6 +187,72 @@ static dg_status check_finite(const dg_ckpt *c, const char *name, const dg_tenso
     return DG_OK;
 }
 
+/* ---- paths in the metadata ------------------------------------------------------------------ */
+
+/* The directory part of path ("." when it has none) into buf. */
+static void dir_of(const char *path, char *buf, size_t n) {
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(buf, n, ".");
+    else if (slash == path)
+        snprintf(buf, n, "/");
+    else
+        snprintf(buf, n, "%.*s", (int)(slash - path), path);
+}
+
+/* The data file as the checkpoint stores it (format 2): relative to the checkpoint's directory,
+ * so that no absolute path is written and a run directory moved together with its text still
+ * resumes; the file's base name when either path cannot be resolved. */
+static void data_path_for_ckpt(const char *ckpt, const char *data, char *buf, size_t n) {
+    const char *base = strrchr(data, '/') ? strrchr(data, '/') + 1 : data;
+    snprintf(buf, n, "%s", base);
+    char dir[DG_PATH_MAX];
+    dir_of(ckpt, dir, sizeof dir);
+    char *rd = realpath(dir, NULL), *rf = data[0] ? realpath(data, NULL) : NULL;
+    if (rd && rf) {
+        /* the longest common run of whole components, then one ".." per remaining one of dir */
+        size_t i = 0, common = 0;
+        while (rd[i] && rd[i] == rf[i]) {
+            if (rd[i] == '/')
+                common = i;
+            i++;
+        }
+        if (!rd[i] && rf[i] == '/')
+            common = i;
+        else if (!rd[i] && !rf[i])
+            common = i;
+        if (!strcmp(rd, "/"))
+            common = 0;
+        size_t len = 0;
+        buf[0] = 0;
+        for (const char *p = rd + common; *p; p++)
+            if (*p == '/' && len + 4 < n)
+                len += (size_t)snprintf(buf + len, n - len, "../");
+        const char *rest = rf + common + (rf[common] == '/');
+        if (len + strlen(rest) + 1 < n)
+            snprintf(buf + len, n - len, "%s", rest);
+        else
+            snprintf(buf, n, "%s", base);
+    }
+    free(rd);
+    free(rf);
+}
+
+/* The data path of a format-2 checkpoint as a path usable from here: relative ones are relative
+ * to the checkpoint's directory. */
+static void data_path_from_ckpt(const char *ckpt, const char *stored, char *buf, size_t n) {
+    if (!stored[0] || stored[0] == '/') {
+        snprintf(buf, n, "%s", stored);
+        return;
+    }
+    char dir[DG_PATH_MAX];
+    dir_of(ckpt, dir, sizeof dir);
+    if (!strcmp(dir, "."))
+        snprintf(buf, n, "%s", stored);
+    else if (snprintf(buf, n, "%s/%s", dir, stored) >= (int)n)
+        snprintf(buf, n, "%s", stored); /* too long to join: as stored */
+}
+
 dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *adam_m,
                        dg_tensor *const *adam_v, const dg_train_opts *o, const dg_train_state *s) {
     if (!path || !m || !o || !s)
@@ -221,11 +288,15 @@ dg_status dg_ckpt_save(const char *path, const dg_model *m, dg_tensor *const *ad
     if (st == DG_OK) {
         meta_put(md, "format", "%s", DG_CKPT_FORMAT);
         meta_put(md, "config", "%s", cfg);
+        if (dg_model_config_to_ref_json(&m->cfg, cfg, 4096) == DG_OK)
+            meta_put(md, "config.json", "%s", cfg);
         meta_put(md, "step", "%lld", (long long)s->step);
         meta_put(md, "data_counter", "%llu", (unsigned long long)s->data_counter);
         meta_put(md, "data.hash", "%016llx", (unsigned long long)s->data_hash);
         meta_put(md, "data.bytes", "%lld", (long long)s->data_bytes);
-        meta_put(md, "data.path", "%s", o->data_path);
+        char rel[DG_PATH_MAX];
+        data_path_for_ckpt(path, o->data_path, rel, sizeof rel);
+        meta_put(md, "data.path", "%s", rel);
         meta_put(md, "train.config_name", "%s", o->config_name);
         meta_put(md, "train.steps", "%lld", (long long)o->steps);
         meta_put(md, "train.batch", "%d", o->batch);
@@ -320,9 +391,15 @@ static dg_status parse_meta(dg_ckpt *c) {
                        "deltagrad checkpoint",
                        c->path);
     DG_TRY(meta_str(c, "format", &fmt));
-    if (strcmp(fmt, DG_CKPT_FORMAT) != 0)
-        return dg__err(DG_ERR_FORMAT, "checkpoint '%s': format '%s' is not '%s'", c->path, fmt,
-                       DG_CKPT_FORMAT);
+    if (!strcmp(fmt, DG_CKPT_FORMAT))
+        c->format = 2;
+    else if (!strcmp(fmt, DG_CKPT_FORMAT_1))
+        c->format = 1;
+    else
+        return dg__err(DG_ERR_FORMAT,
+                       "checkpoint '%s': format '%s' is not '%s' (nor the older "
+                       "'%s')",
+                       c->path, fmt, DG_CKPT_FORMAT, DG_CKPT_FORMAT_1);
     const char *cfg = NULL;
     DG_TRY(meta_str(c, "config", &cfg));
     dg_status s = dg_model_config_from_json(cfg, &c->cfg);
@@ -345,7 +422,10 @@ static dg_status parse_meta(dg_ckpt *c) {
     DG_TRY(meta_i64(c, "data.bytes", 0, INT64_MAX, &c->state.data_bytes));
     const char *dp = NULL, *cn = NULL;
     DG_TRY(meta_str(c, "data.path", &dp));
-    snprintf(o->data_path, sizeof o->data_path, "%s", dp);
+    if (c->format >= 2)
+        data_path_from_ckpt(c->path, dp, o->data_path, sizeof o->data_path);
+    else /* format 1 stored the path as given on the command line */
+        snprintf(o->data_path, sizeof o->data_path, "%s", dp);
     DG_TRY(meta_str(c, "train.config_name", &cn));
     snprintf(o->config_name, sizeof o->config_name, "%s", cn);
     DG_TRY(meta_i64(c, "train.steps", 1, DG_TRAIN_MAX_STEPS, &o->steps));

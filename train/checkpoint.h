@@ -4,13 +4,19 @@
  * Tensors: every parameter under its model name (see model.h; these load into PyTorch as is),
  * plus the AdamW moments as "optim.m.<name>" and "optim.v.<name>".
  * __metadata__ (all strings):
- *   format        "deltagrad-checkpoint/1"
+ *   format        "deltagrad-checkpoint/2" (format 1, still loaded: no config.json, and data.path
+ *                 as given on the command line)
  *   config        the model config as JSON (model.h; "mixer" is "kda" or "dplr", absent in
  *                 checkpoints written before the DPLR mixer, which are KDA)
+ *   config.json   the same config as the reference model's config.json (its keys: model_type,
+ *                 hidden_size, num_heads, head_dim, expand_v, safe_gate, lower_bound, ...; ours
+ *                 under "deltagrad"); written for readers, the loader reads `config`
  *   step          steps completed
  *   data_counter  training windows drawn so far (the data position; see data.h)
  *   train.*       every hyperparameter that shapes later steps (seed, lr, schedule, batch, ...)
- *   data.*        size and FNV-1a hash of the training text
+ *   data.*        size and FNV-1a hash of the training text, and its path relative to the
+ *                 checkpoint's directory (never absolute; the base name where it cannot be made
+ *                 relative)
  * The file is written by dg_safetensors_save: a temp file beside it, fsync, rename. A reader of
  * DIR/ckpt_latest.safetensors therefore sees the previous complete checkpoint or the new one.
  */
@@ -21,7 +27,8 @@
 #include "train/model.h"
 #include "train/train.h"
 
-#define DG_CKPT_FORMAT "deltagrad-checkpoint/1"
+#define DG_CKPT_FORMAT "deltagrad-checkpoint/2"
+#define DG_CKPT_FORMAT_1 "deltagrad-checkpoint/1"
 #define DG_CKPT_LATEST "ckpt_latest.safetensors"
 
 typedef struct dg_train_state {
@@ -41,6 +48,7 @@ typedef struct dg_ckpt {
     dg_train_opts opts; /* the hyperparameters stored in train.* (others default) */
     dg_train_state state;
     int has_optim;
+    int format; /* 1 or 2 (DG_CKPT_FORMAT) */
     char path[DG_PATH_MAX];
 } dg_ckpt;
 

@@ -105,7 +105,7 @@ dg_status dg_model_config_check(const dg_model_config *c) {
          DG_MODEL_MAX_DIM);
     NEED(c->conv >= 1 && c->conv <= 8, "model config: conv_size %d out of range [1,8]", c->conv);
     NEED(c->chunk == 16 || c->chunk == 32 || c->chunk == 64,
-         "model config: chunk_size (--chunk) must be 16, 32 or 64 (got %d)", c->chunk);
+         "model config: chunk_size (--chunk-size) must be 16, 32 or 64 (got %d)", c->chunk);
     NEED(c->gate == DG_GATE_LOWERBOUND || c->gate == DG_GATE_KDA,
          "model config: gate must be lower_bound or kda");
     NEED(c->gate != DG_GATE_LOWERBOUND || (c->lower_bound >= -5.0 && c->lower_bound < 0.0),
@@ -136,6 +136,64 @@ dg_status dg_model_config_to_json(const dg_model_config *c, char *buf, size_t n)
         c->conv, c->chunk, c->gate == DG_GATE_KDA ? "kda" : "lower_bound", c->lower_bound,
         c->norm_eps, c->tie ? "true" : "false", c->init_std,
         dg_mixer_name(c->mixer) ? dg_mixer_name(c->mixer) : "?");
+    if (len < 0 || (size_t)len >= n)
+        return dg__err(DG_ERR_ARG, "model config: JSON buffer of %zu bytes is too small", n);
+    return DG_OK;
+}
+
+/* x in the fewest digits that read back as x (JSON readers print 1e-06, not 9.99...e-07). */
+static void short_num(double x, char *buf, size_t n) {
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x)
+            return;
+    }
+}
+
+dg_status dg_model_config_to_ref_json(const dg_model_config *c, char *buf, size_t n) {
+    if (!c || !buf)
+        return dg__err(DG_ERR_ARG, "dg_model_config_to_ref_json: config and buf must not be NULL");
+    const int kda = c->mixer == DG_MIXER_KDA, lb = c->gate == DG_GATE_LOWERBOUND;
+    char lower[40] = "null", ev[40], eps[40], std[40];
+    if (lb)
+        short_num(c->lower_bound, lower, sizeof lower);
+    short_num((double)c->head_v / c->head_k, ev, sizeof ev);
+    short_num(c->norm_eps, eps, sizeof eps);
+    short_num(c->init_std, std, sizeof std);
+    int len = snprintf(buf, n,
+                       "{\n"
+                       "  \"model_type\": \"%s\",\n"
+                       "  \"architectures\": [%s],\n"
+                       "  \"attn_mode\": \"chunk\",\n"
+                       "  \"vocab_size\": %d,\n"
+                       "  \"hidden_size\": %d,\n"
+                       "  \"num_hidden_layers\": %d,\n"
+                       "  \"num_heads\": %d,\n"
+                       "  \"num_v_heads\": %d,\n"
+                       "  \"head_dim\": %d,\n"
+                       "  \"expand_v\": %s,\n"
+                       "  \"intermediate_size\": %d,\n"
+                       "  \"hidden_ratio\": null,\n"
+                       "  \"hidden_act\": \"swish\",\n"
+                       "  \"use_short_conv\": true,\n"
+                       "  \"conv_size\": %d,\n"
+                       "  \"allow_neg_eigval\": false,\n"
+                       "  \"safe_gate\": %s,\n"
+                       "  \"lower_bound\": %s,\n"
+                       "  \"norm_eps\": %s,\n"
+                       "  \"tie_word_embeddings\": %s,\n"
+                       "  \"initializer_range\": %s,\n"
+                       "  \"bos_token_id\": null,\n"
+                       "  \"eos_token_id\": null,\n"
+                       "  \"pad_token_id\": null,\n"
+                       "  \"deltagrad\": {\"mixer\": \"%s\", \"chunk_size\": %d, \"gate\": \"%s\", "
+                       "\"head_v_dim\": %d, \"vocab\": \"bytes\"}\n"
+                       "}\n",
+                       kda ? "kda" : "deltagrad_dplr", kda ? "\"KDAForCausalLM\"" : "", c->vocab,
+                       c->d, c->n_layers, c->n_heads, c->n_v_heads, c->head_k, ev, c->inter,
+                       c->conv, lb ? "true" : "false", lower, eps, c->tie ? "true" : "false", std,
+                       dg_mixer_name(c->mixer) ? dg_mixer_name(c->mixer) : "?", c->chunk,
+                       lb ? "lower_bound" : "kda", c->head_v);
     if (len < 0 || (size_t)len >= n)
         return dg__err(DG_ERR_ARG, "model config: JSON buffer of %zu bytes is too small", n);
     return DG_OK;

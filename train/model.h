@@ -82,6 +82,13 @@ dg_status dg_model_config_preset(const char *name, dg_model_config *out);
 dg_status dg_model_config_check(const dg_model_config *c);
 /* A one-line JSON object holding every field (for checkpoint metadata). */
 dg_status dg_model_config_to_json(const dg_model_config *c, char *buf, size_t n);
+/* The config as a `config.json` of the reference's model (flash-linear-attention's KDAConfig
+ * keys: model_type, hidden_size, num_hidden_layers, num_heads, num_v_heads, head_dim, expand_v,
+ * intermediate_size, use_short_conv, conv_size, safe_gate, lower_bound, norm_eps, vocab_size,
+ * tie_word_embeddings, ...), with deltagrad's own keys under "deltagrad" (mixer, chunk_size,
+ * gate). Indented JSON text, newline-terminated. The DPLR mixer has no reference model: its
+ * model_type is "deltagrad_dplr" and "architectures" is empty. */
+dg_status dg_model_config_to_ref_json(const dg_model_config *c, char *buf, size_t n);
 dg_status dg_model_config_from_json(const char *json, dg_model_config *out);
 /* Number of scalar parameters a model with this config has. */
 int64_t dg_model_config_num_params(const dg_model_config *c);

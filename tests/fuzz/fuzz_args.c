@@ -4,7 +4,7 @@
 #define _POSIX_C_SOURCE 200809L /* fuzz_util.h: getpid, dup, dup2, open */
 #include "tests/fuzz/fuzz_util.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
 
 #include <math.h>
 

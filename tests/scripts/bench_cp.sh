@@ -5,8 +5,8 @@
 set -u
 mpirun=$1 dg=$2 np=$3
 H=2 K=16 V=32
-out=$("$mpirun" --oversubscribe -np "$np" "$dg" bench cp --T 512 --heads $H --K $K --V $V \
-      --chunk 32 --reps 2 --warmup 1 2>&1)
+out=$("$mpirun" --oversubscribe -np "$np" "$dg" bench cp --T 512 --H $H --K $K --V $V \
+      --chunk-size 32 --reps 2 --warmup 1 2>&1)
 rc=$?
 echo "$out"
 want=$((2 * H * K * (K + V) * 4 * (np - 1)))

@@ -65,7 +65,7 @@ run() {
 run kda
 run kda_backward --backward
 run kda_cp2 --cp 2
-run kda_cp3_odd --cp 3 --T 21 --chunk 4 --K 3 --V 5 --gate lowerbound --strength 2
+run kda_cp3_odd --cp 3 --T 21 --chunk-size 4 --K 3 --V 5 --gate lowerbound --strength 2
 run kda_stage --stage intra
 run kda_stage_bwd --backward --stage wy
 run kda_cp2_backward --cp 2 --backward

@@ -48,16 +48,16 @@ pass_case kda --stage beta --allow-neg-eigval
 pass_case kda --stage gate --gate kda --H 2 --HV 4
 pass_case kda --stage gate_cumsum --gate lowerbound --lower-bound -2 --B 2
 pass_case kda --stage intra --H 2 --HV 4 --chunk-size 32 --T 45
-pass_case kda --stage state --cu-seqlens 0,16,19,40 --policy cache
+pass_case kda --stage state --cu-seqlens 0,16,19,40 --recompute none
 pass_case kda --stage output --cu-seqlens 0,3,8,20
 pass_case kda --gate lowerbound --l2norm-qk --beta-sigmoid --allow-neg-eigval --HV 2
-pass_case kda --gate kda --cu-seqlens 0,5,5,21,40 --no-h0 --policy cache
+pass_case kda --gate kda --cu-seqlens 0,5,5,21,40 --no-h0 --recompute none
 for st in gate_cumsum intra wy state output recurrent chunk; do
     pass_case dplr --stage "$st"
 done
-pass_case dplr --stage wy --gate rwkv7 --cu-seqlens 0,3,8,20
+pass_case dplr --stage wy --g-dist rwkv7 --cu-seqlens 0,3,8,20
 pass_case dplr --stage state --no-h0 --B 2 --K 3 --V 2
-pass_case dplr --gate logsigmoid --H 2 --K 8 --V 4 --T 50 --chunk-size 32 --policy cache
+pass_case dplr --g-dist logsigmoid --H 2 --K 8 --V 4 --T 50 --chunk-size=32 --recompute=all
 pass_case dplr --stage recurrent --T 70 --K 2 --V 2 --seed 7
 
 echo "-- a tolerance no gradient can meet"
@@ -77,12 +77,18 @@ bad_case --HV dplr --HV 2
 bad_case --l2norm-qk dplr --l2norm-qk
 bad_case --gate kda --gate uniform
 bad_case --gate dplr --gate lowerbound
+bad_case --gate dplr --gate rwkv7
 bad_case --cu-seqlens kda --cu-seqlens 0,8,4
 bad_case --cu-seqlens kda --cu-seqlens 2,8
 bad_case --cu-seqlens kda --cu-seqlens 0,8 --B 2
 bad_case --cu-seqlens kda --cu-seqlens 0,8 --T 9
 bad_case --cu-seqlens dplr --cu-seqlens 0,8,x
-bad_case --policy kda --policy sometimes
+bad_case --recompute kda --recompute sometimes
+bad_case --g-dist kda --g-dist uniform
+bad_case --g-dist dplr --g-dist=nosuch
+bad_case "unknown flag '--chunk'" kda --chunk 32
+bad_case --quiet kda --quiet=1
+bad_case "'extra'" kda extra
 bad_case --bogus kda --bogus
 bad_case --T kda --T
 bad_case "unknown op" nosuch
@@ -92,5 +98,17 @@ if [ $? -eq 0 ] && echo "$out" | grep -q "CPU only" && echo "$out" | grep -q -- 
     ok "--help exits 0 and says CPU only"
 else
     notok "--help"
+fi
+out=$("$dg" help gradcheck)
+if [ $? -eq 0 ] && [ "$out" = "$("$dg" gradcheck --help)" ]; then
+    ok "help gradcheck prints the text of gradcheck --help"
+else
+    notok "help gradcheck"
+fi
+out=$("$dg" gradcheck kda --version)
+if [ $? -eq 0 ] && [ "$out" = "$("$dg" version)" ]; then
+    ok "gradcheck kda --version prints what deltagrad version prints"
+else
+    notok "gradcheck kda --version: $out"
 fi
 exit $fail

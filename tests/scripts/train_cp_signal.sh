@@ -9,7 +9,7 @@ mkdir -p "$work"
 src=$(cd "$(dirname "$0")/../.." && pwd)
 run="$work/run"
 flags=(--cp 2 --data "$src/data/kjv.txt" --max-bytes 20000 --out "$run" --batch 2 --seq-len 32
-       --d 16 --heads 1 --head-dim 16 --inter 32 --chunk 16 --eval-every 0 --sample-every -1
+       --d 16 --heads 1 --head-dim 16 --inter 32 --chunk-size 16 --eval-every 0 --sample-every -1
        --ckpt-every 0 --no-plot --threads 1)
 fail=0
 lines() { [ -f "$run/log.csv" ] && echo $(($(wc -l <"$run/log.csv") - 1)) || echo 0; }

@@ -1,5 +1,5 @@
 /*
- * train/args.h -- the one strict parser behind every numeric flag of every `deltagrad` command.
+ * tools/args.h -- the one strict parser behind every numeric flag of every `deltagrad` command.
  *
  * A value is accepted only when the whole string is a number: no leading blanks, no trailing
  * text ("16abc"), not empty, no "inf"/"nan", no hex; integers in base 10 without overflow. It
@@ -8,8 +8,8 @@
  *     --batch: expected an integer in [1, 65536], got '16abc'
  *     --lower-bound: expected a number in [-5, 0), got '0'
  */
-#ifndef DG_TRAIN_ARGS_H
-#define DG_TRAIN_ARGS_H
+#ifndef DG_TOOLS_ARGS_H
+#define DG_TOOLS_ARGS_H
 
 #include "deltagrad.h"
 
@@ -28,4 +28,4 @@ dg_status dg_arg_choice(const char *flag, const char *s, const int *allowed, int
 dg_status dg_arg_f64(const char *flag, const char *s, double lo, double hi, unsigned open,
                      double *out);
 
-#endif /* DG_TRAIN_ARGS_H */
+#endif /* DG_TOOLS_ARGS_H */

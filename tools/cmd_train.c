@@ -1,11 +1,12 @@
 /*
- * train/cli_train.c -- `deltagrad train` and `deltagrad sample`: flag parsing, the progress
+ * tools/cmd_train.c -- `deltagrad train` and `deltagrad sample`: flag parsing, the progress
  * display, and exit codes (0 ok, 1 the run failed, 2 bad usage). Everything else is library code
  * in train/ that returns a dg_status.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "tools/cli.h"
 #include "tools/commands.h"
-#include "train/args.h"
+#include "tools/args.h"
 #include "train/checkpoint.h"
 #include "train/data.h"
 #include "train/model.h"
@@ -63,18 +64,20 @@ static const char *setup_threads(const char *cmd, int threads, int asked, char *
 /* Set by dg_cmd_*_check: parse and validate, print no help, run nothing. */
 static int g_check_only;
 
+/* Every numeric flag goes through tools/args.c; a rejected value is a usage error (exit 2). */
+static dg_cli *g_cli; /* the parser of the command running (for the messages) */
+
 static int bad(const char *cmd, const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "deltagrad %s: ", cmd);
+    (void)cmd;
+    fprintf(stderr, "deltagrad %s: ", g_cli->cmd);
     fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n(deltagrad %s --help lists the flags)\n", cmd);
+    fprintf(stderr, "\n(deltagrad %s --help lists the flags)\n", g_cli->cmd);
     return 2;
 }
 
-/* Every numeric flag goes through train/args.c; a rejected value is a usage error (exit 2). */
 static int arg_fail(const char *cmd) {
-    fprintf(stderr, "deltagrad %s: %s\n(deltagrad %s --help lists the flags)\n", cmd,
-            dg_last_error(), cmd);
-    return 2;
+    (void)cmd;
+    return dg_cli_bad_arg(g_cli);
 }
 
 static int parse_i64(const char *cmd, const char *flag, const char *s, int64_t lo, int64_t hi,
@@ -195,8 +198,10 @@ static void train_help(FILE *f) {
         "                       On GPUs: torchrun --nproc-per-node P --no-python deltagrad train\n"
         "                       --cp N ... (NCCL), or mpirun as above; each rank takes GPU\n"
         "                       (local rank mod GPUs)\n"
-        "  --comm C             auto | mpi | nccl: the communicator (default auto: NCCL when every\n"
-        "                       rank has a GPU of its own, else MPI, which lets ranks share a GPU)\n"
+        "  --comm C             auto | mpi | nccl: the communicator (default auto: NCCL when "
+        "every\n"
+        "                       rank has a GPU of its own, else MPI, which lets ranks share a "
+        "GPU)\n"
         "\n"
         "Batches and optimizer:\n"
         "  --batch B            rows per micro-batch (cpu 8, gpu 16, bench 16)\n"
@@ -216,8 +221,9 @@ static void train_help(FILE *f) {
         "                       diagonal-plus-low-rank delta rule in RWKV-7's form; CPU only for\n"
         "                       now, one value head per key head)\n"
         "  --d N --layers N --heads N --v-heads N --head-dim N --head-v-dim N --inter N\n"
-        "  --chunk N            KDA / DPLR chunk size 16 | 32 | 64 (default 64)\n"
-        "  --gate G             lb (lower-bound gate, lb = -5; default) | kda (plain KDA gate)\n"
+        "  --chunk-size N       KDA / DPLR chunk size 16 | 32 | 64 (default 64)\n"
+        "  --gate G             lowerbound (lower-bound gate, lb = -5; default) | kda (plain\n"
+        "                       KDA gate)\n"
         "  --lower-bound X      lb of the lower-bound gate, in [-5, 0) (default -5)\n"
         "  --tie                tie the LM head to the embedding (default: untied)\n"
         "\n"
@@ -237,7 +243,8 @@ static void train_help(FILE *f) {
         "                       (cpu 1, gpu/bench 10); without a terminal, also a plain log line\n"
         "                       every N steps (default 10)\n"
         "  --no-plot            do not draw loss.png at the end\n"
-        "  --help               this text\n"
+        "  -h, --help           this text; --version: what `deltagrad version` prints\n"
+        "Every flag takes its value as --flag value or --flag=value.\n"
         "\n"
         "SIGINT (Ctrl-C) or SIGTERM: the step in progress finishes, a checkpoint is written\n"
         "(atomically) and the command exits 130 / 143; --resume continues from it. A second\n"
@@ -340,45 +347,100 @@ static void on_event(const dg_train_event *ev, void *user) {
 
 /* Flags that define the run; with --resume they come from the checkpoint. */
 static const char *const k_run_flags[] = {
-    "--config",       "--max-bytes",    "--seed",        "--batch",  "--seq-len", "--accum",
-    "--lr",           "--warmup",       "--min-lr-frac", "--beta1",  "--beta2",   "--adam-eps",
-    "--weight-decay", "--clip",         "--d",           "--layers", "--heads",   "--v-heads",
-    "--head-dim",     "--head-v-dim",   "--inter",       "--chunk",  "--gate",    "--lower-bound",
-    "--tie",          "--eval-batches", "--mixer",       NULL};
+    "--config",       "--max-bytes",    "--seed",     "--batch",
+    "--seq-len",      "--accum",        "--lr",       "--warmup",
+    "--min-lr-frac",  "--beta1",        "--beta2",    "--adam-eps",
+    "--weight-decay", "--clip",         "--d",        "--layers",
+    "--heads",        "--v-heads",      "--head-dim", "--head-v-dim",
+    "--inter",        "--chunk-size",   "--gate",     "--lower-bound",
+    "--tie",          "--eval-batches", "--mixer",    NULL};
 
 static const int k_chunks[3] = {16, 32, 64};
+
+static const dg_cli_flag k_train_flags[] = {
+    {"--config", "cpu, gpu or bench"},
+    {"--device", "cpu, cuda or cuda:N"},
+    {"--dtype", "f32 or bf16"},
+    {"--data", "FILE"},
+    {"--max-bytes", "an integer"},
+    {"--out", "DIR"},
+    {"--no-out", NULL},
+    {"--overwrite", NULL},
+    {"--resume", NULL},
+    {"--steps", "an integer"},
+    {"--stop-at", "an integer"},
+    {"--seed", "an integer"},
+    {"--profile", NULL},
+    {"--recompute", "none, default or all"},
+    {"--graph", "on or off"},
+    {"--threads", "an integer"},
+    {"--cp", "an integer"},
+    {"--comm", "auto, mpi or nccl"},
+    {"--batch", "an integer"},
+    {"--seq-len", "an integer"},
+    {"--accum", "an integer"},
+    {"--lr", "a number"},
+    {"--warmup", "an integer"},
+    {"--min-lr-frac", "a number"},
+    {"--beta1", "a number"},
+    {"--beta2", "a number"},
+    {"--adam-eps", "a number"},
+    {"--weight-decay", "a number"},
+    {"--clip", "a number"},
+    {"--mixer", "kda or dplr"},
+    {"--d", "an integer"},
+    {"--layers", "an integer"},
+    {"--heads", "an integer"},
+    {"--v-heads", "an integer"},
+    {"--head-dim", "an integer"},
+    {"--head-v-dim", "an integer"},
+    {"--inter", "an integer"},
+    {"--chunk-size", "16, 32 or 64"},
+    {"--gate", "lowerbound or kda"},
+    {"--lower-bound", "a number in [-5, 0)"},
+    {"--tie", NULL},
+    {"--eval-every", "an integer"},
+    {"--eval-batches", "an integer"},
+    {"--sample-every", "an integer"},
+    {"--sample-tokens", "an integer"},
+    {"--prompt", "TEXT"},
+    {"--temperature", "a number"},
+    {"--top-k", "an integer"},
+    {"--ckpt-every", "an integer"},
+    {"--keep-ckpts", NULL},
+    {"--log-every", "an integer"},
+    {"--no-plot", NULL},
+    {"--plot", "DIR"},
+};
 
 int dg_cmd_train(int argc, char **argv) {
     const char *cmd = "train";
     const char *config = NULL, *device_s = NULL;
+    dg_cli cli;
+    const char *a, *v;
+    int r;
+    g_cli = &cli;
     /* pass 1: help, plot, config and device decide the defaults */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            if (!g_check_only)
-                train_help(stdout);
-            return 0;
-        }
+    dg_cli_init(&cli, cmd, train_help, k_train_flags, DG_CLI_N(k_train_flags), argc, argv);
+    cli.quiet = g_check_only;
+    while ((r = dg_cli_next(&cli, &a, &v)) == DG_CLI_FLAG) {
         if (!strcmp(a, "--plot")) {
-            if (i + 1 >= argc)
-                return bad(cmd, "%s: needs a value%s", a, "");
             if (g_check_only)
                 return 0;
-            if (dg_train_plot(argv[i + 1]) != DG_OK) {
+            if (dg_train_plot(v) != DG_OK) {
                 fprintf(stderr, "deltagrad train: %s\n", dg_last_error());
                 return 1;
             }
-            printf("wrote %s/loss.png\n", argv[i + 1]);
+            printf("wrote %s/loss.png\n", v);
             return 0;
         }
-        if ((!strcmp(a, "--config") || !strcmp(a, "--device")) && i + 1 < argc) {
-            if (!strcmp(a, "--config"))
-                config = argv[i + 1];
-            else
-                device_s = argv[i + 1];
-            i++;
-        }
+        if (!strcmp(a, "--config"))
+            config = v;
+        else if (!strcmp(a, "--device"))
+            device_s = v;
     }
+    if (r != DG_CLI_END)
+        return r;
     dg_device dev = dg_cuda_device_count() > 0 ? dg_cuda(0) : dg_cpu();
     if (device_s && dg_device_parse(device_s, &dev) != DG_OK)
         return bad(cmd, "--device: '%s' is not cpu, cuda or cuda:N%s", device_s, "");
@@ -404,8 +466,9 @@ int dg_cmd_train(int argc, char **argv) {
     dg_comm_pick pick = DG_COMM_PICK_AUTO;
 
     /* pass 2: everything else */
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
+    dg_cli_init(&cli, cmd, train_help, k_train_flags, DG_CLI_N(k_train_flags), argc, argv);
+    cli.quiet = 1;
+    while ((r = dg_cli_next(&cli, &a, &v)) == DG_CLI_FLAG) {
         int rc = 0;
         for (int k = 0; k_run_flags[k]; k++)
             if (!strcmp(a, k_run_flags[k]))
@@ -433,11 +496,6 @@ int dg_cmd_train(int argc, char **argv) {
             o.overwrite = 1;
             continue;
         }
-        if (strncmp(a, "--", 2) != 0)
-            return bad(cmd, "unexpected argument '%s'%s", a, "");
-        if (i + 1 >= argc)
-            return bad(cmd, "%s: needs a value%s", a, "");
-        const char *v = argv[++i];
         if (!strcmp(a, "--config") || !strcmp(a, "--device")) {
             /* handled in pass 1 */
         } else if (!strcmp(a, "--dtype")) {
@@ -522,15 +580,15 @@ int dg_cmd_train(int argc, char **argv) {
             rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.head_v);
         } else if (!strcmp(a, "--inter")) {
             rc = parse_int(cmd, a, v, 1, DG_MODEL_MAX_DIM, &o.model.inter);
-        } else if (!strcmp(a, "--chunk")) {
+        } else if (!strcmp(a, "--chunk-size")) {
             rc = dg_arg_choice(a, v, k_chunks, 3, &o.model.chunk) == DG_OK ? 0 : arg_fail(cmd);
         } else if (!strcmp(a, "--gate")) {
-            if (!strcmp(v, "lb") || !strcmp(v, "lower_bound") || !strcmp(v, "lowerbound"))
+            if (!strcmp(v, "lowerbound"))
                 o.model.gate = DG_GATE_LOWERBOUND;
             else if (!strcmp(v, "kda"))
                 o.model.gate = DG_GATE_KDA;
             else
-                return bad(cmd, "--gate: '%s' is not lb or kda%s", v, "");
+                return bad(cmd, "--gate: '%s' is not lowerbound or kda%s", v, "");
         } else if (!strcmp(a, "--mixer")) {
             rc = dg_mixer_parse(v, &o.model.mixer) == DG_OK ? 0 : arg_fail(cmd);
         } else if (!strcmp(a, "--lower-bound")) {
@@ -569,12 +627,12 @@ int dg_cmd_train(int argc, char **argv) {
                 pick = DG_COMM_PICK_NCCL;
             else
                 return bad(cmd, "--comm: '%s' is not auto, mpi or nccl%s", v, "");
-        } else {
-            return bad(cmd, "unknown flag '%s'%s", a, "");
         }
         if (rc)
             return rc;
     }
+    if (r != DG_CLI_END)
+        return r;
     if (o.resume && run_flag_given) {
         fprintf(stderr,
                 "deltagrad train: %s cannot be changed with --resume: the model and "
@@ -662,8 +720,7 @@ int dg_cmd_train(int argc, char **argv) {
             fprintf(stderr, "deltagrad train: stopped by signal %d: %s\n", sig,
                     s != DG_OK ? dg_last_error() : "the run had just finished");
         else
-            fprintf(stderr, "deltagrad train: stopped with the other ranks: %s\n",
-                    dg_last_error());
+            fprintf(stderr, "deltagrad train: stopped with the other ranks: %s\n", dg_last_error());
         dg_comm_free(&comm);
         dg_ctx_free(&comm_ctx);
         dg_comm_finalize();
@@ -721,7 +778,10 @@ static void sample_help(FILE *f) {
             "                       \\xHH (and a backslash as \\\\)\n"
             "  --device DEV         cpu | cuda | cuda:N (default: cpu)\n"
             "  --threads N          OpenMP threads (default 0: all cores, fewer while busy)\n"
-            "  --help               this text\n");
+            "  --print-logits       print the logits of the byte after the prompt instead of\n"
+            "                       sampling: 256 lines \"<byte> <logit>\" (for comparisons, e.g.\n"
+            "                       tools/ckpt_to_torch.py)\n"
+            "  -h, --help           this text; --version: what `deltagrad version` prints\n");
 }
 
 /* Where the generated bytes go: stdout, flushed per byte. */
@@ -749,31 +809,62 @@ static dg_status sink_byte(uint8_t b, void *user) {
     return DG_OK;
 }
 
+/* --print-logits: the model's logits for the byte after the prompt (one chunked forward of the
+ * prompt, as sampling starts), one "<byte> <logit>" line per vocabulary entry, %.9g. */
+static dg_status print_next_logits(dg_model *m, const char *prompt) {
+    const int n = (int)strlen(prompt), V = m->cfg.vocab;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids)
+        return DG_ERR_NOMEM;
+    for (int i = 0; i < n; i++)
+        ids[i] = (unsigned char)prompt[i];
+    dg_tensor *tid = NULL, *logits = NULL, *last = NULL;
+    double *v = NULL;
+    dg_status st = dg_tensor_from_host(m->ctx, DG_I32, 2, (int64_t[]){1, n}, ids, &tid);
+    if (st == DG_OK)
+        st = dg_model_forward(m, tid, &logits);
+    if (st == DG_OK)
+        st = dg_slice(logits, 1, n - 1, n, &last);
+    if (st == DG_OK)
+        st = dg_tensor_to_f64(last, &v);
+    for (int i = 0; st == DG_OK && i < V; i++)
+        if (printf("%d %.9g\n", i, v[i]) < 0)
+            st = DG_ERR_IO;
+    free(v);
+    free(ids);
+    dg_tensor_free(&last);
+    dg_tensor_free(&logits);
+    dg_tensor_free(&tid);
+    return st;
+}
+
 int dg_cmd_sample(int argc, char **argv) {
     const char *cmd = "sample";
     const char *ckpt = NULL, *prompt = "And God said";
-    int tokens = 300, top_k = 40, threads = 0, escape = 0;
+    int tokens = 300, top_k = 40, threads = 0, escape = 0, print_logits = 0;
     double temperature = 0.8;
     int64_t seed = 1;
     dg_device dev = dg_cpu();
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            if (!g_check_only)
-                sample_help(stdout);
-            return 0;
-        }
-        if (strncmp(a, "--", 2) != 0)
-            return bad(cmd, "unexpected argument '%s'%s", a, "");
-        if (!strcmp(a, "--escape")) {
-            escape = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            return bad(cmd, "%s: needs a value%s", a, "");
-        const char *v = argv[++i];
+    static const dg_cli_flag flags[] = {
+        {"--ckpt", "FILE or DIR"},   {"--prompt", "TEXT"},
+        {"--tokens", "an integer"},  {"--temperature", "a number"},
+        {"--top-k", "an integer"},   {"--seed", "an integer"},
+        {"--escape", NULL},          {"--device", "cpu, cuda or cuda:N"},
+        {"--threads", "an integer"}, {"--print-logits", NULL},
+    };
+    dg_cli cli;
+    const char *a, *v;
+    int r;
+    g_cli = &cli;
+    dg_cli_init(&cli, cmd, sample_help, flags, DG_CLI_N(flags), argc, argv);
+    cli.quiet = g_check_only;
+    while ((r = dg_cli_next(&cli, &a, &v)) == DG_CLI_FLAG) {
         int rc = 0;
-        if (!strcmp(a, "--ckpt"))
+        if (!strcmp(a, "--escape"))
+            escape = 1;
+        else if (!strcmp(a, "--print-logits"))
+            print_logits = 1;
+        else if (!strcmp(a, "--ckpt"))
             ckpt = v;
         else if (!strcmp(a, "--prompt"))
             prompt = v;
@@ -790,11 +881,12 @@ int dg_cmd_sample(int argc, char **argv) {
         else if (!strcmp(a, "--device")) {
             if (dg_device_parse(v, &dev) != DG_OK)
                 return bad(cmd, "--device: '%s' is not cpu, cuda or cuda:N%s", v, "");
-        } else
-            return bad(cmd, "unknown flag '%s'%s", a, "");
+        }
         if (rc)
             return rc;
     }
+    if (r != DG_CLI_END)
+        return r;
     if (!ckpt)
         return bad(cmd, "--ckpt FILE is required%s%s", "", "");
     if (!prompt[0])
@@ -804,14 +896,7 @@ int dg_cmd_sample(int argc, char **argv) {
     char tbuf[128];
     setup_threads(cmd, threads, 1, tbuf, sizeof tbuf);
     char path[DG_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s", ckpt);
-    if (access(path, F_OK) == 0) {
-        /* a run directory: its latest checkpoint */
-        char latest[DG_PATH_MAX + 64];
-        dg_ckpt_latest_path(ckpt, latest, sizeof latest);
-        if (access(latest, R_OK) == 0 && strstr(ckpt, ".safetensors") == NULL)
-            snprintf(path, sizeof path, "%s", latest);
-    }
+    dg_cmd_ckpt_path(ckpt, path, sizeof path);
     dg_ctx *ctx = NULL;
     dg_ckpt ck;
     dg_model *m = NULL;
@@ -832,6 +917,12 @@ int dg_cmd_sample(int argc, char **argv) {
     else
         fprintf(stderr, "deltagrad sample: --device %s: %s\n", dg_device_str(dev), dg_last_error());
     sample_sink sink = {escape, 0, 0};
+    if (loaded && print_logits) {
+        s = print_next_logits(m, prompt);
+        if (s != DG_OK)
+            fprintf(stderr, "deltagrad sample: --print-logits: %s\n", dg_last_error());
+        loaded = 0;
+    }
     if (loaded) {
         for (const unsigned char *p = (const unsigned char *)prompt; *p && !sink.failed; p++)
             sink_byte(*p, &sink);
@@ -853,6 +944,17 @@ int dg_cmd_sample(int argc, char **argv) {
     dg_tape_reset();
     dg_ctx_free(&ctx);
     return s == DG_OK ? 0 : (s == DG_ERR_ARG ? 2 : 1);
+}
+
+void dg_cmd_ckpt_path(const char *arg, char *buf, size_t n) {
+    snprintf(buf, n, "%s", arg);
+    if (access(arg, F_OK) == 0) {
+        /* a run directory: its latest checkpoint */
+        char latest[DG_PATH_MAX + 64];
+        dg_ckpt_latest_path(arg, latest, sizeof latest);
+        if (access(latest, R_OK) == 0 && strstr(arg, ".safetensors") == NULL)
+            snprintf(buf, n, "%s", latest);
+    }
 }
 
 int dg_cmd_train_check(int argc, char **argv) {

@@ -1,7 +1,7 @@
 /*
- * train/args.c -- strict numeric flag values (see args.h).
+ * tools/args.c -- strict numeric flag values (see args.h).
  */
-#include "train/args.h"
+#include "tools/args.h"
 #include "tensor/tensor.h"
 
 #include <ctype.h>
