@@ -70,7 +70,7 @@ run kda_stage --stage intra
 run kda_stage_bwd --backward --stage wy
 run kda_cp2_backward --cp 2 --backward
 run kda_cp3_backward --cp 3 --backward
-run kda_cp3_backward_odd --cp 3 --backward --T 21 --chunk 4 --K 3 --V 5 --gate lowerbound \
+run kda_cp3_backward_odd --cp 3 --backward --T 21 --chunk-size 4 --K 3 --V 5 --gate lowerbound \
     --strength 2
 run dplr --dplr
 run dplr_backward --dplr --backward --cp 2
