@@ -42,22 +42,13 @@ static dg_gslot *slot_new(const dg_tensor *t, int is_leaf) {
     return s;
 }
 
-static void slot_release(dg_gslot **sp) {
-    dg_gslot *s = *sp;
-    *sp = NULL;
-    if (s && --s->refcount == 0) {
-        dg_tensor_free(&s->grad);
-        DG_FREE(s);
-    }
-}
-
 void dg_tensor_set_requires_grad(dg_tensor *t, int on) {
     if (!t)
         return;
     if (on && !t->slot)
         t->slot = slot_new(t, 1);
     else if (!on && t->slot)
-        slot_release(&t->slot);
+        dg__slot_release(&t->slot);
 }
 
 int dg_tensor_requires_grad(const dg_tensor *t) { return t && t->slot != NULL; }
@@ -123,9 +114,9 @@ static void node_free(dg_node *n) {
     if (!n)
         return;
     for (int i = 0; i < n->n_in; i++)
-        slot_release(&n->in[i]);
+        dg__slot_release(&n->in[i]);
     for (int i = 0; i < n->n_out; i++)
-        slot_release(&n->out[i]);
+        dg__slot_release(&n->out[i]);
     for (int i = 0; i < n->n_saved; i++)
         dg_tensor_free(&n->saved[i]);
     if (n->params_free)
@@ -149,7 +140,7 @@ dg_status dg__node_output(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_out < DG_NODE_MAX_IO);
     DG_ASSERT(t != NULL);
     if (t->slot)
-        slot_release(&t->slot);
+        dg__slot_release(&t->slot);
     t->slot = slot_new(t, 0);
     if (!t->slot)
         return dg__err(DG_ERR_NOMEM, "%s: out of host memory", n->op);

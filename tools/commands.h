@@ -2,8 +2,8 @@
 #ifndef DG_TOOLS_COMMANDS_H
 #define DG_TOOLS_COMMANDS_H
 
-int dg_cmd_train(int argc, char **argv);  /* train/cli_train.c */
-int dg_cmd_sample(int argc, char **argv); /* train/cli_train.c */
+int dg_cmd_train(int argc, char **argv);  /* tools/cmd_train.c */
+int dg_cmd_sample(int argc, char **argv); /* tools/cmd_train.c */
 /* The same argument parsing and checks, without running anything (0: the arguments are valid;
  * else the usage error's exit code). For tests and the argument fuzzer. */
 int dg_cmd_train_check(int argc, char **argv);

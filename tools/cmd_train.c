@@ -1,5 +1,5 @@
 /*
- * train/cli_train.c -- `deltagrad train` and `deltagrad sample`: flag parsing, the progress
+ * tools/cmd_train.c -- `deltagrad train` and `deltagrad sample`: flag parsing, the progress
  * display, and exit codes (0 ok, 1 the run failed, 2 bad usage). Everything else is library code
  * in train/ that returns a dg_status.
  */
