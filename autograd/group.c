@@ -101,10 +101,10 @@ dg_status dg__group_join(dg__group *g, int m, dg_node *n) {
     g->pos[m] = ++g->joined;
     for (int i = 0; i < g->spec->n_inputs; i++)
         if (g->in[i])
-            DG_TRY(dg__node_save(n, g->in[i]));
+            dg__node_save(n, g->in[i]);
     for (int i = 0; i < g->spec->n_tensors; i++)
         if (g->t[i] && !(g->rebuilt & DG_BIT(i)))
-            DG_TRY(dg__node_save(n, g->t[i]));
+            dg__node_save(n, g->t[i]);
     return DG_OK;
 }
 

@@ -127,13 +127,12 @@ static void node_free(dg_node *n) {
 
 void dg__node_abort(dg_node *n) { node_free(n); }
 
-dg_status dg__node_input(dg_node *n, dg_tensor *t) {
+void dg__node_input(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_in < DG_NODE_MAX_IO);
     dg_gslot *s = (t && t->slot) ? t->slot : NULL;
     if (s)
         s->refcount++;
     n->in[n->n_in++] = s;
-    return DG_OK;
 }
 
 dg_status dg__node_output(dg_node *n, dg_tensor *t) {
@@ -143,7 +142,7 @@ dg_status dg__node_output(dg_node *n, dg_tensor *t) {
         dg__slot_release(&t->slot);
     t->slot = slot_new(t, 0);
     if (!t->slot)
-        return dg__err(DG_ERR_NOMEM, "%s: out of host memory", n->op);
+        return n->failed = dg__err(DG_ERR_NOMEM, "%s: out of host memory", n->op);
     t->slot->refcount++;
     n->out[n->n_out++] = t->slot;
     return DG_OK;
@@ -155,10 +154,9 @@ dg_status dg__node_output_as(dg_node *n, dg_tensor *t, dg_dtype grad_dt) {
     return DG_OK;
 }
 
-dg_status dg__node_save(dg_node *n, dg_tensor *t) {
+void dg__node_save(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_saved < DG_NODE_MAX_SAVED);
     n->saved[n->n_saved++] = dg_tensor_retain(t);
-    return DG_OK;
 }
 
 void *dg__node_params(dg_node *n, size_t bytes) {
@@ -168,6 +166,11 @@ void *dg__node_params(dg_node *n, size_t bytes) {
 }
 
 dg_status dg__node_commit(dg_node *n) {
+    if (n->failed != DG_OK) { /* dg__node_output ran out of memory; its error is the last one */
+        dg_status s = n->failed;
+        node_free(n);
+        return s;
+    }
     if (g_tape.n == g_tape.cap) {
         int cap = g_tape.cap ? 2 * g_tape.cap : 256;
         dg_node **p = DG_REALLOC(g_tape.nodes, (size_t)cap * sizeof *p);

@@ -140,11 +140,11 @@ dg_status dg_add_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *r, dg_tensor *w, 
         dg_node *n = NULL;
         s = dg__node_new("add_rmsnorm", DG_POLICY_CACHE, arn_backward, ctx, &n);
         if (s == DG_OK)
-            s = dg__node_input(n, x);
+            dg__node_input(n, x);
         if (s == DG_OK)
-            s = dg__node_input(n, r);
+            dg__node_input(n, r);
         if (s == DG_OK)
-            s = dg__node_input(n, w);
+            dg__node_input(n, w);
         if (s == DG_OK)
             s = dg__node_output(n, s_out);
         if (s == DG_OK)

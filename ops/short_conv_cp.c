@@ -117,7 +117,7 @@ static dg_status halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         dg_node *n = NULL;
         st = dg__node_new("short_conv_cp_halo", DG_POLICY_CACHE, halo_backward, ctx, &n);
         if (st == DG_OK)
-            st = dg__node_input(n, x);
+            dg__node_input(n, x);
         if (st == DG_OK)
             st = dg__node_output(n, *xe);
         halo_params hp = {comm, plan->rank, plan->world, W, valid};

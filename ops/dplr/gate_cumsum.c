@@ -116,13 +116,13 @@ dg_status dg__dplr_gate_cumsum_x(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts 
         dg_node *n = NULL;
         st = dg__node_new("dplr_gate_cumsum", DG_POLICY_CACHE, cumsum_backward, ctx, &n);
         if (st == DG_OK)
-            st = dg__node_input(n, gk);
+            dg__node_input(n, gk);
         if (st == DG_OK)
             st = dg__node_output(n, *Gi);
         if (st == DG_OK)
             st = dg__node_output(n, *Ge);
         if (st == DG_OK)
-            st = dg__node_save(n, gk);
+            dg__node_save(n, gk);
         if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

@@ -252,13 +252,13 @@ dg_status dg__dplr_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a
         dg_node *n = NULL;
         st = dg__node_new("dplr_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         for (int i = 0; i < NOUT && st == DG_OK; i++)
             st = dg__node_output(n, *outs[i]);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         if (st == DG_OK)
-            st = dg__node_save(n, *Tab);
+            dg__node_save(n, *Tab);
         if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

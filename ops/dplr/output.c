@@ -206,15 +206,15 @@ dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor 
             }
         }
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqk);
+            dg__node_save(n, Aqk);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqb);
+            dg__node_save(n, Aqb);
         if (st == DG_OK)
-            st = dg__node_save(n, v);
+            dg__node_save(n, v);
         if (st == DG_OK)
             st = dg__group_join(grp, DPLR_M_OUTPUT, n);
         dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;

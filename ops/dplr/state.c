@@ -296,7 +296,7 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
             dg__group_offer(grp, DPLR_V2, *v2);
         }
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *h);
         if (st == DG_OK)
@@ -304,11 +304,11 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
         if (st == DG_OK && ht)
             st = dg__node_output(n, *ht);
         if (st == DG_OK)
-            st = dg__node_save(n, v);
+            dg__node_save(n, v);
         if (st == DG_OK)
-            st = dg__node_save(n, Gi);
+            dg__node_save(n, Gi);
         if (st == DG_OK)
-            st = dg__node_save(n, h0);
+            dg__node_save(n, h0);
         if (st == DG_OK)
             st = dg__group_join(grp, DPLR_M_STATE, n);
         dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;

@@ -284,11 +284,11 @@ dg_status dg__dplr_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
         dg_node *n = NULL;
         st = dg__node_new("dplr_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         for (int i = 0; i < NOUT && st == DG_OK; i++)
             st = dg__node_output(n, *outs[i]);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

@@ -94,11 +94,11 @@ dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int ke
         dg_node *n;
         st = dg__node_new("kda_beta", DG_POLICY_RECOMPUTE, beta_backward, ctx, &n);
         if (st == DG_OK) {
-            st = dg__node_input(n, b);
+            dg__node_input(n, b);
             if (st == DG_OK)
                 st = dg__node_output(n, *beta);
             if (st == DG_OK)
-                st = dg__node_save(n, b);
+                dg__node_save(n, b);
             beta_params *pp = st == DG_OK ? (beta_params *)dg__node_params(n, sizeof *pp) : NULL;
             if (st == DG_OK && !pp)
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

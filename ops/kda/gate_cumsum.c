@@ -233,11 +233,11 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
         st = dg__node_new("kda_gate_cumsum", DG_POLICY_RECOMPUTE, gate_backward, ctx, &n);
         if (st == DG_OK) {
             for (int i = 0; i < 3 && st == DG_OK; i++)
-                st = dg__node_input(n, in[i]);
+                dg__node_input(n, in[i]);
             if (st == DG_OK)
                 st = dg__node_output(n, *G);
             for (int i = 0; i < 3 && st == DG_OK; i++)
-                st = dg__node_save(n, in[i]);
+                dg__node_save(n, in[i]);
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)

@@ -261,15 +261,15 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *be
         st = dg__node_new("kda_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
         if (st == DG_OK) {
             for (int i = 0; i < 4 && st == DG_OK; i++)
-                st = dg__node_input(n, in[i]);
+                dg__node_input(n, in[i]);
             if (st == DG_OK)
                 st = dg__node_output(n, *Aqk);
             if (st == DG_OK)
                 st = dg__node_output(n, *Tm);
             for (int i = 0; i < 4 && st == DG_OK; i++)
-                st = dg__node_save(n, in[i]);
+                dg__node_save(n, in[i]);
             if (st == DG_OK)
-                st = dg__node_save(n, *Tm); /* SAVED_TM */
+                dg__node_save(n, *Tm); /* SAVED_TM */
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)

@@ -133,15 +133,14 @@ dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **
         dg_node *n;
         st = dg__node_new("kda_l2norm", DG_POLICY_CACHE, l2norm_backward, ctx, &n);
         if (st == DG_OK) {
-            st = dg__node_input(n, x);
+            dg__node_input(n, x);
             if (st == DG_OK)
                 st = dg__node_output(n, *y);
             if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
-                st = dg__node_save(n, yc); /* the compute-dtype y, not its bf16 rounding */
-                if (st == DG_OK)
-                    st = dg__node_save(n, r);
+                dg__node_save(n, yc); /* the compute-dtype y, not its bf16 rounding */
+                dg__node_save(n, r);
             } else if (st == DG_OK) {
-                st = dg__node_save(n, x);
+                dg__node_save(n, x);
             }
             l2_params *pp = st == DG_OK ? (l2_params *)dg__node_params(n, sizeof *pp) : NULL;
             if (st == DG_OK && !pp)

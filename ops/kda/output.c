@@ -219,11 +219,11 @@ dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *
             }
         }
         for (int i = 0; i < 4 && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqk); /* SAVED_AQK */
+            dg__node_save(n, Aqk); /* SAVED_AQK */
         if (st == DG_OK)
             st = dg__group_join(grp, KDA_M_OUTPUT, n);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;

@@ -466,13 +466,13 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
         dg_node *n = NULL;
         st = dg__node_new("kda_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
         for (int i = 0; i < N_IN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK && want_ht)
             st = dg__node_output(n, *ht);
         for (int i = 0; i < N_IN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, NULL) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

@@ -310,7 +310,7 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
             dg__group_offer(grp, KDA_E, *E);
         }
         for (int i = 0; i < 5 && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = kda_output_mid(n, &cfg, *h);
         if (st == DG_OK)
@@ -318,9 +318,9 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
         if (st == DG_OK && ht)
             st = dg__node_output(n, *ht);
         if (st == DG_OK)
-            st = dg__node_save(n, G); /* SAVED_G */
+            dg__node_save(n, G); /* SAVED_G */
         if (st == DG_OK)
-            st = dg__node_save(n, h0); /* SAVED_H0 */
+            dg__node_save(n, h0); /* SAVED_H0 */
         if (st == DG_OK)
             st = dg__group_join(grp, KDA_M_STATE, n);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;

@@ -328,11 +328,11 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
         st = dg__node_new("kda_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
         if (st == DG_OK) {
             for (int i = 0; i < 6 && st == DG_OK; i++)
-                st = dg__node_input(n, in[i]);
+                dg__node_input(n, in[i]);
             for (int i = 0; i < 4 && st == DG_OK; i++)
                 st = kda_output_mid(n, &cfg, *outs[i]);
             for (int i = 0; i < 6 && st == DG_OK; i++)
-                st = dg__node_save(n, in[i]);
+                dg__node_save(n, in[i]);
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
