@@ -32,6 +32,7 @@
 #include "../../autograd/tape.h"
 #include "../../kernels/kda/kda_cuda.h"
 #include "../../tensor/tensor.h"
+#include "../l2norm.h"
 
 /* Sizes and the sequence/chunk tables. cu and chunk_off are host arrays. */
 typedef struct kda_dims {
@@ -94,11 +95,7 @@ static inline int kda_thread_id(void) { return 0; }
  * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
 #define KDA_DECLARE_RAW(KT, SFX)                                                                   \
-    /* N1 (§11.3): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */           \
-    void dg__kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                 \
-    /* dx = r (dy - (dy . y) y) */                                                                 \
-    void dg__kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,     \
-                                  KT *dx);                                                         \
+    /* N1 (§11.3) is the shared L2 norm: dg__l2norm_fwd/bwd (ops/l2norm.h), eps KDA_L2_EPS. */     \
     /* N2 (§11.3): beta = c sigmoid(b), n elements. */                                             \
     void dg__kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                           \
     void dg__kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);            \
@@ -305,37 +302,10 @@ dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor *
  * dg_status, DG_OK after a CPU function that returns void. The struct kda_X_io names the arrays
  * of one call; the declarations above say which may be NULL. */
 
-/* l2norm and beta have no dims: they take the device (`cuda`) and the compute dtype `dt`. On
- * CUDA their raw input x / b and its gradient dx / db may be bf16 instead (xbf16 / bbf16: the
- * kernels read and write that dtype directly, kda_cuda.h); the CPU needs dt (xbf16 = 0). The
- * gate's io has the same flag. */
-static inline dg_status kda_run_l2norm_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
-                                           int xbf16, const void *x, void *y, void *r) {
-#ifdef DG_HAVE_CUDA
-    if (cuda)
-        return dg__kda_l2norm_fwd_cuda(ctx, rows, K, xbf16, x, y, r);
-#endif
-    (void)xbf16;
-    if (dt == DG_F64)
-        dg__kda_l2norm_fwd_f64(rows, K, x, y, r);
-    else
-        dg__kda_l2norm_fwd_f32(rows, K, x, y, r);
-    return DG_OK;
-}
-static inline dg_status kda_run_l2norm_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
-                                           const void *y, const void *r, const void *dy, int xbf16,
-                                           void *dx) {
-#ifdef DG_HAVE_CUDA
-    if (cuda)
-        return dg__kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, xbf16, dx);
-#endif
-    (void)xbf16;
-    if (dt == DG_F64)
-        dg__kda_l2norm_bwd_f64(rows, K, y, r, dy, dx);
-    else
-        dg__kda_l2norm_bwd_f32(rows, K, y, r, dy, dx);
-    return DG_OK;
-}
+/* beta has no dims: it takes the device (`cuda`) and the compute dtype `dt`. On CUDA its raw
+ * input b and its gradient db may be bf16 instead (bbf16: the kernels read and write that dtype
+ * directly, kda_cuda.h); the CPU needs dt (bbf16 = 0). The gate's io has the same flag, and so
+ * has N1, the shared L2 norm (dg__l2norm_run_fwd / _bwd, ops/l2norm.h). */
 static inline dg_status kda_run_beta_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
                                          int bbf16, const void *b, void *beta) {
 #ifdef DG_HAVE_CUDA

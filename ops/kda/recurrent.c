@@ -280,9 +280,11 @@ static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const rec_pt
     x->k = p->k;
     dg_status st = DG_OK;
     if (flags & F_L2) {
-        st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, 0, p->q, x->qn, x->rq);
+        st = dg__l2norm_run_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, KDA_L2_EPS, 0, p->q, x->qn,
+                                x->rq);
         if (st == DG_OK)
-            st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, 0, p->k, x->kn, x->rk);
+            st = dg__l2norm_run_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, KDA_L2_EPS, 0, p->k,
+                                    x->kn, x->rk);
         x->q = x->qn;
         x->k = x->kn;
     }
@@ -374,10 +376,10 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const int64_t TT = d->B * d->T, rows = TT * d->H;
     /* dq, dk, dbeta: through the transform, or the raw gradient itself */
     if (st == DG_OK && (np->flags & F_L2)) {
-        st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n), 0,
+        st = dg__l2norm_run_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n), 0,
                                 dg_tensor_data(gr.q));
         if (st == DG_OK)
-            st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.k, x.rk,
+            st = dg__l2norm_run_bwd(ctx, c->cuda, c->dt, rows, d->K, x.k, x.rk,
                                     dg_tensor_data(dk_n), 0, dg_tensor_data(gr.k));
     } else if (st == DG_OK) {
         dg_tensor_free(&gr.q);
