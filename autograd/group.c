@@ -96,7 +96,7 @@ void dg__group_put(dg__group *g, int i, dg_tensor *t) {
     g_rebuilt_alive++;
 }
 
-dg_status dg__group_join(dg__group *g, int m, dg_node *n) {
+void dg__group_join(dg__group *g, int m, dg_node *n) {
     DG_ASSERT(m >= 0 && m < g->spec->n_members && g->pos[m] == 0);
     g->pos[m] = ++g->joined;
     for (int i = 0; i < g->spec->n_inputs; i++)
@@ -105,7 +105,6 @@ dg_status dg__group_join(dg__group *g, int m, dg_node *n) {
     for (int i = 0; i < g->spec->n_tensors; i++)
         if (g->t[i] && !(g->rebuilt & DG_BIT(i)))
             dg__node_save(n, g->t[i]);
-    return DG_OK;
 }
 
 /* ---- backward ---- */

@@ -216,7 +216,7 @@ dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor 
         if (st == DG_OK)
             dg__node_save(n, v);
         if (st == DG_OK)
-            st = dg__group_join(grp, DPLR_M_OUTPUT, n);
+            dg__group_join(grp, DPLR_M_OUTPUT, n);
         dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

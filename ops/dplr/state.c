@@ -310,7 +310,7 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
         if (st == DG_OK)
             dg__node_save(n, h0);
         if (st == DG_OK)
-            st = dg__group_join(grp, DPLR_M_STATE, n);
+            dg__group_join(grp, DPLR_M_STATE, n);
         dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

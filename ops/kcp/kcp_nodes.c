@@ -343,7 +343,7 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
         if (st == DG_OK)
             dg__node_save(n, G);
         if (st == DG_OK)
-            st = dg__group_join(grp, ops->link_member, n);
+            dg__group_join(grp, ops->link_member, n);
         kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, grp, comm, plan) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);

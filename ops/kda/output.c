@@ -225,7 +225,7 @@ dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *
         if (st == DG_OK)
             dg__node_save(n, Aqk); /* SAVED_AQK */
         if (st == DG_OK)
-            st = dg__group_join(grp, KDA_M_OUTPUT, n);
+            dg__group_join(grp, KDA_M_OUTPUT, n);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

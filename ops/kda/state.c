@@ -322,7 +322,7 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
         if (st == DG_OK)
             dg__node_save(n, h0); /* SAVED_H0 */
         if (st == DG_OK)
-            st = dg__group_join(grp, KDA_M_STATE, n);
+            dg__group_join(grp, KDA_M_STATE, n);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
