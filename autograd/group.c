@@ -96,16 +96,15 @@ void dg__group_put(dg__group *g, int i, dg_tensor *t) {
     g_rebuilt_alive++;
 }
 
-dg_status dg__group_join(dg__group *g, int m, dg_node *n) {
+void dg__group_join(dg__group *g, int m, dg_node *n) {
     DG_ASSERT(m >= 0 && m < g->spec->n_members && g->pos[m] == 0);
     g->pos[m] = ++g->joined;
     for (int i = 0; i < g->spec->n_inputs; i++)
         if (g->in[i])
-            DG_TRY(dg__node_save(n, g->in[i]));
+            dg__node_save(n, g->in[i]);
     for (int i = 0; i < g->spec->n_tensors; i++)
         if (g->t[i] && !(g->rebuilt & DG_BIT(i)))
-            DG_TRY(dg__node_save(n, g->t[i]));
-    return DG_OK;
+            dg__node_save(n, g->t[i]);
 }
 
 /* ---- backward ---- */

@@ -94,7 +94,7 @@ void dg__group_offer(dg__group *g, int i, dg_tensor *t);
 /* Node n, being recorded, is member m: remembers its tape order and adds every input and kept
  * tensor of the group to n's saved list (so dg_tape_bytes counts what the group holds). The
  * caller keeps a reference to g in n's params (dg__group_retain). */
-dg_status dg__group_join(dg__group *g, int m, dg_node *n);
+void dg__group_join(dg__group *g, int m, dg_node *n);
 
 /* ---- backward ---- */
 /* Borrowed pointer to derived tensor i for member m's backward (m must be one of its readers),

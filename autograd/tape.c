@@ -42,22 +42,13 @@ static dg_gslot *slot_new(const dg_tensor *t, int is_leaf) {
     return s;
 }
 
-static void slot_release(dg_gslot **sp) {
-    dg_gslot *s = *sp;
-    *sp = NULL;
-    if (s && --s->refcount == 0) {
-        dg_tensor_free(&s->grad);
-        DG_FREE(s);
-    }
-}
-
 void dg_tensor_set_requires_grad(dg_tensor *t, int on) {
     if (!t)
         return;
     if (on && !t->slot)
         t->slot = slot_new(t, 1);
     else if (!on && t->slot)
-        slot_release(&t->slot);
+        dg__slot_release(&t->slot);
 }
 
 int dg_tensor_requires_grad(const dg_tensor *t) { return t && t->slot != NULL; }
@@ -123,9 +114,9 @@ static void node_free(dg_node *n) {
     if (!n)
         return;
     for (int i = 0; i < n->n_in; i++)
-        slot_release(&n->in[i]);
+        dg__slot_release(&n->in[i]);
     for (int i = 0; i < n->n_out; i++)
-        slot_release(&n->out[i]);
+        dg__slot_release(&n->out[i]);
     for (int i = 0; i < n->n_saved; i++)
         dg_tensor_free(&n->saved[i]);
     if (n->params_free)
@@ -136,23 +127,22 @@ static void node_free(dg_node *n) {
 
 void dg__node_abort(dg_node *n) { node_free(n); }
 
-dg_status dg__node_input(dg_node *n, dg_tensor *t) {
+void dg__node_input(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_in < DG_NODE_MAX_IO);
     dg_gslot *s = (t && t->slot) ? t->slot : NULL;
     if (s)
         s->refcount++;
     n->in[n->n_in++] = s;
-    return DG_OK;
 }
 
 dg_status dg__node_output(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_out < DG_NODE_MAX_IO);
     DG_ASSERT(t != NULL);
     if (t->slot)
-        slot_release(&t->slot);
+        dg__slot_release(&t->slot);
     t->slot = slot_new(t, 0);
     if (!t->slot)
-        return dg__err(DG_ERR_NOMEM, "%s: out of host memory", n->op);
+        return n->failed = dg__err(DG_ERR_NOMEM, "%s: out of host memory", n->op);
     t->slot->refcount++;
     n->out[n->n_out++] = t->slot;
     return DG_OK;
@@ -164,10 +154,9 @@ dg_status dg__node_output_as(dg_node *n, dg_tensor *t, dg_dtype grad_dt) {
     return DG_OK;
 }
 
-dg_status dg__node_save(dg_node *n, dg_tensor *t) {
+void dg__node_save(dg_node *n, dg_tensor *t) {
     DG_ASSERT(n->n_saved < DG_NODE_MAX_SAVED);
     n->saved[n->n_saved++] = dg_tensor_retain(t);
-    return DG_OK;
 }
 
 void *dg__node_params(dg_node *n, size_t bytes) {
@@ -177,6 +166,11 @@ void *dg__node_params(dg_node *n, size_t bytes) {
 }
 
 dg_status dg__node_commit(dg_node *n) {
+    if (n->failed != DG_OK) { /* dg__node_output ran out of memory; its error is the last one */
+        dg_status s = n->failed;
+        node_free(n);
+        return s;
+    }
     if (g_tape.n == g_tape.cap) {
         int cap = g_tape.cap ? 2 * g_tape.cap : 256;
         dg_node **p = DG_REALLOC(g_tape.nodes, (size_t)cap * sizeof *p);

@@ -8,7 +8,7 @@
  *         dg_node *n;
  *         DG_TRY(dg__node_new("mul", DG_POLICY_CACHE, mul_backward, ctx, &n));
  *         dg__node_input(n, a);  dg__node_input(n, b);      // gradient destinations, in order
- *         dg__node_output(n, out);                          // out now requires grad
+ *         dg__node_output(n, out);    // out now requires grad (out of memory: commit fails)
  *         dg__node_save(n, a);   dg__node_save(n, b);       // what backward reads
  *         my_params *p = dg__node_params(n, sizeof *p);      // plain data copied into the node
  *         DG_TRY(dg__node_commit(n));
@@ -50,6 +50,7 @@ struct dg_node {
     dg_tensor *saved[DG_NODE_MAX_SAVED];
     void *params;
     void (*params_free)(void *params); /* optional, for params that own memory */
+    dg_status failed; /* DG_OK, or the error of a recording step that dg__node_commit returns */
 };
 
 /* Grad mode on and at least one of the tensors (NULL entries ignored) requires grad. */
@@ -58,15 +59,17 @@ int dg__needs_grad(int n, dg_tensor *const *ts);
 /* A node whose policy is resolved from `op` and `default_policy` (dg_policy_resolve). */
 dg_status dg__node_new(const char *op, dg_policy default_policy, dg_backward_fn bw, dg_ctx *ctx,
                        dg_node **out);
-/* Inputs in order; an input that is NULL or needs no grad gets no gradient. */
-dg_status dg__node_input(dg_node *n, dg_tensor *t);
-/* Outputs in order; marks t as requiring grad (a fresh non-leaf slot). */
+/* Inputs in order; an input that is NULL or needs no grad gets no gradient. Cannot fail. */
+void dg__node_input(dg_node *n, dg_tensor *t);
+/* Outputs in order; marks t as requiring grad (a fresh non-leaf slot). Fails only for want of
+ * memory; the node remembers the failure, and dg__node_commit then destroys the node and returns
+ * the same error, so a caller may check either this call or the commit. */
 dg_status dg__node_output(dg_node *n, dg_tensor *t);
 /* The same, with t's gradient accumulated in dtype grad_dt instead of t's own (a bf16
  * intermediate whose gradient keeps f32 precision). */
 dg_status dg__node_output_as(dg_node *n, dg_tensor *t, dg_dtype grad_dt);
-/* Keep a reference to t for backward (NULL allowed: kept as an empty entry). */
-dg_status dg__node_save(dg_node *n, dg_tensor *t);
+/* Keep a reference to t for backward (NULL allowed: kept as an empty entry). Cannot fail. */
+void dg__node_save(dg_node *n, dg_tensor *t);
 /* Zeroed parameter block of `bytes`, owned by the node. */
 void *dg__node_params(dg_node *n, size_t bytes);
 /* Append to the active tape. On failure the node is destroyed. */

@@ -1,6 +1,7 @@
 /*
- * kernels/norm.cu -- row normalisations over the last axis: l2norm, rmsnorm and gated rmsnorm,
- * forward and backward, for f32 and bf16 storage with f32 math (see norm.cuh for the formulas).
+ * kernels/norm.cu -- row normalisations over the last axis: rmsnorm and gated rmsnorm, forward and
+ * backward, for f32 and bf16 storage with f32 math (see norm.cuh for the formulas). The L2 norm
+ * has its own kernels, kernels/l2norm.cu.
  *
  * Rows of up to NORM_WARP_MAX_D elements get one warp each (NORM_WARP_ROWS rows per block); wider
  * rows get a block of NORM_BLOCK_THREADS threads. Every row reduction is a butterfly within the

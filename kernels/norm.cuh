@@ -1,11 +1,11 @@
 /*
  * kernels/norm.cuh -- C-callable launchers for the row normalisations over the last axis
- * (dg_l2norm, dg_rmsnorm, dg_gated_rmsnorm share the first pair; dg_add_rmsnorm, the residual add
+ * (dg_rmsnorm and dg_gated_rmsnorm share the first pair; dg_add_rmsnorm, the residual add
  * fused with the RMSNorm after it, has its own). Implemented in kernels/norm.cu.
  *
  * Every tensor argument is a contiguous device buffer of `dt` (f32 or bf16) viewed as [rows, D];
  * w is [D]; rstd is f32 [rows]. With r = 1 / sqrt(scale * sum_j x_j^2 + eps)
- * (scale = 1 for l2norm, 1/D for rmsnorm) and a = act(gate) (1 when gate is NULL):
+ * (scale = 1/D for rmsnorm) and a = act(gate) (1 when gate is NULL):
  *     y_j = x_j r (w ? w_j : 1) a_j
  */
 #ifndef DG_KERNELS_NORM_CUH

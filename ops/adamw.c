@@ -18,6 +18,7 @@
  * norm, computes the coefficient and updates every parameter in one launch, reading the step's lr
  * and bias corrections from device memory (written by dg_adamw_set_step). No host sync.
  */
+#ifndef DG_REF_TMPL
 #include "../tensor/tensor.h"
 
 #include <math.h>
@@ -28,22 +29,26 @@
 #include "../kernels/cuda_api.h"
 #endif
 
+#define DG_REF_TMPL "adamw.c"
+#include "ref_tmpl.h"
+#endif
+
+#ifdef RT
 // ---- reference
 
-#define ADAMW_DEFINE(T, SUF, SQRT)                                                                 \
-    static void adamw_##SUF(T *p, const T *g, T *m, T *v, int64_t n, T lr, T b1, T b2, T eps,      \
-                            T lr_wd, T bc1, T bc2) {                                               \
-        for (int64_t i = 0; i < n; i++) {                                                          \
-            T pi = p[i] - lr_wd * p[i];                                                            \
-            T mi = b1 * m[i] + (1 - b1) * g[i];                                                    \
-            T vi = b2 * v[i] + (1 - b2) * g[i] * g[i];                                             \
-            m[i] = mi;                                                                             \
-            v[i] = vi;                                                                             \
-            p[i] = pi - lr * (mi / bc1) / (SQRT(vi / bc2) + eps);                                  \
-        }                                                                                          \
+static void RF(adamw)(RT *p, const RT *g, RT *m, RT *v, int64_t n, RT lr, RT b1, RT b2, RT eps,
+                      RT lr_wd, RT bc1, RT bc2) {
+    for (int64_t i = 0; i < n; i++) {
+        RT pi = p[i] - lr_wd * p[i];
+        RT mi = b1 * m[i] + (1 - b1) * g[i];
+        RT vi = b2 * v[i] + (1 - b2) * g[i] * g[i];
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - lr * (mi / bc1) / (RSQRT(vi / bc2) + eps);
     }
-ADAMW_DEFINE(double, f64, sqrt)
-ADAMW_DEFINE(float, f32, sqrtf)
+}
+
+#else
 
 // ---- the step
 
@@ -131,7 +136,7 @@ struct dg_adamw {
     int *decay;
     dg_adamw_hparams hp; /* hp.lr: the lr of the step set last */
     double clip;
-    int64_t step; /* 0 until dg_adamw_set_step */
+    int64_t step;     /* 0 until dg_adamw_set_step */
     dg_tensor *sc;    /* f64 [DG_ADAMW_NSCALARS] on ctx's device: norm, coef, lr, ... */
     dg_tensor *stats; /* view: sc[0:2] */
 #ifdef DG_HAVE_CUDA
@@ -143,8 +148,15 @@ struct dg_adamw {
 
 /* The scalars' layout, shared with the CUDA side. */
 #ifndef DG_HAVE_CUDA
-enum { DG_ADAMW_NORM, DG_ADAMW_COEF, DG_ADAMW_LR, DG_ADAMW_LR_WD, DG_ADAMW_BC1, DG_ADAMW_BC2,
-       DG_ADAMW_NSCALARS };
+enum {
+    DG_ADAMW_NORM,
+    DG_ADAMW_COEF,
+    DG_ADAMW_LR,
+    DG_ADAMW_LR_WD,
+    DG_ADAMW_BC1,
+    DG_ADAMW_BC2,
+    DG_ADAMW_NSCALARS
+};
 #endif
 
 void dg_adamw_free(dg_adamw **opt) {
@@ -186,8 +198,8 @@ static dg_status build_table(dg_adamw *o) {
         s = dg__err(DG_ERR_NOMEM, "dg_adamw_new: out of host memory");
     for (int i = 0; s == DG_OK && i < n; i++) {
         int64_t len = dg_tensor_numel(o->p[i]);
-        ent[i] = (dg_adamw_entry){dg__f32(o->p[i]), dg__f32(o->m[i]), dg__f32(o->v[i]), len,
-                                  o->decay[i], 0};
+        ent[i] = (dg_adamw_entry){
+            dg__f32(o->p[i]), dg__f32(o->m[i]), dg__f32(o->v[i]), len, o->decay[i], 0};
         cb[i + 1] = cb[i] + (len + DG_ADAMW_CHUNK - 1) / DG_ADAMW_CHUNK;
     }
     dg_adamw_dev *d = &o->dev;
@@ -209,8 +221,7 @@ static dg_status build_table(dg_adamw *o) {
         s = dg__cuda_memcpy(o->ctx, d->entries, ent, (size_t)n * sizeof *ent, DG_COPY_H2D);
     }
     if (s == DG_OK)
-        s = dg__cuda_memcpy(o->ctx, d->chunk_begin, cb, ((size_t)n + 1) * sizeof *cb,
-                            DG_COPY_H2D);
+        s = dg__cuda_memcpy(o->ctx, d->chunk_begin, cb, ((size_t)n + 1) * sizeof *cb, DG_COPY_H2D);
     free(ent);
     free(cb);
     return s;
@@ -236,8 +247,8 @@ static dg_status adamw_new(dg_adamw *o, dg_tensor *const *params, dg_tensor *con
         DG_TRY(dg__check_dtype(op, arg, params[i],
                                cuda ? DG_MASK(DG_F32) : DG_MASK(DG_F32) | DG_MASK(DG_F64)));
         if (!dg_tensor_is_contiguous(params[i]))
-            return dg__err(DG_ERR_ARG, "%s: '%s' %s is updated in place and must be contiguous",
-                           op, arg, dg_tensor_desc(params[i]));
+            return dg__err(DG_ERR_ARG, "%s: '%s' %s is updated in place and must be contiguous", op,
+                           arg, dg_tensor_desc(params[i]));
         snprintf(arg, sizeof arg, "m[%d]", i);
         DG_TRY(dg__check_ptr(op, arg, m[i]));
         DG_TRY(check_state(op, arg, m[i], params[i], params[i]->dtype, ctx));
@@ -283,8 +294,8 @@ dg_status dg_adamw_new(dg_ctx *ctx, int n, dg_tensor *const *params, dg_tensor *
                        "beta1 %g beta2 %g eps %g weight_decay %g",
                        op, hp->beta1, hp->beta2, hp->eps, hp->weight_decay);
     if (!(clip >= 0) || !isfinite(clip))
-        return dg__err(DG_ERR_ARG, "%s: clip must be >= 0 and finite (0: no clipping), got %g",
-                       op, clip);
+        return dg__err(DG_ERR_ARG, "%s: clip must be >= 0 and finite (0: no clipping), got %g", op,
+                       clip);
     dg_adamw *o = calloc(1, sizeof *o);
     if (!o)
         return dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
@@ -347,8 +358,7 @@ static dg_status update_cpu(dg_adamw *o, const dg_tensor *const *grads) {
             g = scaled;
         }
         if (s == DG_OK)
-            s = dg_adamw_step(o->ctx, o->p[i], g, o->m[i], o->v[i], o->step, &o->hp,
-                              o->decay[i]);
+            s = dg_adamw_step(o->ctx, o->p[i], g, o->m[i], o->v[i], o->step, &o->hp, o->decay[i]);
         dg_tensor_free(&scaled);
     }
     dg_no_grad_end();
@@ -412,3 +422,4 @@ dg_status dg_adamw_update(dg_adamw *o, const dg_tensor *const *grads) {
 }
 
 const dg_tensor *dg_adamw_stats(const dg_adamw *o) { return o ? o->stats : NULL; }
+#endif

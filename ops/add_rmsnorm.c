@@ -15,6 +15,7 @@
  * computed in f32), f32/bf16 on CUDA (f32 math). Tape: the node saves s, w and, under CACHE (the
  * default), rstd [rows] (f64 for f64 inputs, else f32); RECOMPUTE recomputes rstd from s.
  */
+#ifndef DG_REF_TMPL
 #include "rmsnorm.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/norm.cuh"
@@ -26,23 +27,27 @@ typedef struct {
     double eps;
 } arn_params;
 
-// ---- reference: the sum, then ops/rmsnorm.c's reference on it (the same bits as the two ops)
-
 #ifdef _OPENMP
 #define ARN_OMP_ROWS _Pragma("omp parallel for schedule(static) if (n > 32768)")
 #else
 #define ARN_OMP_ROWS
 #endif
 
+#define DG_REF_TMPL "add_rmsnorm.c"
+#include "ref_tmpl.h"
+#endif
+
+#ifdef RT
+// ---- reference: the sum, then ops/rmsnorm.c's reference on it (the same bits as the two ops)
+
 /* out = a + b over n elements (out may be a or b); f64 or f32 by SUF. */
-#define ARN_ADD_DEFINE(T, SUF)                                                                     \
-    static void arn_add_##SUF(int64_t n, const T *a, const T *b, T *out) {                         \
-        ARN_OMP_ROWS                                                                               \
-        for (int64_t i = 0; i < n; i++)                                                            \
-            out[i] = a[i] + b[i];                                                                  \
-    }
-ARN_ADD_DEFINE(double, f64)
-ARN_ADD_DEFINE(float, f32)
+static void RF(arn_add)(int64_t n, const RT *a, const RT *b, RT *out) {
+    ARN_OMP_ROWS
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+#else
 
 // ---- forward
 
@@ -140,11 +145,11 @@ dg_status dg_add_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *r, dg_tensor *w, 
         dg_node *n = NULL;
         s = dg__node_new("add_rmsnorm", DG_POLICY_CACHE, arn_backward, ctx, &n);
         if (s == DG_OK)
-            s = dg__node_input(n, x);
+            dg__node_input(n, x);
         if (s == DG_OK)
-            s = dg__node_input(n, r);
+            dg__node_input(n, r);
         if (s == DG_OK)
-            s = dg__node_input(n, w);
+            dg__node_input(n, w);
         if (s == DG_OK)
             s = dg__node_output(n, s_out);
         if (s == DG_OK)
@@ -245,3 +250,4 @@ static dg_status arn_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor_free(&dw);
     return s;
 }
+#endif

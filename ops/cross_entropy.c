@@ -15,6 +15,7 @@
  * backward; RECOMPUTE keeps only the logits and targets and recomputes them with the same code
  * (the same bits).
  */
+#ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
 
 #include <math.h>
@@ -23,8 +24,6 @@
 #include "../kernels/cuda_api.h"
 #include "../kernels/cross_entropy.cuh"
 #endif
-
-// ---- reference
 
 static int64_t tgt_at(const void *t, dg_dtype dt, int64_t i) {
     return dt == DG_I32 ? (int64_t)((const int32_t *)t)[i] : ((const int64_t *)t)[i];
@@ -36,58 +35,64 @@ static int64_t tgt_at(const void *t, dg_dtype dt, int64_t i) {
 #define CE_PARALLEL_FOR
 #endif
 
+#define DG_REF_TMPL "cross_entropy.c"
+#include "ref_tmpl.h"
+#endif
+
+#ifdef RT
+// ---- reference
+
 /* One body per dtype; f32 computes in f32 (expf, logf). The row statistics are kept as the pair
  * (m, log s) rather than lse = m + log s: with logits ~1e4, x - m is exact (Sterbenz) while
  * x - lse would inherit lse's rounding at 1e4 (~1e-3 in f32) and spoil the softmax. */
-#define CE_DEFINE(T, SUF, EXP, LOG)                                                                \
-    static void ce_stats_##SUF(const T *x, int64_t V, T *st) {                                     \
-        T m = -INFINITY, s = 0;                                                                    \
-        for (int64_t j = 0; j < V; j++)                                                            \
-            m = x[j] > m ? x[j] : m;                                                               \
-        if (m != -INFINITY)                                                                        \
-            for (int64_t j = 0; j < V; j++)                                                        \
-                s += EXP(x[j] - m);                                                                \
-        st[0] = m;                                                                                 \
-        st[1] = LOG(s);                                                                            \
-    }                                                                                              \
-    static void ce_fwd_##SUF(const T *x, int64_t N, int64_t V, const void *tg, dg_dtype tdt,       \
-                             int64_t ignore, T *row_loss, T *stats) {                              \
-        CE_PARALLEL_FOR                                                                            \
-        for (int64_t i = 0; i < N; i++) {                                                          \
-            int64_t t = tgt_at(tg, tdt, i);                                                        \
-            T st[2];                                                                               \
-            ce_stats_##SUF(x + i * V, V, st);                                                      \
-            row_loss[i] = t == ignore ? 0 : (st[0] - x[i * V + t]) + st[1];                        \
-            if (stats) {                                                                           \
-                stats[2 * i] = st[0];                                                              \
-                stats[2 * i + 1] = st[1];                                                          \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    static void ce_bwd_##SUF(const T *x, int64_t N, int64_t V, const void *tg, dg_dtype tdt,       \
-                             int64_t ignore, const T *stats, T scale, T *g) {                      \
-        CE_PARALLEL_FOR                                                                            \
-        for (int64_t i = 0; i < N; i++) {                                                          \
-            int64_t t = tgt_at(tg, tdt, i);                                                        \
-            T *gi = g + i * V;                                                                     \
-            const T *xi = x + i * V;                                                               \
-            if (t == ignore || scale == 0) {                                                       \
-                memset(gi, 0, (size_t)V * sizeof(T));                                              \
-                continue;                                                                          \
-            }                                                                                      \
-            T st[2];                                                                               \
-            if (stats) {                                                                           \
-                st[0] = stats[2 * i];                                                              \
-                st[1] = stats[2 * i + 1];                                                          \
-            } else {                                                                               \
-                ce_stats_##SUF(xi, V, st);                                                         \
-            }                                                                                      \
-            for (int64_t j = 0; j < V; j++)                                                        \
-                gi[j] = (EXP((xi[j] - st[0]) - st[1]) - (j == t ? (T)1 : (T)0)) * scale;           \
-        }                                                                                          \
+static void RF(ce_stats)(const RT *x, int64_t V, RT *st) {
+    RT m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < V; j++)
+        m = x[j] > m ? x[j] : m;
+    if (m != -INFINITY)
+        for (int64_t j = 0; j < V; j++)
+            s += REXP(x[j] - m);
+    st[0] = m;
+    st[1] = RLOG(s);
+}
+static void RF(ce_fwd)(const RT *x, int64_t N, int64_t V, const void *tg, dg_dtype tdt,
+                       int64_t ignore, RT *row_loss, RT *stats) {
+    CE_PARALLEL_FOR
+    for (int64_t i = 0; i < N; i++) {
+        int64_t t = tgt_at(tg, tdt, i);
+        RT st[2];
+        RF(ce_stats)(x + i * V, V, st);
+        row_loss[i] = t == ignore ? 0 : (st[0] - x[i * V + t]) + st[1];
+        if (stats) {
+            stats[2 * i] = st[0];
+            stats[2 * i + 1] = st[1];
+        }
     }
-CE_DEFINE(double, f64, exp, log)
-CE_DEFINE(float, f32, expf, logf)
+}
+static void RF(ce_bwd)(const RT *x, int64_t N, int64_t V, const void *tg, dg_dtype tdt,
+                       int64_t ignore, const RT *stats, RT scale, RT *g) {
+    CE_PARALLEL_FOR
+    for (int64_t i = 0; i < N; i++) {
+        int64_t t = tgt_at(tg, tdt, i);
+        RT *gi = g + i * V;
+        const RT *xi = x + i * V;
+        if (t == ignore || scale == 0) {
+            memset(gi, 0, (size_t)V * sizeof(RT));
+            continue;
+        }
+        RT st[2];
+        if (stats) {
+            st[0] = stats[2 * i];
+            st[1] = stats[2 * i + 1];
+        } else {
+            RF(ce_stats)(xi, V, st);
+        }
+        for (int64_t j = 0; j < V; j++)
+            gi[j] = (REXP((xi[j] - st[0]) - st[1]) - (j == t ? (RT)1 : (RT)0)) * scale;
+    }
+}
+
+#else
 
 // ---- backward
 
@@ -267,3 +272,4 @@ dg_status dg_cross_entropy(dg_ctx *ctx, dg_tensor *logits, dg_tensor *targets, i
     *out = loss;
     return DG_OK;
 }
+#endif

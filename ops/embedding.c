@@ -12,14 +12,13 @@
  * (CPU: a serial pass over tokens per column block; CUDA: kernels/embedding.cu sorts positions
  * by id with a stable radix sort, then one block per row sums its run in order).
  */
+#ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
 
 #ifdef DG_HAVE_CUDA
 #include "../kernels/cuda_api.h"
 #include "../kernels/embedding.cuh"
 #endif
-
-// ---- reference
 
 static int64_t id_at(const void *ids, dg_dtype dt, int64_t i) {
     return dt == DG_I32 ? (int64_t)((const int32_t *)ids)[i] : ((const int64_t *)ids)[i];
@@ -39,8 +38,7 @@ static void index_str(char *buf, size_t n, int ndim, const int64_t *shape, int64
         snprintf(buf + k, n - k, "]");
 }
 
-dg_status dg__embedding_bad_id(const dg_tensor *ids, const dg_tensor *w, int64_t pos,
-                               int64_t id) {
+dg_status dg__embedding_bad_id(const dg_tensor *ids, const dg_tensor *w, int64_t pos, int64_t id) {
     char where[96];
     index_str(where, sizeof where, ids->ndim, ids->shape, pos);
     return dg__err(DG_ERR_ARG, "dg_embedding: ids%s = %lld is outside [0, %lld) (weight %s)", where,
@@ -63,25 +61,31 @@ static void emb_fwd(const void *w, size_t esize, int64_t d, const void *ids, dg_
                row);
 }
 
+#define DG_REF_TMPL "embedding.c"
+#include "ref_tmpl.h"
+#endif
+
+#ifdef RT
+// ---- reference
+
 /* dw = 0, then dw[ids[i],:] += dy[i,:]: column blocks in parallel, tokens in order within one. */
-#define EMB_BWD_DEFINE(T, SUF)                                                                     \
-    static void emb_bwd_##SUF(T *dw, int64_t V, int64_t d, const void *ids, dg_dtype idt,          \
-                              int64_t n, const T *dy) {                                            \
-        memset(dw, 0, (size_t)(V * d) * sizeof(T));                                                \
-        int64_t nblk = (d + 63) / 64;                                                              \
-        EMB_PARALLEL_FOR                                                                           \
-        for (int64_t b = 0; b < nblk; b++) {                                                       \
-            int64_t c0 = b * 64, c1 = c0 + 64 < d ? c0 + 64 : d;                                   \
-            for (int64_t i = 0; i < n; i++) {                                                      \
-                T *row = dw + id_at(ids, idt, i) * d;                                              \
-                const T *g = dy + i * d;                                                           \
-                for (int64_t c = c0; c < c1; c++)                                                  \
-                    row[c] += g[c];                                                                \
-            }                                                                                      \
-        }                                                                                          \
+static void RF(emb_bwd)(RT *dw, int64_t V, int64_t d, const void *ids, dg_dtype idt, int64_t n,
+                        const RT *dy) {
+    memset(dw, 0, (size_t)(V * d) * sizeof(RT));
+    int64_t nblk = (d + 63) / 64;
+    EMB_PARALLEL_FOR
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t c0 = b * 64, c1 = c0 + 64 < d ? c0 + 64 : d;
+        for (int64_t i = 0; i < n; i++) {
+            RT *row = dw + id_at(ids, idt, i) * d;
+            const RT *g = dy + i * d;
+            for (int64_t c = c0; c < c1; c++)
+                row[c] += g[c];
+        }
     }
-EMB_BWD_DEFINE(double, f64)
-EMB_BWD_DEFINE(float, f32)
+}
+
+#else
 
 // ---- backward
 
@@ -204,3 +208,4 @@ dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor
     *out = y;
     return DG_OK;
 }
+#endif

@@ -1,26 +1,23 @@
 /*
- * ops/l2norm.c -- L2 normalisation over the last axis (KDA's q/k normalisation, FLA l2norm).
+ * ops/l2norm.c -- the L2 normalisation over the last axis (ops/l2norm.h): dg_l2norm, and through
+ * dg__l2norm_x KDA's stage N1 (ops/kda/l2norm.c, FLA use_qk_l2norm_in_kernel).
  *
  *   r = 1 / sqrt(sum_j x_j^2 + eps)     eps inside the sqrt (1e-6 in KDA)
  *   y = x r
  *   dx = r (dy - (dy . y) y)
  *
- * Shapes: x [..., D], y like x. Tape: the node saves x and, under CACHE (the default), rstd
- * [rows] (f64 for f64 inputs, else f32); RECOMPUTE recomputes rstd in backward.
- * CUDA shares the row-norm kernels of kernels/norm.cu (scale 1, no weight, no gate).
+ * Shapes: x [..., D], y like x. The compute dtype is x's on the CPU (f64 or f32) and f32 on CUDA
+ * (kernels/l2norm.cu, which reads a bf16 x as stored and writes its bf16 gradient directly).
+ * Tape: under CACHE (the default, as FLA keeps q_rstd, k_rstd) the node keeps y and r [rows] in
+ * the compute dtype; under RECOMPUTE only x, and backward recomputes y and r.
  */
-#include "../autograd/tape.h"
+#ifndef DG_REF_TMPL
+#include "l2norm.h"
 #ifdef DG_HAVE_CUDA
-#include "../kernels/norm.cuh"
+#include "../kernels/l2norm.cuh"
 #endif
 
-#include <math.h>
-
-typedef struct {
-    double eps;
-} l2_params;
-
-// ---- reference
+#include <limits.h>
 
 #ifdef _OPENMP
 #define L2_OMP_ROWS _Pragma("omp parallel for schedule(static) if (rows * D > 32768)")
@@ -28,47 +25,215 @@ typedef struct {
 #define L2_OMP_ROWS
 #endif
 
-/* One body for f64 and f32 (f32 computes in f32). */
-#define L2_DEFINE(T, SUF, SQRT)                                                                    \
-    static T l2_rstd_##SUF(const T *xr, int64_t D, T eps) {                                        \
-        T ss = 0;                                                                                  \
-        for (int64_t j = 0; j < D; j++)                                                            \
-            ss += xr[j] * xr[j];                                                                   \
-        return (T)1 / SQRT(ss + eps);                                                              \
-    }                                                                                              \
-    static void l2_fwd_##SUF(int64_t rows, int64_t D, T eps, const T *x, T *y, T *rstd) {          \
-        L2_OMP_ROWS                                                                                \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            T rs = l2_rstd_##SUF(x + r * D, D, eps);                                               \
-            if (rstd)                                                                              \
-                rstd[r] = rs;                                                                      \
-            for (int64_t j = 0; j < D; j++)                                                        \
-                y[r * D + j] = x[r * D + j] * rs;                                                  \
-        }                                                                                          \
-    }                                                                                              \
-    /* Same arithmetic order as the CUDA kernel: m = r * sum_j dy_j x_j = dy . y, then */          \
-    /* dx_j = r (dy_j - x_j r m). */                                                               \
-    static void l2_bwd_##SUF(int64_t rows, int64_t D, T eps, const T *x, const T *rstd,            \
-                             const T *dy, T *dx) {                                                 \
-        L2_OMP_ROWS                                                                                \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            const T *xr = x + r * D, *dyr = dy + r * D;                                            \
-            T rs = rstd ? rstd[r] : l2_rstd_##SUF(xr, D, eps);                                     \
-            T dot = 0;                                                                             \
-            for (int64_t j = 0; j < D; j++)                                                        \
-                dot += dyr[j] * xr[j];                                                             \
-            T m = rs * dot;                                                                        \
-            for (int64_t j = 0; j < D; j++)                                                        \
-                dx[r * D + j] = rs * (dyr[j] - xr[j] * rs * m);                                    \
-        }                                                                                          \
+#define DG_REF_TMPL "l2norm.c"
+#include "ref_tmpl.h"
+#endif
+
+#ifdef RT
+/* ---- reference ------------------------------------------------------------------------------ */
+
+void RF(dg__l2norm_fwd)(int64_t rows, int64_t D, double eps, const RT *x, RT *y, RT *r) {
+    L2_OMP_ROWS
+    for (int64_t i = 0; i < rows; i++) {
+        const RT *xr = x + i * D;
+        RT ss = 0;
+        for (int64_t c = 0; c < D; c++)
+            ss += xr[c] * xr[c];
+        RT ri = (RT)1 / RSQRT(ss + (RT)eps);
+        for (int64_t c = 0; c < D; c++)
+            y[i * D + c] = xr[c] * ri;
+        if (r)
+            r[i] = ri;
     }
+}
 
-L2_DEFINE(double, f64, sqrt)
-L2_DEFINE(float, f32, sqrtf)
+void RF(dg__l2norm_bwd)(int64_t rows, int64_t D, const RT *y, const RT *r, const RT *dy, RT *dx) {
+    L2_OMP_ROWS
+    for (int64_t i = 0; i < rows; i++) {
+        const RT *yr = y + i * D, *dyr = dy + i * D;
+        RT dot = 0;
+        for (int64_t c = 0; c < D; c++)
+            dot += dyr[c] * yr[c];
+        for (int64_t c = 0; c < D; c++)
+            dx[i * D + c] = r[i] * (dyr[c] - dot * yr[c]);
+    }
+}
 
-// ---- forward
+#else
+/* ---- dispatch ------------------------------------------------------------------------------- */
 
-static dg_status l2_backward(dg_ctx *ctx, dg_node *n);
+dg_status dg__l2norm_run_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int64_t D,
+                             double eps, int xbf16, const void *x, void *y, void *r) {
+    if (rows == 0 || D == 0)
+        return DG_OK;
+    if (cuda) {
+#ifdef DG_HAVE_CUDA
+        if (D > INT_MAX)
+            return dg__err(DG_ERR_SHAPE,
+                           "l2norm: the last axis (%lld) exceeds the CUDA kernel's %d",
+                           (long long)D, INT_MAX);
+        return dg__l2norm_fwd_cuda(ctx, rows, (int)D, (float)eps, xbf16, x, y, r);
+#else
+        (void)ctx;
+        return dg__no_cuda("l2norm");
+#endif
+    }
+    (void)xbf16;
+    if (dt == DG_F64)
+        dg__l2norm_fwd_f64(rows, D, eps, x, y, r);
+    else
+        dg__l2norm_fwd_f32(rows, D, eps, x, y, r);
+    return DG_OK;
+}
+
+dg_status dg__l2norm_run_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int64_t D,
+                             const void *y, const void *r, const void *dy, int xbf16, void *dx) {
+    if (rows == 0 || D == 0)
+        return DG_OK;
+    if (cuda) {
+#ifdef DG_HAVE_CUDA
+        if (D > INT_MAX)
+            return dg__err(DG_ERR_SHAPE,
+                           "l2norm: the last axis (%lld) exceeds the CUDA kernel's %d",
+                           (long long)D, INT_MAX);
+        return dg__l2norm_bwd_cuda(ctx, rows, (int)D, y, r, dy, xbf16, dx);
+#else
+        (void)ctx;
+        return dg__no_cuda("l2norm backward");
+#endif
+    }
+    (void)xbf16;
+    if (dt == DG_F64)
+        dg__l2norm_bwd_f64(rows, D, y, r, dy, dx);
+    else
+        dg__l2norm_bwd_f32(rows, D, y, r, dy, dx);
+    return DG_OK;
+}
+
+/* ---- node ----------------------------------------------------------------------------------- */
+
+typedef struct l2_params {
+    double eps;
+    dg_dtype dt; /* compute dtype (f32 on CUDA) */
+    int cuda;
+    int64_t rows, D;
+    int xbf16; /* CUDA: x is bf16, read as it is; dx is written in bf16 */
+} l2_params;
+
+/* t's data in dtype dt, contiguous: t itself, or a converted copy in *tmp (freed by the caller).
+ * With raw_bf16, a contiguous bf16 t on CUDA is read as it is stored (*bf16 = 1). */
+static dg_status l2_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, int raw_bf16, dg_tensor **tmp,
+                        const void **ptr, int *bf16) {
+    *tmp = NULL;
+    *bf16 = raw_bf16 && dg__is_cuda(t) && t->dtype == DG_BF16 && dg_tensor_is_contiguous(t);
+    if (*bf16 || (t->dtype == dt && dg_tensor_is_contiguous(t))) {
+        *ptr = dg_tensor_data(t);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(ctx, dt, t->ndim, t->shape, tmp));
+    dg_status s = dg_tensor_copy_(*tmp, t);
+    if (s != DG_OK) {
+        dg_tensor_free(tmp);
+        return s;
+    }
+    *ptr = dg_tensor_data(*tmp);
+    return DG_OK;
+}
+
+static dg_status l2_backward(dg_ctx *ctx, dg_node *n) {
+    const l2_params *p = (const l2_params *)n->params;
+    const dg_tensor *gy = dg__node_grad_out(n, 0);
+    if (!gy || !dg__node_wants_grad(n, 0))
+        return DG_OK;
+    dg_tensor *tg = NULL, *dx = NULL, *tx = NULL, *scratch = NULL;
+    const void *pdy = NULL, *py = NULL, *pr = NULL;
+    int dybf16 = 0;
+    dg_status st = l2_ptr(ctx, gy, p->dt, 0, &tg, &pdy, &dybf16);
+    if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
+        py = dg_tensor_data(n->saved[0]); /* both saved in the compute dtype */
+        pr = dg_tensor_data(n->saved[1]);
+    } else if (st == DG_OK) {
+        const void *px = NULL;
+        int64_t ns[1] = {p->rows * (p->D + 1)}; /* y then r */
+        int xbf16 = 0;
+        st = l2_ptr(ctx, n->saved[0], p->dt, 1, &tx, &px, &xbf16);
+        if (st == DG_OK)
+            st = dg_tensor_new(ctx, p->dt, 1, ns, &scratch);
+        if (st == DG_OK) {
+            void *y = dg_tensor_data(scratch);
+            void *r = (char *)y + dg_dtype_size(p->dt) * (size_t)(p->rows * p->D);
+            st = dg__l2norm_run_fwd(ctx, p->cuda, p->dt, p->rows, p->D, p->eps, xbf16, px, y, r);
+            py = y;
+            pr = r;
+        }
+    }
+    if (st == DG_OK) /* in x's dtype where the kernel writes bf16 */
+        st = dg_tensor_new(ctx, p->xbf16 ? DG_BF16 : p->dt, n->saved[0]->ndim, n->saved[0]->shape,
+                           &dx);
+    if (st == DG_OK)
+        st = dg__l2norm_run_bwd(ctx, p->cuda, p->dt, p->rows, p->D, py, pr, pdy, p->xbf16,
+                                dg_tensor_data(dx));
+    if (st == DG_OK)
+        st = dg__node_accum(ctx, n, 0, dx);
+    dg_tensor_free(&scratch);
+    dg_tensor_free(&tg);
+    dg_tensor_free(&tx);
+    dg_tensor_free(&dx);
+    return st;
+}
+
+dg_status dg__l2norm_x(dg_ctx *ctx, const char *kind, dg_tensor *x, double eps, int keep_f32,
+                       dg_tensor **y) {
+    *y = NULL;
+    l2_params lp = {eps, x->dtype, dg__is_cuda(x), 0, x->shape[x->ndim - 1], 0};
+    if (lp.cuda)
+        lp.dt = DG_F32;
+    lp.rows = lp.D ? dg_tensor_numel(x) / lp.D : 0;
+    /* yc: y in the compute dtype; *y is yc itself unless x is bf16 (and !keep_f32) */
+    dg_tensor *tx = NULL, *r = NULL, *yc = NULL;
+    const void *px = NULL;
+    dg_status st = l2_ptr(ctx, x, lp.dt, 1, &tx, &px, &lp.xbf16);
+    int64_t rshape[1] = {lp.rows};
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, lp.dt, x->ndim, x->shape, &yc);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, lp.dt, 1, rshape, &r);
+    if (st == DG_OK)
+        st = dg__l2norm_run_fwd(ctx, lp.cuda, lp.dt, lp.rows, lp.D, eps, lp.xbf16, px,
+                                dg_tensor_data(yc), dg_tensor_data(r));
+    dg_dtype ydt = keep_f32 ? lp.dt : x->dtype;
+    if (st == DG_OK && yc->dtype == ydt) {
+        *y = dg_tensor_retain(yc);
+    } else if (st == DG_OK) {
+        st = dg_tensor_new(ctx, ydt, yc->ndim, yc->shape, y);
+        if (st == DG_OK)
+            st = dg_tensor_copy_(*y, yc);
+    }
+    if (st == DG_OK && dg__needs_grad(1, &x)) {
+        dg_node *n;
+        st = dg__node_new(kind, DG_POLICY_CACHE, l2_backward, ctx, &n);
+        if (st == DG_OK) {
+            dg__node_input(n, x);
+            st = dg__node_output(n, *y);
+            if (n->policy == DG_POLICY_CACHE) {
+                dg__node_save(n, yc); /* the compute-dtype y, not its bf16 rounding */
+                dg__node_save(n, r);
+            } else {
+                dg__node_save(n, x);
+            }
+            if (st == DG_OK)
+                st = dg__node_commit_params(n, &lp, sizeof lp);
+            else
+                dg__node_abort(n);
+        }
+    }
+    dg_tensor_free(&tx);
+    dg_tensor_free(&r);
+    dg_tensor_free(&yc);
+    if (st != DG_OK)
+        dg_tensor_free(y);
+    return st;
+}
 
 dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out) {
     const char *op = "dg_l2norm";
@@ -87,84 +252,9 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out) {
                        dg_tensor_desc(x));
     if (!(eps >= 0) || !isfinite(eps))
         return dg__err(DG_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
-
-    int64_t D = x->shape[x->ndim - 1], rows = D ? dg_tensor_numel(x) / D : 0;
-    dg_tensor *xc = NULL, *y = NULL, *rstd = NULL;
-    dg_status s = dg__contig(ctx, x, &xc);
-    if (s == DG_OK)
-        s = dg__new_like(ctx, x, &y);
-    int grad = dg__needs_grad(1, &x);
-    if (s == DG_OK && grad && dg_policy_resolve("l2norm", DG_POLICY_CACHE) == DG_POLICY_CACHE)
-        s = dg_tensor_new(ctx, x->dtype == DG_F64 ? DG_F64 : DG_F32, 1, &rows, &rstd);
-    if (s == DG_OK) {
-        if (dg__is_cuda(x)) {
-#ifdef DG_HAVE_CUDA
-            s = dg__norm_fwd_cuda(ctx, x->dtype, rows, D, 1.0f, (float)eps, dg_tensor_data(xc),
-                                  NULL, NULL, DG_ACT_NONE, dg_tensor_data(y),
-                                  rstd ? dg__f32(rstd) : NULL);
-#else
-            s = dg__no_cuda(op);
-#endif
-        } else if (x->dtype == DG_F64) {
-            l2_fwd_f64(rows, D, eps, dg__f64(xc), dg__f64(y), rstd ? dg__f64(rstd) : NULL);
-        } else {
-            l2_fwd_f32(rows, D, (float)eps, dg__f32(xc), dg__f32(y), rstd ? dg__f32(rstd) : NULL);
-        }
-    }
-    if (s == DG_OK && grad) {
-        dg_node *n = NULL;
-        s = dg__node_new("l2norm", DG_POLICY_CACHE, l2_backward, ctx, &n);
-        if (s == DG_OK) {
-            dg__node_input(n, x);
-            dg__node_output(n, y);
-            dg__node_save(n, xc);
-            dg__node_save(n, rstd);
-            s = dg__node_commit_params(n, &(l2_params){.eps = eps}, sizeof(l2_params));
-        }
-    }
-    dg_tensor_free(&xc);
-    dg_tensor_free(&rstd);
-    if (s != DG_OK)
-        dg_tensor_free(&y);
-    *out = y;
-    return s;
+    if (x->ndim < 1)
+        return dg__err(DG_ERR_SHAPE, "%s: 'x' must have a last axis, got %s", op,
+                       dg_tensor_desc(x));
+    return dg__l2norm_x(ctx, "l2norm", x, eps, 0, out);
 }
-
-// ---- backward
-
-static dg_status l2_backward(dg_ctx *ctx, dg_node *n) {
-    (void)ctx; /* the node's own context: its tensors live there */
-    dg_ctx *c = n->ctx;
-    const l2_params *p = n->params;
-    dg_tensor *x = n->saved[0], *rstd = n->saved[1];
-    const dg_tensor *gy = dg__node_grad_out(n, 0);
-    if (!gy || !dg__node_wants_grad(n, 0))
-        return DG_OK;
-    int64_t D = x->shape[x->ndim - 1], rows = D ? dg_tensor_numel(x) / D : 0;
-    dg_tensor *dy = NULL, *dx = NULL;
-    dg_status s = dg__contig(c, (dg_tensor *)gy, &dy);
-    if (s == DG_OK)
-        s = dg__new_like(c, x, &dx);
-    if (s == DG_OK) {
-        if (dg__is_cuda(x)) {
-#ifdef DG_HAVE_CUDA
-            s = dg__norm_bwd_cuda(c, x->dtype, rows, D, 1.0f, (float)p->eps, dg_tensor_data(x),
-                                  NULL, NULL, DG_ACT_NONE, rstd ? dg__f32(rstd) : NULL,
-                                  dg_tensor_data(dy), dg_tensor_data(dx), NULL, NULL);
-#else
-            s = dg__no_cuda("l2norm backward");
 #endif
-        } else if (x->dtype == DG_F64) {
-            l2_bwd_f64(rows, D, p->eps, dg__f64(x), rstd ? dg__f64(rstd) : NULL, dg__f64(dy),
-                       dg__f64(dx));
-        } else {
-            l2_bwd_f32(rows, D, (float)p->eps, dg__f32(x), rstd ? dg__f32(rstd) : NULL, dg__f32(dy),
-                       dg__f32(dx));
-        }
-    }
-    if (s == DG_OK)
-        s = dg__node_accum(c, n, 0, dx);
-    dg_tensor_free(&dy);
-    dg_tensor_free(&dx);
-    return s;
-}

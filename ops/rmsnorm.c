@@ -11,6 +11,7 @@
  * Shapes: x [..., D], y like x. Tape: the node saves x, w, gate and, under CACHE (the default),
  * rstd [rows] (f64 for f64 inputs, else f32); RECOMPUTE recomputes rstd in backward.
  */
+#ifndef DG_REF_TMPL
 #include "rmsnorm.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/norm.cuh"
@@ -23,8 +24,6 @@ typedef struct {
     dg_act act;
 } rms_params;
 
-// ---- reference
-
 #ifdef _OPENMP
 #define RMS_OMP_ROWS _Pragma("omp parallel for schedule(static) if (rows * D > 32768)")
 #else
@@ -32,119 +31,124 @@ typedef struct {
 #endif
 #define RMS_DW_COLS 64 /* columns per OpenMP task in the dw reduction */
 
-/* One body for f64 and f32 (f32 computes in f32). rstd_in: the forward's r or NULL. */
-#define RMS_DEFINE(T, SUF, SQRT, EXP)                                                              \
-    static T rms_act_##SUF(dg_act a, T g) {                                                        \
-        if (a == DG_ACT_SILU)                                                                      \
-            return g * ((T)1 / ((T)1 + EXP(-g)));                                                  \
-        if (a == DG_ACT_SIGMOID)                                                                   \
-            return (T)1 / ((T)1 + EXP(-g));                                                        \
-        return g;                                                                                  \
-    }                                                                                              \
-    static T rms_act_grad_##SUF(dg_act a, T g) {                                                   \
-        T s = (T)1 / ((T)1 + EXP(-g));                                                             \
-        if (a == DG_ACT_SILU)                                                                      \
-            return s * ((T)1 + g * ((T)1 - s));                                                    \
-        if (a == DG_ACT_SIGMOID)                                                                   \
-            return s * ((T)1 - s);                                                                 \
-        return (T)1;                                                                               \
-    }                                                                                              \
-    static T rms_rstd_##SUF(const T *xr, int64_t D, T scale, T eps) {                              \
-        T ss = 0;                                                                                  \
-        for (int64_t j = 0; j < D; j++)                                                            \
-            ss += xr[j] * xr[j];                                                                   \
-        return (T)1 / SQRT(ss * scale + eps);                                                      \
-    }                                                                                              \
-    void dg__rmsnorm_fwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x, const T *w,    \
-                               const T *gate, dg_act act, T *y, T *rstd) {                         \
-        RMS_OMP_ROWS                                                                               \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            const T *xr = x + r * D;                                                               \
-            T rs = rms_rstd_##SUF(xr, D, scale, eps);                                              \
-            if (rstd)                                                                              \
-                rstd[r] = rs;                                                                      \
-            for (int64_t j = 0; j < D; j++) {                                                      \
-                T v = xr[j] * rs;                                                                  \
-                if (w)                                                                             \
-                    v *= w[j];                                                                     \
-                if (gate)                                                                          \
-                    v *= rms_act_##SUF(act, gate[r * D + j]);                                      \
-                y[r * D + j] = v;                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    dg_status dg__rmsnorm_bwd_##SUF(int64_t rows, int64_t D, T scale, T eps, const T *x,           \
-                                    const T *w, const T *gate, dg_act act, const T *rstd_in,       \
-                                    const T *dy, T *dx, T *dw, T *dgate) {                         \
-        T *rs_buf = NULL;                                                                          \
-        const T *rs = rstd_in;                                                                     \
-        if (!rs) {                                                                                 \
-            rs_buf = DG_MALLOC((size_t)(rows > 0 ? rows : 1) * sizeof(T));                         \
-            if (!rs_buf)                                                                           \
-                return dg__err(DG_ERR_NOMEM, "rmsnorm backward: out of host memory");              \
-            RMS_OMP_ROWS                                                                           \
-            for (int64_t r = 0; r < rows; r++)                                                     \
-                rs_buf[r] = rms_rstd_##SUF(x + r * D, D, scale, eps);                              \
-            rs = rs_buf;                                                                           \
-        }                                                                                          \
-        if (dx || dgate) {                                                                         \
-            RMS_OMP_ROWS                                                                           \
-            for (int64_t r = 0; r < rows; r++) {                                                   \
-                const T *xr = x + r * D, *dyr = dy + r * D;                                        \
-                const T *gr = gate ? gate + r * D : NULL;                                          \
-                if (dx) {                                                                          \
-                    T dot = 0;                                                                     \
-                    for (int64_t j = 0; j < D; j++) {                                              \
-                        T g = dyr[j];                                                              \
-                        if (w)                                                                     \
-                            g *= w[j];                                                             \
-                        if (gr)                                                                    \
-                            g *= rms_act_##SUF(act, gr[j]);                                        \
-                        dot += g * xr[j];                                                          \
-                    }                                                                              \
-                    T m = scale * rs[r] * dot;                                                     \
-                    for (int64_t j = 0; j < D; j++) {                                              \
-                        T g = dyr[j];                                                              \
-                        if (w)                                                                     \
-                            g *= w[j];                                                             \
-                        if (gr)                                                                    \
-                            g *= rms_act_##SUF(act, gr[j]);                                        \
-                        dx[r * D + j] = rs[r] * (g - xr[j] * rs[r] * m);                           \
-                    }                                                                              \
-                }                                                                                  \
-                if (dgate) {                                                                       \
-                    for (int64_t j = 0; j < D; j++) {                                              \
-                        T v = dyr[j] * xr[j] * rs[r];                                              \
-                        if (w)                                                                     \
-                            v *= w[j];                                                             \
-                        dgate[r * D + j] = v * rms_act_grad_##SUF(act, gr[j]);                     \
-                    }                                                                              \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-        if (dw) {                                                                                  \
-            /* Column blocks in parallel, rows in order inside each: deterministic. */             \
-            int64_t nb = (D + RMS_DW_COLS - 1) / RMS_DW_COLS;                                      \
-            RMS_OMP_ROWS                                                                           \
-            for (int64_t b = 0; b < nb; b++) {                                                     \
-                int64_t j0 = b * RMS_DW_COLS, j1 = j0 + RMS_DW_COLS < D ? j0 + RMS_DW_COLS : D;    \
-                for (int64_t j = j0; j < j1; j++)                                                  \
-                    dw[j] = 0;                                                                     \
-                for (int64_t r = 0; r < rows; r++)                                                 \
-                    for (int64_t j = j0; j < j1; j++) {                                            \
-                        T v = dy[r * D + j] * x[r * D + j] * rs[r];                                \
-                        if (gate)                                                                  \
-                            v *= rms_act_##SUF(act, gate[r * D + j]);                              \
-                        dw[j] += v;                                                                \
-                    }                                                                              \
-            }                                                                                      \
-        }                                                                                          \
-        DG_FREE(rs_buf);                                                                           \
-        return DG_OK;                                                                              \
-    }
+#define DG_REF_TMPL "rmsnorm.c"
+#include "ref_tmpl.h"
+#endif
 
-RMS_DEFINE(double, f64, sqrt, exp)
-RMS_DEFINE(float, f32, sqrtf, expf)
+#ifdef RT
+// ---- reference
+
+/* One body for f64 and f32 (f32 computes in f32). rstd_in: the forward's r or NULL. */
+static RT RF(rms_act)(dg_act a, RT g) {
+    if (a == DG_ACT_SILU)
+        return g * ((RT)1 / ((RT)1 + REXP(-g)));
+    if (a == DG_ACT_SIGMOID)
+        return (RT)1 / ((RT)1 + REXP(-g));
+    return g;
+}
+static RT RF(rms_act_grad)(dg_act a, RT g) {
+    RT s = (RT)1 / ((RT)1 + REXP(-g));
+    if (a == DG_ACT_SILU)
+        return s * ((RT)1 + g * ((RT)1 - s));
+    if (a == DG_ACT_SIGMOID)
+        return s * ((RT)1 - s);
+    return (RT)1;
+}
+static RT RF(rms_rstd)(const RT *xr, int64_t D, RT scale, RT eps) {
+    RT ss = 0;
+    for (int64_t j = 0; j < D; j++)
+        ss += xr[j] * xr[j];
+    return (RT)1 / RSQRT(ss * scale + eps);
+}
+void RF(dg__rmsnorm_fwd)(int64_t rows, int64_t D, RT scale, RT eps, const RT *x, const RT *w,
+                         const RT *gate, dg_act act, RT *y, RT *rstd) {
+    RMS_OMP_ROWS
+    for (int64_t r = 0; r < rows; r++) {
+        const RT *xr = x + r * D;
+        RT rs = RF(rms_rstd)(xr, D, scale, eps);
+        if (rstd)
+            rstd[r] = rs;
+        for (int64_t j = 0; j < D; j++) {
+            RT v = xr[j] * rs;
+            if (w)
+                v *= w[j];
+            if (gate)
+                v *= RF(rms_act)(act, gate[r * D + j]);
+            y[r * D + j] = v;
+        }
+    }
+}
+dg_status RF(dg__rmsnorm_bwd)(int64_t rows, int64_t D, RT scale, RT eps, const RT *x, const RT *w,
+                              const RT *gate, dg_act act, const RT *rstd_in, const RT *dy, RT *dx,
+                              RT *dw, RT *dgate) {
+    RT *rs_buf = NULL;
+    const RT *rs = rstd_in;
+    if (!rs) {
+        rs_buf = DG_MALLOC((size_t)(rows > 0 ? rows : 1) * sizeof(RT));
+        if (!rs_buf)
+            return dg__err(DG_ERR_NOMEM, "rmsnorm backward: out of host memory");
+        RMS_OMP_ROWS
+        for (int64_t r = 0; r < rows; r++)
+            rs_buf[r] = RF(rms_rstd)(x + r * D, D, scale, eps);
+        rs = rs_buf;
+    }
+    if (dx || dgate) {
+        RMS_OMP_ROWS
+        for (int64_t r = 0; r < rows; r++) {
+            const RT *xr = x + r * D, *dyr = dy + r * D;
+            const RT *gr = gate ? gate + r * D : NULL;
+            if (dx) {
+                RT dot = 0;
+                for (int64_t j = 0; j < D; j++) {
+                    RT g = dyr[j];
+                    if (w)
+                        g *= w[j];
+                    if (gr)
+                        g *= RF(rms_act)(act, gr[j]);
+                    dot += g * xr[j];
+                }
+                RT m = scale * rs[r] * dot;
+                for (int64_t j = 0; j < D; j++) {
+                    RT g = dyr[j];
+                    if (w)
+                        g *= w[j];
+                    if (gr)
+                        g *= RF(rms_act)(act, gr[j]);
+                    dx[r * D + j] = rs[r] * (g - xr[j] * rs[r] * m);
+                }
+            }
+            if (dgate) {
+                for (int64_t j = 0; j < D; j++) {
+                    RT v = dyr[j] * xr[j] * rs[r];
+                    if (w)
+                        v *= w[j];
+                    dgate[r * D + j] = v * RF(rms_act_grad)(act, gr[j]);
+                }
+            }
+        }
+    }
+    if (dw) {
+        /* Column blocks in parallel, rows in order inside each: deterministic. */
+        int64_t nb = (D + RMS_DW_COLS - 1) / RMS_DW_COLS;
+        RMS_OMP_ROWS
+        for (int64_t b = 0; b < nb; b++) {
+            int64_t j0 = b * RMS_DW_COLS, j1 = j0 + RMS_DW_COLS < D ? j0 + RMS_DW_COLS : D;
+            for (int64_t j = j0; j < j1; j++)
+                dw[j] = 0;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t j = j0; j < j1; j++) {
+                    RT v = dy[r * D + j] * x[r * D + j] * rs[r];
+                    if (gate)
+                        v *= RF(rms_act)(act, gate[r * D + j]);
+                    dw[j] += v;
+                }
+        }
+    }
+    DG_FREE(rs_buf);
+    return DG_OK;
+}
+
+#else
 
 // ---- forward
 
@@ -330,3 +334,4 @@ static dg_status rms_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor_free(&dg);
     return s;
 }
+#endif

@@ -12,6 +12,7 @@
  * the node. Tape: saves x, w, bias (and, on CUDA, a device copy of cu_seqlens); z is recomputed in
  * backward under either policy (W multiply-adds per element, cheaper than storing [B,T,C]).
  */
+#ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/short_conv.cuh"
@@ -27,8 +28,6 @@ typedef struct {
     int n_seqs;   /* 0: batch mode */
     int64_t cu[]; /* host copy of cu_seqlens, n_seqs + 1 entries */
 } sc_params;
-
-// ---- reference
 
 #ifdef _OPENMP
 #define SC_OMP_FOR _Pragma("omp parallel for schedule(static) if (rows * C > 32768)")
@@ -56,99 +55,104 @@ static void sc_bounds(int64_t r, int64_t T, const int64_t *cu, int n_seqs, int64
     *en = cu[lo + 1];
 }
 
-/* One body for f64 and f32 (f32 computes in f32); the same arithmetic order as the kernels. */
-#define SC_DEFINE(T, SUF, EXP)                                                                     \
-    static T sc_pre_##SUF(const T *x, const T *w, const T *bias, int64_t r, int64_t st, int64_t C, \
-                          int64_t c, int W) {                                                      \
-        T acc = 0;                                                                                 \
-        for (int i = 0; i < W; i++) {                                                              \
-            int64_t src = r - W + 1 + i;                                                           \
-            if (src >= st)                                                                         \
-                acc += w[c * W + i] * x[src * C + c];                                              \
-        }                                                                                          \
-        if (bias)                                                                                  \
-            acc += bias[c];                                                                        \
-        return acc;                                                                                \
-    }                                                                                              \
-    static void sc_fwd_##SUF(int64_t rows, int64_t Tn, int64_t C, int W, const T *x, const T *w,   \
-                             const T *bias, dg_act act, const int64_t *cu, int n_seqs, T *y) {     \
-        SC_OMP_FOR                                                                                 \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            int64_t st, en;                                                                        \
-            sc_bounds(r, Tn, cu, n_seqs, &st, &en);                                                \
-            for (int64_t c = 0; c < C; c++) {                                                      \
-                T z = sc_pre_##SUF(x, w, bias, r, st, C, c, W);                                    \
-                y[r * C + c] = act == DG_ACT_SILU ? z * ((T)1 / ((T)1 + EXP(-z))) : z;             \
-            }                                                                                      \
-        }                                                                                          \
-    }                                                                                              \
-    static dg_status sc_bwd_##SUF(int64_t rows, int64_t Tn, int64_t C, int W, const T *x,          \
-                                  const T *w, const T *bias, dg_act act, const int64_t *cu,        \
-                                  int n_seqs, const T *dy, T *dx, T *dw, T *dbias) {               \
-        size_t nr = (size_t)(rows > 0 ? rows : 1);                                                 \
-        T *dz = DG_MALLOC((size_t)(rows * C > 0 ? rows * C : 1) * sizeof(T));                      \
-        int64_t *st = DG_MALLOC(nr * sizeof *st), *en = DG_MALLOC(nr * sizeof *en);                \
-        if (!dz || !st || !en) {                                                                   \
-            DG_FREE(dz);                                                                           \
-            DG_FREE(st);                                                                           \
-            DG_FREE(en);                                                                           \
-            return dg__err(DG_ERR_NOMEM, "short_conv backward: out of host memory");               \
-        }                                                                                          \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            sc_bounds(r, Tn, cu, n_seqs, &st[r], &en[r]);                                          \
-        SC_OMP_FOR                                                                                 \
-        for (int64_t r = 0; r < rows; r++)                                                         \
-            for (int64_t c = 0; c < C; c++) {                                                      \
-                T d = dy[r * C + c];                                                               \
-                if (act == DG_ACT_SILU) {                                                          \
-                    T z = sc_pre_##SUF(x, w, bias, r, st[r], C, c, W);                             \
-                    T s = (T)1 / ((T)1 + EXP(-z));                                                 \
-                    d *= s * ((T)1 + z * ((T)1 - s));                                              \
-                }                                                                                  \
-                dz[r * C + c] = d;                                                                 \
-            }                                                                                      \
-        if (dx) {                                                                                  \
-            SC_OMP_FOR                                                                             \
-            for (int64_t r = 0; r < rows; r++)                                                     \
-                for (int64_t c = 0; c < C; c++) {                                                  \
-                    T acc = 0;                                                                     \
-                    for (int i = 0; i < W; i++) {                                                  \
-                        int64_t o = r + W - 1 - i;                                                 \
-                        if (o < en[r])                                                             \
-                            acc += dz[o * C + c] * w[c * W + i];                                   \
-                    }                                                                              \
-                    dx[r * C + c] = acc;                                                           \
-                }                                                                                  \
-        }                                                                                          \
-        if (dw || dbias) {                                                                         \
-            /* One channel per iteration, rows in order: deterministic. */                         \
-            SC_OMP_FOR                                                                             \
-            for (int64_t c = 0; c < C; c++) {                                                      \
-                T acc[SC_MAX_W + 1] = {0};                                                         \
-                for (int64_t r = 0; r < rows; r++) {                                               \
-                    T d = dz[r * C + c];                                                           \
-                    for (int i = 0; i < W; i++) {                                                  \
-                        int64_t src = r - W + 1 + i;                                               \
-                        if (src >= st[r])                                                          \
-                            acc[i] += d * x[src * C + c];                                          \
-                    }                                                                              \
-                    acc[W] += d;                                                                   \
-                }                                                                                  \
-                if (dw)                                                                            \
-                    for (int i = 0; i < W; i++)                                                    \
-                        dw[c * W + i] = acc[i];                                                    \
-                if (dbias)                                                                         \
-                    dbias[c] = acc[W];                                                             \
-            }                                                                                      \
-        }                                                                                          \
-        DG_FREE(dz);                                                                               \
-        DG_FREE(st);                                                                               \
-        DG_FREE(en);                                                                               \
-        return DG_OK;                                                                              \
-    }
+#define DG_REF_TMPL "short_conv.c"
+#include "ref_tmpl.h"
+#endif
 
-SC_DEFINE(double, f64, exp)
-SC_DEFINE(float, f32, expf)
+#ifdef RT
+// ---- reference
+
+/* One body for f64 and f32 (f32 computes in f32); the same arithmetic order as the kernels. */
+static RT RF(sc_pre)(const RT *x, const RT *w, const RT *bias, int64_t r, int64_t st, int64_t C,
+                     int64_t c, int W) {
+    RT acc = 0;
+    for (int i = 0; i < W; i++) {
+        int64_t src = r - W + 1 + i;
+        if (src >= st)
+            acc += w[c * W + i] * x[src * C + c];
+    }
+    if (bias)
+        acc += bias[c];
+    return acc;
+}
+static void RF(sc_fwd)(int64_t rows, int64_t Tn, int64_t C, int W, const RT *x, const RT *w,
+                       const RT *bias, dg_act act, const int64_t *cu, int n_seqs, RT *y) {
+    SC_OMP_FOR
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t st, en;
+        sc_bounds(r, Tn, cu, n_seqs, &st, &en);
+        for (int64_t c = 0; c < C; c++) {
+            RT z = RF(sc_pre)(x, w, bias, r, st, C, c, W);
+            y[r * C + c] = act == DG_ACT_SILU ? z * ((RT)1 / ((RT)1 + REXP(-z))) : z;
+        }
+    }
+}
+static dg_status RF(sc_bwd)(int64_t rows, int64_t Tn, int64_t C, int W, const RT *x, const RT *w,
+                            const RT *bias, dg_act act, const int64_t *cu, int n_seqs, const RT *dy,
+                            RT *dx, RT *dw, RT *dbias) {
+    size_t nr = (size_t)(rows > 0 ? rows : 1);
+    RT *dz = DG_MALLOC((size_t)(rows * C > 0 ? rows * C : 1) * sizeof(RT));
+    int64_t *st = DG_MALLOC(nr * sizeof *st), *en = DG_MALLOC(nr * sizeof *en);
+    if (!dz || !st || !en) {
+        DG_FREE(dz);
+        DG_FREE(st);
+        DG_FREE(en);
+        return dg__err(DG_ERR_NOMEM, "short_conv backward: out of host memory");
+    }
+    for (int64_t r = 0; r < rows; r++)
+        sc_bounds(r, Tn, cu, n_seqs, &st[r], &en[r]);
+    SC_OMP_FOR
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < C; c++) {
+            RT d = dy[r * C + c];
+            if (act == DG_ACT_SILU) {
+                RT z = RF(sc_pre)(x, w, bias, r, st[r], C, c, W);
+                RT s = (RT)1 / ((RT)1 + REXP(-z));
+                d *= s * ((RT)1 + z * ((RT)1 - s));
+            }
+            dz[r * C + c] = d;
+        }
+    if (dx) {
+        SC_OMP_FOR
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < C; c++) {
+                RT acc = 0;
+                for (int i = 0; i < W; i++) {
+                    int64_t o = r + W - 1 - i;
+                    if (o < en[r])
+                        acc += dz[o * C + c] * w[c * W + i];
+                }
+                dx[r * C + c] = acc;
+            }
+    }
+    if (dw || dbias) {
+        /* One channel per iteration, rows in order: deterministic. */
+        SC_OMP_FOR
+        for (int64_t c = 0; c < C; c++) {
+            RT acc[SC_MAX_W + 1] = {0};
+            for (int64_t r = 0; r < rows; r++) {
+                RT d = dz[r * C + c];
+                for (int i = 0; i < W; i++) {
+                    int64_t src = r - W + 1 + i;
+                    if (src >= st[r])
+                        acc[i] += d * x[src * C + c];
+                }
+                acc[W] += d;
+            }
+            if (dw)
+                for (int i = 0; i < W; i++)
+                    dw[c * W + i] = acc[i];
+            if (dbias)
+                dbias[c] = acc[W];
+        }
+    }
+    DG_FREE(dz);
+    DG_FREE(st);
+    DG_FREE(en);
+    return DG_OK;
+}
+
+#else
 
 // ---- forward
 
@@ -340,3 +344,4 @@ static dg_status sc_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor_free(&db);
     return s;
 }
+#endif

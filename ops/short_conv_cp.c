@@ -118,7 +118,7 @@ dg_status dg__cp_halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         dg_node *n = NULL;
         st = dg__node_new(kind, DG_POLICY_CACHE, halo_backward, ctx, &n);
         if (st == DG_OK)
-            st = dg__node_input(n, x);
+            dg__node_input(n, x);
         if (st == DG_OK)
             st = dg__node_output(n, *xe);
         halo_params hp = {comm, plan->rank, plan->world, h, valid};

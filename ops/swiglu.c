@@ -8,6 +8,7 @@
  * Shapes: gate, up: the same shape (any), y like them. Tape: saves gate and up (nothing else is
  * worth keeping: s is one exp per element to recompute).
  */
+#ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/swiglu.cuh"
@@ -15,37 +16,40 @@
 
 #include <math.h>
 
-// ---- reference
-
 #ifdef _OPENMP
 #define SWIGLU_OMP_FOR _Pragma("omp parallel for schedule(static) if (n > 65536)")
 #else
 #define SWIGLU_OMP_FOR
 #endif
 
-/* One body for f64 and f32 (f32 computes in f32); same arithmetic order as the CUDA kernels. */
-#define SWIGLU_DEFINE(T, SUF, EXP)                                                                 \
-    static void swiglu_fwd_##SUF(int64_t n, const T *gate, const T *up, T *y) {                    \
-        SWIGLU_OMP_FOR                                                                             \
-        for (int64_t i = 0; i < n; i++) {                                                          \
-            T g = gate[i], s = (T)1 / ((T)1 + EXP(-g));                                            \
-            y[i] = g * s * up[i];                                                                  \
-        }                                                                                          \
-    }                                                                                              \
-    static void swiglu_bwd_##SUF(int64_t n, const T *gate, const T *up, const T *dy, T *dgate,     \
-                                 T *dup) {                                                         \
-        SWIGLU_OMP_FOR                                                                             \
-        for (int64_t i = 0; i < n; i++) {                                                          \
-            T g = gate[i], s = (T)1 / ((T)1 + EXP(-g)), d = dy[i];                                 \
-            if (dgate)                                                                             \
-                dgate[i] = d * up[i] * (s * ((T)1 + g * ((T)1 - s)));                              \
-            if (dup)                                                                               \
-                dup[i] = d * (g * s);                                                              \
-        }                                                                                          \
-    }
+#define DG_REF_TMPL "swiglu.c"
+#include "ref_tmpl.h"
+#endif
 
-SWIGLU_DEFINE(double, f64, exp)
-SWIGLU_DEFINE(float, f32, expf)
+#ifdef RT
+// ---- reference
+
+/* One body for f64 and f32 (f32 computes in f32); same arithmetic order as the CUDA kernels. */
+static void RF(swiglu_fwd)(int64_t n, const RT *gate, const RT *up, RT *y) {
+    SWIGLU_OMP_FOR
+    for (int64_t i = 0; i < n; i++) {
+        RT g = gate[i], s = (RT)1 / ((RT)1 + REXP(-g));
+        y[i] = g * s * up[i];
+    }
+}
+static void RF(swiglu_bwd)(int64_t n, const RT *gate, const RT *up, const RT *dy, RT *dgate,
+                           RT *dup) {
+    SWIGLU_OMP_FOR
+    for (int64_t i = 0; i < n; i++) {
+        RT g = gate[i], s = (RT)1 / ((RT)1 + REXP(-g)), d = dy[i];
+        if (dgate)
+            dgate[i] = d * up[i] * (s * ((RT)1 + g * ((RT)1 - s)));
+        if (dup)
+            dup[i] = d * (g * s);
+    }
+}
+
+#else
 
 // ---- forward
 
@@ -160,3 +164,4 @@ static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor_free(&du);
     return s;
 }
+#endif

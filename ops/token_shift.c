@@ -20,6 +20,7 @@
  * that sequence's x[-1] (zero when the sequence starts on this rank), and backward returns the
  * gradient of that row, which the previous rank adds to the gradient of its last row.
  */
+#ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
 #include "../dist/dist.h"
 
@@ -60,23 +61,26 @@ static void ts_bounds(int64_t r, int64_t T, const int64_t *cu, int n_seqs, int64
     *en = cu[lo + 1];
 }
 
-/* fwd: y[r] = (r > st ? x[r-1] : 0) - x[r];  bwd: dx[r] = (r+1 < en ? dy[r+1] : 0) - dy[r]. */
-#define TS_DEFINE(T, SUF)                                                                          \
-    static void ts_run_##SUF(int bwd, int64_t rows, int64_t Tn, int64_t C, const int64_t *cu,      \
-                             int n_seqs, const T *x, T *y) {                                       \
-        TS_OMP_FOR                                                                                 \
-        for (int64_t r = 0; r < rows; r++) {                                                       \
-            int64_t st, en;                                                                        \
-            ts_bounds(r, Tn, cu, n_seqs, &st, &en);                                                \
-            const int has = bwd ? r + 1 < en : r > st;                                             \
-            const T *nb = x + (bwd ? r + 1 : r - 1) * C;                                           \
-            for (int64_t c = 0; c < C; c++)                                                        \
-                y[r * C + c] = (has ? nb[c] : (T)0) - x[r * C + c];                                \
-        }                                                                                          \
-    }
+#define DG_REF_TMPL "token_shift.c"
+#include "ref_tmpl.h"
+#endif
 
-TS_DEFINE(double, f64)
-TS_DEFINE(float, f32)
+#ifdef RT
+/* fwd: y[r] = (r > st ? x[r-1] : 0) - x[r];  bwd: dx[r] = (r+1 < en ? dy[r+1] : 0) - dy[r]. */
+static void RF(ts_run)(int bwd, int64_t rows, int64_t Tn, int64_t C, const int64_t *cu, int n_seqs,
+                       const RT *x, RT *y) {
+    TS_OMP_FOR
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t st, en;
+        ts_bounds(r, Tn, cu, n_seqs, &st, &en);
+        const int has = bwd ? r + 1 < en : r > st;
+        const RT *nb = x + (bwd ? r + 1 : r - 1) * C;
+        for (int64_t c = 0; c < C; c++)
+            y[r * C + c] = (has ? nb[c] : (RT)0) - x[r * C + c];
+    }
+}
+
+#else
 
 static void ts_run(int bwd, const dg_tensor *x, int64_t T, const int64_t *cu, int n_seqs,
                    dg_tensor *y) {
@@ -243,3 +247,4 @@ dg_status dg_token_shift_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, 
     dg_tensor_free(&ys);
     return st;
 }
+#endif

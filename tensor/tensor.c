@@ -4,7 +4,6 @@
  */
 #include "tensor.h"
 #include "rand.h"
-#include "../autograd/tape.h"
 
 #ifdef DG_HAVE_CUDA
 #include "../kernels/cuda_api.h"
@@ -332,16 +331,19 @@ void dg_tensor_free(dg_tensor **tp) {
     *tp = NULL;
     if (--t->refcount > 0)
         return;
-    if (t->slot) {
-        /* The tape may still route gradients through the slot after the tensor is gone. */
-        dg_gslot *s = t->slot;
-        if (--s->refcount == 0) {
-            dg_tensor_free(&s->grad);
-            DG_FREE(s);
-        }
-    }
+    /* The tape may still route gradients through the slot after the tensor is gone. */
+    dg__slot_release(&t->slot);
     storage_release(t->storage);
     DG_FREE(t);
+}
+
+void dg__slot_release(dg_gslot **sp) {
+    dg_gslot *s = *sp;
+    *sp = NULL;
+    if (s && --s->refcount == 0) {
+        dg_tensor_free(&s->grad);
+        DG_FREE(s);
+    }
 }
 
 int dg_tensor_ndim(const dg_tensor *t) { return t->ndim; }

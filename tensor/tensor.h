@@ -44,6 +44,10 @@ typedef struct dg_gslot {
     int is_leaf; /* created by the user (requires_grad), not by an op */
     int retain;  /* keep the gradient after backward even if not a leaf */
 } dg_gslot;
+/* Drop one reference to *sp (NULL allowed) and set *sp = NULL; the last one frees the slot and
+ * its gradient. The slot is created by the tape (autograd/tape.c); the tensor layer only lets go
+ * of it, so tensor/ never depends on autograd/. */
+void dg__slot_release(dg_gslot **sp);
 
 struct dg_tensor {
     int refcount;

@@ -74,6 +74,7 @@
 #include "ops/kda/kda.h"
 #ifdef DG_HAVE_CUDA
 #include "kernels/kda/kda_cuda.h"
+#include "kernels/l2norm.cuh"
 #endif
 
 #include <stdarg.h>
@@ -752,8 +753,9 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
     w->q = keep(w, ref(w, cpu, TT, H, K, 0));
     w->k = keep(w, ref(w, cpu, TT, H, K, 0));
     w->rq = keep(w, ref(w, cpu, TT, H, 0, 0));
-    REF(w, l2norm_fwd, TT * H, K, P(w->qraw), P(w->q), P(w->rq));
-    REF(w, l2norm_fwd, TT * H, K, P(w->kraw), P(w->k), NULL);
+    (void)dg__l2norm_run_fwd(NULL, 0, w->dt, TT * H, K, KDA_L2_EPS, 0, P(w->qraw), P(w->q),
+                             P(w->rq)); /* the CPU: cannot fail */
+    (void)dg__l2norm_run_fwd(NULL, 0, w->dt, TT * H, K, KDA_L2_EPS, 0, P(w->kraw), P(w->k), NULL);
     w->beta = keep(w, ref(w, cpu, TT, HV, 0, 0));
     w->beta2 = keep(w, ref(w, cpu, TT, HV, 0, 0));
     REF(w, beta_fwd, TT * HV, 1.0, P(w->braw), P(w->beta));
@@ -962,7 +964,7 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
     case S_L2: /* y and 1/norm of the raw q rows */
         o1 = poisoned(gpu, w->q);
         o2 = poisoned(gpu, w->rq);
-        dg_check_ok(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(w->qraw_d), F(o1), F(o2)),
+        dg_check_ok(dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 0, F(w->qraw_d), F(o1), F(o2)),
                     "l2norm launch");
         wcmp(w, "kda_l2norm_fwd", "y", o1, w->q);
         wcmp(w, "kda_l2norm_fwd", "r", o2, w->rq);
@@ -1101,9 +1103,9 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
             dg__kda_recurrent_fwd_cuda(gpu, dd, scale, F(w->q_d), F(w->k_d), F(w->v_d),
                                        F(w->graw_d), F(w->beta_d), F(w->h0_d), F(ro), F(rht));
         if (st == DG_OK)
-            st = dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(w->qraw_d), F(qd), NULL);
+            st = dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 0, F(w->qraw_d), F(qd), NULL);
         if (st == DG_OK)
-            st = dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(w->kraw_d), F(kd), NULL);
+            st = dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 0, F(w->kraw_d), F(kd), NULL);
         if (st == DG_OK)
             st = dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, 0, F(w->braw_d), F(bd));
         if (st == DG_OK)
@@ -1208,9 +1210,10 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
     switch (s) {
     case S_L2: { /* the q rows: y = q, r = 1/norm */
         dg_tensor *want = ref(w, cpu, TT, H, K, 0), *got = poisoned(gpu, want);
-        REF(w, l2norm_bwd, TT * H, K, P(w->q), P(w->rq), P(w->dy), P(want));
+        (void)dg__l2norm_run_bwd(NULL, 0, w->dt, TT * H, K, P(w->q), P(w->rq), P(w->dy), 0,
+                                 P(want));
         dg_check_ok(
-            dg__kda_l2norm_bwd_cuda(gpu, TT * H, K, F(w->q_d), F(w->rq_d), F(w->dy_d), 0, F(got)),
+            dg__l2norm_bwd_cuda(gpu, TT * H, K, F(w->q_d), F(w->rq_d), F(w->dy_d), 0, F(got)),
             "l2norm bwd launch");
         wcmp(w, "kda_l2norm_bwd", "dx", got, want);
         dg_tensor_free(&want);
@@ -2264,7 +2267,7 @@ static void test_args(void) {
     float x = 0.f;
     dg_check_err(dg__kda_intra_fwd_cuda(cpu, NULL, 1.f, &x, &x, &x, &x, &x, &x), DG_ERR_ARG,
                  "dg__kda_cuda_dims_new", "intra: NULL dims");
-    dg_check_err(dg__kda_l2norm_fwd_cuda(cpu, 4, 0, 0, &x, &x, NULL), DG_ERR_ARG, "K=0",
+    dg_check_err(dg__l2norm_fwd_cuda(cpu, 4, 0, 1e-6f, 0, &x, &x, NULL), DG_ERR_ARG, "K=0",
                  "l2norm: K = 0");
     dg_ctx_free(&cpu);
 }
@@ -2342,8 +2345,8 @@ static dg_status time_fwd(dg_ctx *gpu, tbufs *z, int s) {
     const kda_cuda_dims *d = z->dd;
     switch (s) {
     case B_L2:
-        DG_TRY(dg__kda_l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, 0, F(z->qraw), F(z->q), NULL));
-        return dg__kda_l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, 0, F(z->kraw), F(z->k), NULL);
+        DG_TRY(dg__l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, 1e-6f, 0, F(z->qraw), F(z->q), NULL));
+        return dg__l2norm_fwd_cuda(gpu, d->TT * d->H, d->K, 1e-6f, 0, F(z->kraw), F(z->k), NULL);
     case B_BETA:
         return dg__kda_beta_fwd_cuda(gpu, d->TT * d->HV, 1.0f, 0, F(z->b), F(z->beta));
     case B_GATE:
@@ -2373,10 +2376,10 @@ static dg_status time_bwd(dg_ctx *gpu, tbufs *z, int s) {
     const kda_cuda_dims *d = z->dd;
     switch (s) {
     case B_L2:
-        DG_TRY(dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh), 0,
-                                       F(z->dkh)));
-        return dg__kda_l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh), 0,
-                                       F(z->dkh));
+        DG_TRY(dg__l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh), 0,
+                                   F(z->dkh)));
+        return dg__l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh), 0,
+                                   F(z->dkh));
     case B_BETA:
         return dg__kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, 0, F(z->b), F(z->uHV), F(z->dHV1));
     case B_GATE:
@@ -2481,8 +2484,8 @@ static void timing(dg_ctx *gpu) {
     z.o = mk(gpu, TT, HV, V, 0);
     /* the forward quantities, and the per-step log decay of the recurrence (the same gate without
      * the cumsum) */
-    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(z.qraw), F(z.q), F(z.r)));
-    DG_TEST_TRY(dg__kda_l2norm_fwd_cuda(gpu, TT * H, K, 0, F(z.kraw), F(z.k), NULL));
+    DG_TEST_TRY(dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 0, F(z.qraw), F(z.q), F(z.r)));
+    DG_TEST_TRY(dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 0, F(z.kraw), F(z.k), NULL));
     DG_TEST_TRY(dg__kda_beta_fwd_cuda(gpu, TT * HV, 1.0f, 0, F(z.b), F(z.beta)));
     DG_TEST_TRY(dg__kda_gate_fwd_cuda(gpu, &dd, DG_GATE_KDA, 0.f, 0, 0, F(z.x), F(z.Alog), F(z.dtb),
                                       F(z.g)));

@@ -90,8 +90,8 @@ void kx_free(kx *x) {
 int kx_forward(kx *x) {
     const kda_dims *d = &x->d;
     const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
-    dg__kda_l2norm_fwd_f64(x->T, x->K, x->qr, x->q, x->rq);
-    dg__kda_l2norm_fwd_f64(x->T, x->K, x->kr, x->k, x->rk);
+    dg__l2norm_fwd_f64(x->T, x->K, KDA_L2_EPS, x->qr, x->q, x->rq);
+    dg__l2norm_fwd_f64(x->T, x->K, KDA_L2_EPS, x->kr, x->k, x->rk);
     dg__kda_beta_fwd_f64(x->T, 1.0, x->braw, x->beta);
     dg__kda_gate_fwd_f64(d, x->gate, x->lb, 0, x->x, A_log, x->dt_bias, x->g);
     dg__kda_gate_fwd_f64(d, x->gate, x->lb, 1, x->x, A_log, x->dt_bias, x->G);
@@ -181,7 +181,7 @@ static int walk_forward(ex_run *r, kx *x) {
         ex_print(r, "recurrence", 1, m2);
     }
 
-    ex_heading(r, "l2norm", "unit rows of q and k (dg__kda_l2norm_fwd_f64)");
+    ex_heading(r, "l2norm", "unit rows of q and k (dg__l2norm_fwd_f64)");
     {
         ex_mat m[] = {{"q", x->q, T, K, K}, {"k", x->k, T, K, K}};
         ex_print(r, "l2norm", 2, m);
@@ -527,10 +527,10 @@ static double kx_loss(void *p) {
         dg__kda_beta_fwd_f64(x->T, 1.0, x->braw, b->sb);
         return ex_dot(b->dbeta, b->sb, x->T);
     case L_L2Q:
-        dg__kda_l2norm_fwd_f64(x->T, x->K, x->qr, b->sq, NULL);
+        dg__l2norm_fwd_f64(x->T, x->K, KDA_L2_EPS, x->qr, b->sq, NULL);
         return ex_dot(b->dq, b->sq, nk);
     case L_L2K:
-        dg__kda_l2norm_fwd_f64(x->T, x->K, x->kr, b->sq, NULL);
+        dg__l2norm_fwd_f64(x->T, x->K, KDA_L2_EPS, x->kr, b->sq, NULL);
         return ex_dot(b->dk, b->sq, nk);
     default:
         if (kx_forward(x))
@@ -758,9 +758,9 @@ static int walk_backward(ex_run *r, kx *x) {
     dg__kda_beta_bwd_f64(T, 1.0, x->braw, b.dbeta, b.db);
     ex_check(r, "beta", "db vs finite differences", fd(&b, L_BETA, x->braw, T, b.db));
 
-    ex_heading(r, "l2norm", "backward: unit rows (dg__kda_l2norm_bwd_f64)");
-    dg__kda_l2norm_bwd_f64(T, K, x->q, x->rq, b.dq, b.dqr);
-    dg__kda_l2norm_bwd_f64(T, K, x->k, x->rk, b.dk, b.dkr);
+    ex_heading(r, "l2norm", "backward: unit rows (dg__l2norm_bwd_f64)");
+    dg__l2norm_bwd_f64(T, K, x->q, x->rq, b.dq, b.dqr);
+    dg__l2norm_bwd_f64(T, K, x->k, x->rk, b.dk, b.dkr);
     ex_check(r, "l2norm", "dq_raw vs finite differences", fd(&b, L_L2Q, x->qr, nk, b.dqr));
     ex_check(r, "l2norm", "dk_raw vs finite differences", fd(&b, L_L2K, x->kr, nk, b.dkr));
 

@@ -143,8 +143,8 @@ static int chunked_f32(const kx *x, int bf16, float *o) {
     float *G = to_f32(NULL, nk), *Aqk = to_f32(NULL, na), *Tm = to_f32(NULL, na);
     float *W = to_f32(NULL, nk), *U = to_f32(NULL, nv), *KG = to_f32(NULL, nk);
     float *QG = to_f32(NULL, nk), *h = to_f32(NULL, x->NC * kv), *E = to_f32(NULL, nv);
-    dg__kda_l2norm_fwd_f32(x->T, x->K, qr, q, NULL);
-    dg__kda_l2norm_fwd_f32(x->T, x->K, kr, k, NULL);
+    dg__l2norm_fwd_f32(x->T, x->K, KDA_L2_EPS, qr, q, NULL);
+    dg__l2norm_fwd_f32(x->T, x->K, KDA_L2_EPS, kr, k, NULL);
     dg__kda_beta_fwd_f32(x->T, 1.0f, br, beta);
     if (bf16) {
         to_bf16(q, nk);
@@ -188,8 +188,8 @@ static int reference(kx *x, int bf16, double *oref, float *orec32) {
     double *q = ex_zeros(nk), *k = ex_zeros(nk), *v = ex_zeros(nv), *beta = ex_zeros(x->T),
            *gx = ex_zeros(nk), *g = ex_zeros(nk);
     float *t = to_f32(NULL, nk > nv ? nk : nv);
-    dg__kda_l2norm_fwd_f64(x->T, x->K, x->qr, q, NULL);
-    dg__kda_l2norm_fwd_f64(x->T, x->K, x->kr, k, NULL);
+    dg__l2norm_fwd_f64(x->T, x->K, KDA_L2_EPS, x->qr, q, NULL);
+    dg__l2norm_fwd_f64(x->T, x->K, KDA_L2_EPS, x->kr, k, NULL);
     dg__kda_beta_fwd_f64(x->T, 1.0, x->braw, beta);
     memcpy(v, x->v, sizeof(double) * (size_t)nv);
     memcpy(gx, x->x, sizeof(double) * (size_t)nk);

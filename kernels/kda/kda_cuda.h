@@ -49,8 +49,9 @@
  *   h [NC,HV,K,V] (state at chunk start); h0, ht [N,HV,K,V]; A_log [HV]; dt_bias [HV*K].
  *
  * One file per stage in kernels/kda/ (as ops/kda/ has one node file per stage), holding the
- * stage's forward, backward and every variant: l2norm.cu, beta.cu, gate.cu, intra.cu, wy.cu,
- * state.cu (with the KCP summaries), output.cu, recurrent.cu; dims.cu builds the tables.
+ * stage's forward, backward and every variant: beta.cu, gate.cu, intra.cu, wy.cu, state.cu (with
+ * the KCP summaries), output.cu, recurrent.cu; dims.cu builds the tables. N1 is the shared L2
+ * norm, kernels/l2norm.cu.
  * Shared: common.cuh / common.cu (dims helpers, dispatch, device math, kda_sum_parts) and mma.cuh
  * (the tensor-core helpers). The declarations below follow the same order.
  */
@@ -96,11 +97,7 @@ void dg__kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d);
  * and the gradient of that input (dx, db) is written in the same dtype, straight into what the
  * tape accumulates for it. Every other array of these functions is f32. */
 
-/* ---- N1 l2norm (l2norm.cu) ---- */
-dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, int xbf16, const void *x,
-                                  float *y, float *r);
-dg_status dg__kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y, const float *r,
-                                  const float *dy, int xbf16, void *dx);
+/* ---- N1 l2norm: the shared op, kernels/l2norm.cuh (dg__l2norm_fwd_cuda, dg__l2norm_bwd_cuda) */
 
 /* ---- N2 beta (beta.cu) ---- */
 dg_status dg__kda_beta_fwd_cuda(dg_ctx *ctx, int64_t n, float c, int bbf16, const void *b,

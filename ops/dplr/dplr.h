@@ -20,69 +20,69 @@
 #include "../../kernels/dplr/dplr_cuda.h"
 #include "../kda/kda.h"
 
-#define DPLR_DECLARE_RAW(KT, SFX)                                                                  \
+#define DPLR_DECLARE_RAW(RT, SFX)                                                                  \
     /* D1 token by token: p = S^T a_t; S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;               \
      * o_t = s S^T q_t. h0 NULL means zero; ht optional. */                                        \
-    dg_status dg__dplr_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,  \
-                                           const KT *v, const KT *a, const KT *b, const KT *gk,    \
-                                           const KT *h0, KT *o, KT *ht);                           \
+    dg_status dg__dplr_recurrent_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,  \
+                                           const RT *v, const RT *a, const RT *b, const RT *gk,    \
+                                           const RT *h0, RT *o, RT *ht);                           \
     /* Backward through time (states recomputed from checkpoints every DPLR_REC_SEG tokens).       \
      * dO, dht optional (zero); dh0 optional. */                                                   \
-    dg_status dg__dplr_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,  \
-                                           const KT *v, const KT *a, const KT *b, const KT *gk,    \
-                                           const KT *h0, const KT *dO, const KT *dht, KT *dq,      \
-                                           KT *dk, KT *dv, KT *da, KT *db, KT *dgk, KT *dh0);      \
+    dg_status dg__dplr_recurrent_bwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,  \
+                                           const RT *v, const RT *a, const RT *b, const RT *gk,    \
+                                           const RT *h0, const RT *dO, const RT *dht, RT *dq,      \
+                                           RT *dk, RT *dv, RT *da, RT *db, RT *dgk, RT *dh0);      \
     /* D3: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
      * at -128 (a decay of exp(-128) ~ 0, see gate_cumsum.c). */                                   \
-    void dg__dplr_cumsum_fwd_##SFX(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge);               \
+    void dg__dplr_cumsum_fwd_##SFX(const kda_dims *d, const RT *gk, RT *Gi, RT *Ge);               \
     /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk (0 where gk is below the floor);       \
      * dGi, dGe optional (zero). */                                                                \
-    void dg__dplr_cumsum_bwd_##SFX(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,  \
-                                   KT *dgk);                                                       \
+    void dg__dplr_cumsum_bwd_##SFX(const kda_dims *d, const RT *gk, const RT *dGi, const RT *dGe,  \
+                                   RT *dgk);                                                       \
     /* D3 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all           \
      * [TT,H,BT]; entries outside the read triangle are written as zero (Tab: 1 on the             \
      * diagonal). Exponents Gi_i - Gi_j (j <= i) and Ge_i - Gi_j (j < i) are never positive. */    \
-    dg_status dg__dplr_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,      \
-                                       const KT *a, const KT *b, const KT *Gi, const KT *Ge,       \
-                                       KT *Aqk, KT *Aqb, KT *Aak, KT *Tab);                        \
+    dg_status dg__dplr_intra_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,      \
+                                       const RT *a, const RT *b, const RT *Gi, const RT *Ge,       \
+                                       RT *Aqk, RT *Aqb, RT *Aak, RT *Tab);                        \
     /* D4 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward    \
      * writes are read, dTab strictly below the diagonal): dq, dk, da, db, dGi, dGe [TT,H,K]. */   \
     dg_status dg__dplr_intra_bwd_##SFX(                                                            \
-        const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a, const KT *b,           \
-        const KT *Gi, const KT *Ge, const KT *Tab, const KT *dAqk, const KT *dAqb, const KT *dAak, \
-        const KT *dTab, KT *dq, KT *dk, KT *da, KT *db, KT *dGi, KT *dGe);                         \
+        const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *a, const RT *b,           \
+        const RT *Gi, const RT *Ge, const RT *Tab, const RT *dAqk, const RT *dAqb, const RT *dAak, \
+        const RT *dTab, RT *dq, RT *dk, RT *da, RT *db, RT *dGi, RT *dGe);                         \
     /* D3 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                    \
      * kg = k exp(lam - Gi), bg = b exp(lam - Gi), lam = Gi at the chunk's last row. Any           \
      * output may be NULL (skipped). */                                                            \
-    dg_status dg__dplr_wy_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,         \
-                                    const KT *v, const KT *a, const KT *b, const KT *Gi,           \
-                                    const KT *Ge, const KT *Aak, const KT *Tab, KT *w, KT *u,      \
-                                    KT *qg, KT *kg, KT *bg);                                       \
+    dg_status dg__dplr_wy_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,         \
+                                    const RT *v, const RT *a, const RT *b, const RT *Gi,           \
+                                    const RT *Ge, const RT *Aak, const RT *Tab, RT *w, RT *u,      \
+                                    RT *qg, RT *kg, RT *bg);                                       \
     /* Backward of dplr_wy_fwd; dw, du, dqg, dkg, dbg each optional. dAak, dTab [TT,H,BT]. */      \
     dg_status dg__dplr_wy_bwd_##SFX(                                                               \
-        const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v, const KT *a,           \
-        const KT *b, const KT *Gi, const KT *Ge, const KT *Aak, const KT *Tab, const KT *dw,       \
-        const KT *du, const KT *dqg, const KT *dkg, const KT *dbg, KT *dq, KT *dk, KT *dv, KT *da, \
-        KT *db, KT *dGi, KT *dGe, KT *dAak, KT *dTab);                                             \
+        const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *v, const RT *a,           \
+        const RT *b, const RT *Gi, const RT *Ge, const RT *Aak, const RT *Tab, const RT *dw,       \
+        const RT *du, const RT *dqg, const RT *dkg, const RT *dbg, RT *dq, RT *dk, RT *dv, RT *da, \
+        RT *db, RT *dGi, RT *dGe, RT *dAak, RT *dTab);                                             \
     /* D3 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,  \
      * v2 = w h + u, h <- Diag(exp(lam)) h + kg^T v + bg^T v2. h0 NULL = zero; ht optional. */     \
-    dg_status dg__dplr_state_fwd_##SFX(const kda_dims *d, const KT *w, const KT *u, const KT *kg,  \
-                                       const KT *bg, const KT *v, const KT *Gi, const KT *h0,      \
-                                       KT *h, KT *v2, KT *ht);                                     \
+    dg_status dg__dplr_state_fwd_##SFX(const kda_dims *d, const RT *w, const RT *u, const RT *kg,  \
+                                       const RT *bg, const RT *v, const RT *Gi, const RT *h0,      \
+                                       RT *h, RT *v2, RT *ht);                                     \
     /* D4 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0        \
      * optional. dGi is non-zero only at the last row of each chunk (the gradient of lam). */      \
-    dg_status dg__dplr_state_bwd_##SFX(const kda_dims *d, const KT *w, const KT *kg, const KT *bg, \
-                                       const KT *v, const KT *Gi, const KT *h, const KT *v2,       \
-                                       const KT *dh, const KT *dv2, const KT *dht, KT *dw, KT *du, \
-                                       KT *dkg, KT *dbg, KT *dv, KT *dGi, KT *dh0);                \
+    dg_status dg__dplr_state_bwd_##SFX(const kda_dims *d, const RT *w, const RT *kg, const RT *bg, \
+                                       const RT *v, const RT *Gi, const RT *h, const RT *v2,       \
+                                       const RT *dh, const RT *dv2, const RT *dht, RT *dw, RT *du, \
+                                       RT *dkg, RT *dbg, RT *dv, RT *dGi, RT *dh0);                \
     /* D3 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                        \
-    void dg__dplr_output_fwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,    \
-                                   const KT *Aqb, const KT *v, const KT *v2, KT *o);               \
+    void dg__dplr_output_fwd_##SFX(const kda_dims *d, const RT *qg, const RT *h, const RT *Aqk,    \
+                                   const RT *Aqb, const RT *v, const RT *v2, RT *o);               \
     /* D4 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),          \
      * dv = Aqk^T dO, dv2 = Aqb^T dO. */                                                           \
-    void dg__dplr_output_bwd_##SFX(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,    \
-                                   const KT *Aqb, const KT *v, const KT *v2, const KT *dO,         \
-                                   KT *dqg, KT *dh, KT *dAqk, KT *dAqb, KT *dv, KT *dv2);
+    void dg__dplr_output_bwd_##SFX(const kda_dims *d, const RT *qg, const RT *h, const RT *Aqk,    \
+                                   const RT *Aqb, const RT *v, const RT *v2, const RT *dO,         \
+                                   RT *dqg, RT *dh, RT *dAqk, RT *dAqb, RT *dv, RT *dv2);
 
 DPLR_DECLARE_RAW(double, f64)
 DPLR_DECLARE_RAW(float, f32)

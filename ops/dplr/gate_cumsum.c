@@ -13,46 +13,46 @@
  * f32), so the floored chunked form equals the recurrence; the gradient through a floored gk is
  * 0, which is what the recurrence gives there (exp(gk) = 0).
  */
-#ifndef DPLR_TMPL
+#ifndef DG_REF_TMPL
 #include "dplr.h"
-#define DPLR_TMPL "gate_cumsum.c"
-#include "dplr_tmpl.h"
+#define DG_REF_TMPL "dplr/gate_cumsum.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 #ifndef DPLR_G_FLOOR
 #define DPLR_G_FLOOR (-128)
 #endif
 
-void KF(dg__dplr_cumsum_fwd)(const kda_dims *d, const KT *gk, KT *Gi, KT *Ge) {
+void RF(dg__dplr_cumsum_fwd)(const kda_dims *d, const RT *gk, RT *Gi, RT *Ge) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
     for (int64_t c = 0; c < NC; c++) {
         const kda_chunk ch = kda_chunk_idx(d, c);
         for (int64_t j = 0; j < HK; j++) {
-            KT acc = 0;
+            RT acc = 0;
             for (int i = 0; i < ch.L; i++) {
                 const int64_t x = (ch.t0 + i) * HK + j;
                 Ge[x] = acc;
-                acc += gk[x] < (KT)DPLR_G_FLOOR ? (KT)DPLR_G_FLOOR : gk[x]; /* NaN stays NaN */
+                acc += gk[x] < (RT)DPLR_G_FLOOR ? (RT)DPLR_G_FLOOR : gk[x]; /* NaN stays NaN */
                 Gi[x] = acc;
             }
         }
     }
 }
 
-void KF(dg__dplr_cumsum_bwd)(const kda_dims *d, const KT *gk, const KT *dGi, const KT *dGe,
-                             KT *dgk) {
+void RF(dg__dplr_cumsum_bwd)(const kda_dims *d, const RT *gk, const RT *dGi, const RT *dGe,
+                             RT *dgk) {
     const int64_t HK = (int64_t)d->H * d->K, NC = d->chunk_off[d->N];
     KDA_OMP(parallel for schedule(static) if (NC > 1))
     for (int64_t c = 0; c < NC; c++) {
         const kda_chunk ch = kda_chunk_idx(d, c);
         for (int64_t j = 0; j < HK; j++) {
-            KT acc = 0; /* sum_{r>=i} dGi_r + sum_{r>i} dGe_r */
+            RT acc = 0; /* sum_{r>=i} dGi_r + sum_{r>i} dGe_r */
             for (int i = ch.L - 1; i >= 0; i--) {
                 const int64_t x = (ch.t0 + i) * HK + j;
                 acc += dGi ? dGi[x] : 0;
-                dgk[x] = gk[x] < (KT)DPLR_G_FLOOR ? (KT)0 : acc;
+                dgk[x] = gk[x] < (RT)DPLR_G_FLOOR ? (RT)0 : acc;
                 acc += dGe ? dGe[x] : 0;
             }
         }
@@ -116,13 +116,13 @@ dg_status dg__dplr_gate_cumsum_x(dg_ctx *ctx, dg_tensor *gk, const dg_dplr_opts 
         dg_node *n = NULL;
         st = dg__node_new("dplr_gate_cumsum", DG_POLICY_CACHE, cumsum_backward, ctx, &n);
         if (st == DG_OK)
-            st = dg__node_input(n, gk);
+            dg__node_input(n, gk);
         if (st == DG_OK)
             st = dg__node_output(n, *Gi);
         if (st == DG_OK)
             st = dg__node_output(n, *Ge);
         if (st == DG_OK)
-            st = dg__node_save(n, gk);
+            dg__node_save(n, gk);
         if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

@@ -19,22 +19,22 @@
  * (kernels/dplr/intra.cu): q, k, a, b f32 or bf16 (one dtype, read as stored); Gi, Ge and the
  * four matrices f32.
  */
-#ifndef DPLR_TMPL
+#ifndef DG_REF_TMPL
 #include "dplr.h"
-#define DPLR_TMPL "intra.c"
-#include "dplr_tmpl.h"
+#define DG_REF_TMPL "dplr/intra.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a,
-                             const KT *b, const KT *Gi, const KT *Ge, KT *Aqk, KT *Aqb, KT *Aak,
-                             KT *Tab) {
+dg_status RF(dg__dplr_intra_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *a,
+                             const RT *b, const RT *Gi, const RT *Ge, RT *Aqk, RT *Aqb, RT *Aak,
+                             RT *Tab) {
     const int H = d->H, K = d->K, BT = d->BT;
     const int64_t NC = d->chunk_off[d->N];
     /* Aab of one chunk, [BT,BT], per thread */
-    KT *Abs = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT * (size_t)kda_max_threads());
+    RT *Abs = (RT *)DG_MALLOC(sizeof(RT) * (size_t)BT * BT * (size_t)kda_max_threads());
     if (!Abs)
         return dg__err(DG_ERR_NOMEM, "dplr_intra_fwd: no memory");
     /* work item: one (chunk, head); it writes only its own rows */
@@ -42,26 +42,26 @@ dg_status KF(dg__dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const
     for (int64_t w = 0; w < NC * H; w++) {
         const kda_chunk ch = kda_chunk_idx(d, w / H);
         const int h = (int)(w % H);
-        KT *Ab = Abs + (size_t)BT * BT * (size_t)kda_thread_id();
+        RT *Ab = Abs + (size_t)BT * BT * (size_t)kda_thread_id();
         for (int i = 0; i < ch.L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *qi = q + ri * K, *ai = a + ri * K, *gii = Gi + ri * K, *gei = Ge + ri * K;
-            KT *r_qk = Aqk + ri * BT, *r_qb = Aqb + ri * BT, *r_ak = Aak + ri * BT;
-            memset(r_qk, 0, sizeof(KT) * (size_t)BT);
-            memset(r_qb, 0, sizeof(KT) * (size_t)BT);
-            memset(r_ak, 0, sizeof(KT) * (size_t)BT);
+            const RT *qi = q + ri * K, *ai = a + ri * K, *gii = Gi + ri * K, *gei = Ge + ri * K;
+            RT *r_qk = Aqk + ri * BT, *r_qb = Aqb + ri * BT, *r_ak = Aak + ri * BT;
+            memset(r_qk, 0, sizeof(RT) * (size_t)BT);
+            memset(r_qb, 0, sizeof(RT) * (size_t)BT);
+            memset(r_ak, 0, sizeof(RT) * (size_t)BT);
             for (int j = 0; j <= i; j++) {
                 const int64_t rj = (ch.t0 + j) * H + h;
-                const KT *kj = k + rj * K, *bj = b + rj * K, *gij = Gi + rj * K;
-                KT sqk = 0, sqb = 0, sak = 0, sab = 0;
+                const RT *kj = k + rj * K, *bj = b + rj * K, *gij = Gi + rj * K;
+                RT sqk = 0, sqb = 0, sak = 0, sab = 0;
                 for (int e = 0; e < K; e++) {
-                    const KT x = qi[e] * KEXP(gii[e] - gij[e]);
+                    const RT x = qi[e] * REXP(gii[e] - gij[e]);
                     sqk += x * kj[e];
                     sqb += x * bj[e];
                 }
                 if (j < i)
                     for (int e = 0; e < K; e++) {
-                        const KT x = ai[e] * KEXP(gei[e] - gij[e]);
+                        const RT x = ai[e] * REXP(gei[e] - gij[e]);
                         sak += x * kj[e];
                         sab += x * bj[e];
                     }
@@ -72,11 +72,11 @@ dg_status KF(dg__dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const
             }
         }
         for (int i = 0; i < ch.L; i++) {
-            KT *trow = Tab + ((ch.t0 + i) * H + h) * BT;
-            memset(trow, 0, sizeof(KT) * (size_t)BT);
+            RT *trow = Tab + ((ch.t0 + i) * H + h) * BT;
+            memset(trow, 0, sizeof(RT) * (size_t)BT);
             trow[i] = 1;
             for (int j = 0; j < i; j++) {
-                KT s = 0;
+                RT s = 0;
                 for (int m = j; m < i; m++)
                     s += Ab[i * BT + m] * Tab[((ch.t0 + m) * H + h) * BT + j];
                 trow[j] = s;
@@ -87,18 +87,18 @@ dg_status KF(dg__dplr_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const
     return DG_OK;
 }
 
-dg_status KF(dg__dplr_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *a,
-                             const KT *b, const KT *Gi, const KT *Ge, const KT *Tab, const KT *dAqk,
-                             const KT *dAqb, const KT *dAak, const KT *dTab, KT *dq, KT *dk, KT *da,
-                             KT *db, KT *dGi, KT *dGe) {
+dg_status RF(dg__dplr_intra_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *a,
+                             const RT *b, const RT *Gi, const RT *Ge, const RT *Tab, const RT *dAqk,
+                             const RT *dAqb, const RT *dAak, const RT *dTab, RT *dq, RT *dk, RT *da,
+                             RT *db, RT *dGi, RT *dGe) {
     const int H = d->H, K = d->K, BT = d->BT;
     const size_t nk = (size_t)(d->B * d->T) * (size_t)H * (size_t)K;
-    KT *outs[6] = {dq, dk, da, db, dGi, dGe};
+    RT *outs[6] = {dq, dk, da, db, dGi, dGe};
     for (int i = 0; i < 6; i++)
-        memset(outs[i], 0, sizeof(KT) * nk);
+        memset(outs[i], 0, sizeof(RT) * nk);
     const int64_t NC = d->chunk_off[d->N];
     /* X1 = dTab Tab^T and dA = dAab of one chunk, both [BT,BT], per thread */
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * 2 * (size_t)BT * BT * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "dplr_intra_bwd: no memory");
 #define TAB(i, j) Tab[((ch.t0 + (i)) * H + h) * BT + (j)]
@@ -107,16 +107,16 @@ dg_status KF(dg__dplr_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const
     for (int64_t w = 0; w < NC * H; w++) {
         const kda_chunk ch = kda_chunk_idx(d, w / H);
         const int L = ch.L, h = (int)(w % H);
-        KT *X1 = scr + 2 * (size_t)BT * BT * (size_t)kda_thread_id();
-        KT *dA = X1 + BT * BT;
+        RT *X1 = scr + 2 * (size_t)BT * BT * (size_t)kda_thread_id();
+        RT *dA = X1 + BT * BT;
         /* dAab = stril(Tab^T S Tab^T) with S = stril(dTab): the diagonal and upper part of Tab
          * are constants. X1[m,j] = sum_{c<=j} S[m,c] Tab[j,c] is needed for j < m only. */
-        memset(dA, 0, sizeof(KT) * (size_t)BT * BT);
+        memset(dA, 0, sizeof(RT) * (size_t)BT * BT);
         if (dTab) {
             for (int m = 0; m < L; m++) {
-                const KT *dtr = dTab + ((ch.t0 + m) * H + h) * BT;
+                const RT *dtr = dTab + ((ch.t0 + m) * H + h) * BT;
                 for (int j = 0; j < m; j++) {
-                    KT s = 0;
+                    RT s = 0;
                     for (int c = 0; c <= j; c++)
                         s += dtr[c] * TAB(j, c);
                     X1[m * BT + j] = s;
@@ -124,7 +124,7 @@ dg_status KF(dg__dplr_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const
             }
             for (int i = 0; i < L; i++)
                 for (int j = 0; j < i; j++) {
-                    KT s = 0;
+                    RT s = 0;
                     for (int m = i; m < L; m++)
                         s += TAB(m, i) * X1[m * BT + j];
                     dA[i * BT + j] = s;
@@ -132,27 +132,27 @@ dg_status KF(dg__dplr_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const
         }
         for (int i = 0; i < L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *qi = q + ri * K, *ai = a + ri * K, *gii = Gi + ri * K, *gei = Ge + ri * K;
-            KT *dqi = dq + ri * K, *dai = da + ri * K;
+            const RT *qi = q + ri * K, *ai = a + ri * K, *gii = Gi + ri * K, *gei = Ge + ri * K;
+            RT *dqi = dq + ri * K, *dai = da + ri * K;
             for (int j = 0; j <= i; j++) {
                 const int64_t rj = (ch.t0 + j) * H + h;
-                const KT *kj = k + rj * K, *bj = b + rj * K, *gij = Gi + rj * K;
-                KT *dkj = dk + rj * K, *dbj = db + rj * K;
-                const KT g1 = dAqk ? scale * dAqk[ri * BT + j] : (KT)0;
-                const KT g2 = dAqb ? scale * dAqb[ri * BT + j] : (KT)0;
+                const RT *kj = k + rj * K, *bj = b + rj * K, *gij = Gi + rj * K;
+                RT *dkj = dk + rj * K, *dbj = db + rj * K;
+                const RT g1 = dAqk ? scale * dAqk[ri * BT + j] : (RT)0;
+                const RT g2 = dAqb ? scale * dAqb[ri * BT + j] : (RT)0;
                 if (g1 != 0 || g2 != 0)
                     for (int e = 0; e < K; e++) {
-                        const KT x = KEXP(gii[e] - gij[e]);
+                        const RT x = REXP(gii[e] - gij[e]);
                         dqi[e] += (g1 * kj[e] + g2 * bj[e]) * x;
                         dkj[e] += g1 * qi[e] * x;
                         dbj[e] += g2 * qi[e] * x;
                     }
                 if (j == i)
                     continue;
-                const KT g3 = dAak ? dAak[ri * BT + j] : (KT)0, g4 = dA[i * BT + j];
+                const RT g3 = dAak ? dAak[ri * BT + j] : (RT)0, g4 = dA[i * BT + j];
                 if (g3 != 0 || g4 != 0)
                     for (int e = 0; e < K; e++) {
-                        const KT x = KEXP(gei[e] - gij[e]);
+                        const RT x = REXP(gei[e] - gij[e]);
                         dai[e] += (g3 * kj[e] + g4 * bj[e]) * x;
                         dkj[e] += g3 * ai[e] * x;
                         dbj[e] += g4 * ai[e] * x;
@@ -252,13 +252,13 @@ dg_status dg__dplr_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *a
         dg_node *n = NULL;
         st = dg__node_new("dplr_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         for (int i = 0; i < NOUT && st == DG_OK; i++)
             st = dg__node_output(n, *outs[i]);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         if (st == DG_OK)
-            st = dg__node_save(n, *Tab);
+            dg__node_save(n, *Tab);
         if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

@@ -13,17 +13,17 @@
  * computed in f32. CUDA (kernels/dplr/output.cu): v f32 or bf16 (read as stored), o in v's dtype
  * (written so by the kernel, as is o's gradient read), everything else f32.
  */
-#ifndef DPLR_TMPL
+#ifndef DG_REF_TMPL
 #include "dplr.h"
-#define DPLR_TMPL "output.c"
-#include "dplr_tmpl.h"
+#define DG_REF_TMPL "dplr/output.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,
-                             const KT *Aqb, const KT *v, const KT *v2, KT *o) {
+void RF(dg__dplr_output_fwd)(const kda_dims *d, const RT *qg, const RT *h, const RT *Aqk,
+                             const RT *Aqb, const RT *v, const RT *v2, RT *o) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
     /* work item: one (chunk, head); it writes only its own rows */
@@ -31,18 +31,18 @@ void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const
     for (int64_t it = 0; it < NC * H; it++) {
         const kda_chunk ch = kda_chunk_idx(d, it / H);
         const int hh = (int)(it % H);
-        const KT *hc = h + (ch.idx * H + hh) * KV;
+        const RT *hc = h + (ch.idx * H + hh) * KV;
         for (int i = 0; i < ch.L; i++) {
             const int64_t ri = (ch.t0 + i) * H + hh;
-            const KT *qgi = qg + ri * K, *r1 = Aqk + ri * BT, *r2 = Aqb + ri * BT;
-            KT *oi = o + ri * V;
-            memset(oi, 0, sizeof(KT) * (size_t)V);
+            const RT *qgi = qg + ri * K, *r1 = Aqk + ri * BT, *r2 = Aqb + ri * BT;
+            RT *oi = o + ri * V;
+            memset(oi, 0, sizeof(RT) * (size_t)V);
             for (int x = 0; x < K; x++)
                 for (int y = 0; y < V; y++)
                     oi[y] += qgi[x] * hc[x * V + y];
             for (int j = 0; j <= i; j++) {
                 const int64_t rj = (ch.t0 + j) * H + hh;
-                const KT *vj = v + rj * V, *v2j = v2 + rj * V;
+                const RT *vj = v + rj * V, *v2j = v2 + rj * V;
                 for (int y = 0; y < V; y++)
                     oi[y] += r1[j] * vj[y] + r2[j] * v2j[y];
             }
@@ -50,31 +50,31 @@ void KF(dg__dplr_output_fwd)(const kda_dims *d, const KT *qg, const KT *h, const
     }
 }
 
-void KF(dg__dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const KT *Aqk,
-                             const KT *Aqb, const KT *v, const KT *v2, const KT *dO, KT *dqg,
-                             KT *dh, KT *dAqk, KT *dAqb, KT *dv, KT *dv2) {
+void RF(dg__dplr_output_bwd)(const kda_dims *d, const RT *qg, const RT *h, const RT *Aqk,
+                             const RT *Aqb, const RT *v, const RT *v2, const RT *dO, RT *dqg,
+                             RT *dh, RT *dAqk, RT *dAqb, RT *dv, RT *dv2) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N], rows = d->B * d->T * H;
     /* rows of empty sequences are never visited: clear every output first */
-    memset(dqg, 0, sizeof(KT) * (size_t)(rows * K));
-    memset(dAqk, 0, sizeof(KT) * (size_t)(rows * BT));
-    memset(dAqb, 0, sizeof(KT) * (size_t)(rows * BT));
-    memset(dv, 0, sizeof(KT) * (size_t)(rows * V));
-    memset(dv2, 0, sizeof(KT) * (size_t)(rows * V));
-    memset(dh, 0, sizeof(KT) * (size_t)(NC * H * KV));
+    memset(dqg, 0, sizeof(RT) * (size_t)(rows * K));
+    memset(dAqk, 0, sizeof(RT) * (size_t)(rows * BT));
+    memset(dAqb, 0, sizeof(RT) * (size_t)(rows * BT));
+    memset(dv, 0, sizeof(RT) * (size_t)(rows * V));
+    memset(dv2, 0, sizeof(RT) * (size_t)(rows * V));
+    memset(dh, 0, sizeof(RT) * (size_t)(NC * H * KV));
     /* work item: one (chunk, head); it writes only its own rows */
     KDA_OMP(parallel for schedule(dynamic, 1) if (NC * H > 1))
     for (int64_t it = 0; it < NC * H; it++) {
         const kda_chunk ch = kda_chunk_idx(d, it / H);
         const int hh = (int)(it % H);
-        const KT *hc = h + (ch.idx * H + hh) * KV;
-        KT *dhc = dh + (ch.idx * H + hh) * KV;
+        const RT *hc = h + (ch.idx * H + hh) * KV;
+        RT *dhc = dh + (ch.idx * H + hh) * KV;
         for (int i = 0; i < ch.L; i++) {
             const int64_t ri = (ch.t0 + i) * H + hh;
-            const KT *qgi = qg + ri * K, *doi = dO + ri * V;
-            const KT *r1 = Aqk + ri * BT, *r2 = Aqb + ri * BT;
+            const RT *qgi = qg + ri * K, *doi = dO + ri * V;
+            const RT *r1 = Aqk + ri * BT, *r2 = Aqb + ri * BT;
             for (int x = 0; x < K; x++) {
-                KT s = 0;
+                RT s = 0;
                 for (int y = 0; y < V; y++) {
                     s += doi[y] * hc[x * V + y];
                     dhc[x * V + y] += qgi[x] * doi[y];
@@ -83,9 +83,9 @@ void KF(dg__dplr_output_bwd)(const kda_dims *d, const KT *qg, const KT *h, const
             }
             for (int j = 0; j <= i; j++) {
                 const int64_t rj = (ch.t0 + j) * H + hh;
-                const KT *vj = v + rj * V, *v2j = v2 + rj * V;
-                KT *dvj = dv + rj * V, *dv2j = dv2 + rj * V;
-                KT s1 = 0, s2 = 0;
+                const RT *vj = v + rj * V, *v2j = v2 + rj * V;
+                RT *dvj = dv + rj * V, *dv2j = dv2 + rj * V;
+                RT s1 = 0, s2 = 0;
                 for (int y = 0; y < V; y++) {
                     s1 += doi[y] * vj[y];
                     s2 += doi[y] * v2j[y];
@@ -206,17 +206,17 @@ dg_status dg__dplr_output_x(dg_ctx *ctx, dg_tensor *qg, dg_tensor *h, dg_tensor 
             }
         }
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqk);
+            dg__node_save(n, Aqk);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqb);
+            dg__node_save(n, Aqb);
         if (st == DG_OK)
-            st = dg__node_save(n, v);
+            dg__node_save(n, v);
         if (st == DG_OK)
-            st = dg__group_join(grp, DPLR_M_OUTPUT, n);
+            dg__group_join(grp, DPLR_M_OUTPUT, n);
         dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

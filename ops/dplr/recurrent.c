@@ -12,36 +12,36 @@
  * inputs only (both policies). CPU: f64, or f32 computed in f32. CUDA (kernels/dplr/recurrent.cu):
  * q, k, v, a, b, gk f32 or bf16 (one dtype, read as stored), o in that dtype; h0, ht f32.
  */
-#ifndef DPLR_TMPL
+#ifndef DG_REF_TMPL
 #include "dplr.h"
-#define DPLR_TMPL "recurrent.c"
-#include "dplr_tmpl.h"
+#define DG_REF_TMPL "dplr/recurrent.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
 /* One token of dplr.md D1 on S [K,V] in place (p: [V] scratch); writes o_t when o is not NULL. */
-static void KF(dplr_step)(const kda_dims *d, KT scale, int64_t t, int h, const KT *q, const KT *k,
-                          const KT *v, const KT *a, const KT *b, const KT *gk, KT *S, KT *p,
-                          KT *o) {
+static void RF(dplr_step)(const kda_dims *d, RT scale, int64_t t, int h, const RT *q, const RT *k,
+                          const RT *v, const RT *a, const RT *b, const RT *gk, RT *S, RT *p,
+                          RT *o) {
     const int H = d->H, K = d->K, V = d->V;
     const int64_t r = (t * H + h) * K;
-    const KT *vt = v + (t * H + h) * V;
+    const RT *vt = v + (t * H + h) * V;
     for (int j = 0; j < V; j++)
         p[j] = 0;
     for (int i = 0; i < K; i++)
         for (int j = 0; j < V; j++)
             p[j] += a[r + i] * S[i * V + j];
     for (int i = 0; i < K; i++) {
-        const KT dec = KEXP(gk[r + i]), bi = b[r + i], ki = k[r + i];
+        const RT dec = REXP(gk[r + i]), bi = b[r + i], ki = k[r + i];
         for (int j = 0; j < V; j++)
             S[i * V + j] = dec * S[i * V + j] + bi * p[j] + ki * vt[j];
     }
     if (o) {
-        KT *ot = o + (t * H + h) * V;
+        RT *ot = o + (t * H + h) * V;
         for (int j = 0; j < V; j++) {
-            KT s_ = 0;
+            RT s_ = 0;
             for (int i = 0; i < K; i++)
                 s_ += q[r + i] * S[i * V + j];
             ot[j] = scale * s_;
@@ -49,35 +49,35 @@ static void KF(dplr_step)(const kda_dims *d, KT scale, int64_t t, int h, const K
     }
 }
 
-dg_status KF(dg__dplr_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
-                                     const KT *v, const KT *a, const KT *b, const KT *gk,
-                                     const KT *h0, KT *o, KT *ht) {
+dg_status RF(dg__dplr_recurrent_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k,
+                                     const RT *v, const RT *a, const RT *b, const RT *gk,
+                                     const RT *h0, RT *o, RT *ht) {
     const int H = d->H;
     const int64_t KV = (int64_t)d->K * d->V, per = KV + d->V;
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * (size_t)per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * (size_t)per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "dplr_recurrent_fwd: no memory");
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
     for (int w = 0; w < d->N * H; w++) {
         const int n = w / H, h = w % H;
-        KT *S = scr + per * kda_thread_id(), *p = S + KV;
+        RT *S = scr + per * kda_thread_id(), *p = S + KV;
         if (h0)
-            memcpy(S, h0 + ((int64_t)n * H + h) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(S, h0 + ((int64_t)n * H + h) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(S, 0, sizeof(KT) * (size_t)KV);
+            memset(S, 0, sizeof(RT) * (size_t)KV);
         for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
-            KF(dplr_step)(d, scale, t, h, q, k, v, a, b, gk, S, p, o);
+            RF(dplr_step)(d, scale, t, h, q, k, v, a, b, gk, S, p, o);
         if (ht)
-            memcpy(ht + ((int64_t)n * H + h) * KV, S, sizeof(KT) * (size_t)KV);
+            memcpy(ht + ((int64_t)n * H + h) * KV, S, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(scr);
     return DG_OK;
 }
 
-dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
-                                     const KT *v, const KT *a, const KT *b, const KT *gk,
-                                     const KT *h0, const KT *dO, const KT *dht, KT *dq, KT *dk,
-                                     KT *dv, KT *da, KT *db, KT *dgk, KT *dh0) {
+dg_status RF(dg__dplr_recurrent_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k,
+                                     const RT *v, const RT *a, const RT *b, const RT *gk,
+                                     const RT *h0, const RT *dO, const RT *dht, RT *dq, RT *dk,
+                                     RT *dv, RT *da, RT *db, RT *dgk, RT *dh0) {
     const int H = d->H, K = d->K, V = d->V, SEG = DPLR_REC_SEG;
     const int64_t KV = (int64_t)K * V;
     int64_t maxlen = 0;
@@ -87,44 +87,44 @@ dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, c
     const int64_t nseg_max = (maxlen + SEG - 1) / SEG;
     /* per thread: ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS [K,V] | p, dp [V] */
     const int64_t per = (nseg_max + SEG + 2) * KV + 2 * V;
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * (size_t)per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * (size_t)per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "dplr_recurrent_bwd: no memory");
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
     for (int w = 0; w < d->N * H; w++) {
         const int n = w / H, h = w % H;
-        KT *ckpt = scr + per * kda_thread_id();
-        KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *p = dS + KV, *dp = p + V;
+        RT *ckpt = scr + per * kda_thread_id();
+        RT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *p = dS + KV, *dp = p + V;
         const int64_t t0 = d->cu[n], t1 = d->cu[n + 1];
-        KT *S = buf;
+        RT *S = buf;
         if (h0)
-            memcpy(S, h0 + ((int64_t)n * H + h) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(S, h0 + ((int64_t)n * H + h) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(S, 0, sizeof(KT) * (size_t)KV);
+            memset(S, 0, sizeof(RT) * (size_t)KV);
         for (int64_t t = t0; t < t1; t++) {
             if ((t - t0) % SEG == 0)
-                memcpy(ckpt + (t - t0) / SEG * KV, S, sizeof(KT) * (size_t)KV);
-            KF(dplr_step)(d, scale, t, h, q, k, v, a, b, gk, S, p, NULL);
+                memcpy(ckpt + (t - t0) / SEG * KV, S, sizeof(RT) * (size_t)KV);
+            RF(dplr_step)(d, scale, t, h, q, k, v, a, b, gk, S, p, NULL);
         }
         if (dht)
-            memcpy(dS, dht + ((int64_t)n * H + h) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(dS, dht + ((int64_t)n * H + h) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(dS, 0, sizeof(KT) * (size_t)KV);
+            memset(dS, 0, sizeof(RT) * (size_t)KV);
         for (int64_t s = (t1 - t0 + SEG - 1) / SEG - 1; s >= 0; s--) {
             const int64_t ts = t0 + s * SEG, te = ts + SEG < t1 ? ts + SEG : t1;
-            memcpy(buf, ckpt + s * KV, sizeof(KT) * (size_t)KV);
+            memcpy(buf, ckpt + s * KV, sizeof(RT) * (size_t)KV);
             for (int64_t t = ts; t < te; t++) {
-                memcpy(buf + (t - ts + 1) * KV, buf + (t - ts) * KV, sizeof(KT) * (size_t)KV);
-                KF(dplr_step)(d, scale, t, h, q, k, v, a, b, gk, buf + (t - ts + 1) * KV, p, NULL);
+                memcpy(buf + (t - ts + 1) * KV, buf + (t - ts) * KV, sizeof(RT) * (size_t)KV);
+                RF(dplr_step)(d, scale, t, h, q, k, v, a, b, gk, buf + (t - ts + 1) * KV, p, NULL);
             }
             for (int64_t t = te - 1; t >= ts; t--) {
-                const KT *Sp = buf + (t - ts) * KV, *St = buf + (t - ts + 1) * KV;
+                const RT *Sp = buf + (t - ts) * KV, *St = buf + (t - ts + 1) * KV;
                 const int64_t r = (t * H + h) * K, rv = (t * H + h) * V;
-                const KT *vt = v + rv;
+                const RT *vt = v + rv;
                 if (dO) { /* o_t = s S_t^T q_t */
-                    const KT *dot = dO + rv;
+                    const RT *dot = dO + rv;
                     for (int i = 0; i < K; i++) {
-                        KT s_ = 0;
+                        RT s_ = 0;
                         for (int j = 0; j < V; j++) {
                             s_ += St[i * V + j] * dot[j];
                             dS[i * V + j] += scale * q[r + i] * dot[j];
@@ -137,7 +137,7 @@ dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, c
                 }
                 /* p = S_{t-1}^T a_t (recomputed), dv = dS^T k, dp = dS^T b */
                 for (int j = 0; j < V; j++) {
-                    KT sp = 0, sv = 0, sb = 0;
+                    RT sp = 0, sv = 0, sb = 0;
                     for (int i = 0; i < K; i++) {
                         sp += a[r + i] * Sp[i * V + j];
                         sv += dS[i * V + j] * k[r + i];
@@ -148,10 +148,10 @@ dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, c
                     dp[j] = sb;
                 }
                 for (int i = 0; i < K; i++) {
-                    KT sk = 0, sb = 0, sa = 0, sg = 0;
-                    const KT dec = KEXP(gk[r + i]);
+                    RT sk = 0, sb = 0, sa = 0, sg = 0;
+                    const RT dec = REXP(gk[r + i]);
                     for (int j = 0; j < V; j++) {
-                        const KT g_ = dS[i * V + j];
+                        const RT g_ = dS[i * V + j];
                         sk += g_ * vt[j];
                         sb += g_ * p[j];
                         sa += Sp[i * V + j] * dp[j];
@@ -163,14 +163,14 @@ dg_status KF(dg__dplr_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, c
                     dgk[r + i] = dec * sg;
                 }
                 for (int i = 0; i < K; i++) { /* dS_{t-1} = D dS + a dp^T */
-                    const KT dec = KEXP(gk[r + i]), ai = a[r + i];
+                    const RT dec = REXP(gk[r + i]), ai = a[r + i];
                     for (int j = 0; j < V; j++)
                         dS[i * V + j] = dec * dS[i * V + j] + ai * dp[j];
                 }
             }
         }
         if (dh0)
-            memcpy(dh0 + ((int64_t)n * H + h) * KV, dS, sizeof(KT) * (size_t)KV);
+            memcpy(dh0 + ((int64_t)n * H + h) * KV, dS, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(scr);
     return DG_OK;
@@ -255,13 +255,13 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
         dg_node *n = NULL;
         st = dg__node_new("dplr_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK && want_ht)
             st = dg__node_output(n, *ht);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, NULL) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

@@ -17,110 +17,110 @@
  * h0, ht [N,H,K,V]. CPU: f64, or f32 computed in f32. CUDA (kernels/dplr/state.cu): v f32 or bf16
  * (read as stored), everything else f32.
  */
-#ifndef DPLR_TMPL
+#ifndef DG_REF_TMPL
 #include "dplr.h"
-#define DPLR_TMPL "state.c"
-#include "dplr_tmpl.h"
+#define DG_REF_TMPL "dplr/state.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__dplr_state_fwd)(const kda_dims *d, const KT *w, const KT *u, const KT *kg,
-                             const KT *bg, const KT *v, const KT *Gi, const KT *h0, KT *h, KT *v2,
-                             KT *ht) {
+dg_status RF(dg__dplr_state_fwd)(const kda_dims *d, const RT *w, const RT *u, const RT *kg,
+                             const RT *bg, const RT *v, const RT *Gi, const RT *h0, RT *h, RT *v2,
+                             RT *ht) {
     const int H = d->H, K = d->K, V = d->V;
     const int64_t KV = (int64_t)K * V;
     /* running state [K,V] per thread */
-    KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
+    RT *Ss = (RT *)DG_MALLOC(sizeof(RT) * (size_t)KV * (size_t)kda_max_threads());
     if (!Ss)
         return dg__err(DG_ERR_NOMEM, "dplr_state_fwd: no memory");
     /* work item: one (sequence, head), sequential over its chunks */
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
     for (int it = 0; it < d->N * H; it++) {
         const int n = it / H, hh = it % H;
-        KT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
+        RT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
         if (h0)
-            memcpy(S, h0 + ((int64_t)n * H + hh) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(S, h0 + ((int64_t)n * H + hh) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(S, 0, sizeof(KT) * (size_t)KV);
+            memset(S, 0, sizeof(RT) * (size_t)KV);
         for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
             const kda_chunk ch = kda_chunk_at(d, n, c);
-            memcpy(h + (ch.idx * H + hh) * KV, S, sizeof(KT) * (size_t)KV);
+            memcpy(h + (ch.idx * H + hh) * KV, S, sizeof(RT) * (size_t)KV);
             for (int i = 0; i < ch.L; i++) { /* v2_i = u_i + S^T w_i */
                 const int64_t ri = (ch.t0 + i) * H + hh;
-                const KT *wi = w + ri * K;
-                KT *vi2 = v2 + ri * V;
-                memcpy(vi2, u + ri * V, sizeof(KT) * (size_t)V);
+                const RT *wi = w + ri * K;
+                RT *vi2 = v2 + ri * V;
+                memcpy(vi2, u + ri * V, sizeof(RT) * (size_t)V);
                 for (int x = 0; x < K; x++)
                     for (int y = 0; y < V; y++)
                         vi2[y] += wi[x] * S[x * V + y];
             }
-            const KT *lam = Gi + ((ch.t0 + ch.L - 1) * H + hh) * K;
+            const RT *lam = Gi + ((ch.t0 + ch.L - 1) * H + hh) * K;
             for (int x = 0; x < K; x++) {
-                const KT dec = KEXP(lam[x]);
+                const RT dec = REXP(lam[x]);
                 for (int y = 0; y < V; y++)
                     S[x * V + y] *= dec;
             }
             for (int i = 0; i < ch.L; i++) {
                 const int64_t ri = (ch.t0 + i) * H + hh;
-                const KT *kgi = kg + ri * K, *bgi = bg + ri * K, *vi = v + ri * V;
-                const KT *vi2 = v2 + ri * V;
+                const RT *kgi = kg + ri * K, *bgi = bg + ri * K, *vi = v + ri * V;
+                const RT *vi2 = v2 + ri * V;
                 for (int x = 0; x < K; x++)
                     for (int y = 0; y < V; y++)
                         S[x * V + y] += kgi[x] * vi[y] + bgi[x] * vi2[y];
             }
         }
         if (ht)
-            memcpy(ht + ((int64_t)n * H + hh) * KV, S, sizeof(KT) * (size_t)KV);
+            memcpy(ht + ((int64_t)n * H + hh) * KV, S, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(Ss);
     return DG_OK;
 }
 
-dg_status KF(dg__dplr_state_bwd)(const kda_dims *d, const KT *w, const KT *kg, const KT *bg,
-                             const KT *v, const KT *Gi, const KT *h, const KT *v2, const KT *dh,
-                             const KT *dv2, const KT *dht, KT *dw, KT *du, KT *dkg, KT *dbg, KT *dv,
-                             KT *dGi, KT *dh0) {
+dg_status RF(dg__dplr_state_bwd)(const kda_dims *d, const RT *w, const RT *kg, const RT *bg,
+                             const RT *v, const RT *Gi, const RT *h, const RT *v2, const RT *dh,
+                             const RT *dv2, const RT *dht, RT *dw, RT *du, RT *dkg, RT *dbg, RT *dv,
+                             RT *dGi, RT *dh0) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, rows = d->B * d->T * H;
     /* rows of empty sequences are never visited: clear every output first */
-    memset(dw, 0, sizeof(KT) * (size_t)(rows * K));
-    memset(dkg, 0, sizeof(KT) * (size_t)(rows * K));
-    memset(dbg, 0, sizeof(KT) * (size_t)(rows * K));
-    memset(dGi, 0, sizeof(KT) * (size_t)(rows * K));
-    memset(du, 0, sizeof(KT) * (size_t)(rows * V));
-    memset(dv, 0, sizeof(KT) * (size_t)(rows * V));
+    memset(dw, 0, sizeof(RT) * (size_t)(rows * K));
+    memset(dkg, 0, sizeof(RT) * (size_t)(rows * K));
+    memset(dbg, 0, sizeof(RT) * (size_t)(rows * K));
+    memset(dGi, 0, sizeof(RT) * (size_t)(rows * K));
+    memset(du, 0, sizeof(RT) * (size_t)(rows * V));
+    memset(dv, 0, sizeof(RT) * (size_t)(rows * V));
     /* per thread: dH [K,V] running gradient of the state; dvc [BT,V] total dv2 of one chunk */
     const size_t per = (size_t)(KV + (int64_t)BT * V);
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "dplr_state_bwd: no memory");
     /* work item: one (sequence, head), sequential over its chunks in reverse */
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
     for (int it = 0; it < d->N * H; it++) {
         const int n = it / H, hh = it % H;
-        KT *dH = scr + per * (size_t)kda_thread_id(), *dvc = dH + KV;
+        RT *dH = scr + per * (size_t)kda_thread_id(), *dvc = dH + KV;
         if (dht)
-            memcpy(dH, dht + ((int64_t)n * H + hh) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(dH, dht + ((int64_t)n * H + hh) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(dH, 0, sizeof(KT) * (size_t)KV);
+            memset(dH, 0, sizeof(RT) * (size_t)KV);
         for (int64_t c = kda_nchunks(d, n) - 1; c >= 0; c--) {
             const kda_chunk ch = kda_chunk_at(d, n, c);
-            const KT *hc = h + (ch.idx * H + hh) * KV;
+            const RT *hc = h + (ch.idx * H + hh) * KV;
             const int64_t rl = (ch.t0 + ch.L - 1) * H + hh;
-            const KT *lam = Gi + rl * K;
+            const RT *lam = Gi + rl * K;
             for (int i = 0; i < ch.L; i++) {
                 const int64_t ri = (ch.t0 + i) * H + hh;
-                const KT *kgi = kg + ri * K, *bgi = bg + ri * K;
-                const KT *vi = v + ri * V, *vi2 = v2 + ri * V;
-                KT *de = dvc + i * V, *dvi = dv + ri * V;
+                const RT *kgi = kg + ri * K, *bgi = bg + ri * K;
+                const RT *vi = v + ri * V, *vi2 = v2 + ri * V;
+                RT *de = dvc + i * V, *dvi = dv + ri * V;
                 for (int y = 0; y < V; y++)
-                    de[y] = dv2 ? dv2[ri * V + y] : (KT)0;
+                    de[y] = dv2 ? dv2[ri * V + y] : (RT)0;
                 for (int x = 0; x < K; x++) {
-                    KT sk = 0, sb = 0;
+                    RT sk = 0, sb = 0;
                     for (int y = 0; y < V; y++) {
-                        const KT g = dH[x * V + y];
+                        const RT g = dH[x * V + y];
                         de[y] += bgi[x] * g;
                         dvi[y] += kgi[x] * g;
                         sk += vi[y] * g;
@@ -129,17 +129,17 @@ dg_status KF(dg__dplr_state_bwd)(const kda_dims *d, const KT *w, const KT *kg, c
                     dkg[ri * K + x] = sk;
                     dbg[ri * K + x] = sb;
                 }
-                memcpy(du + ri * V, de, sizeof(KT) * (size_t)V);
+                memcpy(du + ri * V, de, sizeof(RT) * (size_t)V);
                 for (int x = 0; x < K; x++) {
-                    KT s = 0;
+                    RT s = 0;
                     for (int y = 0; y < V; y++)
                         s += de[y] * hc[x * V + y];
                     dw[ri * K + x] = s;
                 }
             }
             for (int x = 0; x < K; x++) {
-                const KT dec = KEXP(lam[x]);
-                KT s = 0;
+                const RT dec = REXP(lam[x]);
+                RT s = 0;
                 for (int y = 0; y < V; y++)
                     s += hc[x * V + y] * dH[x * V + y];
                 dGi[rl * K + x] = dec * s;
@@ -147,19 +147,19 @@ dg_status KF(dg__dplr_state_bwd)(const kda_dims *d, const KT *w, const KT *kg, c
                     dH[x * V + y] *= dec;
             }
             for (int i = 0; i < ch.L; i++) {
-                const KT *wi = w + ((ch.t0 + i) * H + hh) * K, *de = dvc + i * V;
+                const RT *wi = w + ((ch.t0 + i) * H + hh) * K, *de = dvc + i * V;
                 for (int x = 0; x < K; x++)
                     for (int y = 0; y < V; y++)
                         dH[x * V + y] += wi[x] * de[y];
             }
             if (dh) {
-                const KT *dhc = dh + (ch.idx * H + hh) * KV;
+                const RT *dhc = dh + (ch.idx * H + hh) * KV;
                 for (int64_t e = 0; e < KV; e++)
                     dH[e] += dhc[e];
             }
         }
         if (dh0)
-            memcpy(dh0 + ((int64_t)n * H + hh) * KV, dH, sizeof(KT) * (size_t)KV);
+            memcpy(dh0 + ((int64_t)n * H + hh) * KV, dH, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(scr);
     return DG_OK;
@@ -296,7 +296,7 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
             dg__group_offer(grp, DPLR_V2, *v2);
         }
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *h);
         if (st == DG_OK)
@@ -304,13 +304,13 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
         if (st == DG_OK && ht)
             st = dg__node_output(n, *ht);
         if (st == DG_OK)
-            st = dg__node_save(n, v);
+            dg__node_save(n, v);
         if (st == DG_OK)
-            st = dg__node_save(n, Gi);
+            dg__node_save(n, Gi);
         if (st == DG_OK)
-            st = dg__node_save(n, h0);
+            dg__node_save(n, h0);
         if (st == DG_OK)
-            st = dg__group_join(grp, DPLR_M_STATE, n);
+            dg__group_join(grp, DPLR_M_STATE, n);
         dplr_np *np = st == DG_OK ? dg__dplr_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

@@ -17,23 +17,23 @@
  * (kernels/dplr/wy.cu): q, k, v, a, b f32 or bf16 (one dtype, read as stored); Gi, Ge, Aak, Tab
  * and the outputs f32.
  */
-#ifndef DPLR_TMPL
+#ifndef DG_REF_TMPL
 #include "dplr.h"
-#define DPLR_TMPL "wy.c"
-#include "dplr_tmpl.h"
+#define DG_REF_TMPL "dplr/wy.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__dplr_wy_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
-                          const KT *a, const KT *b, const KT *Gi, const KT *Ge, const KT *Aak,
-                          const KT *Tab, KT *w, KT *u, KT *qg, KT *kg, KT *bg) {
+dg_status RF(dg__dplr_wy_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *v,
+                          const RT *a, const RT *b, const RT *Gi, const RT *Ge, const RT *Aak,
+                          const RT *Tab, RT *w, RT *u, RT *qg, RT *kg, RT *bg) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t NC = d->chunk_off[d->N];
     /* per thread: ag [BT,K], X [BT,V] */
     const size_t per = (size_t)BT * ((size_t)K + (size_t)V);
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "dplr_wy_fwd: no memory");
     /* work item: one (chunk, head); it writes only its own rows */
@@ -41,42 +41,42 @@ dg_status KF(dg__dplr_wy_fwd)(const kda_dims *d, KT scale, const KT *q, const KT
     for (int64_t it = 0; it < NC * H; it++) {
         const kda_chunk ch = kda_chunk_idx(d, it / H);
         const int h = (int)(it % H), L = ch.L;
-        KT *ag = scr + per * (size_t)kda_thread_id(), *X = ag + BT * K;
-        const KT *lam = Gi + ((ch.t0 + L - 1) * H + h) * K;
+        RT *ag = scr + per * (size_t)kda_thread_id(), *X = ag + BT * K;
+        const RT *lam = Gi + ((ch.t0 + L - 1) * H + h) * K;
         for (int i = 0; i < L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *gii = Gi + ri * K;
+            const RT *gii = Gi + ri * K;
             for (int e = 0; e < K; e++) {
-                const KT fl = KEXP(lam[e] - gii[e]);
+                const RT fl = REXP(lam[e] - gii[e]);
                 if (qg)
-                    qg[ri * K + e] = scale * q[ri * K + e] * KEXP(gii[e]);
+                    qg[ri * K + e] = scale * q[ri * K + e] * REXP(gii[e]);
                 if (kg)
                     kg[ri * K + e] = k[ri * K + e] * fl;
                 if (bg)
                     bg[ri * K + e] = b[ri * K + e] * fl;
-                ag[i * K + e] = a[ri * K + e] * KEXP(Ge[ri * K + e]);
+                ag[i * K + e] = a[ri * K + e] * REXP(Ge[ri * K + e]);
             }
-            KT *xi = X + i * V;
-            memset(xi, 0, sizeof(KT) * (size_t)V);
+            RT *xi = X + i * V;
+            memset(xi, 0, sizeof(RT) * (size_t)V);
             for (int j = 0; j < i && u; j++) {
-                const KT c = Aak[ri * BT + j], *vj = v + ((ch.t0 + j) * H + h) * V;
+                const RT c = Aak[ri * BT + j], *vj = v + ((ch.t0 + j) * H + h) * V;
                 for (int e = 0; e < V; e++)
                     xi[e] += c * vj[e];
             }
         }
         for (int i = 0; i < L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *trow = Tab + ri * BT;
+            const RT *trow = Tab + ri * BT;
             if (w) {
-                KT *wr = w + ri * K;
-                memset(wr, 0, sizeof(KT) * (size_t)K);
+                RT *wr = w + ri * K;
+                memset(wr, 0, sizeof(RT) * (size_t)K);
                 for (int j = 0; j <= i; j++)
                     for (int e = 0; e < K; e++)
                         wr[e] += trow[j] * ag[j * K + e];
             }
             if (u) {
-                KT *ur = u + ri * V;
-                memset(ur, 0, sizeof(KT) * (size_t)V);
+                RT *ur = u + ri * V;
+                memset(ur, 0, sizeof(RT) * (size_t)V);
                 for (int j = 0; j <= i; j++)
                     for (int e = 0; e < V; e++)
                         ur[e] += trow[j] * X[j * V + e];
@@ -87,23 +87,23 @@ dg_status KF(dg__dplr_wy_fwd)(const kda_dims *d, KT scale, const KT *q, const KT
     return DG_OK;
 }
 
-dg_status KF(dg__dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k, const KT *v,
-                          const KT *a, const KT *b, const KT *Gi, const KT *Ge, const KT *Aak,
-                          const KT *Tab, const KT *dw, const KT *du, const KT *dqg, const KT *dkg,
-                          const KT *dbg, KT *dq, KT *dk, KT *dv, KT *da, KT *db, KT *dGi, KT *dGe,
-                          KT *dAak, KT *dTab) {
+dg_status RF(dg__dplr_wy_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *v,
+                          const RT *a, const RT *b, const RT *Gi, const RT *Ge, const RT *Aak,
+                          const RT *Tab, const RT *dw, const RT *du, const RT *dqg, const RT *dkg,
+                          const RT *dbg, RT *dq, RT *dk, RT *dv, RT *da, RT *db, RT *dGi, RT *dGe,
+                          RT *dAak, RT *dTab) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const size_t rows = (size_t)(d->B * d->T) * (size_t)H;
-    KT *zk[6] = {dq, dk, da, db, dGi, dGe};
+    RT *zk[6] = {dq, dk, da, db, dGi, dGe};
     for (int i = 0; i < 6; i++)
-        memset(zk[i], 0, sizeof(KT) * rows * (size_t)K);
-    memset(dv, 0, sizeof(KT) * rows * (size_t)V);
-    memset(dAak, 0, sizeof(KT) * rows * (size_t)BT);
-    memset(dTab, 0, sizeof(KT) * rows * (size_t)BT);
+        memset(zk[i], 0, sizeof(RT) * rows * (size_t)K);
+    memset(dv, 0, sizeof(RT) * rows * (size_t)V);
+    memset(dAak, 0, sizeof(RT) * rows * (size_t)BT);
+    memset(dTab, 0, sizeof(RT) * rows * (size_t)BT);
     const int64_t NC = d->chunk_off[d->N];
     /* per thread: ag [BT,K], dag [BT,K], X [BT,V], dX [BT,V] */
     const size_t per = 2 * (size_t)BT * ((size_t)K + (size_t)V);
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "dplr_wy_bwd: no memory");
     /* work item: one (chunk, head); every write stays inside the chunk */
@@ -111,40 +111,40 @@ dg_status KF(dg__dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT
     for (int64_t it = 0; it < NC * H; it++) {
         const kda_chunk ch = kda_chunk_idx(d, it / H);
         const int h = (int)(it % H), L = ch.L;
-        KT *ag = scr + per * (size_t)kda_thread_id(), *dag = ag + BT * K;
-        KT *X = dag + BT * K, *dX = X + BT * V;
+        RT *ag = scr + per * (size_t)kda_thread_id(), *dag = ag + BT * K;
+        RT *X = dag + BT * K, *dX = X + BT * V;
         const int64_t rl = (ch.t0 + L - 1) * H + h;
-        const KT *lam = Gi + rl * K;
-        memset(dag, 0, sizeof(KT) * (size_t)BT * K);
-        memset(dX, 0, sizeof(KT) * (size_t)BT * V);
+        const RT *lam = Gi + rl * K;
+        memset(dag, 0, sizeof(RT) * (size_t)BT * K);
+        memset(dX, 0, sizeof(RT) * (size_t)BT * V);
         /* rebuild ag and X; dag_j = sum_{i>=j} Tab[i,j] dw_i, dX_j = sum_{i>=j} Tab[i,j] du_i */
         for (int i = 0; i < L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
             for (int e = 0; e < K; e++)
-                ag[i * K + e] = a[ri * K + e] * KEXP(Ge[ri * K + e]);
-            KT *xi = X + i * V;
-            memset(xi, 0, sizeof(KT) * (size_t)V);
+                ag[i * K + e] = a[ri * K + e] * REXP(Ge[ri * K + e]);
+            RT *xi = X + i * V;
+            memset(xi, 0, sizeof(RT) * (size_t)V);
             for (int j = 0; j < i; j++) {
-                const KT c = Aak[ri * BT + j], *vj = v + ((ch.t0 + j) * H + h) * V;
+                const RT c = Aak[ri * BT + j], *vj = v + ((ch.t0 + j) * H + h) * V;
                 for (int e = 0; e < V; e++)
                     xi[e] += c * vj[e];
             }
         }
         for (int i = 0; i < L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *trow = Tab + ri * BT;
-            KT *dtrow = dTab + ri * BT;
+            const RT *trow = Tab + ri * BT;
+            RT *dtrow = dTab + ri * BT;
             for (int j = 0; j <= i; j++) {
-                KT s = 0;
+                RT s = 0;
                 if (dw) {
-                    const KT *dwi = dw + ri * K;
+                    const RT *dwi = dw + ri * K;
                     for (int e = 0; e < K; e++) {
                         dag[j * K + e] += trow[j] * dwi[e];
                         s += dwi[e] * ag[j * K + e];
                     }
                 }
                 if (du) {
-                    const KT *dui = du + ri * V;
+                    const RT *dui = du + ri * V;
                     for (int e = 0; e < V; e++) {
                         dX[j * V + e] += trow[j] * dui[e];
                         s += dui[e] * X[j * V + e];
@@ -156,11 +156,11 @@ dg_status KF(dg__dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT
         /* X = Aak v: dAak[i,j] = dX_i . v_j, dv_j += Aak[i,j] dX_i (j < i) */
         for (int i = 0; i < L && du; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *dxi = dX + i * V;
+            const RT *dxi = dX + i * V;
             for (int j = 0; j < i; j++) {
                 const int64_t rj = (ch.t0 + j) * H + h;
-                const KT *vj = v + rj * V, c = Aak[ri * BT + j];
-                KT *dvj = dv + rj * V, s = 0;
+                const RT *vj = v + rj * V, c = Aak[ri * BT + j];
+                RT *dvj = dv + rj * V, s = 0;
                 for (int e = 0; e < V; e++) {
                     s += dxi[e] * vj[e];
                     dvj[e] += c * dxi[e];
@@ -168,17 +168,17 @@ dg_status KF(dg__dplr_wy_bwd)(const kda_dims *d, KT scale, const KT *q, const KT
                 dAak[ri * BT + j] = s;
             }
         }
-        KT *dgl = dGi + rl * K;
+        RT *dgl = dGi + rl * K;
         for (int i = 0; i < L; i++) {
             const int64_t ri = (ch.t0 + i) * H + h;
-            const KT *gii = Gi + ri * K;
+            const RT *gii = Gi + ri * K;
             for (int e = 0; e < K; e++) {
                 const int64_t x = ri * K + e;
-                const KT fl = KEXP(lam[e] - gii[e]);
-                const KT dai = dag[i * K + e] * KEXP(Ge[x]);
-                const KT dqi = dqg ? scale * dqg[x] * KEXP(gii[e]) : (KT)0;
-                const KT dki = dkg ? dkg[x] * fl : (KT)0, dbi = dbg ? dbg[x] * fl : (KT)0;
-                const KT side = k[x] * dki + b[x] * dbi; /* -Gi_i here, +lam at the last row */
+                const RT fl = REXP(lam[e] - gii[e]);
+                const RT dai = dag[i * K + e] * REXP(Ge[x]);
+                const RT dqi = dqg ? scale * dqg[x] * REXP(gii[e]) : (RT)0;
+                const RT dki = dkg ? dkg[x] * fl : (RT)0, dbi = dbg ? dbg[x] * fl : (RT)0;
+                const RT side = k[x] * dki + b[x] * dbi; /* -Gi_i here, +lam at the last row */
                 da[x] = dai;
                 dGe[x] = a[x] * dai;
                 dq[x] = dqi;
@@ -284,11 +284,11 @@ dg_status dg__dplr_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
         dg_node *n = NULL;
         st = dg__node_new("dplr_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         for (int i = 0; i < NOUT && st == DG_OK; i++)
             st = dg__node_output(n, *outs[i]);
         for (int i = 0; i < NIN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
         if (st == DG_OK)

@@ -235,7 +235,7 @@ dg_status dg__kcp_forward_exchange(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const
         dg_node *n = NULL;
         st = dg__node_new(ops->init_kind, DG_POLICY_CACHE, init_backward, ctx, &n);
         if (st == DG_OK)
-            st = dg__node_input(n, h0);
+            dg__node_input(n, h0);
         if (st == DG_OK)
             st = dg__node_output(n, *h0m);
         kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, NULL, comm, plan) : NULL;
@@ -347,7 +347,7 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
         if (st == DG_OK)
             st = dg__node_new(ops->link_kind, DG_POLICY_CACHE, link_backward, ctx, &n);
         for (int i = 0; i < 3 && st == DG_OK; i++)
-            st = dg__node_input(n, lin[i]);
+            dg__node_input(n, lin[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *h2);
         if (st == DG_OK)
@@ -355,9 +355,9 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
         if (st == DG_OK)
             st = dg__node_output(n, *htu);
         if (st == DG_OK)
-            st = dg__node_save(n, G);
+            dg__node_save(n, G);
         if (st == DG_OK)
-            st = dg__group_join(grp, ops->link_member, n);
+            dg__group_join(grp, ops->link_member, n);
         kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, grp, comm, plan) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);

@@ -7,26 +7,26 @@
  * to store, so CACHE and RECOMPUTE keep the same. CUDA: b f32 or bf16, computed in f32, beta in
  * b's dtype (the composite keeps it in f32).
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "beta.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/beta.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(dg__kda_beta_fwd)(int64_t n, KT c, const KT *b, KT *beta) {
+void RF(dg__kda_beta_fwd)(int64_t n, RT c, const RT *b, RT *beta) {
     KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++)
-        beta[i] = c * KF(kda_sigmoid)(b[i]);
+        beta[i] = c * RF(kda_sigmoid)(b[i]);
 }
 
-void KF(dg__kda_beta_bwd)(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db) {
+void RF(dg__kda_beta_bwd)(int64_t n, RT c, const RT *b, const RT *dbeta, RT *db) {
     KDA_OMP(parallel for schedule(static) if (n > 65536))
     for (int64_t i = 0; i < n; i++) {
-        KT s = KF(kda_sigmoid)(b[i]);
-        db[i] = dbeta[i] * c * s * ((KT)1 - s);
+        RT s = RF(kda_sigmoid)(b[i]);
+        db[i] = dbeta[i] * c * s * ((RT)1 - s);
     }
 }
 
@@ -94,11 +94,11 @@ dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int ke
         dg_node *n;
         st = dg__node_new("kda_beta", DG_POLICY_RECOMPUTE, beta_backward, ctx, &n);
         if (st == DG_OK) {
-            st = dg__node_input(n, b);
+            dg__node_input(n, b);
             if (st == DG_OK)
                 st = dg__node_output(n, *beta);
             if (st == DG_OK)
-                st = dg__node_save(n, b);
+                dg__node_save(n, b);
             beta_params *pp = st == DG_OK ? (beta_params *)dg__node_params(n, sizeof *pp) : NULL;
             if (st == DG_OK && !pp)
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

@@ -20,39 +20,39 @@
  * (and 0 in f32), so the floored chunked form equals the recurrence; the gradient through a
  * floored g is 0, which is what the recurrence gives there (exp(g) = 0).
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "gate_cumsum.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/gate_cumsum.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
 #ifndef KDA_G_FLOOR
 #define KDA_G_FLOOR (-128)
 #endif
 
-void KF(dg__kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
-                          const KT *A_log, const KT *dt_bias, KT *G) {
+void RF(dg__kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, RT lb, int cumsum, const RT *x,
+                          const RT *A_log, const RT *dt_bias, RT *G) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T;
     KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
     for (int64_t t = 0; t < TT; t++)
         for (int hv = 0; hv < HV; hv++) {
-            const KT *xr = x + t * row + hv * K;
-            KT *gr = G + t * row + hv * K;
-            KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
+            const RT *xr = x + t * row + hv * K;
+            RT *gr = G + t * row + hv * K;
+            RT a = A_log ? REXP(A_log[hv]) : (RT)1;
             for (int c = 0; c < K; c++) {
-                KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
+                RT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (RT)0);
                 if (kind == DG_GATE_KDA)
-                    gr[c] = -a * KF(kda_softplus)(z);
+                    gr[c] = -a * RF(kda_softplus)(z);
                 else if (kind == DG_GATE_LOWERBOUND)
-                    gr[c] = lb * KF(kda_sigmoid)(a * z);
+                    gr[c] = lb * RF(kda_sigmoid)(a * z);
                 else
                     gr[c] = xr[c];
-                if (cumsum && gr[c] < (KT)KDA_G_FLOOR) /* NaN stays NaN */
-                    gr[c] = (KT)KDA_G_FLOOR;
+                if (cumsum && gr[c] < (RT)KDA_G_FLOOR) /* NaN stays NaN */
+                    gr[c] = (RT)KDA_G_FLOOR;
             }
         }
     if (!cumsum)
@@ -63,40 +63,40 @@ void KF(dg__kda_gate_fwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsu
     for (int64_t idx = 0; idx < NC; idx++) {
         kda_chunk ch = kda_chunk_idx(d, idx);
         for (int i = 1; i < ch.L; i++) {
-            KT *cur = G + (ch.t0 + i) * row;
-            const KT *prev = cur - row;
+            RT *cur = G + (ch.t0 + i) * row;
+            const RT *prev = cur - row;
             for (int e = 0; e < row; e++)
                 cur[e] += prev[e];
         }
     }
 }
 
-void KF(dg__kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum, const KT *x,
-                          const KT *A_log, const KT *dt_bias, const KT *dG, KT *dx, KT *dA_log,
-                          KT *ddt_bias) {
+void RF(dg__kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, RT lb, int cumsum, const RT *x,
+                          const RT *A_log, const RT *dt_bias, const RT *dG, RT *dx, RT *dA_log,
+                          RT *ddt_bias) {
     const int HV = d->HV, K = d->K, row = HV * K;
     const int64_t TT = d->B * d->T, NC = d->chunk_off[d->N];
-    memcpy(dx, dG, sizeof(KT) * (size_t)(TT * row));
+    memcpy(dx, dG, sizeof(RT) * (size_t)(TT * row));
     if (cumsum) {
         KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
         for (int64_t idx = 0; idx < NC; idx++) {
             kda_chunk ch = kda_chunk_idx(d, idx);
             for (int i = ch.L - 2; i >= 0; i--) {
-                KT *cur = dx + (ch.t0 + i) * row;
-                const KT *next = cur + row;
+                RT *cur = dx + (ch.t0 + i) * row;
+                const RT *next = cur + row;
                 for (int e = 0; e < row; e++)
                     cur[e] += next[e];
             }
         }
     }
     if (dA_log)
-        memset(dA_log, 0, sizeof(KT) * (size_t)HV);
+        memset(dA_log, 0, sizeof(RT) * (size_t)HV);
     if (ddt_bias)
-        memset(ddt_bias, 0, sizeof(KT) * (size_t)row);
+        memset(ddt_bias, 0, sizeof(RT) * (size_t)row);
     if (kind == DG_GATE_NONE) {
         if (cumsum) /* a floored g does not move G */
             for (int64_t i = 0; i < TT * row; i++)
-                if (x[i] < (KT)KDA_G_FLOOR)
+                if (x[i] < (RT)KDA_G_FLOOR)
                     dx[i] = 0;
         return;
     }
@@ -104,24 +104,24 @@ void KF(dg__kda_gate_bwd)(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsu
      * in token order, as a serial loop would, so the reductions are deterministic */
     KDA_OMP(parallel for schedule(static) if (TT * row > 32768))
     for (int hv = 0; hv < HV; hv++) {
-        const KT a = A_log ? KEXP(A_log[hv]) : (KT)1;
+        const RT a = A_log ? REXP(A_log[hv]) : (RT)1;
         for (int64_t t = 0; t < TT; t++) {
-            const KT *xr = x + t * row + hv * K;
-            KT *dr = dx + t * row + hv * K;
-            KT da = 0;
+            const RT *xr = x + t * row + hv * K;
+            RT *dr = dx + t * row + hv * K;
+            RT da = 0;
             for (int c = 0; c < K; c++) {
-                KT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (KT)0);
-                KT dz;
-                if (cumsum && kind == DG_GATE_KDA && -a * KF(kda_softplus)(z) < (KT)KDA_G_FLOOR)
+                RT z = xr[c] + (dt_bias ? dt_bias[hv * K + c] : (RT)0);
+                RT dz;
+                if (cumsum && kind == DG_GATE_KDA && -a * RF(kda_softplus)(z) < (RT)KDA_G_FLOOR)
                     dr[c] = 0; /* floored in the forward: no gradient */
                 if (kind == DG_GATE_KDA) {
                     /* dg/dz = -a sigmoid(z), dg/dA_log = g */
-                    dz = -dr[c] * a * KF(kda_sigmoid)(z);
-                    da += dr[c] * (-a * KF(kda_softplus)(z));
+                    dz = -dr[c] * a * RF(kda_sigmoid)(z);
+                    da += dr[c] * (-a * RF(kda_softplus)(z));
                 } else {
                     /* u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
-                    KT u = a * z, s = KF(kda_sigmoid)(u);
-                    KT du = dr[c] * lb * s * ((KT)1 - s);
+                    RT u = a * z, s = RF(kda_sigmoid)(u);
+                    RT du = dr[c] * lb * s * ((RT)1 - s);
                     dz = du * a;
                     da += du * u;
                 }
@@ -233,11 +233,11 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
         st = dg__node_new("kda_gate_cumsum", DG_POLICY_RECOMPUTE, gate_backward, ctx, &n);
         if (st == DG_OK) {
             for (int i = 0; i < 3 && st == DG_OK; i++)
-                st = dg__node_input(n, in[i]);
+                dg__node_input(n, in[i]);
             if (st == DG_OK)
                 st = dg__node_output(n, *G);
             for (int i = 0; i < 3 && st == DG_OK; i++)
-                st = dg__node_save(n, in[i]);
+                dg__node_save(n, in[i]);
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)

@@ -14,21 +14,21 @@
  * q, k, beta, G and Tm under either policy. Shapes: q, k [B,T,H,K]; beta [B,T,HV];
  * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT]. CUDA: q, k, beta each f32 or bf16; G f32; Aqk, Tm f32.
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "intra.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/intra.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
-                                const KT *beta, const KT *G, KT *Aqk, KT *Tm) {
+dg_status RF(dg__kda_intra_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k,
+                                const RT *beta, const RT *G, RT *Aqk, RT *Tm) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
     const int64_t NC = d->chunk_off[d->N];
     /* Lkk of one chunk, [L,L], per thread */
-    KT *Lks = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * BT * (size_t)kda_max_threads());
+    RT *Lks = (RT *)DG_MALLOC(sizeof(RT) * (size_t)BT * BT * (size_t)kda_max_threads());
     if (!Lks)
         return dg__err(DG_ERR_NOMEM, "kda_intra_fwd: no memory");
     /* work item: one (chunk, value head); it writes only its own rows of Aqk and Tm */
@@ -36,20 +36,20 @@ dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const 
     for (int64_t w = 0; w < NC * HV; w++) {
         kda_chunk ch = kda_chunk_idx(d, w / HV);
         const int hv = (int)(w % HV);
-        KT *Lk = Lks + (size_t)BT * BT * (size_t)kda_thread_id();
+        RT *Lk = Lks + (size_t)BT * BT * (size_t)kda_thread_id();
         const int hq = hv / grp;
         for (int i = 0; i < ch.L; i++) {
             const int64_t ti = ch.t0 + i;
-            const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
-            const KT *Gi = G + (ti * HV + hv) * K;
-            KT *arow = Aqk + (ti * HV + hv) * BT;
-            memset(arow, 0, sizeof(KT) * (size_t)BT);
+            const RT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+            const RT *Gi = G + (ti * HV + hv) * K;
+            RT *arow = Aqk + (ti * HV + hv) * BT;
+            memset(arow, 0, sizeof(RT) * (size_t)BT);
             for (int j = 0; j <= i; j++) {
                 const int64_t tj = ch.t0 + j;
-                const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                KT a = 0, p = 0;
+                const RT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                RT a = 0, p = 0;
                 for (int e = 0; e < K; e++) {
-                    KT x = kj[e] * KEXP(Gi[e] - Gj[e]);
+                    RT x = kj[e] * REXP(Gi[e] - Gj[e]);
                     a += qi[e] * x;
                     p += ki[e] * x;
                 }
@@ -60,11 +60,11 @@ dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const 
         }
         /* T[i,j] = -sum_{m=j}^{i-1} Lkk[i,m] T[m,j]  (j < i), T[i,i] = 1 */
         for (int i = 0; i < ch.L; i++) {
-            KT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
-            memset(trow, 0, sizeof(KT) * (size_t)BT);
+            RT *trow = Tm + ((ch.t0 + i) * HV + hv) * BT;
+            memset(trow, 0, sizeof(RT) * (size_t)BT);
             trow[i] = 1;
             for (int j = 0; j < i; j++) {
-                KT s = 0;
+                RT s = 0;
                 for (int m = j; m < i; m++)
                     s += Lk[i * BT + m] * Tm[((ch.t0 + m) * HV + hv) * BT + j];
                 trow[j] = -s;
@@ -75,18 +75,18 @@ dg_status KF(dg__kda_intra_fwd)(const kda_dims *d, KT scale, const KT *q, const 
     return DG_OK;
 }
 
-dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
-                                const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,
-                                const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG) {
+dg_status RF(dg__kda_intra_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k,
+                                const RT *beta, const RT *G, const RT *Tm, const RT *dAqk,
+                                const RT *dTm, RT *dq, RT *dk, RT *dbeta, RT *dG) {
     const int H = d->H, HV = d->HV, K = d->K, BT = d->BT, grp = HV / H;
     const int64_t TT = d->B * d->T;
-    memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
-    memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
-    memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
-    memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
+    memset(dq, 0, sizeof(RT) * (size_t)(TT * H * K));
+    memset(dk, 0, sizeof(RT) * (size_t)(TT * H * K));
+    memset(dbeta, 0, sizeof(RT) * (size_t)(TT * HV));
+    memset(dG, 0, sizeof(RT) * (size_t)(TT * HV * K));
     const int64_t NC = d->chunk_off[d->N];
     /* X1 = dTm Tm^T and dL = dLkk of one chunk, both [L,L], per thread */
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * 2 * (size_t)BT * BT * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * 2 * (size_t)BT * BT * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_intra_bwd: no memory");
 #define TM(i, j) Tm[((ch.t0 + (i)) * HV + hv) * BT + (j)]
@@ -96,17 +96,17 @@ dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const 
     for (int64_t w = 0; w < NC * H; w++) {
         kda_chunk ch = kda_chunk_idx(d, w / H);
         const int L = ch.L, hq = (int)(w % H);
-        KT *X1 = scr + 2 * (size_t)BT * BT * (size_t)kda_thread_id();
-        KT *dL = X1 + BT * BT;
+        RT *X1 = scr + 2 * (size_t)BT * BT * (size_t)kda_thread_id();
+        RT *dL = X1 + BT * BT;
         for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
             /* dLkk = -stril(Tm^T dTm Tm^T); only the strictly lower part of dTm matters (the
              * diagonal and upper part of Tm are constants) */
-            memset(dL, 0, sizeof(KT) * (size_t)BT * BT);
+            memset(dL, 0, sizeof(RT) * (size_t)BT * BT);
             if (dTm) {
                 for (int m = 0; m < L; m++) {
-                    const KT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
+                    const RT *dtr = dTm + ((ch.t0 + m) * HV + hv) * BT;
                     for (int j = 0; j < m; j++) {
-                        KT s = 0;
+                        RT s = 0;
                         for (int a = 0; a <= j; a++) /* a < m and Tm[j,a] = 0 for a > j */
                             s += dtr[a] * TM(j, a);
                         X1[m * BT + j] = s;
@@ -114,7 +114,7 @@ dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const 
                 }
                 for (int i = 0; i < L; i++)
                     for (int j = 0; j < i; j++) {
-                        KT s = 0;
+                        RT s = 0;
                         for (int m = i; m < L; m++) /* Tm[m,i] = 0 for m < i; X1[m,j]: j < m */
                             s += TM(m, i) * X1[m * BT + j];
                         dL[i * BT + j] = -s;
@@ -122,24 +122,24 @@ dg_status KF(dg__kda_intra_bwd)(const kda_dims *d, KT scale, const KT *q, const 
             }
             for (int i = 0; i < L; i++) {
                 const int64_t ti = ch.t0 + i;
-                const KT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
-                const KT *Gi = G + (ti * HV + hv) * K;
-                const KT bi = beta[ti * HV + hv];
-                KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
-                KT *dGi = dG + (ti * HV + hv) * K;
-                KT db = 0;
+                const RT *qi = q + (ti * H + hq) * K, *ki = k + (ti * H + hq) * K;
+                const RT *Gi = G + (ti * HV + hv) * K;
+                const RT bi = beta[ti * HV + hv];
+                RT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                RT *dGi = dG + (ti * HV + hv) * K;
+                RT db = 0;
                 for (int j = 0; j <= i; j++) {
                     const int64_t tj = ch.t0 + j;
-                    const KT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
-                    KT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
-                    const KT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (KT)0;
-                    const KT dP = j < i ? bi * dL[i * BT + j] : (KT)0;
-                    KT p = 0;
+                    const RT *kj = k + (tj * H + hq) * K, *Gj = G + (tj * HV + hv) * K;
+                    RT *dkj = dk + (tj * H + hq) * K, *dGj = dG + (tj * HV + hv) * K;
+                    const RT dA = dAqk ? scale * dAqk[(ti * HV + hv) * BT + j] : (RT)0;
+                    const RT dP = j < i ? bi * dL[i * BT + j] : (RT)0;
+                    RT p = 0;
                     for (int e = 0; e < K; e++) {
-                        const KT x = KEXP(Gi[e] - Gj[e]);
-                        const KT kjx = kj[e] * x;
-                        const KT rq = dA * kjx, rk = dP * kjx;             /* row side, into i */
-                        const KT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
+                        const RT x = REXP(Gi[e] - Gj[e]);
+                        const RT kjx = kj[e] * x;
+                        const RT rq = dA * kjx, rk = dP * kjx;             /* row side, into i */
+                        const RT cq = dA * qi[e] * x, ck = dP * ki[e] * x; /* column, into j */
                         dqi[e] += rq;
                         dki[e] += rk;
                         dkj[e] += cq + ck;
@@ -261,15 +261,15 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *be
         st = dg__node_new("kda_intra", DG_POLICY_RECOMPUTE, intra_backward, ctx, &n);
         if (st == DG_OK) {
             for (int i = 0; i < 4 && st == DG_OK; i++)
-                st = dg__node_input(n, in[i]);
+                dg__node_input(n, in[i]);
             if (st == DG_OK)
                 st = dg__node_output(n, *Aqk);
             if (st == DG_OK)
                 st = dg__node_output(n, *Tm);
             for (int i = 0; i < 4 && st == DG_OK; i++)
-                st = dg__node_save(n, in[i]);
+                dg__node_save(n, in[i]);
             if (st == DG_OK)
-                st = dg__node_save(n, *Tm); /* SAVED_TM */
+                dg__node_save(n, *Tm); /* SAVED_TM */
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)

@@ -21,7 +21,7 @@
  * into); dq and dk have H heads and are summed over the G value heads of a group.
  *
  * Every raw function exists twice, suffix _f64 (double) and _f32 (float, f32 arithmetic). The
- * bodies are written once per stage file with the type KT and name macro KF (see kda_tmpl.h).
+ * bodies are written once per stage file with the type RT and name macro RF (see ../ref_tmpl.h).
  */
 #ifndef DG_OPS_KDA_H
 #define DG_OPS_KDA_H
@@ -32,6 +32,7 @@
 #include "../../autograd/tape.h"
 #include "../../kernels/kda/kda_cuda.h"
 #include "../../tensor/tensor.h"
+#include "../l2norm.h"
 
 /* Sizes and the sequence/chunk tables. cu and chunk_off are host arrays. */
 typedef struct kda_dims {
@@ -93,66 +94,62 @@ static inline int kda_thread_id(void) { return 0; }
 /* ---- raw reference functions (declared for f64 and f32) ------------------------------------
  * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
-#define KDA_DECLARE_RAW(KT, SFX)                                                                   \
-    /* N1 (§11.3): y = x r, r = 1/sqrt(sum x^2 + 1e-6), rows of K. r: [rows] or NULL. */           \
-    void dg__kda_l2norm_fwd_##SFX(int64_t rows, int K, const KT *x, KT *y, KT *r);                 \
-    /* dx = r (dy - (dy . y) y) */                                                                 \
-    void dg__kda_l2norm_bwd_##SFX(int64_t rows, int K, const KT *y, const KT *r, const KT *dy,     \
-                                  KT *dx);                                                         \
+#define KDA_DECLARE_RAW(RT, SFX)                                                                   \
+    /* N1 (§11.3) is the shared L2 norm: dg__l2norm_fwd/bwd (ops/l2norm.h), eps KDA_L2_EPS. */     \
     /* N2 (§11.3): beta = c sigmoid(b), n elements. */                                             \
-    void dg__kda_beta_fwd_##SFX(int64_t n, KT c, const KT *b, KT *beta);                           \
-    void dg__kda_beta_bwd_##SFX(int64_t n, KT c, const KT *b, const KT *dbeta, KT *db);            \
+    void dg__kda_beta_fwd_##SFX(int64_t n, RT c, const RT *b, RT *beta);                           \
+    void dg__kda_beta_bwd_##SFX(int64_t n, RT c, const RT *b, const RT *dbeta, RT *db);            \
     /* N3 (§11.2, §11.4(a)): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.     \
      * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
-    void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum,           \
-                                const KT *x, const KT *A_log, const KT *dt_bias, KT *G);           \
+    void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, RT lb, int cumsum,           \
+                                const RT *x, const RT *A_log, const RT *dt_bias, RT *G);           \
     /* dG -> (reverse chunk cumsum) -> gate backward. dx: [TT,HV,K]; dA_log [HV], ddt_bias         \
      * [HV*K] optional (reduced over tokens). */                                                   \
-    void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, KT lb, int cumsum,           \
-                                const KT *x, const KT *A_log, const KT *dt_bias, const KT *dG,     \
-                                KT *dx, KT *dA_log, KT *ddt_bias);                                 \
+    void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, RT lb, int cumsum,           \
+                                const RT *x, const RT *A_log, const RT *dt_bias, const RT *dG,     \
+                                RT *dx, RT *dA_log, RT *ddt_bias);                                 \
     /* N4 (§11.4(b)): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */     \
-    dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
-                                      const KT *beta, const KT *G, KT *Aqk, KT *Tm);               \
+    dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,       \
+                                      const RT *beta, const RT *G, RT *Aqk, RT *Tm);               \
     /* (§11.6 B3 last line, §11.6 B4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta         \
      * [TT,HV], dG [TT,HV,K]. */                                                                   \
-    dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,       \
-                                      const KT *beta, const KT *G, const KT *Tm, const KT *dAqk,   \
-                                      const KT *dTm, KT *dq, KT *dk, KT *dbeta, KT *dG);           \
+    dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,       \
+                                      const RT *beta, const RT *G, const RT *Tm, const RT *dAqk,   \
+                                      const RT *dTm, RT *dq, RT *dk, RT *dbeta, RT *dG);           \
     /* N5 (§11.4(c)): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */     \
-    dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,       \
-                                   const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U,        \
-                                   KT *KG, KT *QG);                                                \
+    dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const RT *q, const RT *k, const RT *v,       \
+                                   const RT *beta, const RT *G, const RT *Tm, RT *W, RT *U,        \
+                                   RT *KG, RT *QG);                                                \
     /* (§11.6 B3 WY part, §2 N5) upstream dW, dU, dKG, dQG each optional. */                       \
-    dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const KT *q, const KT *k, const KT *v,       \
-                                   const KT *beta, const KT *G, const KT *Tm, const KT *dW,        \
-                                   const KT *dU, const KT *dKG, const KT *dQG, KT *dq, KT *dk,     \
-                                   KT *dv, KT *dbeta, KT *dG, KT *dTm);                            \
+    dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const RT *q, const RT *k, const RT *v,       \
+                                   const RT *beta, const RT *G, const RT *Tm, const RT *dW,        \
+                                   const RT *dU, const RT *dKG, const RT *dQG, RT *dq, RT *dk,     \
+                                   RT *dv, RT *dbeta, RT *dG, RT *dTm);                            \
     /* N6 (§11.4(d)): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */   \
-    dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const KT *W, const KT *U, const KT *KG,   \
-                                      const KT *G, const KT *h0, KT *h, KT *E, KT *ht);            \
+    dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const RT *W, const RT *U, const RT *KG,   \
+                                      const RT *G, const RT *h0, RT *h, RT *E, RT *ht);            \
     /* (§11.6 B2, §2 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */          \
-    dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const KT *W, const KT *KG, const KT *G,   \
-                                      const KT *h, const KT *E, const KT *dh, const KT *dE,        \
-                                      const KT *dht, KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0);    \
+    dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const RT *W, const RT *KG, const RT *G,   \
+                                      const RT *h, const RT *E, const RT *dh, const RT *dE,        \
+                                      const RT *dht, RT *dW, RT *dU, RT *dKG, RT *dG, RT *dh0);    \
     /* N7 (§11.4(e)): O = s QG h + Aqk E (j <= i). */                                              \
-    void dg__kda_output_fwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,          \
-                                  const KT *Aqk, const KT *E, KT *O);                              \
+    void dg__kda_output_fwd_##SFX(const kda_dims *d, RT scale, const RT *QG, const RT *h,          \
+                                  const RT *Aqk, const RT *E, RT *O);                              \
     /* (§11.6 B1, §2 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */    \
-    void dg__kda_output_bwd_##SFX(const kda_dims *d, KT scale, const KT *QG, const KT *h,          \
-                                  const KT *Aqk, const KT *E, const KT *dO, KT *dQG, KT *dh,       \
-                                  KT *dAqk, KT *dE);                                               \
+    void dg__kda_output_bwd_##SFX(const kda_dims *d, RT scale, const RT *QG, const RT *h,          \
+                                  const RT *Aqk, const RT *E, const RT *dO, RT *dQG, RT *dh,       \
+                                  RT *dAqk, RT *dE);                                               \
     /* §11.1 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional.  \
      */                                                                                            \
-    dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,   \
-                                          const KT *v, const KT *g, const KT *beta, const KT *h0,  \
-                                          KT *o, KT *ht);                                          \
+    dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,   \
+                                          const RT *v, const RT *g, const RT *beta, const RT *h0,  \
+                                          RT *o, RT *ht);                                          \
     /* Backward through time (states recomputed from checkpoints every KDA_REC_SEG tokens).        \
      * dO, dht optional; dh0 optional. */                                                          \
-    dg_status dg__kda_recurrent_bwd_##SFX(const kda_dims *d, KT scale, const KT *q, const KT *k,   \
-                                          const KT *v, const KT *g, const KT *beta, const KT *h0,  \
-                                          const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv,     \
-                                          KT *dg, KT *dbeta, KT *dh0);
+    dg_status dg__kda_recurrent_bwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,   \
+                                          const RT *v, const RT *g, const RT *beta, const RT *h0,  \
+                                          const RT *dO, const RT *dht, RT *dq, RT *dk, RT *dv,     \
+                                          RT *dg, RT *dbeta, RT *dh0);
 
 KDA_DECLARE_RAW(double, f64)
 KDA_DECLARE_RAW(float, f32)
@@ -305,37 +302,10 @@ dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor *
  * dg_status, DG_OK after a CPU function that returns void. The struct kda_X_io names the arrays
  * of one call; the declarations above say which may be NULL. */
 
-/* l2norm and beta have no dims: they take the device (`cuda`) and the compute dtype `dt`. On
- * CUDA their raw input x / b and its gradient dx / db may be bf16 instead (xbf16 / bbf16: the
- * kernels read and write that dtype directly, kda_cuda.h); the CPU needs dt (xbf16 = 0). The
- * gate's io has the same flag. */
-static inline dg_status kda_run_l2norm_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
-                                           int xbf16, const void *x, void *y, void *r) {
-#ifdef DG_HAVE_CUDA
-    if (cuda)
-        return dg__kda_l2norm_fwd_cuda(ctx, rows, K, xbf16, x, y, r);
-#endif
-    (void)xbf16;
-    if (dt == DG_F64)
-        dg__kda_l2norm_fwd_f64(rows, K, x, y, r);
-    else
-        dg__kda_l2norm_fwd_f32(rows, K, x, y, r);
-    return DG_OK;
-}
-static inline dg_status kda_run_l2norm_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int K,
-                                           const void *y, const void *r, const void *dy, int xbf16,
-                                           void *dx) {
-#ifdef DG_HAVE_CUDA
-    if (cuda)
-        return dg__kda_l2norm_bwd_cuda(ctx, rows, K, y, r, dy, xbf16, dx);
-#endif
-    (void)xbf16;
-    if (dt == DG_F64)
-        dg__kda_l2norm_bwd_f64(rows, K, y, r, dy, dx);
-    else
-        dg__kda_l2norm_bwd_f32(rows, K, y, r, dy, dx);
-    return DG_OK;
-}
+/* beta has no dims: it takes the device (`cuda`) and the compute dtype `dt`. On CUDA its raw
+ * input b and its gradient db may be bf16 instead (bbf16: the kernels read and write that dtype
+ * directly, kda_cuda.h); the CPU needs dt (bbf16 = 0). The gate's io has the same flag, and so
+ * has N1, the shared L2 norm (dg__l2norm_run_fwd / _bwd, ops/l2norm.h). */
 static inline dg_status kda_run_beta_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t n, double c,
                                          int bbf16, const void *b, void *beta) {
 #ifdef DG_HAVE_CUDA

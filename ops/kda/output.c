@@ -10,17 +10,17 @@
  * CUDA: QG, h, E f32 or bf16 (read in the intermediates' storage dtype, kda_cfg.mid), Aqk f32;
  * O is computed in f32 (the composite converts it to q's dtype).
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "output.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/output.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-void KF(dg__kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
-                            const KT *E, KT *O) {
+void RF(dg__kda_output_fwd)(const kda_dims *d, RT scale, const RT *QG, const RT *h, const RT *Aqk,
+                            const RT *E, RT *O) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
     /* work item: one (chunk, value head); it writes only its own rows */
@@ -28,19 +28,19 @@ void KF(dg__kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT 
     for (int64_t w = 0; w < NC * HV; w++) {
         kda_chunk ch = kda_chunk_idx(d, w / HV);
         const int hv = (int)(w % HV);
-        const KT *hc = h + (ch.idx * HV + hv) * KV;
+        const RT *hc = h + (ch.idx * HV + hv) * KV;
         for (int i = 0; i < ch.L; i++) {
             const int64_t ti = ch.t0 + i;
-            const KT *qgi = QG + (ti * HV + hv) * K, *arow = Aqk + (ti * HV + hv) * BT;
-            KT *oi = O + (ti * HV + hv) * V;
+            const RT *qgi = QG + (ti * HV + hv) * K, *arow = Aqk + (ti * HV + hv) * BT;
+            RT *oi = O + (ti * HV + hv) * V;
             for (int b = 0; b < V; b++) {
-                KT s = 0;
+                RT s = 0;
                 for (int a = 0; a < K; a++)
                     s += qgi[a] * hc[a * V + b];
                 oi[b] = scale * s;
             }
             for (int j = 0; j <= i; j++) {
-                const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
+                const RT *ej = E + ((ch.t0 + j) * HV + hv) * V;
                 for (int b = 0; b < V; b++)
                     oi[b] += arow[j] * ej[b];
             }
@@ -48,8 +48,8 @@ void KF(dg__kda_output_fwd)(const kda_dims *d, KT scale, const KT *QG, const KT 
     }
 }
 
-void KF(dg__kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT *h, const KT *Aqk,
-                            const KT *E, const KT *dO, KT *dQG, KT *dh, KT *dAqk, KT *dE) {
+void RF(dg__kda_output_bwd)(const kda_dims *d, RT scale, const RT *QG, const RT *h, const RT *Aqk,
+                            const RT *E, const RT *dO, RT *dQG, RT *dh, RT *dAqk, RT *dE) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, NC = d->chunk_off[d->N];
     /* work item: one (chunk, value head); it writes only its own rows */
@@ -57,35 +57,35 @@ void KF(dg__kda_output_bwd)(const kda_dims *d, KT scale, const KT *QG, const KT 
     for (int64_t w = 0; w < NC * HV; w++) {
         kda_chunk ch = kda_chunk_idx(d, w / HV);
         const int hv = (int)(w % HV);
-        const KT *hc = h + (ch.idx * HV + hv) * KV;
-        KT *dhc = dh + (ch.idx * HV + hv) * KV;
-        memset(dhc, 0, sizeof(KT) * (size_t)KV);
+        const RT *hc = h + (ch.idx * HV + hv) * KV;
+        RT *dhc = dh + (ch.idx * HV + hv) * KV;
+        memset(dhc, 0, sizeof(RT) * (size_t)KV);
         for (int i = 0; i < ch.L; i++) {
             const int64_t ti = ch.t0 + i;
-            const KT *qgi = QG + (ti * HV + hv) * K, *doi = dO + (ti * HV + hv) * V;
-            KT *dqgi = dQG + (ti * HV + hv) * K, *darow = dAqk + (ti * HV + hv) * BT;
-            KT *dei = dE + (ti * HV + hv) * V;
+            const RT *qgi = QG + (ti * HV + hv) * K, *doi = dO + (ti * HV + hv) * V;
+            RT *dqgi = dQG + (ti * HV + hv) * K, *darow = dAqk + (ti * HV + hv) * BT;
+            RT *dei = dE + (ti * HV + hv) * V;
             for (int a = 0; a < K; a++) {
-                KT s = 0;
+                RT s = 0;
                 for (int b = 0; b < V; b++) {
                     s += doi[b] * hc[a * V + b];
                     dhc[a * V + b] += scale * qgi[a] * doi[b];
                 }
                 dqgi[a] = scale * s;
             }
-            memset(darow, 0, sizeof(KT) * (size_t)BT);
+            memset(darow, 0, sizeof(RT) * (size_t)BT);
             for (int j = 0; j <= i; j++) {
-                const KT *ej = E + ((ch.t0 + j) * HV + hv) * V;
-                KT s = 0;
+                const RT *ej = E + ((ch.t0 + j) * HV + hv) * V;
+                RT s = 0;
                 for (int b = 0; b < V; b++)
                     s += doi[b] * ej[b];
                 darow[j] = s;
             }
             /* dE_i = sum_{r >= i} Aqk[r, i] dO_r */
-            memset(dei, 0, sizeof(KT) * (size_t)V);
+            memset(dei, 0, sizeof(RT) * (size_t)V);
             for (int r = i; r < ch.L; r++) {
                 const int64_t tr = ch.t0 + r;
-                const KT a = Aqk[(tr * HV + hv) * BT + i], *dor = dO + (tr * HV + hv) * V;
+                const RT a = Aqk[(tr * HV + hv) * BT + i], *dor = dO + (tr * HV + hv) * V;
                 for (int b = 0; b < V; b++)
                     dei[b] += a * dor[b];
             }
@@ -223,13 +223,13 @@ dg_status dg__kda_output_x(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *
             }
         }
         for (int i = 0; i < 4 && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK)
-            st = dg__node_save(n, Aqk); /* SAVED_AQK */
+            dg__node_save(n, Aqk); /* SAVED_AQK */
         if (st == DG_OK)
-            st = dg__group_join(grp, KDA_M_OUTPUT, n);
+            dg__group_join(grp, KDA_M_OUTPUT, n);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

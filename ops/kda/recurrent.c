@@ -15,74 +15,74 @@
  * CUDA: q, k, v, g, beta f32 or bf16 (one dtype), A_log, dt_bias, h0 f32; computed in f32; o in
  * q's dtype, ht f32.
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "recurrent.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/recurrent.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
 /* One token of kda.md §11.1 on S [K,V] in place; writes o_t when o is not NULL. */
-static void KF(rec_step)(const kda_dims *d, KT scale, int64_t t, int hv, const KT *q, const KT *k,
-                         const KT *v, const KT *g, const KT *beta, KT *S, KT *o) {
+static void RF(rec_step)(const kda_dims *d, RT scale, int64_t t, int hv, const RT *q, const RT *k,
+                         const RT *v, const RT *g, const RT *beta, RT *S, RT *o) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, hq = hv / (HV / H);
-    const KT *qt = q + (t * H + hq) * K, *kt = k + (t * H + hq) * K;
-    const KT *vt = v + (t * HV + hv) * V, *gt = g + (t * HV + hv) * K;
-    const KT bt = beta[t * HV + hv];
+    const RT *qt = q + (t * H + hq) * K, *kt = k + (t * H + hq) * K;
+    const RT *vt = v + (t * HV + hv) * V, *gt = g + (t * HV + hv) * K;
+    const RT bt = beta[t * HV + hv];
     for (int a = 0; a < K; a++) {
-        const KT dec = KEXP(gt[a]);
+        const RT dec = REXP(gt[a]);
         for (int b = 0; b < V; b++)
             S[a * V + b] *= dec;
     }
     for (int b = 0; b < V; b++) { /* column b of S' gives e_b, then gets its rank-1 update */
-        KT p = 0;
+        RT p = 0;
         for (int a = 0; a < K; a++)
             p += S[a * V + b] * kt[a];
-        const KT e = bt * (vt[b] - p);
+        const RT e = bt * (vt[b] - p);
         for (int a = 0; a < K; a++)
             S[a * V + b] += kt[a] * e;
     }
     if (o)
         for (int b = 0; b < V; b++) {
-            KT s = 0;
+            RT s = 0;
             for (int a = 0; a < K; a++)
                 s += S[a * V + b] * qt[a];
             o[(t * HV + hv) * V + b] = scale * s;
         }
 }
 
-dg_status KF(dg__kda_recurrent_fwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
-                                    const KT *v, const KT *g, const KT *beta, const KT *h0, KT *o,
-                                    KT *ht) {
+dg_status RF(dg__kda_recurrent_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k,
+                                    const RT *v, const RT *g, const RT *beta, const RT *h0, RT *o,
+                                    RT *ht) {
     const int HV = d->HV;
     const int64_t KV = (int64_t)d->K * d->V;
-    KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
+    RT *Ss = (RT *)DG_MALLOC(sizeof(RT) * (size_t)KV * (size_t)kda_max_threads());
     if (!Ss)
         return dg__err(DG_ERR_NOMEM, "kda_recurrent_fwd: no memory");
     /* work item: one (sequence, value head) with its own state S [K,V] */
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
     for (int w = 0; w < d->N * HV; w++) {
         const int n = w / HV, hv = w % HV;
-        KT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
+        RT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
         if (h0)
-            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(S, 0, sizeof(KT) * (size_t)KV);
+            memset(S, 0, sizeof(RT) * (size_t)KV);
         for (int64_t t = d->cu[n]; t < d->cu[n + 1]; t++)
-            KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
+            RF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, o);
         if (ht)
-            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(Ss);
     return DG_OK;
 }
 
-dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, const KT *k,
-                                    const KT *v, const KT *g, const KT *beta, const KT *h0,
-                                    const KT *dO, const KT *dht, KT *dq, KT *dk, KT *dv, KT *dg,
-                                    KT *dbeta, KT *dh0) {
+dg_status RF(dg__kda_recurrent_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k,
+                                    const RT *v, const RT *g, const RT *beta, const RT *h0,
+                                    const RT *dO, const RT *dht, RT *dq, RT *dk, RT *dv, RT *dg,
+                                    RT *dbeta, RT *dh0) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, grp = HV / H, SEG = KDA_REC_SEG;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
     int64_t maxlen = 0;
@@ -93,64 +93,64 @@ dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, co
     /* per thread: ckpt [nseg,K,V] | buf [SEG+1,K,V] states of one segment | dS, Sp [K,V] |
      * e, p, de [V] */
     const size_t per = (size_t)((nseg_max + SEG + 3) * KV + 3 * V);
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_recurrent_bwd: no memory");
-    memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
-    memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
+    memset(dq, 0, sizeof(RT) * (size_t)(TT * H * K));
+    memset(dk, 0, sizeof(RT) * (size_t)(TT * H * K));
     /* work item: one (sequence, q/k head); the value heads of its group run in order inside, so
      * dq and dk of a GVA group accumulate in the same order as a serial loop */
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * H > 1))
     for (int w = 0; w < d->N * H; w++) {
         const int n = w / H, hq = w % H;
-        KT *ckpt = scr + per * (size_t)kda_thread_id();
-        KT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
-        KT *e = Sp + KV, *p = e + V, *de = p + V;
+        RT *ckpt = scr + per * (size_t)kda_thread_id();
+        RT *buf = ckpt + nseg_max * KV, *dS = buf + (SEG + 1) * KV, *Sp = dS + KV;
+        RT *e = Sp + KV, *p = e + V, *de = p + V;
         for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
             const int64_t t0 = d->cu[n], t1 = d->cu[n + 1];
-            KT *S = buf;
+            RT *S = buf;
             if (h0)
-                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+                memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(RT) * (size_t)KV);
             else
-                memset(S, 0, sizeof(KT) * (size_t)KV);
+                memset(S, 0, sizeof(RT) * (size_t)KV);
             for (int64_t t = t0; t < t1; t++) {
                 if ((t - t0) % SEG == 0)
-                    memcpy(ckpt + (t - t0) / SEG * KV, S, sizeof(KT) * (size_t)KV);
-                KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, NULL);
+                    memcpy(ckpt + (t - t0) / SEG * KV, S, sizeof(RT) * (size_t)KV);
+                RF(rec_step)(d, scale, t, hv, q, k, v, g, beta, S, NULL);
             }
             if (dht)
-                memcpy(dS, dht + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+                memcpy(dS, dht + ((int64_t)n * HV + hv) * KV, sizeof(RT) * (size_t)KV);
             else
-                memset(dS, 0, sizeof(KT) * (size_t)KV);
+                memset(dS, 0, sizeof(RT) * (size_t)KV);
             for (int64_t s = (t1 - t0 + SEG - 1) / SEG - 1; s >= 0; s--) {
                 const int64_t ts = t0 + s * SEG, te = ts + SEG < t1 ? ts + SEG : t1;
-                memcpy(buf, ckpt + s * KV, sizeof(KT) * (size_t)KV);
+                memcpy(buf, ckpt + s * KV, sizeof(RT) * (size_t)KV);
                 for (int64_t t = ts; t < te; t++) {
-                    memcpy(buf + (t - ts + 1) * KV, buf + (t - ts) * KV, sizeof(KT) * (size_t)KV);
-                    KF(rec_step)(d, scale, t, hv, q, k, v, g, beta, buf + (t - ts + 1) * KV, NULL);
+                    memcpy(buf + (t - ts + 1) * KV, buf + (t - ts) * KV, sizeof(RT) * (size_t)KV);
+                    RF(rec_step)(d, scale, t, hv, q, k, v, g, beta, buf + (t - ts + 1) * KV, NULL);
                 }
                 for (int64_t t = te - 1; t >= ts; t--) {
-                    const KT *Sprev = buf + (t - ts) * KV, *St = buf + (t - ts + 1) * KV;
-                    const KT *qt = q + (t * H + hq) * K, *kt = k + (t * H + hq) * K;
-                    const KT *vt = v + (t * HV + hv) * V, *gt = g + (t * HV + hv) * K;
-                    const KT bt = beta[t * HV + hv];
-                    KT *dqt = dq + (t * H + hq) * K, *dkt = dk + (t * H + hq) * K;
+                    const RT *Sprev = buf + (t - ts) * KV, *St = buf + (t - ts + 1) * KV;
+                    const RT *qt = q + (t * H + hq) * K, *kt = k + (t * H + hq) * K;
+                    const RT *vt = v + (t * HV + hv) * V, *gt = g + (t * HV + hv) * K;
+                    const RT bt = beta[t * HV + hv];
+                    RT *dqt = dq + (t * H + hq) * K, *dkt = dk + (t * H + hq) * K;
                     for (int a = 0; a < K; a++) {
-                        const KT dec = KEXP(gt[a]);
+                        const RT dec = REXP(gt[a]);
                         for (int b = 0; b < V; b++)
                             Sp[a * V + b] = dec * Sprev[a * V + b];
                     }
                     for (int b = 0; b < V; b++) {
-                        KT s_ = 0;
+                        RT s_ = 0;
                         for (int a = 0; a < K; a++)
                             s_ += Sp[a * V + b] * kt[a];
                         p[b] = s_;
                         e[b] = bt * (vt[b] - s_);
                     }
                     if (dO) { /* o_t = s S_t^T q_t */
-                        const KT *dot = dO + (t * HV + hv) * V;
+                        const RT *dot = dO + (t * HV + hv) * V;
                         for (int a = 0; a < K; a++) {
-                            KT s_ = 0;
+                            RT s_ = 0;
                             for (int b = 0; b < V; b++) {
                                 s_ += St[a * V + b] * dot[b];
                                 dS[a * V + b] += scale * qt[a] * dot[b];
@@ -160,14 +160,14 @@ dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, co
                     }
                     /* S_t = S' + k e^T */
                     for (int b = 0; b < V; b++) {
-                        KT s_ = 0;
+                        RT s_ = 0;
                         for (int a = 0; a < K; a++)
                             s_ += dS[a * V + b] * kt[a];
                         de[b] = s_;
                     }
-                    KT db = 0;
+                    RT db = 0;
                     for (int a = 0; a < K; a++) {
-                        KT s_ = 0;
+                        RT s_ = 0;
                         for (int b = 0; b < V; b++)
                             s_ += dS[a * V + b] * e[b];
                         dkt[a] += s_;
@@ -179,13 +179,13 @@ dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, co
                         de[b] = -bt * de[b]; /* now dp */
                     }
                     dbeta[t * HV + hv] = db;
-                    KT *dgt = dg + (t * HV + hv) * K;
+                    RT *dgt = dg + (t * HV + hv) * K;
                     for (int a = 0; a < K; a++) {
-                        KT sk = 0, sg = 0;
-                        const KT dec = KEXP(gt[a]);
+                        RT sk = 0, sg = 0;
+                        const RT dec = REXP(gt[a]);
                         for (int b = 0; b < V; b++) {
                             sk += Sp[a * V + b] * de[b];
-                            const KT dsp = dS[a * V + b] + kt[a] * de[b];
+                            const RT dsp = dS[a * V + b] + kt[a] * de[b];
                             sg += Sp[a * V + b] * dsp;
                             dS[a * V + b] = dec * dsp; /* S' = Diag(exp(g)) S_{t-1} */
                         }
@@ -195,7 +195,7 @@ dg_status KF(dg__kda_recurrent_bwd)(const kda_dims *d, KT scale, const KT *q, co
                 }
             }
             if (dh0)
-                memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dS, sizeof(KT) * (size_t)KV);
+                memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dS, sizeof(RT) * (size_t)KV);
         }
     }
     DG_FREE(scr);
@@ -280,9 +280,11 @@ static dg_status tx_build(dg_ctx *ctx, const kda_cfg *c, int flags, const rec_pt
     x->k = p->k;
     dg_status st = DG_OK;
     if (flags & F_L2) {
-        st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, 0, p->q, x->qn, x->rq);
+        st = dg__l2norm_run_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, KDA_L2_EPS, 0, p->q, x->qn,
+                                x->rq);
         if (st == DG_OK)
-            st = kda_run_l2norm_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, 0, p->k, x->kn, x->rk);
+            st = dg__l2norm_run_fwd(ctx, c->cuda, c->dt, TT * d->H, d->K, KDA_L2_EPS, 0, p->k,
+                                    x->kn, x->rk);
         x->q = x->qn;
         x->k = x->kn;
     }
@@ -374,10 +376,10 @@ static dg_status rec_backward(dg_ctx *ctx, dg_node *n) {
     const int64_t TT = d->B * d->T, rows = TT * d->H;
     /* dq, dk, dbeta: through the transform, or the raw gradient itself */
     if (st == DG_OK && (np->flags & F_L2)) {
-        st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n), 0,
+        st = dg__l2norm_run_bwd(ctx, c->cuda, c->dt, rows, d->K, x.q, x.rq, dg_tensor_data(dq_n), 0,
                                 dg_tensor_data(gr.q));
         if (st == DG_OK)
-            st = kda_run_l2norm_bwd(ctx, c->cuda, c->dt, rows, d->K, x.k, x.rk,
+            st = dg__l2norm_run_bwd(ctx, c->cuda, c->dt, rows, d->K, x.k, x.rk,
                                     dg_tensor_data(dk_n), 0, dg_tensor_data(gr.k));
     } else if (st == DG_OK) {
         dg_tensor_free(&gr.q);
@@ -466,13 +468,13 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
         dg_node *n = NULL;
         st = dg__node_new("kda_recurrent", DG_POLICY_RECOMPUTE, rec_backward, ctx, &n);
         for (int i = 0; i < N_IN && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = dg__node_output(n, *o);
         if (st == DG_OK && want_ht)
             st = dg__node_output(n, *ht);
         for (int i = 0; i < N_IN && st == DG_OK; i++)
-            st = dg__node_save(n, in[i]);
+            dg__node_save(n, in[i]);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, NULL) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

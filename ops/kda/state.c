@@ -16,116 +16,116 @@
  * intermediates' storage dtype, kda_cfg.mid: bf16 on the tensor-core path where the sizes allow);
  * h, E in that dtype, their gradients f32; G, h0, ht f32.
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "state.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/state.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__kda_state_fwd)(const kda_dims *d, const KT *W, const KT *U, const KT *KG,
-                                const KT *G, const KT *h0, KT *h, KT *E, KT *ht) {
+dg_status RF(dg__kda_state_fwd)(const kda_dims *d, const RT *W, const RT *U, const RT *KG,
+                                const RT *G, const RT *h0, RT *h, RT *E, RT *ht) {
     const int HV = d->HV, K = d->K, V = d->V;
     const int64_t KV = (int64_t)K * V;
     /* running state [K,V] per thread */
-    KT *Ss = (KT *)DG_MALLOC(sizeof(KT) * (size_t)KV * (size_t)kda_max_threads());
+    RT *Ss = (RT *)DG_MALLOC(sizeof(RT) * (size_t)KV * (size_t)kda_max_threads());
     if (!Ss)
         return dg__err(DG_ERR_NOMEM, "kda_state_fwd: no memory");
     /* work item: one (sequence, value head), sequential over its chunks */
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
     for (int w = 0; w < d->N * HV; w++) {
         const int n = w / HV, hv = w % HV;
-        KT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
+        RT *S = Ss + (size_t)KV * (size_t)kda_thread_id();
         if (h0)
-            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(S, h0 + ((int64_t)n * HV + hv) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(S, 0, sizeof(KT) * (size_t)KV);
+            memset(S, 0, sizeof(RT) * (size_t)KV);
         for (int64_t c = 0; c < kda_nchunks(d, n); c++) {
             kda_chunk ch = kda_chunk_at(d, n, c);
-            memcpy(h + (ch.idx * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+            memcpy(h + (ch.idx * HV + hv) * KV, S, sizeof(RT) * (size_t)KV);
             for (int i = 0; i < ch.L; i++) {
                 const int64_t ti = ch.t0 + i;
-                const KT *wi = W + (ti * HV + hv) * K;
-                KT *ei = E + (ti * HV + hv) * V;
-                memcpy(ei, U + (ti * HV + hv) * V, sizeof(KT) * (size_t)V);
+                const RT *wi = W + (ti * HV + hv) * K;
+                RT *ei = E + (ti * HV + hv) * V;
+                memcpy(ei, U + (ti * HV + hv) * V, sizeof(RT) * (size_t)V);
                 for (int a = 0; a < K; a++)
                     for (int b = 0; b < V; b++)
                         ei[b] -= wi[a] * S[a * V + b];
             }
-            const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+            const RT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
             for (int a = 0; a < K; a++) {
-                const KT dec = KEXP(lam[a]);
+                const RT dec = REXP(lam[a]);
                 for (int b = 0; b < V; b++)
                     S[a * V + b] *= dec;
             }
             for (int i = 0; i < ch.L; i++) {
                 const int64_t ti = ch.t0 + i;
-                const KT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
+                const RT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
                 for (int a = 0; a < K; a++)
                     for (int b = 0; b < V; b++)
                         S[a * V + b] += kgi[a] * ei[b];
             }
         }
         if (ht)
-            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(KT) * (size_t)KV);
+            memcpy(ht + ((int64_t)n * HV + hv) * KV, S, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(Ss);
     return DG_OK;
 }
 
-dg_status KF(dg__kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, const KT *G,
-                                const KT *h, const KT *E, const KT *dh, const KT *dE, const KT *dht,
-                                KT *dW, KT *dU, KT *dKG, KT *dG, KT *dh0) {
+dg_status RF(dg__kda_state_bwd)(const kda_dims *d, const RT *W, const RT *KG, const RT *G,
+                                const RT *h, const RT *E, const RT *dh, const RT *dE, const RT *dht,
+                                RT *dW, RT *dU, RT *dKG, RT *dG, RT *dh0) {
     const int HV = d->HV, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, TT = d->B * d->T;
-    memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
+    memset(dG, 0, sizeof(RT) * (size_t)(TT * HV * K));
     /* per thread: dH [K,V] running gradient of the state; dEc [L,V] total dE of one chunk */
     const size_t per = (size_t)(KV + (int64_t)BT * V);
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_state_bwd: no memory");
     /* work item: one (sequence, value head), sequential over its chunks in reverse */
     KDA_OMP(parallel for schedule(dynamic, 1) if (d->N * HV > 1))
     for (int w = 0; w < d->N * HV; w++) {
         const int n = w / HV, hv = w % HV;
-        KT *dH = scr + per * (size_t)kda_thread_id(), *dEc = dH + KV;
+        RT *dH = scr + per * (size_t)kda_thread_id(), *dEc = dH + KV;
         if (dht)
-            memcpy(dH, dht + ((int64_t)n * HV + hv) * KV, sizeof(KT) * (size_t)KV);
+            memcpy(dH, dht + ((int64_t)n * HV + hv) * KV, sizeof(RT) * (size_t)KV);
         else
-            memset(dH, 0, sizeof(KT) * (size_t)KV);
+            memset(dH, 0, sizeof(RT) * (size_t)KV);
         for (int64_t c = kda_nchunks(d, n) - 1; c >= 0; c--) {
             kda_chunk ch = kda_chunk_at(d, n, c);
-            const KT *hc = h + (ch.idx * HV + hv) * KV;
+            const RT *hc = h + (ch.idx * HV + hv) * KV;
             const int64_t tl = ch.t0 + ch.L - 1;
-            const KT *lam = G + (tl * HV + hv) * K;
-            KT *dlam = dG + (tl * HV + hv) * K;
+            const RT *lam = G + (tl * HV + hv) * K;
+            RT *dlam = dG + (tl * HV + hv) * K;
             for (int i = 0; i < ch.L; i++) {
                 const int64_t ti = ch.t0 + i;
-                const KT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
-                KT *de = dEc + i * V;
+                const RT *kgi = KG + (ti * HV + hv) * K, *ei = E + (ti * HV + hv) * V;
+                RT *de = dEc + i * V;
                 for (int b = 0; b < V; b++)
-                    de[b] = dE ? dE[(ti * HV + hv) * V + b] : (KT)0;
+                    de[b] = dE ? dE[(ti * HV + hv) * V + b] : (RT)0;
                 for (int a = 0; a < K; a++) {
-                    KT s = 0;
+                    RT s = 0;
                     for (int b = 0; b < V; b++) {
                         de[b] += kgi[a] * dH[a * V + b];
                         s += ei[b] * dH[a * V + b];
                     }
                     dKG[(ti * HV + hv) * K + a] = s;
                 }
-                memcpy(dU + (ti * HV + hv) * V, de, sizeof(KT) * (size_t)V);
+                memcpy(dU + (ti * HV + hv) * V, de, sizeof(RT) * (size_t)V);
                 for (int a = 0; a < K; a++) {
-                    KT s = 0;
+                    RT s = 0;
                     for (int b = 0; b < V; b++)
                         s += de[b] * hc[a * V + b];
                     dW[(ti * HV + hv) * K + a] = -s;
                 }
             }
             for (int a = 0; a < K; a++) {
-                const KT dec = KEXP(lam[a]);
-                KT s = 0;
+                const RT dec = REXP(lam[a]);
+                RT s = 0;
                 for (int b = 0; b < V; b++)
                     s += hc[a * V + b] * dH[a * V + b];
                 dlam[a] += dec * s;
@@ -133,19 +133,19 @@ dg_status KF(dg__kda_state_bwd)(const kda_dims *d, const KT *W, const KT *KG, co
                     dH[a * V + b] *= dec;
             }
             for (int i = 0; i < ch.L; i++) {
-                const KT *wi = W + ((ch.t0 + i) * HV + hv) * K, *de = dEc + i * V;
+                const RT *wi = W + ((ch.t0 + i) * HV + hv) * K, *de = dEc + i * V;
                 for (int a = 0; a < K; a++)
                     for (int b = 0; b < V; b++)
                         dH[a * V + b] -= wi[a] * de[b];
             }
             if (dh) {
-                const KT *dhc = dh + (ch.idx * HV + hv) * KV;
+                const RT *dhc = dh + (ch.idx * HV + hv) * KV;
                 for (int64_t e = 0; e < KV; e++)
                     dH[e] += dhc[e];
             }
         }
         if (dh0)
-            memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dH, sizeof(KT) * (size_t)KV);
+            memcpy(dh0 + ((int64_t)n * HV + hv) * KV, dH, sizeof(RT) * (size_t)KV);
     }
     DG_FREE(scr);
     return DG_OK;
@@ -310,7 +310,7 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
             dg__group_offer(grp, KDA_E, *E);
         }
         for (int i = 0; i < 5 && st == DG_OK; i++)
-            st = dg__node_input(n, in[i]);
+            dg__node_input(n, in[i]);
         if (st == DG_OK)
             st = kda_output_mid(n, &cfg, *h);
         if (st == DG_OK)
@@ -318,11 +318,11 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
         if (st == DG_OK && ht)
             st = dg__node_output(n, *ht);
         if (st == DG_OK)
-            st = dg__node_save(n, G); /* SAVED_G */
+            dg__node_save(n, G); /* SAVED_G */
         if (st == DG_OK)
-            st = dg__node_save(n, h0); /* SAVED_H0 */
+            dg__node_save(n, h0); /* SAVED_H0 */
         if (st == DG_OK)
-            st = dg__group_join(grp, KDA_M_STATE, n);
+            dg__group_join(grp, KDA_M_STATE, n);
         kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, grp) : NULL;
         if (st == DG_OK && !np)
             st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");

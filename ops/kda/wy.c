@@ -14,22 +14,22 @@
  * intermediates (kda_cfg.mid: bf16 on the tensor-core path where the sizes allow, else f32),
  * their gradients f32.
  */
-#ifndef KDA_TMPL
+#ifndef DG_REF_TMPL
 #include "kda.h"
-#define KDA_TMPL "wy.c"
-#include "kda_tmpl.h"
+#define DG_REF_TMPL "kda/wy.c"
+#include "../ref_tmpl.h"
 #endif
 
-#ifdef KT
+#ifdef RT
 /* ---- reference ------------------------------------------------------------------------------ */
 
-dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v,
-                             const KT *beta, const KT *G, const KT *Tm, KT *W, KT *U, KT *KG,
-                             KT *QG) {
+dg_status RF(dg__kda_wy_fwd)(const kda_dims *d, const RT *q, const RT *k, const RT *v,
+                             const RT *beta, const RT *G, const RT *Tm, RT *W, RT *U, RT *KG,
+                             RT *QG) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
     const int64_t NC = d->chunk_off[d->N];
     /* gamma = exp(G) of one chunk [L,K] per thread: formed once per row instead of per (i, j) */
-    KT *gams = (KT *)DG_MALLOC(sizeof(KT) * (size_t)BT * K * (size_t)kda_max_threads());
+    RT *gams = (RT *)DG_MALLOC(sizeof(RT) * (size_t)BT * K * (size_t)kda_max_threads());
     if (!gams)
         return dg__err(DG_ERR_NOMEM, "kda_wy_fwd: no memory");
     /* work item: one (chunk, value head); it writes only its own rows */
@@ -37,40 +37,40 @@ dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const 
     for (int64_t w = 0; w < NC * HV; w++) {
         kda_chunk ch = kda_chunk_idx(d, w / HV);
         const int hv = (int)(w % HV), hq = hv / grp;
-        const KT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
-        KT *gam = gams + (size_t)BT * K * (size_t)kda_thread_id();
+        const RT *lam = G + ((ch.t0 + ch.L - 1) * HV + hv) * K;
+        RT *gam = gams + (size_t)BT * K * (size_t)kda_thread_id();
         for (int j = 0; j < ch.L && W; j++)
             for (int e = 0; e < K; e++)
-                gam[j * K + e] = KEXP(G[((ch.t0 + j) * HV + hv) * K + e]);
+                gam[j * K + e] = REXP(G[((ch.t0 + j) * HV + hv) * K + e]);
         for (int i = 0; i < ch.L; i++) {
             const int64_t ti = ch.t0 + i;
-            const KT *Gi = G + (ti * HV + hv) * K;
-            const KT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
-            const KT *trow = Tm + (ti * HV + hv) * BT;
+            const RT *Gi = G + (ti * HV + hv) * K;
+            const RT *ki = k + (ti * H + hq) * K, *qi = q + (ti * H + hq) * K;
+            const RT *trow = Tm + (ti * HV + hv) * BT;
             if (KG)
                 for (int e = 0; e < K; e++)
-                    KG[(ti * HV + hv) * K + e] = ki[e] * KEXP(lam[e] - Gi[e]);
+                    KG[(ti * HV + hv) * K + e] = ki[e] * REXP(lam[e] - Gi[e]);
             if (QG)
                 for (int e = 0; e < K; e++)
-                    QG[(ti * HV + hv) * K + e] = qi[e] * KEXP(Gi[e]);
+                    QG[(ti * HV + hv) * K + e] = qi[e] * REXP(Gi[e]);
             if (W) {
-                KT *wr = W + (ti * HV + hv) * K;
-                memset(wr, 0, sizeof(KT) * (size_t)K);
+                RT *wr = W + (ti * HV + hv) * K;
+                memset(wr, 0, sizeof(RT) * (size_t)K);
                 for (int j = 0; j <= i; j++) {
                     const int64_t tj = ch.t0 + j;
-                    const KT *kj = k + (tj * H + hq) * K, *gj = gam + j * K;
-                    const KT f = trow[j] * beta[tj * HV + hv];
+                    const RT *kj = k + (tj * H + hq) * K, *gj = gam + j * K;
+                    const RT f = trow[j] * beta[tj * HV + hv];
                     for (int e = 0; e < K; e++)
                         wr[e] += f * kj[e] * gj[e];
                 }
             }
             if (U) {
-                KT *ur = U + (ti * HV + hv) * V;
-                memset(ur, 0, sizeof(KT) * (size_t)V);
+                RT *ur = U + (ti * HV + hv) * V;
+                memset(ur, 0, sizeof(RT) * (size_t)V);
                 for (int j = 0; j <= i; j++) {
                     const int64_t tj = ch.t0 + j;
-                    const KT *vj = v + (tj * HV + hv) * V;
-                    const KT f = trow[j] * beta[tj * HV + hv];
+                    const RT *vj = v + (tj * HV + hv) * V;
+                    const RT f = trow[j] * beta[tj * HV + hv];
                     for (int e = 0; e < V; e++)
                         ur[e] += f * vj[e];
                 }
@@ -81,22 +81,22 @@ dg_status KF(dg__kda_wy_fwd)(const kda_dims *d, const KT *q, const KT *k, const 
     return DG_OK;
 }
 
-dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const KT *v,
-                             const KT *beta, const KT *G, const KT *Tm, const KT *dW, const KT *dU,
-                             const KT *dKG, const KT *dQG, KT *dq, KT *dk, KT *dv, KT *dbeta,
-                             KT *dG, KT *dTm) {
+dg_status RF(dg__kda_wy_bwd)(const kda_dims *d, const RT *q, const RT *k, const RT *v,
+                             const RT *beta, const RT *G, const RT *Tm, const RT *dW, const RT *dU,
+                             const RT *dKG, const RT *dQG, RT *dq, RT *dk, RT *dv, RT *dbeta,
+                             RT *dG, RT *dTm) {
     const int H = d->H, HV = d->HV, K = d->K, V = d->V, BT = d->BT, grp = HV / H;
     const int64_t TT = d->B * d->T;
-    memset(dq, 0, sizeof(KT) * (size_t)(TT * H * K));
-    memset(dk, 0, sizeof(KT) * (size_t)(TT * H * K));
-    memset(dv, 0, sizeof(KT) * (size_t)(TT * HV * V));
-    memset(dbeta, 0, sizeof(KT) * (size_t)(TT * HV));
-    memset(dG, 0, sizeof(KT) * (size_t)(TT * HV * K));
-    memset(dTm, 0, sizeof(KT) * (size_t)(TT * HV * BT));
+    memset(dq, 0, sizeof(RT) * (size_t)(TT * H * K));
+    memset(dk, 0, sizeof(RT) * (size_t)(TT * H * K));
+    memset(dv, 0, sizeof(RT) * (size_t)(TT * HV * V));
+    memset(dbeta, 0, sizeof(RT) * (size_t)(TT * HV));
+    memset(dG, 0, sizeof(RT) * (size_t)(TT * HV * K));
+    memset(dTm, 0, sizeof(RT) * (size_t)(TT * HV * BT));
     const int64_t NC = d->chunk_off[d->N];
     /* per chunk and thread: X [L,K], gamma [L,K], dX [L,K], dVb [L,V] */
     const size_t per = (size_t)BT * (3 * (size_t)K + (size_t)V);
-    KT *scr = (KT *)DG_MALLOC(sizeof(KT) * per * (size_t)kda_max_threads());
+    RT *scr = (RT *)DG_MALLOC(sizeof(RT) * per * (size_t)kda_max_threads());
     if (!scr)
         return dg__err(DG_ERR_NOMEM, "kda_wy_bwd: no memory");
     /* work item: one (chunk, q/k head); the value heads of its group run in order inside, so
@@ -105,52 +105,52 @@ dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const 
     for (int64_t w = 0; w < NC * H; w++) {
         kda_chunk ch = kda_chunk_idx(d, w / H);
         const int L = ch.L, hq = (int)(w % H);
-        KT *X = scr + per * (size_t)kda_thread_id();
-        KT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
+        RT *X = scr + per * (size_t)kda_thread_id();
+        RT *gam = X + BT * K, *dX = gam + BT * K, *dVb = dX + BT * K;
         for (int hv = hq * grp; hv < (hq + 1) * grp; hv++) {
             const int64_t tl = ch.t0 + L - 1;
-            const KT *lam = G + (tl * HV + hv) * K;
-            KT *dGl = dG + (tl * HV + hv) * K;
-            memset(dX, 0, sizeof(KT) * (size_t)(BT * K + BT * V));
+            const RT *lam = G + (tl * HV + hv) * K;
+            RT *dGl = dG + (tl * HV + hv) * K;
+            memset(dX, 0, sizeof(RT) * (size_t)(BT * K + BT * V));
             for (int i = 0; i < L; i++) {
                 const int64_t ti = ch.t0 + i;
-                const KT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
-                const KT *qi = q + (ti * H + hq) * K;
-                KT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
-                KT *dGi = dG + (ti * HV + hv) * K;
-                const KT bi = beta[ti * HV + hv];
+                const RT *Gi = G + (ti * HV + hv) * K, *ki = k + (ti * H + hq) * K;
+                const RT *qi = q + (ti * H + hq) * K;
+                RT *dqi = dq + (ti * H + hq) * K, *dki = dk + (ti * H + hq) * K;
+                RT *dGi = dG + (ti * HV + hv) * K;
+                const RT bi = beta[ti * HV + hv];
                 for (int e = 0; e < K; e++) {
-                    gam[i * K + e] = KEXP(Gi[e]);
+                    gam[i * K + e] = REXP(Gi[e]);
                     X[i * K + e] = bi * ki[e] * gam[i * K + e];
                 }
                 if (dQG) /* QG = q gamma */
                     for (int e = 0; e < K; e++) {
-                        KT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
+                        RT t = dQG[(ti * HV + hv) * K + e] * gam[i * K + e];
                         dqi[e] += t;
                         dGi[e] += qi[e] * t;
                     }
                 if (dKG) /* KG = k exp(lambda - G_i): -G_i for row i, +lambda for row L-1 */
                     for (int e = 0; e < K; e++) {
-                        KT a = dKG[(ti * HV + hv) * K + e] * KEXP(lam[e] - Gi[e]);
+                        RT a = dKG[(ti * HV + hv) * K + e] * REXP(lam[e] - Gi[e]);
                         dki[e] += a;
                         dGi[e] -= ki[e] * a;
                         dGl[e] += ki[e] * a;
                     }
                 /* dX_j += Tm[i,j] dW_i, dVb_j += Tm[i,j] dU_i; dTm[i,j] for j <= i */
-                const KT *trow = Tm + (ti * HV + hv) * BT;
-                KT *dtrow = dTm + (ti * HV + hv) * BT;
+                const RT *trow = Tm + (ti * HV + hv) * BT;
+                RT *dtrow = dTm + (ti * HV + hv) * BT;
                 for (int j = 0; j <= i; j++) {
                     const int64_t tj = ch.t0 + j;
-                    KT s = 0;
+                    RT s = 0;
                     if (dW) {
-                        const KT *dwi = dW + (ti * HV + hv) * K;
+                        const RT *dwi = dW + (ti * HV + hv) * K;
                         for (int e = 0; e < K; e++)
                             dX[j * K + e] += trow[j] * dwi[e];
                     }
                     if (dU) {
-                        const KT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
-                        const KT bj = beta[tj * HV + hv];
-                        KT su = 0;
+                        const RT *dui = dU + (ti * HV + hv) * V, *vj = v + (tj * HV + hv) * V;
+                        const RT bj = beta[tj * HV + hv];
+                        RT su = 0;
                         for (int e = 0; e < V; e++) {
                             dVb[j * V + e] += trow[j] * dui[e];
                             su += dui[e] * vj[e];
@@ -161,10 +161,10 @@ dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const 
                 }
             }
             for (int i = 0; i < L && dW; i++) {
-                const KT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
-                KT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
+                const RT *dwi = dW + ((ch.t0 + i) * HV + hv) * K;
+                RT *dtrow = dTm + ((ch.t0 + i) * HV + hv) * BT;
                 for (int j = 0; j <= i; j++) {
-                    KT s = 0;
+                    RT s = 0;
                     for (int e = 0; e < K; e++)
                         s += dwi[e] * X[j * K + e];
                     dtrow[j] += s;
@@ -172,16 +172,16 @@ dg_status KF(dg__kda_wy_bwd)(const kda_dims *d, const KT *q, const KT *k, const 
             }
             for (int i = 0; i < L; i++) {
                 const int64_t ti = ch.t0 + i;
-                const KT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
-                KT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
-                const KT bi = beta[ti * HV + hv];
-                KT db = 0;
+                const RT *ki = k + (ti * H + hq) * K, *vi = v + (ti * HV + hv) * V;
+                RT *dki = dk + (ti * H + hq) * K, *dGi = dG + (ti * HV + hv) * K;
+                const RT bi = beta[ti * HV + hv];
+                RT db = 0;
                 for (int e = 0; e < V; e++) {
                     dv[(ti * HV + hv) * V + e] = bi * dVb[i * V + e];
                     db += dVb[i * V + e] * vi[e];
                 }
                 for (int e = 0; e < K; e++) {
-                    const KT dx = dX[i * K + e];
+                    const RT dx = dX[i * K + e];
                     db += dx * ki[e] * gam[i * K + e];
                     dki[e] += bi * gam[i * K + e] * dx;
                     dGi[e] += X[i * K + e] * dx;
@@ -328,11 +328,11 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
         st = dg__node_new("kda_wy", DG_POLICY_RECOMPUTE, wy_backward, ctx, &n);
         if (st == DG_OK) {
             for (int i = 0; i < 6 && st == DG_OK; i++)
-                st = dg__node_input(n, in[i]);
+                dg__node_input(n, in[i]);
             for (int i = 0; i < 4 && st == DG_OK; i++)
                 st = kda_output_mid(n, &cfg, *outs[i]);
             for (int i = 0; i < 6 && st == DG_OK; i++)
-                st = dg__node_save(n, in[i]);
+                dg__node_save(n, in[i]);
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)

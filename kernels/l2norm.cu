@@ -1,13 +1,15 @@
 /*
- * kernels/kda/l2norm.cu -- N1, the l2 normalisation of q and k (kda.md §11.3, §11.6 B5); CPU twin:
- * ops/kda/l2norm.c (same formulas).
- *   forward:   y = x r,  r = 1/sqrt(sum_K x^2 + 1e-6)      x, y, dy, dx: [rows, K]; r: [rows]
+ * kernels/l2norm.cu -- the L2 normalisation over the last axis (kernels/l2norm.cuh): dg_l2norm and
+ * KDA's stage N1, the normalisation of q and k (kda.md §11.3, §11.6 B5); CPU twin: ops/l2norm.c
+ * (same formulas).
+ *   forward:   y = x r,  r = 1/sqrt(sum_D x^2 + eps)      x, y, dy, dx: [rows, D]; r: [rows]
  *   backward:  dx = r (dy - (dy . y) y)
- * One warp per row in both directions; the sums over K are butterfly warp sums (every lane gets
- * the same total). One f32 FFMA variant: the tc mode does not apply.
- * Entry points (kda_cuda.h): dg__kda_l2norm_fwd_cuda, dg__kda_l2norm_bwd_cuda.
+ * One warp per row in both directions; the sums over D are butterfly warp sums (every lane gets
+ * the same total). One f32 FFMA variant. The bf16 loads and stores and the warp sums are the KDA
+ * kernels' helpers (kda/common.cuh).
  */
-#include "common.cuh"
+#include "kda/common.cuh"
+#include "l2norm.cuh"
 
 using namespace kdab;
 
@@ -16,8 +18,8 @@ using namespace kdab;
 /* One warp per row; lanes stride over K, then a butterfly sum (every lane gets the total). x of
  * TX: f32, or bf16 read as it is stored (no converted copy). */
 template <class TX>
-__global__ void kda_l2norm_fwd_kernel(int64_t rows, int K, const TX *__restrict__ x,
-                                      float *__restrict__ y, float *__restrict__ r) {
+__global__ void l2norm_fwd_kernel(int64_t rows, int K, float eps, const TX *__restrict__ x,
+                                  float *__restrict__ y, float *__restrict__ r) {
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
     for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows;
@@ -29,7 +31,7 @@ __global__ void kda_l2norm_fwd_kernel(int64_t rows, int K, const TX *__restrict_
             ss += xv * xv;
         }
         ss = warp_sum(ss);
-        const float ri = 1.f / sqrtf(ss + 1e-6f);
+        const float ri = 1.f / sqrtf(ss + eps);
         for (int c = lane; c < K; c += 32)
             y[row * K + c] = kda_ld(xr + c) * ri;
         if (r && lane == 0)
@@ -61,29 +63,28 @@ __global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const flo
 
 // ---- launchers
 
-extern "C" dg_status dg__kda_l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, int xbf16,
-                                             const void *x, float *y, float *r) {
+extern "C" dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, float eps, int xbf16,
+                                         const void *x, float *y, float *r) {
     if (!ctx || !x || !y || K < 1 || rows < 0)
-        return dg__err(DG_ERR_ARG, "dg__kda_l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
+        return dg__err(DG_ERR_ARG, "dg__l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
                        (long long)rows, K);
     if (rows == 0)
         return DG_OK;
     const int threads = KDA_THREADS;
     if (xbf16)
-        kda_l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
-            rows, K, (const kda_bf16 *)x, y, r);
+        l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
+            rows, K, eps, (const kda_bf16 *)x, y, r);
     else
-        kda_l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
-            rows, K, (const float *)x, y, r);
+        l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
+            rows, K, eps, (const float *)x, y, r);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
-extern "C" dg_status dg__kda_l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
-                                             const float *r, const float *dy, int xbf16,
-                                             void *dx) {
+extern "C" dg_status dg__l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
+                                         const float *r, const float *dy, int xbf16, void *dx) {
     if (rows < 0 || K < 1)
-        return dg__err(DG_ERR_SHAPE, "dg__kda_l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
+        return dg__err(DG_ERR_SHAPE, "dg__l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
     if (rows == 0 || !dx)
         return DG_OK;
     const int rows_per_block = NTH / 32;
