@@ -939,7 +939,7 @@ static void test_bad_inputs(dg_ctx *ctx, dplr_fn fn, const char *fname) {
 
 /* gpu mode: on CUDA the kernels compute in f32 and read f32 or bf16 activations; every DPLR
  * entry point refuses f64 tensors there (the CUDA path itself: test_dplr_cuda). */
-static int gpu_main(void) {
+static void gpu_cases(dg_ctx *cpu) {
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &ctx));
     int64_t sk[4] = {1, 8, 1, 4};
@@ -969,17 +969,9 @@ static int gpu_main(void) {
     for (int i = 0; i < 6; i++)
         dg_tensor_free(&x[i]);
     dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "dplr")) {
-        if (dg_test_need_gpu())
-            return DG_TEST_SKIP;
-        return gpu_main();
-    }
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+static void cpu_cases(dg_ctx *ctx) {
     test_recurrent_dense(ctx);
     test_recurrent_f32(ctx);
     test_recurrent_gradcheck(ctx);
@@ -997,6 +989,6 @@ int main(int argc, char **argv) {
     printf("-- summary: chunk vs recurrent (f64) max rel err %.3e; f32 vs f64 max rel err %.3e; "
            "chunk gradcheck max rel err %.3e\n",
            g_max_chunk_err, g_max_f32_err, g_max_gc_chunk);
-    dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "dplr", cpu_cases, gpu_cases); }

@@ -479,18 +479,15 @@ static void test_bad_inputs(dg_ctx *ctx) {
     free_data(&d);
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "kda_chunk"))
-        return dg_test_skip("CPU reference suite; the CUDA comparisons of every KDA stage, the "
-                            "composite and the recurrence are in kda_cuda (gpu mode)");
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+static void cpu_cases(dg_ctx *ctx) {
     test_chunk_vs_recurrent(ctx);
     test_policies(ctx);
     test_partial_grad(ctx);
     test_threads(ctx);
     test_gradchecks(ctx);
     test_bad_inputs(ctx);
-    dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
+
+/* cpu mode only: the CPU reference; the CUDA comparisons of every KDA stage, the composite and
+ * the recurrence are in test_kda_cuda.c */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "kda_chunk", cpu_cases, NULL); }
