@@ -8,6 +8,7 @@
 
 /* ---- axes, filter and tally ------------------------------------------------------------------ */
 
+static const ct_suite *g_suite;
 static const ct_axes *g_ax;
 
 static struct {
@@ -22,7 +23,7 @@ static double g_err[CT_MAXSTAGE][CT_MAXDIR][CT_MAXVAR];
 static int g_cs = -1, g_cd, g_cv;       /* the cell new checks are counted in */
 static int g_seen_checks, g_seen_fails; /* the harness totals at the last cell switch */
 
-void ct_setup(const ct_axes *axes) {
+static void setup(const ct_axes *axes) {
     if (axes->nstage > CT_MAXSTAGE || axes->ndir > CT_MAXDIR || axes->nvar > CT_MAXVAR) {
         fprintf(stderr, "FATAL: case table axes %d x %d x %d exceed %d x %d x %d\n", axes->nstage,
                 axes->ndir, axes->nvar, CT_MAXSTAGE, CT_MAXDIR, CT_MAXVAR);
@@ -71,7 +72,8 @@ static unsigned parse_names(const char *prog, const char *list, const char *cons
     return m;
 }
 
-void ct_parse_args(int argc, char **argv) {
+/* Parses argv[2..] (argv[1] is the mode); prints the usage and exits 2 on an error. */
+static void parse_args(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--list") == 0) {
@@ -97,9 +99,6 @@ void ct_parse_args(int argc, char **argv) {
     }
 }
 
-int ct_listing(void) { return g_f.list; }
-int ct_by_case(void) { return g_f.by_case; }
-
 int ct_sel_x(int s, int v) {
     return (g_f.stages >> s & 1) && (v == g_ax->nvar - 1 ? !g_f.by_var : (int)(g_f.vars >> v & 1));
 }
@@ -118,13 +117,6 @@ int ct_case_wanted(int idx, const char *name) {
             return 1;
     }
     return 0;
-}
-
-void ct_list_variants(void) {
-    printf("   variants:");
-    for (int v = 0; v < g_ax->nvar - 1; v++)
-        printf(" %s", g_ax->var_name[v]);
-    printf("\n");
 }
 
 void ct_cell(int s, int dir, int v) {
@@ -200,6 +192,68 @@ void ct_print_tally(void) {
         print_table(1);
 }
 
+/* ---- the suite ------------------------------------------------------------------------------- */
+
+static void print_groups(unsigned runs) {
+    for (int i = 0; i < g_suite->ngroup; i++)
+        if (runs >> i & 1)
+            printf(" %s", g_suite->group_name[i]);
+}
+
+void ct_print_case(const ct_layout *L, unsigned runs) {
+    printf("-- case %d: %s (TT=%lld N=%d NC=%lld; groups", L->idx, L->name, (long long)L->TT, L->N,
+           (long long)L->NC);
+    print_groups(runs);
+    printf(")\n");
+}
+
+static void list_cases(void) {
+    printf("   #  case%*s groups\n", 60, "");
+    for (int i = 0; i < g_suite->ncases; i++) {
+        ct_layout L;
+        const unsigned runs = g_suite->layout(i, &L);
+        printf("  %2d  %-64s", i, L.name);
+        print_groups(runs);
+        printf("\n");
+    }
+    printf("   variants:");
+    for (int v = 0; v < g_ax->nvar - 1; v++)
+        printf(" %s", g_ax->var_name[v]);
+    printf("\n");
+}
+
+static void cpu_cases(dg_ctx *cpu) {
+    if (!g_f.by_case && g_suite->cpu_extras)
+        g_suite->cpu_extras(cpu);
+    ct_print_tally();
+}
+
+static void gpu_cases(dg_ctx *cpu) {
+    dg_ctx *gpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
+    for (int i = 0; i < g_suite->ncases; i++) {
+        ct_layout L;
+        g_suite->layout(i, &L);
+        if (ct_case_wanted(i, L.name))
+            g_suite->run(cpu, gpu, i);
+    }
+    if (!g_f.by_case && g_suite->gpu_extras)
+        g_suite->gpu_extras(gpu);
+    ct_print_tally();
+    dg_ctx_free(&gpu);
+}
+
+int ct_main(int argc, char **argv, const ct_suite *suite) {
+    g_suite = suite;
+    setup(&suite->axes);
+    parse_args(argc, argv);
+    if (g_f.list) {
+        list_cases();
+        return 0;
+    }
+    return dg_test_main(argc, argv, suite->name, cpu_cases, gpu_cases);
+}
+
 /* ---- comparisons ----------------------------------------------------------------------------- */
 
 double ct_rel_err(const double *got, const double *want, int64_t n) {
@@ -270,6 +324,21 @@ void ct_layout_init(ct_layout *L, int idx, int64_t B, int64_t T, int nseq, const
 }
 
 /* ---- ops through the tape -------------------------------------------------------------------- */
+
+ct_op ct_op_of(dg_status (*call)(dg_ctx *, dg_tensor *const *, dg_tensor **, const void *),
+               const void *user, const char *const *names, int drop, int first_only) {
+    ct_op o;
+    memset(&o, 0, sizeof o);
+    o.call = call;
+    o.user = user;
+    o.first_only = first_only;
+    while (o.n_out < CT_MAXOUT && names[o.n_out]) {
+        o.out_name[o.n_out] = names[o.n_out];
+        o.n_out++;
+    }
+    o.n_out -= drop;
+    return o;
+}
 
 ct_in ct_mkin(const char *name, int ndim, const int64_t *shape, const double *x, int f32) {
     ct_in t;

@@ -2,17 +2,24 @@
  * tests/case_table.h -- the machinery of the table-driven CUDA suites (test_kda_cuda.c,
  * test_dplr_cuda.c): a table of cases run through stages in several variants.
  *
- *   axes     the suite's stage, direction and variant names (ct_setup); stages from `first_extra`
- *            on are extras: one row each, no direction. The last variant is "none" (checks that
- *            belong to no variant).
- *   filter   the command line after the mode: --list, --case C,..., --stage S,..., --variant V,...,
- *            --dir D,... where the suite filters by direction (ct_parse_args); ct_sel() and
- * ct_sel_x() say whether a cell is wanted, ct_case_wanted() whether a case is. tally    every check
- * made by the harness is counted in the current cell (stage, direction, variant; ct_cell) with the
- * largest norm-relative error noted there (ct_note_err); ct_print_tally() prints checks and errors
- * per stage and variant. layout   a case's rows, tokens, varlen tables and name prefix
- * (ct_layout_init). ops      one entry point run through the tape on a context and compared against
- * another run (ct_op, ct_in, ct_res; ct_run_op, ct_compare, ct_gpu_vs_cpu).
+ * Axes: the suite's stage, direction and variant names (ct_suite.axes). Stages from first_extra
+ * on are extras: one row each, no direction. The last variant is "none" (checks of no variant).
+ *
+ * Filter: the command line after the mode: --list, --case C,..., --stage S,..., --variant V,...
+ * and, where the suite filters by direction, --dir D,...; ct_sel() and ct_sel_x() say whether a
+ * cell is wanted, ct_case_wanted() whether a case is.
+ *
+ * Tally: every check the harness makes is counted in the current cell (stage, direction, variant;
+ * ct_cell), with the largest norm-relative error noted there (ct_note_err); ct_print_tally()
+ * prints checks and errors per stage and variant.
+ *
+ * Layout: a case's rows, tokens, varlen tables and name (ct_layout_init, ct_name_add).
+ *
+ * Main: ct_main() is the suite's main(): --list prints the cases; cpu mode runs the cpu extras,
+ * gpu mode every selected case and the gpu extras; the tally at the end.
+ *
+ * Ops: one entry point run through the tape on a context and compared against another run
+ * (ct_op, ct_in, ct_res; ct_run_op, ct_compare, ct_gpu_vs_cpu).
  */
 #ifndef DG_TEST_CASE_TABLE_H
 #define DG_TEST_CASE_TABLE_H
@@ -38,21 +45,12 @@ typedef struct ct_axes {
     int dir_filter; /* --dir accepted (the suite asks ct_sel() per direction) */
 } ct_axes;
 
-/* Takes the suite's axes (kept by reference: static tables). */
-void ct_setup(const ct_axes *axes);
-/* Parses argv[2..] (argv[1] is the mode); prints the usage and exits 2 on an error. */
-void ct_parse_args(int argc, char **argv);
-/* --list given; a --case filter given. */
-int ct_listing(void);
-int ct_by_case(void);
 /* Stage s in direction dir of variant v selected? (The "none" variant: only without --variant.) */
 int ct_sel(int s, int dir, int v);
 /* The same for an extra, or a stage in any direction. */
 int ct_sel_x(int s, int v);
 /* Case idx named `name` selected by --case (a number, or text the name contains)? */
 int ct_case_wanted(int idx, const char *name);
-/* Prints the variant names (after --list's table of cases). */
-void ct_list_variants(void);
 
 /* Counts the checks made since the last switch in the current cell, then switches to (s, dir, v).
  */
@@ -90,6 +88,30 @@ void ct_layout_init(ct_layout *L, int idx, int64_t B, int64_t T, int nseq, const
 /* Appends to L->name. */
 void ct_name_add(ct_layout *L, const char *fmt, ...);
 
+/* ---- the suite ------------------------------------------------------------------------------- */
+
+typedef struct ct_suite {
+    const char *name; /* "kda_cuda" */
+    ct_axes axes;
+    const char *const *group_name; /* the bits of a case's `runs` column */
+    int ngroup;
+    int ncases;
+    /* Case i's layout (sizes, name) into *L; returns its groups. */
+    unsigned (*layout)(int i, ct_layout *L);
+    /* Case i through the groups and cells the filter selects. */
+    void (*run)(dg_ctx *cpu, dg_ctx *gpu, int i);
+    /* The extras tied to no case (left out with --case) of cpu and gpu mode; NULL: none. */
+    void (*cpu_extras)(dg_ctx *cpu);
+    void (*gpu_extras)(dg_ctx *gpu);
+} ct_suite;
+
+/* The suite's main(): parses the filter after the mode; --list prints the cases and the variants;
+ * else dg_test_main() runs cpu mode (the cpu extras) or gpu mode (every selected case on CUDA
+ * device 0, then the gpu extras), each ending with the tally. */
+int ct_main(int argc, char **argv, const ct_suite *suite);
+/* "-- case i: name (TT=.. N=.. NC=..; groups ..)", the line a case's checks follow. */
+void ct_print_case(const ct_layout *L, unsigned runs);
+
 /* ---- ops through the tape -------------------------------------------------------------------- */
 
 #define CT_MAXIN 10
@@ -103,6 +125,11 @@ typedef struct ct_op {
     const char *out_name[CT_MAXOUT];
     int first_only; /* seed only the first output (the others get no gradient) */
 } ct_op;
+
+/* The op calling `call` on `user`, its outputs named by the non-NULL names[0..CT_MAXOUT) less the
+ * last `drop` (outputs not asked for). */
+ct_op ct_op_of(dg_status (*call)(dg_ctx *, dg_tensor *const *, dg_tensor **, const void *),
+               const void *user, const char *const *names, int drop, int first_only);
 
 /* One input: NULL x = absent. f32: kept f32 on CUDA whatever the activation dtype. */
 typedef struct ct_in {

@@ -103,8 +103,6 @@ static const char *dir_name[NDIR] = {"fwd", "bwd"};
 enum { V_RAW, V_F32, V_BF16, V_NONE, NVAR };
 static const char *var_name[NVAR] = {"raw", "f32", "bf16", "none"};
 
-static const ct_axes suite_axes = {stage_name, NSTAGE, S_POLICY, dir_name, NDIR, var_name, NVAR, 0};
-
 /* check_rel measured against at least floor (for gradients that are sums of larger terms which
  * cancel: the f32 kernels round at the size of the terms, not of what is left). */
 static void check_rel_floor(const char *name, const double *got, const double *want, int64_t n,
@@ -161,9 +159,9 @@ typedef struct crun {
     ct_layout L;
 } crun;
 
-static void crun_init(crun *r, const dcase *c, int idx) {
-    r->c = c;
-    ct_layout *L = &r->L;
+/* Case idx resolved: sizes, varlen tables and name; returns its groups. */
+static unsigned case_layout(int idx, ct_layout *L) {
+    const dcase *c = &dcases[idx];
     ct_layout_init(L, idx, c->B, c->T, c->nseq, c->lens, c->BT, c->H);
     if (c->K == c->V)
         ct_name_add(L, " K=V=%d", c->K);
@@ -173,13 +171,7 @@ static void crun_init(crun *r, const dcase *c, int idx) {
                 c->gate == G_UNIFORM  ? "gk uniform"
                 : c->gate == G_LOGSIG ? "gk logsigmoid"
                                       : "gk rwkv7");
-}
-
-static void print_groups(unsigned runs) {
-    static const char *gname[5] = {"GR", "GS", "GC", "GP", "GE"};
-    for (int i = 0; i < 5; i++)
-        if (runs >> i & 1)
-            printf(" %s", gname[i]);
+    return c->runs;
 }
 
 static dg_dplr_opts opts_of(const crun *r) {
@@ -661,34 +653,6 @@ typedef struct ucall {
     int first_only; /* seed only the first output (the others get no gradient) */
 } ucall;
 
-static int n_outputs(const ucall *u) {
-    switch (u->op) {
-    case OP_GATE:
-        return 2;
-    case OP_INTRA:
-        return 4;
-    case OP_WY:
-        return 5;
-    case OP_STATE:
-        return u->want_ht ? 3 : 2;
-    case OP_OUTPUT:
-        return 1;
-    default:
-        return 2;
-    }
-}
-
-static const char *out_name(const ucall *u, int j) {
-    static const char *names[][5] = {{"Gi", "Ge"},
-                                     {"Aqk", "Aqb", "Aak", "Tab"},
-                                     {"w", "u", "qg", "kg", "bg"},
-                                     {"h", "v2", "ht"},
-                                     {"o"},
-                                     {"o", "ht"},
-                                     {"o", "ht"}};
-    return names[u->op][j];
-}
-
 static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, const void *user) {
     const ucall *u = user;
     const dg_dplr_opts *o = &u->opts;
@@ -716,12 +680,16 @@ static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, con
     return DG_ERR_ARG;
 }
 
-/* The entry point of u for the shared runner (case_table.h). */
+/* The entry point of u for the shared runner (case_table.h): its outputs by op. */
 static ct_op op_of(const ucall *u) {
-    ct_op o = {call_op, u, n_outputs(u), {0}, u->first_only};
-    for (int j = 0; j < o.n_out; j++)
-        o.out_name[j] = out_name(u, j);
-    return o;
+    static const char *const names[][CT_MAXOUT] = {{"Gi", "Ge"},
+                                                   {"Aqk", "Aqb", "Aak", "Tab"},
+                                                   {"w", "u", "qg", "kg", "bg"},
+                                                   {"h", "v2", "ht"},
+                                                   {"o"},
+                                                   {"o", "ht"},
+                                                   {"o", "ht"}};
+    return ct_op_of(call_op, u, names[u->op], u->op == OP_STATE && !u->want_ht, u->first_only);
 }
 
 static int var_of(dg_dtype act) { return act == DG_BF16 ? V_BF16 : V_F32; }
@@ -1038,7 +1006,11 @@ static int any_sel(int s0, int s1, int v) {
     return 0;
 }
 
-static void run_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
+static void run_case(dg_ctx *cpu, dg_ctx *gpu, int idx) {
+    crun cr;
+    cr.c = &dcases[idx];
+    case_layout(idx, &cr.L);
+    const crun *r = &cr;
     const unsigned runs = r->c->runs;
     const int gr = (runs & GR) && any_sel(S_GATE, S_REC, V_RAW);
     const int gs =
@@ -1049,10 +1021,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
     const int ge = (runs & GE) && ct_sel_x(S_ERRORS, V_NONE);
     if (!gr && !gs && !gc && !gp && !ge)
         return;
-    printf("-- case %d: %s (TT=%lld N=%d NC=%lld; groups", r->L.idx, r->L.name, (long long)r->L.TT,
-           r->L.N, (long long)r->L.NC);
-    print_groups(runs);
-    printf(")\n");
+    ct_print_case(&r->L, runs);
     ddata d;
     make_data(cpu, r, r->c->seed, &d);
     if (gr)
@@ -1068,45 +1037,23 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
     free_data(&d);
 }
 
-static void list_cases(void) {
-    printf("   #  case%*s groups\n", 60, "");
-    for (size_t i = 0; i < NELEM(dcases); i++) {
-        crun r;
-        crun_init(&r, &dcases[i], (int)i);
-        printf("  %2d  %-64s", (int)i, r.L.name);
-        print_groups(dcases[i].runs);
-        printf("\n");
-    }
-    ct_list_variants();
-}
-
 /* cpu mode: the args extra (no device touched) */
-static void cpu_cases(dg_ctx *cpu) {
-    if (!ct_by_case() && ct_sel_x(S_ARGS, V_NONE))
+static void cpu_extras(dg_ctx *cpu) {
+    if (ct_sel_x(S_ARGS, V_NONE))
         test_args();
-    ct_print_tally();
 }
 
-static void gpu_cases(dg_ctx *cpu) {
-    dg_ctx *gpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
-    for (size_t i = 0; i < NELEM(dcases); i++) {
-        crun r;
-        crun_init(&r, &dcases[i], (int)i);
-        if (ct_case_wanted(r.L.idx, r.L.name))
-            run_case(cpu, gpu, &r);
-    }
-    ct_print_tally();
-    dg_ctx_free(&gpu);
-}
+static const char *const groups[] = {"GR", "GS", "GC", "GP", "GE"};
+static const ct_suite suite = {
+    .name = "dplr_cuda",
+    .axes = {stage_name, NSTAGE, S_POLICY, dir_name, NDIR, var_name, NVAR, 0},
+    .group_name = groups,
+    .ngroup = NELEM(groups),
+    .ncases = NELEM(dcases),
+    .layout = case_layout,
+    .run = run_case,
+    .cpu_extras = cpu_extras,
+    .gpu_extras = NULL};
 
-int main(int argc, char **argv) {
-    ct_setup(&suite_axes);
-    ct_parse_args(argc, argv);
-    if (ct_listing()) {
-        list_cases();
-        return 0;
-    }
-    return dg_test_main(argc, argv, "dplr_cuda", cpu_cases, gpu_cases);
-}
+int main(int argc, char **argv) { return ct_main(argc, argv, &suite); }
 #endif

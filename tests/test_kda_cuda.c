@@ -157,8 +157,6 @@ enum { V_F32, V_FFMA, V_TF32, V_3XTF32, V_MID, V_OPS_F32, V_OPS_BF16, V_NONE, NV
 static const char *var_name[NVAR] = {"f32", "ffma",    "tf32",     "3xtf32",
                                      "mid", "ops-f32", "ops-bf16", "none"};
 
-static const ct_axes suite_axes = {stage_name, NSTAGE, S_TABLES, dir_name, NDIR, var_name, NVAR, 1};
-
 /* An ops-layer unit checks forward values and gradients of one tape run: either direction. */
 static int sel_ops(int s, int v) { return ct_sel(s, D_FWD, v) || ct_sel(s, D_BWD, v); }
 
@@ -230,12 +228,12 @@ typedef struct crun {
 
 static int const_gate(const kcase *c) { return c->glo == c->ghi; }
 
-static void crun_init(crun *r, const kcase *c, int idx) {
+/* Case idx resolved: sizes, varlen tables and name; returns its groups. */
+static unsigned case_layout(int idx, ct_layout *L) {
+    const kcase *c = &kcases[idx];
     int nseq = 0;
     while (nseq < 4 && c->lens[nseq] > 0)
         nseq++;
-    r->c = c;
-    ct_layout *L = &r->L;
     ct_layout_init(L, idx, c->B, c->T, nseq, c->lens, c->BT, c->H);
     if (c->HV != c->H)
         ct_name_add(L, " HV=%d (GVA)", c->HV);
@@ -255,13 +253,7 @@ static void crun_init(crun *r, const kcase *c, int idx) {
                     : c->opt & GL ? " LB"
                                   : "",
                     c->opt & L2 ? " l2" : "", c->opt & SG ? " sig" : "", c->opt & NE ? " neg" : "");
-}
-
-static void print_groups(unsigned runs) {
-    static const char *gname[7] = {"RF", "RB", "TC", "OS", "OC", "OP", "OE"};
-    for (int i = 0; i < 7; i++)
-        if (runs >> i & 1)
-            printf(" %s", gname[i]);
+    return c->runs;
 }
 
 /* ---- tensors --------------------------------------------------------------------------------- */
@@ -1405,22 +1397,6 @@ typedef struct ucall {
     int want_ht; /* state: ask for ht */
 } ucall;
 
-static int n_outputs(const ucall *u) {
-    switch (u->op) {
-    case OP_INTRA:
-        return 2;
-    case OP_WY:
-        return 4;
-    case OP_STATE:
-        return u->want_ht ? 3 : 2;
-    case OP_CHUNK:
-    case OP_REC:
-        return 2;
-    default:
-        return 1;
-    }
-}
-
 static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, const void *user) {
     const ucall *u = user;
     switch (u->op) {
@@ -1450,19 +1426,12 @@ static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, con
     return DG_ERR_ARG;
 }
 
-static const char *out_names(const ucall *u, int j) {
-    static const char *names[][4] = {
+/* The entry point of u for the shared runner (case_table.h): its outputs by op. */
+static ct_op op_of(const ucall *u) {
+    static const char *const names[][CT_MAXOUT] = {
         {"y"}, {"beta"},    {"G"},      {"Aqk", "Tm"}, {"W", "U", "KG", "QG"}, {"h", "E", "ht"},
         {"o"}, {"o", "ht"}, {"o", "ht"}};
-    return names[u->op][j];
-}
-
-/* The entry point of u for the shared runner (case_table.h). */
-static ct_op op_of(const ucall *u) {
-    ct_op o = {call_op, u, n_outputs(u), {0}, 0};
-    for (int j = 0; j < o.n_out; j++)
-        o.out_name[j] = out_names(u, j);
-    return o;
+    return ct_op_of(call_op, u, names[u->op], u->op == OP_STATE && !u->want_ht, 0);
 }
 
 static int ops_var(dg_dtype act) { return act == DG_BF16 ? V_OPS_BF16 : V_OPS_F32; }
@@ -2201,7 +2170,11 @@ static int any_ops(int s0, int s1) {
     return 0;
 }
 
-static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
+static void run_case(dg_ctx *cpu, dg_ctx *gpu, int idx) {
+    crun cr;
+    cr.c = &kcases[idx];
+    case_layout(idx, &cr.L);
+    crun *r = &cr;
     const unsigned runs = r->c->runs;
     const int rf = (runs & RF) && any_raw(D_FWD, S_L2, S_CHUNK, V_F32, V_F32);
     const int rb = (runs & RB) && any_raw(D_BWD, S_L2, S_REC, V_F32, V_F32);
@@ -2219,10 +2192,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
     const int oe = (runs & OE) && ct_sel_x(S_ERRORS, V_NONE);
     if (!tables && !os && !oc && !op && !oe)
         return;
-    printf("-- case %d: %s (TT=%lld N=%d NC=%lld; groups", r->L.idx, r->L.name, (long long)r->L.TT,
-           r->L.N, (long long)r->L.NC);
-    print_groups(runs);
-    printf(")\n");
+    ct_print_case(&r->L, runs);
     if (tables) {
         rtab tab;
         rtab_init(cpu, gpu, r, &tab);
@@ -2279,51 +2249,30 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
         errors_case(cpu, gpu, r);
 }
 
-static void list_cases(void) {
-    printf("   #  case%*s groups\n", 60, "");
-    for (size_t i = 0; i < NELEM(kcases); i++) {
-        crun r;
-        crun_init(&r, &kcases[i], (int)i);
-        printf("  %2d  %-64s", (int)i, r.L.name);
-        print_groups(kcases[i].runs);
-        printf("\n");
-    }
-    ct_list_variants();
-}
-
 /* cpu mode: the args extra (no device touched) */
-static void cpu_cases(dg_ctx *cpu) {
-    if (!ct_by_case() && ct_sel_x(S_ARGS, V_NONE))
+static void cpu_extras(dg_ctx *cpu) {
+    if (ct_sel_x(S_ARGS, V_NONE))
         test_args(cpu);
-    ct_print_tally();
 }
 
-static void gpu_cases(dg_ctx *cpu) {
-    dg_ctx *gpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
-    for (size_t i = 0; i < NELEM(kcases); i++) {
-        crun r;
-        crun_init(&r, &kcases[i], (int)i);
-        if (ct_case_wanted(r.L.idx, r.L.name))
-            run_case(cpu, gpu, &r);
-    }
-    if (!ct_by_case()) {
-        if (ct_sel_x(S_RULE, V_NONE))
-            test_rule(gpu);
-        if (ct_sel_x(S_TIMING, V_NONE) && !getenv("DG_KDA_NO_BENCH"))
-            timing(gpu);
-    }
-    ct_print_tally();
-    dg_ctx_free(&gpu);
+static void gpu_extras(dg_ctx *gpu) {
+    if (ct_sel_x(S_RULE, V_NONE))
+        test_rule(gpu);
+    if (ct_sel_x(S_TIMING, V_NONE) && !getenv("DG_KDA_NO_BENCH"))
+        timing(gpu);
 }
 
-int main(int argc, char **argv) {
-    ct_setup(&suite_axes);
-    ct_parse_args(argc, argv);
-    if (ct_listing()) {
-        list_cases();
-        return 0;
-    }
-    return dg_test_main(argc, argv, "kda_cuda", cpu_cases, gpu_cases);
-}
+static const char *const groups[] = {"RF", "RB", "TC", "OS", "OC", "OP", "OE"};
+static const ct_suite suite = {
+    .name = "kda_cuda",
+    .axes = {stage_name, NSTAGE, S_TABLES, dir_name, NDIR, var_name, NVAR, 1},
+    .group_name = groups,
+    .ngroup = NELEM(groups),
+    .ncases = NELEM(kcases),
+    .layout = case_layout,
+    .run = run_case,
+    .cpu_extras = cpu_extras,
+    .gpu_extras = gpu_extras};
+
+int main(int argc, char **argv) { return ct_main(argc, argv, &suite); }
 #endif
