@@ -1,5 +1,6 @@
 /*
- * tests/kda_testutil.h -- helpers shared by the KDA tests: deterministic host data and tensors.
+ * tests/kda_testutil.h -- helpers shared by the KDA and DPLR tests: deterministic host data and
+ * tensors.
  * Everything is static inline so each test includes only what it uses.
  */
 #ifndef DG_KDA_TESTUTIL_H
@@ -61,6 +62,35 @@ static inline void kt_rownorm(double *x, int64_t rows, int K) {
         s = 1.0 / sqrt(s);
         for (int c = 0; c < K; c++)
             x[r * K + c] *= s;
+    }
+}
+
+/* DPLR's a, b and gk for `rows` rows of K in RWKV-7's stable form (dplr.md D1): a = -kh, b = alpha
+ * kh with kh unit-norm rows (stream seed) and alpha uniform in (0.1, 0.9) (seed + 1), so every
+ * transition D + b a^T is a contraction; gk (seed + 2) per `gate`: 0 uniform in [-0.5, -0.01],
+ * 1 logsigmoid(2 x) of normal x (mostly in [-4, 0], with a tail of strong decays), 2 RWKV-7's
+ * safe gate -e^{-1/2} sigmoid(x) (in (-0.61, 0)). */
+static inline void kt_dplr_abg(int64_t rows, int K, uint64_t seed, int gate, double **a, double **b,
+                               double **gk) {
+    const int64_t n = rows * K;
+    double *kh = kt_randn(n, seed, 1.0), *al = kt_rand(n, seed + 1, 0.1, 0.9);
+    kt_rownorm(kh, rows, K);
+    *a = kt_alloc(n);
+    *b = kt_alloc(n);
+    for (int64_t i = 0; i < n; i++) {
+        (*a)[i] = -kh[i];
+        (*b)[i] = al[i] * kh[i];
+    }
+    free(kh);
+    free(al);
+    if (gate == 0) {
+        *gk = kt_rand(n, seed + 2, -0.5, -0.01);
+        return;
+    }
+    *gk = kt_randn(n, seed + 2, 1.0);
+    for (int64_t i = 0; i < n; i++) {
+        const double x = (*gk)[i];
+        (*gk)[i] = gate == 1 ? -log1p(exp(-2 * x)) : -exp(-0.5) / (1 + exp(-x));
     }
 }
 

@@ -41,10 +41,7 @@ typedef struct dres {
 static int nseqs(const dcase *c) { return c->cu ? c->nseq : c->B; }
 static int64_t numel4(const int64_t *s) { return s[0] * s[1] * s[2] * s[3]; }
 
-/* RWKV-7-like inputs (dplr.md D1): a = -kh, b = alpha kh with kh unit-norm and alpha in (0.1, 0.9),
- * so every transition D + b a^T is a contraction. gk per c->gate: uniform in [-0.5, -0.01];
- * logsigmoid(2 x) of normal x (mostly in [-4, 0], with a tail of strong decays); or RWKV-7's
- * safe gate -e^{-1/2} sigmoid(x) (in (-0.61, 0)). */
+/* RWKV-7-like inputs (kt_dplr_abg: a, b, and gk per c->gate). */
 static void make_data(const dcase *c, uint64_t seed, ddata *d) {
     memset(d, 0, sizeof *d);
     const int64_t B = c->B, T = c->T, N = nseqs(c);
@@ -56,25 +53,7 @@ static void make_data(const dcase *c, uint64_t seed, ddata *d) {
     d->x[IQ] = kt_randn(nk, seed + 1, 1.0);
     d->x[IK] = kt_randn(nk, seed + 2, 1.0 / sqrt((double)c->K));
     d->x[IV] = kt_randn(numel4(sh[IV]), seed + 3, 1.0);
-    double *kh = kt_randn(nk, seed + 4, 1.0), *al = kt_rand(nk, seed + 5, 0.1, 0.9);
-    kt_rownorm(kh, rows, c->K);
-    d->x[IA] = kt_alloc(nk);
-    d->x[IB] = kt_alloc(nk);
-    for (int64_t i = 0; i < nk; i++) {
-        d->x[IA][i] = -kh[i];
-        d->x[IB][i] = al[i] * kh[i];
-    }
-    free(kh);
-    free(al);
-    if (c->gate == 0) {
-        d->x[IG] = kt_rand(nk, seed + 6, -0.5, -0.01);
-    } else {
-        d->x[IG] = kt_randn(nk, seed + 6, 1.0);
-        for (int64_t i = 0; i < nk; i++) {
-            const double x = d->x[IG][i];
-            d->x[IG][i] = c->gate == 1 ? -log1p(exp(-2 * x)) : -exp(-0.5) / (1 + exp(-x));
-        }
-    }
+    kt_dplr_abg(rows, c->K, seed + 4, c->gate, &d->x[IA], &d->x[IB], &d->x[IG]);
     if (c->h0)
         d->x[IH0] = kt_randn(numel4(sh[IH0]), seed + 7, 0.5);
     d->no = numel4(sh[IV]);

@@ -121,7 +121,7 @@ static void check_rel_floor(const char *name, const double *got, const double *w
 /* ---- the cases ------------------------------------------------------------------------------- */
 
 enum { GR = 1, GS = 2, GC = 4, GP = 8, GE = 16 };
-enum { G_UNIFORM, G_LOGSIG, G_RWKV7 }; /* gk ranges (see the header) */
+enum { G_UNIFORM, G_LOGSIG, G_RWKV7 }; /* gk ranges (see the header; kt_dplr_abg's gate) */
 
 typedef struct dcase {
     int64_t B, T;    /* rows and tokens per row; varlen (nseq > 0): B = 1, T = sum of lens */
@@ -219,25 +219,7 @@ static void make_data(dg_ctx *cpu, const crun *r, uint64_t seed, ddata *d) {
     d->x[IQ] = kt_randn(nk, seed + 1, 1.0);
     d->x[IK] = kt_randn(nk, seed + 2, 1.0 / sqrt((double)K));
     d->x[IV] = kt_randn(d->nv, seed + 3, 1.0);
-    double *kh = kt_randn(nk, seed + 4, 1.0), *al = kt_rand(nk, seed + 5, 0.1, 0.9);
-    kt_rownorm(kh, rows, (int)K);
-    d->x[IA] = kt_alloc(nk);
-    d->x[IB] = kt_alloc(nk);
-    for (int64_t i = 0; i < nk; i++) {
-        d->x[IA][i] = -kh[i];
-        d->x[IB][i] = al[i] * kh[i];
-    }
-    free(kh);
-    free(al);
-    if (c->gate == G_UNIFORM) {
-        d->x[IG] = kt_rand(nk, seed + 6, -0.5, -0.01);
-    } else {
-        d->x[IG] = kt_randn(nk, seed + 6, 1.0);
-        for (int64_t i = 0; i < nk; i++) {
-            const double x = d->x[IG][i];
-            d->x[IG][i] = c->gate == G_LOGSIG ? -log1p(exp(-2 * x)) : -exp(-0.5) / (1 + exp(-x));
-        }
-    }
+    kt_dplr_abg(rows, (int)K, seed + 4, c->gate, &d->x[IA], &d->x[IB], &d->x[IG]);
     if (c->h0)
         d->x[IH0] = kt_randn(d->n0, seed + 7, 0.5);
 
