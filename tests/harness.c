@@ -33,6 +33,27 @@ int dg_test_need_gpu(void) {
     return 0;
 }
 
+int dg_test_main(int argc, char **argv, const char *suite, dg_test_fn cpu_cases,
+                 dg_test_fn gpu_cases) {
+    const int gpu = dg_test_init(argc, argv, suite);
+    if (gpu) {
+        const int skip = dg_test_need_gpu();
+        if (skip)
+            return skip;
+    }
+    const dg_test_fn cases = gpu ? gpu_cases : cpu_cases;
+    if (!cases) {
+        printf("== %s has no %s cases: it is registered in %s mode only\n", suite,
+               gpu ? "gpu" : "cpu", gpu ? "cpu" : "gpu");
+        return 2;
+    }
+    dg_ctx *cpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
+    cases(cpu);
+    dg_ctx_free(&cpu);
+    return dg_test_finish();
+}
+
 int dg_test_finish(void) {
     printf("== %s: %d checks, %d failed: %s\n", g_suite, g_checks, g_fails,
            g_fails ? "NOT OK" : "overall okay");

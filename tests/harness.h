@@ -1,10 +1,13 @@
 /*
  * tests/harness.h -- the small harness every test uses.
  *
- * A test executable takes one argument, "cpu" or "gpu", and runs the cases for that mode. In gpu
- * mode without a CUDA device it exits 77, which ctest reports as skipped. Each check prints one
- * line (name, max abs/rel error, tolerance, OK / NOT OK) in the manner of llm.c's check_tensor;
- * dg_test_finish() prints a summary line and returns the exit code.
+ * A test executable takes one argument, "cpu" or "gpu", and runs the cases for that mode. Every
+ * test's main() is one call of dg_test_main(), which parses the mode, makes a CPU context, runs
+ * the suite's cases for that mode and returns the exit code: 0 when every check passed, 1 when one
+ * failed or none ran, 2 for a usage error or a mode the suite has no cases for, and in gpu mode
+ * without a usable CUDA device 77, which ctest reports as skipped (SKIP_RETURN_CODE). Each check
+ * prints one line (name, max abs/rel error, tolerance, OK / NOT OK) in the manner of llm.c's
+ * check_tensor; dg_test_finish() prints a summary line and returns the exit code.
  */
 #ifndef DG_TEST_HARNESS_H
 #define DG_TEST_HARNESS_H
@@ -18,6 +21,16 @@
 
 #define DG_TEST_SKIP 77
 
+/* The cases of one mode; `cpu` is a CPU context dg_test_main() makes and frees. */
+typedef void (*dg_test_fn)(dg_ctx *cpu);
+/* The whole main() of a test: `cpu_cases` in cpu mode; in gpu mode DG_TEST_SKIP when no CUDA
+ * device is usable (built without CUDA, or none present), else `gpu_cases`. A NULL function means
+ * the suite has no cases in that mode: CMakeLists.txt does not register it there, and run there
+ * it exits 2. Arguments after the mode are the suite's own (parse them before the call). */
+int dg_test_main(int argc, char **argv, const char *suite, dg_test_fn cpu_cases,
+                 dg_test_fn gpu_cases);
+
+/* The parts of dg_test_main() (tests/dist/ drives its MPI suites with them). */
 /* Parses argv; returns 1 for gpu mode, 0 for cpu mode. */
 int dg_test_init(int argc, char **argv, const char *suite);
 int dg_test_gpu_mode(void);

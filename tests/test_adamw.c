@@ -253,8 +253,8 @@ static void mt_grads(dg_ctx *ctx, uint64_t seed, double scale, dg_tensor *g[MT_N
         if (i == 2)
             continue; /* no gradient: param, m, v must not move */
         int64_t sh[2] = {mt_len[i], 2};
-        dg_tensor *h = dg_test_rand(cpu, DG_F32, i == 4 ? 2 : 1, sh, seed + (uint64_t)i, -scale,
-                                    scale);
+        dg_tensor *h =
+            dg_test_rand(cpu, DG_F32, i == 4 ? 2 : 1, sh, seed + (uint64_t)i, -scale, scale);
         if (i == 4) {
             dg_tensor *d = NULL;
             DG_TEST_TRY(dg_to_device(ctx, h, &d));
@@ -332,8 +332,9 @@ static void test_adamw_multi_cpu(dg_ctx *cpu) {
                 free(hy);
             }
         }
-        dg_check(same, "cpu dg_adamw (%s, 7 params, 4 steps, clip on and off) == the "
-                       "per-parameter loop, bitwise",
+        dg_check(same,
+                 "cpu dg_adamw (%s, 7 params, 4 steps, clip on and off) == the "
+                 "per-parameter loop, bitwise",
                  dg_dtype_name(dts[di]));
         dg_check(stats_ok, "cpu dg_adamw stats: norm == dg_global_norm, coef == the clip formula");
         dg_adamw_free(&opt);
@@ -448,8 +449,7 @@ static void test_adamw_multi_gpu(dg_ctx *cpu, dg_ctx *gpu) {
         dg_check(coef_ok, "cuda dg_adamw (%s): coef == clip / (norm + 1e-6) of the device norm",
                  gname);
         dg_check(clipped == 2 && unclipped == 2,
-                 "cuda dg_adamw (%s): 2 steps clipped, 2 not (%d, %d)", gname, clipped,
-                 unclipped);
+                 "cuda dg_adamw (%s): 2 steps clipped, 2 not (%d, %d)", gname, clipped, unclipped);
         dg_check(rep_ok, "cuda dg_adamw (%s): norm and coef bitwise repeatable", gname);
         for (int i = 0; i < MT_N; i++) {
             if (mt_len[i] == 0)
@@ -523,22 +523,10 @@ static void test_gpu(dg_ctx *cpu) {
     dg_ctx_free(&gpu);
 }
 
-int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "adamw");
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip) {
-            dg_ctx_free(&cpu);
-            return skip;
-        }
-        test_gpu(cpu);
-    } else {
-        test_adamw_cpu(cpu);
-        test_global_norm_cpu(cpu);
-        test_adamw_multi_cpu(cpu);
-    }
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+static void cpu_cases(dg_ctx *cpu) {
+    test_adamw_cpu(cpu);
+    test_global_norm_cpu(cpu);
+    test_adamw_multi_cpu(cpu);
 }
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "adamw", cpu_cases, test_gpu); }

@@ -318,19 +318,5 @@ static void test_gpu(dg_ctx *cpu) {
 }
 
 int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "cross_entropy");
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip) {
-            dg_ctx_free(&cpu);
-            return skip;
-        }
-        test_gpu(cpu);
-    } else {
-        test_cpu(cpu);
-    }
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+    return dg_test_main(argc, argv, "cross_entropy", test_cpu, test_gpu);
 }

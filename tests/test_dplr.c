@@ -27,75 +27,31 @@ typedef struct dcase {
     int gate; /* gk: 0 uniform [-0.5, -0.01]; 1 logsigmoid(2 randn); 2 -e^{-1/2} sigmoid(randn) */
 } dcase;
 
-typedef struct ddata {
-    int64_t shape[NIN][4];
-    double *x[NIN];
-    double *dO, *dht;
-    int64_t no, nht;
-} ddata;
-
-typedef struct dres {
-    double *o, *ht, *grad[NIN];
-} dres;
-
 static int nseqs(const dcase *c) { return c->cu ? c->nseq : c->B; }
 static int64_t numel4(const int64_t *s) { return s[0] * s[1] * s[2] * s[3]; }
 
-/* RWKV-7-like inputs (dplr.md D1): a = -kh, b = alpha kh with kh unit-norm and alpha in (0.1, 0.9),
- * so every transition D + b a^T is a contraction. gk per c->gate: uniform in [-0.5, -0.01];
- * logsigmoid(2 x) of normal x (mostly in [-4, 0], with a tail of strong decays); or RWKV-7's
- * safe gate -e^{-1/2} sigmoid(x) (in (-0.61, 0)). */
-static void make_data(const dcase *c, uint64_t seed, ddata *d) {
+/* RWKV-7-like inputs (kt_dplr_abg: a, b, and gk per c->gate). */
+static void make_data(const dcase *c, uint64_t seed, kt_data *d) {
     memset(d, 0, sizeof *d);
     const int64_t B = c->B, T = c->T, N = nseqs(c);
     const int64_t sh[NIN][4] = {{B, T, c->H, c->K},   {B, T, c->H, c->K}, {B, T, c->H, c->V},
                                 {B, T, c->H, c->K},   {B, T, c->H, c->K}, {B, T, c->H, c->K},
                                 {N, c->H, c->K, c->V}};
     memcpy(d->shape, sh, sizeof sh);
+    d->nin = NIN;
+    for (int i = 0; i < NIN; i++)
+        d->ndim[i] = 4;
     const int64_t nk = numel4(sh[IQ]), rows = nk / c->K;
     d->x[IQ] = kt_randn(nk, seed + 1, 1.0);
     d->x[IK] = kt_randn(nk, seed + 2, 1.0 / sqrt((double)c->K));
     d->x[IV] = kt_randn(numel4(sh[IV]), seed + 3, 1.0);
-    double *kh = kt_randn(nk, seed + 4, 1.0), *al = kt_rand(nk, seed + 5, 0.1, 0.9);
-    kt_rownorm(kh, rows, c->K);
-    d->x[IA] = kt_alloc(nk);
-    d->x[IB] = kt_alloc(nk);
-    for (int64_t i = 0; i < nk; i++) {
-        d->x[IA][i] = -kh[i];
-        d->x[IB][i] = al[i] * kh[i];
-    }
-    free(kh);
-    free(al);
-    if (c->gate == 0) {
-        d->x[IG] = kt_rand(nk, seed + 6, -0.5, -0.01);
-    } else {
-        d->x[IG] = kt_randn(nk, seed + 6, 1.0);
-        for (int64_t i = 0; i < nk; i++) {
-            const double x = d->x[IG][i];
-            d->x[IG][i] = c->gate == 1 ? -log1p(exp(-2 * x)) : -exp(-0.5) / (1 + exp(-x));
-        }
-    }
+    kt_dplr_abg(rows, c->K, seed + 4, c->gate, &d->x[IA], &d->x[IB], &d->x[IG]);
     if (c->h0)
         d->x[IH0] = kt_randn(numel4(sh[IH0]), seed + 7, 0.5);
     d->no = numel4(sh[IV]);
     d->nht = numel4(sh[IH0]);
     d->dO = kt_randn(d->no, seed + 8, 1.0);
     d->dht = kt_randn(d->nht, seed + 9, 1.0);
-}
-
-static void free_data(ddata *d) {
-    for (int i = 0; i < NIN; i++)
-        free(d->x[i]);
-    free(d->dO);
-    free(d->dht);
-}
-
-static void free_res(dres *r) {
-    free(r->o);
-    free(r->ht);
-    for (int i = 0; i < NIN; i++)
-        free(r->grad[i]);
-    memset(r, 0, sizeof *r);
 }
 
 static dg_dplr_opts opts_of(const dcase *c) {
@@ -113,56 +69,32 @@ typedef dg_status (*dplr_fn)(dg_ctx *, dg_tensor *, dg_tensor *, dg_tensor *, dg
                              dg_tensor *, dg_tensor *, dg_tensor *, const dg_dplr_opts *,
                              dg_tensor **, dg_tensor **);
 
-static size_t g_tape_bytes; /* dg_tape_bytes() after the forward of the last run() */
+/* The op of one run: dg_dplr_chunk or dg_dplr_recurrent, with its options. */
+typedef struct dcall {
+    dplr_fn fn;
+    dg_dplr_opts opts;
+} dcall;
 
-/* Forward in dtype dt, backward seeded with dO and dht. */
-static void run(dg_ctx *ctx, dplr_fn fn, const dcase *c, const ddata *d, dg_dtype dt, dres *r) {
-    memset(r, 0, sizeof *r);
-    dg_tensor *t[NIN];
-    for (int i = 0; i < NIN; i++)
-        t[i] = kt_tensor(ctx, dt, 4, d->shape[i], d->x[i], 1);
-    dg_dplr_opts op = opts_of(c);
-    dg_tensor *o = NULL, *ht = NULL;
-    dg_tape_reset();
-    DG_TEST_TRY(fn(ctx, t[IQ], t[IK], t[IV], t[IA], t[IB], t[IG], t[IH0], &op, &o, &ht));
-    g_tape_bytes = dg_tape_bytes();
-    dg_tensor *dO = kt_tensor(ctx, dt, 4, dg_tensor_shape(o), d->dO, 0);
-    dg_tensor *dht = kt_tensor(ctx, dt, 4, dg_tensor_shape(ht), d->dht, 0);
-    dg_tensor *outs[2] = {o, ht};
-    const dg_tensor *seeds[2] = {dO, dht};
-    DG_TEST_TRY(dg__tape_backward_multi(ctx, 2, outs, seeds));
-    r->o = kt_host(o, d->no);
-    r->ht = kt_host(ht, d->nht);
-    for (int i = 0; i < NIN; i++)
-        if (t[i])
-            r->grad[i] = kt_host(dg_tensor_grad(t[i]), numel4(d->shape[i]));
-    dg_tape_reset();
-    for (int i = 0; i < NIN; i++)
-        dg_tensor_free(&t[i]);
-    dg_tensor_free(&o);
-    dg_tensor_free(&ht);
-    dg_tensor_free(&dO);
-    dg_tensor_free(&dht);
+static dg_status dplr_op(dg_ctx *ctx, dg_tensor *const *t, const void *user, dg_tensor **o,
+                         dg_tensor **ht) {
+    const dcall *u = user;
+    return u->fn(ctx, t[IQ], t[IK], t[IV], t[IA], t[IB], t[IG], t[IH0], &u->opts, o, ht);
 }
 
-static void compare(const char *what, const dcase *c, const ddata *d, const dres *got,
-                    const dres *want, double tol) {
-    char name[160];
-    snprintf(name, sizeof name, "%s %s o", what, c->name);
-    dg_check_rel(name, got->o, want->o, d->no, tol);
-    snprintf(name, sizeof name, "%s %s ht", what, c->name);
-    dg_check_rel(name, got->ht, want->ht, d->nht, tol);
-    for (int i = 0; i < NIN; i++) {
-        if (!d->x[i])
-            continue;
-        snprintf(name, sizeof name, "%s %s %s", what, c->name, grad_name[i]);
-        dg_check_rel(name, got->grad[i], want->grad[i], numel4(d->shape[i]), tol);
-    }
+/* Forward in dtype dt, backward seeded with dO and dht. */
+static void run(dg_ctx *ctx, dplr_fn fn, const dcase *c, const kt_data *d, dg_dtype dt, kt_res *r) {
+    const dcall u = {fn, opts_of(c)};
+    kt_run(ctx, dplr_op, &u, d, dt, r);
+}
+
+static void compare(const char *what, const dcase *c, const kt_data *d, const kt_res *got,
+                    const kt_res *want, double tol) {
+    kt_compare(what, c->name, grad_name, d, got, want, tol, -1, 0);
 }
 
 /* Dense evaluation: per head, the K x K transition M_t = Diag(exp(gk_t)) + b_t a_t^T is formed
  * explicitly and S_t = M_t S_{t-1} + k_t v_t^T. */
-static void dense_forward(const dcase *c, const ddata *d, double scale, double *o, double *ht) {
+static void dense_forward(const dcase *c, const kt_data *d, double scale, double *o, double *ht) {
     const int H = c->H, K = c->K, V = c->V, N = nseqs(c);
     double *S = kt_alloc((int64_t)K * V), *S2 = kt_alloc((int64_t)K * V);
     double *M = kt_alloc((int64_t)K * K);
@@ -217,9 +149,9 @@ static void test_recurrent_dense(dg_ctx *ctx) {
     printf("-- dg_dplr_recurrent forward vs the dense evaluation (f64)\n");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const dcase *c = &cases[ci];
-        ddata d;
+        kt_data d;
         make_data(c, 100 + ci, &d);
-        dres r;
+        kt_res r;
         run(ctx, dg_dplr_recurrent, c, &d, DG_F64, &r);
         double *o = kt_alloc(d.no), *ht = kt_alloc(d.nht);
         dense_forward(c, &d, 0.4, o, ht);
@@ -230,8 +162,8 @@ static void test_recurrent_dense(dg_ctx *ctx) {
         dg_check_rel(name, r.ht, ht, d.nht, 1e-12);
         free(o);
         free(ht);
-        free_res(&r);
-        free_data(&d);
+        kt_res_free(&r);
+        kt_data_free(&d);
     }
 }
 
@@ -239,15 +171,15 @@ static void test_recurrent_f32(dg_ctx *ctx) {
     printf("-- dg_dplr_recurrent f32 vs f64 (forward and every gradient)\n");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const dcase *c = &cases[ci];
-        ddata d;
+        kt_data d;
         make_data(c, 200 + ci, &d);
-        dres r64, r32;
+        kt_res r64, r32;
         run(ctx, dg_dplr_recurrent, c, &d, DG_F64, &r64);
         run(ctx, dg_dplr_recurrent, c, &d, DG_F32, &r32);
         compare("recurrent f32 vs f64", c, &d, &r32, &r64, 1e-5);
-        free_res(&r64);
-        free_res(&r32);
-        free_data(&d);
+        kt_res_free(&r64);
+        kt_res_free(&r32);
+        kt_data_free(&d);
     }
 }
 
@@ -268,7 +200,7 @@ static dg_status gc_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **
 }
 
 static void gradcheck_case(dg_ctx *ctx, dplr_fn fn, const char *fname, const dcase *c) {
-    ddata d;
+    kt_data d;
     make_data(c, 4242, &d);
     dg_tensor *t[NIN];
     for (int i = 0; i < NIN; i++)
@@ -284,7 +216,7 @@ static void gradcheck_case(dg_ctx *ctx, dplr_fn fn, const char *fname, const dca
     g_last_gc = rep.max_rel_err;
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&t[i]);
-    free_data(&d);
+    kt_data_free(&d);
 }
 
 static const dcase gc_cases[] = {
@@ -564,7 +496,7 @@ static const dcase chunk_cases[] = {
 static double g_max_chunk_err, g_max_f32_err, g_max_gc_chunk;
 
 /* max |got - want| / max |want| over o, ht and every gradient */
-static double max_rel(const dcase *c, const ddata *d, const dres *got, const dres *want) {
+static double max_rel(const dcase *c, const kt_data *d, const kt_res *got, const kt_res *want) {
     double worst = 0;
     const double *g[NIN + 2], *w[NIN + 2];
     int64_t n[NIN + 2];
@@ -591,16 +523,16 @@ static void test_chunk_vs_recurrent(dg_ctx *ctx) {
     printf("-- dg_dplr_chunk vs dg_dplr_recurrent: o, ht and every gradient (f64)\n");
     for (size_t ci = 0; ci < N_CHUNK_CASES; ci++) {
         const dcase *c = &chunk_cases[ci];
-        ddata d;
+        kt_data d;
         make_data(c, 1000 + ci, &d);
-        dres rr, rc;
+        kt_res rr, rc;
         run(ctx, dg_dplr_recurrent, c, &d, DG_F64, &rr);
         run(ctx, dg_dplr_chunk, c, &d, DG_F64, &rc);
         compare("chunk vs recurrent", c, &d, &rc, &rr, 1e-10);
         g_max_chunk_err = fmax(g_max_chunk_err, max_rel(c, &d, &rc, &rr));
-        free_res(&rr);
-        free_res(&rc);
-        free_data(&d);
+        kt_res_free(&rr);
+        kt_res_free(&rc);
+        kt_data_free(&d);
     }
 }
 
@@ -608,16 +540,16 @@ static void test_chunk_f32(dg_ctx *ctx) {
     printf("-- dg_dplr_chunk f32 vs f64 (forward and every gradient)\n");
     for (size_t ci = 0; ci < N_CHUNK_CASES; ci++) {
         const dcase *c = &chunk_cases[ci];
-        ddata d;
+        kt_data d;
         make_data(c, 2000 + ci, &d);
-        dres r64, r32;
+        kt_res r64, r32;
         run(ctx, dg_dplr_chunk, c, &d, DG_F64, &r64);
         run(ctx, dg_dplr_chunk, c, &d, DG_F32, &r32);
         compare("chunk f32 vs f64", c, &d, &r32, &r64, 2e-5);
         g_max_f32_err = fmax(g_max_f32_err, max_rel(c, &d, &r32, &r64));
-        free_res(&r64);
-        free_res(&r32);
-        free_data(&d);
+        kt_res_free(&r64);
+        kt_res_free(&r32);
+        kt_data_free(&d);
     }
 }
 
@@ -628,12 +560,12 @@ static void test_chunk_zero_decay(dg_ctx *ctx) {
     static const size_t which[] = {0, 6};
     for (size_t w = 0; w < sizeof which / sizeof which[0]; w++) {
         const dcase *c = &chunk_cases[which[w]];
-        ddata d;
+        kt_data d;
         make_data(c, 4000 + w, &d);
         const int64_t n = numel4(d.shape[IG]);
         for (int64_t i = 5; i < n; i += 37)
             d.x[IG][i] = i % 2 ? -INFINITY : -1e6;
-        dres rr, rc;
+        kt_res rr, rc;
         run(ctx, dg_dplr_recurrent, c, &d, DG_F64, &rr);
         run(ctx, dg_dplr_chunk, c, &d, DG_F64, &rc);
         int finite = kt_all_finite(rc.o, d.no) && kt_all_finite(rc.ht, d.nht);
@@ -642,9 +574,9 @@ static void test_chunk_zero_decay(dg_ctx *ctx) {
                 finite = finite && kt_all_finite(rc.grad[i], numel4(d.shape[i]));
         dg_check(finite, "zero decay %s: o, ht and every gradient finite", c->name);
         compare("zero decay: chunk vs recurrent", c, &d, &rc, &rr, 1e-10);
-        free_res(&rr);
-        free_res(&rc);
-        free_data(&d);
+        kt_res_free(&rr);
+        kt_res_free(&rc);
+        kt_data_free(&d);
     }
 }
 
@@ -655,12 +587,12 @@ static void test_chunk_policies(dg_ctx *ctx) {
     static const size_t which[] = {0, 3, 6, 9};
     for (size_t w = 0; w < sizeof which / sizeof which[0]; w++) {
         const dcase *c = &chunk_cases[which[w]];
-        ddata d;
+        kt_data d;
         make_data(c, 3000 + w, &d);
-        dres ref, r;
+        kt_res ref, r;
         dg_policy_reset();
         run(ctx, dg_dplr_chunk, c, &d, DG_F64, &ref);
-        const size_t bytes_rec = g_tape_bytes;
+        const size_t bytes_rec = ref.tape_bytes;
         for (int p = 0; p < 4; p++) {
             static const char *pn[4] = {"wy CACHE", "state CACHE", "wy+state CACHE",
                                         "global CACHE"};
@@ -675,13 +607,13 @@ static void test_chunk_policies(dg_ctx *ctx) {
             char what[64];
             snprintf(what, sizeof what, "%s vs RECOMPUTE", pn[p]);
             compare(what, c, &d, &r, &ref, 0.0);
-            dg_check(g_tape_bytes > bytes_rec, "%s %s keeps more: %zu > %zu bytes", pn[p], c->name,
-                     g_tape_bytes, bytes_rec);
-            free_res(&r);
+            dg_check(r.tape_bytes > bytes_rec, "%s %s keeps more: %zu > %zu bytes", pn[p], c->name,
+                     r.tape_bytes, bytes_rec);
+            kt_res_free(&r);
         }
         dg_policy_reset();
-        free_res(&ref);
-        free_data(&d);
+        kt_res_free(&ref);
+        kt_data_free(&d);
     }
 }
 
@@ -776,7 +708,7 @@ static void test_stage_bad_inputs(dg_ctx *ctx) {
  * differentiable elementwise ops, so the gradients of q, k, v, g, beta, h0 flow through it into
  * dg_dplr_recurrent or dg_dplr_chunk (dplr != NULL) and are compared with dg_kda_chunk's (f64;
  * gate NONE, unit q and k). */
-static void kda_as_dplr(dg_ctx *ctx, dplr_fn dplr, const dcase *c, uint64_t seed, dres *out) {
+static void kda_as_dplr(dg_ctx *ctx, dplr_fn dplr, const dcase *c, uint64_t seed, kt_res *out) {
     const int64_t B = c->B, T = c->T, N = nseqs(c);
     const int64_t sk[4] = {B, T, c->H, c->K}, sv[4] = {B, T, c->H, c->V}, sb[3] = {B, T, c->H};
     const int64_t sb4[4] = {B, T, c->H, 1}, s0[4] = {N, c->H, c->K, c->V};
@@ -855,10 +787,10 @@ static void test_kda_as_dplr(dg_ctx *ctx) {
     static const char *fnames[2] = {"recurrent", "chunk"};
     for (size_t ci = 0; ci < sizeof kc / sizeof kc[0]; ci++) {
         const dcase *c = &kc[ci];
-        dres rk;
+        kt_res rk;
         kda_as_dplr(ctx, NULL, c, 300 + ci, &rk);
         for (int f = 0; f < 2; f++) {
-            dres rd;
+            kt_res rd;
             kda_as_dplr(ctx, fns[f], c, 300 + ci, &rd);
             const int64_t nk = (int64_t)c->B * c->T * c->H * c->K, nv = nk / c->K * c->V;
             const int64_t n0 = (int64_t)nseqs(c) * c->H * c->K * c->V;
@@ -872,9 +804,9 @@ static void test_kda_as_dplr(dg_ctx *ctx) {
                 snprintf(name, sizeof name, "KDA as DPLR (%s) %s %s", fnames[f], c->name, names[i]);
                 dg_check_rel(name, rd.grad[i], rk.grad[i], n[i], 1e-10);
             }
-            free_res(&rd);
+            kt_res_free(&rd);
         }
-        free_res(&rk);
+        kt_res_free(&rk);
     }
 }
 
@@ -883,7 +815,7 @@ static void test_kda_as_dplr(dg_ctx *ctx) {
 static void test_bad_inputs(dg_ctx *ctx, dplr_fn fn, const char *fname) {
     printf("-- bad inputs of %s\n", fname);
     dcase c = {"", 1, 20, 2, 4, 4, 16, 1, NULL, 0, 0};
-    ddata d;
+    kt_data d;
     make_data(&c, 5, &d);
     dg_tensor *t[NIN];
     for (int i = 0; i < NIN; i++)
@@ -934,12 +866,12 @@ static void test_bad_inputs(dg_ctx *ctx, dplr_fn fn, const char *fname) {
 #undef CALL
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&t[i]);
-    free_data(&d);
+    kt_data_free(&d);
 }
 
 /* gpu mode: on CUDA the kernels compute in f32 and read f32 or bf16 activations; every DPLR
  * entry point refuses f64 tensors there (the CUDA path itself: test_dplr_cuda). */
-static int gpu_main(void) {
+static void gpu_cases(dg_ctx *cpu) {
     dg_ctx *ctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &ctx));
     int64_t sk[4] = {1, 8, 1, 4};
@@ -969,17 +901,9 @@ static int gpu_main(void) {
     for (int i = 0; i < 6; i++)
         dg_tensor_free(&x[i]);
     dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "dplr")) {
-        if (dg_test_need_gpu())
-            return DG_TEST_SKIP;
-        return gpu_main();
-    }
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+static void cpu_cases(dg_ctx *ctx) {
     test_recurrent_dense(ctx);
     test_recurrent_f32(ctx);
     test_recurrent_gradcheck(ctx);
@@ -997,6 +921,6 @@ int main(int argc, char **argv) {
     printf("-- summary: chunk vs recurrent (f64) max rel err %.3e; f32 vs f64 max rel err %.3e; "
            "chunk gradcheck max rel err %.3e\n",
            g_max_chunk_err, g_max_f32_err, g_max_gc_chunk);
-    dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "dplr", cpu_cases, gpu_cases); }

@@ -45,6 +45,7 @@
  *   name, V a variant. A small run for compute-sanitizer, e.g.:
  *     compute-sanitizer --tool racecheck ./build-cuda/test_dplr_cuda gpu --case 1 --variant raw
  */
+#include "case_table.h"
 #include "harness.h"
 #include "kda_testutil.h"
 #include "ops/dplr/dplr.h"
@@ -53,10 +54,8 @@
 #include <string.h>
 
 #ifndef DG_HAVE_CUDA
-int main(int argc, char **argv) {
-    dg_test_init(argc, argv, "dplr_cuda");
-    return dg_test_skip("CUDA-only suite (built without CUDA)");
-}
+/* Without CUDA there is nothing to run: gpu mode reports skipped, cpu mode is not registered. */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "dplr_cuda", NULL, NULL); }
 #else
 
 /* ---- tolerances ------------------------------------------------------------------------------ */
@@ -81,7 +80,8 @@ int main(int argc, char **argv) {
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ---- stages, variants and the tally of checks per stage and variant ------------------------- */
+/* ---- stages, variants and directions (the axes of the tally, case_table.h) --------------------
+ */
 
 enum {
     S_GATE,
@@ -96,96 +96,12 @@ enum {
     S_ARGS,
     NSTAGE
 };
-#define S_EXTRA S_POLICY /* stages from here on are extras (one row, no direction) */
 static const char *stage_name[NSTAGE] = {"gate",      "intra", "wy",     "state",  "output",
                                          "recurrent", "chunk", "policy", "errors", "args"};
 enum { D_FWD, D_BWD, NDIR };
 static const char *dir_name[NDIR] = {"fwd", "bwd"};
 enum { V_RAW, V_F32, V_BF16, V_NONE, NVAR };
 static const char *var_name[NVAR] = {"raw", "f32", "bf16", "none"};
-
-static int g_n[NSTAGE][NDIR][NVAR], g_bad[NSTAGE][NDIR][NVAR], g_has_err[NSTAGE][NDIR][NVAR];
-static double g_err[NSTAGE][NDIR][NVAR];
-static int g_cs = -1, g_cd, g_cv;
-static int g_seen_checks, g_seen_fails;
-
-/* Count the checks made since the last switch in the current cell, then switch to (s, dir, v). */
-static void cell(int s, int dir, int v) {
-    int n, f;
-    dg_test_counts(&n, &f);
-    if (g_cs >= 0) {
-        g_n[g_cs][g_cd][g_cv] += n - g_seen_checks;
-        g_bad[g_cs][g_cd][g_cv] += f - g_seen_fails;
-    }
-    g_seen_checks = n;
-    g_seen_fails = f;
-    g_cs = s;
-    g_cd = dir;
-    g_cv = v;
-}
-
-static void note_err(double rel) {
-    if (g_cs < 0)
-        return;
-    g_err[g_cs][g_cd][g_cv] = fmax(g_err[g_cs][g_cd][g_cv], rel);
-    g_has_err[g_cs][g_cd][g_cv] = 1;
-}
-
-static void print_tally(void) {
-    cell(-1, 0, 0);
-    for (int t = 0; t < 2; t++) {
-        printf(t ? "-- largest norm-relative error per stage and variant\n"
-                 : "-- checks per stage and variant (failed in parentheses)\n");
-        printf("   %-14s", "stage");
-        for (int v = 0; v < NVAR; v++)
-            printf(" %10s", var_name[v]);
-        printf("\n");
-        for (int s = 0; s < NSTAGE; s++)
-            for (int dir = 0; dir < NDIR; dir++) {
-                int any = 0;
-                for (int v = 0; v < NVAR; v++)
-                    any |= t ? g_has_err[s][dir][v] : g_n[s][dir][v] > 0;
-                if (!any)
-                    continue;
-                char row[40];
-                if (s < S_EXTRA)
-                    snprintf(row, sizeof row, "%s %s", stage_name[s], dir_name[dir]);
-                else
-                    snprintf(row, sizeof row, "%s", stage_name[s]);
-                printf("   %-14s", row);
-                for (int v = 0; v < NVAR; v++) {
-                    char c[32] = ".";
-                    if (t && g_has_err[s][dir][v])
-                        snprintf(c, sizeof c, "%.2e", g_err[s][dir][v]);
-                    else if (!t && g_bad[s][dir][v])
-                        snprintf(c, sizeof c, "%d(%d)", g_n[s][dir][v], g_bad[s][dir][v]);
-                    else if (!t && g_n[s][dir][v])
-                        snprintf(c, sizeof c, "%d", g_n[s][dir][v]);
-                    printf(" %10s", c);
-                }
-                printf("\n");
-            }
-    }
-}
-
-/* Norm-relative error (the dg_check_rel metric). */
-static double rel_err(const double *got, const double *want, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]) || !isfinite(want[i]))
-            return INFINITY;
-        num = fmax(num, fabs(got[i] - want[i]));
-        den = fmax(den, fabs(want[i]));
-    }
-    return num / (den > 1e-12 ? den : 1e-12);
-}
-
-/* One norm-relative check, counted and noted in the current cell. */
-static void check_rel(const char *name, const double *got, const double *want, int64_t n,
-                      double tol) {
-    dg_check_rel(name, got, want, n, tol);
-    note_err(rel_err(got, want, n));
-}
 
 /* check_rel measured against at least floor (for gradients that are sums of larger terms which
  * cancel: the f32 kernels round at the size of the terms, not of what is left). */
@@ -197,90 +113,15 @@ static void check_rel_floor(const char *name, const double *got, const double *w
         den = fmax(den, fabs(want[i]));
     }
     const double e = num / den;
-    dg_check(e <= tol, "%s n=%lld rel err=%.3e (floor %.3e, tol %g)", name, (long long)n, e,
-             floor, tol);
-    note_err(e);
-}
-
-static double max_abs(const double *x, int64_t n) {
-    double m = 0;
-    for (int64_t i = 0; i < n; i++)
-        m = fmax(m, fabs(x[i]));
-    return m;
-}
-
-/* ---- the command-line filter ----------------------------------------------------------------- */
-
-static struct {
-    unsigned stages, vars;
-    int by_case, by_var, list;
-    const char *cases;
-} g_f;
-
-static int sel(int s, int v) {
-    return (g_f.stages >> s & 1) && (v == V_NONE ? !g_f.by_var : (int)(g_f.vars >> v & 1));
-}
-
-static void usage(const char *prog) {
-    fprintf(stderr, "usage: %s cpu|gpu [--list] [--case C,...] [--stage S,...] [--variant V,...]\n",
-            prog);
-    fprintf(stderr, "  stages:");
-    for (int s = 0; s < NSTAGE; s++)
-        fprintf(stderr, " %s", stage_name[s]);
-    fprintf(stderr, "\n  variants:");
-    for (int v = 0; v < V_NONE; v++)
-        fprintf(stderr, " %s", var_name[v]);
-    fprintf(stderr, "\n");
-    exit(2);
-}
-
-static unsigned parse_names(const char *prog, const char *list, const char *const *names, int n) {
-    unsigned m = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        int i = 0;
-        while (i < n && strcmp(tok, names[i]) != 0)
-            i++;
-        if (i == n) {
-            fprintf(stderr, "unknown name '%s'\n", tok);
-            usage(prog);
-        }
-        m |= 1u << i;
-    }
-    return m;
-}
-
-static void parse_args(int argc, char **argv) {
-    g_f.stages = (1u << NSTAGE) - 1;
-    g_f.vars = (1u << NVAR) - 1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--list") == 0) {
-            g_f.list = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            usage(argv[0]);
-        const char *v = argv[++i];
-        if (strcmp(a, "--case") == 0) {
-            g_f.cases = v;
-            g_f.by_case = 1;
-        } else if (strcmp(a, "--stage") == 0) {
-            g_f.stages = parse_names(argv[0], v, stage_name, NSTAGE);
-        } else if (strcmp(a, "--variant") == 0) {
-            g_f.vars = parse_names(argv[0], v, var_name, V_NONE);
-            g_f.by_var = 1;
-        } else {
-            usage(argv[0]);
-        }
-    }
+    dg_check(e <= tol, "%s n=%lld rel err=%.3e (floor %.3e, tol %g)", name, (long long)n, e, floor,
+             tol);
+    ct_note_err(e);
 }
 
 /* ---- the cases ------------------------------------------------------------------------------- */
 
 enum { GR = 1, GS = 2, GC = 4, GP = 8, GE = 16 };
-enum { G_UNIFORM, G_LOGSIG, G_RWKV7 }; /* gk ranges (see the header) */
+enum { G_UNIFORM, G_LOGSIG, G_RWKV7 }; /* gk ranges (see the header; kt_dplr_abg's gate) */
 
 typedef struct dcase {
     int64_t B, T;    /* rows and tokens per row; varlen (nseq > 0): B = 1, T = sum of lens */
@@ -312,87 +153,32 @@ static const dcase dcases[] = {
 };
 /* clang-format on */
 
+/* A case resolved: sizes, varlen tables, a name. */
 typedef struct crun {
     const dcase *c;
-    int idx;
-    char name[160];
-    int64_t B, T, TT, NC;
-    int N;
-    int64_t cu[7];
+    ct_layout L;
 } crun;
 
-static void name_add(char *name, const char *fmt, ...) {
-    const size_t used = strlen(name), room = sizeof(((crun *)0)->name);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name + used, room - used, fmt, ap);
-    va_end(ap);
-}
-
-static void crun_init(crun *r, const dcase *c, int idx) {
-    memset(r, 0, sizeof *r);
-    r->c = c;
-    r->idx = idx;
-    r->B = c->B;
-    r->T = c->T;
-    r->N = (int)c->B;
-    if (c->nseq) {
-        for (int i = 0; i < c->nseq; i++)
-            r->cu[i + 1] = r->cu[i] + c->lens[i];
-        r->B = 1;
-        r->T = r->cu[c->nseq];
-        r->N = c->nseq;
-    }
-    r->TT = r->B * r->T;
-    for (int n = 0; n < r->N; n++) {
-        const int64_t len = c->nseq ? c->lens[n] : r->T;
-        r->NC += (len + c->BT - 1) / c->BT;
-    }
-    char *nm = r->name;
-    if (c->nseq) {
-        name_add(nm, "varlen %lld", (long long)c->lens[0]);
-        for (int i = 1; i < c->nseq; i++)
-            name_add(nm, "/%lld", (long long)c->lens[i]);
-    } else {
-        name_add(nm, "B=%lld T=%lld", (long long)c->B, (long long)c->T);
-    }
-    name_add(nm, " BT=%d H=%d", c->BT, c->H);
+/* Case idx resolved: sizes, varlen tables and name; returns its groups. */
+static unsigned case_layout(int idx, ct_layout *L) {
+    const dcase *c = &dcases[idx];
+    ct_layout_init(L, idx, c->B, c->T, c->nseq, c->lens, c->BT, c->H);
     if (c->K == c->V)
-        name_add(nm, " K=V=%d", c->K);
+        ct_name_add(L, " K=V=%d", c->K);
     else
-        name_add(nm, " K=%d V=%d", c->K, c->V);
-    name_add(nm, "%s %s", c->h0 ? " h0" : "",
-             c->gate == G_UNIFORM  ? "gk uniform"
-             : c->gate == G_LOGSIG ? "gk logsigmoid"
-                                   : "gk rwkv7");
-}
-
-static void print_groups(unsigned runs) {
-    static const char *gname[5] = {"GR", "GS", "GC", "GP", "GE"};
-    for (int i = 0; i < 5; i++)
-        if (runs >> i & 1)
-            printf(" %s", gname[i]);
-}
-
-static int case_wanted(const crun *r) {
-    if (!g_f.by_case)
-        return 1;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", g_f.cases);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        char *end = NULL;
-        long n = strtol(tok, &end, 10);
-        if (end != tok && *end == '\0' ? n == r->idx : strstr(r->name, tok) != NULL)
-            return 1;
-    }
-    return 0;
+        ct_name_add(L, " K=%d V=%d", c->K, c->V);
+    ct_name_add(L, "%s %s", c->h0 ? " h0" : "",
+                c->gate == G_UNIFORM  ? "gk uniform"
+                : c->gate == G_LOGSIG ? "gk logsigmoid"
+                                      : "gk rwkv7");
+    return c->runs;
 }
 
 static dg_dplr_opts opts_of(const crun *r) {
     dg_dplr_opts o;
     memset(&o, 0, sizeof o);
     o.chunk_size = r->c->BT;
-    o.cu_seqlens = r->c->nseq ? r->cu : NULL;
+    o.cu_seqlens = r->c->nseq ? r->L.cu : NULL;
     o.n_seqs = r->c->nseq;
     return o;
 }
@@ -416,9 +202,9 @@ static double *host_of(const dg_tensor *t) { return kt_host(t, dg_tensor_numel(t
 static void make_data(dg_ctx *cpu, const crun *r, uint64_t seed, ddata *d) {
     memset(d, 0, sizeof *d);
     const dcase *c = r->c;
-    const int64_t B = r->B, T = r->T, N = r->N, H = c->H, K = c->K, V = c->V;
+    const int64_t B = r->L.B, T = r->L.T, N = r->L.N, H = c->H, K = c->K, V = c->V;
     const int64_t sk[4] = {B, T, H, K}, sv[4] = {B, T, H, V}, sa[4] = {B, T, H, c->BT};
-    const int64_t s0[4] = {N, H, K, V}, sh[5] = {B, r->NC / B, H, K, V};
+    const int64_t s0[4] = {N, H, K, V}, sh[5] = {B, r->L.NC / B, H, K, V};
     memcpy(d->sk, sk, sizeof sk);
     memcpy(d->sv, sv, sizeof sv);
     memcpy(d->sa, sa, sizeof sa);
@@ -433,25 +219,7 @@ static void make_data(dg_ctx *cpu, const crun *r, uint64_t seed, ddata *d) {
     d->x[IQ] = kt_randn(nk, seed + 1, 1.0);
     d->x[IK] = kt_randn(nk, seed + 2, 1.0 / sqrt((double)K));
     d->x[IV] = kt_randn(d->nv, seed + 3, 1.0);
-    double *kh = kt_randn(nk, seed + 4, 1.0), *al = kt_rand(nk, seed + 5, 0.1, 0.9);
-    kt_rownorm(kh, rows, (int)K);
-    d->x[IA] = kt_alloc(nk);
-    d->x[IB] = kt_alloc(nk);
-    for (int64_t i = 0; i < nk; i++) {
-        d->x[IA][i] = -kh[i];
-        d->x[IB][i] = al[i] * kh[i];
-    }
-    free(kh);
-    free(al);
-    if (c->gate == G_UNIFORM) {
-        d->x[IG] = kt_rand(nk, seed + 6, -0.5, -0.01);
-    } else {
-        d->x[IG] = kt_randn(nk, seed + 6, 1.0);
-        for (int64_t i = 0; i < nk; i++) {
-            const double x = d->x[IG][i];
-            d->x[IG][i] = c->gate == G_LOGSIG ? -log1p(exp(-2 * x)) : -exp(-0.5) / (1 + exp(-x));
-        }
-    }
+    kt_dplr_abg(rows, (int)K, seed + 4, c->gate, &d->x[IA], &d->x[IB], &d->x[IG]);
     if (c->h0)
         d->x[IH0] = kt_randn(d->n0, seed + 7, 0.5);
 
@@ -552,7 +320,7 @@ static void rcmp(const char *cname, const char *what, const rarr *got) {
     double *g = host_of(got->t);
     char name[256];
     snprintf(name, sizeof name, "raw %s | %s", cname, what);
-    check_rel(name, g, got->h, got->n, TOL_F32);
+    ct_check_rel(name, g, got->h, got->n, TOL_F32);
     free(g);
 }
 
@@ -574,14 +342,14 @@ static double *junk_upper(const kda_dims *d, const double *M) {
 
 static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     const dcase *c = r->c;
-    const char *cn = r->name;
+    const char *cn = r->L.name;
     dg_dplr_opts opts = opts_of(r);
     kda_cfg cfg;
-    DG_TEST_TRY(dg__dplr_cfg_init("test_dplr_cuda", cpu, &opts, r->B, r->T, c->H, c->K, c->V,
+    DG_TEST_TRY(dg__dplr_cfg_init("test_dplr_cuda", cpu, &opts, r->L.B, r->L.T, c->H, c->K, c->V,
                                   DG_F64, &cfg));
     kda_cuda_dims dd;
-    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, r->TT, c->H, c->H, c->K, c->V, c->BT, cfg.d.N, cfg.d.cu,
-                                      cfg.d.chunk_off, &dd));
+    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, r->L.TT, c->H, c->H, c->K, c->V, c->BT, cfg.d.N,
+                                      cfg.d.cu, cfg.d.chunk_off, &dd));
     const kda_dims *hd = &cfg.d;
     const double s = cfg.scale;
     const float fs = (float)s;
@@ -597,14 +365,14 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     rset S = {0};
 
     /* gate */
-    if (sel(S_GATE, V_RAW)) {
-        cell(S_GATE, D_FWD, V_RAW);
+    if (ct_sel_x(S_GATE, V_RAW)) {
+        ct_cell(S_GATE, D_FWD, V_RAW);
         rarr *gk = rin(&S, gpu, d->x[IG], nk), *Gi = rout(&S, gpu, nk), *Ge = rout(&S, gpu, nk);
         DG_TEST_TRY(dg__dplr_cumsum_fwd_cuda(gpu, &dd, 0, D(gk), D(Gi), D(Ge)));
         dg__dplr_cumsum_fwd_f64(hd, gk->h, Gi->h, Ge->h);
         rcmp(cn, "cumsum fwd Gi", Gi);
         rcmp(cn, "cumsum fwd Ge", Ge);
-        cell(S_GATE, D_BWD, V_RAW);
+        ct_cell(S_GATE, D_BWD, V_RAW);
         for (int pass = 0; pass < 2; pass++) { /* pass 1: dGe NULL */
             rarr *dGi = rin(&S, gpu, upk, nk), *dGe = pass ? NULL : rin(&S, gpu, upk2, nk);
             rarr *dgk = rout(&S, gpu, nk);
@@ -616,8 +384,8 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     }
 
     /* intra */
-    if (sel(S_INTRA, V_RAW)) {
-        cell(S_INTRA, D_FWD, V_RAW);
+    if (ct_sel_x(S_INTRA, V_RAW)) {
+        ct_cell(S_INTRA, D_FWD, V_RAW);
         rarr *q = rin(&S, gpu, d->x[IQ], nk), *k = rin(&S, gpu, d->x[IK], nk);
         rarr *a = rin(&S, gpu, d->x[IA], nk), *b = rin(&S, gpu, d->x[IB], nk);
         rarr *Gi = rin(&S, gpu, d->Gi, nk), *Ge = rin(&S, gpu, d->Ge, nk);
@@ -632,7 +400,7 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
                                     "intra fwd Tab"};
         for (int i = 0; i < 4; i++)
             rcmp(cn, on[i], o[i]);
-        cell(S_INTRA, D_BWD, V_RAW);
+        ct_cell(S_INTRA, D_BWD, V_RAW);
         rarr *Tab = rin(&S, gpu, TabJ, na);
         for (int pass = 0; pass < 2; pass++) { /* pass 1: dAqb and dTab NULL */
             rarr *g[4];
@@ -653,7 +421,7 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
             const rarr *xs[4] = {q, k, a, b};
             double floor = 0;
             for (int i = 0; i < 4; i++)
-                floor += max_abs(xs[i]->h, xs[i]->n) * max_abs(gr[i]->h, gr[i]->n);
+                floor += ct_max_abs(xs[i]->h, xs[i]->n) * ct_max_abs(gr[i]->h, gr[i]->n);
             for (int i = 0; i < 6; i++) {
                 char what[64];
                 snprintf(what, sizeof what, "intra bwd %s%s", gn[i],
@@ -673,8 +441,8 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     }
 
     /* wy */
-    if (sel(S_WY, V_RAW)) {
-        cell(S_WY, D_FWD, V_RAW);
+    if (ct_sel_x(S_WY, V_RAW)) {
+        ct_cell(S_WY, D_FWD, V_RAW);
         rarr *q = rin(&S, gpu, d->x[IQ], nk), *k = rin(&S, gpu, d->x[IK], nk);
         rarr *v = rin(&S, gpu, d->x[IV], nv), *a = rin(&S, gpu, d->x[IA], nk);
         rarr *b = rin(&S, gpu, d->x[IB], nk), *Gi = rin(&S, gpu, d->Gi, nk);
@@ -698,7 +466,7 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
                     rcmp(cn, what, o[i]);
                 }
         }
-        cell(S_WY, D_BWD, V_RAW);
+        ct_cell(S_WY, D_BWD, V_RAW);
         for (int pass = 0; pass < 2; pass++) {                     /* pass 1: du and dkg NULL */
             const double *wyu[5] = {up[4], upv, upk, up[5], upk2}; /* dw du dqg dkg dbg */
             rarr *g[5];
@@ -726,8 +494,8 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     }
 
     /* state */
-    if (sel(S_STATE, V_RAW)) {
-        cell(S_STATE, D_FWD, V_RAW);
+    if (ct_sel_x(S_STATE, V_RAW)) {
+        ct_cell(S_STATE, D_FWD, V_RAW);
         rarr *w = rin(&S, gpu, d->w, nk), *u = rin(&S, gpu, d->u, nv);
         rarr *kg = rin(&S, gpu, d->kg, nk), *bg = rin(&S, gpu, d->bg, nk);
         rarr *v = rin(&S, gpu, d->x[IV], nv), *Gi = rin(&S, gpu, d->Gi, nk);
@@ -744,7 +512,7 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
             if (ht)
                 rcmp(cn, "state fwd ht", ht);
         }
-        cell(S_STATE, D_BWD, V_RAW);
+        ct_cell(S_STATE, D_BWD, V_RAW);
         rarr *hh = rin(&S, gpu, d->h, nh), *v2 = rin(&S, gpu, d->v2, nv);
         for (int pass = 0; pass < 2; pass++) { /* pass 1: dh, dht and dh0 NULL */
             rarr *dh = pass ? NULL : rin(&S, gpu, up[7], nh), *dv2 = rin(&S, gpu, upv, nv);
@@ -775,8 +543,8 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     }
 
     /* output */
-    if (sel(S_OUTPUT, V_RAW)) {
-        cell(S_OUTPUT, D_FWD, V_RAW);
+    if (ct_sel_x(S_OUTPUT, V_RAW)) {
+        ct_cell(S_OUTPUT, D_FWD, V_RAW);
         rarr *qg = rin(&S, gpu, d->qg, nk), *hh = rin(&S, gpu, d->h, nh);
         rarr *Aqk = rin(&S, gpu, AqkJ, na), *Aqb = rin(&S, gpu, AqbJ, na);
         rarr *v = rin(&S, gpu, d->x[IV], nv), *v2 = rin(&S, gpu, d->v2, nv);
@@ -785,7 +553,7 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
             dg__dplr_output_fwd_cuda(gpu, &dd, 0, D(qg), D(hh), D(Aqk), D(Aqb), D(v), D(v2), D(o)));
         dg__dplr_output_fwd_f64(hd, qg->h, hh->h, Aqk->h, Aqb->h, v->h, v2->h, o->h);
         rcmp(cn, "output fwd o", o);
-        cell(S_OUTPUT, D_BWD, V_RAW);
+        ct_cell(S_OUTPUT, D_BWD, V_RAW);
         rarr *dO = rin(&S, gpu, upv, nv);
         rarr *gr[6];
         for (int i = 0; i < 6; i++)
@@ -805,8 +573,8 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     }
 
     /* the recurrence */
-    if (sel(S_REC, V_RAW)) {
-        cell(S_REC, D_FWD, V_RAW);
+    if (ct_sel_x(S_REC, V_RAW)) {
+        ct_cell(S_REC, D_FWD, V_RAW);
         rarr *x[6];
         for (int i = 0; i < 6; i++)
             x[i] = rin(&S, gpu, d->x[i], i == IV ? nv : nk);
@@ -818,7 +586,7 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
                                                x[5]->h, Hh(h0), o->h, ht->h));
         rcmp(cn, "recurrent fwd o", o);
         rcmp(cn, "recurrent fwd ht", ht);
-        cell(S_REC, D_BWD, V_RAW);
+        ct_cell(S_REC, D_BWD, V_RAW);
         for (int pass = 0; pass < 2; pass++) { /* pass 1: dht, dh0 NULL */
             rarr *dO = rin(&S, gpu, upv, nv), *dht = pass ? NULL : rin(&S, gpu, up0, n0);
             rarr *gr[7];
@@ -858,9 +626,6 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
 
 /* ---- groups GS, GC, GP: the entry points through the tape ------------------------------------ */
 
-#define MAXIN 10
-#define MAXOUT 5
-
 typedef enum { OP_GATE, OP_INTRA, OP_WY, OP_STATE, OP_OUTPUT, OP_CHUNK, OP_REC } opk;
 
 typedef struct ucall {
@@ -870,35 +635,8 @@ typedef struct ucall {
     int first_only; /* seed only the first output (the others get no gradient) */
 } ucall;
 
-static int n_outputs(const ucall *u) {
-    switch (u->op) {
-    case OP_GATE:
-        return 2;
-    case OP_INTRA:
-        return 4;
-    case OP_WY:
-        return 5;
-    case OP_STATE:
-        return u->want_ht ? 3 : 2;
-    case OP_OUTPUT:
-        return 1;
-    default:
-        return 2;
-    }
-}
-
-static const char *out_name(const ucall *u, int j) {
-    static const char *names[][5] = {{"Gi", "Ge"},
-                                     {"Aqk", "Aqb", "Aak", "Tab"},
-                                     {"w", "u", "qg", "kg", "bg"},
-                                     {"h", "v2", "ht"},
-                                     {"o"},
-                                     {"o", "ht"},
-                                     {"o", "ht"}};
-    return names[u->op][j];
-}
-
-static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, const ucall *u) {
+static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, const void *user) {
+    const ucall *u = user;
     const dg_dplr_opts *o = &u->opts;
     switch (u->op) {
     case OP_GATE:
@@ -924,156 +662,26 @@ static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, con
     return DG_ERR_ARG;
 }
 
-/* One input: NULL x = absent. f32: an intermediate (or h0), f32 on CUDA whatever the leaves'
- * dtype. */
-typedef struct tin {
-    const char *name;
-    int ndim;
-    int64_t shape[5];
-    const double *x;
-    int f32;
-} tin;
-
-static tin mkin(const char *name, int ndim, const int64_t *shape, const double *x, int f32) {
-    tin t;
-    memset(&t, 0, sizeof t);
-    t.name = name;
-    t.ndim = ndim;
-    memcpy(t.shape, shape, sizeof(int64_t) * (size_t)ndim);
-    t.x = x;
-    t.f32 = f32;
-    return t;
-}
-
-/* What one run produced, as host doubles; xin / seed: the values actually used (seed[j] NULL:
- * output j was not seeded). */
-typedef struct tres {
-    int n_in, n_out;
-    double *out[MAXOUT], *seed[MAXOUT], *grad[MAXIN], *xin[MAXIN];
-    int64_t nout[MAXOUT], nin[MAXIN];
-    dg_dtype out_dt[MAXOUT], grad_dt[MAXIN];
-} tres;
-
-static void free_res(tres *r) {
-    for (int j = 0; j < MAXOUT; j++) {
-        free(r->out[j]);
-        free(r->seed[j]);
-    }
-    for (int i = 0; i < MAXIN; i++) {
-        free(r->grad[i]);
-        free(r->xin[i]);
-    }
-    memset(r, 0, sizeof *r);
-}
-
-/* Forward in ctx, then backward seeded with `from`'s seeds (or fresh random ones from `seed`).
- * On CUDA the leaves get `act` and the f32 inputs f32; on the CPU every input is f64. */
-static void run(dg_ctx *ctx, dg_dtype act, const ucall *u, int n_in, const tin *ins,
-                const tres *from, uint64_t seed, tres *r) {
-    memset(r, 0, sizeof *r);
-    const int cpu = dg_ctx_device(ctx).kind == DG_DEV_CPU;
-    dg_tensor *t[MAXIN] = {0}, *out[MAXOUT] = {0}, *sd[MAXOUT] = {0};
-    r->n_in = n_in;
-    r->n_out = n_outputs(u);
-    for (int i = 0; i < n_in; i++) {
-        if (!ins[i].x)
-            continue;
-        const dg_dtype dt = cpu ? DG_F64 : ins[i].f32 ? DG_F32 : act;
-        t[i] = kt_tensor(ctx, dt, ins[i].ndim, ins[i].shape, ins[i].x, 1);
-        r->nin[i] = dg_tensor_numel(t[i]);
-        r->xin[i] = kt_host(t[i], r->nin[i]);
-    }
-    dg_tape_reset();
-    DG_TEST_TRY(call_op(ctx, t, out, u));
-    for (int j = 0; j < r->n_out; j++) {
-        if (!out[j]) {
-            fprintf(stderr, "FATAL: output %d of op %d is NULL\n", j, (int)u->op);
-            exit(1);
-        }
-        r->nout[j] = dg_tensor_numel(out[j]);
-        r->out_dt[j] = dg_tensor_dtype(out[j]);
-        r->out[j] = kt_host(out[j], r->nout[j]);
-        double *s = NULL;
-        if (from)
-            s = from->seed[j];
-        else if (j == 0 || !u->first_only)
-            s = kt_randn(r->nout[j], seed + 101 + 7 * (uint64_t)j, 1.0);
-        sd[j] = kt_tensor(ctx, r->out_dt[j], dg_tensor_ndim(out[j]), dg_tensor_shape(out[j]), s, 0);
-        if (!from)
-            free(s);
-        if (sd[j])
-            r->seed[j] = kt_host(sd[j], r->nout[j]);
-    }
-    DG_TEST_TRY(dg_tape_backward_multi(ctx, r->n_out, out, (const dg_tensor *const *)sd));
-    for (int i = 0; i < n_in; i++) {
-        if (!t[i])
-            continue;
-        const dg_tensor *g = dg_tensor_grad(t[i]);
-        r->grad_dt[i] = g ? dg_tensor_dtype(g) : dg_tensor_dtype(t[i]);
-        r->grad[i] = kt_host(g, r->nin[i]); /* zeros when nothing flowed */
-    }
-    dg_tape_reset();
-    for (int i = 0; i < MAXIN; i++)
-        dg_tensor_free(&t[i]);
-    for (int j = 0; j < MAXOUT; j++) {
-        dg_tensor_free(&out[j]);
-        dg_tensor_free(&sd[j]);
-    }
-}
-
-/* Tolerances of one comparison: tol for every output and gradient, except input i's gradient
- * when itol[i] > 0. */
-typedef struct tols {
-    double tol, itol[MAXIN];
-} tols;
-
-static tols tols_all(double tol) {
-    tols t;
-    memset(&t, 0, sizeof t);
-    t.tol = tol;
-    return t;
-}
-
-/* got vs want: every output (stage s forward of variant v) and every input gradient (backward;
- * an extra row counts both). */
-static void compare(const char *label, const ucall *u, const tin *ins, const tres *got,
-                    const tres *want, const tols *t, int s, int v) {
-    char name[320];
-    cell(s, D_FWD, v);
-    for (int j = 0; j < got->n_out; j++) {
-        snprintf(name, sizeof name, "%s %s", label, out_name(u, j));
-        check_rel(name, got->out[j], want->out[j], got->nout[j], t->tol);
-    }
-    cell(s, s < S_EXTRA ? D_BWD : D_FWD, v);
-    for (int i = 0; i < got->n_in; i++) {
-        if (!got->xin[i])
-            continue;
-        snprintf(name, sizeof name, "%s d%s", label, ins[i].name);
-        check_rel(name, got->grad[i], want->grad[i], got->nin[i],
-                  t->itol[i] > 0 ? t->itol[i] : t->tol);
-    }
+/* The entry point of u for the shared runner (case_table.h): its outputs by op. */
+static ct_op op_of(const ucall *u) {
+    static const char *const names[][CT_MAXOUT] = {{"Gi", "Ge"},
+                                                   {"Aqk", "Aqb", "Aak", "Tab"},
+                                                   {"w", "u", "qg", "kg", "bg"},
+                                                   {"h", "v2", "ht"},
+                                                   {"o"},
+                                                   {"o", "ht"},
+                                                   {"o", "ht"}};
+    return ct_op_of(call_op, u, names[u->op], u->op == OP_STATE && !u->want_ht, u->first_only);
 }
 
 static int var_of(dg_dtype act) { return act == DG_BF16 ? V_BF16 : V_F32; }
 
 /* The op on CUDA (leaves in `act`) against the CPU f64 op on the values it used; stage s. */
 static void gpu_vs_cpu(dg_ctx *cpu, dg_ctx *gpu, const char *label, const ucall *u, int n_in,
-                       const tin *ins, dg_dtype act, uint64_t seed, const tols *t, int s) {
-    tres g, c;
-    run(gpu, act, u, n_in, ins, NULL, seed, &g);
-    tin used[MAXIN];
-    for (int i = 0; i < n_in; i++) {
-        used[i] = ins[i];
-        used[i].x = g.xin[i];
-    }
-    run(cpu, DG_F64, u, n_in, used, &g, seed, &c);
-    char name[288];
-    snprintf(name, sizeof name, "%s %s%s", act == DG_BF16 ? "bf16" : "f32 ", label,
-             u->first_only ? " (first output seeded)" : "");
-    tols dflt = tols_all(act == DG_BF16 ? TOL_BF16 : TOL_F32);
-    compare(name, u, ins, &g, &c, t ? t : &dflt, s, var_of(act));
-    free_res(&g);
-    free_res(&c);
+                       const ct_in *ins, dg_dtype act, uint64_t seed, const ct_tols *t, int s) {
+    const ct_op op = op_of(u);
+    const ct_tols dflt = ct_tols_all(act == DG_BF16 ? TOL_BF16 : TOL_F32);
+    ct_gpu_vs_cpu(cpu, gpu, label, &op, n_in, ins, act, seed, t ? t : &dflt, s, var_of(act));
 }
 
 /* -- GS: every stage node on its own */
@@ -1087,59 +695,60 @@ static void stages_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d)
     const int64_t *sk = d->sk, *sv = d->sv, *sa = d->sa, *s0 = d->s0, *sh = d->sh;
     for (int vi = 0; vi < 2; vi++) {
         const dg_dtype act = vi ? DG_BF16 : DG_F32;
-        if (!sel(S_GATE, var_of(act)) && !sel(S_INTRA, var_of(act)) && !sel(S_WY, var_of(act)) &&
-            !sel(S_STATE, var_of(act)) && !sel(S_OUTPUT, var_of(act)))
+        if (!ct_sel_x(S_GATE, var_of(act)) && !ct_sel_x(S_INTRA, var_of(act)) &&
+            !ct_sel_x(S_WY, var_of(act)) && !ct_sel_x(S_STATE, var_of(act)) &&
+            !ct_sel_x(S_OUTPUT, var_of(act)))
             continue;
         /* f32 runs a second time with only the first output seeded */
         for (int fo = 0; fo <= (act == DG_F32); fo++) {
             u.first_only = fo;
-            if (sel(S_GATE, var_of(act))) {
-                tin in[1] = {mkin("gk", 4, sk, d->x[IG], 0)};
+            if (ct_sel_x(S_GATE, var_of(act))) {
+                ct_in in[1] = {ct_mkin("gk", 4, sk, d->x[IG], 0)};
                 u.op = OP_GATE;
-                snprintf(label, sizeof label, "gate_cumsum %s", r->name);
+                snprintf(label, sizeof label, "gate_cumsum %s", r->L.name);
                 gpu_vs_cpu(cpu, gpu, label, &u, 1, in, act, seed + 1, NULL, S_GATE);
             }
-            if (sel(S_INTRA, var_of(act))) {
-                tin in[6] = {mkin("q", 4, sk, d->x[IQ], 0), mkin("k", 4, sk, d->x[IK], 0),
-                             mkin("a", 4, sk, d->x[IA], 0), mkin("b", 4, sk, d->x[IB], 0),
-                             mkin("Gi", 4, sk, d->Gi, 1),   mkin("Ge", 4, sk, d->Ge, 1)};
+            if (ct_sel_x(S_INTRA, var_of(act))) {
+                ct_in in[6] = {ct_mkin("q", 4, sk, d->x[IQ], 0), ct_mkin("k", 4, sk, d->x[IK], 0),
+                               ct_mkin("a", 4, sk, d->x[IA], 0), ct_mkin("b", 4, sk, d->x[IB], 0),
+                               ct_mkin("Gi", 4, sk, d->Gi, 1),   ct_mkin("Ge", 4, sk, d->Ge, 1)};
                 u.op = OP_INTRA;
-                snprintf(label, sizeof label, "intra %s", r->name);
+                snprintf(label, sizeof label, "intra %s", r->L.name);
                 gpu_vs_cpu(cpu, gpu, label, &u, 6, in, act, seed + 2, NULL, S_INTRA);
             }
-            if (sel(S_WY, var_of(act))) {
-                tin in[9] = {mkin("q", 4, sk, d->x[IQ], 0), mkin("k", 4, sk, d->x[IK], 0),
-                             mkin("v", 4, sv, d->x[IV], 0), mkin("a", 4, sk, d->x[IA], 0),
-                             mkin("b", 4, sk, d->x[IB], 0), mkin("Gi", 4, sk, d->Gi, 1),
-                             mkin("Ge", 4, sk, d->Ge, 1),   mkin("Aak", 4, sa, d->Aak, 1),
-                             mkin("Tab", 4, sa, d->Tab, 1)};
+            if (ct_sel_x(S_WY, var_of(act))) {
+                ct_in in[9] = {ct_mkin("q", 4, sk, d->x[IQ], 0), ct_mkin("k", 4, sk, d->x[IK], 0),
+                               ct_mkin("v", 4, sv, d->x[IV], 0), ct_mkin("a", 4, sk, d->x[IA], 0),
+                               ct_mkin("b", 4, sk, d->x[IB], 0), ct_mkin("Gi", 4, sk, d->Gi, 1),
+                               ct_mkin("Ge", 4, sk, d->Ge, 1),   ct_mkin("Aak", 4, sa, d->Aak, 1),
+                               ct_mkin("Tab", 4, sa, d->Tab, 1)};
                 u.op = OP_WY;
-                snprintf(label, sizeof label, "wy %s", r->name);
+                snprintf(label, sizeof label, "wy %s", r->L.name);
                 gpu_vs_cpu(cpu, gpu, label, &u, 9, in, act, seed + 3, NULL, S_WY);
             }
-            if (sel(S_STATE, var_of(act))) {
-                tin in[7] = {mkin("w", 4, sk, d->w, 1),      mkin("u", 4, sv, d->u, 1),
-                             mkin("kg", 4, sk, d->kg, 1),    mkin("bg", 4, sk, d->bg, 1),
-                             mkin("v", 4, sv, d->x[IV], 0),  mkin("Gi", 4, sk, d->Gi, 1),
-                             mkin("h0", 4, s0, d->x[IH0], 1)};
+            if (ct_sel_x(S_STATE, var_of(act))) {
+                ct_in in[7] = {ct_mkin("w", 4, sk, d->w, 1),      ct_mkin("u", 4, sv, d->u, 1),
+                               ct_mkin("kg", 4, sk, d->kg, 1),    ct_mkin("bg", 4, sk, d->bg, 1),
+                               ct_mkin("v", 4, sv, d->x[IV], 0),  ct_mkin("Gi", 4, sk, d->Gi, 1),
+                               ct_mkin("h0", 4, s0, d->x[IH0], 1)};
                 u.op = OP_STATE;
                 u.want_ht = 1;
                 for (int pol = 0; pol < 2; pol++) { /* RECOMPUTE (the default), CACHE */
                     if (pol)
                         dg_policy_set("dplr_state", DG_POLICY_CACHE);
                     snprintf(label, sizeof label, "state %s %s", pol ? "CACHE" : "RECOMPUTE",
-                             r->name);
+                             r->L.name);
                     gpu_vs_cpu(cpu, gpu, label, &u, 7, in, act, seed + 4, NULL, S_STATE);
                     dg_policy_reset();
                 }
                 u.want_ht = 0;
             }
-            if (sel(S_OUTPUT, var_of(act)) && !fo) { /* one output: nothing to leave out */
-                tin in[6] = {mkin("qg", 4, sk, d->qg, 1),   mkin("h", 5, sh, d->h, 1),
-                             mkin("Aqk", 4, sa, d->Aqk, 1), mkin("Aqb", 4, sa, d->Aqb, 1),
-                             mkin("v", 4, sv, d->x[IV], 0), mkin("v2", 4, sv, d->v2, 1)};
+            if (ct_sel_x(S_OUTPUT, var_of(act)) && !fo) { /* one output: nothing to leave out */
+                ct_in in[6] = {ct_mkin("qg", 4, sk, d->qg, 1),   ct_mkin("h", 5, sh, d->h, 1),
+                               ct_mkin("Aqk", 4, sa, d->Aqk, 1), ct_mkin("Aqb", 4, sa, d->Aqb, 1),
+                               ct_mkin("v", 4, sv, d->x[IV], 0), ct_mkin("v2", 4, sv, d->v2, 1)};
                 u.op = OP_OUTPUT;
-                snprintf(label, sizeof label, "output %s", r->name);
+                snprintf(label, sizeof label, "output %s", r->L.name);
                 gpu_vs_cpu(cpu, gpu, label, &u, 6, in, act, seed + 5, NULL, S_OUTPUT);
             }
         }
@@ -1149,13 +758,13 @@ static void stages_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d)
 
 /* -- GC: the composite and the recurrence */
 
-static void leaf_inputs(const ddata *d, tin *in) {
+static void leaf_inputs(const ddata *d, ct_in *in) {
     for (int i = 0; i < NLEAF; i++)
-        in[i] = mkin(leaf_name[i], 4,
-                     i == IV    ? d->sv
-                     : i == IH0 ? d->s0
-                                : d->sk,
-                     d->x[i], i == IH0);
+        in[i] = ct_mkin(leaf_name[i], 4,
+                        i == IV    ? d->sv
+                        : i == IH0 ? d->s0
+                                   : d->sk,
+                        d->x[i], i == IH0);
 }
 
 static ucall ccall(const crun *r, opk op) {
@@ -1169,66 +778,67 @@ static ucall ccall(const crun *r, opk op) {
 
 static void composite_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     const uint64_t seed = r->c->seed + 200;
-    tin in[NLEAF];
+    ct_in in[NLEAF];
     leaf_inputs(d, in);
     ucall uc = ccall(r, OP_CHUNK), ur = ccall(r, OP_REC);
     char label[240];
 
-    if (sel(S_CHUNK, V_F32) || sel(S_REC, V_F32)) {
+    if (ct_sel_x(S_CHUNK, V_F32) || ct_sel_x(S_REC, V_F32)) {
         /* CUDA chunked (gc) and recurrent (gr) with the same seeds; CPU f64 on the same values */
-        tres gc, gr, cc, cr;
-        run(gpu, DG_F32, &uc, NLEAF, in, NULL, seed, &gc);
-        run(gpu, DG_F32, &ur, NLEAF, in, &gc, seed, &gr);
-        tin used[NLEAF];
+        ct_res gc, gr, cc, cr;
+        const ct_op oc = op_of(&uc), orec = op_of(&ur);
+        ct_run_op(gpu, DG_F32, &oc, NLEAF, in, NULL, seed, &gc);
+        ct_run_op(gpu, DG_F32, &orec, NLEAF, in, &gc, seed, &gr);
+        ct_in used[NLEAF];
         for (int i = 0; i < NLEAF; i++) {
             used[i] = in[i];
             used[i].x = gc.xin[i];
         }
-        run(cpu, DG_F64, &uc, NLEAF, used, &gc, seed, &cc);
-        run(cpu, DG_F64, &ur, NLEAF, used, &gc, seed, &cr);
-        tols t = tols_all(TOL_F32), tcr = tols_all(TOL_CHUNK_VS_REC);
-        snprintf(label, sizeof label, "f32  chunk %s", r->name);
-        compare(label, &uc, in, &gc, &cc, &t, S_CHUNK, V_F32);
-        snprintf(label, sizeof label, "f32  recurrent %s", r->name);
-        compare(label, &ur, in, &gr, &cr, &t, S_REC, V_F32);
-        snprintf(label, sizeof label, "CUDA chunk vs CUDA recurrent %s", r->name);
-        compare(label, &uc, in, &gc, &gr, &tcr, S_CHUNK, V_F32);
-        tres *all[4] = {&gc, &gr, &cc, &cr};
+        ct_run_op(cpu, DG_F64, &oc, NLEAF, used, &gc, seed, &cc);
+        ct_run_op(cpu, DG_F64, &orec, NLEAF, used, &gc, seed, &cr);
+        ct_tols t = ct_tols_all(TOL_F32), tcr = ct_tols_all(TOL_CHUNK_VS_REC);
+        snprintf(label, sizeof label, "f32  chunk %s", r->L.name);
+        ct_compare(label, &oc, in, &gc, &cc, &t, S_CHUNK, V_F32);
+        snprintf(label, sizeof label, "f32  recurrent %s", r->L.name);
+        ct_compare(label, &orec, in, &gr, &cr, &t, S_REC, V_F32);
+        snprintf(label, sizeof label, "CUDA chunk vs CUDA recurrent %s", r->L.name);
+        ct_compare(label, &oc, in, &gc, &gr, &tcr, S_CHUNK, V_F32);
+        ct_res *all[4] = {&gc, &gr, &cc, &cr};
         for (int i = 0; i < 4; i++)
-            free_res(all[i]);
+            ct_free_res(all[i]);
         /* o seeded alone: no dht, the state pass starts from a zero gradient */
         uc.first_only = ur.first_only = 1;
-        snprintf(label, sizeof label, "chunk %s", r->name);
+        snprintf(label, sizeof label, "chunk %s", r->L.name);
         gpu_vs_cpu(cpu, gpu, label, &uc, NLEAF, in, DG_F32, seed + 1, NULL, S_CHUNK);
-        snprintf(label, sizeof label, "recurrent %s", r->name);
+        snprintf(label, sizeof label, "recurrent %s", r->L.name);
         gpu_vs_cpu(cpu, gpu, label, &ur, NLEAF, in, DG_F32, seed + 2, NULL, S_REC);
         uc.first_only = ur.first_only = 0;
     }
 
-    if (sel(S_CHUNK, V_BF16) || sel(S_REC, V_BF16)) {
+    if (ct_sel_x(S_CHUNK, V_BF16) || ct_sel_x(S_REC, V_BF16)) {
         /* the composite's leaf gradients collect contributions of several nodes in their bf16
          * slots (TOL_BF16_SLOT); the recurrence writes each once */
-        tols tb = tols_all(TOL_BF16);
+        ct_tols tb = ct_tols_all(TOL_BF16);
         tb.itol[IQ] = tb.itol[IK] = tb.itol[IA] = tb.itol[IB] = TOL_BF16_SLOT(2);
         tb.itol[IV] = TOL_BF16_SLOT(3);
-        snprintf(label, sizeof label, "chunk %s", r->name);
+        snprintf(label, sizeof label, "chunk %s", r->L.name);
         gpu_vs_cpu(cpu, gpu, label, &uc, NLEAF, in, DG_BF16, seed + 3, &tb, S_CHUNK);
-        snprintf(label, sizeof label, "recurrent %s", r->name);
+        snprintf(label, sizeof label, "recurrent %s", r->L.name);
         gpu_vs_cpu(cpu, gpu, label, &ur, NLEAF, in, DG_BF16, seed + 4, NULL, S_REC);
 
         /* dtypes of a bf16 call: o bf16, ht f32, each gradient in its input's dtype */
         for (int op = 0; op < 2; op++) {
-            tres bf;
-            const ucall *u = op ? &ur : &uc;
-            run(gpu, DG_BF16, u, NLEAF, in, NULL, seed + 5, &bf);
+            ct_res bf;
+            const ct_op ob = op_of(op ? &ur : &uc);
+            ct_run_op(gpu, DG_BF16, &ob, NLEAF, in, NULL, seed + 5, &bf);
             int ok = bf.out_dt[0] == DG_BF16 && bf.out_dt[1] == DG_F32;
             for (int i = 0; i < NLEAF; i++)
                 if (bf.xin[i])
                     ok &= bf.grad_dt[i] == (in[i].f32 ? DG_F32 : DG_BF16);
-            cell(op ? S_REC : S_CHUNK, D_FWD, V_BF16);
+            ct_cell(op ? S_REC : S_CHUNK, D_FWD, V_BF16);
             dg_check(ok, "bf16 %s %s: o bf16, ht f32, each gradient in its input's dtype",
-                     op ? "recurrent" : "chunk", r->name);
-            free_res(&bf);
+                     op ? "recurrent" : "chunk", r->L.name);
+            ct_free_res(&bf);
         }
     }
 }
@@ -1236,33 +846,34 @@ static void composite_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata 
 /* -- GP: CACHE and RECOMPUTE run the same kernels on the same inputs: bitwise equal results */
 
 static void policy_case(dg_ctx *gpu, const crun *r, const ddata *d) {
-    tin in[NLEAF];
+    ct_in in[NLEAF];
     leaf_inputs(d, in);
-    ucall u = ccall(r, OP_CHUNK);
+    const ucall u = ccall(r, OP_CHUNK);
+    const ct_op op = op_of(&u);
     static const char *what[3] = {"global CACHE", "dplr_wy CACHE", "dplr_state CACHE"};
     for (int a = 0; a < 2; a++) {
         const dg_dtype act = a ? DG_BF16 : DG_F32;
-        if (!sel(S_POLICY, var_of(act)))
+        if (!ct_sel_x(S_POLICY, var_of(act)))
             continue;
-        tres rc;
+        ct_res rc;
         dg_policy_reset();
-        run(gpu, act, &u, NLEAF, in, NULL, r->c->seed + 300, &rc);
+        ct_run_op(gpu, act, &op, NLEAF, in, NULL, r->c->seed + 300, &rc);
         for (int p = 0; p < 3; p++) {
-            tres ca;
+            ct_res ca;
             if (p == 0)
                 dg_policy_set_global(DG_POLICY_CACHE);
             else
                 dg_policy_set(p == 1 ? "dplr_wy" : "dplr_state", DG_POLICY_CACHE);
-            run(gpu, act, &u, NLEAF, in, &rc, r->c->seed + 300, &ca);
+            ct_run_op(gpu, act, &op, NLEAF, in, &rc, r->c->seed + 300, &ca);
             dg_policy_reset();
             char label[256];
             snprintf(label, sizeof label, "%s %s %s vs RECOMPUTE (bitwise)",
-                     act == DG_BF16 ? "bf16" : "f32 ", r->name, what[p]);
-            tols exact = tols_all(0.0);
-            compare(label, &u, in, &ca, &rc, &exact, S_POLICY, var_of(act));
-            free_res(&ca);
+                     act == DG_BF16 ? "bf16" : "f32 ", r->L.name, what[p]);
+            ct_tols exact = ct_tols_all(0.0);
+            ct_compare(label, &op, in, &ca, &rc, &exact, S_POLICY, var_of(act));
+            ct_free_res(&ca);
         }
-        free_res(&rc);
+        ct_free_res(&rc);
     }
 }
 
@@ -1274,10 +885,10 @@ static dg_tensor *tens(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape,
 
 static void errors_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
     if (!r->c->h0) {
-        fprintf(stderr, "FATAL: group GE needs a case with h0 (%s)\n", r->name);
+        fprintf(stderr, "FATAL: group GE needs a case with h0 (%s)\n", r->L.name);
         exit(1);
     }
-    cell(S_ERRORS, D_FWD, V_NONE);
+    ct_cell(S_ERRORS, D_FWD, V_NONE);
     printf("-- device, dtype and size errors\n");
     dg_tensor *t[NLEAF] = {0};
     for (int i = 0; i < NLEAF; i++)
@@ -1326,11 +937,11 @@ static void errors_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d)
     free(xb);
     /* the raw launchers: one value head per head, f32 intermediates */
     kda_cfg cfg;
-    DG_TEST_TRY(dg__dplr_cfg_init("test_dplr_cuda", cpu, &o, r->B, r->T, r->c->H, r->c->K, r->c->V,
-                                  DG_F64, &cfg));
+    DG_TEST_TRY(dg__dplr_cfg_init("test_dplr_cuda", cpu, &o, r->L.B, r->L.T, r->c->H, r->c->K,
+                                  r->c->V, DG_F64, &cfg));
     kda_cuda_dims dd;
-    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, r->TT, r->c->H, 2 * r->c->H, r->c->K, r->c->V, r->c->BT,
-                                      cfg.d.N, cfg.d.cu, cfg.d.chunk_off, &dd));
+    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, r->L.TT, r->c->H, 2 * r->c->H, r->c->K, r->c->V,
+                                      r->c->BT, cfg.d.N, cfg.d.cu, cfg.d.chunk_off, &dd));
     float *g = (float *)dg_tensor_data(G);
     dg_check_err(dg__dplr_cumsum_fwd_cuda(gpu, &dd, 0, g, g, g), DG_ERR_SHAPE, "HV == H",
                  "raw cumsum: dims with HV = 2H");
@@ -1352,7 +963,7 @@ static void errors_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d)
 /* args: argument checks of the raw launchers (no device touched: each fails before a CUDA
  * call). */
 static void test_args(void) {
-    cell(S_ARGS, D_FWD, V_NONE);
+    ct_cell(S_ARGS, D_FWD, V_NONE);
     kda_cuda_dims dd;
     memset(&dd, 0, sizeof dd);
     float x = 0;
@@ -1372,26 +983,27 @@ static void test_args(void) {
 
 static int any_sel(int s0, int s1, int v) {
     for (int s = s0; s <= s1; s++)
-        if (sel(s, v))
+        if (ct_sel_x(s, v))
             return 1;
     return 0;
 }
 
-static void run_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
+static void run_case(dg_ctx *cpu, dg_ctx *gpu, int idx) {
+    crun cr;
+    cr.c = &dcases[idx];
+    case_layout(idx, &cr.L);
+    const crun *r = &cr;
     const unsigned runs = r->c->runs;
     const int gr = (runs & GR) && any_sel(S_GATE, S_REC, V_RAW);
     const int gs =
         (runs & GS) && (any_sel(S_GATE, S_OUTPUT, V_F32) || any_sel(S_GATE, S_OUTPUT, V_BF16));
     const int gc =
         (runs & GC) && (any_sel(S_REC, S_CHUNK, V_F32) || any_sel(S_REC, S_CHUNK, V_BF16));
-    const int gp = (runs & GP) && (sel(S_POLICY, V_F32) || sel(S_POLICY, V_BF16));
-    const int ge = (runs & GE) && sel(S_ERRORS, V_NONE);
+    const int gp = (runs & GP) && (ct_sel_x(S_POLICY, V_F32) || ct_sel_x(S_POLICY, V_BF16));
+    const int ge = (runs & GE) && ct_sel_x(S_ERRORS, V_NONE);
     if (!gr && !gs && !gc && !gp && !ge)
         return;
-    printf("-- case %d: %s (TT=%lld N=%d NC=%lld; groups", r->idx, r->name, (long long)r->TT, r->N,
-           (long long)r->NC);
-    print_groups(runs);
-    printf(")\n");
+    ct_print_case(&r->L, runs);
     ddata d;
     make_data(cpu, r, r->c->seed, &d);
     if (gr)
@@ -1407,49 +1019,23 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
     free_data(&d);
 }
 
-static void list_cases(void) {
-    printf("   #  case%*s groups\n", 60, "");
-    for (size_t i = 0; i < NELEM(dcases); i++) {
-        crun r;
-        crun_init(&r, &dcases[i], (int)i);
-        printf("  %2d  %-64s", (int)i, r.name);
-        print_groups(dcases[i].runs);
-        printf("\n");
-    }
-    printf("   variants:");
-    for (int v = 0; v < V_NONE; v++)
-        printf(" %s", var_name[v]);
-    printf("\n");
+/* cpu mode: the args extra (no device touched) */
+static void cpu_extras(dg_ctx *cpu) {
+    if (ct_sel_x(S_ARGS, V_NONE))
+        test_args();
 }
 
-int main(int argc, char **argv) {
-    const int gpu_mode = dg_test_init(argc, argv, "dplr_cuda");
-    parse_args(argc, argv);
-    if (g_f.list) {
-        list_cases();
-        return 0;
-    }
-    if (!gpu_mode) {
-        if (!g_f.by_case && sel(S_ARGS, V_NONE))
-            test_args();
-        print_tally();
-        return dg_test_finish();
-    }
-    int skip = dg_test_need_gpu();
-    if (skip)
-        return skip;
-    dg_ctx *cpu = NULL, *gpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
-    for (size_t i = 0; i < NELEM(dcases); i++) {
-        crun r;
-        crun_init(&r, &dcases[i], (int)i);
-        if (case_wanted(&r))
-            run_case(cpu, gpu, &r);
-    }
-    print_tally();
-    dg_ctx_free(&gpu);
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
-}
+static const char *const groups[] = {"GR", "GS", "GC", "GP", "GE"};
+static const ct_suite suite = {
+    .name = "dplr_cuda",
+    .axes = {stage_name, NSTAGE, S_POLICY, dir_name, NDIR, var_name, NVAR, 0},
+    .group_name = groups,
+    .ngroup = NELEM(groups),
+    .ncases = NELEM(dcases),
+    .layout = case_layout,
+    .run = run_case,
+    .cpu_extras = cpu_extras,
+    .gpu_extras = NULL};
+
+int main(int argc, char **argv) { return ct_main(argc, argv, &suite); }
 #endif

@@ -352,21 +352,11 @@ static void test_deferred_gpu(dg_ctx *cpu, dg_ctx *gpu) {
         dg_tensor_free(&all[i]);
 }
 
+static void cpu_cases(dg_ctx *cpu) {
+    test_cpu(cpu);
+    test_deferred_cpu(cpu);
+}
+
 int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "embedding");
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip) {
-            dg_ctx_free(&cpu);
-            return skip;
-        }
-        test_gpu(cpu);
-    } else {
-        test_cpu(cpu);
-        test_deferred_cpu(cpu);
-    }
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+    return dg_test_main(argc, argv, "embedding", cpu_cases, test_gpu);
 }

@@ -438,15 +438,7 @@ static void test_deferred_record(void) {
 
 #endif /* DG_HAVE_CUDA */
 
-int main(int argc, char **argv) {
-    const int gpu = dg_test_init(argc, argv, "graph");
-    if (!gpu) {
-        test_cpu_refused();
-        return dg_test_finish();
-    }
-    int skip = dg_test_need_gpu();
-    if (skip)
-        return skip;
+static void gpu_cases(dg_ctx *cpu) {
 #ifdef DG_HAVE_CUDA
     test_cpu_refused();
     test_errors();
@@ -457,5 +449,8 @@ int main(int argc, char **argv) {
     test_kda_replay(ctx, DG_F32);
     dg_ctx_free(&ctx);
 #endif
-    return dg_test_finish();
 }
+
+static void cpu_cases(dg_ctx *cpu) { test_cpu_refused(); }
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "graph", cpu_cases, gpu_cases); }

@@ -363,14 +363,11 @@ static void test_state_alone(dg_ctx *ctx) {
     opcall_free(&c);
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "group"))
-        return dg_test_skip("CPU suite: the bookkeeping of recompute groups");
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+static void cpu_cases(dg_ctx *ctx) {
     test_rules(ctx);
     test_ops(ctx);
     test_state_alone(ctx);
-    dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
+
+/* cpu mode only: the bookkeeping of recompute groups */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "group", cpu_cases, NULL); }

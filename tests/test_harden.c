@@ -1371,34 +1371,31 @@ static void test_zero_decay_gpu(dg_ctx *gpu) {
         }
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "harden")) {
-        int rc = dg_test_need_gpu();
-        if (rc)
-            return rc;
-        DG_TEST_TRY(dg_ctx_new(dg_cpu(), &g_ctx));
-        dg_ctx *gpu = NULL;
-        DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
-        test_zero_decay_gpu(gpu);
-        printf("class 4 (zero decay) on CUDA: %d cases\n", g_cases[4]);
-        /* class 9 on CUDA: an allocation the device cannot hold names itself */
-        dg_tensor *t = NULL;
-        const int64_t huge[2] = {(int64_t)1 << 23, (int64_t)1 << 23};
-        check_err_all(9, dg_tensor_new(gpu, DG_F32, 2, huge, &t), DG_ERR_NOMEM,
-                      "a CUDA allocation that cannot succeed names the tensor", "out of memory",
-                      "[8388608,8388608]", "281474976710656 bytes", "cuda", NULL);
-        dg_ctx_free(&gpu);
-        dg_ctx_free(&g_ctx);
-        return dg_test_finish();
-    }
+static void gpu_cases(dg_ctx *cpu) {
+    g_ctx = cpu;
+    dg_ctx *gpu = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
+    test_zero_decay_gpu(gpu);
+    printf("class 4 (zero decay) on CUDA: %d cases\n", g_cases[4]);
+    /* class 9 on CUDA: an allocation the device cannot hold names itself */
+    dg_tensor *t = NULL;
+    const int64_t huge[2] = {(int64_t)1 << 23, (int64_t)1 << 23};
+    check_err_all(9, dg_tensor_new(gpu, DG_F32, 2, huge, &t), DG_ERR_NOMEM,
+                  "a CUDA allocation that cannot succeed names the tensor", "out of memory",
+                  "[8388608,8388608]", "281474976710656 bytes", "cuda", NULL);
+    dg_ctx_free(&gpu);
+    g_ctx = NULL;
+}
+
+static void cpu_cases(dg_ctx *cpu) {
     signal(SIGALRM, on_alarm);
     alarm(600);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dg_test_harden_XXXXXX");
     if (!mkdtemp(g_tmp)) {
         perror("mkdtemp");
-        return 1;
+        exit(1);
     }
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &g_ctx));
+    g_ctx = cpu;
     test_special_files();
     test_numeric_parser();
     test_numeric_flags();
@@ -1409,7 +1406,7 @@ int main(int argc, char **argv) {
     test_run_dirs();
     test_faults();
     test_oom_message();
-    dg_ctx_free(&g_ctx);
+    g_ctx = NULL;
     nftw(g_tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     static const char *const names[] = {"",           "special files", "numeric flags", "indices",
                                         "zero decay", "checkpoints",   "run dirs",      "op runner",
@@ -1423,5 +1420,6 @@ int main(int argc, char **argv) {
         }
     printf("all classes: %d cases, %d inputs rejected, %d faults injected\n", total[0], total[1],
            total[2]);
-    return dg_test_finish();
 }
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "harden", cpu_cases, gpu_cases); }

@@ -915,10 +915,7 @@ static void test_fuzz(void) {
 
 /* ---- GPU: device tensors are saved through the host and loaded into the given context ---- */
 
-static int run_gpu(void) {
-    int rc = dg_test_need_gpu();
-    if (rc)
-        return rc;
+static void run_gpu(void) {
     dg_ctx *gctx = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gctx));
     char p[256];
@@ -948,32 +945,36 @@ static int run_gpu(void) {
         dg_tensor_free(&t);
     }
     dg_ctx_free(&gctx);
-    return 0;
 }
 
-int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "io");
+static void make_temp_dir(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dg_io_XXXXXX");
     if (!mkdtemp(g_dir)) {
         fprintf(stderr, "FATAL: mkdtemp failed\nHINT: is /tmp writable?\n");
-        return 1;
+        exit(1);
     }
     printf("  temp dir %s\n", g_dir);
-    int rc = 0;
-    if (gpu) {
-        rc = run_gpu();
-    } else {
-        DG_TEST_TRY(dg_ctx_new(dg_cpu(), &g_ctx));
-        test_npy_roundtrip();
-        test_st_roundtrip();
-        test_views();
-        test_atomic();
-        test_npy_malformed();
-        test_st_malformed();
-        test_numpy_interop();
-        test_fuzz();
-        dg_ctx_free(&g_ctx);
-    }
-    remove_tree(g_dir);
-    return rc ? rc : dg_test_finish();
 }
+
+static void cpu_cases(dg_ctx *cpu) {
+    make_temp_dir();
+    g_ctx = cpu;
+    test_npy_roundtrip();
+    test_st_roundtrip();
+    test_views();
+    test_atomic();
+    test_npy_malformed();
+    test_st_malformed();
+    test_numpy_interop();
+    test_fuzz();
+    g_ctx = NULL;
+    remove_tree(g_dir);
+}
+
+static void gpu_cases(dg_ctx *cpu) {
+    make_temp_dir();
+    run_gpu();
+    remove_tree(g_dir);
+}
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "io", cpu_cases, gpu_cases); }

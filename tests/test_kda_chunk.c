@@ -28,24 +28,11 @@ typedef struct kcase {
     double gconst; /* gate NONE: every g equals this when nonzero */
 } kcase;
 
-typedef struct kdata {
-    int ndim[NIN];
-    int64_t shape[NIN][4];
-    double *x[NIN];
-    double *dO, *dht;
-    int64_t no, nht;
-} kdata;
-
-typedef struct kres {
-    double *o, *ht, *grad[NIN];
-    size_t tape_bytes;
-    int nodes;
-} kres;
-
 static int nseqs(const kcase *c) { return c->cu ? c->nseq : c->B; }
 
-static void make_data(const kcase *c, uint64_t seed, kdata *d) {
+static void make_data(const kcase *c, uint64_t seed, kt_data *d) {
     memset(d, 0, sizeof *d);
+    d->nin = NIN;
     const int64_t B = c->B, T = c->T, N = nseqs(c);
     const int64_t sh[NIN][4] = {{B, T, c->H, c->K},      {B, T, c->H, c->K},    {B, T, c->HV, c->V},
                                 {B, T, c->HV, c->K},     {B, T, c->HV, 0},      {c->HV, 0, 0, 0},
@@ -85,21 +72,6 @@ static void make_data(const kcase *c, uint64_t seed, kdata *d) {
     d->dht = kt_randn(d->nht, seed + 10, 1.0);
 }
 
-static void free_data(kdata *d) {
-    for (int i = 0; i < NIN; i++)
-        free(d->x[i]);
-    free(d->dO);
-    free(d->dht);
-}
-
-static void free_res(kres *r) {
-    free(r->o);
-    free(r->ht);
-    for (int i = 0; i < NIN; i++)
-        free(r->grad[i]);
-    memset(r, 0, sizeof *r);
-}
-
 static dg_kda_opts opts_of(const kcase *c) {
     dg_kda_opts o;
     memset(&o, 0, sizeof o);
@@ -114,61 +86,34 @@ static dg_kda_opts opts_of(const kcase *c) {
     return o;
 }
 
+/* The op of one run: chunked or recurrent, with its options. */
+typedef struct kcall {
+    int chunked;
+    dg_kda_opts opts;
+} kcall;
+
+static dg_status kda_op(dg_ctx *ctx, dg_tensor *const *t, const void *user, dg_tensor **o,
+                        dg_tensor **ht) {
+    const kcall *u = user;
+    if (u->chunked)
+        return dg_kda_chunk(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA], t[ID], t[IH0],
+                            &u->opts, o, ht);
+    return dg_kda_recurrent(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA], t[ID], t[IH0],
+                            &u->opts, o, ht);
+}
+
 /* Forward (chunked or recurrent) in dtype dt, backward seeded with dO and dht. */
-static void run(dg_ctx *ctx, const kcase *c, const kdata *d, dg_dtype dt, int chunked, kres *r) {
-    memset(r, 0, sizeof *r);
-    dg_tensor *t[NIN];
-    for (int i = 0; i < NIN; i++)
-        t[i] = kt_tensor(ctx, dt, d->ndim[i], d->shape[i], d->x[i], 1);
-    dg_kda_opts op = opts_of(c);
-    dg_tensor *o = NULL, *ht = NULL;
-    dg_tape_reset();
-    if (chunked)
-        DG_TEST_TRY(dg_kda_chunk(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA], t[ID], t[IH0],
-                                 &op, &o, &ht));
-    else
-        DG_TEST_TRY(dg_kda_recurrent(ctx, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA], t[ID],
-                                     t[IH0], &op, &o, &ht));
-    r->tape_bytes = dg_tape_bytes();
-    r->nodes = dg_tape_num_nodes();
-    dg_tensor *dO = kt_tensor(ctx, dt, 4, dg_tensor_shape(o), d->dO, 0);
-    dg_tensor *dht = kt_tensor(ctx, dt, 4, dg_tensor_shape(ht), d->dht, 0);
-    dg_tensor *outs[2] = {o, ht};
-    const dg_tensor *seeds[2] = {dO, dht};
-    DG_TEST_TRY(dg__tape_backward_multi(ctx, 2, outs, seeds));
-    r->o = kt_host(o, d->no);
-    r->ht = kt_host(ht, d->nht);
-    for (int i = 0; i < NIN; i++)
-        if (t[i])
-            r->grad[i] = kt_host(dg_tensor_grad(t[i]), dg_tensor_numel(t[i]));
-    dg_tape_reset();
-    for (int i = 0; i < NIN; i++)
-        dg_tensor_free(&t[i]);
-    dg_tensor_free(&o);
-    dg_tensor_free(&ht);
-    dg_tensor_free(&dO);
-    dg_tensor_free(&dht);
+static void run(dg_ctx *ctx, const kcase *c, const kt_data *d, dg_dtype dt, int chunked,
+                kt_res *r) {
+    const kcall u = {chunked, opts_of(c)};
+    kt_run(ctx, kda_op, &u, d, dt, r);
 }
 
 /* With g = -40 per step the true dg is ~1e-18: it is what is left after O(1) terms cancel, so
  * it is compared in absolute terms (dg_atol > 0) against the O(1) scale of the other gradients. */
-static void compare(const char *what, const kcase *c, const kdata *d, const kres *got,
-                    const kres *want, double tol, double dg_atol) {
-    char name[160];
-    snprintf(name, sizeof name, "%s %s o", what, c->name);
-    dg_check_rel(name, got->o, want->o, d->no, tol);
-    snprintf(name, sizeof name, "%s %s ht", what, c->name);
-    dg_check_rel(name, got->ht, want->ht, d->nht, tol);
-    for (int i = 0; i < NIN; i++) {
-        if (!d->x[i])
-            continue;
-        snprintf(name, sizeof name, "%s %s %s", what, c->name, grad_name[i]);
-        if (i == IG && dg_atol > 0)
-            dg_check_close(name, got->grad[i], want->grad[i], kt_numel(d->ndim[i], d->shape[i]),
-                           dg_atol, 0);
-        else
-            dg_check_rel(name, got->grad[i], want->grad[i], kt_numel(d->ndim[i], d->shape[i]), tol);
-    }
+static void compare(const char *what, const kcase *c, const kt_data *d, const kt_res *got,
+                    const kt_res *want, double tol, double dg_atol) {
+    kt_compare(what, c->name, grad_name, d, got, want, tol, IG, dg_atol);
 }
 
 static const int64_t cu4[] = {0, 7, 30, 31, 54}; /* odd lengths 7, 23, 1, 23 */
@@ -193,9 +138,9 @@ static void test_chunk_vs_recurrent(dg_ctx *ctx) {
     printf("-- chunked vs recurrent (f64) and f32 chunked vs f64 chunked\n");
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const kcase *c = &cases[ci];
-        kdata d;
+        kt_data d;
         make_data(c, 1000 + 37 * ci, &d);
-        kres ref, chk, f32;
+        kt_res ref, chk, f32;
         run(ctx, c, &d, DG_F64, 0, &ref);
         run(ctx, c, &d, DG_F64, 1, &chk);
         /* same math, different association order: f64 rounding only */
@@ -207,19 +152,19 @@ static void test_chunk_vs_recurrent(dg_ctx *ctx) {
             dg_check(kt_all_finite(f32.o, d.no) && kt_all_finite(chk.o, d.no) &&
                          kt_all_finite(f32.grad[IG], d.no / c->V * c->K),
                      "g=%g per step: f32 and f64 outputs and dg are finite", c->gconst);
-        free_res(&ref);
-        free_res(&chk);
-        free_res(&f32);
-        free_data(&d);
+        kt_res_free(&ref);
+        kt_res_free(&chk);
+        kt_res_free(&f32);
+        kt_data_free(&d);
     }
 }
 
 static void test_policies(dg_ctx *ctx) {
     printf("-- CACHE vs RECOMPUTE (composite)\n");
     const kcase *c = &cases[2];
-    kdata d;
+    kt_data d;
     make_data(c, 77, &d);
-    kres rc, ca;
+    kt_res rc, ca;
     dg_policy_set_global(DG_POLICY_RECOMPUTE);
     run(ctx, c, &d, DG_F64, 1, &rc);
     dg_policy_set_global(DG_POLICY_CACHE);
@@ -235,17 +180,17 @@ static void test_policies(dg_ctx *ctx) {
     /* l2norm q, l2norm k, beta, gate_cumsum, intra, wy, state, output */
     dg_check(rc.nodes == 8 && ca.nodes == 8, "composite records one node per stage: %d nodes",
              rc.nodes);
-    kres df;
+    kt_res df;
     run(ctx, c, &d, DG_F64, 1, &df);
     compare("default policy vs RECOMPUTE", c, &d, &df, &rc, 1e-14, 0);
     /* default: l2norm caches (y, 1/norm), wy and state recompute (kda.md §3) */
     printf("   tape bytes with the default policies: %zu\n", df.tape_bytes);
     dg_check(df.tape_bytes < ca.tape_bytes, "default policies keep less than CACHE (%zu < %zu)",
              df.tape_bytes, ca.tape_bytes);
-    free_res(&rc);
-    free_res(&ca);
-    free_res(&df);
-    free_data(&d);
+    kt_res_free(&rc);
+    kt_res_free(&ca);
+    kt_res_free(&df);
+    kt_data_free(&d);
 }
 
 /* Only one input requires grad: the tape then holds a subset of the stage nodes (e.g. no state
@@ -253,9 +198,9 @@ static void test_policies(dg_ctx *ctx) {
 static void test_partial_grad(dg_ctx *ctx) {
     printf("-- one input requiring grad at a time\n");
     const kcase *c = &cases[1];
-    kdata d;
+    kt_data d;
     make_data(c, 91, &d);
-    kres full;
+    kt_res full;
     run(ctx, c, &d, DG_F64, 1, &full);
     for (int only = 0; only < NIN; only++) {
         if (!d.x[only])
@@ -289,8 +234,8 @@ static void test_partial_grad(dg_ctx *ctx) {
         dg_tensor_free(&dO);
         dg_tensor_free(&dht);
     }
-    free_res(&full);
-    free_data(&d);
+    kt_res_free(&full);
+    kt_data_free(&d);
 }
 
 /* The raw loops run on OpenMP threads over independent (chunk or sequence, head) items, each in
@@ -304,9 +249,9 @@ static void test_threads(dg_ctx *ctx) {
         for (int dt = 0; dt < 2; dt++)
             for (int chunked = 0; chunked < 2; chunked++) {
                 const kcase *c = cs[ci];
-                kdata d;
+                kt_data d;
                 make_data(c, 555, &d);
-                kres one, many;
+                kt_res one, many;
                 omp_set_num_threads(1);
                 run(ctx, c, &d, dt ? DG_F32 : DG_F64, chunked, &one);
                 omp_set_num_threads(4);
@@ -315,9 +260,9 @@ static void test_threads(dg_ctx *ctx) {
                 snprintf(what, sizeof what, "%s %s 1 vs 4 threads", chunked ? "chunk" : "recurrent",
                          dt ? "f32" : "f64");
                 compare(what, c, &d, &many, &one, 0.0, 0);
-                free_res(&one);
-                free_res(&many);
-                free_data(&d);
+                kt_res_free(&one);
+                kt_res_free(&many);
+                kt_data_free(&d);
             }
     omp_set_num_threads(saved);
 #else
@@ -344,7 +289,7 @@ static dg_status gc_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor **
 }
 
 static void gradcheck_case(dg_ctx *ctx, const kcase *c, int chunked, const char *label) {
-    kdata d;
+    kt_data d;
     make_data(c, 4242, &d);
     dg_tensor *t[NIN];
     for (int i = 0; i < NIN; i++)
@@ -360,7 +305,7 @@ static void gradcheck_case(dg_ctx *ctx, const kcase *c, int chunked, const char 
              chunked ? "dg_kda_chunk" : "dg_kda_recurrent", label, c->name, rep.max_rel_err);
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&t[i]);
-    free_data(&d);
+    kt_data_free(&d);
 }
 
 static void test_gradchecks(dg_ctx *ctx) {
@@ -384,7 +329,7 @@ static void test_gradchecks(dg_ctx *ctx) {
 static void test_bad_inputs(dg_ctx *ctx) {
     printf("-- bad inputs\n");
     kcase c = {"", 1, 20, 2, 2, 4, 4, 16, DG_GATE_NONE, 0, 0, 0, 1, NULL, 0, 0};
-    kdata d;
+    kt_data d;
     make_data(&c, 5, &d);
     dg_tensor *t[NIN];
     for (int i = 0; i < NIN; i++)
@@ -457,7 +402,7 @@ static void test_bad_inputs(dg_ctx *ctx) {
 #undef CALL
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&t[i]);
-    free_data(&d);
+    kt_data_free(&d);
 
     /* B > 1 with cu_seqlens */
     kcase c2 = {"", 2, 10, 1, 1, 4, 4, 16, DG_GATE_NONE, 0, 0, 0, 0, NULL, 0, 0};
@@ -476,21 +421,18 @@ static void test_bad_inputs(dg_ctx *ctx) {
         DG_ERR_ARG, "B == 1", "chunk: B=2 with cu_seqlens");
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&t[i]);
-    free_data(&d);
+    kt_data_free(&d);
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "kda_chunk"))
-        return dg_test_skip("CPU reference suite; the CUDA comparisons of every KDA stage, the "
-                            "composite and the recurrence are in kda_cuda (gpu mode)");
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+static void cpu_cases(dg_ctx *ctx) {
     test_chunk_vs_recurrent(ctx);
     test_policies(ctx);
     test_partial_grad(ctx);
     test_threads(ctx);
     test_gradchecks(ctx);
     test_bad_inputs(ctx);
-    dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
+
+/* cpu mode only: the CPU reference; the CUDA comparisons of every KDA stage, the composite and
+ * the recurrence are in test_kda_cuda.c */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "kda_chunk", cpu_cases, NULL); }

@@ -69,6 +69,7 @@
  *         --variant tf32 --stage intra,state
  *   The bf16 intermediates alone (stages and the errors row): --variant mid.
  */
+#include "case_table.h"
 #include "harness.h"
 #include "kda_testutil.h"
 #include "ops/kda/kda.h"
@@ -82,10 +83,8 @@
 #include <time.h>
 
 #ifndef DG_HAVE_CUDA
-int main(int argc, char **argv) {
-    dg_test_init(argc, argv, "kda_cuda");
-    return dg_test_skip("CUDA-only suite (built without CUDA)");
-}
+/* Without CUDA there is nothing to run: gpu mode reports skipped, cpu mode is not registered. */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "kda_cuda", NULL, NULL); }
 #else
 
 /* ---- tolerances ------------------------------------------------------------------------------ */
@@ -129,7 +128,8 @@ int main(int argc, char **argv) {
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
-/* ---- stages, variants, and the tally of checks per stage and variant ------------------------- */
+/* ---- stages, variants and directions (the axes of the tally, case_table.h) --------------------
+ */
 
 enum {
     S_L2,
@@ -158,162 +158,8 @@ enum { V_F32, V_FFMA, V_TF32, V_3XTF32, V_MID, V_OPS_F32, V_OPS_BF16, V_NONE, NV
 static const char *var_name[NVAR] = {"f32", "ffma",    "tf32",     "3xtf32",
                                      "mid", "ops-f32", "ops-bf16", "none"};
 
-static int g_n[NSTAGE][NDIR][NVAR], g_bad[NSTAGE][NDIR][NVAR], g_has_err[NSTAGE][NDIR][NVAR];
-static double g_err[NSTAGE][NDIR][NVAR];
-static int g_cs = -1, g_cd, g_cv;       /* the cell new checks are counted in */
-static int g_seen_checks, g_seen_fails; /* the harness totals at the last cell switch */
-
-/* Count the checks made since the last switch in the current cell, then switch to (s, dir, v). */
-static void cell(int s, int dir, int v) {
-    int n, f;
-    dg_test_counts(&n, &f);
-    if (g_cs >= 0) {
-        g_n[g_cs][g_cd][g_cv] += n - g_seen_checks;
-        g_bad[g_cs][g_cd][g_cv] += f - g_seen_fails;
-    }
-    g_seen_checks = n;
-    g_seen_fails = f;
-    g_cs = s;
-    g_cd = dir;
-    g_cv = v;
-}
-
-/* A norm-relative error of the current cell (INFINITY: not finite), for the table of the
- * largest ones. */
-static void note_err(double rel) {
-    if (g_cs < 0)
-        return;
-    g_err[g_cs][g_cd][g_cv] = fmax(g_err[g_cs][g_cd][g_cv], rel);
-    g_has_err[g_cs][g_cd][g_cv] = 1;
-}
-
-static void print_tally(void) {
-    cell(-1, 0, 0);
-    int any_err = 0;
-    for (int s = 0; s < NSTAGE; s++)
-        for (int dir = 0; dir < NDIR; dir++)
-            for (int v = 0; v < NVAR; v++)
-                any_err |= g_has_err[s][dir][v];
-    for (int t = 0; t < 1 + any_err; t++) {
-        printf(t ? "-- largest norm-relative error per stage and variant\n"
-                 : "-- checks per stage and variant (failed in parentheses)\n");
-        printf("   %-16s", "stage");
-        for (int v = 0; v < NVAR; v++)
-            printf(" %11s", var_name[v]);
-        printf("\n");
-        int total = 0;
-        for (int s = 0; s < NSTAGE; s++)
-            for (int dir = 0; dir < NDIR; dir++) {
-                int any = 0;
-                for (int v = 0; v < NVAR; v++)
-                    any |= t ? g_has_err[s][dir][v] : g_n[s][dir][v] > 0;
-                if (!any)
-                    continue;
-                char row[40];
-                if (s < S_TABLES)
-                    snprintf(row, sizeof row, "%s %s", stage_name[s], dir_name[dir]);
-                else
-                    snprintf(row, sizeof row, "%s", stage_name[s]);
-                printf("   %-16s", row);
-                for (int v = 0; v < NVAR; v++) {
-                    char c[32] = ".";
-                    if (t && g_has_err[s][dir][v])
-                        snprintf(c, sizeof c, "%.2e", g_err[s][dir][v]);
-                    else if (!t && g_bad[s][dir][v])
-                        snprintf(c, sizeof c, "%d(%d)", g_n[s][dir][v], g_bad[s][dir][v]);
-                    else if (!t && g_n[s][dir][v])
-                        snprintf(c, sizeof c, "%d", g_n[s][dir][v]);
-                    printf(" %11s", c);
-                    total += t ? 0 : g_n[s][dir][v];
-                }
-                printf("\n");
-            }
-        if (!t)
-            printf("   %-16s %11d\n", "total", total);
-    }
-}
-
-/* ---- the command-line filter ----------------------------------------------------------------- */
-
-static struct {
-    unsigned stages, vars, dirs; /* bit masks, all set when not given */
-    int by_case, by_var;
-    const char *cases; /* the --case list */
-    int list;
-} g_f;
-
-/* Stage s in direction dir of variant v: selected? (V_NONE: only without --variant.) */
-static int sel(int s, int dir, int v) {
-    return (g_f.stages >> s & 1) && (g_f.dirs >> dir & 1) &&
-           (v == V_NONE ? !g_f.by_var : (int)(g_f.vars >> v & 1));
-}
 /* An ops-layer unit checks forward values and gradients of one tape run: either direction. */
-static int sel_ops(int s, int v) { return sel(s, D_FWD, v) || sel(s, D_BWD, v); }
-/* Extras: no direction. */
-static int sel_x(int s, int v) {
-    return (g_f.stages >> s & 1) && (v == V_NONE ? !g_f.by_var : (int)(g_f.vars >> v & 1));
-}
-
-static void usage(const char *prog) {
-    fprintf(stderr,
-            "usage: %s cpu|gpu [--list] [--case C,...] [--stage S,...] [--variant V,...] "
-            "[--dir fwd|bwd|acc,...]\n  stages:",
-            prog);
-    for (int s = 0; s < NSTAGE; s++)
-        fprintf(stderr, " %s", stage_name[s]);
-    fprintf(stderr, "\n  variants:");
-    for (int v = 0; v < V_NONE; v++)
-        fprintf(stderr, " %s", var_name[v]);
-    fprintf(stderr, "\n");
-    exit(2);
-}
-
-/* Bits of the comma-separated names in `list` among names[0..n). */
-static unsigned parse_names(const char *prog, const char *list, const char *const *names, int n) {
-    unsigned m = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        int i = 0;
-        while (i < n && strcmp(tok, names[i]) != 0)
-            i++;
-        if (i == n) {
-            fprintf(stderr, "unknown name '%s'\n", tok);
-            usage(prog);
-        }
-        m |= 1u << i;
-    }
-    return m;
-}
-
-static void parse_args(int argc, char **argv) {
-    g_f.stages = (1u << NSTAGE) - 1;
-    g_f.vars = (1u << NVAR) - 1;
-    g_f.dirs = (1u << NDIR) - 1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--list") == 0) {
-            g_f.list = 1;
-            continue;
-        }
-        if (i + 1 >= argc)
-            usage(argv[0]);
-        const char *v = argv[++i];
-        if (strcmp(a, "--case") == 0) {
-            g_f.cases = v;
-            g_f.by_case = 1;
-        } else if (strcmp(a, "--stage") == 0) {
-            g_f.stages = parse_names(argv[0], v, stage_name, NSTAGE);
-        } else if (strcmp(a, "--variant") == 0) {
-            g_f.vars = parse_names(argv[0], v, var_name, V_NONE);
-            g_f.by_var = 1;
-        } else if (strcmp(a, "--dir") == 0) {
-            g_f.dirs = parse_names(argv[0], v, dir_name, NDIR);
-        } else {
-            usage(argv[0]);
-        }
-    }
-}
+static int sel_ops(int s, int v) { return ct_sel(s, D_FWD, v) || ct_sel(s, D_BWD, v); }
 
 /* ---- the cases ------------------------------------------------------------------------------- */
 
@@ -375,97 +221,40 @@ static const kcase kcases[] = {
 };
 /* clang-format on */
 
-/* A case resolved: sizes, tables on the host, a name. */
+/* A case resolved: sizes, varlen tables, a name. */
 typedef struct crun {
     const kcase *c;
-    int idx;
-    char name[160];
-    int64_t B, T, TT, NC;
-    int N, nseq;
-    int64_t cu[5];
+    ct_layout L;
 } crun;
 
 static int const_gate(const kcase *c) { return c->glo == c->ghi; }
 
-/* Append to a case name (crun.name). */
-static void name_add(char *name, const char *fmt, ...) {
-    const size_t used = strlen(name), room = sizeof(((crun *)0)->name);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name + used, room - used, fmt, ap);
-    va_end(ap);
-}
-
-static void crun_init(crun *r, const kcase *c, int idx) {
-    memset(r, 0, sizeof *r);
-    r->c = c;
-    r->idx = idx;
-    while (r->nseq < 4 && c->lens[r->nseq] > 0)
-        r->nseq++;
-    r->B = c->B;
-    r->T = c->T;
-    r->N = (int)c->B;
-    if (r->nseq) {
-        for (int i = 0; i < r->nseq; i++)
-            r->cu[i + 1] = r->cu[i] + c->lens[i];
-        r->B = 1;
-        r->T = r->cu[r->nseq];
-        r->N = r->nseq;
-    }
-    r->TT = r->B * r->T;
-    for (int n = 0; n < r->N; n++) {
-        int64_t len = r->nseq ? c->lens[n] : r->T;
-        r->NC += (len + c->BT - 1) / c->BT;
-    }
-    char *nm = r->name;
-    if (r->nseq) {
-        name_add(nm, "varlen %lld", (long long)c->lens[0]);
-        for (int i = 1; i < r->nseq; i++)
-            name_add(nm, "/%lld", (long long)c->lens[i]);
-    } else {
-        name_add(nm, "B=%lld T=%lld", (long long)c->B, (long long)c->T);
-    }
-    name_add(nm, " BT=%d H=%d", c->BT, c->H);
+/* Case idx resolved: sizes, varlen tables and name; returns its groups. */
+static unsigned case_layout(int idx, ct_layout *L) {
+    const kcase *c = &kcases[idx];
+    int nseq = 0;
+    while (nseq < 4 && c->lens[nseq] > 0)
+        nseq++;
+    ct_layout_init(L, idx, c->B, c->T, nseq, c->lens, c->BT, c->H);
     if (c->HV != c->H)
-        name_add(nm, " HV=%d (GVA)", c->HV);
+        ct_name_add(L, " HV=%d (GVA)", c->HV);
     if (c->K == c->V)
-        name_add(nm, " K=V=%d", c->K);
+        ct_name_add(L, " K=V=%d", c->K);
     else
-        name_add(nm, " K=%d V=%d", c->K, c->V);
+        ct_name_add(L, " K=%d V=%d", c->K, c->V);
     if (c->h0)
-        name_add(nm, " h0");
+        ct_name_add(L, " h0");
     if (const_gate(c))
-        name_add(nm, " g=%g/step", c->glo);
+        ct_name_add(L, " g=%g/step", c->glo);
     else if (c->glo != -0.5 || c->ghi != -0.01)
-        name_add(nm, " g %g..%g/step", c->glo, c->ghi);
+        ct_name_add(L, " g %g..%g/step", c->glo, c->ghi);
     if (c->runs & (OC | OP | OE))
-        name_add(nm, "%s%s%s%s",
-                 c->opt & GK   ? " KDA"
-                 : c->opt & GL ? " LB"
-                               : "",
-                 c->opt & L2 ? " l2" : "", c->opt & SG ? " sig" : "", c->opt & NE ? " neg" : "");
-}
-
-static void print_groups(unsigned runs) {
-    static const char *gname[7] = {"RF", "RB", "TC", "OS", "OC", "OP", "OE"};
-    for (int i = 0; i < 7; i++)
-        if (runs >> i & 1)
-            printf(" %s", gname[i]);
-}
-
-/* Is case i (resolved as r) selected by --case? */
-static int case_wanted(const crun *r) {
-    if (!g_f.by_case)
-        return 1;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", g_f.cases);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        char *end = NULL;
-        long n = strtol(tok, &end, 10);
-        if (end != tok && *end == '\0' ? n == r->idx : strstr(r->name, tok) != NULL)
-            return 1;
-    }
-    return 0;
+        ct_name_add(L, "%s%s%s%s",
+                    c->opt & GK   ? " KDA"
+                    : c->opt & GL ? " LB"
+                                  : "",
+                    c->opt & L2 ? " l2" : "", c->opt & SG ? " sig" : "", c->opt & NE ? " neg" : "");
+    return c->runs;
 }
 
 /* ---- tensors --------------------------------------------------------------------------------- */
@@ -561,20 +350,20 @@ static void rtab_init(dg_ctx *cpu, dg_ctx *gpu, crun *r, rtab *t) {
     const kcase *c = r->c;
     memset(&t->opts, 0, sizeof t->opts);
     t->opts.chunk_size = c->BT;
-    if (r->nseq) {
-        t->opts.cu_seqlens = r->cu;
-        t->opts.n_seqs = r->nseq;
+    if (r->L.nseq) {
+        t->opts.cu_seqlens = r->L.cu;
+        t->opts.n_seqs = r->L.nseq;
     }
-    DG_TEST_TRY(dg__kda_cfg_init("test_kda_cuda", cpu, &t->opts, r->B, r->T, c->H, c->HV, c->K,
+    DG_TEST_TRY(dg__kda_cfg_init("test_kda_cuda", cpu, &t->opts, r->L.B, r->L.T, c->H, c->HV, c->K,
                                  c->V, DG_F32, &t->cfg));
-    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, r->TT, c->H, c->HV, c->K, c->V, c->BT, t->cfg.d.N,
+    DG_TEST_TRY(dg__kda_cuda_dims_new(gpu, r->L.TT, c->H, c->HV, c->K, c->V, c->BT, t->cfg.d.N,
                                       t->cfg.d.cu, t->cfg.d.chunk_off, &t->dd));
-    if (sel_x(S_TABLES, V_NONE)) {
-        cell(S_TABLES, D_FWD, V_NONE);
-        dg_check(t->dd.NC == kda_cfg_nc(&t->cfg) && t->dd.NC == r->NC,
-                 "%s: device tables hold NC=%lld chunks (CPU %lld)", r->name, (long long)t->dd.NC,
+    if (ct_sel_x(S_TABLES, V_NONE)) {
+        ct_cell(S_TABLES, D_FWD, V_NONE);
+        dg_check(t->dd.NC == kda_cfg_nc(&t->cfg) && t->dd.NC == r->L.NC,
+                 "%s: device tables hold NC=%lld chunks (CPU %lld)", r->L.name, (long long)t->dd.NC,
                  (long long)kda_cfg_nc(&t->cfg));
-        dg_check(t->dd.tc == 0, "%s: dg__kda_cuda_dims_new leaves tc = 0", r->name);
+        dg_check(t->dd.tc == 0, "%s: dg__kda_cuda_dims_new leaves tc = 0", r->L.name);
     }
 }
 
@@ -724,8 +513,8 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
     w->dd = &tab->dd;
     w->dt = dt;
     w->mid = mid;
-    const int64_t TT = r->TT, NC = r->NC;
-    const int N = r->N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
+    const int64_t TT = r->L.TT, NC = r->L.NC;
+    const int N = r->L.N, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
     w->TT = TT;
     w->NC = NC;
     w->N = N;
@@ -858,9 +647,9 @@ static void wcmp_host(const world *w, const char *kern, const char *what, double
         den = fmax(den, fabs(x[i]));
     }
     const double rel = finite ? num / (den > 1e-12 ? den : 1e-12) : INFINITY;
-    note_err(rel);
+    ct_note_err(rel);
     char name[240];
-    snprintf(name, sizeof name, "%s | %s %s %s", w->r->name, mode_label(w), kern, what);
+    snprintf(name, sizeof name, "%s | %s %s %s", w->r->L.name, mode_label(w), kern, what);
     if (floor > 0)
         dg_check(rel <= tol, "%s: rel err %.3e against max(max|want|, %.3e) (tol %g)", name, rel,
                  floor, tol);
@@ -959,7 +748,7 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
     const int H = w->H, HV = w->HV, K = w->K, f64 = w->dt == DG_F64;
     const float scale = (float)w->scale;
     dg_tensor *o1, *o2, *o3, *o4;
-    cell(s, D_FWD, w->var);
+    ct_cell(s, D_FWD, w->var);
     switch (s) {
     case S_L2: /* y and 1/norm of the raw q rows */
         o1 = poisoned(gpu, w->q);
@@ -1143,7 +932,7 @@ static void raw_intra_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor 
                           double floor) {
     const uint64_t seed = w->r->c->seed;
     const char *kn = "kda_intra_bwd";
-    cell(S_INTRA, D_ACC, w->var);
+    ct_cell(S_INTRA, D_ACC, w->var);
     dg_tensor *p1 = start_values(gpu, seed + 21, want[0]);
     dg_tensor *p2 = start_values(gpu, seed + 22, want[1]);
     dg_tensor *p4 = start_values(gpu, seed + 23, want[3]);
@@ -1162,7 +951,7 @@ static void raw_intra_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor 
     dg_tensor_free(&p1);
     dg_tensor_free(&p2);
     dg_tensor_free(&p4);
-    cell(S_INTRA, D_BWD, w->var);
+    ct_cell(S_INTRA, D_BWD, w->var);
 }
 
 /* acc of the wy backward: dq, dk, dG added to start values (o: the six outputs, want: the
@@ -1174,7 +963,7 @@ static void raw_wy_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor *co
     static const char *nm[6] = {"dq", "dk", "dv", "dbeta", "dG", "dTm"};
     const int ai[3] = {0, 1, 4};
     dg_tensor *pre[3];
-    cell(S_WY, D_ACC, w->var);
+    ct_cell(S_WY, D_ACC, w->var);
     for (int a = 0; a < 3; a++) {
         pre[a] = start_values(gpu, seed + 31 + (uint64_t)a, want[ai[a]]);
         DG_TEST_TRY(dg_tensor_copy_(o[ai[a]], pre[a]));
@@ -1192,7 +981,7 @@ static void raw_wy_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor *co
     }
     wcmp(w, kn, "dv (with acc)", o[2], want[2]);
     wcmp(w, kn, "dTm (with acc)", o[5], want[5]);
-    cell(S_WY, D_BWD, w->var);
+    ct_cell(S_WY, D_BWD, w->var);
 }
 
 /* The backward of stage s. bwd: the plain checks; acc: the acc mode (intra, wy), which reuses
@@ -1204,9 +993,9 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
     const int N = w->N, H = w->H, HV = w->HV, K = w->K, V = w->V, BT = w->BT;
     const int f64 = w->dt == DG_F64;
     const float scale = (float)w->scale;
-    const char *cn = w->r->name;
+    const char *cn = w->r->L.name;
     char what[128];
-    cell(s, D_BWD, w->var);
+    ct_cell(s, D_BWD, w->var);
     switch (s) {
     case S_L2: { /* the q rows: y = q, r = 1/norm */
         dg_tensor *want = ref(w, cpu, TT, H, K, 0), *got = poisoned(gpu, want);
@@ -1528,13 +1317,13 @@ static const unsigned raw_bwd_stages[3] = {STAGE_BITS(S_L2, S_REC), STAGE_BITS(S
 static void raw_run(dg_ctx *cpu, dg_ctx *gpu, world *w, int fwd, int bwd) {
     const int f64 = w->dt == DG_F64, set = w->mid ? 2 : f64;
     for (int s = S_L2; s <= S_CHUNK && fwd; s++)
-        if ((raw_fwd_stages[set] >> s & 1) && sel(s, D_FWD, w->var))
+        if ((raw_fwd_stages[set] >> s & 1) && ct_sel(s, D_FWD, w->var))
             raw_fwd(cpu, gpu, w, s);
     for (int s = S_L2; s <= S_REC && bwd; s++) {
         if (!(raw_bwd_stages[set] >> s & 1))
             continue;
-        const int b = sel(s, D_BWD, w->var);
-        const int a = f64 && (s == S_INTRA || s == S_WY) && sel(s, D_ACC, w->var);
+        const int b = ct_sel(s, D_BWD, w->var);
+        const int a = f64 && (s == S_INTRA || s == S_WY) && ct_sel(s, D_ACC, w->var);
         if (b || a)
             raw_bwd(cpu, gpu, w, s, b, a);
     }
@@ -1547,8 +1336,8 @@ static void raw_run(dg_ctx *cpu, dg_ctx *gpu, world *w, int fwd, int bwd) {
  * the mid world's arrays and f32 outputs (at least as large as bf16 ones; K - 8 only shrinks
  * what a launch would touch), so a launcher that failed to refuse would still stay in bounds. */
 static void mid_refusals(dg_ctx *gpu, world *w) {
-    cell(S_ERRORS, D_FWD, V_MID);
-    const char *needle = "bf16 intermediates (mid = 1) need", *cn = w->r->name;
+    ct_cell(S_ERRORS, D_FWD, V_MID);
+    const char *needle = "bf16 intermediates (mid = 1) need", *cn = w->r->L.name;
     const float scale = (float)w->scale;
     kda_cuda_dims bad = *w->dd; /* shares the device tables of w->dd; never freed */
     bad.mid = 1;
@@ -1592,9 +1381,6 @@ static void mid_refusals(dg_ctx *gpu, world *w) {
 
 /* ---- groups OS, OC, OP, OE: the ops-layer entry points through the tape ---------------------- */
 
-#define MAXIN 8
-#define MAXOUT 4
-
 typedef enum {
     OP_L2,
     OP_BETA,
@@ -1614,23 +1400,8 @@ typedef struct ucall {
     int want_ht; /* state: ask for ht */
 } ucall;
 
-static int n_outputs(const ucall *u) {
-    switch (u->op) {
-    case OP_INTRA:
-        return 2;
-    case OP_WY:
-        return 4;
-    case OP_STATE:
-        return u->want_ht ? 3 : 2;
-    case OP_CHUNK:
-    case OP_REC:
-        return 2;
-    default:
-        return 1;
-    }
-}
-
-static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, const ucall *u) {
+static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, const void *user) {
+    const ucall *u = user;
     switch (u->op) {
     case OP_L2:
         return dg_kda_l2norm(ctx, in[0], &out[0]);
@@ -1658,172 +1429,30 @@ static dg_status call_op(dg_ctx *ctx, dg_tensor *const *in, dg_tensor **out, con
     return DG_ERR_ARG;
 }
 
-/* One input: NULL x = absent. f32: kept f32 on CUDA whatever the activation dtype (A_log,
- * dt_bias, h0 and the intermediates G, Tm, W, U, KG, QG, h, Aqk, E). */
-typedef struct tin {
-    const char *name;
-    int ndim;
-    int64_t shape[5];
-    const double *x;
-    int f32;
-} tin;
-
-/* What one run produced, as host doubles; xin/seed: the values actually used. */
-typedef struct tres {
-    int n_in, n_out;
-    double *out[MAXOUT], *seed[MAXOUT], *grad[MAXIN], *xin[MAXIN];
-    int64_t nout[MAXOUT], nin[MAXIN];
-    dg_dtype out_dt[MAXOUT], grad_dt[MAXIN];
-} tres;
-
-static void free_res(tres *r) {
-    for (int j = 0; j < MAXOUT; j++) {
-        free(r->out[j]);
-        free(r->seed[j]);
-    }
-    for (int i = 0; i < MAXIN; i++) {
-        free(r->grad[i]);
-        free(r->xin[i]);
-    }
-    memset(r, 0, sizeof *r);
-}
-
-/* Forward in ctx, then backward seeded with `from`'s seeds (or fresh random ones from `seed`).
- * On CUDA the activation inputs get `act` and the f32 ones f32; on the CPU every input gets
- * `act` (f64 or f32). */
-static void run(dg_ctx *ctx, dg_dtype act, const ucall *u, int n_in, const tin *ins,
-                const tres *from, uint64_t seed, tres *r) {
-    memset(r, 0, sizeof *r);
-    const int cpu = dg_ctx_device(ctx).kind == DG_DEV_CPU;
-    dg_tensor *t[MAXIN] = {0}, *out[MAXOUT] = {0}, *sd[MAXOUT] = {0};
-    r->n_in = n_in;
-    r->n_out = n_outputs(u);
-    for (int i = 0; i < n_in; i++) {
-        if (!ins[i].x)
-            continue;
-        dg_dtype dt = cpu || !ins[i].f32 ? act : DG_F32;
-        t[i] = kt_tensor(ctx, dt, ins[i].ndim, ins[i].shape, ins[i].x, 1);
-        r->nin[i] = dg_tensor_numel(t[i]);
-        r->xin[i] = kt_host(t[i], r->nin[i]);
-    }
-    dg_tape_reset();
-    DG_TEST_TRY(call_op(ctx, t, out, u));
-    for (int j = 0; j < r->n_out; j++) {
-        if (!out[j]) {
-            fprintf(stderr, "FATAL: output %d of op %d is NULL\n", j, (int)u->op);
-            exit(1);
-        }
-        r->nout[j] = dg_tensor_numel(out[j]);
-        r->out_dt[j] = dg_tensor_dtype(out[j]);
-        double *s = from ? from->seed[j] : kt_randn(r->nout[j], seed + 101 + 7 * (uint64_t)j, 1.0);
-        sd[j] = kt_tensor(ctx, r->out_dt[j], dg_tensor_ndim(out[j]), dg_tensor_shape(out[j]), s, 0);
-        if (!from)
-            free(s);
-        r->seed[j] = kt_host(sd[j], r->nout[j]);
-        r->out[j] = kt_host(out[j], r->nout[j]);
-    }
-    DG_TEST_TRY(dg_tape_backward_multi(ctx, r->n_out, out, (const dg_tensor *const *)sd));
-    for (int i = 0; i < n_in; i++) {
-        if (!t[i])
-            continue;
-        const dg_tensor *g = dg_tensor_grad(t[i]);
-        r->grad_dt[i] = g ? dg_tensor_dtype(g) : dg_tensor_dtype(t[i]);
-        r->grad[i] = kt_host(g, r->nin[i]); /* zeros when nothing flowed */
-    }
-    dg_tape_reset();
-    for (int i = 0; i < MAXIN; i++)
-        dg_tensor_free(&t[i]);
-    for (int j = 0; j < MAXOUT; j++) {
-        dg_tensor_free(&out[j]);
-        dg_tensor_free(&sd[j]);
-    }
-}
-
-static const char *out_names(const ucall *u, int j) {
-    static const char *names[][4] = {
+/* The entry point of u for the shared runner (case_table.h): its outputs by op. */
+static ct_op op_of(const ucall *u) {
+    static const char *const names[][CT_MAXOUT] = {
         {"y"}, {"beta"},    {"G"},      {"Aqk", "Tm"}, {"W", "U", "KG", "QG"}, {"h", "E", "ht"},
         {"o"}, {"o", "ht"}, {"o", "ht"}};
-    return names[u->op][j];
-}
-
-/* Norm-relative error (the dg_check_rel metric). */
-static double rel_err(const double *got, const double *want, int64_t n) {
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (!isfinite(got[i]) || !isfinite(want[i]))
-            return INFINITY;
-        num = fmax(num, fabs(got[i] - want[i]));
-        den = fmax(den, fabs(want[i]));
-    }
-    return num / (den > 1e-12 ? den : 1e-12);
-}
-
-/* Tolerances of one comparison: `tol` for every output and gradient, except input i's gradient
- * when itol[i] > 0 (norm-relative) or iatol[i] > 0 (absolute). */
-typedef struct tols {
-    double tol, itol[MAXIN], iatol[MAXIN];
-} tols;
-
-static tols tols_all(double tol) {
-    tols t;
-    memset(&t, 0, sizeof t);
-    t.tol = tol;
-    return t;
-}
-
-/* got vs want: every output (counted as stage s forward of variant v) and every input gradient
- * (backward; an extra row s counts both as one). */
-static void compare(const char *label, const ucall *u, const tin *ins, const tres *got,
-                    const tres *want, const tols *t, int s, int v) {
-    char name[320];
-    cell(s, D_FWD, v);
-    for (int j = 0; j < got->n_out; j++) {
-        snprintf(name, sizeof name, "%s %s", label, out_names(u, j));
-        dg_check_rel(name, got->out[j], want->out[j], got->nout[j], t->tol);
-        note_err(rel_err(got->out[j], want->out[j], got->nout[j]));
-    }
-    cell(s, s < S_TABLES ? D_BWD : D_FWD, v);
-    for (int i = 0; i < got->n_in; i++) {
-        if (!got->xin[i])
-            continue;
-        snprintf(name, sizeof name, "%s d%s", label, ins[i].name);
-        if (t->iatol[i] > 0) {
-            dg_check_close(name, got->grad[i], want->grad[i], got->nin[i], t->iatol[i], 0);
-        } else {
-            dg_check_rel(name, got->grad[i], want->grad[i], got->nin[i],
-                         t->itol[i] > 0 ? t->itol[i] : t->tol);
-            note_err(rel_err(got->grad[i], want->grad[i], got->nin[i]));
-        }
-    }
+    return ct_op_of(call_op, u, names[u->op], u->op == OP_STATE && !u->want_ht, 0);
 }
 
 static int ops_var(dg_dtype act) { return act == DG_BF16 ? V_OPS_BF16 : V_OPS_F32; }
 
 /* The op on CUDA (activations in `act`) against the CPU f64 op on the same values; stage s. */
 static void gpu_vs_cpu(dg_ctx *cpu, dg_ctx *gpu, const char *label, const ucall *u, int n_in,
-                       const tin *ins, dg_dtype act, uint64_t seed, const tols *t, int s) {
-    tres g, c;
-    run(gpu, act, u, n_in, ins, NULL, seed, &g);
-    tin used[MAXIN];
-    for (int i = 0; i < n_in; i++) {
-        used[i] = ins[i];
-        used[i].x = g.xin[i];
-    }
-    run(cpu, DG_F64, u, n_in, used, &g, seed, &c);
-    char name[256];
-    snprintf(name, sizeof name, "%s %s", act == DG_BF16 ? "bf16" : "f32 ", label);
-    tols dflt = tols_all(act == DG_BF16 ? TOL_BF16 : TOL_OPS_F32);
-    compare(name, u, ins, &g, &c, t ? t : &dflt, s, ops_var(act));
-    free_res(&g);
-    free_res(&c);
+                       const ct_in *ins, dg_dtype act, uint64_t seed, const ct_tols *t, int s) {
+    const ct_op op = op_of(u);
+    const ct_tols dflt = ct_tols_all(act == DG_BF16 ? TOL_BF16 : TOL_OPS_F32);
+    ct_gpu_vs_cpu(cpu, gpu, label, &op, n_in, ins, act, seed, t ? t : &dflt, s, ops_var(act));
 }
 
 static dg_kda_opts opts_of(const crun *r) {
     dg_kda_opts o;
     memset(&o, 0, sizeof o);
     o.chunk_size = r->c->BT;
-    o.cu_seqlens = r->nseq ? r->cu : NULL;
-    o.n_seqs = r->nseq;
+    o.cu_seqlens = r->L.nseq ? r->L.cu : NULL;
+    o.n_seqs = r->L.nseq;
     return o;
 }
 
@@ -1839,7 +1468,7 @@ static double *host_of(dg_tensor *t) { return kt_host(t, dg_tensor_numel(t)); }
 
 static void make_sdata(dg_ctx *cpu, const crun *r, uint64_t seed, sdata *s) {
     const kcase *c = r->c;
-    const int64_t B = r->B, T = r->T, TT = B * T, N = r->N;
+    const int64_t B = r->L.B, T = r->L.T, TT = B * T, N = r->L.N;
     const int64_t nq = TT * c->H * c->K, nv = TT * c->HV * c->V, ng = TT * c->HV * c->K;
     s->q = kt_randn(nq, seed + 1, 1.0);
     s->k = kt_randn(nq, seed + 2, 1.0);
@@ -1890,9 +1519,9 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
     const uint64_t seed = c->seed;
     sdata s;
     make_sdata(cpu, r, seed, &s);
-    const int64_t B = r->B, T = r->T, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
-    const int64_t N = r->N, NC = r->NC, TT = B * T;
-    const char *cn = r->name;
+    const int64_t B = r->L.B, T = r->L.T, H = c->H, HV = c->HV, K = c->K, V = c->V, BT = c->BT;
+    const int64_t N = r->L.N, NC = r->L.NC, TT = B * T;
+    const char *cn = r->L.name;
     char label[224];
     ucall u;
     memset(&u, 0, sizeof u);
@@ -1909,7 +1538,7 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
         /* N1 l2norm, both policies */
         if (sel_ops(S_L2, v)) {
             u.op = OP_L2;
-            const tin l2in[1] = {{"x", 4, {B, T, H, K}, xraw, 0}};
+            const ct_in l2in[1] = {{"x", 4, {B, T, H, K}, xraw, 0}};
             for (int p = 0; p < 2; p++) {
                 dg_policy_set("kda_l2norm", p ? DG_POLICY_RECOMPUTE : DG_POLICY_CACHE);
                 snprintf(label, sizeof label, "%s l2norm (%s)", cn, p ? "RECOMPUTE" : "CACHE");
@@ -1920,7 +1549,7 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
         /* N2 beta, c = 1 and 2 */
         if (sel_ops(S_BETA, v)) {
             u.op = OP_BETA;
-            const tin bin[1] = {{"b", 3, {B, T, HV}, braw, 0}};
+            const ct_in bin[1] = {{"b", 3, {B, T, HV}, braw, 0}};
             for (u.neg = 0; u.neg < 2; u.neg++) {
                 snprintf(label, sizeof label, "%s beta c=%d", cn, u.neg + 1);
                 gpu_vs_cpu(cpu, gpu, label, &u, 1, bin, act, seed + 21, NULL, S_BETA);
@@ -1935,9 +1564,9 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
             for (int gk = 0; gk < 4; gk++) {
                 u.opts.gate = gk == 0 ? DG_GATE_NONE : gk == 1 ? DG_GATE_KDA : DG_GATE_LOWERBOUND;
                 u.opts.lower_bound = gk == 3 ? -2.0 : 0.0;
-                const tin gin[3] = {{"g", 4, {B, T, HV, K}, gk ? graw : s.g, 0},
-                                    {"A_log", 1, {HV}, gk == 1 || gk == 2 ? alog : NULL, 1},
-                                    {"dt_bias", 1, {HV * K}, gk ? dtb : NULL, 1}};
+                const ct_in gin[3] = {{"g", 4, {B, T, HV, K}, gk ? graw : s.g, 0},
+                                      {"A_log", 1, {HV}, gk == 1 || gk == 2 ? alog : NULL, 1},
+                                      {"dt_bias", 1, {HV * K}, gk ? dtb : NULL, 1}};
                 snprintf(label, sizeof label, "%s gate %s", cn, gname[gk]);
                 gpu_vs_cpu(cpu, gpu, label, &u, 3, gin, act, seed + 22 + (uint64_t)gk, NULL,
                            S_GATE);
@@ -1948,17 +1577,17 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
         /* N4 intra */
         if (sel_ops(S_INTRA, v)) {
             u.op = OP_INTRA;
-            const tin iin[4] = {{"q", 4, {B, T, H, K}, s.q, 0},
-                                {"k", 4, {B, T, H, K}, s.k, 0},
-                                {"beta", 3, {B, T, HV}, s.beta, 0},
-                                {"G", 4, {B, T, HV, K}, s.G, 1}};
+            const ct_in iin[4] = {{"q", 4, {B, T, H, K}, s.q, 0},
+                                  {"k", 4, {B, T, H, K}, s.k, 0},
+                                  {"beta", 3, {B, T, HV}, s.beta, 0},
+                                  {"G", 4, {B, T, HV, K}, s.G, 1}};
             snprintf(label, sizeof label, "%s intra", cn);
             gpu_vs_cpu(cpu, gpu, label, &u, 4, iin, act, seed + 30, NULL, S_INTRA);
         }
         /* N5 wy */
         if (sel_ops(S_WY, v)) {
             u.op = OP_WY;
-            const tin win[6] = {
+            const ct_in win[6] = {
                 {"q", 4, {B, T, H, K}, s.q, 0},  {"k", 4, {B, T, H, K}, s.k, 0},
                 {"v", 4, {B, T, HV, V}, s.v, 0}, {"beta", 3, {B, T, HV}, s.beta, 0},
                 {"G", 4, {B, T, HV, K}, s.G, 1}, {"Tm", 4, {B, T, HV, BT}, s.Tm, 1}};
@@ -1973,11 +1602,11 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
             for (int p = 0; p < 3; p++) {
                 dg_policy_set("kda_state", p == 1 ? DG_POLICY_CACHE : DG_POLICY_RECOMPUTE);
                 u.want_ht = p < 2;
-                const tin sin_[5] = {{"W", 4, {B, T, HV, K}, s.W, 1},
-                                     {"U", 4, {B, T, HV, V}, s.U, 1},
-                                     {"KG", 4, {B, T, HV, K}, s.KG, 1},
-                                     {"G", 4, {B, T, HV, K}, s.G, 1},
-                                     {"h0", 4, {N, HV, K, V}, p < 2 ? s.h0 : NULL, 1}};
+                const ct_in sin_[5] = {{"W", 4, {B, T, HV, K}, s.W, 1},
+                                       {"U", 4, {B, T, HV, V}, s.U, 1},
+                                       {"KG", 4, {B, T, HV, K}, s.KG, 1},
+                                       {"G", 4, {B, T, HV, K}, s.G, 1},
+                                       {"h0", 4, {N, HV, K, V}, p < 2 ? s.h0 : NULL, 1}};
                 snprintf(label, sizeof label, "%s state %s", cn,
                          p == 0   ? "+h0 +ht (RECOMPUTE)"
                          : p == 1 ? "+h0 +ht (CACHE)"
@@ -1991,10 +1620,10 @@ static void os_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
         /* N7 output */
         if (sel_ops(S_OUTPUT, v)) {
             u.op = OP_OUTPUT;
-            const tin oin[4] = {{"QG", 4, {B, T, HV, K}, s.QG, 1},
-                                {"h", 5, {B, NC / B, HV, K, V}, s.h, 1},
-                                {"Aqk", 4, {B, T, HV, BT}, s.Aqk, 1},
-                                {"E", 4, {B, T, HV, V}, s.E, 1}};
+            const ct_in oin[4] = {{"QG", 4, {B, T, HV, K}, s.QG, 1},
+                                  {"h", 5, {B, NC / B, HV, K, V}, s.h, 1},
+                                  {"Aqk", 4, {B, T, HV, BT}, s.Aqk, 1},
+                                  {"E", 4, {B, T, HV, V}, s.E, 1}};
             snprintf(label, sizeof label, "%s output", cn);
             gpu_vs_cpu(cpu, gpu, label, &u, 4, oin, act, seed + 50, NULL, S_OUTPUT);
         }
@@ -2013,7 +1642,7 @@ enum { IQ, IK, IV, IG, IBETA, IA, ID, IH0, NIN };
 
 typedef struct kdata {
     double *x[NIN];
-    tin in[NIN];
+    ct_in in[NIN];
 } kdata;
 
 static dg_gate_kind gate_of(const kcase *c) {
@@ -2023,8 +1652,8 @@ static dg_gate_kind gate_of(const kcase *c) {
 static void make_kdata(const crun *r, uint64_t seed, kdata *d) {
     const kcase *c = r->c;
     memset(d, 0, sizeof *d);
-    const int64_t B = r->B, T = r->T, TT = B * T, N = r->N;
-    const tin proto[NIN] = {
+    const int64_t B = r->L.B, T = r->L.T, TT = B * T, N = r->L.N;
+    const ct_in proto[NIN] = {
         {"q", 4, {B, T, c->H, c->K}, NULL, 0},   {"k", 4, {B, T, c->H, c->K}, NULL, 0},
         {"v", 4, {B, T, c->HV, c->V}, NULL, 0},  {"g", 4, {B, T, c->HV, c->K}, NULL, 0},
         {"beta", 3, {B, T, c->HV}, NULL, 0},     {"A_log", 1, {c->HV}, NULL, 1},
@@ -2078,35 +1707,36 @@ static void oc_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
     const uint64_t seed = c->seed;
     kdata d;
     make_kdata(r, seed, &d);
-    ucall uc = kcall(r, OP_CHUNK), ur = kcall(r, OP_REC);
+    const ucall uc = kcall(r, OP_CHUNK), ur = kcall(r, OP_REC);
+    const ct_op oc = op_of(&uc), orec = op_of(&ur);
     char label[240];
 
     if (sel_ops(S_CHUNK, V_OPS_F32) || sel_ops(S_REC, V_OPS_F32)) {
         /* f32: CUDA chunked (gc) and recurrent (gr) with the same seeds; CPU f64 (c64) and CPU
          * f32 (c32, r32) on the same values */
-        tres gc, gr, c64, c32, r32;
-        run(gpu, DG_F32, &uc, NIN, d.in, NULL, seed + 60, &gc);
-        run(gpu, DG_F32, &ur, NIN, d.in, &gc, seed + 60, &gr);
-        tin used[NIN];
+        ct_res gc, gr, c64, c32, r32;
+        ct_run_op(gpu, DG_F32, &oc, NIN, d.in, NULL, seed + 60, &gc);
+        ct_run_op(gpu, DG_F32, &orec, NIN, d.in, &gc, seed + 60, &gr);
+        ct_in used[NIN];
         for (int i = 0; i < NIN; i++) {
             used[i] = d.in[i];
             used[i].x = gc.xin[i];
         }
-        run(cpu, DG_F64, &uc, NIN, used, &gc, seed + 60, &c64);
-        run(cpu, DG_F32, &uc, NIN, used, &gc, seed + 60, &c32);
-        run(cpu, DG_F32, &ur, NIN, used, &gc, seed + 60, &r32);
+        ct_run_op(cpu, DG_F64, &oc, NIN, used, &gc, seed + 60, &c64);
+        ct_run_op(cpu, DG_F32, &oc, NIN, used, &gc, seed + 60, &c32);
+        ct_run_op(cpu, DG_F32, &orec, NIN, used, &gc, seed + 60, &r32);
         /* dA_log and ddt_bias sum B*T (x K) per-token terms that cancel to a result up to ~100x
          * smaller than the terms, so the f32 rounding of the per-token gate gradients (~1e-6 of
          * their scale, more for the chunked form whose dg comes out of a reverse cumsum of
          * differences) is amplified there: the CPU f32 reference itself misses 1e-5 on them in
          * some cases. Those two must be within 1e-5 or within 2x of the CPU f32 reference's own
          * error. */
-        tols tc = tols_all(TOL_OPS_F32), tr = tols_all(TOL_OPS_F32);
-        tols tcr = tols_all(TOL_OPS_CHUNK_VS_REC);
+        ct_tols tc = ct_tols_all(TOL_OPS_F32), tr = ct_tols_all(TOL_OPS_F32);
+        ct_tols tcr = ct_tols_all(TOL_OPS_CHUNK_VS_REC);
         for (int i = IA; i <= ID; i++)
             if (gc.xin[i]) {
-                double ec = rel_err(c32.grad[i], c64.grad[i], c32.nin[i]);
-                double er = rel_err(r32.grad[i], c64.grad[i], r32.nin[i]);
+                double ec = ct_rel_err(c32.grad[i], c64.grad[i], c32.nin[i]);
+                double er = ct_rel_err(r32.grad[i], c64.grad[i], r32.nin[i]);
                 printf("   CPU f32 reference error on d%s: chunked %.3e, recurrent %.3e\n",
                        d.in[i].name, ec, er);
                 tc.itol[i] = fmax(TOL_OPS_F32, 2 * ec);
@@ -2120,45 +1750,46 @@ static void oc_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
             tc.iatol[IG] = tr.iatol[IG] = 1e-6;
             tcr.iatol[IG] = 2e-6;
         }
-        snprintf(label, sizeof label, "f32  chunk %s", r->name);
-        compare(label, &uc, d.in, &gc, &c64, &tc, S_CHUNK, V_OPS_F32);
-        snprintf(label, sizeof label, "f32  recurrent %s", r->name);
-        compare(label, &ur, d.in, &gr, &c64, &tr, S_REC, V_OPS_F32);
-        snprintf(label, sizeof label, "CUDA chunk vs CUDA recurrent %s", r->name);
-        compare(label, &uc, d.in, &gc, &gr, &tcr, S_CHUNK, V_OPS_F32);
+        snprintf(label, sizeof label, "f32  chunk %s", r->L.name);
+        ct_compare(label, &oc, d.in, &gc, &c64, &tc, S_CHUNK, V_OPS_F32);
+        snprintf(label, sizeof label, "f32  recurrent %s", r->L.name);
+        ct_compare(label, &orec, d.in, &gr, &c64, &tr, S_REC, V_OPS_F32);
+        snprintf(label, sizeof label, "CUDA chunk vs CUDA recurrent %s", r->L.name);
+        ct_compare(label, &oc, d.in, &gc, &gr, &tcr, S_CHUNK, V_OPS_F32);
         if (const_gate(c)) {
-            cell(S_CHUNK, D_FWD, V_OPS_F32);
+            ct_cell(S_CHUNK, D_FWD, V_OPS_F32);
             dg_check(
                 kt_all_finite(gc.out[0], gc.nout[0]) && kt_all_finite(gc.grad[IG], gc.nin[IG]) &&
                     kt_all_finite(gr.out[0], gr.nout[0]) && kt_all_finite(gr.grad[IG], gr.nin[IG]),
                 "g=%g per step on CUDA: o and dg finite (chunked and recurrent)", c->glo);
         }
-        tres *all[5] = {&gc, &gr, &c64, &c32, &r32};
+        ct_res *all[5] = {&gc, &gr, &c64, &c32, &r32};
         for (int i = 0; i < 5; i++)
-            free_res(all[i]);
+            ct_free_res(all[i]);
     }
 
     if (sel_ops(S_CHUNK, V_OPS_BF16) || sel_ops(S_REC, V_OPS_BF16)) {
         /* bf16 against the CPU f64 result on the bf16-rounded inputs and seeds */
-        tols tb = tols_all(TOL_BF16);
+        ct_tols tb = ct_tols_all(TOL_BF16);
         if (const_gate(c))
             tb.iatol[IG] = 1e-5; /* as above, plus the bf16 rounding of the O(1) seeds */
-        snprintf(label, sizeof label, "chunk %s", r->name);
+        snprintf(label, sizeof label, "chunk %s", r->L.name);
         gpu_vs_cpu(cpu, gpu, label, &uc, NIN, d.in, DG_BF16, seed + 62, &tb, S_CHUNK);
-        snprintf(label, sizeof label, "recurrent %s", r->name);
+        snprintf(label, sizeof label, "recurrent %s", r->L.name);
         gpu_vs_cpu(cpu, gpu, label, &ur, NIN, d.in, DG_BF16, seed + 63, &tb, S_REC);
 
         /* output and gradient dtypes of a bf16 call: o and q/k/v/g/beta grads bf16, ht and the
          * f32 inputs' grads f32 */
-        tres bf;
-        run(gpu, DG_BF16, &uc, NIN, d.in, NULL, seed + 64, &bf);
+        ct_res bf;
+        ct_run_op(gpu, DG_BF16, &oc, NIN, d.in, NULL, seed + 64, &bf);
         int ok = bf.out_dt[0] == DG_BF16 && bf.out_dt[1] == DG_F32;
         for (int i = 0; i < NIN; i++)
             if (bf.xin[i])
                 ok &= bf.grad_dt[i] == (d.in[i].f32 ? DG_F32 : DG_BF16);
-        cell(S_CHUNK, D_FWD, V_OPS_BF16);
-        dg_check(ok, "bf16 chunk %s: o bf16, ht f32, each gradient in its input's dtype", r->name);
-        free_res(&bf);
+        ct_cell(S_CHUNK, D_FWD, V_OPS_BF16);
+        dg_check(ok, "bf16 chunk %s: o bf16, ht f32, each gradient in its input's dtype",
+                 r->L.name);
+        ct_free_res(&bf);
     }
     free_kdata(&d);
 }
@@ -2168,24 +1799,25 @@ static void oc_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
 static void policy_case(dg_ctx *gpu, const crun *r) {
     kdata d;
     make_kdata(r, r->c->seed + 77, &d);
-    ucall u = kcall(r, OP_CHUNK);
+    const ucall u = kcall(r, OP_CHUNK);
+    const ct_op op = op_of(&u);
     for (int a = 0; a < 2; a++) {
         const dg_dtype act = a ? DG_BF16 : DG_F32;
-        if (!sel_x(S_POLICY, ops_var(act)))
+        if (!ct_sel_x(S_POLICY, ops_var(act)))
             continue;
-        tres rc, ca;
+        ct_res rc, ca;
         dg_policy_set_global(DG_POLICY_RECOMPUTE);
-        run(gpu, act, &u, NIN, d.in, NULL, r->c->seed + 78, &rc);
+        ct_run_op(gpu, act, &op, NIN, d.in, NULL, r->c->seed + 78, &rc);
         dg_policy_set_global(DG_POLICY_CACHE);
-        run(gpu, act, &u, NIN, d.in, &rc, r->c->seed + 78, &ca);
+        ct_run_op(gpu, act, &op, NIN, d.in, &rc, r->c->seed + 78, &ca);
         dg_policy_reset();
         char label[224];
         snprintf(label, sizeof label, "%s %s CACHE vs RECOMPUTE (bitwise)",
-                 act == DG_BF16 ? "bf16" : "f32", r->name);
-        tols exact = tols_all(0.0);
-        compare(label, &u, d.in, &ca, &rc, &exact, S_POLICY, ops_var(act));
-        free_res(&rc);
-        free_res(&ca);
+                 act == DG_BF16 ? "bf16" : "f32", r->L.name);
+        ct_tols exact = ct_tols_all(0.0);
+        ct_compare(label, &op, d.in, &ca, &rc, &exact, S_POLICY, ops_var(act));
+        ct_free_res(&rc);
+        ct_free_res(&ca);
     }
     free_kdata(&d);
 }
@@ -2194,10 +1826,10 @@ static void policy_case(dg_ctx *gpu, const crun *r) {
 
 static void errors_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
     if (!r->c->h0 || gate_of(r->c) != DG_GATE_NONE) {
-        fprintf(stderr, "FATAL: group OE needs a case with h0 and gate NONE (%s)\n", r->name);
+        fprintf(stderr, "FATAL: group OE needs a case with h0 and gate NONE (%s)\n", r->L.name);
         exit(1);
     }
-    cell(S_ERRORS, D_FWD, V_NONE);
+    ct_cell(S_ERRORS, D_FWD, V_NONE);
     printf("-- device and dtype errors\n");
     kdata d;
     make_kdata(r, r->c->seed + 5, &d);
@@ -2247,10 +1879,8 @@ static void errors_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r) {
 
 /* args: argument checks of the raw launchers (no device touched: every one fails before a CUDA
  * call). */
-static void test_args(void) {
-    cell(S_ARGS, D_FWD, V_NONE);
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
+static void test_args(dg_ctx *cpu) {
+    ct_cell(S_ARGS, D_FWD, V_NONE);
     int64_t cu[3] = {0, 40, 100}, off[3] = {0, 3, 7}, bad_off[3] = {0, 2, 6};
     kda_cuda_dims dd;
     dg_check_err(dg__kda_cuda_dims_new(cpu, 100, 2, 4, 64, 64, 48, 2, cu, off, &dd), DG_ERR_ARG,
@@ -2269,13 +1899,12 @@ static void test_args(void) {
                  "dg__kda_cuda_dims_new", "intra: NULL dims");
     dg_check_err(dg__l2norm_fwd_cuda(cpu, 4, 0, 1e-6f, 0, &x, &x, NULL), DG_ERR_ARG, "K=0",
                  "l2norm: K = 0");
-    dg_ctx_free(&cpu);
 }
 
 /* rule: tc follows bf16 activations (and opts.tensor_cores), stays 0 for f32, and the stages
  * sharing a composite's tables inherit it; a bad tensor_cores is refused. */
 static void test_rule(dg_ctx *gpu) {
-    cell(S_RULE, D_FWD, V_NONE);
+    ct_cell(S_RULE, D_FWD, V_NONE);
     printf("-- ops-layer rule\n");
     const char *op = "test_kda_cuda";
     dg_kda_opts opts;
@@ -2515,7 +2144,7 @@ static void timing(dg_ctx *gpu) {
     z.ddt = mk(gpu, (int64_t)HV * K, 0, 0, 0);
     z.dS = mk(gpu, N, HV, K, V);
     z.dh = mk(gpu, NC, HV, K, V);
-    cell(S_TIMING, D_FWD, V_NONE);
+    ct_cell(S_TIMING, D_FWD, V_NONE);
     time_table(gpu, &z, 0);
     time_table(gpu, &z, 1);
     dg_tensor *all[] = {z.qraw, z.kraw, z.q,  z.k,   z.r,   z.v,   z.x,   z.Alog, z.dtb,
@@ -2532,7 +2161,7 @@ static void timing(dg_ctx *gpu) {
 static int any_raw(int dir, int s0, int s1, int v0, int v1) {
     for (int s = s0; s <= s1; s++)
         for (int v = v0; v <= v1; v++)
-            if (sel(s, dir, v))
+            if (ct_sel(s, dir, v))
                 return 1;
     return 0;
 }
@@ -2544,28 +2173,29 @@ static int any_ops(int s0, int s1) {
     return 0;
 }
 
-static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
+static void run_case(dg_ctx *cpu, dg_ctx *gpu, int idx) {
+    crun cr;
+    cr.c = &kcases[idx];
+    case_layout(idx, &cr.L);
+    crun *r = &cr;
     const unsigned runs = r->c->runs;
     const int rf = (runs & RF) && any_raw(D_FWD, S_L2, S_CHUNK, V_F32, V_F32);
     const int rb = (runs & RB) && any_raw(D_BWD, S_L2, S_REC, V_F32, V_F32);
     const int tc = (runs & TC) && (any_raw(D_FWD, S_INTRA, S_OUTPUT, V_FFMA, V_3XTF32) ||
                                    any_raw(D_BWD, S_INTRA, S_OUTPUT, V_FFMA, V_3XTF32) ||
                                    any_raw(D_ACC, S_INTRA, S_WY, V_FFMA, V_3XTF32));
-    const int mid =
-        (runs & TC) && (any_raw(D_FWD, S_WY, S_OUTPUT, V_MID, V_MID) ||
-                        any_raw(D_BWD, S_STATE, S_OUTPUT, V_MID, V_MID) || sel_x(S_ERRORS, V_MID));
+    const int mid = (runs & TC) &&
+                    (any_raw(D_FWD, S_WY, S_OUTPUT, V_MID, V_MID) ||
+                     any_raw(D_BWD, S_STATE, S_OUTPUT, V_MID, V_MID) || ct_sel_x(S_ERRORS, V_MID));
     const int tables =
-        (runs & (RF | RB | TC)) && (rf || rb || tc || mid || sel_x(S_TABLES, V_NONE));
+        (runs & (RF | RB | TC)) && (rf || rb || tc || mid || ct_sel_x(S_TABLES, V_NONE));
     const int os = (runs & OS) && any_ops(S_L2, S_OUTPUT);
     const int oc = (runs & OC) && any_ops(S_REC, S_CHUNK);
-    const int op = (runs & OP) && (sel_x(S_POLICY, V_OPS_F32) || sel_x(S_POLICY, V_OPS_BF16));
-    const int oe = (runs & OE) && sel_x(S_ERRORS, V_NONE);
+    const int op = (runs & OP) && (ct_sel_x(S_POLICY, V_OPS_F32) || ct_sel_x(S_POLICY, V_OPS_BF16));
+    const int oe = (runs & OE) && ct_sel_x(S_ERRORS, V_NONE);
     if (!tables && !os && !oc && !op && !oe)
         return;
-    printf("-- case %d: %s (TT=%lld N=%d NC=%lld; groups", r->idx, r->name, (long long)r->TT, r->N,
-           (long long)r->NC);
-    print_groups(runs);
-    printf(")\n");
+    ct_print_case(&r->L, runs);
     if (tables) {
         rtab tab;
         rtab_init(cpu, gpu, r, &tab);
@@ -2600,7 +2230,7 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
                 w.var = V_MID;
                 w.tol = TOL_TF32;
                 raw_run(cpu, gpu, &w, 1, 1);
-                if (sel_x(S_ERRORS, V_MID))
+                if (ct_sel_x(S_ERRORS, V_MID))
                     mid_refusals(gpu, &w);
                 world_free(&w);
             } else {
@@ -2622,55 +2252,30 @@ static void run_case(dg_ctx *cpu, dg_ctx *gpu, crun *r) {
         errors_case(cpu, gpu, r);
 }
 
-static void list_cases(void) {
-    printf("   #  case%*s groups\n", 60, "");
-    for (size_t i = 0; i < NELEM(kcases); i++) {
-        crun r;
-        crun_init(&r, &kcases[i], (int)i);
-        printf("  %2d  %-64s", (int)i, r.name);
-        print_groups(kcases[i].runs);
-        printf("\n");
-    }
-    printf("   variants:");
-    for (int v = 0; v < V_NONE; v++)
-        printf(" %s", var_name[v]);
-    printf("\n");
+/* cpu mode: the args extra (no device touched) */
+static void cpu_extras(dg_ctx *cpu) {
+    if (ct_sel_x(S_ARGS, V_NONE))
+        test_args(cpu);
 }
 
-int main(int argc, char **argv) {
-    const int gpu_mode = dg_test_init(argc, argv, "kda_cuda");
-    parse_args(argc, argv);
-    if (g_f.list) {
-        list_cases();
-        return 0;
-    }
-    if (!gpu_mode) {
-        if (!g_f.by_case && sel_x(S_ARGS, V_NONE))
-            test_args();
-        print_tally();
-        return dg_test_finish();
-    }
-    int skip = dg_test_need_gpu();
-    if (skip)
-        return skip;
-    dg_ctx *cpu = NULL, *gpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
-    for (size_t i = 0; i < NELEM(kcases); i++) {
-        crun r;
-        crun_init(&r, &kcases[i], (int)i);
-        if (case_wanted(&r))
-            run_case(cpu, gpu, &r);
-    }
-    if (!g_f.by_case) {
-        if (sel_x(S_RULE, V_NONE))
-            test_rule(gpu);
-        if (sel_x(S_TIMING, V_NONE) && !getenv("DG_KDA_NO_BENCH"))
-            timing(gpu);
-    }
-    print_tally();
-    dg_ctx_free(&gpu);
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+static void gpu_extras(dg_ctx *gpu) {
+    if (ct_sel_x(S_RULE, V_NONE))
+        test_rule(gpu);
+    if (ct_sel_x(S_TIMING, V_NONE) && !getenv("DG_KDA_NO_BENCH"))
+        timing(gpu);
 }
+
+static const char *const groups[] = {"RF", "RB", "TC", "OS", "OC", "OP", "OE"};
+static const ct_suite suite = {
+    .name = "kda_cuda",
+    .axes = {stage_name, NSTAGE, S_TABLES, dir_name, NDIR, var_name, NVAR, 1},
+    .group_name = groups,
+    .ngroup = NELEM(groups),
+    .ncases = NELEM(kcases),
+    .layout = case_layout,
+    .run = run_case,
+    .cpu_extras = cpu_extras,
+    .gpu_extras = gpu_extras};
+
+int main(int argc, char **argv) { return ct_main(argc, argv, &suite); }
 #endif

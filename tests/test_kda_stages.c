@@ -102,12 +102,7 @@ done:
 
 enum { B = 1, T = 20, H = 1, HV = 2, K = 4, V = 3, BT = 16, NT = 2 };
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "kda_stages"))
-        return dg_test_skip("CPU reference suite; the CUDA comparisons of every KDA stage, the "
-                            "composite and the recurrence are in kda_cuda (gpu mode)");
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
+static void cpu_cases(dg_ctx *ctx) {
     st_user u;
     memset(&u, 0, sizeof u);
     u.opts.chunk_size = BT;
@@ -213,6 +208,8 @@ int main(int argc, char **argv) {
         dg_tensor_free(&h);
         dg_tensor_free(&E);
     }
-    dg_ctx_free(&ctx);
-    return dg_test_finish();
 }
+
+/* cpu mode only: the CPU reference; the CUDA comparisons of every KDA stage, the composite and
+ * the recurrence are in test_kda_cuda.c */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "kda_stages", cpu_cases, NULL); }

@@ -895,30 +895,22 @@ static void test_add_gpu(dg_ctx *cpu) {
     dg_ctx_free(&gpu);
 }
 
-int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "norm");
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip) {
-            dg_ctx_free(&cpu);
-            return skip;
-        }
-        test_gpu(cpu);
-        test_add_gpu(cpu);
-    } else {
-        test_gradcheck(cpu);
-        test_values(cpu);
-        test_f32_vs_f64(cpu);
-        test_policy(cpu);
-        test_errors(cpu);
-        test_add_gradcheck(cpu);
-        test_add_vs_unfused(cpu);
-        test_add_f32_vs_f64(cpu);
-        test_add_policy(cpu);
-        test_add_errors(cpu);
-    }
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+static void cpu_cases(dg_ctx *cpu) {
+    test_gradcheck(cpu);
+    test_values(cpu);
+    test_f32_vs_f64(cpu);
+    test_policy(cpu);
+    test_errors(cpu);
+    test_add_gradcheck(cpu);
+    test_add_vs_unfused(cpu);
+    test_add_f32_vs_f64(cpu);
+    test_add_policy(cpu);
+    test_add_errors(cpu);
 }
+
+static void gpu_cases(dg_ctx *cpu) {
+    test_gpu(cpu);
+    test_add_gpu(cpu);
+}
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "norm", cpu_cases, gpu_cases); }

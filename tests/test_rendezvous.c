@@ -86,11 +86,12 @@ static void test_timeouts(void) {
     dg_check(el < 5.0, "  ...gave up after %.2f s (timeout 1 s)", el);
 }
 
-int main(int argc, char **argv) {
-    if (dg_test_init(argc, argv, "rendezvous"))
-        return dg_test_skip("the TCP bootstrap needs no GPU: nothing to run in gpu mode");
+static void cpu_cases(dg_ctx *cpu) {
+    /* the TCP bootstrap touches no tensors */
     test_broadcast(2);
     test_broadcast(4);
     test_timeouts();
-    return dg_test_finish();
 }
+
+/* cpu mode only: the TCP bootstrap needs no GPU */
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "rendezvous", cpu_cases, NULL); }

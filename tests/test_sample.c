@@ -522,25 +522,20 @@ static void test_gpu(void) {
     dg_ctx_free(&cpu);
 }
 
-int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "sample");
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip)
-            return skip;
-        tmp_setup();
-        test_gpu();
-        tmp_cleanup();
-        return dg_test_finish();
-    }
+static void cpu_cases(dg_ctx *cpu) {
     tmp_setup();
-    dg_ctx *ctx = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &ctx));
-    test_equivalence(ctx, DG_F64, TOL_F64);
-    test_equivalence(ctx, DG_F32, TOL_F32);
-    dg_ctx_free(&ctx);
+    test_equivalence(cpu, DG_F64, TOL_F64);
+    test_equivalence(cpu, DG_F32, TOL_F32);
     test_errors();
     test_cli();
     tmp_cleanup();
-    return dg_test_finish();
 }
+
+static void gpu_cases(dg_ctx *cpu) {
+    /* the CUDA runs make their own contexts */
+    tmp_setup();
+    test_gpu();
+    tmp_cleanup();
+}
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "sample", cpu_cases, gpu_cases); }

@@ -625,27 +625,17 @@ static void test_gpu(dg_ctx *cpu) {
     dg_ctx_free(&gpu);
 }
 
+static void cpu_cases(dg_ctx *cpu) {
+    test_gradcheck(cpu);
+    test_values(cpu);
+    test_isolation(cpu, cpu, DG_F64);
+    test_isolation(cpu, cpu, DG_F32);
+    test_varlen_equivalence(cpu);
+    test_cu_copied(cpu, cpu, DG_F64);
+    test_f32_vs_f64(cpu);
+    test_errors(cpu);
+}
+
 int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "short_conv");
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip) {
-            dg_ctx_free(&cpu);
-            return skip;
-        }
-        test_gpu(cpu);
-    } else {
-        test_gradcheck(cpu);
-        test_values(cpu);
-        test_isolation(cpu, cpu, DG_F64);
-        test_isolation(cpu, cpu, DG_F32);
-        test_varlen_equivalence(cpu);
-        test_cu_copied(cpu, cpu, DG_F64);
-        test_f32_vs_f64(cpu);
-        test_errors(cpu);
-    }
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+    return dg_test_main(argc, argv, "short_conv", cpu_cases, test_gpu);
 }

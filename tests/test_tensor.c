@@ -105,8 +105,8 @@ static void test_views_and_tape(dg_ctx *cpu) {
 static void test_version(void) {
     char want[32];
     snprintf(want, sizeof want, "%d.%d.%d", DG_VERSION_MAJOR, DG_VERSION_MINOR, DG_VERSION_PATCH);
-    dg_check(!strcmp(DG_VERSION, want), "DG_VERSION \"%s\" is MAJOR.MINOR.PATCH \"%s\"",
-             DG_VERSION, want);
+    dg_check(!strcmp(DG_VERSION, want), "DG_VERSION \"%s\" is MAJOR.MINOR.PATCH \"%s\"", DG_VERSION,
+             want);
     dg_check(!strcmp(dg_version(), DG_VERSION), "dg_version() \"%s\" == DG_VERSION", dg_version());
     dg_check(dg_version_number() == DG_VERSION_NUMBER &&
                  DG_VERSION_NUMBER ==
@@ -115,8 +115,7 @@ static void test_version(void) {
     /* the commit: "unknown", or 12 hex digits with an optional "-dirty" */
     const char *c = dg_build_commit();
     size_t hex = strspn(c, "0123456789abcdef");
-    dg_check(!strcmp(c, "unknown") ||
-                 (hex == 12 && (c[hex] == '\0' || !strcmp(c + hex, "-dirty"))),
+    dg_check(!strcmp(c, "unknown") || (hex == 12 && (c[hex] == '\0' || !strcmp(c + hex, "-dirty"))),
              "dg_build_commit() \"%s\" is a short hash or \"unknown\"", c);
     const char *archs = dg_build_cuda_archs();
     dg_check(dg_have_cuda() ? archs[0] != '\0' && strcmp(archs, "none") != 0
@@ -355,31 +354,23 @@ static void test_stage(dg_ctx *ctx) {
     dg_check_err(dg_stage_next(NULL, &buf), DG_ERR_ARG, "'s'", "dg_stage_next(NULL)");
 }
 
-int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "tensor");
-    dg_ctx *cpu = NULL;
-    DG_TEST_TRY(dg_ctx_new(dg_cpu(), &cpu));
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip) {
-            dg_ctx_free(&cpu);
-            return skip;
-        }
-        test_gpu(cpu);
-        dg_ctx *cuda = NULL;
-        DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &cuda));
-        test_stage(cuda);
-        dg_ctx_free(&cuda);
-    } else {
-        test_stage(cpu);
-        test_views_and_tape(cpu);
-        test_policy();
-        test_version();
-        test_dtypes_and_errors(cpu);
-        dg_check_err(dg_ctx_new(dg_cuda(0), &(dg_ctx *){NULL}),
-                     dg_have_cuda() ? DG_ERR_DEVICE : DG_ERR_UNSUPPORTED, NULL,
-                     "CUDA context without a device");
-    }
-    dg_ctx_free(&cpu);
-    return dg_test_finish();
+static void cpu_cases(dg_ctx *cpu) {
+    test_stage(cpu);
+    test_views_and_tape(cpu);
+    test_policy();
+    test_version();
+    test_dtypes_and_errors(cpu);
+    dg_check_err(dg_ctx_new(dg_cuda(0), &(dg_ctx *){NULL}),
+                 dg_have_cuda() ? DG_ERR_DEVICE : DG_ERR_UNSUPPORTED, NULL,
+                 "CUDA context without a device");
 }
+
+static void gpu_cases(dg_ctx *cpu) {
+    test_gpu(cpu);
+    dg_ctx *cuda = NULL;
+    DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &cuda));
+    test_stage(cuda);
+    dg_ctx_free(&cuda);
+}
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "tensor", cpu_cases, gpu_cases); }

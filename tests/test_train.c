@@ -1374,19 +1374,8 @@ static void test_graph(void) {
     dg_profile_reset();
 }
 
-int main(int argc, char **argv) {
-    int gpu = dg_test_init(argc, argv, "train");
-    if (gpu) {
-        int skip = dg_test_need_gpu();
-        if (skip)
-            return skip;
-        tmp_setup();
-        test_gpu();
-        test_graph();
-        test_dplr_gpu();
-        tmp_cleanup();
-        return dg_test_finish();
-    }
+static void cpu_cases(dg_ctx *cpu) {
+    /* each case makes the contexts its runs need */
     tmp_setup();
     test_config();
     test_errors();
@@ -1398,5 +1387,14 @@ int main(int argc, char **argv) {
     test_ckpt_format();
     test_dplr();
     tmp_cleanup();
-    return dg_test_finish();
 }
+
+static void gpu_cases(dg_ctx *cpu) {
+    tmp_setup();
+    test_gpu();
+    test_graph();
+    test_dplr_gpu();
+    tmp_cleanup();
+}
+
+int main(int argc, char **argv) { return dg_test_main(argc, argv, "train", cpu_cases, gpu_cases); }

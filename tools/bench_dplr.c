@@ -15,7 +15,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime (bench_util.h) */
 #include "deltagrad.h"
-#include "tools/bench_util.h"
+#include "tools/bench_op.h"
 #include "tools/commands.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -25,23 +25,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(expr)                                                                                \
-    do {                                                                                           \
-        dg_status s__ = (expr);                                                                    \
-        if (s__ != DG_OK) {                                                                        \
-            fprintf(stderr, "bench dplr: %s failed: %s\n", #expr, dg_last_error());                \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
+#define CHECK(expr) DG_BENCH_TRY("bench dplr", expr)
 
-typedef struct {
-    int B, T, H, K;
-} shape_t;
-
-typedef struct {
-    double fwd_ms, fb_ms, fb_cache_ms; /* fwd+bwd: default policy, everything cached */
-    size_t peak_cache, peak_recompute;
-} result_t;
+typedef dg_bench_shape shape_t;
 
 typedef enum { GATE_RWKV7 = 0, GATE_REF } gate_mode;
 
@@ -86,90 +72,60 @@ static int make_inputs(dg_ctx *ctx, shape_t s, dg_dtype dt, gate_mode gm, dg_ten
     return 0;
 }
 
-static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm, int chunk,
-                     int profile, result_t *r) {
+/* What one run of the bench keeps fixed (the options). */
+typedef struct {
+    int reps, profile, chunk;
+    dg_dtype dt;
+    gate_mode gm;
+} dplr_bench;
+
+/* The timed op's inputs (q, k, v, a, b, gk) and options. */
+typedef struct {
+    dg_tensor *x[6];
+    dg_dplr_opts o;
+} dplr_call;
+
+static dg_status dplr_fwd(dg_ctx *ctx, const void *user, dg_tensor **out) {
+    dg_tensor *const *x = ((const dplr_call *)user)->x;
+    return dg_dplr_chunk(ctx, x[0], x[1], x[2], x[3], x[4], x[5], NULL,
+                         &((const dplr_call *)user)->o, out, NULL);
+}
+
+static int run_shape(dg_ctx *ctx, shape_t s, const void *user, dg_bench_result *r,
+                     dg_bench_work *w) {
+    const dplr_bench *db = user;
+    const dg_dtype dt = db->dt;
     int64_t sq[4] = {s.B, s.T, s.H, s.K};
-    dg_tensor *x[6], *dO = NULL;
-    if (make_inputs(ctx, s, dt, gm, x) != 0) {
+    dplr_call c;
+    memset(&c, 0, sizeof c);
+    dg_tensor *dO = NULL;
+    if (make_inputs(ctx, s, dt, db->gm, c.x) != 0) {
         for (int i = 0; i < 6; i++)
-            dg_tensor_free(&x[i]);
+            dg_tensor_free(&c.x[i]);
         return -1;
     }
     CHECK(dg_tensor_new(ctx, dt, 4, sq, &dO));
     CHECK(dg_tensor_rand_normal(dO, 17, 0, 1));
-    dg_dplr_opts o;
-    memset(&o, 0, sizeof o);
-    o.chunk_size = chunk;
-    double t[64];
-    dg_tensor *out = NULL;
-#define CHUNK() dg_dplr_chunk(ctx, x[0], x[1], x[2], x[3], x[4], x[5], NULL, &o, &out, NULL)
-
-    /* forward only */
-    dg_no_grad_begin();
-    for (int i = -2; i < reps; i++) {
-        CHECK(dg_ctx_sync(ctx));
-        double t0 = dg_bench_now_s();
-        CHECK(CHUNK());
-        CHECK(dg_ctx_sync(ctx));
-        if (i >= 0)
-            t[i] = dg_bench_now_s() - t0;
-        dg_tensor_free(&out);
-    }
-    dg_no_grad_end();
-    r->fwd_ms = 1e3 * dg_bench_median(t, reps);
-
-    /* forward + backward under both policies, reps runs each (the default policy last) */
+    c.o.chunk_size = db->chunk;
+    const int st =
+        dg_bench_time_op(ctx, "bench dplr", dplr_fwd, &c, c.x, 6, dO, db->reps, db->profile, r);
     for (int i = 0; i < 6; i++)
-        dg_tensor_set_requires_grad(x[i], 1);
-    for (int pol = 0; pol < 2; pol++) {
-        dg_policy_set_global(pol == 0 ? DG_POLICY_CACHE : DG_POLICY_DEFAULT);
-        for (int i = -2; i < reps; i++) {
-            for (int j = 0; j < 6; j++)
-                dg_tensor_zero_grad(x[j]);
-            CHECK(dg_ctx_sync(ctx));
-            dg_ctx_reset_peak(ctx);
-            double t0 = dg_bench_now_s();
-            CHECK(CHUNK());
-            CHECK(dg_tape_backward_with(ctx, out, dO));
-            CHECK(dg_ctx_sync(ctx));
-            if (i >= 0)
-                t[i] = dg_bench_now_s() - t0;
-            size_t peak = dg_ctx_mem_stats(ctx).peak_in_use;
-            if (pol == 0)
-                r->peak_cache = peak;
-            else
-                r->peak_recompute = peak;
-            dg_tape_reset();
-            dg_tensor_free(&out);
-        }
-        if (pol == 1)
-            r->fb_ms = 1e3 * dg_bench_median(t, reps);
-        else
-            r->fb_cache_ms = 1e3 * dg_bench_median(t, reps);
-    }
-    dg_policy_set_global(DG_POLICY_DEFAULT);
-    if (profile) {
-        /* one more fwd+bwd with the tape timing every node (it synchronises at each boundary) */
-        for (int j = 0; j < 6; j++)
-            dg_tensor_zero_grad(x[j]);
-        dg_profile_reset();
-        dg_profile_enable(1);
-        dg_profile_mark(ctx);
-        CHECK(CHUNK());
-        CHECK(dg_tape_backward_with(ctx, out, dO));
-        CHECK(dg_ctx_sync(ctx));
-        dg_profile_enable(0);
-        dg_tape_reset();
-        dg_tensor_free(&out);
-        printf("per-stage time of one fwd+bwd (default policy, synchronised at every node):\n");
-        dg_profile_dump(stdout);
-    }
-#undef CHUNK
-    for (int j = 0; j < 6; j++) {
-        dg_tensor_zero_grad(x[j]);
-        dg_tensor_free(&x[j]);
-    }
+        dg_tensor_free(&c.x[i]);
     dg_tensor_free(&dO);
+    if (st != 0)
+        return -1;
+    const double C = db->chunk, K = s.K, V = s.K, tok = (double)s.B * s.T * s.H;
+    const double f_fwd = tok * (8 * K * V + 10 * C * K + 6 * C * V + 2.3 * C * C);
+    /* backward: twice the forward, plus the WY (2CK + 2CV + 2C^2) and state (6KV) passes
+     * the default policy recomputes */
+    const double f_bwd = 2 * f_fwd + tok * (6 * K * V + 2 * C * K + 2 * C * V + 2 * C * C);
+    const double es = dg_dtype_size(dt);
+    /* fwd: q k a b gk (K each) and v read, o written; bwd adds dO read and the six
+     * gradients written */
+    w->flop_fwd = f_fwd;
+    w->flop_fb = f_fwd + f_bwd;
+    w->bytes_fwd = tok * (5 * K + V) * es + tok * V * es;
+    w->bytes_fb = w->bytes_fwd + tok * V * es + tok * (5 * K + V) * es;
     return 0;
 }
 
@@ -249,66 +205,16 @@ int dg_bench_dplr(int argc, char **argv) {
     }
     if (pr != DG_CLI_END)
         return pr;
-    if (dg_cuda_device_count() < 1) {
-        fprintf(stderr, "bench dplr: needs a CUDA device (this build: CUDA %s, devices: %d)\n",
-                dg_have_cuda() ? "yes" : "no", dg_cuda_device_count());
-        return 2;
-    }
     dg_ctx *ctx = NULL;
-    if (dg_ctx_new(dg_cuda(0), &ctx) != DG_OK) {
-        fprintf(stderr, "bench dplr: %s\n", dg_last_error());
-        return 1;
-    }
-    double flops = dg_bench_gemm_rate(ctx, 8192, 10);
-    double bw = flops > 0 ? dg_bench_copy_rate(ctx, (int64_t)1 << 30, 10) : -1;
-    if (flops <= 0 || bw <= 0) {
-        fprintf(stderr, "bench dplr: measuring the device peaks failed: %s\n", dg_last_error());
-        dg_ctx_free(&ctx);
-        return 1;
-    }
-    printf("measured peaks: bf16 GEMM 8192^3 %.1f TFLOP/s, device copy %.0f GB/s\n", flops / 1e12,
-           bw / 1e9);
-    static const shape_t ref_shapes[] = {{1, 8192, 96, 128}, {2, 16384, 16, 128},
-                                         {4, 2048, 16, 128}, {4, 4096, 64, 128},
-                                         {8, 1024, 8, 64},   {8, 2048, 32, 256}};
-    const shape_t *shapes = nsel ? sel : ref_shapes;
-    size_t nshapes = nsel ? (size_t)nsel : sizeof ref_shapes / sizeof *ref_shapes;
+    double flops = 0, bw = 0;
+    int rc = dg_bench_open("bench dplr", &ctx, &flops, &bw);
+    if (rc != 0)
+        return rc;
     printf("gate: %s; chunk %d; dtype %s\n",
            gm == GATE_RWKV7 ? "-e^{-1/2} sigmoid(randn) (RWKV-7's)" : "log(sigmoid(randn))", chunk,
            dg_dtype_name(dt));
-    printf("\n%-20s %9s %9s %8s %8s %9s %9s %10s %10s %10s\n", "B,T,H,K=V", "fwd ms", "fwd+bwd",
-           "fwd/cf", "fwd/mf", "f+b/cf", "f+b/mf", "peak recomp", "f+b cache", "peak cache");
-    int rc = 0;
-    for (size_t i = 0; i < nshapes; i++) {
-        shape_t s = shapes[i];
-        result_t r;
-        memset(&r, 0, sizeof r);
-        char name[64];
-        snprintf(name, sizeof name, "%d,%d,%d,%d", s.B, s.T, s.H, s.K);
-        if (run_shape(ctx, s, reps, dt, gm, chunk, profile, &r) != 0) {
-            printf("%-20s failed: %s\n", name, dg_last_error());
-            rc = 1;
-            dg_tape_reset();
-            dg_ctx_empty_cache(ctx);
-            continue;
-        }
-        const double C = chunk, K = s.K, V = s.K, tok = (double)s.B * s.T * s.H;
-        const double f_fwd = tok * (8 * K * V + 10 * C * K + 6 * C * V + 2.3 * C * C);
-        /* backward: twice the forward, plus the WY (2CK + 2CV + 2C^2) and state (6KV) passes
-         * the default policy recomputes */
-        const double f_bwd = 2 * f_fwd + tok * (6 * K * V + 2 * C * K + 2 * C * V + 2 * C * C);
-        const double es = dg_dtype_size(dt);
-        /* fwd: q k a b gk (K each) and v read, o written; bwd adds dO read and the six
-         * gradients written */
-        const double b_fwd = tok * (5 * K + V) * es + tok * V * es;
-        const double b_bwd = b_fwd + tok * V * es + tok * (5 * K + V) * es;
-        const double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
-        const double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
-        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name, r.fwd_ms,
-               r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
-               r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
-        dg_ctx_empty_cache(ctx);
-    }
+    const dplr_bench db = {reps, profile, chunk, dt, gm};
+    rc = dg_bench_shapes(ctx, sel, nsel, run_shape, &db, flops, bw);
     printf("\ncf = compute floor (dplr.md D3 FLOP, backward 2x forward plus the recomputed\n"
            "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
            "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"

@@ -11,7 +11,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime (bench_util.h) */
 #include "deltagrad.h"
-#include "tools/bench_util.h"
+#include "tools/bench_op.h"
 #include "tools/commands.h"
 #include "tools/args.h"
 #include "tools/cli.h"
@@ -22,23 +22,9 @@
 #include <string.h>
 #include <time.h>
 
-#define CHECK(expr)                                                                                \
-    do {                                                                                           \
-        dg_status s__ = (expr);                                                                    \
-        if (s__ != DG_OK) {                                                                        \
-            fprintf(stderr, "bench kda: %s failed: %s\n", #expr, dg_last_error());                 \
-            return -1;                                                                             \
-        }                                                                                          \
-    } while (0)
+#define CHECK(expr) DG_BENCH_TRY("bench kda", expr)
 
-typedef struct {
-    int B, T, H, K;
-} shape_t;
-
-typedef struct {
-    double fwd_ms, fb_ms, fb_cache_ms; /* fwd+bwd: default policy, everything cached */
-    size_t peak_cache, peak_recompute;
-} result_t;
+typedef dg_bench_shape shape_t;
 
 /* g: the reference's benchmark gate (log sigmoid of a standard normal, values in (-inf, 0), mean
  * about -0.8: strong decay), or uniform in [-0.2, -0.001] (mild decay). */
@@ -66,99 +52,68 @@ static int fill_gate(dg_ctx *ctx, dg_tensor *g, gate_mode gm) {
     return 0;
 }
 
-static int run_shape(dg_ctx *ctx, shape_t s, int reps, dg_dtype dt, gate_mode gm, dg_kda_tc tc,
-                     int profile, result_t *r) {
-    int64_t sq[4] = {s.B, s.T, s.H, s.K}, sb[3] = {s.B, s.T, s.H};
-    dg_tensor *q = NULL, *k = NULL, *v = NULL, *g = NULL, *beta = NULL, *dO = NULL;
-    CHECK(dg_tensor_new(ctx, dt, 4, sq, &q));
-    CHECK(dg_tensor_new(ctx, dt, 4, sq, &k));
-    CHECK(dg_tensor_new(ctx, dt, 4, sq, &v));
-    CHECK(dg_tensor_new(ctx, dt, 4, sq, &g));
-    CHECK(dg_tensor_new(ctx, dt, 3, sb, &beta));
-    CHECK(dg_tensor_new(ctx, dt, 4, sq, &dO));
-    CHECK(dg_tensor_rand_normal(q, 11, 0, 1));
-    CHECK(dg_tensor_rand_normal(k, 12, 0, 1));
-    CHECK(dg_tensor_rand_normal(v, 13, 0, 1));
-    if (fill_gate(ctx, g, gm) != 0)
-        return -1;
-    CHECK(dg_tensor_rand_uniform(beta, 15, 0.05, 0.95));
-    CHECK(dg_tensor_rand_normal(dO, 16, 0, 1));
+/* What one run of the bench keeps fixed (the options). */
+typedef struct {
+    int reps, profile;
+    dg_dtype dt;
+    gate_mode gm;
+    dg_kda_tc tc;
+} kda_bench;
+
+/* The timed op's inputs and options. */
+typedef struct {
+    dg_tensor *q, *k, *v, *g, *beta;
     dg_kda_opts o;
-    memset(&o, 0, sizeof o);
-    o.chunk_size = 64;
-    o.l2norm_qk = 1;
-    o.tensor_cores = tc;
-    double t[64];
-    dg_tensor *out = NULL;
+} kda_call;
 
-    /* forward only */
-    dg_no_grad_begin();
-    for (int i = -2; i < reps; i++) {
-        CHECK(dg_ctx_sync(ctx));
-        double t0 = dg_bench_now_s();
-        CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
-        CHECK(dg_ctx_sync(ctx));
-        if (i >= 0)
-            t[i] = dg_bench_now_s() - t0;
-        dg_tensor_free(&out);
-    }
-    dg_no_grad_end();
-    r->fwd_ms = 1e3 * dg_bench_median(t, reps);
+static dg_status kda_fwd(dg_ctx *ctx, const void *user, dg_tensor **out) {
+    const kda_call *c = user;
+    return dg_kda_chunk(ctx, c->q, c->k, c->v, c->g, c->beta, NULL, NULL, NULL, &c->o, out, NULL);
+}
 
-    /* forward + backward under both policies, reps runs each (the default policy last) */
-    dg_tensor *leaves[5] = {q, k, v, g, beta};
+static int run_shape(dg_ctx *ctx, shape_t s, const void *user, dg_bench_result *r,
+                     dg_bench_work *w) {
+    const kda_bench *kb = user;
+    const dg_dtype dt = kb->dt;
+    int64_t sq[4] = {s.B, s.T, s.H, s.K}, sb[3] = {s.B, s.T, s.H};
+    kda_call c;
+    memset(&c, 0, sizeof c);
+    dg_tensor *dO = NULL;
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &c.q));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &c.k));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &c.v));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &c.g));
+    CHECK(dg_tensor_new(ctx, dt, 3, sb, &c.beta));
+    CHECK(dg_tensor_new(ctx, dt, 4, sq, &dO));
+    CHECK(dg_tensor_rand_normal(c.q, 11, 0, 1));
+    CHECK(dg_tensor_rand_normal(c.k, 12, 0, 1));
+    CHECK(dg_tensor_rand_normal(c.v, 13, 0, 1));
+    if (fill_gate(ctx, c.g, kb->gm) != 0)
+        return -1;
+    CHECK(dg_tensor_rand_uniform(c.beta, 15, 0.05, 0.95));
+    CHECK(dg_tensor_rand_normal(dO, 16, 0, 1));
+    c.o.chunk_size = 64;
+    c.o.l2norm_qk = 1;
+    c.o.tensor_cores = kb->tc;
+    dg_tensor *leaves[5] = {c.q, c.k, c.v, c.g, c.beta};
+    const int st =
+        dg_bench_time_op(ctx, "bench kda", kda_fwd, &c, leaves, 5, dO, kb->reps, kb->profile, r);
     for (int i = 0; i < 5; i++)
-        dg_tensor_set_requires_grad(leaves[i], 1);
-    for (int pol = 0; pol < 2; pol++) {
-        dg_policy_set_global(pol == 0 ? DG_POLICY_CACHE : DG_POLICY_DEFAULT);
-        int n = reps;
-        for (int i = -2; i < n; i++) {
-            for (int j = 0; j < 5; j++)
-                dg_tensor_zero_grad(leaves[j]);
-            CHECK(dg_ctx_sync(ctx));
-            dg_ctx_reset_peak(ctx);
-            double t0 = dg_bench_now_s();
-            CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
-            CHECK(dg_tape_backward_with(ctx, out, dO));
-            CHECK(dg_ctx_sync(ctx));
-            if (i >= 0)
-                t[i] = dg_bench_now_s() - t0;
-            size_t peak = dg_ctx_mem_stats(ctx).peak_in_use;
-            if (pol == 0)
-                r->peak_cache = peak;
-            else
-                r->peak_recompute = peak;
-            dg_tape_reset();
-            dg_tensor_free(&out);
-        }
-        if (pol == 1)
-            r->fb_ms = 1e3 * dg_bench_median(t, reps);
-        else
-            r->fb_cache_ms = 1e3 * dg_bench_median(t, reps);
-    }
-    dg_policy_set_global(DG_POLICY_DEFAULT);
-    if (profile) {
-        /* one more fwd+bwd with the tape timing every node (it synchronises at each boundary) */
-        for (int j = 0; j < 5; j++)
-            dg_tensor_zero_grad(leaves[j]);
-        dg_profile_reset();
-        dg_profile_enable(1);
-        dg_ctx_reset_peak(ctx); /* the profile names the node that reaches this run's peak */
-        dg_profile_mark(ctx);
-        CHECK(dg_kda_chunk(ctx, q, k, v, g, beta, NULL, NULL, NULL, &o, &out, NULL));
-        CHECK(dg_tape_backward_with(ctx, out, dO));
-        CHECK(dg_ctx_sync(ctx));
-        dg_profile_enable(0);
-        dg_tape_reset();
-        dg_tensor_free(&out);
-        printf("per-stage time of one fwd+bwd (default policy, synchronised at every node):\n");
-        dg_profile_dump(stdout);
-    }
-    for (int j = 0; j < 5; j++)
-        dg_tensor_zero_grad(leaves[j]);
-    dg_tensor *all[] = {q, k, v, g, beta, dO};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        dg_tensor_free(&all[i]);
+        dg_tensor_free(&leaves[i]);
+    dg_tensor_free(&dO);
+    if (st != 0)
+        return -1;
+    const double C = 64, K = s.K, V = s.K, tok = (double)s.B * s.T * s.H;
+    const double f_fwd = tok * (6 * K * V + 6 * C * K + 4 * C * V + C * C / 2);
+    const double f_bwd = tok * (12 * K * V + 12 * C * K + 8 * C * V + 4 * C * C) +
+                         tok * (4 * K * V + 2 * C * K + 2 * C * V);
+    const double es = dg_dtype_size(dt);
+    /* fwd: q k v g beta read, o written (all in the activation dtype). bwd adds dO read and
+     * dq dk dv dg dbeta written. */
+    w->flop_fwd = f_fwd;
+    w->flop_fb = f_fwd + f_bwd;
+    w->bytes_fwd = tok * (4 * K + 1) * es + tok * V * es;
+    w->bytes_fb = w->bytes_fwd + tok * V * es + tok * (4 * K + 1) * es;
     return 0;
 }
 
@@ -244,64 +199,15 @@ int dg_bench_kda(int argc, char **argv) {
     }
     if (pr != DG_CLI_END)
         return pr;
-    if (dg_cuda_device_count() < 1) {
-        fprintf(stderr, "bench kda: needs a CUDA device (this build: CUDA %s, devices: %d)\n",
-                dg_have_cuda() ? "yes" : "no", dg_cuda_device_count());
-        return 2;
-    }
     dg_ctx *ctx = NULL;
-    if (dg_ctx_new(dg_cuda(0), &ctx) != DG_OK) {
-        fprintf(stderr, "bench kda: %s\n", dg_last_error());
-        return 1;
-    }
-    double flops = dg_bench_gemm_rate(ctx, 8192, 10);
-    double bw = flops > 0 ? dg_bench_copy_rate(ctx, (int64_t)1 << 30, 10) : -1;
-    if (flops <= 0 || bw <= 0) {
-        fprintf(stderr, "bench kda: measuring the device peaks failed: %s\n", dg_last_error());
-        dg_ctx_free(&ctx);
-        return 1;
-    }
-    printf("measured peaks: bf16 GEMM 8192^3 %.1f TFLOP/s, device copy %.0f GB/s\n", flops / 1e12,
-           bw / 1e9);
-    static const shape_t ref_shapes[] = {{1, 8192, 96, 128}, {2, 16384, 16, 128},
-                                         {4, 2048, 16, 128}, {4, 4096, 64, 128},
-                                         {8, 1024, 8, 64},   {8, 2048, 32, 256}};
-    const shape_t *shapes = nsel ? sel : ref_shapes;
-    size_t nshapes = nsel ? (size_t)nsel : sizeof ref_shapes / sizeof *ref_shapes;
+    double flops = 0, bw = 0;
+    int rc = dg_bench_open("bench kda", &ctx, &flops, &bw);
+    if (rc != 0)
+        return rc;
     printf("gate: %s\n",
            gm == GATE_REF ? "log(sigmoid(randn)) (the reference's)" : "uniform [-0.2, -0.001]");
-    printf("\n%-20s %9s %9s %8s %8s %9s %9s %10s %10s %10s\n", "B,T,H,K=V", "fwd ms", "fwd+bwd",
-           "fwd/cf", "fwd/mf", "f+b/cf", "f+b/mf", "peak recomp", "f+b cache", "peak cache");
-    int rc = 0;
-    for (size_t i = 0; i < nshapes; i++) {
-        shape_t s = shapes[i];
-        result_t r;
-        memset(&r, 0, sizeof r);
-        char name[64];
-        snprintf(name, sizeof name, "%d,%d,%d,%d", s.B, s.T, s.H, s.K);
-        if (run_shape(ctx, s, reps, dt, gm, tc, profile, &r) != 0) {
-            printf("%-20s failed: %s\n", name, dg_last_error());
-            rc = 1;
-            dg_tape_reset();
-            dg_ctx_empty_cache(ctx);
-            continue;
-        }
-        double C = 64, K = s.K, V = s.K, tok = (double)s.B * s.T * s.H;
-        double f_fwd = tok * (6 * K * V + 6 * C * K + 4 * C * V + C * C / 2);
-        double f_bwd = tok * (12 * K * V + 12 * C * K + 8 * C * V + 4 * C * C) +
-                       tok * (4 * K * V + 2 * C * K + 2 * C * V);
-        double es = dg_dtype_size(dt);
-        /* fwd: q k v g beta read, o written (all in the activation dtype). bwd adds dO read and
-         * dq dk dv dg dbeta written. */
-        double b_fwd = tok * (4 * K + 1) * es + tok * V * es;
-        double b_bwd = b_fwd + tok * V * es + tok * (4 * K + 1) * es;
-        double cf_f = f_fwd / flops * 1e3, mf_f = b_fwd / bw * 1e3;
-        double cf_b = (f_fwd + f_bwd) / flops * 1e3, mf_b = b_bwd / bw * 1e3;
-        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name, r.fwd_ms,
-               r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
-               r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
-        dg_ctx_empty_cache(ctx);
-    }
+    const kda_bench kb = {reps, profile, dt, gm, tc};
+    rc = dg_bench_shapes(ctx, sel, nsel, run_shape, &kb, flops, bw);
     printf(
         "\ncf = compute floor (kda.md §11.9 FLOP / GEMM rate), mf = memory floor (bytes\n"
         "that must move / measured copy bandwidth); the ratios say how far each time is from\n"
