@@ -424,7 +424,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                      const typename std::conditional<BWD, float, TA>::type *__restrict__ X0,
                      const TA *__restrict__ A2, const float *__restrict__ G,
                      const float *__restrict__ S0, const float *__restrict__ Sup,
-                     typename std::conditional<BWD, float, TA>::type *__restrict__ Sst,
+                     TA *__restrict__ Sst,
                      typename std::conditional<BWD, float, TA>::type *__restrict__ Xo,
                      float *__restrict__ Sfin) {
     constexpr int LDS = VT + 8, LDX = VT + 8; /* f32: % 32 in {8, 24}: conflict-free b-reads */
@@ -517,7 +517,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     /* the forward's h (from Ss) and E (from Xs) as 16-byte row pieces, where the block's tile is
      * full: Ss and Xs hold exactly the bf16 values a fragment-wise store would write */
     const bool coalesced = !BWD && B16 && nv == VT && V % 8 == 0;
-    auto copy_out = [&](TX *dst, const TS *src, int rows, int64_t ld) {
+    /* a raw 16-byte copy: used only where dst has the staged type TS (the forward's h, E) */
+    auto copy_out = [&](auto *dst, const TS *src, int rows, int64_t ld) {
         for (int idx = threadIdx.x; idx < rows * (VT / 8); idx += SM_THREADS) {
             const int r = idx / (VT / 8), c = 8 * (idx % (VT / 8));
             *reinterpret_cast<uint4 *>(dst + r * ld + c) =
@@ -973,13 +974,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 }
 
 /* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
- * (0 when h is NULL; h of M, f32 or bf16), every other row 0. Warp w: keys e = w, w + 8, ...;
- * lanes over v. */
+ * (0 when h is NULL; h and dHn of M, f32 or bf16), every other row 0. Warp w: keys e = w, w + 8,
+ * ...; lanes over v. */
 template <class M>
 __global__ void __launch_bounds__(TC_THREADS)
     state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                        int HV, int K, int V, const float *__restrict__ G,
-                       const M *__restrict__ h, const float *__restrict__ dHs,
+                       const M *__restrict__ h, const M *__restrict__ dHs,
                        float *__restrict__ dG) {
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
@@ -993,7 +994,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         float s = 0.f;
         if (h)
             for (int v = lane; v < V; v += 32)
-                s += kda_ld(h + sb + (int64_t)e * V + v) * dHs[sb + (int64_t)e * V + v];
+                s += kda_ld(h + sb + (int64_t)e * V + v) * kda_ld(dHs + sb + (int64_t)e * V + v);
         s = kdab::warp_sum(s);
         if (lane == 0)
             dG[rl + e] = h ? expf(G[rl + e]) * s : 0.f;
@@ -1059,14 +1060,15 @@ static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64
     return DG_OK;
 }
 
-/* The operand pack of one serial pass (see state_mma): A1, A2 of TA; X0, Sst, Xo of TX (the
+/* The operand pack of one serial pass (see state_mma): A1, A2, Sst of TA; X0, Xo of TX (the
  * forward: TA; the backward: f32). */
 template <class TA, class TX> struct StateOps {
     const TA *A1;
     const TX *X0;
     const TA *A2;
     const float *G, *S0, *Sup;
-    TX *Sst, *Xo;
+    TA *Sst;
+    TX *Xo;
     float *Sfin;
 };
 
@@ -1106,11 +1108,11 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
 
 /* The serial pass on state_mma_kernel, forward (BWD false: A1 = W, X0 = U, A2 = KG, S0 = h0,
  * Sst = h, Xo = E, Sfin = ht; TX = TA) or backward (BWD true: A1 = KG, X0 = dE, A2 = W, S0 = dht,
- * Sup = dh, Sst = dHn, Xo = dE_tot, Sfin = dh0; TX = float). */
+ * Sup = dh, Sst = dHn (of TA, like h), Xo = dE_tot, Sfin = dh0; TX = float). */
 template <bool BWD, class TA, class TX>
 static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<TA, TX> &o) {
     static_assert(std::is_same<TX, typename std::conditional<BWD, float, TA>::type>::value,
-                  "the forward's X0, Sst, Xo share A1's storage; the backward's are f32");
+                  "the forward's X0, Xo share A1's storage; the backward's are f32");
     if (!state_mma_fits(d, o.A1, o.X0, o.A2, o.G, o.S0, o.Sup, o.Sst, o.Xo, o.Sfin))
         return dg__err(DG_ERR_ARG, "%s: sizes or alignment not supported (K=%d V=%d tc=%d)",
                        __func__, d->K, d->V, d->tc);
@@ -1194,18 +1196,18 @@ extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
 // ---- launchers: backward
 
 /* The serial pass of the tensor-core backward (state_seq_kernel's part): dE_tot, the dHn_c
- * scratch [NC,HV,K,V] and dh0, each optional. */
+ * scratch [NC,HV,K,V] (of M, like h: bf16 on the mid path) and dh0, each optional. */
 template <class M>
 static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *KG,
                                   const float *G, const float *dh, const float *dE,
-                                  const float *dht, float *dEtot, float *dHs, float *dh0) {
+                                  const float *dht, float *dEtot, M *dHs, float *dh0) {
     if (state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
         return state_mma<true>(ctx, d,
                                StateOps<M, float>{KG, dE, W, G, dht, dh, dHs, dEtot, dh0});
     if (sizeof(M) == 2)
         return kda_mid_refused(__func__, d);
-    return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht, dh, dHs,
-                                 dEtot, dh0);
+    return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht, dh,
+                                 (float *)dHs, dEtot, dh0);
 }
 
 /* C = s A h^T chunk by chunk (see rows_stateT_tc_kernel), A of TA and h of TS (f32 or bf16): on
@@ -1248,12 +1250,13 @@ static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, c
     const bool par = d->NC > 0 && (dW || dKG || dG);
     const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
     const size_t nh = (size_t)d->NC * d->HV * d->K * d->V, ne = (size_t)d->TT * d->HV * d->V;
-    kdab::Scratch scr(ctx);
-    const size_t n = (par ? nh : 0) + (need_et ? ne : 0);
-    if (n)
-        DG_TRY(scr.alloc(n));
-    float *dHs = par ? scr.f() : nullptr; /* NULL: the serial kernel stores nothing */
-    float *dEtot = dU ? dU : need_et ? scr.f() + (par ? nh : 0) : nullptr;
+    kdab::Scratch sh(ctx), se(ctx); /* dHn_c of M (NULL: the serial kernel stores nothing) */
+    if (par)
+        DG_TRY(sh.alloc((nh * sizeof(M) + sizeof(float) - 1) / sizeof(float)));
+    if (need_et)
+        DG_TRY(se.alloc(ne));
+    M *dHs = par ? reinterpret_cast<M *>(sh.p) : nullptr;
+    float *dEtot = dU ? dU : need_et ? se.f() : nullptr;
     DG_TRY(state_seq_bwd_tc(ctx, d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0));
     if (!par)
         return DG_OK;
