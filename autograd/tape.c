@@ -201,6 +201,12 @@ const dg_tensor *dg__node_grad_out(const dg_node *n, int i) {
     return (i < n->n_out && n->out[i]) ? n->out[i]->grad : NULL;
 }
 
+void dg__node_drop_grad_out(dg_node *n, int i) {
+    dg_gslot *o = i < n->n_out ? n->out[i] : NULL;
+    if (o && !o->is_leaf && !o->retain) /* the rule the tape applies after the backward */
+        dg_tensor_free(&o->grad);
+}
+
 int dg__node_wants_grad(const dg_node *n, int i) { return i < n->n_in && n->in[i] != NULL; }
 
 dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g) {

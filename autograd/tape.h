@@ -82,6 +82,10 @@ void dg__node_abort(dg_node *n);
 
 /* In backward: output i's gradient (NULL if nothing flowed into it: treat as zero). */
 const dg_tensor *dg__node_grad_out(const dg_node *n, int i);
+/* In backward: the node has read output i's gradient for the last time, so it is freed now
+ * instead of when the node's backward returns (a backward that allocates more after reading it
+ * lowers the peak this way). A leaf's or a retained gradient is kept. Pointers to it dangle. */
+void dg__node_drop_grad_out(dg_node *n, int i);
 /* Does input i need a gradient? */
 int dg__node_wants_grad(const dg_node *n, int i);
 /* grad(input i) += g. g must have input i's shape; its dtype is converted if needed. */

@@ -146,6 +146,19 @@ dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void
                                  const void *KG, const float *G, const void *h, const void *E,
                                  const float *dh, const float *dE, const float *dht, float *dW,
                                  float *dU, float *dKG, float *dG, float *dh0);
+/* The same backward in its two halves, so that a caller can release dh and dE between them (the
+ * tape node does: they are the largest arrays the serial pass reads). seq: the serial pass, dE_tot
+ * (= dU) [TT,HV,V], the state gradient at each chunk's start dHn [NC,HV,K,V] stored like h (bf16
+ * when d->mid) and dh0, each optional; rows: from dE_tot and dHn, dW = -dE_tot h^T, dKG = E dHn^T
+ * and dG, each optional (dHn required, dE_tot too for dW). dg__kda_state_bwd_cuda runs both on
+ * scratch of its own. */
+dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
+                                     const void *KG, const float *G, const float *dh,
+                                     const float *dE, const float *dht, float *dEtot, void *dHs,
+                                     float *dh0);
+dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *G,
+                                      const void *h, const void *E, const void *dHs,
+                                      const float *dEtot, float *dW, float *dKG, float *dG);
 /* KCP summaries of sequence `seq` alone (ops/kda/kcp.c), as two state passes on the tensor-core
  * path: Sh [HV,K,V] = the pass from S0 (NULL: zero) with input X0 (and Sup, backward) and SM
  * [HV,K,K] = the same pass over K columns from the identity with no input, i.e. the product of

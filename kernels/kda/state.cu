@@ -1239,27 +1239,13 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
     return DG_OK;
 }
 
-/* The tensor-core backward, called by dg__kda_state_bwd_cuda when d->tc != 0; the same buffers and
- * NULL rules as its FFMA path (state_bwd_bt). W, KG, h, E of M (f32 or bf16). */
+/* The chunk-parallel part of the tensor-core backward, from the serial pass's dE_tot and dHn_c
+ * (of M): dKG = E dHn^T, dW = -dE_tot h^T, dG at each chunk's last row (each optional). */
 template <class M>
-static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *KG,
-                              const float *G, const M *h, const M *E, const float *dh,
-                              const float *dE, const float *dht, float *dW, float *dU,
-                              float *dKG, float *dG, float *dh0) {
+static dg_status state_rows_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *G, const M *h,
+                               const M *E, const M *dHs, const float *dEtot, float *dW,
+                               float *dKG, float *dG) {
     cudaStream_t s = dg__stream(ctx);
-    const bool par = d->NC > 0 && (dW || dKG || dG);
-    const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
-    const size_t nh = (size_t)d->NC * d->HV * d->K * d->V, ne = (size_t)d->TT * d->HV * d->V;
-    kdab::Scratch sh(ctx), se(ctx); /* dHn_c of M (NULL: the serial kernel stores nothing) */
-    if (par)
-        DG_TRY(sh.alloc((nh * sizeof(M) + sizeof(float) - 1) / sizeof(float)));
-    if (need_et)
-        DG_TRY(se.alloc(ne));
-    M *dHs = par ? reinterpret_cast<M *>(sh.p) : nullptr;
-    float *dEtot = dU ? dU : need_et ? se.f() : nullptr;
-    DG_TRY(state_seq_bwd_tc(ctx, d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0));
-    if (!par)
-        return DG_OK;
     const size_t tk = sizeof(float) * (size_t)d->TT * d->HV * d->K;
     if (dKG && !E)
         DG_CHECK_CUDA(cudaMemsetAsync(dKG, 0, tk, s));
@@ -1277,60 +1263,89 @@ static dg_status state_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, c
     return DG_OK;
 }
 
+/* The serial pass of the FFMA backward (state_seq_kernel). */
 template <int BT>
-static dg_status state_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W, const float *KG,
-                              const float *G, const float *h, const float *E, const float *dh,
-                              const float *dE, const float *dht, float *dW, float *dU, float *dKG,
-                              float *dG, float *dh0) {
+static dg_status state_seq_bwd_ffma(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W,
+                                    const float *KG, const float *G, const float *dh,
+                                    const float *dE, const float *dht, float *dEtot, float *dHs,
+                                    float *dh0) {
     const Dims d = make_dims(dd);
-    cudaStream_t s = dg__stream(ctx);
-    const bool par = d.NC > 0 && (dW || dKG || dG);
-    const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
-    const size_t nh = (size_t)d.NC * d.HV * d.K * d.V, ne = (size_t)d.TT * d.HV * d.V;
-    Scratch scr(ctx);
-    size_t n = (par ? nh : 0) + (need_et ? ne : 0);
-    if (n)
-        DG_TRY(scr.alloc(n));
-    float *dHs = par ? scr.f() : nullptr; /* NULL: the serial kernel stores nothing */
-    float *dEtot = dU ? dU : need_et ? scr.f() + (par ? nh : 0) : nullptr;
     const size_t smem = sizeof(float) * ((size_t)d.K * CT + 2 * BT * CT);
     DG_TRY(smem_opt_in(state_seq_kernel<BT>, smem));
     if (d.N > 0) {
-        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem, s>>>(
-            d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
-        DG_CHECK_LAUNCH();
-    }
-    if (par) {
-        rows_stateT_kernel<BT><<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0, s>>>(
-            d, E, dHs, 1.f, dKG, dEtot, h, -1.f, dW, G, dG);
+        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem,
+                               dg__stream(ctx)>>>(d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
         DG_CHECK_LAUNCH();
     }
     return DG_OK;
 }
 
-extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
-                                        const void *KGv, const float *G, const void *hv,
-                                        const void *Ev, const float *dh, const float *dE,
+extern "C" dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
+                                            const void *KG, const float *G, const float *dh,
+                                            const float *dE, const float *dht, float *dEtot,
+                                            void *dHs, float *dh0) {
+    DG_TRY(check_dims("dg__kda_state_bwd_seq_cuda", d));
+    if (d->mid)
+        return d->tc ? state_seq_bwd_tc(ctx, d, (const kda_bf16 *)W, (const kda_bf16 *)KG, G, dh,
+                                        dE, dht, dEtot, (kda_bf16 *)dHs, dh0)
+                     : kda_mid_refused(__func__, d);
+    if (d->tc)
+        return state_seq_bwd_tc(ctx, d, (const float *)W, (const float *)KG, G, dh, dE, dht, dEtot,
+                                (float *)dHs, dh0);
+    KDA_DISPATCH_BT(d->BT, {
+        return state_seq_bwd_ffma<BT_>(ctx, d, (const float *)W, (const float *)KG, G, dh, dE, dht,
+                                       dEtot, (float *)dHs, dh0);
+    });
+    return DG_OK;
+}
+
+extern "C" dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
+                                             const float *G, const void *h, const void *E,
+                                             const void *dHs, const float *dEtot, float *dW,
+                                             float *dKG, float *dG) {
+    DG_TRY(check_dims("dg__kda_state_bwd_rows_cuda", d));
+    if (d->NC == 0 || !(dW || dKG || dG))
+        return DG_OK;
+    if (!dHs || (dW && !dEtot))
+        return dg__err(DG_ERR_ARG, "%s: dHn (and dE_tot for dW) are required", __func__);
+    if (d->mid)
+        return d->tc ? state_rows_tc(ctx, d, G, (const kda_bf16 *)h, (const kda_bf16 *)E,
+                                     (const kda_bf16 *)dHs, dEtot, dW, dKG, dG)
+                     : kda_mid_refused(__func__, d);
+    if (d->tc)
+        return state_rows_tc(ctx, d, G, (const float *)h, (const float *)E, (const float *)dHs,
+                             dEtot, dW, dKG, dG);
+    const Dims dd = make_dims(d);
+    KDA_DISPATCH_BT(d->BT, {
+        rows_stateT_kernel<BT_><<<dim3((unsigned)dd.NC, dd.HV, DG_CEIL_DIV(dd.K, CT)), NTH, 0,
+                                  dg__stream(ctx)>>>(dd, (const float *)E, (const float *)dHs,
+                                                     1.f, dKG, dEtot, (const float *)h, -1.f, dW,
+                                                     G, dG);
+        DG_CHECK_LAUNCH();
+    });
+    return DG_OK;
+}
+
+extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
+                                        const void *KG, const float *G, const void *h,
+                                        const void *E, const float *dh, const float *dE,
                                         const float *dht, float *dW, float *dU, float *dKG,
                                         float *dG, float *dh0) {
     DG_TRY(check_dims("dg__kda_state_bwd_cuda", d));
-    if (d->mid)
-        return d->tc ? state_bwd_tc(ctx, d, (const kda_bf16 *)Wv, (const kda_bf16 *)KGv, G,
-                                    (const kda_bf16 *)hv, (const kda_bf16 *)Ev, dh, dE, dht, dW,
-                                    dU, dKG, dG, dh0)
-                     : kda_mid_refused(__func__, d);
-    const float *W = (const float *)Wv, *KG = (const float *)KGv, *h = (const float *)hv,
-                *E = (const float *)Ev;
-    if (d->tc)
-        return state_bwd_tc(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
-    switch (d->BT) {
-    case 16:
-        return state_bwd_bt<16>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
-    case 32:
-        return state_bwd_bt<32>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
-    default:
-        return state_bwd_bt<64>(ctx, d, W, KG, G, h, E, dh, dE, dht, dW, dU, dKG, dG, dh0);
-    }
+    if (d->mid && !d->tc)
+        return kda_mid_refused(__func__, d);
+    const bool par = d->NC > 0 && (dW || dKG || dG);
+    const bool need_et = dW && !dU; /* dW needs dE_tot even when dU is not wanted */
+    const size_t nh = (size_t)d->NC * d->HV * d->K * d->V, ne = (size_t)d->TT * d->HV * d->V;
+    const size_t es = d->mid ? sizeof(kda_bf16) : sizeof(float);
+    Scratch sh(ctx), se(ctx); /* dHn_c (NULL: the serial pass stores nothing), dE_tot */
+    if (par)
+        DG_TRY(sh.alloc((nh * es + sizeof(float) - 1) / sizeof(float)));
+    if (need_et)
+        DG_TRY(se.alloc(ne));
+    float *dEtot = dU ? dU : need_et ? se.f() : nullptr;
+    DG_TRY(dg__kda_state_bwd_seq_cuda(ctx, d, W, KG, G, dh, dE, dht, dEtot, sh.p, dh0));
+    return par ? dg__kda_state_bwd_rows_cuda(ctx, d, G, h, E, sh.p, dEtot, dW, dKG, dG) : DG_OK;
 }
 
 /* C = s A S_c^T for the output backward's dQG = s dO h^T (rows_stateT's first product alone);

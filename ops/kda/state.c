@@ -202,22 +202,55 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
     int64_t s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
     if (st == DG_OK)
-        st = dg__kda_new(ctx, c, 4, sk, &dW);
-    if (st == DG_OK)
         st = dg__kda_new(ctx, c, 4, sv, &dU);
-    if (st == DG_OK)
-        st = dg__kda_new(ctx, c, 4, sk, &dKG);
-    if (st == DG_OK)
-        st = dg__kda_new(ctx, c, 4, sk, &dG);
     if (st == DG_OK && n->saved[SAVED_H0] && dg__node_wants_grad(n, IN_H0))
         st = dg__kda_new(ctx, c, 4, s0, &dh0);
-    if (st == DG_OK) {
-        io.dW = dg_tensor_data(dW);
-        io.dU = dg_tensor_data(dU);
-        io.dKG = dg_tensor_data(dKG);
-        io.dG = dg_tensor_data(dG);
-        io.dh0 = dh0 ? dg_tensor_data(dh0) : NULL;
-        st = kda_run_state_bwd(ctx, c, &io);
+#ifdef DG_HAVE_CUDA
+    if (st == DG_OK && c->cuda) {
+        /* In two halves: the serial pass reads dh and dE (the largest arrays here) for the last
+         * time, so they are released before dW, dKG and dG exist; dHn, the state gradient at
+         * each chunk's start, carries the pass to the chunk-parallel half. */
+        const int64_t NC = kda_cfg_nc(c);
+        const int64_t sh[5] = {c->d.B, NC / c->d.B, c->d.HV, c->d.K, c->d.V};
+        dg_tensor *dHs = NULL;
+        st = dg__kda_new_mid(ctx, c, 5, sh, &dHs);
+        if (st == DG_OK)
+            st = dg__kda_state_bwd_seq_cuda(ctx, &c->cd, io.W, io.KG, io.G, io.dh, io.dE, io.dht,
+                                            dg_tensor_data(dU), dg_tensor_data(dHs),
+                                            dh0 ? dg_tensor_data(dh0) : NULL);
+        dg_tensor_free(&tgh);
+        dg_tensor_free(&tgE);
+        dg_tensor_free(&tght);
+        for (int i = 0; i < 3; i++) /* h, E, ht */
+            dg__node_drop_grad_out(n, i);
+        if (st == DG_OK)
+            st = dg__kda_new(ctx, c, 4, sk, &dW);
+        if (st == DG_OK)
+            st = dg__kda_new(ctx, c, 4, sk, &dKG);
+        if (st == DG_OK)
+            st = dg__kda_new(ctx, c, 4, sk, &dG);
+        if (st == DG_OK)
+            st = dg__kda_state_bwd_rows_cuda(ctx, &c->cd, io.G, io.h, io.E, dg_tensor_data(dHs),
+                                             dg_tensor_data(dU), dg_tensor_data(dW),
+                                             dg_tensor_data(dKG), dg_tensor_data(dG));
+        dg_tensor_free(&dHs);
+    } else
+#endif
+    {
+        if (st == DG_OK)
+            st = dg__kda_new(ctx, c, 4, sk, &dW);
+        if (st == DG_OK)
+            st = dg__kda_new(ctx, c, 4, sk, &dKG);
+        if (st == DG_OK)
+            st = dg__kda_new(ctx, c, 4, sk, &dG);
+        if (st == DG_OK) {
+            io.dW = dg_tensor_data(dW);
+            io.dU = dg_tensor_data(dU);
+            io.dKG = dg_tensor_data(dKG);
+            io.dG = dg_tensor_data(dG);
+            io.dh0 = dh0 ? dg_tensor_data(dh0) : NULL;
+            st = kda_run_state_bwd(ctx, c, &io);
+        }
     }
     dg_tensor *grads[5] = {dW, dU, dKG, dG, dh0}; /* IN_W .. IN_H0 */
     for (int i = 0; i < 5 && st == DG_OK; i++)
