@@ -14,10 +14,18 @@
 #      test programs of the dist label (leak checking off there: Open MPI's own allocations).
 #   4. tools/fuzz.sh: the libFuzzer targets, DG_FUZZ_SECONDS (default 30) each, when clang can
 #      link libFuzzer (.ci/run installs it).
+#   0. tools/format.sh --check: every C, CUDA and header file as clang-format 14 formats it.
 # Set DG_CHECK_FAST=1 to skip steps 2 to 4.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
+
+echo "== [0/4] formatting (clang-format)"
+if command -v clang-format >/dev/null; then
+    bash tools/format.sh --check
+else
+    echo "skipped: clang-format is not installed (apt-get install clang-format)"
+fi
 
 echo "== [1/4] default build (CUDA if available) + cpu, gpu and dist tests"
 cmake --preset default
