@@ -295,6 +295,20 @@ void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m) {
     }
 }
 
+void ex_print_states(const ex_run *r, const char *stage, const char *name, const double *h, int n,
+                     int K, int V) {
+    static char titles[4][32];
+    for (int c0 = 0; c0 < n; c0 += 4) {
+        ex_mat m[4];
+        int cnt = n - c0 < 4 ? n - c0 : 4;
+        for (int i = 0; i < cnt; i++) {
+            snprintf(titles[i], sizeof titles[i], "%s[%d]", name, c0 + i);
+            m[i] = (ex_mat){titles[i], h + (int64_t)(c0 + i) * K * V, K, V, V};
+        }
+        ex_print(r, stage, cnt, m);
+    }
+}
+
 double ex_relres(const double *a, const double *b, int64_t n) {
     double err = 0, mag = 1;
     for (int64_t i = 0; i < n; i++) {

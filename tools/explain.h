@@ -50,6 +50,9 @@ typedef struct ex_mat {
 } ex_mat;
 /* Print up to 6 matrices side by side (rows aligned at the top), indented by two spaces. */
 void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m);
+/* Print n states [K,V] (array h [n,K,V]) as name[i], four to a row. */
+void ex_print_states(const ex_run *r, const char *stage, const char *name, const double *h, int n,
+                     int K, int V);
 
 /* Max |a - b| over n values, divided by max(1, max |b|). */
 double ex_relres(const double *a, const double *b, int64_t n);
