@@ -138,8 +138,7 @@ int ex_kcp_forward(ex_run *r, const ex_kcp *k) {
         ex_print(r, "kcp", 3, m);
         if ((rc = k->rec_prefix(k->x, l->s0, S)))
             break;
-        snprintf(t1, sizeof t1, "rank %d: merged h_in = recurrence state after token %d", i,
-                 l->s0);
+        snprintf(t1, sizeof t1, "rank %d: merged h_in = recurrence state after token %d", i, l->s0);
         ex_check(r, "kcp", t1, ex_relres(h, S, kv));
         /* the summary is the affine map: M h_in + h_ext = the local final state (rank 0's h_ext
          * already holds M h0) */
