@@ -295,6 +295,22 @@ void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m) {
     }
 }
 
+void ex_banner(const ex_opts *o, const char *flag, const char *what) {
+    printf("deltagrad explain%s: chunked %s on one sequence, one head, f64: T=%d chunk=%d K=%d "
+           "V=%d gate=%s strength=%g seed=%llu",
+           flag, what, o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound",
+           o->strength, (unsigned long long)o->seed);
+    if (o->cp)
+        printf(" ranks=%d", o->cp);
+    printf("%s\n", o->backward ? " (backward)" : "");
+}
+
+int ex_summary(const ex_run *r) {
+    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r->checks, r->failed,
+           EX_TOL, r->worst);
+    return r->failed ? 1 : 0;
+}
+
 void ex_print_states(const ex_run *r, const char *stage, const char *name, const double *h, int n,
                      int K, int V) {
     static char titles[4][32];

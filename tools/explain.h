@@ -71,6 +71,12 @@ double *ex_zeros(int64_t n);
 /* sum a_i b_i */
 double ex_dot(const double *a, const double *b, int64_t n);
 
+/* The first line of a walk: "deltagrad explain<flag>: chunked <what> on one sequence, ..." with
+ * the sizes and options of o. */
+void ex_banner(const ex_opts *o, const char *flag, const char *what);
+/* The last: how many identities were checked and failed. Returns 1 when one failed, else 0. */
+int ex_summary(const ex_run *r);
+
 /* The walks. Each returns 0 when every identity held, 1 when one failed, 2 on an error. */
 int ex_kda(const ex_opts *o);
 int ex_dplr(const ex_opts *o);

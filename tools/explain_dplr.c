@@ -250,20 +250,9 @@ static int walk_forward(ex_run *r, px *x) {
         printf("  h_{c+1} = Diag(exp lam_c) h_c + kg_c^T v_c + bg_c^T v2_c, v2_c = w_c h_c + u_c;\n"
                "  v2_t is the recurrence's p_t = S_{t-1}^T a_t.\n");
     {
-        ex_print_states(r, "state", "h", x->h, NC, K, V);
-        for (int c = 0; c < NC; c++) {
-            snprintf(t1, sizeof t1, "chunk %d: v2", c);
-            ex_mat m[] = {{t1, x->v2 + (int64_t)c * BT * V, chunk_len(x, c), V, V}};
-            ex_print(r, "state", 1, m);
-        }
+        if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v2", x->v2))
+            return 2;
         double *S = ex_zeros(kv);
-        for (int c = 0; c < NC; c++) {
-            if (rec_prefix(x, c * BT, S))
-                return 2;
-            snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
-            ex_check(r, "state", t1, ex_relres(x->h + (int64_t)c * kv, S, kv));
-        }
-        ex_check(r, "state", "final state = recurrence S_T", ex_relres(x->ht, x->htrec, kv));
         double re = 0;
         for (int t = 0; t < T; t++) {
             if (rec_prefix(x, t, S))
@@ -837,13 +826,7 @@ int ex_dplr(const ex_opts *o) {
     px x;
     ex_run r = {o, 0, 0, 0};
     px_init(&x, o);
-    printf("deltagrad explain --dplr: chunked DPLR on one sequence, one head, f64: T=%d chunk=%d "
-           "K=%d V=%d gate=%s strength=%g seed=%llu",
-           o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed);
-    if (o->cp)
-        printf(" ranks=%d", o->cp);
-    printf("%s\n", o->backward ? " (backward)" : "");
+    ex_banner(o, " --dplr", "DPLR");
     int rc = px_forward(&x);
     if (!rc && dg__dplr_recurrent_fwd_f64(&x.d, x.scale, x.q, x.k, x.v, x.a, x.b, x.gk, x.h0,
                                           x.orec, x.htrec)) {
@@ -861,7 +844,5 @@ int ex_dplr(const ex_opts *o) {
     px_free(&x);
     if (rc)
         return rc;
-    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r.checks, r.failed,
-           EX_TOL, r.worst);
-    return r.failed ? 1 : 0;
+    return ex_summary(&r);
 }

@@ -29,6 +29,33 @@ int ex_rec_prefix(const void *x, int t, int BT, int K, int V, const double *h0,
     return 0;
 }
 
+int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, int t, double *S),
+                   int T, int BT, int K, int V, const double *h, const double *ht,
+                   const double *htrec, const char *vname, const double *vals) {
+    const int NC = (T + BT - 1) / BT;
+    const int64_t kv = (int64_t)K * V;
+    char t1[96];
+    ex_print_states(r, "state", "h", h, NC, K, V);
+    for (int c = 0; c < NC; c++) {
+        const int t0 = c * BT, L = T - t0 < BT ? T - t0 : BT;
+        snprintf(t1, sizeof t1, "chunk %d: %s", c, vname);
+        ex_mat m[] = {{t1, vals + (int64_t)t0 * V, L, V, V}};
+        ex_print(r, "state", 1, m);
+    }
+    double *S = ex_zeros(kv);
+    for (int c = 0; c < NC; c++) {
+        if (rec_prefix(x, c * BT, S)) {
+            free(S);
+            return 2;
+        }
+        snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
+        ex_check(r, "state", t1, ex_relres(h + (int64_t)c * kv, S, kv));
+    }
+    free(S);
+    ex_check(r, "state", "final state = recurrence S_T", ex_relres(ht, htrec, kv));
+    return 0;
+}
+
 /* The N slices of the ranks (n = 1: the whole sequence), their arrays zeroed. */
 static ex_slice *slices_new(const ex_kcp *k, int n) {
     ex_slice *l = (ex_slice *)calloc((size_t)n, sizeof(ex_slice));

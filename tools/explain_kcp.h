@@ -72,4 +72,12 @@ int ex_rec_prefix(const void *x, int t, int BT, int K, int V, const double *h0,
                   dg_status (*rec)(const void *x, const kda_dims *d, double *o, double *S),
                   double *S);
 
+/* The state pass of a walk: prints the states h [NC, K, V] at the chunk starts and, chunk by
+ * chunk, the pass's per-token values vals [T, V] (titled "chunk c: vname"); checks h against the
+ * recurrence's states after tokens c BT (rec_prefix as in ex_kcp) and the final state ht against
+ * the recurrence's htrec. 0 or 2. */
+int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, int t, double *S),
+                   int T, int BT, int K, int V, const double *h, const double *ht,
+                   const double *htrec, const char *vname, const double *vals);
+
 #endif

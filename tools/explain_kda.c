@@ -287,21 +287,9 @@ static int walk_forward(ex_run *r, kx *x) {
     if (ex_shown(r, "state"))
         printf("%s", ex_card_text("state"));
     {
-        ex_print_states(r, "state", "h", x->h, NC, K, V);
-        for (int c = 0; c < NC; c++) {
-            const int t0 = c * BT, L = chunk_len(x, c);
-            snprintf(t1, sizeof t1, "chunk %d: v_new = E", c);
-            ex_mat m[] = {{t1, x->E + (int64_t)t0 * V, L, V, V}};
-            ex_print(r, "state", 1, m);
-        }
-        double *S = ex_zeros(kv), *Sp = ex_zeros(kv);
-        for (int c = 0; c < NC; c++) {
-            if (rec_prefix(x, c * BT, S))
-                return 2;
-            snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
-            ex_check(r, "state", t1, ex_relres(x->h + (int64_t)c * kv, S, kv));
-        }
-        ex_check(r, "state", "final state = recurrence S_T", ex_relres(x->ht, x->htrec, kv));
+        if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v_new = E", x->E))
+            return 2;
+        double *S = ex_zeros(kv);
         /* v_new_t = beta_t (v_t - S'^T k_t), S' = Diag(exp g_t) S_{t-1}: the recurrence's delta */
         double re = 0;
         for (int t = 0; t < T; t++) {
@@ -317,7 +305,6 @@ static int walk_forward(ex_run *r, kx *x) {
         }
         ex_check(r, "state", "v_new_t = beta_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t)", re);
         free(S);
-        free(Sp);
     }
 
     ex_heading(r, "output", "o = s QG h (inter) + Aqk v_new (intra) (dg__kda_output_fwd_f64)");
@@ -916,13 +903,7 @@ int ex_kda(const ex_opts *o) {
     kx x;
     ex_run r = {o, 0, 0, 0};
     kx_init(&x, o, o->T, o->BT, o->K, o->V);
-    printf("deltagrad explain: chunked KDA on one sequence, one head, f64: T=%d chunk=%d K=%d V=%d "
-           "gate=%s strength=%g seed=%llu",
-           o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed);
-    if (o->cp)
-        printf(" ranks=%d", o->cp);
-    printf("%s\n", o->backward ? " (backward)" : "");
+    ex_banner(o, "", "KDA");
     int rc = kx_forward(&x);
     if (!rc)
         rc = kx_recurrent(&x);
@@ -937,7 +918,5 @@ int ex_kda(const ex_opts *o) {
     kx_free(&x);
     if (rc)
         return rc;
-    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r.checks, r.failed,
-           EX_TOL, r.worst);
-    return r.failed ? 1 : 0;
+    return ex_summary(&r);
 }
