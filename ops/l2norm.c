@@ -241,15 +241,7 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out) {
     *out = NULL;
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
     DG_TRY(dg__check_ptr(op, "x", x));
-    DG_TRY(dg__check_device(op, "x", x, ctx));
-    DG_TRY(dg__check_dtype(op, "x", x, DG_FLOATS));
-    if (!dg__is_cuda(x) && x->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: 'x' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
-                       dg_tensor_desc(x));
-    if (dg__is_cuda(x) && x->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: 'x' is %s; the CUDA kernels run f32 or bf16", op,
-                       dg_tensor_desc(x));
+    DG_TRY(dg__check_float(op, "x", x, ctx));
     if (!(eps >= 0) || !isfinite(eps))
         return dg__err(DG_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
     if (x->ndim < 1)
