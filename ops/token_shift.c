@@ -163,42 +163,19 @@ dg_status dg_token_shift(dg_ctx *ctx, dg_tensor *x, const int64_t *cu_seqlens, i
     return s;
 }
 
+static dg_status ts_local(dg_ctx *ctx, dg_tensor *xe, const int64_t *cu, int n_seqs, void *arg,
+                          dg_tensor **ye) {
+    (void)arg;
+    return dg_token_shift(ctx, xe, cu, n_seqs, ye);
+}
+
 dg_status dg_token_shift_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
                             dg_tensor **out) {
-    DG_TRY(dg__check_ptr(OP_CP, "ctx", ctx));
-    DG_TRY(dg__check_ptr(OP_CP, "out", out));
-    *out = NULL;
-    DG_TRY(dg__check_ptr(OP_CP, "comm", comm));
-    DG_TRY(dg__check_ptr(OP_CP, "plan", plan));
-    DG_TRY(dg__check_ptr(OP_CP, "x", x));
-    if (plan->world != dg_comm_size(comm) || plan->rank != dg_comm_rank(comm))
-        return dg__err(DG_ERR_ARG, OP_CP ": plan is for rank %d of %d but comm is rank %d of %d",
-                       plan->rank, plan->world, dg_comm_rank(comm), dg_comm_size(comm));
-    const int64_t T = plan->end - plan->begin;
-    if (x->ndim != 3 || x->shape[0] != 1 || x->shape[1] != T)
-        return dg__err(DG_ERR_SHAPE, OP_CP ": x must be [1, %lld, C] (this rank's tokens), got %s",
-                       (long long)T, dg_tensor_desc(x));
+    DG_TRY(dg__cp_check(OP_CP, ctx, comm, plan, x, out));
     DG_TRY(ts_check(OP_CP, ctx, x, NULL, 0));
     /* every rank holds at least one token (dg_cp_plan_new), so the one-row halo always exists;
      * local sequence 0 is extended by it (zero when the sequence starts here) */
-    int64_t *cu = (int64_t *)DG_MALLOC(sizeof(int64_t) * ((size_t)plan->n_local + 1));
-    if (!cu)
-        return dg__err(DG_ERR_NOMEM, OP_CP ": out of host memory");
-    cu[0] = 0;
-    for (int i = 1; i <= plan->n_local; i++)
-        cu[i] = plan->cu_local[i] + 1;
-    dg_tensor *xe = NULL, *ye = NULL, *ys = NULL;
-    dg_status st = dg__cp_halo_cat(ctx, comm, plan, x, 1, "token_shift_cp_halo", &xe);
-    if (st == DG_OK)
-        st = dg_token_shift(ctx, xe, cu, plan->n_local, &ye);
-    if (st == DG_OK)
-        st = dg_slice(ye, 1, 1, 1 + T, &ys);
-    if (st == DG_OK)
-        st = dg_contiguous(ctx, ys, out);
-    DG_FREE(cu);
-    dg_tensor_free(&xe);
-    dg_tensor_free(&ye);
-    dg_tensor_free(&ys);
-    return st;
+    return dg__cp_halo_run(ctx, comm, plan, x, 1, OP_CP, "token_shift_cp_halo", ts_local, NULL,
+                           out);
 }
 #endif
