@@ -60,6 +60,15 @@ static RT RF(rms_rstd)(const RT *xr, int64_t D, RT scale, RT eps) {
         ss += xr[j] * xr[j];
     return (RT)1 / RSQRT(ss * scale + eps);
 }
+/* The gradient reaching the normalised x at column j: dy w act(gate) (w, gate: NULL for none). */
+static RT RF(rms_gin)(const RT *dyr, const RT *w, const RT *gr, dg_act act, int64_t j) {
+    RT g = dyr[j];
+    if (w)
+        g *= w[j];
+    if (gr)
+        g *= RF(rms_act)(act, gr[j]);
+    return g;
+}
 void RF(dg__rmsnorm_fwd)(int64_t rows, int64_t D, RT scale, RT eps, const RT *x, const RT *w,
                          const RT *gate, dg_act act, RT *y, RT *rstd) {
     RMS_OMP_ROWS
@@ -99,23 +108,11 @@ dg_status RF(dg__rmsnorm_bwd)(int64_t rows, int64_t D, RT scale, RT eps, const R
             const RT *gr = gate ? gate + r * D : NULL;
             if (dx) {
                 RT dot = 0;
-                for (int64_t j = 0; j < D; j++) {
-                    RT g = dyr[j];
-                    if (w)
-                        g *= w[j];
-                    if (gr)
-                        g *= RF(rms_act)(act, gr[j]);
-                    dot += g * xr[j];
-                }
+                for (int64_t j = 0; j < D; j++)
+                    dot += RF(rms_gin)(dyr, w, gr, act, j) * xr[j];
                 RT m = scale * rs[r] * dot;
-                for (int64_t j = 0; j < D; j++) {
-                    RT g = dyr[j];
-                    if (w)
-                        g *= w[j];
-                    if (gr)
-                        g *= RF(rms_act)(act, gr[j]);
-                    dx[r * D + j] = rs[r] * (g - xr[j] * rs[r] * m);
-                }
+                for (int64_t j = 0; j < D; j++)
+                    dx[r * D + j] = rs[r] * (RF(rms_gin)(dyr, w, gr, act, j) - xr[j] * rs[r] * m);
             }
             if (dgate) {
                 for (int64_t j = 0; j < D; j++) {
