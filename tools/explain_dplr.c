@@ -768,48 +768,39 @@ static void ploc_print(const ex_run *r, const void *p, const ex_slice *l) {
 }
 
 /* The example's side of the simulated ranks (tools/explain_kcp.h). */
+static const ex_kcp_op dplr_op = {
+    .n = PL_N,
+    .i_o = PL_O,
+    .i_ht = PL_HT,
+    .i_dh0 = PL_DH0,
+    .sizes = ploc_sizes,
+    .stages = ploc_stages,
+    .state_out = ploc_state_out,
+    .backward = ploc_backward,
+    .summary = ploc_summary,
+    .rec_prefix = rec_prefix,
+    .rec_suffix_dh = rec_suffix_dh,
+    .print_grads = ploc_print,
+    .ng = 6,
+    .gname = {"dq", "dk", "dv", "da", "db", "dgk"},
+    .gi = {PL_DQ, PL_DK, PL_DV, PL_DA, PL_DB, PL_DGK},
+    .gper = {EX_PER_K, EX_PER_K, EX_PER_V, EX_PER_K, EX_PER_K, EX_PER_K},
+    .fwd_intro =
+        "  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
+        "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
+        "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n",
+    .bwd_title = "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/dplr/kcp.c)",
+    .bwd_intro =
+        "  As for KDA: each rank runs the output's backward on its slice (dh per chunk\n"
+        "  start, dv2); dh_in = M^T dh_out + dh_ext with M_c^T = Diag(exp lam_c) + w_c^T bg_c\n"
+        "  and dh_ext fed by w^T dv2 and the output's dh (dg__kcp_summary_f64, reverse; the\n"
+        "  last rank starts from dht, rank 0 sends zeros). Rank r chains ranks N-1 down to\n"
+        "  r+1 (dg__kcp_merge_f64) into the dh entering its slice, then runs the state, wy,\n"
+        "  intra and cumsum backward locally; a rank > 0 drops its dh0.\n",
+};
+
 static ex_kcp dplr_kcp(const px *x, int N) {
-    ex_kcp k = {
-        .x = x,
-        .N = N,
-        .T = x->T,
-        .BT = x->BT,
-        .K = x->K,
-        .V = x->V,
-        .h0 = x->h0,
-        .dht = x->dht,
-        .o = x->o,
-        .ht = x->ht,
-        .n = PL_N,
-        .i_o = PL_O,
-        .i_ht = PL_HT,
-        .i_dh0 = PL_DH0,
-        .sizes = ploc_sizes,
-        .stages = ploc_stages,
-        .state_out = ploc_state_out,
-        .backward = ploc_backward,
-        .summary = ploc_summary,
-        .rec_prefix = rec_prefix,
-        .rec_suffix_dh = rec_suffix_dh,
-        .print_grads = ploc_print,
-        .ng = 6,
-        .gname = {"dq", "dk", "dv", "da", "db", "dgk"},
-        .gi = {PL_DQ, PL_DK, PL_DV, PL_DA, PL_DB, PL_DGK},
-        .gper = {x->K, x->K, x->V, x->K, x->K, x->K},
-        .fwd_intro =
-            "  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
-            "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
-            "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n",
-        .bwd_title = "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/dplr/kcp.c)",
-        .bwd_intro =
-            "  As for KDA: each rank runs the output's backward on its slice (dh per chunk\n"
-            "  start, dv2); dh_in = M^T dh_out + dh_ext with M_c^T = Diag(exp lam_c) + w_c^T bg_c\n"
-            "  and dh_ext fed by w^T dv2 and the output's dh (dg__kcp_summary_f64, reverse; the\n"
-            "  last rank starts from dht, rank 0 sends zeros). Rank r chains ranks N-1 down to\n"
-            "  r+1 (dg__kcp_merge_f64) into the dh entering its slice, then runs the state, wy,\n"
-            "  intra and cumsum backward locally; a rank > 0 drops its dh0.\n",
-    };
-    return k;
+    return (ex_kcp){&dplr_op, x, N, x->T, x->BT, x->K, x->V, x->h0, x->dht, x->o, x->ht};
 }
 
 static int walk_kcp(ex_run *r, px *x, int N) {

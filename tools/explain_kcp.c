@@ -59,7 +59,7 @@ int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, in
 /* The N slices of the ranks (n = 1: the whole sequence), their arrays zeroed. */
 static ex_slice *slices_new(const ex_kcp *k, int n) {
     ex_slice *l = (ex_slice *)calloc((size_t)n, sizeof(ex_slice));
-    int64_t *sz = (int64_t *)calloc((size_t)k->n, sizeof(int64_t));
+    int64_t *sz = (int64_t *)calloc((size_t)k->op->n, sizeof(int64_t));
     if (!l || !sz) {
         fprintf(stderr, "deltagrad explain: out of host memory\n");
         exit(2);
@@ -69,14 +69,14 @@ static ex_slice *slices_new(const ex_kcp *k, int n) {
         l[i].s1 = (int)((int64_t)(i + 1) * k->T / n);
         l[i].Tr = l[i].s1 - l[i].s0;
         kx_dims(&l[i].d, l[i].tab, l[i].Tr, k->BT, k->K, k->V);
-        l[i].n = k->n;
-        l[i].a = (double **)calloc((size_t)k->n, sizeof(double *));
+        l[i].n = k->op->n;
+        l[i].a = (double **)calloc((size_t)k->op->n, sizeof(double *));
         if (!l[i].a) {
             fprintf(stderr, "deltagrad explain: out of host memory\n");
             exit(2);
         }
-        k->sizes(k->x, &l[i], sz);
-        for (int j = 0; j < k->n; j++)
+        k->op->sizes(k->x, &l[i], sz);
+        for (int j = 0; j < k->op->n; j++)
             l[i].a[j] = ex_zeros(sz[j]);
     }
     free(sz);
@@ -103,7 +103,7 @@ static int summarize(const ex_kcp *k, const ex_slice *l, int i, int reverse, con
                      double *ag) {
     kcp_summary_io io;
     memset(&io, 0, sizeof io);
-    k->summary(k->x, l, reverse, &io);
+    k->op->summary(k->x, l, reverse, &io);
     io.S0 = S0;
     io.out = ag + (int64_t)i * k->K * (k->V + k->K);
     return dg__kcp_summary_f64(&l->d, &io) ? kcp_failed("kcp summary") : 0;
@@ -128,7 +128,7 @@ static int ranks_forward(const ex_kcp *k, ex_slice *rk, double *agf, double *hin
     const int64_t kv = (int64_t)k->K * k->V;
     int order[64], rc = 0;
     for (int i = 0; i < N && !rc; i++) {
-        rc = k->stages(k->x, &rk[i]);
+        rc = k->op->stages(k->x, &rk[i]);
         if (!rc)
             rc = summarize(k, &rk[i], i, 0, i == 0 ? k->h0 : NULL, agf);
     }
@@ -140,7 +140,7 @@ static int ranks_forward(const ex_kcp *k, ex_slice *rk, double *agf, double *hin
         else if (dg__kcp_merge_f64(1, k->K, k->V, agf, order, i, hin + i * kv))
             rc = kcp_failed("kcp merge");
         if (!rc)
-            rc = k->state_out(k->x, &rk[i], hin + i * kv);
+            rc = k->op->state_out(k->x, &rk[i], hin + i * kv);
     }
     return rc;
 }
@@ -151,7 +151,7 @@ int ex_kcp_forward(ex_run *r, const ex_kcp *k) {
     char t1[96];
     ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
     if (ex_shown(r, "kcp"))
-        printf("%s", k->fwd_intro);
+        printf("%s", k->op->fwd_intro);
     ex_slice *rk = slices_new(k, N);
     double *ag = ex_zeros((int64_t)N * K * C), *hin = ex_zeros((int64_t)N * kv);
     double *S = ex_zeros(kv), *pred = ex_zeros(kv);
@@ -163,7 +163,7 @@ int ex_kcp_forward(ex_run *r, const ex_kcp *k) {
         snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", i, l->s0, l->s1 - 1);
         ex_mat m[] = {{t1, out, K, V, C}, {"M", out + V, K, K, C}, {"h_in (merged)", h, K, V, V}};
         ex_print(r, "kcp", 3, m);
-        if ((rc = k->rec_prefix(k->x, l->s0, S)))
+        if ((rc = k->op->rec_prefix(k->x, l->s0, S)))
             break;
         snprintf(t1, sizeof t1, "rank %d: merged h_in = recurrence state after token %d", i, l->s0);
         ex_check(r, "kcp", t1, ex_relres(h, S, kv));
@@ -171,13 +171,13 @@ int ex_kcp_forward(ex_run *r, const ex_kcp *k) {
          * already holds M h0) */
         affine(out, K, V, h, i > 0, pred);
         snprintf(t1, sizeof t1, "rank %d: M h_in + h_ext = its final state", i);
-        ex_check(r, "kcp", t1, ex_relres(pred, l->a[k->i_ht], kv));
-        ro = fmax(ro, ex_relres(l->a[k->i_o], k->o + (int64_t)l->s0 * V, (int64_t)l->Tr * V));
+        ex_check(r, "kcp", t1, ex_relres(pred, l->a[k->op->i_ht], kv));
+        ro = fmax(ro, ex_relres(l->a[k->op->i_o], k->o + (int64_t)l->s0 * V, (int64_t)l->Tr * V));
     }
     if (!rc) {
         ex_check(r, "kcp", "o of the ranks = o of the unsplit pass", ro);
         ex_check(r, "kcp", "last rank's final state = unsplit final state",
-                 ex_relres(rk[N - 1].a[k->i_ht], k->ht, kv));
+                 ex_relres(rk[N - 1].a[k->op->i_ht], k->ht, kv));
     }
     slices_free(rk, N);
     double *fr[] = {ag, hin, S, pred};
@@ -204,7 +204,7 @@ static int ranks_backward(const ex_kcp *k, ex_slice *rk, double *agb, double *dh
                 rc = kcp_failed("kcp merge");
         }
         if (!rc)
-            rc = k->backward(k->x, &rk[i], dho + i * kv);
+            rc = k->op->backward(k->x, &rk[i], dho + i * kv);
     }
     return rc;
 }
@@ -216,11 +216,11 @@ static int rank_backward_checks(ex_run *r, const ex_kcp *k, const ex_slice *rk, 
     const int N = k->N, K = k->K, V = k->V, C = V + K;
     const int64_t kv = (int64_t)K * V;
     const ex_slice *l = &rk[i];
-    const double *dh = dho + i * kv, *dh0 = l->a[k->i_dh0];
+    const double *dh = dho + i * kv, *dh0 = l->a[k->op->i_dh0];
     char t1[112];
     if (i < N - 1) {
         double *S = ex_zeros(kv);
-        int rc = k->rec_suffix_dh(k->x, l->s1, S);
+        int rc = k->op->rec_suffix_dh(k->x, l->s1, S);
         if (!rc) {
             snprintf(t1, sizeof t1,
                      "rank %d: merged dh_out = recurrence gradient of the state after token %d", i,
@@ -256,18 +256,18 @@ int ex_kcp_backward(ex_run *r, const ex_kcp *k) {
     const int N = k->N, K = k->K, V = k->V, C = V + K;
     const int64_t kv = (int64_t)K * V;
     char t1[112];
-    ex_heading(r, "kcp", k->bwd_title);
+    ex_heading(r, "kcp", k->op->bwd_title);
     if (ex_shown(r, "kcp"))
-        printf("%s", k->bwd_intro);
+        printf("%s", k->op->bwd_intro);
     ex_slice *one = slices_new(k, 1), *rk = slices_new(k, N);
     double *agf = ex_zeros((int64_t)N * K * C), *agb = ex_zeros((int64_t)N * K * C);
     double *hin = ex_zeros((int64_t)N * kv), *dho = ex_zeros((int64_t)N * kv);
     /* the one-rank backward */
-    int rc = k->stages(k->x, one);
+    int rc = k->op->stages(k->x, one);
     if (!rc)
-        rc = k->state_out(k->x, one, k->h0);
+        rc = k->op->state_out(k->x, one, k->h0);
     if (!rc)
-        rc = k->backward(k->x, one, k->dht);
+        rc = k->op->backward(k->x, one, k->dht);
     /* the forward on the ranks, then the reverse summaries, merges and local backwards */
     if (!rc)
         rc = ranks_forward(k, rk, agf, hin);
@@ -288,22 +288,23 @@ int ex_kcp_backward(ex_run *r, const ex_kcp *k) {
             ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
             ex_print(r, "kcp", 1, m);
         }
-        k->print_grads(r, k->x, l);
+        k->op->print_grads(r, k->x, l);
         rc = rank_backward_checks(r, k, rk, i, sm, agf + (int64_t)i * K * C, dho);
     }
-    for (int j = 0; j < k->ng && !rc; j++) {
-        const int g = k->gi[j], per = k->gper[j];
+    for (int j = 0; j < k->op->ng && !rc; j++) {
+        const int g = k->op->gi[j];
+        const int per = k->op->gper[j] == EX_PER_K ? K : k->op->gper[j] == EX_PER_V ? V : 1;
         double res = 0;
         for (int i = 0; i < N; i++)
             res = fmax(res, ex_relres(rk[i].a[g], one->a[g] + (int64_t)rk[i].s0 * per,
                                       (int64_t)rk[i].Tr * per));
-        snprintf(t1, sizeof t1, "%s of the ranks = %s of the one-rank backward", k->gname[j],
-                 k->gname[j]);
+        snprintf(t1, sizeof t1, "%s of the ranks = %s of the one-rank backward", k->op->gname[j],
+                 k->op->gname[j]);
         ex_check(r, "kcp", t1, res);
     }
     if (!rc)
         ex_check(r, "kcp", "rank 0's dh0 = dh0 of the one-rank backward",
-                 ex_relres(rk[0].a[k->i_dh0], one->a[k->i_dh0], kv));
+                 ex_relres(rk[0].a[k->op->i_dh0], one->a[k->op->i_dh0], kv));
     slices_free(one, 1);
     slices_free(rk, N);
     double *fr[] = {agf, agb, hin, dho};

@@ -22,18 +22,16 @@ typedef struct ex_slice {
     double **a;
 } ex_slice;
 
-/* Enough ex_kcp_bwd.gname entries for every op's gradients. */
+/* Enough ex_kcp_op.gname entries for every op's gradients. */
 #define EX_KCP_MAXG 8
+/* Values per token of a gradient: K, V or 1. */
+enum { EX_PER_K, EX_PER_V, EX_PER_1 };
 
 /* An op's side of the simulated ranks. Every callback gets x, the op's example; the int ones
  * return 0, or 2 after printing a message. */
-typedef struct ex_kcp {
-    const void *x;
-    int N, T, BT, K, V;
-    const double *h0, *dht; /* the initial state and the gradient of the final one */
-    const double *o, *ht;   /* the unsplit pass's output [T, V] and final state [K, V] */
-    int n;                  /* arrays per slice */
-    int i_o, i_ht, i_dh0;   /* which of them hold o, the final state, dh0 */
+typedef struct ex_kcp_op {
+    int n;                /* arrays per slice */
+    int i_o, i_ht, i_dh0; /* which of them hold o, the final state, dh0 */
     /* the sizes of the n arrays of slice l (its s0, s1, Tr and tab are set) */
     void (*sizes)(const void *x, const ex_slice *l, int64_t *sz);
     /* the stages before the state pass (no communication) */
@@ -49,12 +47,21 @@ typedef struct ex_kcp {
     int (*rec_suffix_dh)(const void *x, int t, double *dS);
     /* print the slice's gradients */
     void (*print_grads)(const ex_run *r, const void *x, const ex_slice *l);
-    /* the gradients compared with the one-rank backward: name, array, values per token */
+    /* the gradients compared with the one-rank backward: name, array, EX_PER_* */
     int ng;
     const char *gname[EX_KCP_MAXG];
     int gi[EX_KCP_MAXG], gper[EX_KCP_MAXG];
     /* what the walks print under their headings */
     const char *fwd_intro, *bwd_title, *bwd_intro;
+} ex_kcp_op;
+
+/* One example split over N ranks. */
+typedef struct ex_kcp {
+    const ex_kcp_op *op;
+    const void *x;
+    int N, T, BT, K, V;
+    const double *h0, *dht; /* the initial state and the gradient of the final one */
+    const double *o, *ht;   /* the unsplit pass's output [T, V] and final state [K, V] */
 } ex_kcp;
 
 /* The forward over the ranks: each rank's merged initial state against the recurrence, its

@@ -838,55 +838,46 @@ static void kloc_print(const ex_run *r, const void *p, const ex_slice *l) {
 }
 
 /* The example's side of the simulated ranks (tools/explain_kcp.h). */
+static const ex_kcp_op kda_op = {
+    .n = KL_N,
+    .i_o = KL_O,
+    .i_ht = KL_HT,
+    .i_dh0 = KL_DH0,
+    .sizes = kloc_sizes,
+    .stages = kloc_stages,
+    .state_out = kloc_state_out,
+    .backward = kloc_backward,
+    .summary = kloc_summary,
+    .rec_prefix = rec_prefix,
+    .rec_suffix_dh = rec_suffix_dh,
+    .print_grads = kloc_print,
+    .ng = 5,
+    .gname = {"dq", "dk", "dv", "dg", "dbeta"},
+    .gi = {KL_DQ, KL_DK, KL_DV, KL_DLOG, KL_DBETA},
+    .gper = {EX_PER_K, EX_PER_K, EX_PER_V, EX_PER_K, EX_PER_1},
+    .fwd_intro =
+        "  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
+        "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
+        "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
+        "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
+        "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
+        "  ranks are simulated in one process, one after another.\n",
+    .bwd_title = "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/kda/kcp.c)",
+    .bwd_intro =
+        "  Each rank runs N7's backward on its slice (dh per chunk start, dE). Its state\n"
+        "  pass's backward is affine in the unknown gradient dh_out of the state leaving\n"
+        "  the slice: dh_in = M^T dh_out + dh_ext. Ranks 1..N-1 compute [dh_ext | M^T]\n"
+        "  (dg__kcp_summary_f64, reverse: X = W, Y = KG, term - W^T dE, plus N7's dh; the\n"
+        "  last rank starts from the loss's dht); rank 0 sends zeros. After an all_gather,\n"
+        "  rank r chains the summaries of ranks N-1 down to r+1 (dg__kcp_merge_f64, farthest\n"
+        "  first) into the dh entering its slice from the right, then runs N6-N4's backward\n"
+        "  locally. A rank > 0 drops the dh0 it computes: rank r-1 already got it through\n"
+        "  the merge. dq, dk are gradients of the unit rows, dg of the per-token log decay\n"
+        "  (N1-N3's backward is per token, the same split or not).\n",
+};
+
 static ex_kcp kda_kcp(const kx *x) {
-    ex_kcp k = {
-        .x = x,
-        .N = x->o->cp,
-        .T = x->T,
-        .BT = x->BT,
-        .K = x->K,
-        .V = x->V,
-        .h0 = x->h0,
-        .dht = x->dht,
-        .o = x->O,
-        .ht = x->ht,
-        .n = KL_N,
-        .i_o = KL_O,
-        .i_ht = KL_HT,
-        .i_dh0 = KL_DH0,
-        .sizes = kloc_sizes,
-        .stages = kloc_stages,
-        .state_out = kloc_state_out,
-        .backward = kloc_backward,
-        .summary = kloc_summary,
-        .rec_prefix = rec_prefix,
-        .rec_suffix_dh = rec_suffix_dh,
-        .print_grads = kloc_print,
-        .ng = 5,
-        .gname = {"dq", "dk", "dv", "dg", "dbeta"},
-        .gi = {KL_DQ, KL_DK, KL_DV, KL_DLOG, KL_DBETA},
-        .gper = {x->K, x->K, x->V, x->K, 1},
-        .fwd_intro =
-            "  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
-            "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
-            "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
-            "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
-            "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
-            "  ranks are simulated in one process, one after another.\n",
-        .bwd_title = "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/kda/kcp.c)",
-        .bwd_intro =
-            "  Each rank runs N7's backward on its slice (dh per chunk start, dE). Its state\n"
-            "  pass's backward is affine in the unknown gradient dh_out of the state leaving\n"
-            "  the slice: dh_in = M^T dh_out + dh_ext. Ranks 1..N-1 compute [dh_ext | M^T]\n"
-            "  (dg__kcp_summary_f64, reverse: X = W, Y = KG, term - W^T dE, plus N7's dh; the\n"
-            "  last rank starts from the loss's dht); rank 0 sends zeros. After an all_gather,\n"
-            "  rank r chains the summaries of ranks N-1 down to r+1 (dg__kcp_merge_f64, farthest\n"
-            "  first) into the dh entering its slice from the right, then runs N6-N4's backward\n"
-            "  locally. A rank > 0 drops the dh0 it computes: rank r-1 already got it through\n"
-            "  the merge. dq, dk are gradients of the unit rows, dg of the per-token log decay\n"
-            "  (N1-N3's backward is per token, the same split or not).\n",
-    };
-    return k;
+    return (ex_kcp){&kda_op, x, x->o->cp, x->T, x->BT, x->K, x->V, x->h0, x->dht, x->O, x->ht};
 }
 
 static int walk_kcp(ex_run *r, kx *x) {
