@@ -2,10 +2,11 @@
  * tools/cmd_explain.c -- `deltagrad explain`: the chunked KDA algorithm on a small seeded example.
  * It runs the recurrence and every chunked stage through the library's raw f64 functions, prints
  * each intermediate as compact matrices and checks the identities that make the chunked form
- * equal the recurrence (tools/explain_kda.c; DPLR in tools/explain_dplr.c; plots in
- * tools/explain_plots.c). `--card` prints the reference card instead: what each tape node
- * computes, its shapes, what it keeps for backward under each policy. This file holds the card,
- * the options and the printing shared by the walks (tools/explain.h).
+ * equal the recurrence (tools/explain_kda.c; DPLR in tools/explain_dplr.c; both split over
+ * simulated ranks by tools/explain_kcp.c; plots in tools/explain_plots.c). `--card` prints the
+ * reference card instead: what each tape node computes, its shapes, what it keeps for backward
+ * under each policy. This file holds the card, the options and the printing shared by the walks
+ * (tools/explain.h).
  */
 #include "tools/explain.h"
 #include "tools/commands.h"

@@ -1,7 +1,8 @@
 /*
  * tools/explain.h -- shared by the files of `deltagrad explain`: the options, the printing of
  * compact matrices and identity lines, the finite-difference check, and the walks over the
- * stages of KDA (explain_kda.c) and DPLR (explain_dplr.c) and the plots (explain_plots.c).
+ * stages of KDA (explain_kda.c) and DPLR (explain_dplr.c), their walks over simulated ranks
+ * (explain_kcp.c) and the plots (explain_plots.c).
  *
  * Every walk runs the library's raw f64 stage functions (ops/kda/kda.h, ops/dplr/dplr.h,
  * ops/kcp/kcp.h) on one sequence with one head; the tool computes only the checks.
