@@ -704,31 +704,19 @@ static int ploc_backward(const void *p, ex_slice *l, const double *dht) {
     return 0;
 }
 
-/* The recurrence's gradient of the state after token t (t < T): dh0 of the recurrent backward
- * of tokens t..T-1 from the recurrence's state there, with the same dO and dht. */
+static dg_status rec_bwd(const void *p, const kda_dims *d, int t, const double *S, double *const *g,
+                         double *dS) {
+    const px *x = (const px *)p;
+    const int64_t ok = (int64_t)t * x->K, ov = (int64_t)t * x->V;
+    return dg__dplr_recurrent_bwd_f64(d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->a + ok,
+                                      x->b + ok, x->gk + ok, S, x->dO + ov, x->dht, g[0], g[1],
+                                      g[2], g[3], g[4], g[5], dS);
+}
+
+/* The recurrence's gradient of the state after token t (t < T). */
 static int rec_suffix_dh(const void *p, int t, double *dS) {
     const px *x = (const px *)p;
-    const int K = x->K, V = x->V, n = x->T - t;
-    const int64_t kv = (int64_t)K * V, nk = (int64_t)n * K, nv = (int64_t)n * V;
-    kda_dims d;
-    int64_t tab[4];
-    kx_dims(&d, tab, n, x->BT, K, V);
-    double *S = ex_zeros(kv), *g[6];
-    const int64_t gn[6] = {nk, nk, nv, nk, nk, nk};
-    for (int i = 0; i < 6; i++)
-        g[i] = ex_zeros(gn[i]);
-    int rc = rec_prefix(x, t, S);
-    const int64_t ok = (int64_t)t * K, ov = (int64_t)t * V;
-    if (!rc && dg__dplr_recurrent_bwd_f64(&d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->a + ok,
-                                          x->b + ok, x->gk + ok, S, x->dO + ov, x->dht, g[0], g[1],
-                                          g[2], g[3], g[4], g[5], dS)) {
-        fprintf(stderr, "deltagrad explain: dplr recurrent backward: %s\n", dg_last_error());
-        rc = 2;
-    }
-    free(S);
-    for (int i = 0; i < 6; i++)
-        free(g[i]);
-    return rc;
+    return ex_rec_suffix_dh(x, t, x->T, x->BT, x->K, x->V, rec_prefix, rec_bwd, dS);
 }
 
 /* The slice's summary: forward M_c = Diag(exp lam_c) + bg_c^T w_c, h_ext fed by kg^T v + bg^T u;

@@ -56,6 +56,31 @@ int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, in
     return 0;
 }
 
+int ex_rec_suffix_dh(const void *x, int t, int T, int BT, int K, int V,
+                     int (*rec_prefix)(const void *x, int t, double *S),
+                     dg_status (*rec_bwd)(const void *x, const kda_dims *d, int t, const double *S,
+                                          double *const *g, double *dS),
+                     double *dS) {
+    const int n = T - t;
+    const int64_t nk = (int64_t)n * K, nv = (int64_t)n * V;
+    kda_dims d;
+    int64_t tab[4];
+    kx_dims(&d, tab, n, BT, K, V);
+    double *S = ex_zeros((int64_t)K * V), *g[6];
+    const int64_t gn[6] = {nk, nk, nv, nk, nk, nk};
+    for (int i = 0; i < 6; i++)
+        g[i] = ex_zeros(gn[i]);
+    int rc = rec_prefix(x, t, S);
+    if (!rc && rec_bwd(x, &d, t, S, g, dS) != DG_OK) {
+        fprintf(stderr, "deltagrad explain: recurrent backward: %s\n", dg_last_error());
+        rc = 2;
+    }
+    free(S);
+    for (int i = 0; i < 6; i++)
+        free(g[i]);
+    return rc;
+}
+
 /* The N slices of the ranks (n = 1: the whole sequence), their arrays zeroed. */
 static ex_slice *slices_new(const ex_kcp *k, int n) {
     ex_slice *l = (ex_slice *)calloc((size_t)n, sizeof(ex_slice));

@@ -44,7 +44,7 @@ typedef struct ex_kcp_op {
     void (*summary)(const void *x, const ex_slice *l, int reverse, kcp_summary_io *io);
     /* the recurrence's state after token t, and its gradient there (t < T) */
     int (*rec_prefix)(const void *x, int t, double *S);
-    int (*rec_suffix_dh)(const void *x, int t, double *dS);
+    int (*rec_suffix_dh)(const void *x, int t, double *dS); /* ex_rec_suffix_dh */
     /* print the slice's gradients */
     void (*print_grads)(const ex_run *r, const void *x, const ex_slice *l);
     /* the gradients compared with the one-rank backward: name, array, EX_PER_* */
@@ -78,6 +78,16 @@ int ex_kcp_backward(ex_run *r, const ex_kcp *k);
 int ex_rec_prefix(const void *x, int t, int BT, int K, int V, const double *h0,
                   dg_status (*rec)(const void *x, const kda_dims *d, double *o, double *S),
                   double *S);
+
+/* The recurrence's gradient of the state after token t (t < T), into dS [K, V]: dh0 of the
+ * recurrent backward of tokens t..T-1 from the recurrence's state there (rec_prefix), run by
+ * rec_bwd on those tokens (dims d) with the walk's dO and dht; g is scratch for the gradients of
+ * its inputs ([n,K], [n,K], [n,V], [n,K], [n,K], [n,K] with n = T - t). 0, or 2 with a message. */
+int ex_rec_suffix_dh(const void *x, int t, int T, int BT, int K, int V,
+                     int (*rec_prefix)(const void *x, int t, double *S),
+                     dg_status (*rec_bwd)(const void *x, const kda_dims *d, int t, const double *S,
+                                          double *const *g, double *dS),
+                     double *dS);
 
 /* The state pass of a walk: prints the states h [NC, K, V] at the chunk starts and, chunk by
  * chunk, the pass's per-token values vals [T, V] (titled "chunk c: vname"); checks h against the

@@ -803,29 +803,19 @@ static void kloc_summary(const void *p, const ex_slice *l, int reverse, kcp_summ
     io->dh = reverse ? a[KL_DH] : NULL;
 }
 
-/* The recurrence's gradient of the state after token t (t < T): dh0 of the recurrent backward
- * of tokens t..T-1 from the recurrence's state there, with the same dO and dht. */
+static dg_status rec_bwd(const void *p, const kda_dims *d, int t, const double *S, double *const *g,
+                         double *dS) {
+    const kx *x = (const kx *)p;
+    const int64_t ok = (int64_t)t * x->K, ov = (int64_t)t * x->V;
+    return dg__kda_recurrent_bwd_f64(d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->g + ok,
+                                     x->beta + t, S, x->dO + ov, x->dht, g[0], g[1], g[2], g[3],
+                                     g[4], dS);
+}
+
+/* The recurrence's gradient of the state after token t (t < T). */
 static int rec_suffix_dh(const void *p, int t, double *dS) {
     const kx *x = (const kx *)p;
-    const int K = x->K, V = x->V, n = x->T - t;
-    const int64_t kv = (int64_t)K * V, nk = (int64_t)n * K, nv = (int64_t)n * V;
-    kda_dims d;
-    int64_t tab[4];
-    kx_dims(&d, tab, n, x->BT, K, V);
-    double *S = ex_zeros(kv), *dq = ex_zeros(nk), *dk = ex_zeros(nk), *dv = ex_zeros(nv),
-           *dg = ex_zeros(nk), *db = ex_zeros(n);
-    int rc = rec_prefix(x, t, S);
-    if (!rc &&
-        dg__kda_recurrent_bwd_f64(&d, x->scale, x->q + (int64_t)t * K, x->k + (int64_t)t * K,
-                                  x->v + (int64_t)t * V, x->g + (int64_t)t * K, x->beta + t, S,
-                                  x->dO + (int64_t)t * V, x->dht, dq, dk, dv, dg, db, dS)) {
-        fprintf(stderr, "deltagrad explain: recurrent backward: %s\n", dg_last_error());
-        rc = 2;
-    }
-    double *fr[] = {S, dq, dk, dv, dg, db};
-    for (int i = 0; i < 6; i++)
-        free(fr[i]);
-    return rc;
+    return ex_rec_suffix_dh(x, t, x->T, x->BT, x->K, x->V, rec_prefix, rec_bwd, dS);
 }
 
 static void kloc_print(const ex_run *r, const void *p, const ex_slice *l) {
