@@ -73,4 +73,19 @@ double dg__comm_default_timeout(double asked);
 dg_status dg__cp_halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
                           int64_t h, const char *kind, dg_tensor **xe);
 
+/* The checks a context-parallel token-local op `op` starts with: ctx and out given (*out set to
+ * NULL), comm, plan and x given, plan made for comm's rank and size, x [1, T_r, C] with T_r this
+ * rank's tokens. */
+dg_status dg__cp_check(const char *op, dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan,
+                       const dg_tensor *x, dg_tensor **out);
+/* A token-local op on this rank's local sequences (cu [n_seqs+1]): ye = op(xe). */
+typedef dg_status (*dg__cp_local_fn)(dg_ctx *ctx, dg_tensor *xe, const int64_t *cu, int n_seqs,
+                                     void *arg, dg_tensor **ye);
+/* The op f over the split: f runs on xe = [halo | x] (dg__cp_halo_cat with h rows and node kind
+ * `kind`) with local sequence 0 extended by the h halo rows, and *out is the last T_r rows of its
+ * output (contiguous). Collective, as dg__cp_halo_cat. */
+dg_status dg__cp_halo_run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                          int64_t h, const char *op, const char *kind, dg__cp_local_fn f, void *arg,
+                          dg_tensor **out);
+
 #endif /* DG_DIST_H */

@@ -55,7 +55,7 @@ static const char *const k_op = "dg_add_rmsnorm";
 
 /* Device first, then dtype (as dg_rmsnorm's x), then at least one dimension. */
 static dg_status arn_check_x(const dg_tensor *x, const dg_ctx *ctx) {
-    DG_TRY(dg__rmsnorm_check_float(k_op, "x", x, ctx));
+    DG_TRY(dg__check_float(k_op, "x", x, ctx));
     if (x->ndim < 1)
         return dg__err(DG_ERR_SHAPE, "%s: 'x' must have at least one dimension, got %s", k_op,
                        dg_tensor_desc(x));

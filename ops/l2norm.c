@@ -62,16 +62,23 @@ void RF(dg__l2norm_bwd)(int64_t rows, int64_t D, const RT *y, const RT *r, const
 #else
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
+#ifdef DG_HAVE_CUDA
+/* The CUDA kernels index the last axis with an int. */
+static dg_status l2_cuda_axis(int64_t D) {
+    if (D > INT_MAX)
+        return dg__err(DG_ERR_SHAPE, "l2norm: the last axis (%lld) exceeds the CUDA kernel's %d",
+                       (long long)D, INT_MAX);
+    return DG_OK;
+}
+#endif
+
 dg_status dg__l2norm_run_fwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, int64_t D,
                              double eps, int xbf16, const void *x, void *y, void *r) {
     if (rows == 0 || D == 0)
         return DG_OK;
     if (cuda) {
 #ifdef DG_HAVE_CUDA
-        if (D > INT_MAX)
-            return dg__err(DG_ERR_SHAPE,
-                           "l2norm: the last axis (%lld) exceeds the CUDA kernel's %d",
-                           (long long)D, INT_MAX);
+        DG_TRY(l2_cuda_axis(D));
         return dg__l2norm_fwd_cuda(ctx, rows, (int)D, (float)eps, xbf16, x, y, r);
 #else
         (void)ctx;
@@ -92,10 +99,7 @@ dg_status dg__l2norm_run_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, i
         return DG_OK;
     if (cuda) {
 #ifdef DG_HAVE_CUDA
-        if (D > INT_MAX)
-            return dg__err(DG_ERR_SHAPE,
-                           "l2norm: the last axis (%lld) exceeds the CUDA kernel's %d",
-                           (long long)D, INT_MAX);
+        DG_TRY(l2_cuda_axis(D));
         return dg__l2norm_bwd_cuda(ctx, rows, (int)D, y, r, dy, xbf16, dx);
 #else
         (void)ctx;
@@ -241,15 +245,7 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out) {
     *out = NULL;
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
     DG_TRY(dg__check_ptr(op, "x", x));
-    DG_TRY(dg__check_device(op, "x", x, ctx));
-    DG_TRY(dg__check_dtype(op, "x", x, DG_FLOATS));
-    if (!dg__is_cuda(x) && x->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: 'x' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
-                       dg_tensor_desc(x));
-    if (dg__is_cuda(x) && x->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: 'x' is %s; the CUDA kernels run f32 or bf16", op,
-                       dg_tensor_desc(x));
+    DG_TRY(dg__check_float(op, "x", x, ctx));
     if (!(eps >= 0) || !isfinite(eps))
         return dg__err(DG_ERR_ARG, "%s: eps must be finite and >= 0, got %g", op, eps);
     if (x->ndim < 1)

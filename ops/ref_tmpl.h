@@ -17,7 +17,22 @@
  *     RT_F64         1 in the double instantiation, 0 in the float one
  *     RF(name)       name_f64 / name_f32
  *     REXP RLOG RLOG1P RSQRT RFABS RTANH RPOW   the <math.h> functions of that type
+ * After each instantiation the header includes itself with DG_REF_TMPL_END set, which undefines
+ * these names.
  */
+#ifdef DG_REF_TMPL_END
+#undef RT
+#undef RT_F64
+#undef RF
+#undef REXP
+#undef RLOG
+#undef RLOG1P
+#undef RSQRT
+#undef RFABS
+#undef RTANH
+#undef RPOW
+#undef DG_REF_TMPL_END
+#else
 #include <math.h>
 
 #define RT double
@@ -31,16 +46,8 @@
 #define RTANH tanh
 #define RPOW pow
 #include DG_REF_TMPL
-#undef RT
-#undef RT_F64
-#undef RF
-#undef REXP
-#undef RLOG
-#undef RLOG1P
-#undef RSQRT
-#undef RFABS
-#undef RTANH
-#undef RPOW
+#define DG_REF_TMPL_END
+#include "ref_tmpl.h"
 
 #define RT float
 #define RT_F64 0
@@ -53,13 +60,6 @@
 #define RTANH tanhf
 #define RPOW powf
 #include DG_REF_TMPL
-#undef RT
-#undef RT_F64
-#undef RF
-#undef REXP
-#undef RLOG
-#undef RLOG1P
-#undef RSQRT
-#undef RFABS
-#undef RTANH
-#undef RPOW
+#define DG_REF_TMPL_END
+#include "ref_tmpl.h"
+#endif

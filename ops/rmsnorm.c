@@ -60,6 +60,15 @@ static RT RF(rms_rstd)(const RT *xr, int64_t D, RT scale, RT eps) {
         ss += xr[j] * xr[j];
     return (RT)1 / RSQRT(ss * scale + eps);
 }
+/* The gradient reaching the normalised x at column j: dy w act(gate) (w, gate: NULL for none). */
+static RT RF(rms_gin)(const RT *dyr, const RT *w, const RT *gr, dg_act act, int64_t j) {
+    RT g = dyr[j];
+    if (w)
+        g *= w[j];
+    if (gr)
+        g *= RF(rms_act)(act, gr[j]);
+    return g;
+}
 void RF(dg__rmsnorm_fwd)(int64_t rows, int64_t D, RT scale, RT eps, const RT *x, const RT *w,
                          const RT *gate, dg_act act, RT *y, RT *rstd) {
     RMS_OMP_ROWS
@@ -99,23 +108,11 @@ dg_status RF(dg__rmsnorm_bwd)(int64_t rows, int64_t D, RT scale, RT eps, const R
             const RT *gr = gate ? gate + r * D : NULL;
             if (dx) {
                 RT dot = 0;
-                for (int64_t j = 0; j < D; j++) {
-                    RT g = dyr[j];
-                    if (w)
-                        g *= w[j];
-                    if (gr)
-                        g *= RF(rms_act)(act, gr[j]);
-                    dot += g * xr[j];
-                }
+                for (int64_t j = 0; j < D; j++)
+                    dot += RF(rms_gin)(dyr, w, gr, act, j) * xr[j];
                 RT m = scale * rs[r] * dot;
-                for (int64_t j = 0; j < D; j++) {
-                    RT g = dyr[j];
-                    if (w)
-                        g *= w[j];
-                    if (gr)
-                        g *= RF(rms_act)(act, gr[j]);
-                    dx[r * D + j] = rs[r] * (g - xr[j] * rs[r] * m);
-                }
+                for (int64_t j = 0; j < D; j++)
+                    dx[r * D + j] = rs[r] * (RF(rms_gin)(dyr, w, gr, act, j) - xr[j] * rs[r] * m);
             }
             if (dgate) {
                 for (int64_t j = 0; j < D; j++) {
@@ -152,21 +149,6 @@ dg_status RF(dg__rmsnorm_bwd)(int64_t rows, int64_t D, RT scale, RT eps, const R
 
 // ---- forward
 
-/* Device first, then dtype: f64/f32 on the CPU, f32/bf16 on CUDA. */
-dg_status dg__rmsnorm_check_float(const char *op, const char *arg, const dg_tensor *t,
-                                  const dg_ctx *ctx) {
-    DG_TRY(dg__check_device(op, arg, t, ctx));
-    DG_TRY(dg__check_dtype(op, arg, t, DG_FLOATS));
-    if (!dg__is_cuda(t) && t->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: '%s' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
-                       arg, dg_tensor_desc(t));
-    if (dg__is_cuda(t) && t->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: '%s' is %s; the CUDA kernels run f32 or bf16", op, arg,
-                       dg_tensor_desc(t));
-    return DG_OK;
-}
-
 static dg_status rms_backward(dg_ctx *ctx, dg_node *n);
 
 static dg_status rms_run_fwd(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *gate, double eps,
@@ -199,7 +181,7 @@ static dg_status rms_impl(const char *op, const char *kind, dg_ctx *ctx, dg_tens
     *out = NULL;
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
     DG_TRY(dg__check_ptr(op, "x", x));
-    DG_TRY(dg__rmsnorm_check_float(op, "x", x, ctx));
+    DG_TRY(dg__check_float(op, "x", x, ctx));
     if (x->ndim < 1)
         return dg__err(DG_ERR_SHAPE, "%s: 'x' must have at least one dimension, got %s", op,
                        dg_tensor_desc(x));

@@ -24,9 +24,4 @@ dg_status dg__rmsnorm_bwd_f32(int64_t rows, int64_t D, float scale, float eps, c
                               const float *w, const float *gate, dg_act act, const float *rstd_in,
                               const float *dy, float *dx, float *dw, float *dgate);
 
-/* Device first, then dtype: f64/f32 on the CPU, f32/bf16 on CUDA; DG_ERR_DEVICE / DG_ERR_DTYPE
- * naming op and arg otherwise. */
-dg_status dg__rmsnorm_check_float(const char *op, const char *arg, const dg_tensor *t,
-                                  const dg_ctx *ctx);
-
 #endif /* DG_OPS_RMSNORM_H */

@@ -14,6 +14,7 @@
  */
 #ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
+#include "seqlens.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/short_conv.cuh"
 #endif
@@ -34,26 +35,6 @@ typedef struct {
 #else
 #define SC_OMP_FOR
 #endif
-
-/* The sequence [st, en) holding row r = b*T + t (same search as the CUDA kernels). */
-static void sc_bounds(int64_t r, int64_t T, const int64_t *cu, int n_seqs, int64_t *st,
-                      int64_t *en) {
-    if (!cu) {
-        *st = r / T * T;
-        *en = *st + T;
-        return;
-    }
-    int lo = 0, hi = n_seqs;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (cu[mid] <= r)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    *st = cu[lo];
-    *en = cu[lo + 1];
-}
 
 #define DG_REF_TMPL "short_conv.c"
 #include "ref_tmpl.h"
@@ -80,7 +61,7 @@ static void RF(sc_fwd)(int64_t rows, int64_t Tn, int64_t C, int W, const RT *x, 
     SC_OMP_FOR
     for (int64_t r = 0; r < rows; r++) {
         int64_t st, en;
-        sc_bounds(r, Tn, cu, n_seqs, &st, &en);
+        dg__seq_bounds(r, Tn, cu, n_seqs, &st, &en);
         for (int64_t c = 0; c < C; c++) {
             RT z = RF(sc_pre)(x, w, bias, r, st, C, c, W);
             y[r * C + c] = act == DG_ACT_SILU ? z * ((RT)1 / ((RT)1 + REXP(-z))) : z;
@@ -100,7 +81,7 @@ static dg_status RF(sc_bwd)(int64_t rows, int64_t Tn, int64_t C, int W, const RT
         return dg__err(DG_ERR_NOMEM, "short_conv backward: out of host memory");
     }
     for (int64_t r = 0; r < rows; r++)
-        sc_bounds(r, Tn, cu, n_seqs, &st[r], &en[r]);
+        dg__seq_bounds(r, Tn, cu, n_seqs, &st[r], &en[r]);
     SC_OMP_FOR
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < C; c++) {
@@ -162,17 +143,9 @@ static dg_status sc_check(const char *op, dg_ctx *ctx, dg_tensor *x, dg_tensor *
                           dg_act act, const int64_t *cu, int n_seqs) {
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
     DG_TRY(dg__check_ptr(op, "x", x));
-    DG_TRY(dg__check_device(op, "x", x, ctx));
-    DG_TRY(dg__check_dtype(op, "x", x, DG_FLOATS));
-    if (!dg__is_cuda(x) && x->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: 'x' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
-                       dg_tensor_desc(x));
-    if (dg__is_cuda(x) && x->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: 'x' is %s; the CUDA kernels run f32 or bf16", op,
-                       dg_tensor_desc(x));
+    DG_TRY(dg__check_float(op, "x", x, ctx));
     DG_TRY(dg__check_shape(op, "x", x, 3, (int64_t[]){-1, -1, -1}));
-    int64_t B = x->shape[0], T = x->shape[1], C = x->shape[2];
+    int64_t C = x->shape[2];
     DG_TRY(dg__check_ptr(op, "w", w));
     DG_TRY(dg__check_device(op, "w", w, ctx));
     DG_TRY(dg__check_shape(op, "w", w, 2, (int64_t[]){C, -1}));
@@ -188,27 +161,7 @@ static dg_status sc_check(const char *op, dg_ctx *ctx, dg_tensor *x, dg_tensor *
     if (act != DG_ACT_NONE && act != DG_ACT_SILU)
         return dg__err(DG_ERR_ARG, "%s: act must be DG_ACT_NONE or DG_ACT_SILU, got %d", op,
                        (int)act);
-    if (cu) {
-        if (n_seqs < 1)
-            return dg__err(DG_ERR_ARG, "%s: n_seqs = %d with cu_seqlens; need at least 1", op,
-                           n_seqs);
-        if (B != 1)
-            return dg__err(DG_ERR_ARG, "%s: cu_seqlens requires B == 1 (packed sequences), x is %s",
-                           op, dg_tensor_desc(x));
-        if (cu[0] != 0)
-            return dg__err(DG_ERR_ARG, "%s: cu_seqlens[0] must be 0, got %lld", op,
-                           (long long)cu[0]);
-        for (int i = 0; i < n_seqs; i++)
-            if (cu[i + 1] < cu[i])
-                return dg__err(DG_ERR_ARG,
-                               "%s: cu_seqlens must be non-decreasing: cu_seqlens[%d] = %lld < "
-                               "cu_seqlens[%d] = %lld",
-                               op, i + 1, (long long)cu[i + 1], i, (long long)cu[i]);
-        if (cu[n_seqs] != T)
-            return dg__err(DG_ERR_ARG, "%s: cu_seqlens[%d] must equal T = %lld, got %lld", op,
-                           n_seqs, (long long)T, (long long)cu[n_seqs]);
-    }
-    return DG_OK;
+    return dg__check_cu_seqlens(op, x, cu, n_seqs);
 }
 
 dg_status dg_short_conv(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *bias, dg_act act,

@@ -1,6 +1,7 @@
 /*
  * ops/short_conv_cp.c -- dg_short_conv over a context-parallel split (distributed.md K7), and the
- * halo exchange it shares with dg_token_shift_cp (ops/token_shift.c): dg__cp_halo_cat.
+ * halo exchange it shares with dg_token_shift_cp (ops/token_shift.c): dg__cp_halo_cat, run by
+ * dg__cp_halo_run after the shared checks dg__cp_check.
  *
  * Rank r's first output rows need the last W-1 conv inputs of rank r-1 when its local sequence 0
  * started there. One tape node ("short_conv_cp_halo") builds xe = [halo | x] ([1, W-1+T_r, C]):
@@ -132,45 +133,38 @@ dg_status dg__cp_halo_cat(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     return st;
 }
 
-dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
-                           dg_tensor *w, dg_tensor *bias, dg_act act, dg_tensor **out) {
-    DG_TRY(dg__check_ptr(OP, "ctx", ctx));
-    DG_TRY(dg__check_ptr(OP, "out", out));
+dg_status dg__cp_check(const char *op, dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan,
+                       const dg_tensor *x, dg_tensor **out) {
+    DG_TRY(dg__check_ptr(op, "ctx", ctx));
+    DG_TRY(dg__check_ptr(op, "out", out));
     *out = NULL;
-    DG_TRY(dg__check_ptr(OP, "comm", comm));
-    DG_TRY(dg__check_ptr(OP, "plan", plan));
-    DG_TRY(dg__check_ptr(OP, "x", x));
-    DG_TRY(dg__check_ptr(OP, "w", w));
+    DG_TRY(dg__check_ptr(op, "comm", comm));
+    DG_TRY(dg__check_ptr(op, "plan", plan));
+    DG_TRY(dg__check_ptr(op, "x", x));
     if (plan->world != dg_comm_size(comm) || plan->rank != dg_comm_rank(comm))
-        return dg__err(DG_ERR_ARG, OP ": plan is for rank %d of %d but comm is rank %d of %d",
+        return dg__err(DG_ERR_ARG, "%s: plan is for rank %d of %d but comm is rank %d of %d", op,
                        plan->rank, plan->world, dg_comm_rank(comm), dg_comm_size(comm));
     const int64_t T = plan->end - plan->begin;
     if (x->ndim != 3 || x->shape[0] != 1 || x->shape[1] != T)
-        return dg__err(DG_ERR_SHAPE, OP ": x must be [1, %lld, C] (this rank's tokens), got %s",
+        return dg__err(DG_ERR_SHAPE, "%s: x must be [1, %lld, C] (this rank's tokens), got %s", op,
                        (long long)T, dg_tensor_desc(x));
-    if (w->ndim != 2 || w->shape[1] < 1 || w->shape[1] > 8)
-        return dg__err(DG_ERR_SHAPE, OP ": w must be [C, W] with 1 <= W <= 8, got %s",
-                       dg_tensor_desc(w));
-    const int W = (int)w->shape[1];
-    for (int r = 0; r < plan->world;
-         r++) /* the same answer on every rank: no one is left waiting */
-        if (plan->bounds[r + 1] - plan->bounds[r] < W - 1)
-            return dg__err(DG_ERR_ARG,
-                           OP ": every rank must hold at least W-1 = %d tokens, rank %d holds %lld",
-                           W - 1, r, (long long)(plan->bounds[r + 1] - plan->bounds[r]));
-    if (W == 1)
-        return dg_short_conv(ctx, x, w, bias, act, plan->cu_local, plan->n_local, out);
-    const int64_t h = W - 1;
+    return DG_OK;
+}
+
+dg_status dg__cp_halo_run(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                          int64_t h, const char *op, const char *kind, dg__cp_local_fn f, void *arg,
+                          dg_tensor **out) {
+    const int64_t T = plan->end - plan->begin;
     int64_t *cu = (int64_t *)DG_MALLOC(sizeof(int64_t) * ((size_t)plan->n_local + 1));
     if (!cu)
-        return dg__err(DG_ERR_NOMEM, OP ": out of host memory");
+        return dg__err(DG_ERR_NOMEM, "%s: out of host memory", op);
     cu[0] = 0;
     for (int i = 1; i <= plan->n_local; i++)
         cu[i] = plan->cu_local[i] + h;
     dg_tensor *xe = NULL, *ye = NULL, *ys = NULL;
-    dg_status st = dg__cp_halo_cat(ctx, comm, plan, x, h, "short_conv_cp_halo", &xe);
+    dg_status st = dg__cp_halo_cat(ctx, comm, plan, x, h, kind, &xe);
     if (st == DG_OK)
-        st = dg_short_conv(ctx, xe, w, bias, act, cu, plan->n_local, &ye);
+        st = f(ctx, xe, cu, plan->n_local, arg, &ye);
     if (st == DG_OK)
         st = dg_slice(ye, 1, h, h + T, &ys);
     if (st == DG_OK)
@@ -180,4 +174,35 @@ dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
     dg_tensor_free(&ye);
     dg_tensor_free(&ys);
     return st;
+}
+
+typedef struct {
+    dg_tensor *w, *bias;
+    dg_act act;
+} sc_cp_arg;
+
+static dg_status sc_local(dg_ctx *ctx, dg_tensor *xe, const int64_t *cu, int n_seqs, void *arg,
+                          dg_tensor **ye) {
+    const sc_cp_arg *a = (const sc_cp_arg *)arg;
+    return dg_short_conv(ctx, xe, a->w, a->bias, a->act, cu, n_seqs, ye);
+}
+
+dg_status dg_short_conv_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
+                           dg_tensor *w, dg_tensor *bias, dg_act act, dg_tensor **out) {
+    DG_TRY(dg__cp_check(OP, ctx, comm, plan, x, out));
+    DG_TRY(dg__check_ptr(OP, "w", w));
+    if (w->ndim != 2 || w->shape[1] < 1 || w->shape[1] > 8)
+        return dg__err(DG_ERR_SHAPE, OP ": w must be [C, W] with 1 <= W <= 8, got %s",
+                       dg_tensor_desc(w));
+    const int W = (int)w->shape[1];
+    /* the same answer on every rank: no one is left waiting */
+    for (int r = 0; r < plan->world; r++)
+        if (plan->bounds[r + 1] - plan->bounds[r] < W - 1)
+            return dg__err(DG_ERR_ARG,
+                           OP ": every rank must hold at least W-1 = %d tokens, rank %d holds %lld",
+                           W - 1, r, (long long)(plan->bounds[r + 1] - plan->bounds[r]));
+    if (W == 1)
+        return dg_short_conv(ctx, x, w, bias, act, plan->cu_local, plan->n_local, out);
+    sc_cp_arg a = {w, bias, act};
+    return dg__cp_halo_run(ctx, comm, plan, x, W - 1, OP, "short_conv_cp_halo", sc_local, &a, out);
 }

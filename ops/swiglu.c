@@ -58,16 +58,7 @@ static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n);
 static dg_status swiglu_check(const char *op, const char *arg, const dg_tensor *t,
                               const dg_ctx *ctx) {
     DG_TRY(dg__check_ptr(op, arg, t));
-    DG_TRY(dg__check_device(op, arg, t, ctx));
-    DG_TRY(dg__check_dtype(op, arg, t, DG_FLOATS));
-    if (!dg__is_cuda(t) && t->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: '%s' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
-                       arg, dg_tensor_desc(t));
-    if (dg__is_cuda(t) && t->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: '%s' is %s; the CUDA kernels run f32 or bf16", op, arg,
-                       dg_tensor_desc(t));
-    return DG_OK;
+    return dg__check_float(op, arg, t, ctx);
 }
 
 dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out) {

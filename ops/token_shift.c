@@ -22,6 +22,7 @@
  */
 #ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
+#include "seqlens.h"
 #include "../dist/dist.h"
 
 #include <string.h>
@@ -41,26 +42,6 @@ typedef struct {
 #define TS_OMP_FOR
 #endif
 
-/* The sequence [st, en) holding row r = b*T + t. */
-static void ts_bounds(int64_t r, int64_t T, const int64_t *cu, int n_seqs, int64_t *st,
-                      int64_t *en) {
-    if (!cu) {
-        *st = r / T * T;
-        *en = *st + T;
-        return;
-    }
-    int lo = 0, hi = n_seqs;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (cu[mid] <= r)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    *st = cu[lo];
-    *en = cu[lo + 1];
-}
-
 #define DG_REF_TMPL "token_shift.c"
 #include "ref_tmpl.h"
 #endif
@@ -72,7 +53,7 @@ static void RF(ts_run)(int bwd, int64_t rows, int64_t Tn, int64_t C, const int64
     TS_OMP_FOR
     for (int64_t r = 0; r < rows; r++) {
         int64_t st, en;
-        ts_bounds(r, Tn, cu, n_seqs, &st, &en);
+        dg__seq_bounds(r, Tn, cu, n_seqs, &st, &en);
         const int has = bwd ? r + 1 < en : r > st;
         const RT *nb = x + (bwd ? r + 1 : r - 1) * C;
         for (int64_t c = 0; c < C; c++)
@@ -117,36 +98,9 @@ static dg_status ts_check(const char *op, dg_ctx *ctx, dg_tensor *x, const int64
                           int n_seqs) {
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
     DG_TRY(dg__check_ptr(op, "x", x));
-    DG_TRY(dg__check_device(op, "x", x, ctx));
-    DG_TRY(dg__check_dtype(op, "x", x, DG_FLOATS));
-    if (!dg__is_cuda(x) && x->dtype == DG_BF16)
-        return dg__err(DG_ERR_DTYPE,
-                       "%s: 'x' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
-                       dg_tensor_desc(x));
-    if (dg__is_cuda(x) && x->dtype == DG_F64)
-        return dg__err(DG_ERR_DTYPE, "%s: 'x' is %s; on CUDA it runs f32 or bf16", op,
-                       dg_tensor_desc(x));
+    DG_TRY(dg__check_float(op, "x", x, ctx));
     DG_TRY(dg__check_shape(op, "x", x, 3, (int64_t[]){-1, -1, -1}));
-    if (!cu)
-        return DG_OK;
-    const int64_t B = x->shape[0], T = x->shape[1];
-    if (n_seqs < 1)
-        return dg__err(DG_ERR_ARG, "%s: n_seqs = %d with cu_seqlens; need at least 1", op, n_seqs);
-    if (B != 1)
-        return dg__err(DG_ERR_ARG, "%s: cu_seqlens requires B == 1 (packed sequences), x is %s", op,
-                       dg_tensor_desc(x));
-    if (cu[0] != 0)
-        return dg__err(DG_ERR_ARG, "%s: cu_seqlens[0] must be 0, got %lld", op, (long long)cu[0]);
-    for (int i = 0; i < n_seqs; i++)
-        if (cu[i + 1] < cu[i])
-            return dg__err(DG_ERR_ARG,
-                           "%s: cu_seqlens must be non-decreasing: cu_seqlens[%d] = %lld < "
-                           "cu_seqlens[%d] = %lld",
-                           op, i + 1, (long long)cu[i + 1], i, (long long)cu[i]);
-    if (cu[n_seqs] != T)
-        return dg__err(DG_ERR_ARG, "%s: cu_seqlens[%d] must equal T = %lld, got %lld", op, n_seqs,
-                       (long long)T, (long long)cu[n_seqs]);
-    return DG_OK;
+    return dg__check_cu_seqlens(op, x, cu, n_seqs);
 }
 
 /* CUDA: dg_short_conv with w = [1, -1] per channel (constant, no gradient). */
@@ -209,42 +163,19 @@ dg_status dg_token_shift(dg_ctx *ctx, dg_tensor *x, const int64_t *cu_seqlens, i
     return s;
 }
 
+static dg_status ts_local(dg_ctx *ctx, dg_tensor *xe, const int64_t *cu, int n_seqs, void *arg,
+                          dg_tensor **ye) {
+    (void)arg;
+    return dg_token_shift(ctx, xe, cu, n_seqs, ye);
+}
+
 dg_status dg_token_shift_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg_tensor *x,
                             dg_tensor **out) {
-    DG_TRY(dg__check_ptr(OP_CP, "ctx", ctx));
-    DG_TRY(dg__check_ptr(OP_CP, "out", out));
-    *out = NULL;
-    DG_TRY(dg__check_ptr(OP_CP, "comm", comm));
-    DG_TRY(dg__check_ptr(OP_CP, "plan", plan));
-    DG_TRY(dg__check_ptr(OP_CP, "x", x));
-    if (plan->world != dg_comm_size(comm) || plan->rank != dg_comm_rank(comm))
-        return dg__err(DG_ERR_ARG, OP_CP ": plan is for rank %d of %d but comm is rank %d of %d",
-                       plan->rank, plan->world, dg_comm_rank(comm), dg_comm_size(comm));
-    const int64_t T = plan->end - plan->begin;
-    if (x->ndim != 3 || x->shape[0] != 1 || x->shape[1] != T)
-        return dg__err(DG_ERR_SHAPE, OP_CP ": x must be [1, %lld, C] (this rank's tokens), got %s",
-                       (long long)T, dg_tensor_desc(x));
+    DG_TRY(dg__cp_check(OP_CP, ctx, comm, plan, x, out));
     DG_TRY(ts_check(OP_CP, ctx, x, NULL, 0));
     /* every rank holds at least one token (dg_cp_plan_new), so the one-row halo always exists;
      * local sequence 0 is extended by it (zero when the sequence starts here) */
-    int64_t *cu = (int64_t *)DG_MALLOC(sizeof(int64_t) * ((size_t)plan->n_local + 1));
-    if (!cu)
-        return dg__err(DG_ERR_NOMEM, OP_CP ": out of host memory");
-    cu[0] = 0;
-    for (int i = 1; i <= plan->n_local; i++)
-        cu[i] = plan->cu_local[i] + 1;
-    dg_tensor *xe = NULL, *ye = NULL, *ys = NULL;
-    dg_status st = dg__cp_halo_cat(ctx, comm, plan, x, 1, "token_shift_cp_halo", &xe);
-    if (st == DG_OK)
-        st = dg_token_shift(ctx, xe, cu, plan->n_local, &ye);
-    if (st == DG_OK)
-        st = dg_slice(ye, 1, 1, 1 + T, &ys);
-    if (st == DG_OK)
-        st = dg_contiguous(ctx, ys, out);
-    DG_FREE(cu);
-    dg_tensor_free(&xe);
-    dg_tensor_free(&ye);
-    dg_tensor_free(&ys);
-    return st;
+    return dg__cp_halo_run(ctx, comm, plan, x, 1, OP_CP, "token_shift_cp_halo", ts_local, NULL,
+                           out);
 }
 #endif

@@ -25,21 +25,36 @@ void dg_clear_error(void) { g_err[0] = 0; }
 
 const char *dg_status_str(dg_status s) {
     switch (s) {
-    case DG_OK: return "DG_OK";
-    case DG_ERR_ARG: return "DG_ERR_ARG";
-    case DG_ERR_SHAPE: return "DG_ERR_SHAPE";
-    case DG_ERR_DTYPE: return "DG_ERR_DTYPE";
-    case DG_ERR_DEVICE: return "DG_ERR_DEVICE";
-    case DG_ERR_NOMEM: return "DG_ERR_NOMEM";
-    case DG_ERR_IO: return "DG_ERR_IO";
-    case DG_ERR_FORMAT: return "DG_ERR_FORMAT";
-    case DG_ERR_CUDA: return "DG_ERR_CUDA";
-    case DG_ERR_CUBLAS: return "DG_ERR_CUBLAS";
-    case DG_ERR_NCCL: return "DG_ERR_NCCL";
-    case DG_ERR_UNSUPPORTED: return "DG_ERR_UNSUPPORTED";
-    case DG_ERR_STATE: return "DG_ERR_STATE";
-    case DG_ERR_NUMERIC: return "DG_ERR_NUMERIC";
-    case DG_ERR_COMM: return "DG_ERR_COMM";
+    case DG_OK:
+        return "DG_OK";
+    case DG_ERR_ARG:
+        return "DG_ERR_ARG";
+    case DG_ERR_SHAPE:
+        return "DG_ERR_SHAPE";
+    case DG_ERR_DTYPE:
+        return "DG_ERR_DTYPE";
+    case DG_ERR_DEVICE:
+        return "DG_ERR_DEVICE";
+    case DG_ERR_NOMEM:
+        return "DG_ERR_NOMEM";
+    case DG_ERR_IO:
+        return "DG_ERR_IO";
+    case DG_ERR_FORMAT:
+        return "DG_ERR_FORMAT";
+    case DG_ERR_CUDA:
+        return "DG_ERR_CUDA";
+    case DG_ERR_CUBLAS:
+        return "DG_ERR_CUBLAS";
+    case DG_ERR_NCCL:
+        return "DG_ERR_NCCL";
+    case DG_ERR_UNSUPPORTED:
+        return "DG_ERR_UNSUPPORTED";
+    case DG_ERR_STATE:
+        return "DG_ERR_STATE";
+    case DG_ERR_NUMERIC:
+        return "DG_ERR_NUMERIC";
+    case DG_ERR_COMM:
+        return "DG_ERR_COMM";
     }
     return "DG_ERR_?";
 }
@@ -186,4 +201,17 @@ dg_status dg__check_device(const char *op, const char *arg, const dg_tensor *t, 
         return DG_OK;
     return dg__err(DG_ERR_DEVICE, "%s: '%s' must be on %s (the context's device), got %s", op, arg,
                    dg_device_str(ctx->device), dg_tensor_desc(t));
+}
+
+dg_status dg__check_float(const char *op, const char *arg, const dg_tensor *t, const dg_ctx *ctx) {
+    DG_TRY(dg__check_device(op, arg, t, ctx));
+    DG_TRY(dg__check_dtype(op, arg, t, DG_FLOATS));
+    if (!dg__is_cuda(t) && t->dtype == DG_BF16)
+        return dg__err(DG_ERR_DTYPE,
+                       "%s: '%s' is %s, but bf16 is a CUDA dtype; use f32 or f64 on the CPU", op,
+                       arg, dg_tensor_desc(t));
+    if (dg__is_cuda(t) && t->dtype == DG_F64)
+        return dg__err(DG_ERR_DTYPE, "%s: '%s' is %s; the CUDA kernels run f32 or bf16", op, arg,
+                       dg_tensor_desc(t));
+    return DG_OK;
 }

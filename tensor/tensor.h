@@ -1,6 +1,7 @@
 /*
  * tensor/tensor.h -- library-internal view of tensors, storage and contexts, plus the error and
- * argument-check helpers every op uses. Not installed; ops/, autograd/, dist/ and train/ include it.
+ * argument-check helpers every op uses. Not installed; ops/, autograd/, dist/ and train/ include
+ * it.
  */
 #ifndef DG_TENSOR_INTERNAL_H
 #define DG_TENSOR_INTERNAL_H
@@ -93,7 +94,7 @@ dg_status dg__err(dg_status s, const char *fmt, ...)
 #define DG_ASSERT(cond)                                                                            \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
-            fprintf(stderr, "deltagrad: assertion failed: %s (%s:%d)\n", #cond, __FILE__,        \
+            fprintf(stderr, "deltagrad: assertion failed: %s (%s:%d)\n", #cond, __FILE__,          \
                     __LINE__);                                                                     \
             abort();                                                                               \
         }                                                                                          \
@@ -110,6 +111,8 @@ dg_status dg__check_same_dtype(const char *op, const char *arg, const dg_tensor 
                                const dg_tensor *ref);
 /* t must live on ctx's device. */
 dg_status dg__check_device(const char *op, const char *arg, const dg_tensor *t, const dg_ctx *ctx);
+/* A float tensor an op runs: device first, then dtype: f64/f32 on the CPU, f32/bf16 on CUDA. */
+dg_status dg__check_float(const char *op, const char *arg, const dg_tensor *t, const dg_ctx *ctx);
 #define DG_MASK(dt) (1u << (dt))
 #define DG_FLOATS (DG_MASK(DG_F64) | DG_MASK(DG_F32) | DG_MASK(DG_BF16))
 #define DG_INTS (DG_MASK(DG_I32) | DG_MASK(DG_I64))

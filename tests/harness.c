@@ -187,3 +187,14 @@ dg_tensor *dg_test_randn(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shap
     DG_TEST_TRY(dg_tensor_rand_normal(t, seed, 0.0, 1.0));
     return t;
 }
+
+dg_status dg_test_along_t(dg_tensor *x, int transpose, dg_tensor **tmp, dg_tensor **xv) {
+    *tmp = NULL;
+    *xv = x;
+    if (!transpose)
+        return DG_OK;
+    dg_status s = dg_transpose(x, 1, 2, tmp);
+    if (s == DG_OK)
+        *xv = *tmp;
+    return s;
+}

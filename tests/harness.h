@@ -77,4 +77,8 @@ dg_tensor *dg_test_rand(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape
                         double lo, double hi);
 dg_tensor *dg_test_randn(dg_ctx *ctx, dg_dtype dt, int ndim, const int64_t *shape, uint64_t seed);
 
+/* The x an op along T runs on in a gradcheck: *xv = x, or with transpose (x [B, C, T]) the view
+ * of x as [B, T, C], made in *tmp (NULL otherwise; free it after the op). */
+dg_status dg_test_along_t(dg_tensor *x, int transpose, dg_tensor **tmp, dg_tensor **xv);
+
 #endif

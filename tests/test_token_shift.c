@@ -23,14 +23,10 @@ static dg_status shift_fn(dg_ctx *ctx, dg_tensor *const *in, int n_in, dg_tensor
     (void)n_in;
     (void)n_out;
     const ts_cfg *c = user;
-    dg_tensor *x = in[0], *xt = NULL;
-    if (c->transpose) {
-        dg_status s = dg_transpose(x, 1, 2, &xt);
-        if (s != DG_OK)
-            return s;
-        x = xt;
-    }
-    dg_status s = dg_token_shift(ctx, x, c->cu, c->n_seqs, &out[0]);
+    dg_tensor *x = NULL, *xt = NULL;
+    dg_status s = dg_test_along_t(in[0], c->transpose, &xt, &x);
+    if (s == DG_OK)
+        s = dg_token_shift(ctx, x, c->cu, c->n_seqs, &out[0]);
     dg_tensor_free(&xt);
     return s;
 }

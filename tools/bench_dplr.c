@@ -147,10 +147,9 @@ static void dplr_help(FILE *f) {
 }
 
 int dg_bench_dplr(int argc, char **argv) {
-    int reps = 10, profile = 0, nsel = 0, chunk = 64;
-    dg_dtype dt = DG_BF16;
+    dg_bench_opts bo = DG_BENCH_OPTS_INIT;
+    int chunk = 64;
     gate_mode gm = GATE_RWKV7;
-    shape_t sel[8];
     static const dg_cli_flag flags[] = {
         {"--reps", "1..64"},          {"--chunk-size", "16, 32 or 64"}, {"--dtype", "bf16 or f32"},
         {"--g-dist", "rwkv7 or ref"}, {"--shape", "B,T,H,K"},           {"--profile", NULL},
@@ -160,18 +159,14 @@ int dg_bench_dplr(int argc, char **argv) {
     const char *f, *v;
     int pr;
     while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
-        if (!strcmp(f, "--reps")) {
-            if (dg_arg_int("--reps", v, 1, 64, &reps) != DG_OK) {
-                return dg_cli_bad_arg(&cli);
-            }
+        int orc = dg_bench_opt(&cli, f, v, &bo);
+        if (orc >= 0) {
+            if (orc)
+                return orc;
         } else if (!strcmp(f, "--chunk-size")) {
             static const int chunks[3] = {16, 32, 64};
             if (dg_arg_choice("--chunk-size", v, chunks, 3, &chunk) != DG_OK) {
                 return dg_cli_bad_arg(&cli);
-            }
-        } else if (!strcmp(f, "--dtype")) {
-            if (dg_dtype_parse(v, &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
-                return dg_cli_bad(&cli, "--dtype", "must be bf16 or f32, got '%s'", v);
             }
         } else if (!strcmp(f, "--g-dist")) {
             const char *gv = v;
@@ -182,25 +177,6 @@ int dg_bench_dplr(int argc, char **argv) {
             else {
                 return dg_cli_bad(&cli, "--g-dist", "must be rwkv7 or ref, got '%s'", gv);
             }
-        } else if (!strcmp(f, "--shape")) {
-            /* B,T,H,K: four comma-separated integers, each through the strict parser */
-            char buf[96];
-            int dim[4], nv = 0;
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
-                static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
-                static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
-                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK) {
-                    return dg_cli_bad_arg(&cli);
-                }
-            }
-            if (nv != 4 || nsel == 8) {
-                return dg_cli_bad(&cli, "--shape",
-                                  "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
-            }
-            sel[nsel++] = (shape_t){dim[0], dim[1], dim[2], dim[3]};
-        } else if (!strcmp(f, "--profile")) {
-            profile = 1;
         }
     }
     if (pr != DG_CLI_END)
@@ -212,9 +188,9 @@ int dg_bench_dplr(int argc, char **argv) {
         return rc;
     printf("gate: %s; chunk %d; dtype %s\n",
            gm == GATE_RWKV7 ? "-e^{-1/2} sigmoid(randn) (RWKV-7's)" : "log(sigmoid(randn))", chunk,
-           dg_dtype_name(dt));
-    const dplr_bench db = {reps, profile, chunk, dt, gm};
-    rc = dg_bench_shapes(ctx, sel, nsel, run_shape, &db, flops, bw);
+           dg_dtype_name(bo.dt));
+    const dplr_bench db = {bo.reps, bo.profile, chunk, bo.dt, gm};
+    rc = dg_bench_shapes(ctx, bo.sel, bo.nsel, run_shape, &db, flops, bw);
     printf("\ncf = compute floor (dplr.md D3 FLOP, backward 2x forward plus the recomputed\n"
            "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
            "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"

@@ -134,11 +134,9 @@ static void kda_help(FILE *f) {
 }
 
 int dg_bench_kda(int argc, char **argv) {
-    int reps = 10, profile = 0, nsel = 0;
-    dg_dtype dt = DG_BF16;
+    dg_bench_opts bo = DG_BENCH_OPTS_INIT;
     gate_mode gm = GATE_REF;
     dg_kda_tc tc = DG_KDA_TC_DEFAULT;
-    shape_t sel[8];
     static const dg_cli_flag flags[] = {
         {"--reps", "1..64"},    {"--dtype", "bf16 or f32"},         {"--g-dist", "ref or uniform"},
         {"--shape", "B,T,H,K"}, {"--tc", "default, off or 3xtf32"}, {"--profile", NULL},
@@ -148,14 +146,10 @@ int dg_bench_kda(int argc, char **argv) {
     const char *f, *v;
     int pr;
     while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
-        if (!strcmp(f, "--reps")) {
-            if (dg_arg_int("--reps", v, 1, 64, &reps) != DG_OK) {
-                return dg_cli_bad_arg(&cli);
-            }
-        } else if (!strcmp(f, "--dtype")) {
-            if (dg_dtype_parse(v, &dt) != DG_OK || (dt != DG_BF16 && dt != DG_F32)) {
-                return dg_cli_bad(&cli, "--dtype", "must be bf16 or f32, got '%s'", v);
-            }
+        int orc = dg_bench_opt(&cli, f, v, &bo);
+        if (orc >= 0) {
+            if (orc)
+                return orc;
         } else if (!strcmp(f, "--g-dist")) {
             const char *gv = v;
             if (!strcmp(gv, "ref"))
@@ -165,23 +159,6 @@ int dg_bench_kda(int argc, char **argv) {
             else {
                 return dg_cli_bad(&cli, "--g-dist", "must be ref or uniform, got '%s'", gv);
             }
-        } else if (!strcmp(f, "--shape")) {
-            /* B,T,H,K: four comma-separated integers, each through the strict parser */
-            char buf[96];
-            int dim[4], nv = 0;
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
-                static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
-                static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
-                if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK) {
-                    return dg_cli_bad_arg(&cli);
-                }
-            }
-            if (nv != 4 || nsel == 8) {
-                return dg_cli_bad(&cli, "--shape",
-                                  "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
-            }
-            sel[nsel++] = (shape_t){dim[0], dim[1], dim[2], dim[3]};
         } else if (!strcmp(f, "--tc")) {
             const char *tv = v;
             if (!strcmp(tv, "default"))
@@ -193,8 +170,6 @@ int dg_bench_kda(int argc, char **argv) {
             else {
                 return dg_cli_bad(&cli, "--tc", "must be default, off or 3xtf32, got '%s'", tv);
             }
-        } else if (!strcmp(f, "--profile")) {
-            profile = 1;
         }
     }
     if (pr != DG_CLI_END)
@@ -206,8 +181,8 @@ int dg_bench_kda(int argc, char **argv) {
         return rc;
     printf("gate: %s\n",
            gm == GATE_REF ? "log(sigmoid(randn)) (the reference's)" : "uniform [-0.2, -0.001]");
-    const kda_bench kb = {reps, profile, dt, gm, tc};
-    rc = dg_bench_shapes(ctx, sel, nsel, run_shape, &kb, flops, bw);
+    const kda_bench kb = {bo.reps, bo.profile, bo.dt, gm, tc};
+    rc = dg_bench_shapes(ctx, bo.sel, bo.nsel, run_shape, &kb, flops, bw);
     printf(
         "\ncf = compute floor (kda.md §11.9 FLOP / GEMM rate), mf = memory floor (bytes\n"
         "that must move / measured copy bandwidth); the ratios say how far each time is from\n"

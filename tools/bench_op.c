@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime (bench_util.h) */
 #include "tools/bench_op.h"
 
+#include "tools/args.h"
 #include "tools/bench_util.h"
 
 #include <stdio.h>
@@ -142,4 +143,35 @@ int dg_bench_shapes(dg_ctx *ctx, const dg_bench_shape *sel, int nsel, dg_bench_s
         dg_ctx_empty_cache(ctx);
     }
     return rc;
+}
+
+int dg_bench_opt(const dg_cli *cli, const char *f, const char *v, dg_bench_opts *o) {
+    if (!strcmp(f, "--reps"))
+        return dg_arg_int("--reps", v, 1, 64, &o->reps) != DG_OK ? dg_cli_bad_arg(cli) : 0;
+    if (!strcmp(f, "--dtype")) {
+        if (dg_dtype_parse(v, &o->dt) != DG_OK || (o->dt != DG_BF16 && o->dt != DG_F32))
+            return dg_cli_bad(cli, "--dtype", "must be bf16 or f32, got '%s'", v);
+        return 0;
+    }
+    if (!strcmp(f, "--profile")) {
+        o->profile = 1;
+        return 0;
+    }
+    if (strcmp(f, "--shape"))
+        return -1;
+    /* B,T,H,K: four comma-separated integers, each through the strict parser */
+    char buf[96];
+    int dim[4], nv = 0;
+    snprintf(buf, sizeof buf, "%s", v);
+    for (char *tok = strtok(buf, ","); tok && nv < 5; tok = strtok(NULL, ","), nv++) {
+        static const char *names[4] = {"--shape B", "--shape T", "--shape H", "--shape K"};
+        static const int hi[4] = {1 << 16, 1 << 24, 1 << 12, 256};
+        if (nv < 4 && dg_arg_int(names[nv], tok, 1, hi[nv], &dim[nv]) != DG_OK)
+            return dg_cli_bad_arg(cli);
+    }
+    if (nv != 4 || o->nsel == 8)
+        return dg_cli_bad(cli, "--shape",
+                          "takes B,T,H,K (four integers; at most 8 shapes), got '%s'", v);
+    o->sel[o->nsel++] = (dg_bench_shape){dim[0], dim[1], dim[2], dim[3]};
+    return 0;
 }

@@ -6,6 +6,7 @@
 #define DG_TOOLS_BENCH_OP_H
 
 #include "deltagrad.h"
+#include "tools/cli.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -35,6 +36,23 @@ typedef struct dg_bench_result {
 typedef struct dg_bench_work {
     double flop_fwd, flop_fb, bytes_fwd, bytes_fb;
 } dg_bench_work;
+
+/* The options every op bench takes: --reps N (1..64), --dtype bf16|f32, --shape B,T,H,K
+ * (repeatable, at most 8: sel[0..nsel-1]) and --profile. */
+typedef struct dg_bench_opts {
+    int reps, profile, nsel;
+    dg_dtype dt;
+    dg_bench_shape sel[8];
+} dg_bench_opts;
+#define DG_BENCH_OPTS_INIT                                                                         \
+    {                                                                                              \
+        10, 0, 0, DG_BF16, {                                                                       \
+            { 0, 0, 0, 0 }                                                                         \
+        }                                                                                          \
+    }
+/* Flag f with value v into o when it is one of those: 0 when parsed, the exit code after printing
+ * why a value is bad (2), or -1 when f is not one of them. */
+int dg_bench_opt(const dg_cli *cli, const char *f, const char *v, dg_bench_opts *o);
 
 /* One forward of the timed op into *out (recorded on the tape when its inputs require grad). */
 typedef dg_status (*dg_bench_fwd_fn)(dg_ctx *ctx, const void *user, dg_tensor **out);

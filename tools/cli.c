@@ -126,3 +126,10 @@ int dg_cli_next(dg_cli *c, const char **flag, const char **value) {
     }
     return dg_cli_bad(c, NULL, "unknown flag '%s'", tok);
 }
+
+int dg_cli_lead_flag(const char *cmd, void (*help)(FILE *f), int argc, char **argv) {
+    dg_cli cli;
+    dg_cli_init(&cli, cmd, help, NULL, 0, argc, argv);
+    const char *f, *v;
+    return dg_cli_next(&cli, &f, &v);
+}

@@ -56,6 +56,9 @@ void dg_cli_init(dg_cli *c, const char *cmd, void (*help)(FILE *f), const dg_cli
  * DG_CLI_END after the last one; else the exit code after --help / --version (0) or after a
  * usage error it printed (2). */
 int dg_cli_next(dg_cli *c, const char **flag, const char **value);
+/* The flags of a command whose first word picks what it runs (bench core, gradcheck kda), given
+ * before that word (--help, --version): what dg_cli_next returns for the first of them. */
+int dg_cli_lead_flag(const char *cmd, void (*help)(FILE *f), int argc, char **argv);
 /* Print "deltagrad <cmd>: <flag>: <what>" and the pointer to --help; returns 2. flag may be NULL
  * (a message about the command line as a whole). */
 int dg_cli_bad(const dg_cli *c, const char *flag, const char *fmt, ...)

@@ -447,10 +447,7 @@ int dg_cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (argv[1][0] == '-') { /* --help, --version; any other flag comes after the benchmark */
-        dg_cli cli;
-        dg_cli_init(&cli, "bench", usage, NULL, 0, argc, argv);
-        const char *f, *v;
-        int r = dg_cli_next(&cli, &f, &v);
+        int r = dg_cli_lead_flag("bench", usage, argc, argv);
         return r == DG_CLI_END ? 0 : r;
     }
     if (!strcmp(argv[1], "core"))

@@ -2,10 +2,11 @@
  * tools/cmd_explain.c -- `deltagrad explain`: the chunked KDA algorithm on a small seeded example.
  * It runs the recurrence and every chunked stage through the library's raw f64 functions, prints
  * each intermediate as compact matrices and checks the identities that make the chunked form
- * equal the recurrence (tools/explain_kda.c; DPLR in tools/explain_dplr.c; plots in
- * tools/explain_plots.c). `--card` prints the reference card instead: what each tape node
- * computes, its shapes, what it keeps for backward under each policy. This file holds the card,
- * the options and the printing shared by the walks (tools/explain.h).
+ * equal the recurrence (tools/explain_kda.c; DPLR in tools/explain_dplr.c; both split over
+ * simulated ranks by tools/explain_kcp.c; plots in tools/explain_plots.c). `--card` prints the
+ * reference card instead: what each tape node computes, its shapes, what it keeps for backward
+ * under each policy. This file holds the card, the options and the printing shared by the walks
+ * (tools/explain.h).
  */
 #include "tools/explain.h"
 #include "tools/commands.h"
@@ -292,6 +293,36 @@ void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m) {
             }
             printf("%*s%s", w < tl ? tl - w : 0, "", i + 1 < n ? "   " : "\n");
         }
+    }
+}
+
+void ex_banner(const ex_opts *o, const char *flag, const char *what) {
+    printf("deltagrad explain%s: chunked %s on one sequence, one head, f64: T=%d chunk=%d K=%d "
+           "V=%d gate=%s strength=%g seed=%llu",
+           flag, what, o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound",
+           o->strength, (unsigned long long)o->seed);
+    if (o->cp)
+        printf(" ranks=%d", o->cp);
+    printf("%s\n", o->backward ? " (backward)" : "");
+}
+
+int ex_summary(const ex_run *r) {
+    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r->checks, r->failed,
+           EX_TOL, r->worst);
+    return r->failed ? 1 : 0;
+}
+
+void ex_print_states(const ex_run *r, const char *stage, const char *name, const double *h, int n,
+                     int K, int V) {
+    static char titles[4][32];
+    for (int c0 = 0; c0 < n; c0 += 4) {
+        ex_mat m[4];
+        int cnt = n - c0 < 4 ? n - c0 : 4;
+        for (int i = 0; i < cnt; i++) {
+            snprintf(titles[i], sizeof titles[i], "%s[%d]", name, c0 + i);
+            m[i] = (ex_mat){titles[i], h + (int64_t)(c0 + i) * K * V, K, V, V};
+        }
+        ex_print(r, stage, cnt, m);
     }
 }
 

@@ -173,10 +173,7 @@ static int parse(int argc, char **argv, gc_cfg *c) {
         return 2;
     }
     if (argv[1][0] == '-') { /* --help, --version; the other flags come after the op */
-        dg_cli cli;
-        dg_cli_init(&cli, "gradcheck", usage, NULL, 0, argc, argv);
-        const char *f, *v;
-        int r = dg_cli_next(&cli, &f, &v);
+        int r = dg_cli_lead_flag("gradcheck", usage, argc, argv);
         return r == 0 ? 1 : r == DG_CLI_END ? 2 : r;
     }
     if (!strcmp(argv[1], "kda"))

@@ -1,7 +1,8 @@
 /*
  * tools/explain.h -- shared by the files of `deltagrad explain`: the options, the printing of
  * compact matrices and identity lines, the finite-difference check, and the walks over the
- * stages of KDA (explain_kda.c) and DPLR (explain_dplr.c) and the plots (explain_plots.c).
+ * stages of KDA (explain_kda.c) and DPLR (explain_dplr.c), their walks over simulated ranks
+ * (explain_kcp.c) and the plots (explain_plots.c).
  *
  * Every walk runs the library's raw f64 stage functions (ops/kda/kda.h, ops/dplr/dplr.h,
  * ops/kcp/kcp.h) on one sequence with one head; the tool computes only the checks.
@@ -50,6 +51,9 @@ typedef struct ex_mat {
 } ex_mat;
 /* Print up to 6 matrices side by side (rows aligned at the top), indented by two spaces. */
 void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m);
+/* Print n states [K,V] (array h [n,K,V]) as name[i], four to a row. */
+void ex_print_states(const ex_run *r, const char *stage, const char *name, const double *h, int n,
+                     int K, int V);
 
 /* Max |a - b| over n values, divided by max(1, max |b|). */
 double ex_relres(const double *a, const double *b, int64_t n);
@@ -67,6 +71,12 @@ double *ex_randn(int64_t n, uint64_t seed, double scale);
 double *ex_zeros(int64_t n);
 /* sum a_i b_i */
 double ex_dot(const double *a, const double *b, int64_t n);
+
+/* The first line of a walk: "deltagrad explain<flag>: chunked <what> on one sequence, ..." with
+ * the sizes and options of o. */
+void ex_banner(const ex_opts *o, const char *flag, const char *what);
+/* The last: how many identities were checked and failed. Returns 1 when one failed, else 0. */
+int ex_summary(const ex_run *r);
 
 /* The walks. Each returns 0 when every identity held, 1 when one failed, 2 on an error. */
 int ex_kda(const ex_opts *o);

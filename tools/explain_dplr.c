@@ -13,6 +13,7 @@
 #include "ops/kcp/kcp.h"
 #include "tools/explain.h"
 #include "tools/explain_kda.h"
+#include "tools/explain_kcp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -106,39 +107,16 @@ static int px_forward(px *x) {
     return 0;
 }
 
-/* The recurrence's state after the first t tokens (h0 for t = 0). */
-static int rec_prefix(const px *x, int t, double *S) {
-    const int64_t kv = (int64_t)x->K * x->V;
-    if (t == 0) {
-        memcpy(S, x->h0, sizeof(double) * (size_t)kv);
-        return 0;
-    }
-    kda_dims d;
-    int64_t tab[4];
-    kx_dims(&d, tab, t, x->BT, x->K, x->V);
-    double *o = ex_zeros((int64_t)t * x->V);
-    dg_status st =
-        dg__dplr_recurrent_fwd_f64(&d, x->scale, x->q, x->k, x->v, x->a, x->b, x->gk, x->h0, o, S);
-    free(o);
-    if (st != DG_OK) {
-        fprintf(stderr, "deltagrad explain: dplr recurrence: %s\n", dg_last_error());
-        return 2;
-    }
-    return 0;
+static dg_status rec_run(const void *p, const kda_dims *d, double *o, double *S) {
+    const px *x = (const px *)p;
+    return dg__dplr_recurrent_fwd_f64(d, x->scale, x->q, x->k, x->v, x->a, x->b, x->gk, x->h0, o,
+                                      S);
 }
 
-static void print_states(const ex_run *r, const char *stage, const char *name, const double *h,
-                         int n, int K, int V) {
-    static char titles[4][32];
-    for (int c0 = 0; c0 < n; c0 += 4) {
-        ex_mat m[4];
-        int cnt = n - c0 < 4 ? n - c0 : 4;
-        for (int i = 0; i < cnt; i++) {
-            snprintf(titles[i], sizeof titles[i], "%s[%d]", name, c0 + i);
-            m[i] = (ex_mat){titles[i], h + (int64_t)(c0 + i) * K * V, K, V, V};
-        }
-        ex_print(r, stage, cnt, m);
-    }
+/* The recurrence's state after the first t tokens (h0 for t = 0). */
+static int rec_prefix(const void *p, int t, double *S) {
+    const px *x = (const px *)p;
+    return ex_rec_prefix(x, t, x->BT, x->K, x->V, x->h0, rec_run, S);
 }
 
 /* (I - Aab) X = R over chunk rows: max |X_i - sum_{j<i} Aab_ij X_j - R_i|. */
@@ -272,20 +250,9 @@ static int walk_forward(ex_run *r, px *x) {
         printf("  h_{c+1} = Diag(exp lam_c) h_c + kg_c^T v_c + bg_c^T v2_c, v2_c = w_c h_c + u_c;\n"
                "  v2_t is the recurrence's p_t = S_{t-1}^T a_t.\n");
     {
-        print_states(r, "state", "h", x->h, NC, K, V);
-        for (int c = 0; c < NC; c++) {
-            snprintf(t1, sizeof t1, "chunk %d: v2", c);
-            ex_mat m[] = {{t1, x->v2 + (int64_t)c * BT * V, chunk_len(x, c), V, V}};
-            ex_print(r, "state", 1, m);
-        }
+        if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v2", x->v2))
+            return 2;
         double *S = ex_zeros(kv);
-        for (int c = 0; c < NC; c++) {
-            if (rec_prefix(x, c * BT, S))
-                return 2;
-            snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
-            ex_check(r, "state", t1, ex_relres(x->h + (int64_t)c * kv, S, kv));
-        }
-        ex_check(r, "state", "final state = recurrence S_T", ex_relres(x->ht, x->htrec, kv));
         double re = 0;
         for (int t = 0; t < T; t++) {
             if (rec_prefix(x, t, S))
@@ -326,111 +293,6 @@ static int walk_forward(ex_run *r, px *x) {
             free(fr[i]);
     }
     return 0;
-}
-
-static int walk_kcp(ex_run *r, px *x, int N) {
-    const int T = x->T, BT = x->BT, K = x->K, V = x->V, C = V + K;
-    const int64_t kv = (int64_t)K * V;
-    char t1[96];
-    ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
-    if (ex_shown(r, "kcp"))
-        printf(
-            "  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
-            "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
-            "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n");
-    double *ag = ex_zeros((int64_t)N * K * C), *o = ex_zeros((int64_t)T * V);
-    double *hin = ex_zeros(kv), *S = ex_zeros(kv), *htl = ex_zeros(kv);
-    int order[64];
-    for (int i = 0; i < N; i++)
-        order[i] = i;
-    double ro = 0;
-    int rc = 0;
-    for (int pass = 0; pass < 2 && !rc; pass++)
-        for (int rk = 0; rk < N && !rc; rk++) {
-            const int s0 = (int)((int64_t)rk * T / N), s1 = (int)((int64_t)(rk + 1) * T / N);
-            const int Tr = s1 - s0, NCr = (Tr + BT - 1) / BT;
-            kda_dims d;
-            int64_t tab[4];
-            kx_dims(&d, tab, Tr, BT, K, V);
-            const int64_t nk = (int64_t)Tr * K, nv = (int64_t)Tr * V, na = (int64_t)Tr * BT;
-            double *Gi = ex_zeros(nk), *Ge = ex_zeros(nk), *Aqk = ex_zeros(na), *Aqb = ex_zeros(na),
-                   *Aak = ex_zeros(na), *Tab = ex_zeros(na), *w = ex_zeros(nk), *u = ex_zeros(nv),
-                   *qg = ex_zeros(nk), *kg = ex_zeros(nk), *bg = ex_zeros(nk),
-                   *h = ex_zeros(NCr * kv), *v2 = ex_zeros(nv);
-            const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
-            const double *a = x->a + (int64_t)s0 * K, *b = x->b + (int64_t)s0 * K;
-            const double *v = x->v + (int64_t)s0 * V;
-            double *out = ag + (int64_t)rk * K * C;
-            dg__dplr_cumsum_fwd_f64(&d, x->gk + (int64_t)s0 * K, Gi, Ge);
-            if (dg__dplr_intra_fwd_f64(&d, x->scale, q, k, a, b, Gi, Ge, Aqk, Aqb, Aak, Tab) ||
-                dg__dplr_wy_fwd_f64(&d, x->scale, q, k, v, a, b, Gi, Ge, Aak, Tab, w, u, qg, kg,
-                                    bg))
-                rc = 2;
-            if (!rc && pass == 0) {
-                kcp_summary_io io;
-                memset(&io, 0, sizeof io);
-                io.X = bg; /* M_c = Diag + bg^T w */
-                io.Y = w;
-                io.G = Gi;
-                io.nterm = 2;
-                io.term[0].A = kg; /* + kg^T v */
-                io.term[0].B = v;
-                io.term[1].A = bg; /* + bg^T u */
-                io.term[1].B = u;
-                io.S0 = rk == 0 ? x->h0 : NULL;
-                io.out = out;
-                if (dg__kcp_summary_f64(&d, &io))
-                    rc = 2;
-            } else if (!rc) {
-                if (rk == 0)
-                    memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
-                else if (dg__kcp_merge_f64(1, K, V, ag, order, rk, hin))
-                    rc = 2;
-                if (!rc && dg__dplr_state_fwd_f64(&d, w, u, kg, bg, v, Gi, hin, h, v2, htl))
-                    rc = 2;
-                if (!rc) {
-                    dg__dplr_output_fwd_f64(&d, qg, h, Aqk, Aqb, v, v2, o + (int64_t)s0 * V);
-                    snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", rk, s0, s1 - 1);
-                    ex_mat m[] = {{t1, out, K, V, C},
-                                  {"M", out + V, K, K, C},
-                                  {"h_in (merged)", hin, K, V, V}};
-                    ex_print(r, "kcp", 3, m);
-                    if (rec_prefix(x, s0, S))
-                        rc = 2;
-                }
-                if (!rc) {
-                    snprintf(t1, sizeof t1,
-                             "rank %d: merged h_in = recurrence state after token %d", rk, s0);
-                    ex_check(r, "kcp", t1, ex_relres(hin, S, kv));
-                    /* the summary is the affine map: M h_in + h_ext = the local final state
-                     * (rank 0's h_ext already holds M h0) */
-                    for (int p = 0; p < K; p++)
-                        for (int e = 0; e < V; e++) {
-                            double sum = out[p * C + e];
-                            for (int c = 0; c < K && rk > 0; c++)
-                                sum += out[p * C + V + c] * hin[c * V + e];
-                            S[p * V + e] = sum;
-                        }
-                    snprintf(t1, sizeof t1, "rank %d: M h_in + h_ext = its final state", rk);
-                    ex_check(r, "kcp", t1, ex_relres(S, htl, kv));
-                    ro = fmax(ro, ex_relres(o + (int64_t)s0 * V, x->o + (int64_t)s0 * V, nv));
-                }
-            }
-            if (rc)
-                fprintf(stderr, "deltagrad explain: dplr kcp: %s\n", dg_last_error());
-            double *fr[] = {Gi, Ge, Aqk, Aqb, Aak, Tab, w, u, qg, kg, bg, h, v2};
-            for (int i = 0; i < 13; i++)
-                free(fr[i]);
-        }
-    if (!rc) {
-        ex_check(r, "kcp", "o of the ranks = o of the unsplit pass", ro);
-        ex_check(r, "kcp", "last rank's final state = unsplit final state",
-                 ex_relres(htl, x->ht, kv));
-    }
-    double *fr[] = {ag, o, hin, S, htl};
-    for (int i = 0; i < 5; i++)
-        free(fr[i]);
-    return rc;
 }
 
 /* ---- backward ------------------------------------------------------------------------------ */
@@ -561,7 +423,7 @@ static int walk_backward(ex_run *r, px *x) {
                       {"dv", g[G_VO], T, V, V},
                       {"dv2", g[G_V2], T, V, V}};
         ex_print(r, "output", 4, m);
-        print_states(r, "output", "dh", g[G_H], NC, K, V);
+        ex_print_states(r, "output", "dh", g[G_H], NC, K, V);
         ex_check(r, "output", "dqg vs finite differences", pfd(&b, P_OUTPUT, x->qg, nk, g[G_QG]));
         ex_check(r, "output", "dh vs finite differences", pfd(&b, P_OUTPUT, x->h, nh, g[G_H]));
         ex_check(r, "output", "dAqk vs finite differences",
@@ -689,10 +551,11 @@ fail:
     return rc;
 }
 
-/* ---- context parallelism, backward --------------------------------------------------------- */
+/* ---- context parallelism on simulated ranks ------------------------------------------------ */
 
-/* One rank's slice [s0, s1): its local stages, state pass and backward through the library's raw
- * functions over Tr = s1 - s0 tokens (its chunks restart at s0). The one-rank pass is [0, T). */
+/* The arrays of one rank's slice [s0, s1) (an ex_slice): its local stages, state pass and
+ * backward through the library's raw functions over Tr = s1 - s0 tokens (its chunks restart at
+ * s0). The one-rank pass is [0, T). The walks themselves are tools/explain_kcp.c's. */
 enum {
     PL_GI,
     PL_GE,
@@ -748,19 +611,8 @@ enum {
     PL_N
 };
 
-typedef struct ploc {
-    int s0, s1, Tr;
-    kda_dims d;
-    int64_t tab[4];
-    double *a[PL_N];
-} ploc;
-
-static void ploc_init(ploc *l, const px *x, int s0, int s1) {
-    memset(l, 0, sizeof *l);
-    l->s0 = s0;
-    l->s1 = s1;
-    l->Tr = s1 - s0;
-    kx_dims(&l->d, l->tab, l->Tr, x->BT, x->K, x->V);
+static void ploc_sizes(const void *p, const ex_slice *l, int64_t *sz) {
+    const px *x = (const px *)p;
     const int64_t T = l->Tr, nk = T * x->K, nv = T * x->V, kv = (int64_t)x->K * x->V;
     const int64_t na = T * x->BT, nh = l->tab[3] * kv;
     for (int i = 0; i < PL_N; i++) {
@@ -775,13 +627,8 @@ static void ploc_init(ploc *l, const px *x, int s0, int s1) {
             n = nh;
         else if (i == PL_HT || i == PL_DH0)
             n = kv;
-        l->a[i] = ex_zeros(n);
+        sz[i] = n;
     }
-}
-
-static void ploc_free(ploc *l) {
-    for (int i = 0; i < PL_N; i++)
-        free(l->a[i]);
 }
 
 /* The slice's inputs. */
@@ -791,7 +638,8 @@ static void ploc_free(ploc *l) {
                  *b_ = (x)->b + (int64_t)(l)->s0 * (x)->K, *v = (x)->v + (int64_t)(l)->s0 * (x)->V
 
 /* cumsum, intra, wy on the slice (no communication). */
-static int ploc_stages(const px *x, ploc *l) {
+static int ploc_stages(const void *p, ex_slice *l) {
+    const px *x = (const px *)p;
     double **g = l->a;
     PL_IN(x, l);
     dg__dplr_cumsum_fwd_f64(&l->d, x->gk + (int64_t)l->s0 * x->K, g[PL_GI], g[PL_GE]);
@@ -806,7 +654,8 @@ static int ploc_stages(const px *x, ploc *l) {
 }
 
 /* The state pass from hin and the output, then the output's backward from dO (its rows). */
-static int ploc_state_out(const px *x, ploc *l, const double *hin) {
+static int ploc_state_out(const void *p, ex_slice *l, const double *hin) {
+    const px *x = (const px *)p;
     double **g = l->a;
     const double *v = x->v + (int64_t)l->s0 * x->V;
     if (dg__dplr_state_fwd_f64(&l->d, g[PL_W], g[PL_U], g[PL_KG], g[PL_BG], v, g[PL_GI], hin,
@@ -823,7 +672,8 @@ static int ploc_state_out(const px *x, ploc *l, const double *hin) {
 
 /* The state, wy, intra backward with dht the gradient of the state leaving the slice, the sums
  * and the reverse cumsums (dgk). */
-static int ploc_backward(const px *x, ploc *l, const double *dht) {
+static int ploc_backward(const void *p, ex_slice *l, const double *dht) {
+    const px *x = (const px *)p;
     double **g = l->a;
     PL_IN(x, l);
     if (dg__dplr_state_bwd_f64(&l->d, g[PL_W], g[PL_KG], g[PL_BG], v, g[PL_GI], g[PL_H], g[PL_V2],
@@ -854,215 +704,108 @@ static int ploc_backward(const px *x, ploc *l, const double *dht) {
     return 0;
 }
 
-/* The recurrence's gradient of the state after token t (t < T): dh0 of the recurrent backward
- * of tokens t..T-1 from the recurrence's state there, with the same dO and dht. */
-static int rec_suffix_dh(const px *x, int t, double *dS) {
-    const int K = x->K, V = x->V, n = x->T - t;
-    const int64_t kv = (int64_t)K * V, nk = (int64_t)n * K, nv = (int64_t)n * V;
-    kda_dims d;
-    int64_t tab[4];
-    kx_dims(&d, tab, n, x->BT, K, V);
-    double *S = ex_zeros(kv), *g[6];
-    const int64_t gn[6] = {nk, nk, nv, nk, nk, nk};
-    for (int i = 0; i < 6; i++)
-        g[i] = ex_zeros(gn[i]);
-    int rc = rec_prefix(x, t, S);
-    const int64_t ok = (int64_t)t * K, ov = (int64_t)t * V;
-    if (!rc && dg__dplr_recurrent_bwd_f64(&d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->a + ok,
-                                          x->b + ok, x->gk + ok, S, x->dO + ov, x->dht, g[0], g[1],
-                                          g[2], g[3], g[4], g[5], dS)) {
-        fprintf(stderr, "deltagrad explain: dplr recurrent backward: %s\n", dg_last_error());
-        rc = 2;
+static dg_status rec_bwd(const void *p, const kda_dims *d, int t, const double *S, double *const *g,
+                         double *dS) {
+    const px *x = (const px *)p;
+    const int64_t ok = (int64_t)t * x->K, ov = (int64_t)t * x->V;
+    return dg__dplr_recurrent_bwd_f64(d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->a + ok,
+                                      x->b + ok, x->gk + ok, S, x->dO + ov, x->dht, g[0], g[1],
+                                      g[2], g[3], g[4], g[5], dS);
+}
+
+/* The recurrence's gradient of the state after token t (t < T). */
+static int rec_suffix_dh(const void *p, int t, double *dS) {
+    const px *x = (const px *)p;
+    return ex_rec_suffix_dh(x, t, x->T, x->BT, x->K, x->V, rec_prefix, rec_bwd, dS);
+}
+
+/* The slice's summary: forward M_c = Diag(exp lam_c) + bg_c^T w_c, h_ext fed by kg^T v + bg^T u;
+ * reverse M_c^T = Diag(exp lam_c) + w_c^T bg_c, dh_ext fed by w^T dv2 and the output's dh. */
+static void ploc_summary(const void *p, const ex_slice *l, int reverse, kcp_summary_io *io) {
+    const px *x = (const px *)p;
+    double *const *g = l->a;
+    io->reverse = reverse;
+    io->X = reverse ? g[PL_W] : g[PL_BG];
+    io->Y = reverse ? g[PL_BG] : g[PL_W];
+    io->G = g[PL_GI];
+    if (reverse) {
+        io->nterm = 1;
+        io->term[0].A = g[PL_W];
+        io->term[0].B = g[PL_DV2];
+        io->dh = g[PL_DH];
+    } else {
+        io->nterm = 2;
+        io->term[0].A = g[PL_KG];
+        io->term[0].B = x->v + (int64_t)l->s0 * x->V;
+        io->term[1].A = g[PL_BG];
+        io->term[1].B = g[PL_U];
     }
-    free(S);
-    for (int i = 0; i < 6; i++)
-        free(g[i]);
-    return rc;
+}
+
+static void ploc_print(const ex_run *r, const void *p, const ex_slice *l) {
+    const px *x = (const px *)p;
+    const int K = x->K, V = x->V;
+    ex_mat m[] = {{"dq", l->a[PL_DQ], l->Tr, K, K},
+                  {"dk", l->a[PL_DK], l->Tr, K, K},
+                  {"dv", l->a[PL_DV], l->Tr, V, V}};
+    ex_print(r, "kcp", 3, m);
+    ex_mat m2[] = {{"da", l->a[PL_DA], l->Tr, K, K},
+                   {"db", l->a[PL_DB], l->Tr, K, K},
+                   {"dgk", l->a[PL_DGK], l->Tr, K, K}};
+    ex_print(r, "kcp", 3, m2);
+}
+
+/* The example's side of the simulated ranks (tools/explain_kcp.h). */
+static const ex_kcp_op dplr_op = {
+    .n = PL_N,
+    .i_o = PL_O,
+    .i_ht = PL_HT,
+    .i_dh0 = PL_DH0,
+    .sizes = ploc_sizes,
+    .stages = ploc_stages,
+    .state_out = ploc_state_out,
+    .backward = ploc_backward,
+    .summary = ploc_summary,
+    .rec_prefix = rec_prefix,
+    .rec_suffix_dh = rec_suffix_dh,
+    .print_grads = ploc_print,
+    .ng = 6,
+    .gname = {"dq", "dk", "dv", "da", "db", "dgk"},
+    .gi = {PL_DQ, PL_DK, PL_DV, PL_DA, PL_DB, PL_DGK},
+    .gper = {EX_PER_K, EX_PER_K, EX_PER_V, EX_PER_K, EX_PER_K, EX_PER_K},
+    .fwd_intro =
+        "  As for KDA, with M_c = Diag(exp lam_c) + bg_c^T w_c and h_ext fed by\n"
+        "  kg^T v + bg^T u: each rank's summary [h_ext | M] (dg__kcp_summary_f64), rank r's\n"
+        "  initial state the chain of ranks 0..r-1 (dg__kcp_merge_f64).\n",
+    .bwd_title = "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/dplr/kcp.c)",
+    .bwd_intro =
+        "  As for KDA: each rank runs the output's backward on its slice (dh per chunk\n"
+        "  start, dv2); dh_in = M^T dh_out + dh_ext with M_c^T = Diag(exp lam_c) + w_c^T bg_c\n"
+        "  and dh_ext fed by w^T dv2 and the output's dh (dg__kcp_summary_f64, reverse; the\n"
+        "  last rank starts from dht, rank 0 sends zeros). Rank r chains ranks N-1 down to\n"
+        "  r+1 (dg__kcp_merge_f64) into the dh entering its slice, then runs the state, wy,\n"
+        "  intra and cumsum backward locally; a rank > 0 drops its dh0.\n",
+};
+
+static ex_kcp dplr_kcp(const px *x, int N) {
+    return (ex_kcp){&dplr_op, x, N, x->T, x->BT, x->K, x->V, x->h0, x->dht, x->o, x->ht};
+}
+
+static int walk_kcp(ex_run *r, px *x, int N) {
+    ex_kcp k = dplr_kcp(x, N);
+    return ex_kcp_forward(r, &k);
 }
 
 static int walk_kcp_backward(ex_run *r, px *x, int N) {
-    const int T = x->T, K = x->K, V = x->V, C = V + K;
-    const int64_t kv = (int64_t)K * V;
-    char t1[112];
-    ex_heading(r, "kcp", "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/dplr/kcp.c)");
-    if (ex_shown(r, "kcp"))
-        printf(
-            "  As for KDA: each rank runs the output's backward on its slice (dh per chunk\n"
-            "  start, dv2); dh_in = M^T dh_out + dh_ext with M_c^T = Diag(exp lam_c) + w_c^T bg_c\n"
-            "  and dh_ext fed by w^T dv2 and the output's dh (dg__kcp_summary_f64, reverse; the\n"
-            "  last rank starts from dht, rank 0 sends zeros). Rank r chains ranks N-1 down to\n"
-            "  r+1 (dg__kcp_merge_f64) into the dh entering its slice, then runs the state, wy,\n"
-            "  intra and cumsum backward locally; a rank > 0 drops its dh0.\n");
-    ploc one, *rk = (ploc *)calloc((size_t)N, sizeof(ploc));
-    double *agf = ex_zeros((int64_t)N * K * C), *agb = ex_zeros((int64_t)N * K * C);
-    double *hin = ex_zeros((int64_t)N * kv), *dho = ex_zeros((int64_t)N * kv);
-    double *S = ex_zeros(kv), *pred = ex_zeros(kv);
-    int order[64], rc = 0;
-    if (!rk) {
-        fprintf(stderr, "deltagrad explain: out of host memory\n");
-        exit(2);
-    }
-    ploc_init(&one, x, 0, T); /* the one-rank backward */
-    rc = ploc_stages(x, &one);
-    if (!rc)
-        rc = ploc_state_out(x, &one, x->h0);
-    if (!rc)
-        rc = ploc_backward(x, &one, x->dht);
-    for (int i = 0; i < N; i++)
-        ploc_init(&rk[i], x, (int)((int64_t)i * T / N), (int)((int64_t)(i + 1) * T / N));
-    for (int i = 0; i < N && !rc; i++) { /* forward summaries */
-        rc = ploc_stages(x, &rk[i]);
-        double **g = rk[i].a;
-        kcp_summary_io io;
-        memset(&io, 0, sizeof io);
-        io.X = g[PL_BG]; /* M_c = Diag + bg^T w */
-        io.Y = g[PL_W];
-        io.G = g[PL_GI];
-        io.nterm = 2;
-        io.term[0].A = g[PL_KG]; /* + kg^T v */
-        io.term[0].B = x->v + (int64_t)rk[i].s0 * V;
-        io.term[1].A = g[PL_BG]; /* + bg^T u */
-        io.term[1].B = g[PL_U];
-        io.S0 = i == 0 ? x->h0 : NULL;
-        io.out = agf + (int64_t)i * K * C;
-        if (!rc && dg__kcp_summary_f64(&rk[i].d, &io))
-            rc = 2;
-    }
-    for (int i = 0; i < N && !rc; i++) { /* merges, state passes, output backward */
-        for (int s = 0; s < i; s++)
-            order[s] = s;
-        if (i == 0)
-            memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
-        else if (dg__kcp_merge_f64(1, K, V, agf, order, i, hin + i * kv))
-            rc = 2;
-        if (!rc)
-            rc = ploc_state_out(x, &rk[i], hin + i * kv);
-    }
-    for (int i = 1; i < N && !rc; i++) { /* the reverse summaries (ranks 1..N-1) */
-        double **g = rk[i].a;
-        kcp_summary_io io;
-        memset(&io, 0, sizeof io);
-        io.reverse = 1;
-        io.X = g[PL_W]; /* M_c^T = Diag + w^T bg */
-        io.Y = g[PL_BG];
-        io.G = g[PL_GI];
-        io.nterm = 1;
-        io.term[0].A = g[PL_W]; /* + w^T dv2 */
-        io.term[0].B = g[PL_DV2];
-        io.dh = g[PL_DH];
-        io.S0 = i == N - 1 ? x->dht : NULL;
-        io.out = agb + (int64_t)i * K * C;
-        if (dg__kcp_summary_f64(&rk[i].d, &io))
-            rc = 2;
-    }
-    for (int i = 0; i < N && !rc; i++) { /* the reverse merges, the local backward */
-        if (i == N - 1) {
-            memcpy(dho + i * kv, x->dht, sizeof(double) * (size_t)kv);
-        } else {
-            for (int s = 0; s < N - 1 - i; s++)
-                order[s] = N - 1 - s;
-            if (dg__kcp_merge_f64(1, K, V, agb, order, N - 1 - i, dho + i * kv))
-                rc = 2;
-        }
-        if (!rc)
-            rc = ploc_backward(x, &rk[i], dho + i * kv);
-    }
-    if (rc) {
-        fprintf(stderr, "deltagrad explain: dplr kcp backward: %s\n", dg_last_error());
-        goto done;
-    }
-
-    for (int i = 0; i < N; i++) {
-        const ploc *l = &rk[i];
-        const double *sm = agb + (int64_t)i * K * C, *fm = agf + (int64_t)i * K * C;
-        const double *dh = dho + i * kv;
-        snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): dh_ext%s", i, l->s0, l->s1 - 1,
-                 i == N - 1 ? " (from dht)" : "");
-        if (i > 0) {
-            ex_mat m[] = {{t1, sm, K, V, C},
-                          {"M^T", sm + V, K, K, C},
-                          {i == N - 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
-            ex_print(r, "kcp", 3, m);
-        } else if (ex_shown(r, "kcp")) {
-            printf("  rank 0 (tokens %d..%d): no summary (no rank before it)\n", l->s0, l->s1 - 1);
-            ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
-            ex_print(r, "kcp", 1, m);
-        }
-        ex_mat m[] = {{"dq", l->a[PL_DQ], l->Tr, K, K},
-                      {"dk", l->a[PL_DK], l->Tr, K, K},
-                      {"dv", l->a[PL_DV], l->Tr, V, V}};
-        ex_print(r, "kcp", 3, m);
-        ex_mat m2[] = {{"da", l->a[PL_DA], l->Tr, K, K},
-                       {"db", l->a[PL_DB], l->Tr, K, K},
-                       {"dgk", l->a[PL_DGK], l->Tr, K, K}};
-        ex_print(r, "kcp", 3, m2);
-        if (i < N - 1) {
-            if ((rc = rec_suffix_dh(x, l->s1, S)))
-                goto done;
-            snprintf(t1, sizeof t1,
-                     "rank %d: merged dh_out = recurrence gradient of the state after token %d", i,
-                     l->s1);
-            ex_check(r, "kcp", t1, ex_relres(dh, S, kv));
-        }
-        if (i > 0) {
-            for (int p = 0; p < K; p++)
-                for (int e = 0; e < V; e++) {
-                    double s = sm[p * C + e];
-                    for (int b = 0; b < K && i < N - 1; b++)
-                        s += sm[p * C + V + b] * dh[b * V + e];
-                    pred[p * V + e] = s;
-                }
-            snprintf(t1, sizeof t1, "rank %d: %s = its local dh0", i,
-                     i < N - 1 ? "M^T dh_out + dh_ext" : "dh_ext (from dht)");
-            ex_check(r, "kcp", t1, ex_relres(pred, l->a[PL_DH0], kv));
-            snprintf(t1, sizeof t1, "rank %d: its local dh0 = dh_out merged for rank %d", i, i - 1);
-            ex_check(r, "kcp", t1, ex_relres(l->a[PL_DH0], dho + (i - 1) * kv, kv));
-            double rt = 0;
-            for (int p = 0; p < K; p++)
-                for (int b = 0; b < K; b++)
-                    rt = fmax(rt, fabs(sm[p * C + V + b] - fm[b * C + V + p]));
-            snprintf(t1, sizeof t1, "rank %d: backward M^T = transpose of forward M", i);
-            ex_check(r, "kcp", t1, rt);
-        }
-    }
-    {
-        const int src[] = {PL_DQ, PL_DK, PL_DV, PL_DA, PL_DB, PL_DGK};
-        const int per[] = {K, K, V, K, K, K};
-        const char *nm[] = {"dq", "dk", "dv", "da", "db", "dgk"};
-        for (int j = 0; j < 6; j++) {
-            double res = 0;
-            for (int i = 0; i < N; i++)
-                res =
-                    fmax(res, ex_relres(rk[i].a[src[j]], one.a[src[j]] + (int64_t)rk[i].s0 * per[j],
-                                        (int64_t)rk[i].Tr * per[j]));
-            snprintf(t1, sizeof t1, "%s of the ranks = %s of the one-rank backward", nm[j], nm[j]);
-            ex_check(r, "kcp", t1, res);
-        }
-        ex_check(r, "kcp", "rank 0's dh0 = dh0 of the one-rank backward",
-                 ex_relres(rk[0].a[PL_DH0], one.a[PL_DH0], kv));
-    }
-done:
-    ploc_free(&one);
-    for (int i = 0; i < N; i++)
-        ploc_free(&rk[i]);
-    double *fr[] = {agf, agb, hin, dho, S, pred};
-    for (int i = 0; i < 6; i++)
-        free(fr[i]);
-    free(rk);
-    return rc;
+    ex_kcp k = dplr_kcp(x, N);
+    return ex_kcp_backward(r, &k);
 }
 
 int ex_dplr(const ex_opts *o) {
     px x;
     ex_run r = {o, 0, 0, 0};
     px_init(&x, o);
-    printf("deltagrad explain --dplr: chunked DPLR on one sequence, one head, f64: T=%d chunk=%d "
-           "K=%d V=%d gate=%s strength=%g seed=%llu",
-           o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed);
-    if (o->cp)
-        printf(" ranks=%d", o->cp);
-    printf("%s\n", o->backward ? " (backward)" : "");
+    ex_banner(o, " --dplr", "DPLR");
     int rc = px_forward(&x);
     if (!rc && dg__dplr_recurrent_fwd_f64(&x.d, x.scale, x.q, x.k, x.v, x.a, x.b, x.gk, x.h0,
                                           x.orec, x.htrec)) {
@@ -1080,7 +823,5 @@ int ex_dplr(const ex_opts *o) {
     px_free(&x);
     if (rc)
         return rc;
-    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r.checks, r.failed,
-           EX_TOL, r.worst);
-    return r.failed ? 1 : 0;
+    return ex_summary(&r);
 }

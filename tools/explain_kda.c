@@ -11,6 +11,7 @@
 #include "ops/kda/kda.h"
 #include "tools/explain.h"
 #include "tools/explain_kda.h"
+#include "tools/explain_kcp.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -108,25 +109,15 @@ int kx_recurrent(kx *x) {
     return 0;
 }
 
+static dg_status rec_run(const void *p, const kda_dims *d, double *o, double *S) {
+    const kx *x = (const kx *)p;
+    return dg__kda_recurrent_fwd_f64(d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0, o, S);
+}
+
 /* The recurrence's state after the first t tokens (h0 for t = 0), into S [K,V]. */
-static int rec_prefix(const kx *x, int t, double *S) {
-    const int64_t kv = (int64_t)x->K * x->V;
-    if (t == 0) {
-        memcpy(S, x->h0, sizeof(double) * (size_t)kv);
-        return 0;
-    }
-    kda_dims d;
-    int64_t tab[4];
-    kx_dims(&d, tab, t, x->BT, x->K, x->V);
-    double *o = ex_zeros((int64_t)t * x->V);
-    dg_status st =
-        dg__kda_recurrent_fwd_f64(&d, x->scale, x->q, x->k, x->v, x->g, x->beta, x->h0, o, S);
-    free(o);
-    if (st != DG_OK) {
-        fprintf(stderr, "deltagrad explain: recurrence: %s\n", dg_last_error());
-        return 2;
-    }
-    return 0;
+static int rec_prefix(const void *p, int t, double *S) {
+    const kx *x = (const kx *)p;
+    return ex_rec_prefix(x, t, x->BT, x->K, x->V, x->h0, rec_run, S);
 }
 
 void kx_lkk(const kx *x, int c, double *A) {
@@ -147,21 +138,6 @@ void kx_lkk(const kx *x, int c, double *A) {
 static int chunk_len(const kx *x, int c) {
     const int t0 = c * x->BT;
     return x->T - t0 < x->BT ? x->T - t0 : x->BT;
-}
-
-/* Print NC states [K,V] (array [NC,K,V]) four to a row. */
-static void print_states(const ex_run *r, const char *stage, const char *name, const double *h,
-                         int n, int K, int V) {
-    static char titles[4][32];
-    for (int c0 = 0; c0 < n; c0 += 4) {
-        ex_mat m[4];
-        int cnt = n - c0 < 4 ? n - c0 : 4;
-        for (int i = 0; i < cnt; i++) {
-            snprintf(titles[i], sizeof titles[i], "%s[%d]", name, c0 + i);
-            m[i] = (ex_mat){titles[i], h + (int64_t)(c0 + i) * K * V, K, V, V};
-        }
-        ex_print(r, stage, cnt, m);
-    }
 }
 
 /* ---- the forward walk ---------------------------------------------------------------------- */
@@ -311,21 +287,9 @@ static int walk_forward(ex_run *r, kx *x) {
     if (ex_shown(r, "state"))
         printf("%s", ex_card_text("state"));
     {
-        print_states(r, "state", "h", x->h, NC, K, V);
-        for (int c = 0; c < NC; c++) {
-            const int t0 = c * BT, L = chunk_len(x, c);
-            snprintf(t1, sizeof t1, "chunk %d: v_new = E", c);
-            ex_mat m[] = {{t1, x->E + (int64_t)t0 * V, L, V, V}};
-            ex_print(r, "state", 1, m);
-        }
-        double *S = ex_zeros(kv), *Sp = ex_zeros(kv);
-        for (int c = 0; c < NC; c++) {
-            if (rec_prefix(x, c * BT, S))
-                return 2;
-            snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
-            ex_check(r, "state", t1, ex_relres(x->h + (int64_t)c * kv, S, kv));
-        }
-        ex_check(r, "state", "final state = recurrence S_T", ex_relres(x->ht, x->htrec, kv));
+        if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v_new = E", x->E))
+            return 2;
+        double *S = ex_zeros(kv);
         /* v_new_t = beta_t (v_t - S'^T k_t), S' = Diag(exp g_t) S_{t-1}: the recurrence's delta */
         double re = 0;
         for (int t = 0; t < T; t++) {
@@ -341,7 +305,6 @@ static int walk_forward(ex_run *r, kx *x) {
         }
         ex_check(r, "state", "v_new_t = beta_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t)", re);
         free(S);
-        free(Sp);
     }
 
     ex_heading(r, "output", "o = s QG h (inter) + Aqk v_new (intra) (dg__kda_output_fwd_f64)");
@@ -377,106 +340,6 @@ static int walk_forward(ex_run *r, kx *x) {
         free(oa);
         free(sum);
     }
-    return 0;
-}
-
-/* ---- context parallelism on simulated ranks ------------------------------------------------ */
-
-static int walk_kcp(ex_run *r, kx *x) {
-    const int N = x->o->cp, T = x->T, BT = x->BT, K = x->K, V = x->V, C = V + K;
-    const int64_t kv = (int64_t)K * V;
-    const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
-    char t1[96];
-    ex_heading(r, "kcp", "the sequence split over simulated ranks (ops/kcp/summary.c)");
-    if (ex_shown(r, "kcp"))
-        printf(
-            "  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
-            "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
-            "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
-            "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
-            "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
-            "  ranks are simulated in one process, one after another.\n");
-    double *ag = ex_zeros((int64_t)N * K * C);
-    double *o = ex_zeros((int64_t)T * V), *hin = ex_zeros(kv), *S = ex_zeros(kv);
-    double *pred = ex_zeros(kv);
-    int order[64];
-    for (int rk = 0; rk < N; rk++)
-        order[rk] = rk;
-    double ro = 0;
-    double *htl = ex_zeros(kv);
-    /* two passes: summaries of every rank, then each rank's merge and local state pass */
-    for (int pass = 0; pass < 2; pass++)
-        for (int rk = 0; rk < N; rk++) {
-            const int s0 = (int)((int64_t)rk * T / N), s1 = (int)((int64_t)(rk + 1) * T / N);
-            const int Tr = s1 - s0, NCr = (Tr + BT - 1) / BT;
-            kda_dims d;
-            int64_t tab[4];
-            kx_dims(&d, tab, Tr, BT, K, V);
-            const int64_t nk = (int64_t)Tr * K, nv = (int64_t)Tr * V;
-            double *G = ex_zeros(nk), *Aqk = ex_zeros((int64_t)Tr * BT),
-                   *Tm = ex_zeros((int64_t)Tr * BT), *W = ex_zeros(nk), *U = ex_zeros(nv),
-                   *KG = ex_zeros(nk), *QG = ex_zeros(nk), *h = ex_zeros(NCr * kv),
-                   *E = ex_zeros(nv);
-            const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
-            const double *v = x->v + (int64_t)s0 * V, *beta = x->beta + s0;
-            dg__kda_gate_fwd_f64(&d, x->gate, x->lb, 1, x->x + (int64_t)s0 * K, A_log, x->dt_bias,
-                                 G);
-            TRY(dg__kda_intra_fwd_f64(&d, x->scale, q, k, beta, G, Aqk, Tm));
-            TRY(dg__kda_wy_fwd_f64(&d, q, k, v, beta, G, Tm, W, U, KG, QG));
-            double *out = ag + (int64_t)rk * K * C;
-            if (pass == 0) {
-                kcp_summary_io io;
-                memset(&io, 0, sizeof io);
-                io.X = KG; /* M_c = Diag(exp lam) - KG^T W */
-                io.Y = W;
-                io.G = G;
-                io.neg_xy = 1;
-                io.nterm = 1;
-                io.term[0].A = KG; /* + KG^T U */
-                io.term[0].B = U;
-                io.S0 = rk == 0 ? x->h0 : NULL;
-                io.out = out;
-                TRY(dg__kcp_summary_f64(&d, &io));
-            } else {
-                if (rk == 0)
-                    memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
-                else
-                    TRY(dg__kcp_merge_f64(1, K, V, ag, order, rk, hin));
-                TRY(dg__kda_state_fwd_f64(&d, W, U, KG, G, hin, h, E, htl));
-                dg__kda_output_fwd_f64(&d, x->scale, QG, h, Aqk, E, o + (int64_t)s0 * V);
-                snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): h_ext", rk, s0, s1 - 1);
-                ex_mat m[] = {
-                    {t1, out, K, V, C}, {"M", out + V, K, K, C}, {"h_in (merged)", hin, K, V, V}};
-                ex_print(r, "kcp", 3, m);
-                if (rec_prefix(x, s0, S))
-                    return 2;
-                snprintf(t1, sizeof t1, "rank %d: merged h_in = recurrence state after token %d",
-                         rk, s0);
-                ex_check(r, "kcp", t1, ex_relres(hin, S, kv));
-                /* the summary is the affine map: M h_in + h_ext = the local final state */
-                for (int a = 0; a < K; a++)
-                    for (int e = 0; e < V; e++) {
-                        double s = rk == 0 ? 0 : out[a * C + e];
-                        for (int b = 0; b < K && rk > 0; b++)
-                            s += out[a * C + V + b] * hin[b * V + e];
-                        pred[a * V + e] = rk == 0 ? out[a * C + e] : s;
-                    }
-                snprintf(t1, sizeof t1, "rank %d: M h_in + h_ext = its final state", rk);
-                ex_check(r, "kcp", t1, ex_relres(pred, htl, kv));
-                ro = fmax(ro, ex_relres(o + (int64_t)s0 * V, x->O + (int64_t)s0 * V, nv));
-            }
-            double *fr[] = {G, Aqk, Tm, W, U, KG, QG, h, E};
-            for (int i = 0; i < 9; i++)
-                free(fr[i]);
-        }
-    ex_check(r, "kcp", "o of the ranks = o of the unsplit pass", ro);
-    ex_check(r, "kcp", "last rank's final state = unsplit final state", ex_relres(htl, x->ht, kv));
-    free(ag);
-    free(o);
-    free(hin);
-    free(S);
-    free(pred);
-    free(htl);
     return 0;
 }
 
@@ -659,7 +522,7 @@ static int walk_backward(ex_run *r, kx *x) {
         const double *a[] = {x->dO, b.dQG, b.dE};
         const int cols[] = {V, K, V};
         print_rows(r, "output", 3, nm, a, cols, T);
-        print_states(r, "output", "dh", b.dh, NC, K, V);
+        ex_print_states(r, "output", "dh", b.dh, NC, K, V);
         ex_check(r, "output", "dQG vs finite differences", fd(&b, L_OUTPUT, x->QG, nk, b.dQG));
         ex_check(r, "output", "dh vs finite differences", fd(&b, L_OUTPUT, x->h, nh, b.dh));
         ex_check(r, "output", "dAqk vs finite differences", fd(&b, L_OUTPUT, x->Aqk, na, b.dAqk));
@@ -806,11 +669,12 @@ done:
     return rc;
 }
 
-/* ---- context parallelism, backward --------------------------------------------------------- */
+/* ---- context parallelism on simulated ranks ------------------------------------------------ */
 
-/* One rank's slice [s0, s1) of the example: its local stages, state pass and backward through
- * the library's raw functions, in the layouts of kda.h over Tr = s1 - s0 tokens (its chunks
- * restart at s0). The unsplit (one-rank) pass is the slice [0, T). */
+/* The arrays of one rank's slice [s0, s1) of the example (an ex_slice): its local stages, state
+ * pass and backward through the library's raw functions, in the layouts of kda.h over
+ * Tr = s1 - s0 tokens (its chunks restart at s0). The unsplit (one-rank) pass is the slice
+ * [0, T). The walks themselves are tools/explain_kcp.c's. */
 enum {
     KL_G,
     KL_AQK,
@@ -850,39 +714,23 @@ enum {
     KL_N
 };
 
-typedef struct kloc {
-    int s0, s1, Tr;
-    kda_dims d;
-    int64_t tab[4];
-    double *a[KL_N];
-} kloc;
-
-static void kloc_init(kloc *l, const kx *x, int s0, int s1) {
-    memset(l, 0, sizeof *l);
-    l->s0 = s0;
-    l->s1 = s1;
-    l->Tr = s1 - s0;
-    kx_dims(&l->d, l->tab, l->Tr, x->BT, x->K, x->V);
+static void kloc_sizes(const void *p, const ex_slice *l, int64_t *sz) {
+    const kx *x = (const kx *)p;
     const int64_t T = l->Tr, nk = T * x->K, nv = T * x->V, kv = (int64_t)x->K * x->V;
     const int64_t na = T * x->BT, nh = l->tab[3] * kv;
-    const int64_t sz[KL_N] = {
+    const int64_t n[KL_N] = {
         [KL_G] = nk,   [KL_AQK] = na,  [KL_TM] = na,   [KL_W] = nk,   [KL_U] = nv,   [KL_KG] = nk,
         [KL_QG] = nk,  [KL_H] = nh,    [KL_E] = nv,    [KL_HT] = kv,  [KL_O] = nv,   [KL_DQG] = nk,
         [KL_DH] = nh,  [KL_DAQK] = na, [KL_DE] = nv,   [KL_DW] = nk,  [KL_DU] = nv,  [KL_DKG] = nk,
         [KL_DGS] = nk, [KL_DH0] = kv,  [KL_DQW] = nk,  [KL_DKW] = nk, [KL_DV] = nv,  [KL_DBW] = T,
         [KL_DGW] = nk, [KL_DTM] = na,  [KL_DQI] = nk,  [KL_DKI] = nk, [KL_DBI] = T,  [KL_DGI] = nk,
         [KL_DQ] = nk,  [KL_DK] = nk,   [KL_DBETA] = T, [KL_DG] = nk,  [KL_DLOG] = nk};
-    for (int i = 0; i < KL_N; i++)
-        l->a[i] = ex_zeros(sz[i]);
-}
-
-static void kloc_free(kloc *l) {
-    for (int i = 0; i < KL_N; i++)
-        free(l->a[i]);
+    memcpy(sz, n, sizeof n);
 }
 
 /* N3-N5 on the slice (no communication). */
-static int kloc_stages(const kx *x, kloc *l) {
+static int kloc_stages(const void *p, ex_slice *l) {
+    const kx *x = (const kx *)p;
     double **a = l->a;
     const int K = x->K, s0 = l->s0;
     const double *A_log = x->gate == DG_GATE_KDA ? x->A_log : NULL;
@@ -898,7 +746,8 @@ static int kloc_stages(const kx *x, kloc *l) {
 
 /* N6-N7 from the slice's initial state hin, then N7's backward from dO (its rows of the slice):
  * dQG, dh per chunk start, dAqk, dE. */
-static int kloc_state_out(const kx *x, kloc *l, const double *hin) {
+static int kloc_state_out(const void *p, ex_slice *l, const double *hin) {
+    const kx *x = (const kx *)p;
     double **a = l->a;
     TRY(dg__kda_state_fwd_f64(&l->d, a[KL_W], a[KL_U], a[KL_KG], a[KL_G], hin, a[KL_H], a[KL_E],
                               a[KL_HT]));
@@ -911,7 +760,8 @@ static int kloc_state_out(const kx *x, kloc *l, const double *hin) {
 
 /* N6-N4's backward with dht the gradient of the state leaving the slice, the sums, and dg (the
  * gradient of the per-token log decay: dG through the reverse chunk-local cumsum). */
-static int kloc_backward(const kx *x, kloc *l, const double *dht) {
+static int kloc_backward(const void *p, ex_slice *l, const double *dht) {
+    const kx *x = (const kx *)p;
     double **a = l->a;
     const int K = x->K, s0 = l->s0;
     const double *q = x->q + (int64_t)s0 * K, *k = x->k + (int64_t)s0 * K;
@@ -936,214 +786,105 @@ static int kloc_backward(const kx *x, kloc *l, const double *dht) {
     return 0;
 }
 
-/* The recurrence's gradient of the state after token t (t < T): dh0 of the recurrent backward
- * of tokens t..T-1 from the recurrence's state there, with the same dO and dht. */
-static int rec_suffix_dh(const kx *x, int t, double *dS) {
-    const int K = x->K, V = x->V, n = x->T - t;
-    const int64_t kv = (int64_t)K * V, nk = (int64_t)n * K, nv = (int64_t)n * V;
-    kda_dims d;
-    int64_t tab[4];
-    kx_dims(&d, tab, n, x->BT, K, V);
-    double *S = ex_zeros(kv), *dq = ex_zeros(nk), *dk = ex_zeros(nk), *dv = ex_zeros(nv),
-           *dg = ex_zeros(nk), *db = ex_zeros(n);
-    int rc = rec_prefix(x, t, S);
-    if (!rc &&
-        dg__kda_recurrent_bwd_f64(&d, x->scale, x->q + (int64_t)t * K, x->k + (int64_t)t * K,
-                                  x->v + (int64_t)t * V, x->g + (int64_t)t * K, x->beta + t, S,
-                                  x->dO + (int64_t)t * V, x->dht, dq, dk, dv, dg, db, dS)) {
-        fprintf(stderr, "deltagrad explain: recurrent backward: %s\n", dg_last_error());
-        rc = 2;
-    }
-    double *fr[] = {S, dq, dk, dv, dg, db};
-    for (int i = 0; i < 6; i++)
-        free(fr[i]);
-    return rc;
+/* The slice's summary: forward M_c = Diag(exp lam_c) - KG_c^T W_c, h_ext fed by KG^T U;
+ * reverse M_c^T = Diag(exp lam_c) - W_c^T KG_c, dh_ext fed by - W^T dE and N7's dh. */
+static void kloc_summary(const void *p, const ex_slice *l, int reverse, kcp_summary_io *io) {
+    double *const *a = l->a;
+    (void)p;
+    io->reverse = reverse;
+    io->X = reverse ? a[KL_W] : a[KL_KG];
+    io->Y = reverse ? a[KL_KG] : a[KL_W];
+    io->G = a[KL_G];
+    io->neg_xy = 1;
+    io->nterm = 1;
+    io->term[0].A = reverse ? a[KL_W] : a[KL_KG];
+    io->term[0].B = reverse ? a[KL_DE] : a[KL_U];
+    io->term[0].neg = reverse;
+    io->dh = reverse ? a[KL_DH] : NULL;
+}
+
+static dg_status rec_bwd(const void *p, const kda_dims *d, int t, const double *S, double *const *g,
+                         double *dS) {
+    const kx *x = (const kx *)p;
+    const int64_t ok = (int64_t)t * x->K, ov = (int64_t)t * x->V;
+    return dg__kda_recurrent_bwd_f64(d, x->scale, x->q + ok, x->k + ok, x->v + ov, x->g + ok,
+                                     x->beta + t, S, x->dO + ov, x->dht, g[0], g[1], g[2], g[3],
+                                     g[4], dS);
+}
+
+/* The recurrence's gradient of the state after token t (t < T). */
+static int rec_suffix_dh(const void *p, int t, double *dS) {
+    const kx *x = (const kx *)p;
+    return ex_rec_suffix_dh(x, t, x->T, x->BT, x->K, x->V, rec_prefix, rec_bwd, dS);
+}
+
+static void kloc_print(const ex_run *r, const void *p, const ex_slice *l) {
+    const kx *x = (const kx *)p;
+    const int K = x->K, V = x->V;
+    const char *nm[] = {"dq", "dk", "dv", "dg", "dbeta"};
+    const double *ar[] = {l->a[KL_DQ], l->a[KL_DK], l->a[KL_DV], l->a[KL_DLOG], l->a[KL_DBETA]};
+    const int cols[] = {K, K, V, K, 1};
+    print_rows(r, "kcp", 5, nm, ar, cols, l->Tr);
+}
+
+/* The example's side of the simulated ranks (tools/explain_kcp.h). */
+static const ex_kcp_op kda_op = {
+    .n = KL_N,
+    .i_o = KL_O,
+    .i_ht = KL_HT,
+    .i_dh0 = KL_DH0,
+    .sizes = kloc_sizes,
+    .stages = kloc_stages,
+    .state_out = kloc_state_out,
+    .backward = kloc_backward,
+    .summary = kloc_summary,
+    .rec_prefix = rec_prefix,
+    .rec_suffix_dh = rec_suffix_dh,
+    .print_grads = kloc_print,
+    .ng = 5,
+    .gname = {"dq", "dk", "dv", "dg", "dbeta"},
+    .gi = {KL_DQ, KL_DK, KL_DV, KL_DLOG, KL_DBETA},
+    .gper = {EX_PER_K, EX_PER_K, EX_PER_V, EX_PER_K, EX_PER_1},
+    .fwd_intro =
+        "  Rank r holds tokens [s_r, s_{r+1}) and runs N3-N5 on its slice (its chunks restart\n"
+        "  at s_r). Its state pass is affine in the unknown initial state: h_out = M h_in +\n"
+        "  h_ext. dg__kcp_summary_f64 computes [h_ext | M] (h_in = 0; rank 0 uses h0);\n"
+        "  all ranks exchange them (an all_gather), and rank r chains those of ranks\n"
+        "  0..r-1 (dg__kcp_merge_f64) into its h_in, then runs N6-N7 locally. Here the\n"
+        "  ranks are simulated in one process, one after another.\n",
+    .bwd_title = "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/kda/kcp.c)",
+    .bwd_intro =
+        "  Each rank runs N7's backward on its slice (dh per chunk start, dE). Its state\n"
+        "  pass's backward is affine in the unknown gradient dh_out of the state leaving\n"
+        "  the slice: dh_in = M^T dh_out + dh_ext. Ranks 1..N-1 compute [dh_ext | M^T]\n"
+        "  (dg__kcp_summary_f64, reverse: X = W, Y = KG, term - W^T dE, plus N7's dh; the\n"
+        "  last rank starts from the loss's dht); rank 0 sends zeros. After an all_gather,\n"
+        "  rank r chains the summaries of ranks N-1 down to r+1 (dg__kcp_merge_f64, farthest\n"
+        "  first) into the dh entering its slice from the right, then runs N6-N4's backward\n"
+        "  locally. A rank > 0 drops the dh0 it computes: rank r-1 already got it through\n"
+        "  the merge. dq, dk are gradients of the unit rows, dg of the per-token log decay\n"
+        "  (N1-N3's backward is per token, the same split or not).\n",
+};
+
+static ex_kcp kda_kcp(const kx *x) {
+    return (ex_kcp){&kda_op, x, x->o->cp, x->T, x->BT, x->K, x->V, x->h0, x->dht, x->O, x->ht};
+}
+
+static int walk_kcp(ex_run *r, kx *x) {
+    ex_kcp k = kda_kcp(x);
+    return ex_kcp_forward(r, &k);
 }
 
 static int walk_kcp_backward(ex_run *r, kx *x) {
-    const int N = x->o->cp, T = x->T, K = x->K, V = x->V, C = V + K;
-    const int64_t kv = (int64_t)K * V;
-    char t1[112];
-    ex_heading(r, "kcp", "backward over the simulated ranks (ops/kcp/kcp_nodes.c, ops/kda/kcp.c)");
-    if (ex_shown(r, "kcp"))
-        printf(
-            "  Each rank runs N7's backward on its slice (dh per chunk start, dE). Its state\n"
-            "  pass's backward is affine in the unknown gradient dh_out of the state leaving\n"
-            "  the slice: dh_in = M^T dh_out + dh_ext. Ranks 1..N-1 compute [dh_ext | M^T]\n"
-            "  (dg__kcp_summary_f64, reverse: X = W, Y = KG, term - W^T dE, plus N7's dh; the\n"
-            "  last rank starts from the loss's dht); rank 0 sends zeros. After an all_gather,\n"
-            "  rank r chains the summaries of ranks N-1 down to r+1 (dg__kcp_merge_f64, farthest\n"
-            "  first) into the dh entering its slice from the right, then runs N6-N4's backward\n"
-            "  locally. A rank > 0 drops the dh0 it computes: rank r-1 already got it through\n"
-            "  the merge. dq, dk are gradients of the unit rows, dg of the per-token log decay\n"
-            "  (N1-N3's backward is per token, the same split or not).\n");
-    kloc one, *rk = (kloc *)calloc((size_t)N, sizeof(kloc));
-    double *agf = ex_zeros((int64_t)N * K * C), *agb = ex_zeros((int64_t)N * K * C);
-    double *hin = ex_zeros((int64_t)N * kv), *dho = ex_zeros((int64_t)N * kv);
-    double *S = ex_zeros(kv), *pred = ex_zeros(kv);
-    int order[64], rc = 0;
-    if (!rk) {
-        fprintf(stderr, "deltagrad explain: out of host memory\n");
-        exit(2);
-    }
-    /* the one-rank backward */
-    kloc_init(&one, x, 0, T);
-    rc = kloc_stages(x, &one);
-    if (!rc)
-        rc = kloc_state_out(x, &one, x->h0);
-    if (!rc)
-        rc = kloc_backward(x, &one, x->dht);
-    /* forward on the ranks: summaries, merge, state pass; then N7's backward */
-    for (int i = 0; i < N; i++)
-        kloc_init(&rk[i], x, (int)((int64_t)i * T / N), (int)((int64_t)(i + 1) * T / N));
-    for (int i = 0; i < N && !rc; i++) {
-        rc = kloc_stages(x, &rk[i]);
-        if (rc)
-            break;
-        double **a = rk[i].a;
-        kcp_summary_io io;
-        memset(&io, 0, sizeof io);
-        io.X = a[KL_KG];
-        io.Y = a[KL_W];
-        io.G = a[KL_G];
-        io.neg_xy = 1;
-        io.nterm = 1;
-        io.term[0].A = a[KL_KG];
-        io.term[0].B = a[KL_U];
-        io.S0 = i == 0 ? x->h0 : NULL;
-        io.out = agf + (int64_t)i * K * C;
-        TRY(dg__kcp_summary_f64(&rk[i].d, &io));
-    }
-    for (int i = 0; i < N && !rc; i++) {
-        for (int s = 0; s < i; s++)
-            order[s] = s;
-        if (i == 0)
-            memcpy(hin, x->h0, sizeof(double) * (size_t)kv);
-        else
-            TRY(dg__kcp_merge_f64(1, K, V, agf, order, i, hin + i * kv));
-        rc = kloc_state_out(x, &rk[i], hin + i * kv);
-    }
-    /* the reverse summaries (ranks 1..N-1), the all_gather (agb), the reverse merges */
-    for (int i = 1; i < N && !rc; i++) {
-        double **a = rk[i].a;
-        kcp_summary_io io;
-        memset(&io, 0, sizeof io);
-        io.reverse = 1;
-        io.X = a[KL_W]; /* M_c^T = Diag(exp lam_c) - W_c^T KG_c */
-        io.Y = a[KL_KG];
-        io.G = a[KL_G];
-        io.neg_xy = 1;
-        io.nterm = 1;
-        io.term[0].A = a[KL_W]; /* - W^T dE */
-        io.term[0].B = a[KL_DE];
-        io.term[0].neg = 1;
-        io.dh = a[KL_DH];
-        io.S0 = i == N - 1 ? x->dht : NULL;
-        io.out = agb + (int64_t)i * K * C;
-        TRY(dg__kcp_summary_f64(&rk[i].d, &io));
-    }
-    for (int i = 0; i < N && !rc; i++) {
-        if (i == N - 1) {
-            memcpy(dho + i * kv, x->dht, sizeof(double) * (size_t)kv);
-        } else {
-            for (int s = 0; s < N - 1 - i; s++)
-                order[s] = N - 1 - s;
-            TRY(dg__kcp_merge_f64(1, K, V, agb, order, N - 1 - i, dho + i * kv));
-        }
-        rc = kloc_backward(x, &rk[i], dho + i * kv);
-    }
-    if (rc)
-        goto done;
-
-    for (int i = 0; i < N; i++) {
-        const kloc *l = &rk[i];
-        const double *sm = agb + (int64_t)i * K * C, *fm = agf + (int64_t)i * K * C;
-        const double *dh = dho + i * kv;
-        snprintf(t1, sizeof t1, "rank %d (tokens %d..%d): dh_ext%s", i, l->s0, l->s1 - 1,
-                 i == N - 1 ? " (from dht)" : "");
-        if (i > 0) {
-            ex_mat m[] = {{t1, sm, K, V, C},
-                          {"M^T", sm + V, K, K, C},
-                          {i == N - 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
-            ex_print(r, "kcp", 3, m);
-        } else if (ex_shown(r, "kcp")) {
-            printf("  rank 0 (tokens %d..%d): no summary (no rank before it)\n", l->s0, l->s1 - 1);
-            ex_mat m[] = {{N == 1 ? "dh_out = dht" : "dh_out (merged)", dh, K, V, V}};
-            ex_print(r, "kcp", 1, m);
-        }
-        const char *nm[] = {"dq", "dk", "dv", "dg", "dbeta"};
-        const double *ar[] = {l->a[KL_DQ], l->a[KL_DK], l->a[KL_DV], l->a[KL_DLOG], l->a[KL_DBETA]};
-        const int cols[] = {K, K, V, K, 1};
-        print_rows(r, "kcp", 5, nm, ar, cols, l->Tr);
-        if (i < N - 1) {
-            if ((rc = rec_suffix_dh(x, l->s1, S)))
-                goto done;
-            snprintf(t1, sizeof t1,
-                     "rank %d: merged dh_out = recurrence gradient of the state after token %d", i,
-                     l->s1);
-            ex_check(r, "kcp", t1, ex_relres(dh, S, kv));
-        }
-        if (i > 0) {
-            /* the reverse summary is the affine map: M^T dh_out + dh_ext = the local dh0 (the
-             * last rank's dh_ext already holds M^T dht) */
-            for (int p = 0; p < K; p++)
-                for (int e = 0; e < V; e++) {
-                    double s = sm[p * C + e];
-                    for (int b = 0; b < K && i < N - 1; b++)
-                        s += sm[p * C + V + b] * dh[b * V + e];
-                    pred[p * V + e] = s;
-                }
-            snprintf(t1, sizeof t1, "rank %d: %s = its local dh0", i,
-                     i < N - 1 ? "M^T dh_out + dh_ext" : "dh_ext (from dht)");
-            ex_check(r, "kcp", t1, ex_relres(pred, l->a[KL_DH0], kv));
-            snprintf(t1, sizeof t1, "rank %d: its local dh0 = dh_out merged for rank %d", i, i - 1);
-            ex_check(r, "kcp", t1, ex_relres(l->a[KL_DH0], dho + (i - 1) * kv, kv));
-            double rt = 0;
-            for (int p = 0; p < K; p++)
-                for (int b = 0; b < K; b++)
-                    rt = fmax(rt, fabs(sm[p * C + V + b] - fm[b * C + V + p]));
-            snprintf(t1, sizeof t1, "rank %d: backward M^T = transpose of forward M", i);
-            ex_check(r, "kcp", t1, rt);
-        }
-    }
-    {
-        const int src[] = {KL_DQ, KL_DK, KL_DV, KL_DLOG, KL_DBETA};
-        const int per[] = {K, K, V, K, 1};
-        const char *nm[] = {"dq", "dk", "dv", "dg", "dbeta"};
-        for (int j = 0; j < 5; j++) {
-            double res = 0;
-            for (int i = 0; i < N; i++)
-                res =
-                    fmax(res, ex_relres(rk[i].a[src[j]], one.a[src[j]] + (int64_t)rk[i].s0 * per[j],
-                                        (int64_t)rk[i].Tr * per[j]));
-            snprintf(t1, sizeof t1, "%s of the ranks = %s of the one-rank backward", nm[j], nm[j]);
-            ex_check(r, "kcp", t1, res);
-        }
-        ex_check(r, "kcp", "rank 0's dh0 = dh0 of the one-rank backward",
-                 ex_relres(rk[0].a[KL_DH0], one.a[KL_DH0], kv));
-    }
-done:
-    kloc_free(&one);
-    for (int i = 0; i < N; i++)
-        kloc_free(&rk[i]);
-    double *fr[] = {agf, agb, hin, dho, S, pred};
-    for (int i = 0; i < 6; i++)
-        free(fr[i]);
-    free(rk);
-    return rc;
+    ex_kcp k = kda_kcp(x);
+    return ex_kcp_backward(r, &k);
 }
 
 int ex_kda(const ex_opts *o) {
     kx x;
     ex_run r = {o, 0, 0, 0};
     kx_init(&x, o, o->T, o->BT, o->K, o->V);
-    printf("deltagrad explain: chunked KDA on one sequence, one head, f64: T=%d chunk=%d K=%d V=%d "
-           "gate=%s strength=%g seed=%llu",
-           o->T, o->BT, o->K, o->V, o->gate == DG_GATE_KDA ? "kda" : "lowerbound", o->strength,
-           (unsigned long long)o->seed);
-    if (o->cp)
-        printf(" ranks=%d", o->cp);
-    printf("%s\n", o->backward ? " (backward)" : "");
+    ex_banner(o, "", "KDA");
     int rc = kx_forward(&x);
     if (!rc)
         rc = kx_recurrent(&x);
@@ -1158,7 +899,5 @@ int ex_kda(const ex_opts *o) {
     kx_free(&x);
     if (rc)
         return rc;
-    printf("\n%d identities checked, %d above %.0e (worst residual %.1e)\n", r.checks, r.failed,
-           EX_TOL, r.worst);
-    return r.failed ? 1 : 0;
+    return ex_summary(&r);
 }
