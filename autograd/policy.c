@@ -49,8 +49,11 @@ dg_policy dg_policy_resolve(const char *op_kind, dg_policy op_default) {
 
 const char *dg_policy_name(dg_policy p) {
     switch (p) {
-    case DG_POLICY_CACHE: return "cache";
-    case DG_POLICY_RECOMPUTE: return "recompute";
-    default: return "default";
+    case DG_POLICY_CACHE:
+        return "cache";
+    case DG_POLICY_RECOMPUTE:
+        return "recompute";
+    default:
+        return "default";
     }
 }

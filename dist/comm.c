@@ -168,7 +168,8 @@ static void trace(const dg_comm *c, const char *op, size_t bytes, double t0, dou
         on = e && *e && strcmp(e, "0") != 0;
     }
     if (on)
-        fprintf(stderr, "%s: rank %d: %zu bytes: stage in %.3f ms, backend %.3f ms, stage out %.3f ms\n",
+        fprintf(stderr,
+                "%s: rank %d: %zu bytes: stage in %.3f ms, backend %.3f ms, stage out %.3f ms\n",
                 op, c->rank, bytes, 1e3 * (t1 - t0), 1e3 * (t2 - t1), 1e3 * (dg__comm_now() - t2));
 }
 

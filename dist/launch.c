@@ -101,8 +101,8 @@ dg_status dg_comm_init_launch(dg_ctx *ctx, dg_comm_pick pick, double timeout_s, 
                        OPL ": started by torchrun (WORLD_SIZE=%d) but %s; launch CPU runs and "
                            "ranks that share a GPU with mpirun",
                        l.world,
-                       !cuda              ? "the MPI backend serves CPU tensors"
+                       !cuda             ? "the MPI backend serves CPU tensors"
                        : !dg_have_nccl() ? "this build has no NCCL"
-                                          : "the MPI backend was asked for");
+                                         : "the MPI backend was asked for");
     return dg_comm_init_mpi(timeout_s, out);
 }

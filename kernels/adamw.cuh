@@ -25,8 +25,15 @@ dg_status dg__adamw_cuda(dg_ctx *ctx, float *param, dg_dtype gdt, const void *gr
  * binary search of chunk_begin. The per-step scalars live in device memory (sc, f64):
  * norm, clip coefficient, lr, lr * weight_decay, 1 - b1^step, 1 - b2^step. */
 #define DG_ADAMW_CHUNK 4096
-enum { DG_ADAMW_NORM, DG_ADAMW_COEF, DG_ADAMW_LR, DG_ADAMW_LR_WD, DG_ADAMW_BC1, DG_ADAMW_BC2,
-       DG_ADAMW_NSCALARS };
+enum {
+    DG_ADAMW_NORM,
+    DG_ADAMW_COEF,
+    DG_ADAMW_LR,
+    DG_ADAMW_LR_WD,
+    DG_ADAMW_BC1,
+    DG_ADAMW_BC2,
+    DG_ADAMW_NSCALARS
+};
 
 typedef struct dg_adamw_entry {
     float *p, *m, *v;

@@ -178,11 +178,11 @@ extern "C" dg_status dg__cross_entropy_fwd_cuda(dg_ctx *ctx, dg_dtype ldt, const
         s = fwd_launch<float, int64_t>(ctx, logits, N, V, targets, ignore_index, rows, loss, count,
                                        stats, bad);
     else if (tdt == DG_I32)
-        s = fwd_launch<__nv_bfloat16, int32_t>(ctx, logits, N, V, targets, ignore_index, rows,
-                                               loss, count, stats, bad);
+        s = fwd_launch<__nv_bfloat16, int32_t>(ctx, logits, N, V, targets, ignore_index, rows, loss,
+                                               count, stats, bad);
     else
-        s = fwd_launch<__nv_bfloat16, int64_t>(ctx, logits, N, V, targets, ignore_index, rows,
-                                               loss, count, stats, bad);
+        s = fwd_launch<__nv_bfloat16, int64_t>(ctx, logits, N, V, targets, ignore_index, rows, loss,
+                                               count, stats, bad);
     dg__cuda_free(ctx, buf, bytes); /* stream-ordered: reused only by later work */
     DG_TRY(s);
     return N > 0 ? dg__deverr_commit(ctx, site, tdt, targets) : DG_OK;

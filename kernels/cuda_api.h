@@ -35,10 +35,10 @@ dg_status dg__cuda_graph_end(dg_ctx *ctx, dg_graph **out);
 dg_status dg__cuda_graph_launch(dg_ctx *ctx, const dg_graph *g);
 void dg__cuda_graph_free(dg_graph *g);
 
-/* A device copy of `bytes` read-only bytes at host, owned by the context until it ends: a later call
- * with the same bytes gets the same copy with no upload and no host sync (what keeps a repeated
- * call, e.g. a training step, free of host syncs and capturable in a CUDA graph after its first
- * run). The first call per content uploads synchronously. *dev = NULL (and DG_OK) when the
+/* A device copy of `bytes` read-only bytes at host, owned by the context until it ends: a later
+ * call with the same bytes gets the same copy with no upload and no host sync (what keeps a
+ * repeated call, e.g. a training step, free of host syncs and capturable in a CUDA graph after its
+ * first run). The first call per content uploads synchronously. *dev = NULL (and DG_OK) when the
  * context's table space is full: the caller then makes a copy of its own. Never write to *dev.
  * While the context captures a graph a table it does not hold yet cannot be uploaded: that is
  * DG_ERR_STATE (naming the cause) and fails the capture. */
@@ -98,8 +98,7 @@ typedef struct dg_deverr {
 dg_deverr *dg__deverr(dg_ctx *ctx);
 /* Queue the move of `pending` into the record; idx (dtype idt, i32 or i64) is the launch's index
  * tensor, read at the pending position for the message. No sync. */
-dg_status dg__deverr_commit(dg_ctx *ctx, const dg_deverr_site *site, dg_dtype idt,
-                            const void *idx);
+dg_status dg__deverr_commit(dg_ctx *ctx, const dg_deverr_site *site, dg_dtype idt, const void *idx);
 /* Copy the record to the host (one D2H: a sync) and clear it. Refused (DG_ERR_STATE) while the
  * context captures a graph. */
 dg_status dg__deverr_read(dg_ctx *ctx, dg_deverr *out);

@@ -131,13 +131,11 @@ static dg_status bwd_run(dg_ctx *ctx, dg_dtype wdt, void *dweight, int64_t V, in
                          const sort_bufs *sb) {
     cudaStream_t st = dg__stream(ctx);
     if (idt == DG_I32)
-        embedding_keys_kernel<int32_t>
-            <<<dg__blocks(n, 256), 256, 0, st>>>((const int32_t *)ids, n, V, sb->keys_in,
-                                                 sb->pos_in);
+        embedding_keys_kernel<int32_t><<<dg__blocks(n, 256), 256, 0, st>>>(
+            (const int32_t *)ids, n, V, sb->keys_in, sb->pos_in);
     else
-        embedding_keys_kernel<int64_t>
-            <<<dg__blocks(n, 256), 256, 0, st>>>((const int64_t *)ids, n, V, sb->keys_in,
-                                                 sb->pos_in);
+        embedding_keys_kernel<int64_t><<<dg__blocks(n, 256), 256, 0, st>>>(
+            (const int64_t *)ids, n, V, sb->keys_in, sb->pos_in);
     DG_CHECK_LAUNCH();
     size_t tb = sb->tmp_bytes;
     DG_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sb->tmp, tb, sb->keys_in, sb->keys, sb->pos_in,

@@ -17,8 +17,8 @@ extern "C" {
 #endif
 
 /* r: NULL to skip. */
-dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int D, float eps, int xbf16,
-                              const void *x, float *y, float *r);
+dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int D, float eps, int xbf16, const void *x,
+                              float *y, float *r);
 /* dx: NULL to skip. */
 dg_status dg__l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int D, const float *y, const float *r,
                               const float *dy, int xbf16, void *dx);

@@ -36,8 +36,8 @@ dg_status dg__norm_bwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, int64_t D, f
  *     r = 1 / sqrt(scale * sum_j s_j^2 + eps),   y_j = s_j r (w ? w_j : 1).
  * x, res, sum, y: [rows, D]; w: [D] or NULL; rstd: NULL, or f32 [rows] receiving r. */
 dg_status dg__add_norm_fwd_cuda(dg_ctx *ctx, dg_dtype dt, int64_t rows, int64_t D, float scale,
-                                float eps, const void *x, const void *res, const void *w,
-                                void *sum, void *y, float *rstd);
+                                float eps, const void *x, const void *res, const void *w, void *sum,
+                                void *y, float *rstd);
 
 /* Its backward, one row kernel plus a column sum of per-block dw partials. s: the saved sum;
  * rstd: the forward's r, or NULL to recompute it; dy: required; dsum: NULL when no gradient

@@ -63,19 +63,19 @@ struct dg_cuda_alloc {
     dg_graph *graphs;  /* every graph of the context (the one being captured too) */
     dg_owned *own;     /* open addressing, linear probing, load <= 1/2 */
     size_t own_cap, own_used, own_live; /* slots, slots ever used, live entries */
-    void *cublas_ws;   /* cuBLAS's workspace (see dg__cuda_ctx_init), outside the cache */
+    void *cublas_ws; /* cuBLAS's workspace (see dg__cuda_ctx_init), outside the cache */
     size_t cublas_ws_bytes;
 };
 
 /* A captured graph and its pool (kernels/cuda_api.h, include/deltagrad.h). */
 struct dg_graph {
-    dg_ctx *ctx;           /* NULL once the context is freed */
-    cudaGraphExec_t exec;  /* NULL until the capture ends well */
-    dg_cuda_block *pool;   /* owned blocks that are free: for this graph's capture only */
-    int npool, cap;        /* cap: every block the capture could own (fixed at begin) */
-    dg_status status;      /* the first failure during the capture */
-    char msg[768];         /* ... and its message */
-    int freed;             /* given up (dg_graph_free) during another capture: released after it */
+    dg_ctx *ctx;          /* NULL once the context is freed */
+    cudaGraphExec_t exec; /* NULL until the capture ends well */
+    dg_cuda_block *pool;  /* owned blocks that are free: for this graph's capture only */
+    int npool, cap;       /* cap: every block the capture could own (fixed at begin) */
+    dg_status status;     /* the first failure during the capture */
+    char msg[768];        /* ... and its message */
+    int freed;            /* given up (dg_graph_free) during another capture: released after it */
     dg_graph *next;
 };
 
@@ -180,8 +180,7 @@ extern "C" dg_deverr *dg__deverr(dg_ctx *ctx) { return (dg_deverr *)ctx->deverr;
 
 extern "C" dg_status dg__deverr_commit(dg_ctx *ctx, const dg_deverr_site *site, dg_dtype idt,
                                        const void *idx) {
-    deverr_commit_kernel<<<1, 1, 0, dg__stream(ctx)>>>(dg__deverr(ctx), *site, idx,
-                                                       idt == DG_I64);
+    deverr_commit_kernel<<<1, 1, 0, dg__stream(ctx)>>>(dg__deverr(ctx), *site, idx, idt == DG_I64);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
@@ -447,16 +446,21 @@ extern "C" dg_status dg__cuda_graph_end(dg_ctx *ctx, dg_graph **out) {
     cudaError_t e = cudaStreamEndCapture(dg__stream(ctx), &graph);
     if (e == cudaErrorStreamCaptureWrongThread) { /* still capturing */
         cudaGetLastError();
-        return dg__err(DG_ERR_STATE, "dg_graph_end: the capture on %s was begun on another thread: "
-                       "end it on that thread", dev);
+        return dg__err(DG_ERR_STATE,
+                       "dg_graph_end: the capture on %s was begun on another thread: "
+                       "end it on that thread",
+                       dev);
     }
     a->capture = NULL;
     dg_status st = DG_OK;
     if (g->status != DG_OK) {
-        st = dg__err(g->status, "dg_graph_end: the capture on %s failed and was discarded (the "
-                     "context works as before): %s", dev, g->msg);
+        st = dg__err(g->status,
+                     "dg_graph_end: the capture on %s failed and was discarded (the "
+                     "context works as before): %s",
+                     dev, g->msg);
     } else if (e != cudaSuccess) {
-        st = dg__err(DG_ERR_CUDA, "dg_graph_end: the capture on %s was invalidated and discarded: "
+        st = dg__err(DG_ERR_CUDA,
+                     "dg_graph_end: the capture on %s was invalidated and discarded: "
                      "%s (a call CUDA forbids during a capture ran on this thread, or on another "
                      "one: the capture runs in CUDA's global mode; the context works as before)",
                      dev, cudaGetErrorString(e));
@@ -466,9 +470,9 @@ extern "C" dg_status dg__cuda_graph_end(dg_ctx *ctx, dg_graph **out) {
         if (e == cudaSuccess)
             g->exec = exec;
         else
-            st = dg__err(DG_ERR_CUDA,
-                         "dg_graph_end: cudaGraphInstantiateWithFlags on %s failed: %s", dev,
-                         cudaGetErrorString(e));
+            st =
+                dg__err(DG_ERR_CUDA, "dg_graph_end: cudaGraphInstantiateWithFlags on %s failed: %s",
+                        dev, cudaGetErrorString(e));
     }
     if (e != cudaSuccess)
         cudaGetLastError();
@@ -494,8 +498,10 @@ extern "C" dg_status dg__cuda_graph_launch(dg_ctx *ctx, const dg_graph *g) {
         return dg__err(DG_ERR_ARG, "dg_graph_launch: the graph was not captured on %s",
                        dg_device_str(ctx->device));
     if (ctx->alloc->capture)
-        return dg__err(DG_ERR_STATE, "dg_graph_launch: %s is capturing a graph: launch after "
-                       "dg_graph_end", dg_device_str(ctx->device));
+        return dg__err(DG_ERR_STATE,
+                       "dg_graph_launch: %s is capturing a graph: launch after "
+                       "dg_graph_end",
+                       dg_device_str(ctx->device));
     DG_CHECK_CUDA(cudaGraphLaunch(g->exec, dg__stream(ctx)));
     return DG_OK;
 }
@@ -512,7 +518,7 @@ extern "C" void dg__cuda_ctx_destroy(dg_ctx *ctx) {
         cudaGetLastError();
     dg_cuda_alloc *a = ctx->alloc;
     void *cublas_ws = a ? a->cublas_ws : NULL; /* freed after the handle that uses it */
-    if (a && a->capture) { /* abandon it: nothing it recorded ever runs */
+    if (a && a->capture) {                     /* abandon it: nothing it recorded ever runs */
         dg_graph *g = a->capture;
         cudaGraph_t graph = NULL;
         if (cudaStreamEndCapture(dg__stream(ctx), &graph) != cudaSuccess)
@@ -621,9 +627,11 @@ extern "C" dg_status dg__cuda_malloc(dg_ctx *ctx, size_t bytes, void **ptr) {
         }
         if (e != cudaSuccess) {
             cudaGetLastError();
-            return dg__err(DG_ERR_NOMEM, "cudaMalloc of %zu bytes on %s failed: %s (in use %zu, "
-                           "reserved %zu)", sz, dg_device_str(ctx->device), cudaGetErrorString(e),
-                           ctx->stats.in_use, ctx->stats.reserved);
+            return dg__err(DG_ERR_NOMEM,
+                           "cudaMalloc of %zu bytes on %s failed: %s (in use %zu, "
+                           "reserved %zu)",
+                           sz, dg_device_str(ctx->device), cudaGetErrorString(e), ctx->stats.in_use,
+                           ctx->stats.reserved);
         }
         ctx->stats.reserved += sz;
     }

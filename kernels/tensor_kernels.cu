@@ -30,20 +30,28 @@ template <typename D, typename S> __device__ __forceinline__ D dg_cvt(S x) {
 
 __device__ __forceinline__ void st_any(void *p, dg_dtype t, int64_t i, double v) {
     switch (t) {
-    case DG_F64: ((double *)p)[i] = v; break;
-    case DG_F32: ((float *)p)[i] = (float)v; break;
-    case DG_BF16: ((__nv_bfloat16 *)p)[i] = __float2bfloat16((float)v); break;
-    case DG_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    default: ((int64_t *)p)[i] = (int64_t)v; break;
+    case DG_F64:
+        ((double *)p)[i] = v;
+        break;
+    case DG_F32:
+        ((float *)p)[i] = (float)v;
+        break;
+    case DG_BF16:
+        ((__nv_bfloat16 *)p)[i] = __float2bfloat16((float)v);
+        break;
+    case DG_I32:
+        ((int32_t *)p)[i] = (int32_t)v;
+        break;
+    default:
+        ((int64_t *)p)[i] = (int64_t)v;
+        break;
     }
 }
 
 // ---- CUDA kernels
 
 #define DG_VEC 4
-template <typename T> struct alignas(sizeof(T) * DG_VEC) dg_vec {
-    T v[DG_VEC];
-};
+template <typename T> struct alignas(sizeof(T) * DG_VEC) dg_vec { T v[DG_VEC]; };
 
 /* Contiguous conversion: thread i handles elements [DG_VEC i, DG_VEC i + DG_VEC) with one vector
  * load and one vector store (both pointers aligned to a vector); the tail of n % DG_VEC elements
@@ -77,8 +85,7 @@ __global__ void copy_flat_kernel(D *__restrict__ dst, const S *__restrict__ src,
 /* Offset of logical element i in layout l. The loop runs over the compile-time maximum with a
  * guard, so shape and stride stay in registers (a run-time index would copy the layout to local
  * memory). Idx is uint32_t when every size fits, which keeps the div/mod cheap. */
-template <typename Idx>
-__device__ __forceinline__ int64_t layout_off(const dg_layout &l, Idx i) {
+template <typename Idx> __device__ __forceinline__ int64_t layout_off(const dg_layout &l, Idx i) {
     int64_t off = 0;
 #pragma unroll
     for (int d = DG_MAX_DIMS - 1; d >= 0; d--) {
@@ -95,7 +102,8 @@ __device__ __forceinline__ int64_t layout_off(const dg_layout &l, Idx i) {
 template <typename D, typename S, typename Idx>
 __global__ void copy_strided_kernel(D *__restrict__ dst, const dg_layout dl,
                                     const S *__restrict__ src, const dg_layout sl, Idx n) {
-    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < n; i += (Idx)gridDim.x * blockDim.x)
+    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < n;
+         i += (Idx)gridDim.x * blockDim.x)
         dst[layout_off(dl, i)] = dg_cvt<D>(src[layout_off(sl, i)]);
 }
 
@@ -132,12 +140,18 @@ __global__ void rand_kernel(void *dst, dg_dtype dt, int64_t n, uint64_t seed, in
 /* Call f with a value of the C++ element type of dtype t (the value itself is unused). */
 template <typename F> static dg_status with_type(dg_dtype t, F f) {
     switch (t) {
-    case DG_F64: return f(double{});
-    case DG_F32: return f(float{});
-    case DG_BF16: return f(__nv_bfloat16{});
-    case DG_I32: return f(int32_t{});
-    case DG_I64: return f(int64_t{});
-    default: return dg__err(DG_ERR_DTYPE, "tensor kernels: unknown dtype %d", (int)t);
+    case DG_F64:
+        return f(double{});
+    case DG_F32:
+        return f(float{});
+    case DG_BF16:
+        return f(__nv_bfloat16{});
+    case DG_I32:
+        return f(int32_t{});
+    case DG_I64:
+        return f(int64_t{});
+    default:
+        return dg__err(DG_ERR_DTYPE, "tensor kernels: unknown dtype %d", (int)t);
     }
 }
 
@@ -159,8 +173,7 @@ static bool layout_fits_u32(const dg_layout &l) {
 }
 
 extern "C" dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt, dg_layout dl,
-                                           const void *src, dg_dtype sdt, dg_layout sl,
-                                           int64_t n) {
+                                           const void *src, dg_dtype sdt, dg_layout sl, int64_t n) {
     if (n <= 0)
         return DG_OK;
     if (dl.ndim == 0)
@@ -193,8 +206,8 @@ extern "C" dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt,
                 copy_strided_kernel<D, S, uint32_t><<<dg__blocks(n, 256), 256, 0, s>>>(
                     (D *)dst, dl, (const S *)src, sl, (uint32_t)n);
             } else {
-                copy_strided_kernel<D, S, int64_t><<<dg__blocks(n, 256), 256, 0, s>>>(
-                    (D *)dst, dl, (const S *)src, sl, n);
+                copy_strided_kernel<D, S, int64_t>
+                    <<<dg__blocks(n, 256), 256, 0, s>>>((D *)dst, dl, (const S *)src, sl, n);
             }
             DG_CHECK_LAUNCH();
             return DG_OK;
@@ -225,8 +238,8 @@ extern "C" dg_status dg__cuda_axpy(dg_ctx *ctx, void *dst, dg_dtype ddt, double 
             if constexpr (std::is_integral_v<D> || std::is_integral_v<S>) {
                 return DG_OK; /* unreachable: refused above */
             } else {
-                axpy_kernel<D, S><<<dg__blocks(n, 256), 256, 0, s>>>((D *)dst, alpha,
-                                                                     (const S *)src, n);
+                axpy_kernel<D, S>
+                    <<<dg__blocks(n, 256), 256, 0, s>>>((D *)dst, alpha, (const S *)src, n);
                 DG_CHECK_LAUNCH();
                 return DG_OK;
             }

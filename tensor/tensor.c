@@ -392,12 +392,18 @@ int dg__same_shape(const dg_tensor *a, const dg_tensor *b) {
 
 double dg__load_f64(const void *base, dg_dtype dt, int64_t i) {
     switch (dt) {
-    case DG_F64: return ((const double *)base)[i];
-    case DG_F32: return ((const float *)base)[i];
-    case DG_BF16: return dg__bf16_to_f32(((const uint16_t *)base)[i]);
-    case DG_I32: return ((const int32_t *)base)[i];
-    case DG_I64: return (double)((const int64_t *)base)[i];
-    default: return NAN;
+    case DG_F64:
+        return ((const double *)base)[i];
+    case DG_F32:
+        return ((const float *)base)[i];
+    case DG_BF16:
+        return dg__bf16_to_f32(((const uint16_t *)base)[i]);
+    case DG_I32:
+        return ((const int32_t *)base)[i];
+    case DG_I64:
+        return (double)((const int64_t *)base)[i];
+    default:
+        return NAN;
     }
 }
 
@@ -425,12 +431,23 @@ static int32_t sat_i32(double v) {
 
 void dg__store_f64(void *base, dg_dtype dt, int64_t i, double v) {
     switch (dt) {
-    case DG_F64: ((double *)base)[i] = v; break;
-    case DG_F32: ((float *)base)[i] = (float)v; break;
-    case DG_BF16: ((uint16_t *)base)[i] = dg__f32_to_bf16((float)v); break;
-    case DG_I32: ((int32_t *)base)[i] = sat_i32(v); break;
-    case DG_I64: ((int64_t *)base)[i] = sat_i64(v); break;
-    default: break;
+    case DG_F64:
+        ((double *)base)[i] = v;
+        break;
+    case DG_F32:
+        ((float *)base)[i] = (float)v;
+        break;
+    case DG_BF16:
+        ((uint16_t *)base)[i] = dg__f32_to_bf16((float)v);
+        break;
+    case DG_I32:
+        ((int32_t *)base)[i] = sat_i32(v);
+        break;
+    case DG_I64:
+        ((int64_t *)base)[i] = sat_i64(v);
+        break;
+    default:
+        break;
     }
 }
 
@@ -460,8 +477,8 @@ static void host_copy(dg_tensor *dstt, void *dst, dg_dtype ddt, const dg_tensor 
         int64_t off = scontig ? i : strided_offset(src->ndim, src->shape, src->stride, i);
         int64_t doff = dcontig ? i : strided_offset(dstt->ndim, dstt->shape, dstt->stride, i);
         if (ints) { /* keep 64-bit ids exact */
-            int64_t v = src->dtype == DG_I64 ? ((const int64_t *)base)[off]
-                                             : ((const int32_t *)base)[off];
+            int64_t v =
+                src->dtype == DG_I64 ? ((const int64_t *)base)[off] : ((const int32_t *)base)[off];
             if (ddt == DG_I64)
                 ((int64_t *)dst)[doff] = v;
             else
@@ -607,8 +624,7 @@ dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src) {
             } else {
                 for (int64_t i = 0; i < dg_tensor_numel(src); i++)
                     dg__store_f64(conv, dst->dtype, i, dg__load_f64(host, src->dtype, i));
-                s = dg__cuda_memcpy(dst->storage->ctx, dg_tensor_data(dst), conv, db,
-                                    DG_COPY_H2D);
+                s = dg__cuda_memcpy(dst->storage->ctx, dg_tensor_data(dst), conv, db, DG_COPY_H2D);
                 DG_FREE(conv);
             }
         }
@@ -642,8 +658,8 @@ dg_status dg__contig(dg_ctx *ctx, dg_tensor *t, dg_tensor **out) {
 
 dg_status dg__axpy(dg_ctx *ctx, dg_tensor *dst, double alpha, const dg_tensor *src) {
     if (!dg__same_shape(dst, src))
-        return dg__err(DG_ERR_SHAPE, "axpy: dst %s and src %s differ in shape",
-                       dg_tensor_desc(dst), dg_tensor_desc(src));
+        return dg__err(DG_ERR_SHAPE, "axpy: dst %s and src %s differ in shape", dg_tensor_desc(dst),
+                       dg_tensor_desc(src));
     if (!dg_device_eq(dst->device, src->device))
         return dg__err(DG_ERR_DEVICE, "axpy: dst %s and src %s are on different devices",
                        dg_tensor_desc(dst), dg_tensor_desc(src));
@@ -674,8 +690,8 @@ dg_status dg__axpy(dg_ctx *ctx, dg_tensor *dst, double alpha, const dg_tensor *s
         }
     } else {
 #ifdef DG_HAVE_CUDA
-        st = dg__cuda_axpy(ctx, dg_tensor_data(dst), dst->dtype, alpha, dg_tensor_data(s),
-                           s->dtype, n);
+        st = dg__cuda_axpy(ctx, dg_tensor_data(dst), dst->dtype, alpha, dg_tensor_data(s), s->dtype,
+                           n);
 #else
         st = dg__no_cuda("axpy");
 #endif

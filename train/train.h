@@ -69,7 +69,7 @@ typedef struct dg_train_opts {
     double temperature;
     int top_k;
     char prompt[256];
-    int64_t ckpt_every;  /* 0: only at the end */
+    int64_t ckpt_every; /* 0: only at the end */
     /* The host reads the steps' losses and gradient norms (kept on the device) and the device's
      * bad-input record every `log_every` steps, and at every evaluation, sample, checkpoint,
      * stop and the last step; the steps in between run without a host sync, and their log.csv
@@ -93,7 +93,7 @@ typedef struct dg_train_opts {
      * after uploading its batch. A capture that fails is reported (DG_EV_WARN) and the run goes
      * on eagerly. ON needs a CUDA device, one process and profiling off. */
     dg_train_graph graph;
-    int overwrite;       /* a fresh run may replace the run already in out_dir (else refused) */
+    int overwrite; /* a fresh run may replace the run already in out_dir (else refused) */
     /* Checked after every step: once non-zero (a signal handler sets it), the run writes a
      * checkpoint (when it has a directory) and returns DG_ERR_STATE ("interrupted"). NULL: never.
      */

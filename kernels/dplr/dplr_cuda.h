@@ -66,23 +66,21 @@ dg_status dg__dplr_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
 dg_status dg__dplr_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, int bf16,
                                const void *q, const void *k, const void *v, const void *a,
                                const void *b, const float *Gi, const float *Ge, const float *Aak,
-                               const float *Tab, const float *dw, const float *du,
-                               const float *dqg, const float *dkg, const float *dbg, float *dq,
-                               float *dk, float *dv, float *da, float *db, float *dGi, float *dGe,
-                               float *dAak, float *dTab);
+                               const float *Tab, const float *dw, const float *du, const float *dqg,
+                               const float *dkg, const float *dbg, float *dq, float *dk, float *dv,
+                               float *da, float *db, float *dGi, float *dGe, float *dAak,
+                               float *dTab);
 
 /* ---- the state pass (state.cu): h, v2 (required), ht optional, h0 optional; backward from dh,
  * dv2, dht (each optional), dh0 optional. v has the leaf dtype. ---- */
 dg_status dg__dplr_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int bf16, const float *w,
                                   const float *u, const float *kg, const float *bg, const void *v,
-                                  const float *Gi, const float *h0, float *h, float *v2,
-                                  float *ht);
+                                  const float *Gi, const float *h0, float *h, float *v2, float *ht);
 dg_status dg__dplr_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int bf16, const float *w,
-                                  const float *kg, const float *bg, const void *v,
-                                  const float *Gi, const float *h, const float *v2,
-                                  const float *dh, const float *dv2, const float *dht, float *dw,
-                                  float *du, float *dkg, float *dbg, float *dv, float *dGi,
-                                  float *dh0);
+                                  const float *kg, const float *bg, const void *v, const float *Gi,
+                                  const float *h, const float *v2, const float *dh,
+                                  const float *dv2, const float *dht, float *dw, float *du,
+                                  float *dkg, float *dbg, float *dv, float *dGi, float *dh0);
 
 /* ---- the output (output.cu): o and dO in the leaf dtype (that of v) ---- */
 dg_status dg__dplr_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int bf16, const float *qg,

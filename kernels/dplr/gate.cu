@@ -69,8 +69,8 @@ extern "C" dg_status dg__dplr_cumsum_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *
     if (d->NC == 0)
         return DG_OK;
     const dim3 grid((unsigned)d->NC, (unsigned)DG_CEIL_DIV(d->H * d->K, NTH));
-    DPLR_DISPATCH_TI(bf16, dplr_cumsum_fwd_kernel<TI_><<<grid, NTH, 0, dg__stream(ctx)>>>(
-                               make_dims(d), (const TI_ *)gk, Gi, Ge));
+    DPLR_DISPATCH_TI(bf16, dplr_cumsum_fwd_kernel<TI_>
+                     <<<grid, NTH, 0, dg__stream(ctx)>>>(make_dims(d), (const TI_ *)gk, Gi, Ge));
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -45,11 +45,10 @@ using namespace kdab;
 
 template <int BT, class TI>
 __global__ void __launch_bounds__(NTH)
-    dplr_intra_fwd_kernel(Dims d, float scale, const TI *__restrict__ q,
-                          const TI *__restrict__ k, const TI *__restrict__ a,
-                          const TI *__restrict__ b, const float *__restrict__ Gi,
-                          const float *__restrict__ Ge, float *__restrict__ Aqk,
-                          float *__restrict__ Aqb, float *__restrict__ Aak,
+    dplr_intra_fwd_kernel(Dims d, float scale, const TI *__restrict__ q, const TI *__restrict__ k,
+                          const TI *__restrict__ a, const TI *__restrict__ b,
+                          const float *__restrict__ Gi, const float *__restrict__ Ge,
+                          float *__restrict__ Aqk, float *__restrict__ Aqb, float *__restrict__ Aak,
                           float *__restrict__ Tab) {
     constexpr int R = BT / 16, KT = 16, LD = KT + 1;
     static_assert(6 * BT * LD >= BT * BT, "Aab reuses the tile buffer");
@@ -317,9 +316,9 @@ extern "C" dg_status dg__dplr_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         return dg__err(DG_ERR_ARG, "%s: every array is required", __func__);
     if (d->NC == 0)
         return DG_OK;
-    KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return intra_fwd_t<BT_, TI_>(
-                                                      ctx, d, scale, q, k, a, b, Gi, Ge, Aqk,
-                                                      Aqb, Aak, Tab)));
+    KDA_DISPATCH_BT(
+        d->BT, DPLR_DISPATCH_TI(bf16, return intra_fwd_t<BT_, TI_>(ctx, d, scale, q, k, a, b, Gi,
+                                                                   Ge, Aqk, Aqb, Aak, Tab)));
     return DG_OK;
 }
 
@@ -352,10 +351,10 @@ static dg_status intra_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, 
 extern "C" dg_status dg__dplr_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                              int bf16, const void *q, const void *k, const void *a,
                                              const void *b, const float *Gi, const float *Ge,
-                                             const float *Tab, const float *dAqk,
-                                             const float *dAqb, const float *dAak,
-                                             const float *dTab, float *dq, float *dk, float *da,
-                                             float *db, float *dGi, float *dGe) {
+                                             const float *Tab, const float *dAqk, const float *dAqb,
+                                             const float *dAak, const float *dTab, float *dq,
+                                             float *dk, float *da, float *db, float *dGi,
+                                             float *dGe) {
     DG_TRY(dplr_check_dims(__func__, ctx, d));
     if (!q || !k || !a || !b || !Gi || !Ge || !Tab || !dq || !dk || !da || !db || !dGi || !dGe)
         return dg__err(DG_ERR_ARG,
@@ -365,8 +364,7 @@ extern "C" dg_status dg__dplr_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     if (d->NC == 0)
         return DG_OK;
     KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return intra_bwd_t<BT_, TI_>(
-                                                      ctx, d, scale, q, k, a, b, Gi, Ge, Tab,
-                                                      dAqk, dAqb, dAak, dTab, dq, dk, da, db, dGi,
-                                                      dGe)));
+                                                      ctx, d, scale, q, k, a, b, Gi, Ge, Tab, dAqk,
+                                                      dAqb, dAak, dTab, dq, dk, da, db, dGi, dGe)));
     return DG_OK;
 }

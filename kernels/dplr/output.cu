@@ -36,10 +36,10 @@ __global__ void __launch_bounds__(NTH)
                            TI *__restrict__ o) {
     constexpr int RW = BT / 8;
     extern __shared__ float sm[];
-    float(*sq)[CT] = (float(*)[CT])sm;  /* qg tile [BT][32] */
-    float(*sh)[CT] = sq + BT;           /* h tile [32][32] */
-    float(*sv)[CT] = sh + CT;           /* v tile [BT][32] */
-    float(*sv2)[CT] = sv + BT;          /* v2 tile [BT][32] */
+    float(*sq)[CT] = (float(*)[CT])sm;                           /* qg tile [BT][32] */
+    float(*sh)[CT] = sq + BT;                                    /* h tile [32][32] */
+    float(*sv)[CT] = sh + CT;                                    /* v tile [BT][32] */
+    float(*sv2)[CT] = sv + BT;                                   /* v2 tile [BT][32] */
     float(*s1)[BT] = (float(*)[BT])(sm + 3 * BT * CT + CT * CT); /* Aqk */
     float(*s2)[BT] = s1 + BT;                                    /* Aqb */
 
@@ -94,8 +94,7 @@ template <int BT, class TI>
 __global__ void __launch_bounds__(NTH)
     dplr_output_dv_kernel(Dims d, const float *__restrict__ qg, const float *__restrict__ Aqk,
                           const float *__restrict__ Aqb, const TI *__restrict__ dO,
-                          float *__restrict__ dh, float *__restrict__ dv,
-                          float *__restrict__ dv2) {
+                          float *__restrict__ dh, float *__restrict__ dv, float *__restrict__ dv2) {
     extern __shared__ float sm[];
     float(*sdo)[CT] = (float(*)[CT])sm; /* dO tile [BT][32] */
     float(*sq)[CT] = sdo + BT;          /* qg tile [BT][32] */
@@ -221,9 +220,9 @@ __global__ void __launch_bounds__(NTH)
 // ---- launchers
 
 template <int BT, class TI>
-static dg_status output_fwd_t(dg_ctx *ctx, const kda_cuda_dims *d, const float *qg,
-                              const float *h, const float *Aqk, const float *Aqb, const void *v,
-                              const float *v2, void *o) {
+static dg_status output_fwd_t(dg_ctx *ctx, const kda_cuda_dims *d, const float *qg, const float *h,
+                              const float *Aqk, const float *Aqb, const void *v, const float *v2,
+                              void *o) {
     const size_t smem = sizeof(float) * (3 * BT * CT + CT * CT + 2 * BT * BT);
     DG_TRY(smem_opt_in(dplr_output_fwd_kernel<BT, TI>, smem));
     const dim3 grid((unsigned)d->NC, d->H, (unsigned)DG_CEIL_DIV(d->V, CT));
@@ -242,16 +241,16 @@ extern "C" dg_status dg__dplr_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *
         return dg__err(DG_ERR_ARG, "%s: every array is required", __func__);
     if (d->NC == 0)
         return DG_OK;
-    KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return output_fwd_t<BT_, TI_>(
-                                                      ctx, d, qg, h, Aqk, Aqb, v, v2, o)));
+    KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return output_fwd_t<BT_, TI_>(ctx, d, qg, h, Aqk,
+                                                                                Aqb, v, v2, o)));
     return DG_OK;
 }
 
 template <int BT, class TI>
-static dg_status output_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *qg,
-                              const float *h, const float *Aqk, const float *Aqb, const void *v,
-                              const float *v2, const void *dO, float *dqg, float *dh,
-                              float *dAqk, float *dAqb, float *dv, float *dv2) {
+static dg_status output_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *qg, const float *h,
+                              const float *Aqk, const float *Aqb, const void *v, const float *v2,
+                              const void *dO, float *dqg, float *dh, float *dAqk, float *dAqb,
+                              float *dv, float *dv2) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const TI *tdO = (const TI *)dO;
@@ -262,11 +261,10 @@ static dg_status output_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float 
             d, qg, Aqk, Aqb, tdO, dh, dv, dv2);
     DG_CHECK_LAUNCH();
     dplr_output_dqg_kernel<BT, TI>
-        <<<dim3((unsigned)d.NC, d.H, (unsigned)DG_CEIL_DIV(d.K, CT)), NTH, 0, s>>>(d, h, tdO,
-                                                                                 dqg);
+        <<<dim3((unsigned)d.NC, d.H, (unsigned)DG_CEIL_DIV(d.K, CT)), NTH, 0, s>>>(d, h, tdO, dqg);
     DG_CHECK_LAUNCH();
-    dplr_output_da_kernel<BT, TI><<<dim3((unsigned)d.NC, d.H), NTH, 0, s>>>(
-        d, tdO, (const TI *)v, v2, dAqk, dAqb);
+    dplr_output_da_kernel<BT, TI>
+        <<<dim3((unsigned)d.NC, d.H), NTH, 0, s>>>(d, tdO, (const TI *)v, v2, dAqk, dAqb);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -43,8 +43,7 @@ __global__ void __launch_bounds__(32 * REC_WARPS)
     dplr_rec_fwd_kernel(Dims d, float scale, const TI *__restrict__ q, const TI *__restrict__ k,
                         const TI *__restrict__ v, const TI *__restrict__ a,
                         const TI *__restrict__ b, const TI *__restrict__ gk,
-                        const float *__restrict__ h0, TI *__restrict__ o,
-                        float *__restrict__ ht) {
+                        const float *__restrict__ h0, TI *__restrict__ o, float *__restrict__ ht) {
     constexpr int CPW = REC_CPW;
     const int n = blockIdx.x, h = blockIdx.y, H = d.H, K = d.K, V = d.V;
     const int wp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -125,9 +124,8 @@ __global__ void __launch_bounds__(NTH)
                         const TI *__restrict__ b, const TI *__restrict__ gk,
                         const float *__restrict__ h0, const TI *__restrict__ dO,
                         const float *__restrict__ dht, float *__restrict__ ckpt,
-                        float *__restrict__ segbuf, float *dqp, float *dkp, float *dap,
-                        float *dbp, float *dgp, float *__restrict__ dv,
-                        float *__restrict__ dh0) {
+                        float *__restrict__ segbuf, float *dqp, float *dkp, float *dap, float *dbp,
+                        float *dgp, float *__restrict__ dv, float *__restrict__ dh0) {
     __shared__ float red[2][NW][CT];
     const int n = blockIdx.x, h = blockIdx.y, vt = blockIdx.z, nvt = gridDim.z;
     const int H = d.H, K = d.K, V = d.V;
@@ -300,9 +298,9 @@ static dg_status rec_fwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, co
     const int threads = 32 * REC_WARPS;
     cudaStream_t s = dg__stream(ctx);
 #define DPLR_REC_FWD(NBv)                                                                          \
-    dplr_rec_fwd_kernel<NBv, TI><<<grid, threads, 0, s>>>(                                         \
-        d, scale, (const TI *)q, (const TI *)k, (const TI *)v, (const TI *)a, (const TI *)b,       \
-        (const TI *)gk, h0, (TI *)o, ht)
+    dplr_rec_fwd_kernel<NBv, TI>                                                                   \
+        <<<grid, threads, 0, s>>>(d, scale, (const TI *)q, (const TI *)k, (const TI *)v,           \
+                                  (const TI *)a, (const TI *)b, (const TI *)gk, h0, (TI *)o, ht)
     if (d.K <= 32)
         DPLR_REC_FWD(1);
     else if (d.K <= 64)
@@ -404,7 +402,7 @@ extern "C" dg_status dg__dplr_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dim
                        "%s: q, k, v, a, b, gk and dq, dk, dv, da, db, dgk are required (h0, dO, "
                        "dht, dh0 optional)",
                        __func__);
-    DPLR_DISPATCH_TI(bf16, return rec_bwd_t<TI_>(ctx, d, scale, q, k, v, a, b, gk, h0, dO, dht,
-                                                 dq, dk, dv, da, db, dgk, dh0));
+    DPLR_DISPATCH_TI(bf16, return rec_bwd_t<TI_>(ctx, d, scale, q, k, v, a, b, gk, h0, dO, dht, dq,
+                                                 dk, dv, da, db, dgk, dh0));
     return DG_OK;
 }

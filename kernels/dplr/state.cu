@@ -152,17 +152,16 @@ __global__ void __launch_bounds__(NTH)
                           const float *__restrict__ bg, const float *__restrict__ Gi,
                           const float *__restrict__ dh, const float *__restrict__ dv2,
                           const float *__restrict__ dht, float *__restrict__ dHn,
-                          float *__restrict__ du, float *__restrict__ dv,
-                          float *__restrict__ dh0) {
+                          float *__restrict__ du, float *__restrict__ dv, float *__restrict__ dh0) {
     constexpr int RW = BT / 8;
     extern __shared__ float sm[];
     const int H = d.H, K = d.K, V = d.V;
     const int nk = (K + KT - 1) / KT, KP = nk * KT;
-    float *hs = sm;            /* [KP][VT] dH, the gradient of the chunk-end state */
-    float *Xs = hs + KP * VT;  /* [BT][VT] the total dv2 */
+    float *hs = sm;               /* [KP][VT] dH, the gradient of the chunk-end state */
+    float *Xs = hs + KP * VT;     /* [BT][VT] the total dv2 */
     float *Ta = Xs + 2 * BT * VT; /* [BT][KT] bg, then w */
-    float *Tb = Ta + BT * KT;  /* [BT][KT] kg */
-    float *lam = Tb + BT * KT; /* [KP] */
+    float *Tb = Ta + BT * KT;     /* [BT][KT] kg */
+    float *lam = Tb + BT * KT;    /* [KP] */
 
     const int n = blockIdx.x, h = blockIdx.y;
     const int tid = threadIdx.x, wp = tid >> 5, lane = tid & 31;
@@ -246,8 +245,8 @@ __global__ void __launch_bounds__(NTH)
     dplr_state_rows_kernel(Dims d, const TI *__restrict__ v, const float *__restrict__ v2,
                            const float *__restrict__ du, const float *__restrict__ h,
                            const float *__restrict__ dHn, const float *__restrict__ Gi,
-                           float *__restrict__ dkg, float *__restrict__ dbg,
-                           float *__restrict__ dw, float *__restrict__ dGi) {
+                           float *__restrict__ dkg, float *__restrict__ dbg, float *__restrict__ dw,
+                           float *__restrict__ dGi) {
     constexpr int RP = BT / NW, LD = CT + 1;
     __shared__ float sv[BT][CT], sv2[BT][CT], sdu[BT][CT];
     __shared__ float sdH[CT][LD], shh[CT][LD]; /* [key row][value column] */
@@ -327,17 +326,16 @@ extern "C" dg_status dg__dplr_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
                        "%s: w, u, kg, bg, v, Gi, h and v2 are required (h0, ht optional)",
                        __func__);
     KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return state_fwd_t<BT_, TI_>(
-                                                      ctx, d, w, u, kg, bg, v, Gi, h0, h, v2,
-                                                      ht)));
+                                                      ctx, d, w, u, kg, bg, v, Gi, h0, h, v2, ht)));
     return DG_OK;
 }
 
 template <int BT, class TI>
-static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *w,
-                             const float *kg, const float *bg, const void *v, const float *Gi,
-                             const float *h, const float *v2, const float *dh, const float *dv2,
-                             const float *dht, float *dw, float *du, float *dkg, float *dbg,
-                             float *dv, float *dGi, float *dh0) {
+static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *w, const float *kg,
+                             const float *bg, const void *v, const float *Gi, const float *h,
+                             const float *v2, const float *dh, const float *dv2, const float *dht,
+                             float *dw, float *du, float *dkg, float *dbg, float *dv, float *dGi,
+                             float *dh0) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     Scratch dHn(ctx);
@@ -345,8 +343,9 @@ static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *
     const int KP = DG_CEIL_DIV(d.K, KT) * KT;
     const size_t smem = sizeof(float) * seq_smem_floats<BT>(KP);
     DG_TRY(smem_opt_in(dplr_state_seq_kernel<BT>, smem));
-    dplr_state_seq_kernel<BT><<<dim3((unsigned)d.N, d.H, (unsigned)DG_CEIL_DIV(d.V, VT)), NTH,
-                                smem, s>>>(d, w, kg, bg, Gi, dh, dv2, dht, dHn.f(), du, dv, dh0);
+    dplr_state_seq_kernel<BT>
+        <<<dim3((unsigned)d.N, d.H, (unsigned)DG_CEIL_DIV(d.V, VT)), NTH, smem, s>>>(
+            d, w, kg, bg, Gi, dh, dv2, dht, dHn.f(), du, dv, dh0);
     DG_CHECK_LAUNCH();
     if (d.NC == 0)
         return DG_OK;
@@ -370,7 +369,7 @@ extern "C" dg_status dg__dplr_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
                        "(dh, dv2, dht, dh0 optional)",
                        __func__);
     KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return state_bwd_t<BT_, TI_>(
-                                                      ctx, d, w, kg, bg, v, Gi, h, v2, dh, dv2,
-                                                      dht, dw, du, dkg, dbg, dv, dGi, dh0)));
+                                                      ctx, d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht,
+                                                      dw, du, dkg, dbg, dv, dGi, dh0)));
     return DG_OK;
 }

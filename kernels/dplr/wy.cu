@@ -38,17 +38,16 @@ using namespace kdab;
 template <int BT, class TI>
 __global__ void __launch_bounds__(NTH)
     dplr_wy_fwd_kernel(Dims d, int nkt, float scale, const TI *__restrict__ q,
-                       const TI *__restrict__ k, const TI *__restrict__ v,
-                       const TI *__restrict__ a, const TI *__restrict__ b,
-                       const float *__restrict__ Gi, const float *__restrict__ Ge,
-                       const float *__restrict__ Aak, const float *__restrict__ Tab,
-                       float *__restrict__ w, float *__restrict__ u, float *__restrict__ qg,
-                       float *__restrict__ kg, float *__restrict__ bg) {
+                       const TI *__restrict__ k, const TI *__restrict__ v, const TI *__restrict__ a,
+                       const TI *__restrict__ b, const float *__restrict__ Gi,
+                       const float *__restrict__ Ge, const float *__restrict__ Aak,
+                       const float *__restrict__ Tab, float *__restrict__ w, float *__restrict__ u,
+                       float *__restrict__ qg, float *__restrict__ kg, float *__restrict__ bg) {
     extern __shared__ float sm[];
-    float(*sT)[BT] = (float(*)[BT])sm;               /* Tab (j <= i) */
-    float(*sM)[BT] = sT + BT;                        /* Aak (j < i) */
+    float(*sT)[BT] = (float(*)[BT])sm;                 /* Tab (j <= i) */
+    float(*sM)[BT] = sT + BT;                          /* Aak (j < i) */
     float(*sX)[CT] = (float(*)[CT])(sm + 2 * BT * BT); /* ag tile, or v tile */
-    float(*sY)[CT] = sX + BT;                        /* X tile */
+    float(*sY)[CT] = sX + BT;                          /* X tile */
 
     const int64_t c = blockIdx.x;
     const int h = blockIdx.y, H = d.H, K = d.K, V = d.V;
@@ -118,24 +117,23 @@ __global__ void __launch_bounds__(NTH)
 template <int BT, class TI>
 __global__ void __launch_bounds__(NTH)
     dplr_wy_bwd_kernel(Dims d, float scale, const TI *__restrict__ q, const TI *__restrict__ k,
-                       const TI *__restrict__ v, const TI *__restrict__ a,
-                       const TI *__restrict__ b, const float *__restrict__ Gi,
-                       const float *__restrict__ Ge, const float *__restrict__ Aak,
-                       const float *__restrict__ Tab, const float *__restrict__ dw,
-                       const float *__restrict__ du, const float *__restrict__ dqg,
-                       const float *__restrict__ dkg, const float *__restrict__ dbg,
-                       float *__restrict__ dq, float *__restrict__ dk, float *__restrict__ dv,
-                       float *__restrict__ da, float *__restrict__ db, float *__restrict__ dGi,
-                       float *__restrict__ dGe, float *__restrict__ dAak,
-                       float *__restrict__ dTab) {
+                       const TI *__restrict__ v, const TI *__restrict__ a, const TI *__restrict__ b,
+                       const float *__restrict__ Gi, const float *__restrict__ Ge,
+                       const float *__restrict__ Aak, const float *__restrict__ Tab,
+                       const float *__restrict__ dw, const float *__restrict__ du,
+                       const float *__restrict__ dqg, const float *__restrict__ dkg,
+                       const float *__restrict__ dbg, float *__restrict__ dq,
+                       float *__restrict__ dk, float *__restrict__ dv, float *__restrict__ da,
+                       float *__restrict__ db, float *__restrict__ dGi, float *__restrict__ dGe,
+                       float *__restrict__ dAak, float *__restrict__ dTab) {
     constexpr int R = BT / 16, LD = CT + 1;
     extern __shared__ float sm[];
-    float(*sT)[BT] = (float(*)[BT])sm; /* Tab (j <= i) */
-    float(*sM)[BT] = sT + BT;          /* Aak (j < i) */
-    float(*p0)[LD] = (float(*)[LD])(sm + 2 * BT * BT); /* dw tile / du tile */
-    float(*p1)[LD] = p0 + BT;                           /* ag tile / v tile */
-    float(*p2)[LD] = p1 + BT;                           /* X tile */
-    float(*p3)[LD] = p2 + BT;                           /* dX tile */
+    float(*sT)[BT] = (float(*)[BT])sm;                                /* Tab (j <= i) */
+    float(*sM)[BT] = sT + BT;                                         /* Aak (j < i) */
+    float(*p0)[LD] = (float(*)[LD])(sm + 2 * BT * BT);                /* dw tile / du tile */
+    float(*p1)[LD] = p0 + BT;                                         /* ag tile / v tile */
+    float(*p2)[LD] = p1 + BT;                                         /* X tile */
+    float(*p3)[LD] = p2 + BT;                                         /* dX tile */
     float(*red)[CT] = (float(*)[CT])(sm + 2 * BT * BT + 4 * BT * LD); /* [NW][CT] */
 
     const int64_t c = blockIdx.x;
@@ -277,9 +275,9 @@ extern "C" dg_status dg__dplr_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, f
                        __func__);
     if (d->NC == 0 || !(w || u || qg || kg || bg))
         return DG_OK;
-    KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return wy_fwd_t<BT_, TI_>(
-                                                      ctx, d, scale, q, k, v, a, b, Gi, Ge, Aak,
-                                                      Tab, w, u, qg, kg, bg)));
+    KDA_DISPATCH_BT(
+        d->BT, DPLR_DISPATCH_TI(bf16, return wy_fwd_t<BT_, TI_>(ctx, d, scale, q, k, v, a, b, Gi,
+                                                                Ge, Aak, Tab, w, u, qg, kg, bg)));
     return DG_OK;
 }
 

@@ -55,11 +55,11 @@ extern "C" dg_status dg__kda_beta_bwd_cuda(dg_ctx *ctx, int64_t n, float c, int 
     if (n <= 0 || !db)
         return DG_OK;
     if (bbf16)
-        beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(
-            n, c, (const kda_bf16 *)b, dbeta, (kda_bf16 *)db);
+        beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(n, c, (const kda_bf16 *)b,
+                                                                         dbeta, (kda_bf16 *)db);
     else
-        beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(
-            n, c, (const float *)b, dbeta, (float *)db);
+        beta_bwd_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(n, c, (const float *)b,
+                                                                         dbeta, (float *)db);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

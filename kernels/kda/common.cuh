@@ -29,7 +29,7 @@
 #include "../common.cuh"
 #include "kda_cuda.h"
 
-#define KDA_THREADS 256 /* every forward chunk kernel: 8 warps */
+#define KDA_THREADS 256        /* every forward chunk kernel: 8 warps */
 #define KDA_G_FLOOR_F (-128.f) /* per-step log decay floor before the cumsum (as the CPU's) */
 #define KDA_VT 32 /* FFMA state / output forward: value columns per block (one per lane) */
 #define KDA_KT 32 /* FFMA state / output forward: key-dim tile */
@@ -51,9 +51,18 @@ __device__ __forceinline__ float kda_dsoftplus(float x) {
 #define KDA_DISPATCH_BT(BTv, ...)                                                                  \
     do {                                                                                           \
         switch (BTv) {                                                                             \
-        case 16: { constexpr int BT_ = 16; __VA_ARGS__; } break;                                   \
-        case 32: { constexpr int BT_ = 32; __VA_ARGS__; } break;                                   \
-        case 64: { constexpr int BT_ = 64; __VA_ARGS__; } break;                                   \
+        case 16: {                                                                                 \
+            constexpr int BT_ = 16;                                                                \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case 32: {                                                                                 \
+            constexpr int BT_ = 32;                                                                \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
+        case 64: {                                                                                 \
+            constexpr int BT_ = 64;                                                                \
+            __VA_ARGS__;                                                                           \
+        } break;                                                                                   \
         default:                                                                                   \
             return dg__err(DG_ERR_ARG, "%s: chunk size BT=%d is not 16, 32 or 64", __func__,       \
                            (int)(BTv));                                                            \
@@ -268,7 +277,7 @@ dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);
  * [NC,HV,K,V], C [TT,HV,K]. The output backward's dQG = s dO h^T (output.cu). Needs NC > 0 and
  * d checked by kdab::check_dims. */
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
-                          const float *S, float *C);
+                              const float *S, float *C);
 /* The same with S in bf16 (kda_cuda_dims.mid; the tensor-core path only), and with A in bf16 too
  * (the output backward's dO under kda_cuda_dims.leaf_bf16). */
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,

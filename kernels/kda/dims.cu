@@ -13,8 +13,8 @@
 #include <string.h>
 
 extern "C" dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V,
-                                       int BT, int N, const int64_t *cu_host,
-                                       const int64_t *chunk_off_host, kda_cuda_dims *out) {
+                                           int BT, int N, const int64_t *cu_host,
+                                           const int64_t *chunk_off_host, kda_cuda_dims *out) {
     static const char *op = "dg__kda_cuda_dims_new";
     if (!out)
         return dg__err(DG_ERR_ARG, "%s: out is NULL", op);
@@ -24,21 +24,29 @@ extern "C" dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int H
     if (BT != 16 && BT != 32 && BT != 64)
         return dg__err(DG_ERR_ARG, "%s: BT must be 16, 32 or 64, got %d", op, BT);
     if (N < 1 || TT < 1 || H < 1 || HV < 1 || HV % H != 0)
-        return dg__err(DG_ERR_SHAPE, "%s: need N, TT, H, HV >= 1 and HV %% H == 0, got N=%d "
-                       "TT=%lld H=%d HV=%d", op, N, (long long)TT, H, HV);
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: need N, TT, H, HV >= 1 and HV %% H == 0, got N=%d "
+                       "TT=%lld H=%d HV=%d",
+                       op, N, (long long)TT, H, HV);
     /* the recurrent kernel keeps K/32 state rows per lane in registers (at most 8) */
     if (K < 1 || K > 256 || V < 1)
-        return dg__err(DG_ERR_SHAPE, "%s: the CUDA KDA kernels need 1 <= K <= 256 and V >= 1, "
-                       "got K=%d V=%d", op, K, V);
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: the CUDA KDA kernels need 1 <= K <= 256 and V >= 1, "
+                       "got K=%d V=%d",
+                       op, K, V);
     if (cu_host[0] != 0 || cu_host[N] != TT || chunk_off_host[0] != 0)
-        return dg__err(DG_ERR_ARG, "%s: cu must run from 0 to TT=%lld and chunk_off start at 0 "
-                       "(got cu[0]=%lld cu[N]=%lld chunk_off[0]=%lld)", op, (long long)TT,
-                       (long long)cu_host[0], (long long)cu_host[N], (long long)chunk_off_host[0]);
+        return dg__err(DG_ERR_ARG,
+                       "%s: cu must run from 0 to TT=%lld and chunk_off start at 0 "
+                       "(got cu[0]=%lld cu[N]=%lld chunk_off[0]=%lld)",
+                       op, (long long)TT, (long long)cu_host[0], (long long)cu_host[N],
+                       (long long)chunk_off_host[0]);
     for (int n = 0; n < N; n++) {
         int64_t len = cu_host[n + 1] - cu_host[n];
         if (len < 0 || chunk_off_host[n + 1] - chunk_off_host[n] != (len + BT - 1) / BT)
-            return dg__err(DG_ERR_ARG, "%s: sequence %d has %lld tokens but chunk_off gives it "
-                           "%lld chunks of %d", op, n, (long long)len,
+            return dg__err(DG_ERR_ARG,
+                           "%s: sequence %d has %lld tokens but chunk_off gives it "
+                           "%lld chunks of %d",
+                           op, n, (long long)len,
                            (long long)(chunk_off_host[n + 1] - chunk_off_host[n]), BT);
     }
     const int64_t NC = chunk_off_host[N];

@@ -49,13 +49,11 @@ __global__ void kda_gate_fwd_kernel(int64_t n, int HV, int K, dg_gate_kind kind,
 /* Cumsum: blockIdx.x = chunk, threads over the HV*K columns of a token row (coalesced); each
  * thread walks the L tokens of its chunk in order, as the CPU does (G_i = G_{i-1} + g_i). */
 template <class TX>
-__global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
-                                           const int32_t *__restrict__ chunk_len, int HV, int K,
-                                           dg_gate_kind kind, float lb,
-                                           const TX *__restrict__ x,
-                                           const float *__restrict__ A_log,
-                                           const float *__restrict__ dt_bias,
-                                           float *__restrict__ G) {
+__global__ void
+kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
+                           const int32_t *__restrict__ chunk_len, int HV, int K, dg_gate_kind kind,
+                           float lb, const TX *__restrict__ x, const float *__restrict__ A_log,
+                           const float *__restrict__ dt_bias, float *__restrict__ G) {
     const int row = HV * K;
     const int e = blockIdx.y * blockDim.x + threadIdx.x;
     if (e >= row)
@@ -81,8 +79,8 @@ __global__ void kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
  * d dt_bias (pdt) and of d A_log (pA) over the chunk's tokens. */
 template <class TX>
 __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum, const TX *x,
-                                const float *A_log, const float *dt_bias, const float *dG,
-                                TX *dx, float *pdt, float *pA) {
+                                const float *A_log, const float *dt_bias, const float *dG, TX *dx,
+                                float *pdt, float *pA) {
     const int row = d.HV * d.K;
     const int e = blockIdx.y * blockDim.x + threadIdx.x;
     if (e >= row)
@@ -170,8 +168,8 @@ __global__ void gate_dA_reduce_kernel(int64_t NC, int HV, int K, const float *pA
 // ---- launchers
 
 extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
-                                       float lb, int cumsum, int xbf16, const void *x,
-                                       const float *A_log, const float *dt_bias, float *G) {
+                                           float lb, int cumsum, int xbf16, const void *x,
+                                           const float *A_log, const float *dt_bias, float *G) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!x || !G)
         return dg__err(DG_ERR_ARG, "%s: x and G are required", __func__);
@@ -198,16 +196,16 @@ extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
             G);
     else
         kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, (const float *)x, A_log, dt_bias,
-            G);
+            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, (const float *)x, A_log, dt_bias, G);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
-                                       float lb, int cumsum, int xbf16, const void *x,
-                                       const float *A_log, const float *dt_bias, const float *dG,
-                                       void *dx, float *dA_log, float *ddt_bias) {
+                                           float lb, int cumsum, int xbf16, const void *x,
+                                           const float *A_log, const float *dt_bias,
+                                           const float *dG, void *dx, float *dA_log,
+                                           float *ddt_bias) {
     DG_TRY(check_dims("dg__kda_gate_bwd_cuda", d));
     cudaStream_t s = dg__stream(ctx);
     const int row = d->HV * d->K;

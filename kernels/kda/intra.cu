@@ -186,8 +186,8 @@ __device__ __forceinline__ void frag_cols(const float *p, unsigned (&hi)[4], uns
 template <int BT>
 __global__ void __launch_bounds__(KDA_THREADS)
     kda_intra_fwd_kernel(const int64_t *__restrict__ chunk_t0,
-                         const int32_t *__restrict__ chunk_len, int H, int HV, int K,
-                         float scale, const float *__restrict__ q, const float *__restrict__ k,
+                         const int32_t *__restrict__ chunk_len, int H, int HV, int K, float scale,
+                         const float *__restrict__ q, const float *__restrict__ k,
                          const float *__restrict__ beta, const float *__restrict__ G,
                          float *__restrict__ Aqk, float *__restrict__ Tm) {
     constexpr int R = BT / 16, KT = 32, LD = KT + 1;
@@ -350,11 +350,11 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
     for (int kt0 = 0; kt0 < K; kt0 += KT) {
         if (vec) { /* 16-byte pieces all in flight at once; rows >= L, columns >= K zero */
             kdamma::tile_async<BT, KT, LD, TC_THREADS>(qs, q + (t0 * H + hq) * K, (int64_t)H * K, L,
-                                                      kt0, K);
+                                                       kt0, K);
             kdamma::tile_async<BT, KT, LD, TC_THREADS>(ks, k + (t0 * H + hq) * K, (int64_t)H * K, L,
-                                                      kt0, K);
-            kdamma::tile_async<BT, KT, LD, TC_THREADS>(gs, G + (t0 * HV + hv) * K,
-                                                      (int64_t)HV * K, L, kt0, K);
+                                                       kt0, K);
+            kdamma::tile_async<BT, KT, LD, TC_THREADS>(gs, G + (t0 * HV + hv) * K, (int64_t)HV * K,
+                                                       L, kt0, K);
             kdamma::cp_async_commit();
             kdamma::cp_async_wait<0>();
             __syncthreads();
@@ -375,8 +375,7 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
             for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
                 const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
                 const bool ok = 16 * I < L && kt0 + e < K;
-                grs[(I * 16 + m) * LD + e] =
-                    ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
+                grs[(I * 16 + m) * LD + e] = ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
             }
         }
         __syncthreads();
@@ -465,8 +464,8 @@ __global__ void __launch_bounds__(TC_THREADS, 3)
     /* Aqk rows, Lkk, the solve and Tm rows: as the FFMA kernel */
     /* the block solve (kda_solve_blocked) takes its scratch behind Lkk and Tm */
     static_assert(REGION >= 2 * BT * BT + (R - 1) * 256, "the block solve's scratch fits");
-    kda_intra_finish<BT, R, true>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV,
-                                  scale, sm + 2 * BT * BT);
+    kda_intra_finish<BT, R, true>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV, scale,
+                                  sm + 2 * BT * BT);
 }
 
 // ---- backward kernels
@@ -619,23 +618,22 @@ __global__ void __launch_bounds__(NTH)
  *     row (row side) or the next block's first row (column side), where both factors are <= 1,
  *     and the diagonal block is summed with exact exponentials per accumulator element in f32.
  * A factor that underflows stands only for terms that underflow (or are negligible) anyway. */
-constexpr int MMA_C = 64;          /* key columns per block */
+constexpr int MMA_C = 64; /* key columns per block */
 /* q, k, G tiles: B-fragment reads (k = t, n = g) hit banks 8t + g */
 constexpr int MMA_LDK = MMA_C + 8;
 
 template <int BT> struct IntraMma {
-    static constexpr int NB = BT / 16;      /* row blocks */
-    static constexpr int NTHR = 64 * NB;    /* two warps per row block */
-    static constexpr int LDA = BT + 4;      /* dA, dL: A-fragment reads (g, t) hit banks 4g + t */
+    static constexpr int NB = BT / 16;   /* row blocks */
+    static constexpr int NTHR = 64 * NB; /* two warps per row block */
+    static constexpr int LDA = BT + 4;   /* dA, dL: A-fragment reads (g, t) hit banks 4g + t */
     static constexpr size_t smem_floats = 3 * BT * MMA_LDK + 2 * BT * LDA + 3 * BT;
 };
 
 template <int BT>
 __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
-    intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const float *q,
-                          const float *k, const float *beta, const float *G, const float *dAqk,
-                          const float *dL, float *dqv, float *dkv, float *dG, float *dbp,
-                          unsigned acc) {
+    intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const float *q, const float *k,
+                          const float *beta, const float *G, const float *dAqk, const float *dL,
+                          float *dqv, float *dkv, float *dG, float *dbp, unsigned acc) {
     using kdamma::mma_3xtf32;
     using kdamma::tf32_split;
     constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
@@ -789,8 +787,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         const int pm = min(16 * rb + 8, L - 1);
         float dev = 0.f;
         for (int jj = 0; jj < 16 && 16 * rb + jj < L; jj++)
-            dev = fmaxf(dev,
-                        fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
+            dev =
+                fmaxf(dev, fabsf(sG[(16 * rb + jj) * LDK + cb + lane] - sG[pm * LDK + cb + lane]));
         if (__all_sync(0xffffffffu, dev <= MID_SPAN)) {
             row_side(sG + pm * LDK, 16 * rb + 16);
             col_side(sG + pm * LDK, 16 * rb);
@@ -878,7 +876,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     continue;
                 const int64_t idx = ((t0 + r) * HV + hv) * K + ke;
                 /* write, or add to what is there (acc) */
-                auto put = [&](float *o, const float (&v)[2], unsigned flag) {
+                auto put = [&](float *o, const float(&v)[2], unsigned flag) {
                     if (!o)
                         return;
                     if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
@@ -1010,16 +1008,16 @@ static dg_status intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, 
         d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G); /* cp.async tile loads */
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         intra_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta,
-                            G, Aqk, Tm);
+                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta, G,
+                            Aqk, Tm);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                        const float *q, const float *k, const float *beta,
-                                        const float *G, float *Aqk, float *Tm) {
+                                            const float *q, const float *k, const float *beta,
+                                            const float *G, float *Aqk, float *Tm) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!q || !k || !beta || !G || !Aqk || !Tm)
         return dg__err(DG_ERR_ARG, "%s: q, k, beta, G, Aqk and Tm are required", __func__);
@@ -1071,8 +1069,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         if (mma && aligned16(Tm) && aligned16(dTm)) {
             const size_t smem = sizeof(float) * IntraDlMma<BT>::smem_floats;
             DG_TRY(smem_opt_in(intra_dl_mma_kernel<BT>, smem));
-            intra_dl_mma_kernel<BT><<<dim3((unsigned)d.NC, d.HV), IntraDlMma<BT>::NTHR, smem, s>>>(
-                d, Tm, dTm, dL);
+            intra_dl_mma_kernel<BT>
+                <<<dim3((unsigned)d.NC, d.HV), IntraDlMma<BT>::NTHR, smem, s>>>(d, Tm, dTm, dL);
         } else {
             intra_dl_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, Tm, dTm, dL);
         }
@@ -1090,8 +1088,8 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
         const dim3 grid((unsigned)d.NC, d.HV, nkt);
         DG_TRY(smem_opt_in(intra_main_kernel<BT>, smem));
-        intra_main_kernel<BT><<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk, dL, dqv, dkv,
-                                                      dG, dbp, kacc);
+        intra_main_kernel<BT>
+            <<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
     }
     DG_CHECK_LAUNCH();
     if (per_hv && dq)
@@ -1104,22 +1102,22 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
 }
 
 extern "C" dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                        const float *q, const float *k, const float *beta,
-                                        const float *G, const float *Tm, const float *dAqk,
-                                        const float *dTm, float *dq, float *dk, float *dbeta,
-                                        float *dG, unsigned acc) {
+                                            const float *q, const float *k, const float *beta,
+                                            const float *G, const float *Tm, const float *dAqk,
+                                            const float *dTm, float *dq, float *dk, float *dbeta,
+                                            float *dG, unsigned acc) {
     DG_TRY(check_dims("dg__kda_intra_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
     switch (d->BT) {
     case 16:
         return intra_bwd_bt<16>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
-                                  acc);
+                                acc);
     case 32:
         return intra_bwd_bt<32>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
-                                  acc);
+                                acc);
     default:
         return intra_bwd_bt<64>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
-                                  acc);
+                                acc);
     }
 }

@@ -139,13 +139,13 @@ dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *
                               unsigned acc);
 
 /* ---- N6 state, and the KCP summaries built on its pass (state.cu) ---- */
-dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
-                                 const void *U, const void *KG, const float *G, const float *h0,
-                                 void *h, void *E, float *ht);
-dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
-                                 const void *KG, const float *G, const void *h, const void *E,
-                                 const float *dh, const float *dE, const float *dht, float *dW,
-                                 float *dU, float *dKG, float *dG, float *dh0);
+dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W, const void *U,
+                                 const void *KG, const float *G, const float *h0, void *h, void *E,
+                                 float *ht);
+dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W, const void *KG,
+                                 const float *G, const void *h, const void *E, const float *dh,
+                                 const float *dE, const float *dht, float *dW, float *dU,
+                                 float *dKG, float *dG, float *dh0);
 /* The same backward in its two halves, so that a caller can release dh and dE between them (the
  * tape node does: they are the largest arrays the serial pass reads). seq: the serial pass, dE_tot
  * (= dU) [TT,HV,V], the state gradient at each chunk's start dHn [NC,HV,K,V] stored like h (bf16
@@ -168,9 +168,8 @@ dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const
  * X0 (= U) have the mid storage of d; the backward's X0 (dE) is f32. */
 int dg__kda_state_summary_fits(const kda_cuda_dims *d);
 dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
-                                     const void *A1, const void *X0, const void *A2,
-                                     const float *G, const float *Sup, const float *S0, float *Sh,
-                                     float *SM);
+                                     const void *A1, const void *X0, const void *A2, const float *G,
+                                     const float *Sup, const float *S0, float *Sh, float *SM);
 
 /* ---- N7 output (output.cu): O (forward) and dO (backward) are bf16 when d->leaf_bf16 is set,
  * else f32 ---- */

@@ -43,7 +43,7 @@ namespace kdatc {
 
 using namespace nvcuda;
 
-constexpr int TC_THREADS = 256;       /* 8 warps per block */
+constexpr int TC_THREADS = 256; /* 8 warps per block */
 constexpr int TC_PAD = 8;
 constexpr int TC_KT = 64;             /* output / state forward: key-dim tile staged per step */
 constexpr int TC_CT = 64;             /* backward products: key or value columns per step / block */
@@ -177,8 +177,8 @@ __device__ __forceinline__ unsigned tf32(kda_bf16 x) {
 
 /* d += a b on bf16 operands (m16n8k16) with f32 accumulators. Fragments (g = lane / 4,
  * t = lane % 4; each register holds two bf16, the lower k first): a0 (g, 2t..2t+1), a1 (g + 8,
- * 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); b0 (k = 2t..2t+1, n = g), b1 (k = 2t + 8.., n = g);
- * d as in mma_tf32. */
+ * 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..); b0 (k = 2t..2t+1, n = g), b1 (k = 2t + 8.., n =
+ * g); d as in mma_tf32. */
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                          unsigned b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
@@ -281,8 +281,8 @@ __device__ __forceinline__ void tile_in(float *dst, const kda_bf16 *__restrict__
     }
 }
 
-constexpr int AB_N = 64;  /* output columns per block */
-constexpr int AB_KS = 32; /* k-step staged per pipeline stage */
+constexpr int AB_N = 64;         /* output columns per block */
+constexpr int AB_KS = 32;        /* k-step staged per pipeline stage */
 constexpr int AB_LDB = AB_N + 8; /* n-contiguous stage [32][64]: LD % 32 == 8, no conflicts */
 constexpr int AB_THREADS = 256;
 /* Leading dimension of a k-contiguous stage of T: f32 36 (the 32 lanes of a fragment read hit
@@ -303,8 +303,8 @@ template <int BT> struct AbTile {
  * leading dimension lda, Bs with ldb), for warp w's part of the BT x 64 tile. kbase: the k index
  * of the stage's first column, for the TRI mask. */
 template <int BT, bool AK, bool BK, int TRI, int KS, class TA, class TB>
-__device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const TA *As,
-                                          int lda, const TB *Bs, int ldb, int kbase) {
+__device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const TA *As, int lda,
+                                          const TB *Bs, int ldb, int kbase) {
     constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
@@ -359,13 +359,12 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
  * fragment read is free of bank conflicts (k-contiguous stages have LD % 32 == 4, the others
  * LD % 32 == 8). Ends with a __syncthreads (sm reusable). */
 template <int BT, bool AK, bool BK, int TRI = 0, class TA = float, class TB = float>
-__device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
-                                         const TA *__restrict__ A, int64_t rsA, int rows_a,
-                                         const TB *__restrict__ B, int64_t rsB, int rows_b,
-                                         int nn, int nk, float *sm) {
+__device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4], const TA *__restrict__ A,
+                                         int64_t rsA, int rows_a, const TB *__restrict__ B,
+                                         int64_t rsB, int rows_b, int nn, int nk, float *sm) {
     constexpr int LDA = AK ? ab_ld<TA>() : BT + 8, LDB = BK ? ab_ld<TB>() : AB_LDB;
-    constexpr int ASTAGE = AK ? BT * LDA : AB_KS * LDA;     /* elements of TA */
-    constexpr int BSTAGE = BK ? AB_N * LDB : AB_KS * LDB;   /* elements of TB */
+    constexpr int ASTAGE = AK ? BT * LDA : AB_KS * LDA;   /* elements of TA */
+    constexpr int BSTAGE = BK ? AB_N * LDB : AB_KS * LDB; /* elements of TB */
     /* stage b: A at sm + b * ASTAGE, B after both A stages (pointer arithmetic, not an array of
      * pointers, which a run-time index would put in local memory) */
     TA *const sa = reinterpret_cast<TA *>(sm);
@@ -379,12 +378,12 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4],
             tile_async<BT, AB_KS, LDA, AB_THREADS>(As(b), A, rsA, rows_a, k0, nk);
         else
             tile_async<AB_KS, BT, LDA, AB_THREADS>(As(b), A + (int64_t)k0 * rsA, rsA,
-                                                    min(rows_b, nk) - k0, 0, rows_a);
+                                                   min(rows_b, nk) - k0, 0, rows_a);
         if (BK)
             tile_async<AB_N, AB_KS, LDB, AB_THREADS>(Bs(b), B, rsB, rows_b, k0, nk);
         else /* stage row r is B row k0 + r, valid below min(rows_b, nk) */
             tile_async<AB_KS, AB_N, LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB,
-                                                      min(rows_b, nk) - k0, 0, nn);
+                                                     min(rows_b, nk) - k0, 0, nn);
     };
     load(0, 0);
     cp_async_commit();
@@ -412,8 +411,7 @@ template <int BT, bool AK, bool BK, class TA = float, class TB = float> constexp
  * the diagonal (c > r). */
 template <int BT, bool LOWER = false, class TC = float>
 __device__ __forceinline__ void store_acc(const float (&acc)[AbTile<BT>::NTW][4],
-                                          TC *__restrict__ C, int64_t rsC, int L, int nn,
-                                          float s) {
+                                          TC *__restrict__ C, int64_t rsC, int L, int nn, float s) {
     constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);

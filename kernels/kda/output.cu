@@ -35,8 +35,8 @@ using namespace kdatc;
 template <int BT>
 __global__ void __launch_bounds__(KDA_THREADS)
     kda_output_fwd_kernel(const int64_t *__restrict__ chunk_t0,
-                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                          float scale, const float *__restrict__ QG, const float *__restrict__ h,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
+                          const float *__restrict__ QG, const float *__restrict__ h,
                           const float *__restrict__ Aqk, const float *__restrict__ E,
                           float *__restrict__ O) {
     constexpr int VT = KDA_VT, KT = KDA_KT, RW = BT / 8;
@@ -203,8 +203,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 template <int BT, class M, class TO>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     output_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
-                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                          float scale, const M *__restrict__ QG, const M *__restrict__ h,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
+                          const M *__restrict__ QG, const M *__restrict__ h,
                           const float *__restrict__ Aqk, const M *__restrict__ E,
                           TO *__restrict__ O) {
     constexpr int NTW = kdamma::AbTile<BT>::NTW;
@@ -219,14 +219,14 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const int64_t rv = (int64_t)HV * V;
     float acc[NTW][4] = {};
     kdamma::gemm_acc<BT, true, false>(acc, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L,
-                                h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
+                                      h + (ch * HV + hv) * (int64_t)K * V + v0, V, K, nv, K, sm);
 #pragma unroll
     for (int j = 0; j < NTW; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             acc[j][e] *= scale;
     kdamma::gemm_acc<BT, true, false, 1>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
-                                E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
+                                         E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
     kdamma::store_acc<BT, false, TO>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
 }
 
@@ -492,8 +492,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     kdamma::gemm_acc<64, false, false>(acc, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, ne,
                                        dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
                                        sm);
-    kdamma::store_acc<64>(acc, dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V,
-                          ne, nv, scale);
+    kdamma::store_acc<64>(acc, dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V, ne,
+                          nv, scale);
 }
 
 /* dAqk[i][j] = dO_i . E_j for j <= i, 0 above (rows < L, all BT columns) on mma.sync (TF32),
@@ -529,8 +529,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
     float acc[kdamma::AbTile<BT>::NTW][4] = {};
     kdamma::gemm_acc<BT, false, false, 2>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, BT,
-                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
-                                       sm);
+                                          dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
+                                          sm);
     kdamma::store_acc<BT>(acc, dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, 1.f);
 }
 
@@ -554,30 +554,30 @@ static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
     if (output_fwd_mma(d, QG, h, Aqk, E, O)) {
-        KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_MID(d->mid, {
-            output_fwd_mma_kernel<BT_, M_, TO><<<dim3(grid.x * grid.z, grid.y),
-                                                 kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
-                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const M_ *)QG,
-                (const M_ *)h, Aqk, (const M_ *)E, O);
-            DG_CHECK_LAUNCH();
-        }));
+        KDA_DISPATCH_BT(
+            d->BT, KDA_DISPATCH_MID(d->mid, {
+                output_fwd_mma_kernel<BT_, M_, TO>
+                    <<<dim3(grid.x * grid.z, grid.y), kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                        d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const M_ *)QG,
+                        (const M_ *)h, Aqk, (const M_ *)E, O);
+                DG_CHECK_LAUNCH();
+            }));
         return DG_OK;
     }
     if (d->mid || sizeof(TO) != sizeof(float))
         return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale,
-                            (const float *)QG, (const float *)h, Aqk, (const float *)E,
-                            (float *)O);
+                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
+                            (const float *)h, Aqk, (const float *)E, (float *)O);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                         const void *QG, const void *h, const float *Aqk,
-                                         const void *E, void *Ov) {
+                                             const void *QG, const void *h, const float *Aqk,
+                                             const void *E, void *Ov) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!QG || !h || !Aqk || !E || !Ov)
         return dg__err(DG_ERR_ARG, "%s: QG, h, Aqk, E and O are required", __func__);
@@ -637,8 +637,8 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
  * NC > 0. */
 template <class M, class TD>
 static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const M *QG,
-                               const M *h, const float *Aqk, const M *E, const TD *dO,
-                               float *dQG, float *dh, float *dAqk, float *dE) {
+                               const M *h, const float *Aqk, const M *E, const TD *dO, float *dQG,
+                               float *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
     const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
@@ -648,8 +648,7 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     const bool mma = d->tc == 1 && d->K % q == 0 && d->V % 4 == 0 && aligned16(QG) &&
                      aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
                      (!dE || aligned16(dE));
-    if ((sizeof(M) == 2 || sizeof(TD) == 2) &&
-        (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E))))
+    if ((sizeof(M) == 2 || sizeof(TD) == 2) && (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E))))
         return kda_mid_refused(__func__, d);
     if (dQG)
         DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
@@ -698,9 +697,9 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
 }
 
 extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                         const void *QGv, const void *hv, const float *Aqk,
-                                         const void *Ev, const void *dOv, float *dQG, float *dh,
-                                         float *dAqk, float *dE) {
+                                             const void *QGv, const void *hv, const float *Aqk,
+                                             const void *Ev, const void *dOv, float *dQG, float *dh,
+                                             float *dAqk, float *dE) {
     DG_TRY(check_dims("dg__kda_output_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;

@@ -45,19 +45,14 @@ constexpr int REC_SEG = 64; /* backward: tokens per checkpoint segment (KDA_REC_
 // ---- device helpers
 
 /* One token's operands for one lane: key rows lane + 32b. */
-template <int NB>
-struct kda_rec_tok {
-    float k[NB], q[NB], g[NB], v[KDA_REC_CPW], beta;
-};
+template <int NB> struct kda_rec_tok { float k[NB], q[NB], g[NB], v[KDA_REC_CPW], beta; };
 
 template <int NB>
-__device__ __forceinline__ void kda_rec_load(kda_rec_tok<NB> &x, int64_t t, int H, int hq, int HV,
-                                             int hv, int K, int V, int col0, int lane,
-                                             const float *__restrict__ q,
-                                             const float *__restrict__ k,
-                                             const float *__restrict__ v,
-                                             const float *__restrict__ g,
-                                             const float *__restrict__ beta) {
+__device__ __forceinline__ void
+kda_rec_load(kda_rec_tok<NB> &x, int64_t t, int H, int hq, int HV, int hv, int K, int V, int col0,
+             int lane, const float *__restrict__ q, const float *__restrict__ k,
+             const float *__restrict__ v, const float *__restrict__ g,
+             const float *__restrict__ beta) {
 #pragma unroll
     for (int b = 0; b < NB; b++) {
         const int kk = lane + 32 * b;
@@ -95,11 +90,10 @@ __device__ __forceinline__ float rows_sum(float part, float (*red)[NW][CT], int 
 template <int NB>
 __global__ void __launch_bounds__(32 * KDA_REC_WARPS)
     kda_recurrent_fwd_kernel(const int64_t *__restrict__ cu, int H, int HV, int K, int V,
-                             float scale, const float *__restrict__ q,
-                             const float *__restrict__ k, const float *__restrict__ v,
-                             const float *__restrict__ g, const float *__restrict__ beta,
-                             const float *__restrict__ h0, float *__restrict__ o,
-                             float *__restrict__ ht) {
+                             float scale, const float *__restrict__ q, const float *__restrict__ k,
+                             const float *__restrict__ v, const float *__restrict__ g,
+                             const float *__restrict__ beta, const float *__restrict__ h0,
+                             float *__restrict__ o, float *__restrict__ ht) {
     constexpr int CPW = KDA_REC_CPW;
     const int n = blockIdx.x, hv = blockIdx.y, hq = hv / (HV / H);
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -342,9 +336,9 @@ __global__ void __launch_bounds__(NTH)
 // ---- launchers
 
 extern "C" dg_status dg__kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                            const float *q, const float *k, const float *v,
-                                            const float *g, const float *beta, const float *h0,
-                                            float *o, float *ht) {
+                                                const float *q, const float *k, const float *v,
+                                                const float *g, const float *beta, const float *h0,
+                                                float *o, float *ht) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!q || !k || !v || !g || !beta || !o)
         return dg__err(DG_ERR_ARG, "%s: q, k, v, g, beta and o are required (h0, ht optional)",
@@ -383,10 +377,11 @@ static dg_status rec_launch(dg_ctx *ctx, const Dims &d, int nvt, float scale, co
 }
 
 extern "C" dg_status dg__kda_recurrent_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
-                                            const float *q, const float *k, const float *v,
-                                            const float *g, const float *beta, const float *h0,
-                                            const float *dO, const float *dht, float *dq, float *dk,
-                                            float *dv, float *dg, float *dbeta, float *dh0) {
+                                                const float *q, const float *k, const float *v,
+                                                const float *g, const float *beta, const float *h0,
+                                                const float *dO, const float *dht, float *dq,
+                                                float *dk, float *dv, float *dg, float *dbeta,
+                                                float *dh0) {
     DG_TRY(check_dims("dg__kda_recurrent_bwd_cuda", dd));
     if (dd->K > 8 * 32)
         return dg__err(DG_ERR_UNSUPPORTED,

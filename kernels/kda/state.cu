@@ -56,7 +56,8 @@
 using namespace kdab;
 using namespace kdatc;
 
-#define TC_ST_VT 32 /* state_tc_kernel: value columns per block (as the FFMA kernel: parallelism) */
+/* state_tc_kernel: value columns per block (as the FFMA kernel: parallelism) */
+#define TC_ST_VT 32
 
 // ---- device helpers
 
@@ -156,15 +157,15 @@ __global__ void __launch_bounds__(KDA_THREADS)
                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
                          const float *__restrict__ W, const float *__restrict__ U,
                          const float *__restrict__ KG, const float *__restrict__ G,
-                         const float *__restrict__ h0, float *__restrict__ h,
-                         float *__restrict__ E, float *__restrict__ ht) {
+                         const float *__restrict__ h0, float *__restrict__ h, float *__restrict__ E,
+                         float *__restrict__ ht) {
     constexpr int VT = KDA_VT, KT = KDA_KT, RW = BT / 8;
     extern __shared__ __align__(16) float kda_state_smem[];
     const int nk = (K + KT - 1) / KT, KP = nk * KT;
-    float *hs = kda_state_smem;  /* [KP][VT] */
-    float *Es = hs + KP * VT;    /* [BT][VT] */
-    float *Ts = Es + BT * VT;    /* [BT][KT] */
-    float *lam = Ts + BT * KT;   /* [KP] */
+    float *hs = kda_state_smem; /* [KP][VT] */
+    float *Es = hs + KP * VT;   /* [BT][VT] */
+    float *Ts = Es + BT * VT;   /* [BT][KT] */
+    float *lam = Ts + BT * KT;  /* [KP] */
 
     const int n = blockIdx.x, hv = blockIdx.y;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31;
@@ -435,7 +436,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     typedef TA TS; /* the staged S and X: TF32-rounded f32, or bf16 */
     extern __shared__ __align__(16) float sm_smem[];
     constexpr int NB = state_nbuf<TA>(); /* operand buffers: chunk it + NB - 1 loads during it */
-    constexpr bool XOWN = NB > 1;         /* Xs has its own space (else it reuses Ss's) */
+    constexpr bool XOWN = NB > 1;        /* Xs has its own space (else it reuses Ss's) */
     const int LD1 = state_ld1<TA>(K), LD2 = K + 8;
     TA *const A1b = reinterpret_cast<TA *>(sm_smem);
     TA *const A2b = A1b + NB * BT * LD1;
@@ -627,8 +628,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 for (int hlf = 0; hlf < 2; hlf++) {
                     const int r = 16 * xm + g + 8 * hlf, c = 8 * (NXT * (w & 1) + jj) + 2 * t;
                     float2 val;
-                    val.x = BWD ? X[jj][2 * hlf] + acc[jj][2 * hlf]
-                                : X[jj][2 * hlf] - acc[jj][2 * hlf];
+                    val.x =
+                        BWD ? X[jj][2 * hlf] + acc[jj][2 * hlf] : X[jj][2 * hlf] - acc[jj][2 * hlf];
                     val.y = BWD ? X[jj][2 * hlf + 1] + acc[jj][2 * hlf + 1]
                                 : X[jj][2 * hlf + 1] - acc[jj][2 * hlf + 1];
                     if (r >= L)
@@ -968,8 +969,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0);
     float acc[kdamma::AbTile<BT>::NTW][4] = {};
     kdamma::gemm_acc<BT, true, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
-                               h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V, ne, ne, V,
-                               sm);
+                                     h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V, V, ne,
+                                     ne, V, sm);
     kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
 }
 
@@ -979,9 +980,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 template <class M>
 __global__ void __launch_bounds__(TC_THREADS)
     state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                       int HV, int K, int V, const float *__restrict__ G,
-                       const M *__restrict__ h, const M *__restrict__ dHs,
-                       float *__restrict__ dG) {
+                       int HV, int K, int V, const float *__restrict__ G, const M *__restrict__ h,
+                       const M *__restrict__ dHs, float *__restrict__ dG) {
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
     const int64_t t0 = chunk_t0[ch];
@@ -1150,28 +1150,27 @@ static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const floa
 /* The tensor-core forward (d->tc != 0), called by dg__kda_state_fwd_cuda after its checks. */
 template <class M>
 static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *U,
-                              const M *KG, const float *G, const float *h0, M *h, M *E,
-                              float *ht) {
+                              const M *KG, const float *G, const float *h0, M *h, M *E, float *ht) {
     if (state_mma_fits(d, W, U, KG, G, h0, nullptr, h, E, ht))
         return state_mma<false>(ctx, d, StateOps<M, M>{W, U, KG, G, h0, nullptr, h, E, ht});
     if (sizeof(M) == 2)
         return kda_mid_refused(__func__, d);
-    return state_tc_launch<false>(ctx, d, (const float *)W, (const float *)U, (const float *)KG,
-                                  G, h0, nullptr, (float *)h, (float *)E, ht);
+    return state_tc_launch<false>(ctx, d, (const float *)W, (const float *)U, (const float *)KG, G,
+                                  h0, nullptr, (float *)h, (float *)E, ht);
 }
 
 extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
-                                        const void *Uv, const void *KGv, const float *G,
-                                        const float *h0, void *hv, void *Ev, float *ht) {
+                                            const void *Uv, const void *KGv, const float *G,
+                                            const float *h0, void *hv, void *Ev, float *ht) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!Wv || !Uv || !KGv || !G || !hv || !Ev)
         return dg__err(DG_ERR_ARG, "%s: W, U, KG, G, h and E are required (h0, ht optional)",
                        __func__);
     if (d->mid)
-        return d->tc ? state_fwd_tc(ctx, d, (const kda_bf16 *)Wv, (const kda_bf16 *)Uv,
-                                    (const kda_bf16 *)KGv, G, h0, (kda_bf16 *)hv, (kda_bf16 *)Ev,
-                                    ht)
-                     : kda_mid_refused(__func__, d);
+        return d->tc
+                   ? state_fwd_tc(ctx, d, (const kda_bf16 *)Wv, (const kda_bf16 *)Uv,
+                                  (const kda_bf16 *)KGv, G, h0, (kda_bf16 *)hv, (kda_bf16 *)Ev, ht)
+                   : kda_mid_refused(__func__, d);
     const float *W = (const float *)Wv, *U = (const float *)Uv, *KG = (const float *)KGv;
     float *h = (float *)hv, *E = (float *)Ev;
     if (d->tc)
@@ -1182,12 +1181,10 @@ extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
         const size_t smem =
             sizeof(float) * ((size_t)KP * KDA_VT + 2 * (size_t)BT_ * KDA_VT + (size_t)KP);
         if (smem > 48 * 1024)
-            DG_CHECK_CUDA(cudaFuncSetAttribute(kda_state_fwd_kernel<BT_>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem));
+            DG_CHECK_CUDA(cudaFuncSetAttribute(
+                kda_state_fwd_kernel<BT_>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         kda_state_fwd_kernel<BT_><<<grid, KDA_THREADS, smem, dg__stream(ctx)>>>(
-            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, W, U, KG, G, h0, h, E,
-            ht);
+            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, W, U, KG, G, h0, h, E, ht);
         DG_CHECK_LAUNCH();
     });
     return DG_OK;
@@ -1202,8 +1199,7 @@ static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *
                                   const float *G, const float *dh, const float *dE,
                                   const float *dht, float *dEtot, M *dHs, float *dh0) {
     if (state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
-        return state_mma<true>(ctx, d,
-                               StateOps<M, float>{KG, dE, W, G, dht, dh, dHs, dEtot, dh0});
+        return state_mma<true>(ctx, d, StateOps<M, float>{KG, dE, W, G, dht, dh, dHs, dEtot, dh0});
     if (sizeof(M) == 2)
         return kda_mid_refused(__func__, d);
     return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht, dh,
@@ -1225,14 +1221,14 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
         return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, {
         if (mma)
-            rows_stateT_mma_kernel<BT_, TA, TS><<<dim3(grid.x * grid.z, grid.y),
-                                                   kdamma::AB_THREADS, 0, s>>>(
-                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
+            rows_stateT_mma_kernel<BT_, TA, TS>
+                <<<dim3(grid.x * grid.z, grid.y), kdamma::AB_THREADS, 0, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
         else
             KDA_DISPATCH_P(d->tc, {
-                rows_stateT_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)A,
-                    (const float *)Hm, C);
+                rows_stateT_tc_kernel<BT_, P_>
+                    <<<grid, TC_THREADS, 0, s>>>(d->chunk_t0, d->chunk_len, d->HV, d->K, d->V,
+                                                 scale, (const float *)A, (const float *)Hm, C);
             });
         DG_CHECK_LAUNCH();
     });
@@ -1243,8 +1239,8 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
  * (of M): dKG = E dHn^T, dW = -dE_tot h^T, dG at each chunk's last row (each optional). */
 template <class M>
 static dg_status state_rows_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *G, const M *h,
-                               const M *E, const M *dHs, const float *dEtot, float *dW,
-                               float *dKG, float *dG) {
+                               const M *E, const M *dHs, const float *dEtot, float *dW, float *dKG,
+                               float *dG) {
     cudaStream_t s = dg__stream(ctx);
     const size_t tk = sizeof(float) * (size_t)d->TT * d->HV * d->K;
     if (dKG && !E)
@@ -1273,17 +1269,17 @@ static dg_status state_seq_bwd_ffma(dg_ctx *ctx, const kda_cuda_dims *dd, const 
     const size_t smem = sizeof(float) * ((size_t)d.K * CT + 2 * BT * CT);
     DG_TRY(smem_opt_in(state_seq_kernel<BT>, smem));
     if (d.N > 0) {
-        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem,
-                               dg__stream(ctx)>>>(d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
+        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem, dg__stream(ctx)>>>(
+            d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
         DG_CHECK_LAUNCH();
     }
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
-                                            const void *KG, const float *G, const float *dh,
-                                            const float *dE, const float *dht, float *dEtot,
-                                            void *dHs, float *dh0) {
+                                                const void *KG, const float *G, const float *dh,
+                                                const float *dE, const float *dht, float *dEtot,
+                                                void *dHs, float *dh0) {
     DG_TRY(check_dims("dg__kda_state_bwd_seq_cuda", d));
     if (d->mid)
         return d->tc ? state_seq_bwd_tc(ctx, d, (const kda_bf16 *)W, (const kda_bf16 *)KG, G, dh,
@@ -1300,9 +1296,9 @@ extern "C" dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims
 }
 
 extern "C" dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
-                                             const float *G, const void *h, const void *E,
-                                             const void *dHs, const float *dEtot, float *dW,
-                                             float *dKG, float *dG) {
+                                                 const float *G, const void *h, const void *E,
+                                                 const void *dHs, const float *dEtot, float *dW,
+                                                 float *dKG, float *dG) {
     DG_TRY(check_dims("dg__kda_state_bwd_rows_cuda", d));
     if (d->NC == 0 || !(dW || dKG || dG))
         return DG_OK;
@@ -1317,20 +1313,20 @@ extern "C" dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dim
                              dEtot, dW, dKG, dG);
     const Dims dd = make_dims(d);
     KDA_DISPATCH_BT(d->BT, {
-        rows_stateT_kernel<BT_><<<dim3((unsigned)dd.NC, dd.HV, DG_CEIL_DIV(dd.K, CT)), NTH, 0,
-                                  dg__stream(ctx)>>>(dd, (const float *)E, (const float *)dHs,
-                                                     1.f, dKG, dEtot, (const float *)h, -1.f, dW,
-                                                     G, dG);
+        rows_stateT_kernel<BT_>
+            <<<dim3((unsigned)dd.NC, dd.HV, DG_CEIL_DIV(dd.K, CT)), NTH, 0, dg__stream(ctx)>>>(
+                dd, (const float *)E, (const float *)dHs, 1.f, dKG, dEtot, (const float *)h, -1.f,
+                dW, G, dG);
         DG_CHECK_LAUNCH();
     });
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
-                                        const void *KG, const float *G, const void *h,
-                                        const void *E, const float *dh, const float *dE,
-                                        const float *dht, float *dW, float *dU, float *dKG,
-                                        float *dG, float *dh0) {
+                                            const void *KG, const float *G, const void *h,
+                                            const void *E, const float *dh, const float *dE,
+                                            const float *dht, float *dW, float *dU, float *dKG,
+                                            float *dG, float *dh0) {
     DG_TRY(check_dims("dg__kda_state_bwd_cuda", d));
     if (d->mid && !d->tc)
         return kda_mid_refused(__func__, d);
@@ -1354,9 +1350,9 @@ template <int BT>
 static dg_status rows_stateT_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *A,
                                 const float *S, float *C) {
     const Dims d = make_dims(dd);
-    rows_stateT_kernel<BT><<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0,
-                             dg__stream(ctx)>>>(d, A, S, scale, C, nullptr, nullptr, 0.f, nullptr,
-                                                nullptr, nullptr);
+    rows_stateT_kernel<BT>
+        <<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0, dg__stream(ctx)>>>(
+            d, A, S, scale, C, nullptr, nullptr, 0.f, nullptr, nullptr, nullptr);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
@@ -1372,7 +1368,7 @@ dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, 
 }
 
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
-                          const float *S, float *C) {
+                              const float *S, float *C) {
     if (d->tc)
         return rows_stateT_tc_launch(ctx, d, scale, A, S, C);
     switch (d->BT) {
@@ -1399,8 +1395,8 @@ static dg_status state_summary(dg_ctx *ctx, const kda_cuda_dims *d, int seq, con
     kda_cuda_dims one = *d; /* the sequence alone: block 0 walks chunks chunk_off[seq].. */
     one.N = 1;
     one.chunk_off = d->chunk_off + seq;
-    DG_TRY(state_mma<BWD>(
-        ctx, &one, StateOps<TA, TX>{A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh}));
+    DG_TRY(
+        state_mma<BWD>(ctx, &one, StateOps<TA, TX>{A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh}));
     /* the transition: the same pass over K columns from the identity, with no input term */
     const size_t ib = sizeof(float) * (size_t)d->HV * d->K * d->K;
     void *I = nullptr;
@@ -1412,9 +1408,9 @@ static dg_status state_summary(dg_ctx *ctx, const kda_cuda_dims *d, int seq, con
                        : dg__err(DG_ERR_CUDA, "%s: identity_kernel launch failed", __func__);
     one.V = d->K;
     if (st == DG_OK)
-        st = state_mma<BWD>(ctx, &one,
-                            StateOps<TA, TX>{A1, nullptr, A2, G, (const float *)I, nullptr,
-                                             nullptr, nullptr, SM});
+        st = state_mma<BWD>(
+            ctx, &one,
+            StateOps<TA, TX>{A1, nullptr, A2, G, (const float *)I, nullptr, nullptr, nullptr, SM});
     dg__cuda_free(ctx, I, ib);
     return st;
 }
@@ -1427,8 +1423,10 @@ extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims
         return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
                        __func__);
     if (!dg__kda_state_summary_fits(d))
-        return dg__err(DG_ERR_UNSUPPORTED, "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
-                       "and V even (tc=%d K=%d V=%d)", __func__, d->tc, d->K, d->V);
+        return dg__err(DG_ERR_UNSUPPORTED,
+                       "%s: needs the TF32 path with K %% 16 == 0, K <= 256 "
+                       "and V even (tc=%d K=%d V=%d)",
+                       __func__, d->tc, d->K, d->V);
     typedef kda_bf16 B16;
     if (d->mid)
         return bwd ? state_summary<true>(ctx, d, seq, (const B16 *)A1, (const float *)X0,

@@ -337,8 +337,8 @@ struct WyCols {
  * tensor-core path). */
 template <bool FAST>
 __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e,
-                                            bool kcol, bool vcol, bool lastrow, float lam,
-                                            float s, float &colsum, float &last) {
+                                            bool kcol, bool vcol, bool lastrow, float lam, float s,
+                                            float &colsum, float &last) {
     const float bj = o.beta[t * o.HV + hv];
     if (kcol) {
         const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(NTH)
             s += sTm[i][j] * sX[i][lane];
         const int64_t t = t0 + j;
         const float pb = warp_sum(wy_col_row<false>(o, t, hv, hq, e, key && ok, !key && ok,
-                                                   j == L - 1, lam, s, colsum, last));
+                                                    j == L - 1, lam, s, colsum, last));
         if (dbp && lane == 0)
             dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
     }
@@ -442,12 +442,12 @@ template <int BT>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     wy_cols_mma_kernel(Dims d, const float *__restrict__ q, const float *__restrict__ k,
                        const float *__restrict__ v, const kda_bf16 *__restrict__ vb,
-                       const float *__restrict__ beta,
-                       const float *__restrict__ G, const float *__restrict__ Tm,
-                       const float *__restrict__ dW, const float *__restrict__ dU,
-                       const float *__restrict__ dKG, const float *__restrict__ dQG,
-                       float *__restrict__ dqv, float *__restrict__ dkv, float *__restrict__ dv,
-                       float *__restrict__ dG, float *__restrict__ dbp, unsigned acc) {
+                       const float *__restrict__ beta, const float *__restrict__ G,
+                       const float *__restrict__ Tm, const float *__restrict__ dW,
+                       const float *__restrict__ dU, const float *__restrict__ dKG,
+                       const float *__restrict__ dQG, float *__restrict__ dqv,
+                       float *__restrict__ dkv, float *__restrict__ dv, float *__restrict__ dG,
+                       float *__restrict__ dbp, unsigned acc) {
     using namespace kdamma;
     static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
     constexpr int LDT = BT + 8, LDX = AB_LDB, RG = NW / 2; /* row groups */
@@ -469,8 +469,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     if (up) { /* block-uniform; a NULL upstream gradient leaves the product zero */
         tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
                                             BT);
-        tile_async<BT, AB_N, LDX, AB_THREADS>(Xs, up + (t0 * HV + hv) * ncol, (int64_t)HV * ncol,
-                                              L, c0, ncol);
+        tile_async<BT, AB_N, LDX, AB_THREADS>(Xs, up + (t0 * HV + hv) * ncol, (int64_t)HV * ncol, L,
+                                              c0, ncol);
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
@@ -623,8 +623,8 @@ static bool wy_fwd_mma(const kda_cuda_dims *d, const void *q, const void *k, con
  * (bf16 only when wy_fwd_mma holds). */
 template <class TV>
 static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                           const TV *v, const float *beta, const float *G, const float *Tm,
-                           void *W, void *U, void *KG, void *QG) {
+                           const TV *v, const float *beta, const float *G, const float *Tm, void *W,
+                           void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
     if (wy_fwd_mma(d, q, k, v, G, Tm)) {
@@ -635,10 +635,10 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
                 sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
             KDA_DISPATCH_MID(d->mid, {
                 DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_, TV>, smem));
-                wy_fwd_mma_kernel<BT_, M_, TV><<<dim3((unsigned)d->NC * nz, (unsigned)d->HV),
-                                                 kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
-                    d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k, v, beta, G, Tm,
-                    (M_ *)W, (M_ *)U, (M_ *)KG, (M_ *)QG);
+                wy_fwd_mma_kernel<BT_, M_, TV>
+                    <<<dim3((unsigned)d->NC * nz, (unsigned)d->HV), kdamma::AB_THREADS, smem,
+                       dg__stream(ctx)>>>(d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k,
+                                          v, beta, G, Tm, (M_ *)W, (M_ *)U, (M_ *)KG, (M_ *)QG);
                 DG_CHECK_LAUNCH();
             });
         });
@@ -658,13 +658,15 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
 }
 
 extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                     const float *k, const void *v, const float *beta,
-                                     const float *G, const float *Tm, void *W, void *U, void *KG,
-                                     void *QG) {
+                                         const float *k, const void *v, const float *beta,
+                                         const float *G, const float *Tm, void *W, void *U,
+                                         void *KG, void *QG) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
     if (!G || ((W || KG) && !k) || (QG && !q) || (U && !v) || ((W || U) && (!beta || !Tm)))
-        return dg__err(DG_ERR_ARG, "%s: G and the inputs of every requested output are required "
-                       "(W: k, beta, Tm; U: v, beta, Tm; KG: k; QG: q)", __func__);
+        return dg__err(DG_ERR_ARG,
+                       "%s: G and the inputs of every requested output are required "
+                       "(W: k, beta, Tm; U: v, beta, Tm; KG: k; QG: q)",
+                       __func__);
     if (!W && !U && !KG && !QG)
         return DG_OK;
     /* a bf16 v is read as stored by the mma kernel, else through an f32 copy */
@@ -693,11 +695,10 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
 
 template <int BT>
 static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
-                           const float *v, const kda_bf16 *vb, const float *beta,
-                           const float *G, const float *Tm,
-                           const float *dW, const float *dU, const float *dKG, const float *dQG,
-                           float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
-                           unsigned acc) {
+                           const float *v, const kda_bf16 *vb, const float *beta, const float *G,
+                           const float *Tm, const float *dW, const float *dU, const float *dKG,
+                           const float *dQG, float *dq, float *dk, float *dv, float *dbeta,
+                           float *dG, float *dTm, unsigned acc) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
@@ -745,8 +746,8 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
                 <<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(d, k, v, beta, G, dW,
                                                                               dU, dTm);
         } else {
-            wy_dtm_kernel<BT><<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU,
-                                                                        dTm);
+            wy_dtm_kernel<BT>
+                <<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU, dTm);
         }
         DG_CHECK_LAUNCH();
     }
@@ -760,11 +761,11 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
 }
 
 extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                     const float *k, const void *v, const float *beta,
-                                     const float *G, const float *Tm, const float *dW,
-                                     const float *dU, const float *dKG, const float *dQG, float *dq,
-                                     float *dk, float *dv, float *dbeta, float *dG, float *dTm,
-                                     unsigned acc) {
+                                         const float *k, const void *v, const float *beta,
+                                         const float *G, const float *Tm, const float *dW,
+                                         const float *dU, const float *dKG, const float *dQG,
+                                         float *dq, float *dk, float *dv, float *dbeta, float *dG,
+                                         float *dTm, unsigned acc) {
     DG_TRY(check_dims("dg__kda_wy_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;

@@ -25,8 +25,8 @@ dg_status dg__dplr_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tens
     memset(l, 0, sizeof *l);
     dg_status st = dg__dplr_gate_cumsum_x(ctx, gk, opts, share, &l->Gi, &l->Ge);
     if (st == DG_OK)
-        st = dg__dplr_intra_x(ctx, q, k, a, b, l->Gi, l->Ge, opts, share, &l->Aqk, &l->Aqb,
-                              &l->Aak, &l->Tab);
+        st = dg__dplr_intra_x(ctx, q, k, a, b, l->Gi, l->Ge, opts, share, &l->Aqk, &l->Aqb, &l->Aak,
+                              &l->Tab);
     if (st == DG_OK)
         st = dg__dplr_wy_x(ctx, q, k, v, a, b, l->Gi, l->Ge, l->Aak, l->Tab, opts, share, &l->w,
                            &l->u, &l->qg, &l->kg, &l->bg);

@@ -21,7 +21,7 @@
 #include "../kda/kda.h"
 
 #define DPLR_DECLARE_RAW(RT, SFX)                                                                  \
-    /* D1 token by token: p = S^T a_t; S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;               \
+    /* D1 token by token: p = S^T a_t; S = Diag(exp(gk_t)) S + b_t p^T + k_t v_t^T;                \
      * o_t = s S^T q_t. h0 NULL means zero; ht optional. */                                        \
     dg_status dg__dplr_recurrent_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,  \
                                            const RT *v, const RT *a, const RT *b, const RT *gk,    \
@@ -32,26 +32,26 @@
                                            const RT *v, const RT *a, const RT *b, const RT *gk,    \
                                            const RT *h0, const RT *dO, const RT *dht, RT *dq,      \
                                            RT *dk, RT *dv, RT *da, RT *db, RT *dgk, RT *dh0);      \
-    /* D3: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored  \
+    /* D3: chunk-local inclusive (Gi) and exclusive (Ge) cumsums of gk, all [TT,H,K]; gk floored   \
      * at -128 (a decay of exp(-128) ~ 0, see gate_cumsum.c). */                                   \
     void dg__dplr_cumsum_fwd_##SFX(const kda_dims *d, const RT *gk, RT *Gi, RT *Ge);               \
     /* dgk_i = sum_{r>=i} dGi_r + sum_{r>i} dGe_r per chunk (0 where gk is below the floor);       \
      * dGi, dGe optional (zero). */                                                                \
     void dg__dplr_cumsum_bwd_##SFX(const kda_dims *d, const RT *gk, const RT *dGi, const RT *dGe,  \
                                    RT *dgk);                                                       \
-    /* D3 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all           \
+    /* D3 intra: Aqk, Aqb (s-scaled, j <= i), Aak (j < i) and Tab = (I - Aab)^{-1}, all            \
      * [TT,H,BT]; entries outside the read triangle are written as zero (Tab: 1 on the             \
      * diagonal). Exponents Gi_i - Gi_j (j <= i) and Ge_i - Gi_j (j < i) are never positive. */    \
     dg_status dg__dplr_intra_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,      \
                                        const RT *a, const RT *b, const RT *Gi, const RT *Ge,       \
                                        RT *Aqk, RT *Aqb, RT *Aak, RT *Tab);                        \
-    /* D4 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward    \
+    /* D4 steps 5-7 from dAqk, dAqb, dAak, dTab (each optional; only the triangles the forward     \
      * writes are read, dTab strictly below the diagonal): dq, dk, da, db, dGi, dGe [TT,H,K]. */   \
     dg_status dg__dplr_intra_bwd_##SFX(                                                            \
         const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *a, const RT *b,           \
         const RT *Gi, const RT *Ge, const RT *Tab, const RT *dAqk, const RT *dAqb, const RT *dAak, \
         const RT *dTab, RT *dq, RT *dk, RT *da, RT *db, RT *dGi, RT *dGe);                         \
-    /* D3 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                    \
+    /* D3 WY: w = Tab ag, u = Tab Aak v with ag = a exp(Ge); qg = s q exp(Gi),                     \
      * kg = k exp(lam - Gi), bg = b exp(lam - Gi), lam = Gi at the chunk's last row. Any           \
      * output may be NULL (skipped). */                                                            \
     dg_status dg__dplr_wy_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,         \
@@ -64,21 +64,21 @@
         const RT *b, const RT *Gi, const RT *Ge, const RT *Aak, const RT *Tab, const RT *dw,       \
         const RT *du, const RT *dqg, const RT *dkg, const RT *dbg, RT *dq, RT *dk, RT *dv, RT *da, \
         RT *db, RT *dGi, RT *dGe, RT *dAak, RT *dTab);                                             \
-    /* D3 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,  \
+    /* D3 state pass, sequential over the chunks of each sequence: h [NC,H,K,V] at chunk starts,   \
      * v2 = w h + u, h <- Diag(exp(lam)) h + kg^T v + bg^T v2. h0 NULL = zero; ht optional. */     \
     dg_status dg__dplr_state_fwd_##SFX(const kda_dims *d, const RT *w, const RT *u, const RT *kg,  \
                                        const RT *bg, const RT *v, const RT *Gi, const RT *h0,      \
                                        RT *h, RT *v2, RT *ht);                                     \
-    /* D4 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0        \
+    /* D4 steps 2-4, the reverse pass. Upstream dh [NC,H,K,V], dv2, dht each optional; dh0         \
      * optional. dGi is non-zero only at the last row of each chunk (the gradient of lam). */      \
     dg_status dg__dplr_state_bwd_##SFX(const kda_dims *d, const RT *w, const RT *kg, const RT *bg, \
                                        const RT *v, const RT *Gi, const RT *h, const RT *v2,       \
                                        const RT *dh, const RT *dv2, const RT *dht, RT *dw, RT *du, \
                                        RT *dkg, RT *dbg, RT *dv, RT *dGi, RT *dh0);                \
-    /* D3 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                        \
+    /* D3 output: o = qg h + Aqk v + Aqb v2 (Aqk, Aqb read for j <= i). */                         \
     void dg__dplr_output_fwd_##SFX(const kda_dims *d, const RT *qg, const RT *h, const RT *Aqk,    \
                                    const RT *Aqb, const RT *v, const RT *v2, RT *o);               \
-    /* D4 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),          \
+    /* D4 step 1: dqg = dO h^T, dh = qg^T dO, dAqk = tril(dO v^T), dAqb = tril(dO v2^T),           \
      * dv = Aqk^T dO, dv2 = Aqb^T dO. */                                                           \
     void dg__dplr_output_bwd_##SFX(const kda_dims *d, const RT *qg, const RT *h, const RT *Aqk,    \
                                    const RT *Aqb, const RT *v, const RT *v2, const RT *dO,         \
@@ -131,8 +131,8 @@ static inline dg_status dplr_run_recurrent_fwd(dg_ctx *ctx, const kda_cfg *c, in
                                                const void *q, const void *k, const void *v,
                                                const void *a, const void *b, const void *gk,
                                                const void *h0, void *o, void *ht) {
-    DPLR_CUDA(c, dg__dplr_recurrent_fwd_cuda(ctx, &c->cd, (float)c->scale, bf16, q, k, v, a, b,
-                                             gk, h0, o, ht));
+    DPLR_CUDA(c, dg__dplr_recurrent_fwd_cuda(ctx, &c->cd, (float)c->scale, bf16, q, k, v, a, b, gk,
+                                             h0, o, ht));
     (void)ctx;
     (void)bf16;
     if (c->dt == DG_F64)
@@ -145,8 +145,8 @@ static inline dg_status dplr_run_recurrent_bwd(dg_ctx *ctx, const kda_cfg *c, in
                                                const void *h0, const void *dO, const void *dht,
                                                void *dq, void *dk, void *dv, void *da, void *db,
                                                void *dgk, void *dh0) {
-    DPLR_CUDA(c, dg__dplr_recurrent_bwd_cuda(ctx, &c->cd, (float)c->scale, bf16, q, k, v, a, b,
-                                             gk, h0, dO, dht, dq, dk, dv, da, db, dgk, dh0));
+    DPLR_CUDA(c, dg__dplr_recurrent_bwd_cuda(ctx, &c->cd, (float)c->scale, bf16, q, k, v, a, b, gk,
+                                             h0, dO, dht, dq, dk, dv, da, db, dgk, dh0));
     (void)ctx;
     (void)bf16;
     if (c->dt == DG_F64)
@@ -155,8 +155,8 @@ static inline dg_status dplr_run_recurrent_bwd(dg_ctx *ctx, const kda_cfg *c, in
     return dg__dplr_recurrent_bwd_f32(&c->d, (float)c->scale, q, k, v, a, b, gk, h0, dO, dht, dq,
                                       dk, dv, da, db, dgk, dh0);
 }
-static inline dg_status dplr_run_cumsum_fwd(dg_ctx *ctx, const kda_cfg *c, int bf16,
-                                            const void *gk, void *Gi, void *Ge) {
+static inline dg_status dplr_run_cumsum_fwd(dg_ctx *ctx, const kda_cfg *c, int bf16, const void *gk,
+                                            void *Gi, void *Ge) {
     DPLR_CUDA(c, dg__dplr_cumsum_fwd_cuda(ctx, &c->cd, bf16, gk, Gi, Ge));
     (void)ctx;
     (void)bf16;
@@ -167,9 +167,8 @@ static inline dg_status dplr_run_cumsum_fwd(dg_ctx *ctx, const kda_cfg *c, int b
     return DG_OK;
 }
 /* dgk has gk's dtype (the leaf dtype). */
-static inline dg_status dplr_run_cumsum_bwd(dg_ctx *ctx, const kda_cfg *c, int bf16,
-                                            const void *gk, const void *dGi, const void *dGe,
-                                            void *dgk) {
+static inline dg_status dplr_run_cumsum_bwd(dg_ctx *ctx, const kda_cfg *c, int bf16, const void *gk,
+                                            const void *dGi, const void *dGe, void *dgk) {
     DPLR_CUDA(c, dg__dplr_cumsum_bwd_cuda(ctx, &c->cd, bf16, gk, dGi, dGe, dgk));
     (void)ctx;
     (void)bf16;
@@ -195,8 +194,8 @@ static inline dg_status dplr_run_intra_bwd(dg_ctx *ctx, const kda_cfg *c, int bf
                                            const void *k, const void *a, const void *b,
                                            const void *Gi, const void *Ge, const void *Tab,
                                            const void *dAqk, const void *dAqb, const void *dAak,
-                                           const void *dTab, void *dq, void *dk, void *da,
-                                           void *db, void *dGi, void *dGe) {
+                                           const void *dTab, void *dq, void *dk, void *da, void *db,
+                                           void *dGi, void *dGe) {
     DPLR_CUDA(c, dg__dplr_intra_bwd_cuda(ctx, &c->cd, (float)c->scale, bf16, q, k, a, b, Gi, Ge,
                                          Tab, dAqk, dAqb, dAak, dTab, dq, dk, da, db, dGi, dGe));
     (void)ctx;
@@ -226,12 +225,12 @@ static inline dg_status dplr_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, int bf16,
                                         const void *k, const void *v, const void *a, const void *b,
                                         const void *Gi, const void *Ge, const void *Aak,
                                         const void *Tab, const void *dw, const void *du,
-                                        const void *dqg, const void *dkg, const void *dbg,
-                                        void *dq, void *dk, void *dv, void *da, void *db,
-                                        void *dGi, void *dGe, void *dAak, void *dTab) {
+                                        const void *dqg, const void *dkg, const void *dbg, void *dq,
+                                        void *dk, void *dv, void *da, void *db, void *dGi,
+                                        void *dGe, void *dAak, void *dTab) {
     DPLR_CUDA(c, dg__dplr_wy_bwd_cuda(ctx, &c->cd, (float)c->scale, bf16, q, k, v, a, b, Gi, Ge,
-                                      Aak, Tab, dw, du, dqg, dkg, dbg, dq, dk, dv, da, db, dGi,
-                                      dGe, dAak, dTab));
+                                      Aak, Tab, dw, du, dqg, dkg, dbg, dq, dk, dv, da, db, dGi, dGe,
+                                      dAak, dTab));
     (void)ctx;
     (void)bf16;
     if (c->dt == DG_F64)
@@ -245,8 +244,7 @@ static inline dg_status dplr_run_state_fwd(dg_ctx *ctx, const kda_cfg *c, int bf
                                            const void *u, const void *kg, const void *bg,
                                            const void *v, const void *Gi, const void *h0, void *h,
                                            void *v2, void *ht) {
-    DPLR_CUDA(c,
-              dg__dplr_state_fwd_cuda(ctx, &c->cd, bf16, w, u, kg, bg, v, Gi, h0, h, v2, ht));
+    DPLR_CUDA(c, dg__dplr_state_fwd_cuda(ctx, &c->cd, bf16, w, u, kg, bg, v, Gi, h0, h, v2, ht));
     (void)ctx;
     (void)bf16;
     if (c->dt == DG_F64)
@@ -270,10 +268,9 @@ static inline dg_status dplr_run_state_bwd(dg_ctx *ctx, const kda_cfg *c, int bf
                                   dv, dGi, dh0);
 }
 /* v, o and dO in the leaf dtype. */
-static inline dg_status dplr_run_output_fwd(dg_ctx *ctx, const kda_cfg *c, int bf16,
-                                            const void *qg, const void *h, const void *Aqk,
-                                            const void *Aqb, const void *v, const void *v2,
-                                            void *o) {
+static inline dg_status dplr_run_output_fwd(dg_ctx *ctx, const kda_cfg *c, int bf16, const void *qg,
+                                            const void *h, const void *Aqk, const void *Aqb,
+                                            const void *v, const void *v2, void *o) {
     DPLR_CUDA(c, dg__dplr_output_fwd_cuda(ctx, &c->cd, bf16, qg, h, Aqk, Aqb, v, v2, o));
     (void)ctx;
     (void)bf16;
@@ -283,11 +280,11 @@ static inline dg_status dplr_run_output_fwd(dg_ctx *ctx, const kda_cfg *c, int b
         dg__dplr_output_fwd_f32(&c->d, qg, h, Aqk, Aqb, v, v2, o);
     return DG_OK;
 }
-static inline dg_status dplr_run_output_bwd(dg_ctx *ctx, const kda_cfg *c, int bf16,
-                                            const void *qg, const void *h, const void *Aqk,
-                                            const void *Aqb, const void *v, const void *v2,
-                                            const void *dO, void *dqg, void *dh, void *dAqk,
-                                            void *dAqb, void *dv, void *dv2) {
+static inline dg_status dplr_run_output_bwd(dg_ctx *ctx, const kda_cfg *c, int bf16, const void *qg,
+                                            const void *h, const void *Aqk, const void *Aqb,
+                                            const void *v, const void *v2, const void *dO,
+                                            void *dqg, void *dh, void *dAqk, void *dAqb, void *dv,
+                                            void *dv2) {
     DPLR_CUDA(c, dg__dplr_output_bwd_cuda(ctx, &c->cd, bf16, qg, h, Aqk, Aqb, v, v2, dO, dqg, dh,
                                           dAqk, dAqb, dv, dv2));
     (void)ctx;
@@ -374,9 +371,9 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
 typedef struct dplr_local {
     dg_tensor *Gi, *Ge, *Aqk, *Aqb, *Aak, *Tab, *w, *u, *qg, *kg, *bg;
 } dplr_local;
-dg_status dg__dplr_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v,
-                                dg_tensor *a, dg_tensor *b, dg_tensor *gk,
-                                const dg_dplr_opts *opts, kda_dev *share, dplr_local *l);
+dg_status dg__dplr_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *a,
+                                dg_tensor *b, dg_tensor *gk, const dg_dplr_opts *opts,
+                                kda_dev *share, dplr_local *l);
 /* The recompute group of the state/output (and CP link) nodes over l, from initial state h0:
  * its inputs, and w, u, qg, kg, bg offered to it (kept when the policy of "dplr_wy" is CACHE). */
 dg_status dg__dplr_local_group(const kda_cfg *cfg, dg_tensor *q, dg_tensor *k, dg_tensor *v,

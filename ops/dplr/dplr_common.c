@@ -17,8 +17,8 @@ dg_status dg__dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opt
                        "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 16), got %d", op,
                        opts->chunk_size);
     if (ctx->device.kind == DG_DEV_CUDA && K > 256)
-        return dg__err(DG_ERR_UNSUPPORTED, "%s: the CUDA DPLR kernels need K <= 256, got K=%d",
-                       op, K);
+        return dg__err(DG_ERR_UNSUPPORTED, "%s: the CUDA DPLR kernels need K <= 256, got K=%d", op,
+                       K);
     dg_kda_opts ko;
     memset(&ko, 0, sizeof ko);
     ko.chunk_size = BT;

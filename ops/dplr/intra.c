@@ -29,8 +29,8 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 dg_status RF(dg__dplr_intra_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *a,
-                             const RT *b, const RT *Gi, const RT *Ge, RT *Aqk, RT *Aqb, RT *Aak,
-                             RT *Tab) {
+                                 const RT *b, const RT *Gi, const RT *Ge, RT *Aqk, RT *Aqb, RT *Aak,
+                                 RT *Tab) {
     const int H = d->H, K = d->K, BT = d->BT;
     const int64_t NC = d->chunk_off[d->N];
     /* Aab of one chunk, [BT,BT], per thread */
@@ -88,9 +88,9 @@ dg_status RF(dg__dplr_intra_fwd)(const kda_dims *d, RT scale, const RT *q, const
 }
 
 dg_status RF(dg__dplr_intra_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *a,
-                             const RT *b, const RT *Gi, const RT *Ge, const RT *Tab, const RT *dAqk,
-                             const RT *dAqb, const RT *dAak, const RT *dTab, RT *dq, RT *dk, RT *da,
-                             RT *db, RT *dGi, RT *dGe) {
+                                 const RT *b, const RT *Gi, const RT *Ge, const RT *Tab,
+                                 const RT *dAqk, const RT *dAqb, const RT *dAak, const RT *dTab,
+                                 RT *dq, RT *dk, RT *da, RT *db, RT *dGi, RT *dGe) {
     const int H = d->H, K = d->K, BT = d->BT;
     const size_t nk = (size_t)(d->B * d->T) * (size_t)H * (size_t)K;
     RT *outs[6] = {dq, dk, da, db, dGi, dGe};
@@ -202,8 +202,8 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dplr_run_intra_bwd(ctx, c, bf16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8],
                                 p[9], p[10], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
-                                dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
-                                dg_tensor_data(gr[4]), dg_tensor_data(gr[5]));
+                                dg_tensor_data(gr[2]), dg_tensor_data(gr[3]), dg_tensor_data(gr[4]),
+                                dg_tensor_data(gr[5]));
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);

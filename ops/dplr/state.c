@@ -27,8 +27,8 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 dg_status RF(dg__dplr_state_fwd)(const kda_dims *d, const RT *w, const RT *u, const RT *kg,
-                             const RT *bg, const RT *v, const RT *Gi, const RT *h0, RT *h, RT *v2,
-                             RT *ht) {
+                                 const RT *bg, const RT *v, const RT *Gi, const RT *h0, RT *h,
+                                 RT *v2, RT *ht) {
     const int H = d->H, K = d->K, V = d->V;
     const int64_t KV = (int64_t)K * V;
     /* running state [K,V] per thread */
@@ -79,9 +79,9 @@ dg_status RF(dg__dplr_state_fwd)(const kda_dims *d, const RT *w, const RT *u, co
 }
 
 dg_status RF(dg__dplr_state_bwd)(const kda_dims *d, const RT *w, const RT *kg, const RT *bg,
-                             const RT *v, const RT *Gi, const RT *h, const RT *v2, const RT *dh,
-                             const RT *dv2, const RT *dht, RT *dw, RT *du, RT *dkg, RT *dbg, RT *dv,
-                             RT *dGi, RT *dh0) {
+                                 const RT *v, const RT *Gi, const RT *h, const RT *v2, const RT *dh,
+                                 const RT *dv2, const RT *dht, RT *dw, RT *du, RT *dkg, RT *dbg,
+                                 RT *dv, RT *dGi, RT *dh0) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t KV = (int64_t)K * V, rows = d->B * d->T * H;
     /* rows of empty sequences are never visited: clear every output first */
@@ -207,9 +207,8 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dplr_run_state_bwd(ctx, c, bf16, p[0], p[1], p[2], p[5], p[6], p[3], p[4], p[7], p[8],
                                 p[9], dg_tensor_data(gr[0]), dg_tensor_data(gr[1]),
-                                dg_tensor_data(gr[2]), dg_tensor_data(gr[3]),
-                                dg_tensor_data(gr[4]), dg_tensor_data(gr[5]),
-                                gr[6] ? dg_tensor_data(gr[6]) : NULL);
+                                dg_tensor_data(gr[2]), dg_tensor_data(gr[3]), dg_tensor_data(gr[4]),
+                                dg_tensor_data(gr[5]), gr[6] ? dg_tensor_data(gr[6]) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (gr[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, gr[i]);
@@ -227,8 +226,8 @@ static dg_status state_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *kg, dg_tensor *bg,
-                       dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
-                       dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
+                           dg_tensor *v, dg_tensor *Gi, dg_tensor *h0, const dg_dplr_opts *opts,
+                           dg__group *grp, dg_tensor **h, dg_tensor **v2, dg_tensor **ht) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "h", h));
     DG_TRY(dg__check_ptr(OP, "v2", v2));
@@ -254,8 +253,8 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
     /* v is the leaf (f32 or bf16 on CUDA); the rest have the compute dtype */
     for (int i = 0; i < NIN - 1 && st == DG_OK; i++) {
         const int isv = i == 1 || i == 4;
-        st = dg__kda_check(OP, inames[i], in[i], ctx, i == 4 ? dplr_leaf_mask(&cfg, v) : cfg.m_f,
-                           4, isv ? sv : sk, isv ? "B,T,H,V" : "B,T,H,K");
+        st = dg__kda_check(OP, inames[i], in[i], ctx, i == 4 ? dplr_leaf_mask(&cfg, v) : cfg.m_f, 4,
+                           isv ? sv : sk, isv ? "B,T,H,V" : "B,T,H,K");
     }
     if (st == DG_OK && h0)
         st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "N,H,K,V");
@@ -263,8 +262,8 @@ dg_status dg__dplr_state_x(dg_ctx *ctx, dg_tensor *w, dg_tensor *u, dg_tensor *k
         st = dg__dplr_cfg_dev(OP, ctx, &cfg, grp ? dg__dplr_group_dev(grp) : NULL);
     for (int i = 0; i < NIN && st == DG_OK; i++)
         if (in[i])
-            st = dg__kda_ptr(ctx, in[i], i == 4 ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i],
-                             &p[i]);
+            st =
+                dg__kda_ptr(ctx, in[i], i == 4 ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i], &p[i]);
     if (st == DG_OK)
         st = dg__kda_new(ctx, &cfg, 5, sh, h);
     if (st == DG_OK)

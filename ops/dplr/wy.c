@@ -27,8 +27,8 @@
 /* ---- reference ------------------------------------------------------------------------------ */
 
 dg_status RF(dg__dplr_wy_fwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *v,
-                          const RT *a, const RT *b, const RT *Gi, const RT *Ge, const RT *Aak,
-                          const RT *Tab, RT *w, RT *u, RT *qg, RT *kg, RT *bg) {
+                              const RT *a, const RT *b, const RT *Gi, const RT *Ge, const RT *Aak,
+                              const RT *Tab, RT *w, RT *u, RT *qg, RT *kg, RT *bg) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const int64_t NC = d->chunk_off[d->N];
     /* per thread: ag [BT,K], X [BT,V] */
@@ -88,10 +88,10 @@ dg_status RF(dg__dplr_wy_fwd)(const kda_dims *d, RT scale, const RT *q, const RT
 }
 
 dg_status RF(dg__dplr_wy_bwd)(const kda_dims *d, RT scale, const RT *q, const RT *k, const RT *v,
-                          const RT *a, const RT *b, const RT *Gi, const RT *Ge, const RT *Aak,
-                          const RT *Tab, const RT *dw, const RT *du, const RT *dqg, const RT *dkg,
-                          const RT *dbg, RT *dq, RT *dk, RT *dv, RT *da, RT *db, RT *dGi, RT *dGe,
-                          RT *dAak, RT *dTab) {
+                              const RT *a, const RT *b, const RT *Gi, const RT *Ge, const RT *Aak,
+                              const RT *Tab, const RT *dw, const RT *du, const RT *dqg,
+                              const RT *dkg, const RT *dbg, RT *dq, RT *dk, RT *dv, RT *da, RT *db,
+                              RT *dGi, RT *dGe, RT *dAak, RT *dTab) {
     const int H = d->H, K = d->K, V = d->V, BT = d->BT;
     const size_t rows = (size_t)(d->B * d->T) * (size_t)H;
     RT *zk[6] = {dq, dk, da, db, dGi, dGe};
@@ -272,8 +272,8 @@ dg_status dg__dplr_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, d
     if (st == DG_OK)
         st = dg__dplr_cfg_dev(OP, ctx, &cfg, share);
     for (int i = 0; i < NIN && st == DG_OK; i++)
-        st = dg__kda_ptr(ctx, in[i], is_leaf(i) ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i],
-                         &p[i]);
+        st =
+            dg__kda_ptr(ctx, in[i], is_leaf(i) ? dplr_leaf_dt(&cfg, bf16) : cfg.dt, &tmp[i], &p[i]);
     for (int i = 0; i < NOUT && st == DG_OK; i++)
         st = dg__kda_new(ctx, &cfg, 4, i == 1 ? sv : sk, outs[i]);
     if (st == DG_OK)

@@ -95,11 +95,11 @@ static inline int kda_thread_id(void) { return 0; }
  * A NULL optional input means zero (h0, upstream gradients); a NULL optional output is skipped.
  * Functions that need scratch return DG_ERR_NOMEM when it cannot be allocated. */
 #define KDA_DECLARE_RAW(RT, SFX)                                                                   \
-    /* N1 (§11.3) is the shared L2 norm: dg__l2norm_fwd/bwd (ops/l2norm.h), eps KDA_L2_EPS. */     \
-    /* N2 (§11.3): beta = c sigmoid(b), n elements. */                                             \
+    /* N1 (§11.3) is the shared L2 norm: dg__l2norm_fwd/bwd (ops/l2norm.h), eps KDA_L2_EPS. */    \
+    /* N2 (§11.3): beta = c sigmoid(b), n elements. */                                            \
     void dg__kda_beta_fwd_##SFX(int64_t n, RT c, const RT *b, RT *beta);                           \
     void dg__kda_beta_bwd_##SFX(int64_t n, RT c, const RT *b, const RT *dbeta, RT *db);            \
-    /* N3 (§11.2, §11.4(a)): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.     \
+    /* N3 (§11.2, §11.4(a)): G = gate(x), then (cumsum != 0) the chunk-local inclusive cumsum.   \
      * x, G: [TT,HV,K]. A_log: [HV] (NULL: a = 1, LOWERBOUND only); dt_bias: [HV*K] or NULL. */    \
     void dg__kda_gate_fwd_##SFX(const kda_dims *d, dg_gate_kind kind, RT lb, int cumsum,           \
                                 const RT *x, const RT *A_log, const RT *dt_bias, RT *G);           \
@@ -108,38 +108,38 @@ static inline int kda_thread_id(void) { return 0; }
     void dg__kda_gate_bwd_##SFX(const kda_dims *d, dg_gate_kind kind, RT lb, int cumsum,           \
                                 const RT *x, const RT *A_log, const RT *dt_bias, const RT *dG,     \
                                 RT *dx, RT *dA_log, RT *ddt_bias);                                 \
-    /* N4 (§11.4(b)): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */     \
+    /* N4 (§11.4(b)): Aqk = s Araw (j <= i), Tm = (I + Diag(beta) P)^{-1}; both [TT,HV,BT]. */    \
     dg_status dg__kda_intra_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,       \
                                       const RT *beta, const RT *G, RT *Aqk, RT *Tm);               \
-    /* (§11.6 B3 last line, §11.6 B4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta         \
+    /* (§11.6 B3 last line, §11.6 B4) from dAqk, dTm (either NULL): dq, dk [TT,H,K], dbeta       \
      * [TT,HV], dG [TT,HV,K]. */                                                                   \
     dg_status dg__kda_intra_bwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,       \
                                       const RT *beta, const RT *G, const RT *Tm, const RT *dAqk,   \
                                       const RT *dTm, RT *dq, RT *dk, RT *dbeta, RT *dG);           \
-    /* N5 (§11.4(c)): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */     \
+    /* N5 (§11.4(c)): W = Tm X, U = Tm Diag(beta) V, KG = K exp(lambda - G), QG = Q exp(G). */    \
     dg_status dg__kda_wy_fwd_##SFX(const kda_dims *d, const RT *q, const RT *k, const RT *v,       \
                                    const RT *beta, const RT *G, const RT *Tm, RT *W, RT *U,        \
                                    RT *KG, RT *QG);                                                \
-    /* (§11.6 B3 WY part, §2 N5) upstream dW, dU, dKG, dQG each optional. */                       \
+    /* (§11.6 B3 WY part, §2 N5) upstream dW, dU, dKG, dQG each optional. */                     \
     dg_status dg__kda_wy_bwd_##SFX(const kda_dims *d, const RT *q, const RT *k, const RT *v,       \
                                    const RT *beta, const RT *G, const RT *Tm, const RT *dW,        \
                                    const RT *dU, const RT *dKG, const RT *dQG, RT *dq, RT *dk,     \
                                    RT *dv, RT *dbeta, RT *dG, RT *dTm);                            \
-    /* N6 (§11.4(d)): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */   \
+    /* N6 (§11.4(d)): sequential over chunks; h [NC,HV,K,V] at chunk starts, E = U - W h, ht. */  \
     dg_status dg__kda_state_fwd_##SFX(const kda_dims *d, const RT *W, const RT *U, const RT *KG,   \
                                       const RT *G, const RT *h0, RT *h, RT *E, RT *ht);            \
-    /* (§11.6 B2, §2 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */          \
+    /* (§11.6 B2, §2 N6) upstream dh [NC,HV,K,V], dE, dht each optional. dh0 optional. */        \
     dg_status dg__kda_state_bwd_##SFX(const kda_dims *d, const RT *W, const RT *KG, const RT *G,   \
                                       const RT *h, const RT *E, const RT *dh, const RT *dE,        \
                                       const RT *dht, RT *dW, RT *dU, RT *dKG, RT *dG, RT *dh0);    \
-    /* N7 (§11.4(e)): O = s QG h + Aqk E (j <= i). */                                              \
+    /* N7 (§11.4(e)): O = s QG h + Aqk E (j <= i). */                                             \
     void dg__kda_output_fwd_##SFX(const kda_dims *d, RT scale, const RT *QG, const RT *h,          \
                                   const RT *Aqk, const RT *E, RT *O);                              \
-    /* (§11.6 B1, §2 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */    \
+    /* (§11.6 B1, §2 N7) dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO. */  \
     void dg__kda_output_bwd_##SFX(const kda_dims *d, RT scale, const RT *QG, const RT *h,          \
                                   const RT *Aqk, const RT *E, const RT *dO, RT *dQG, RT *dh,       \
                                   RT *dAqk, RT *dE);                                               \
-    /* §11.1 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional.  \
+    /* §11.1 token by token; q, k normalised, g = log decay [TT,HV,K], beta [TT,HV]. ht optional. \
      */                                                                                            \
     dg_status dg__kda_recurrent_fwd_##SFX(const kda_dims *d, RT scale, const RT *q, const RT *k,   \
                                           const RT *v, const RT *g, const RT *beta, const RT *h0,  \
@@ -423,8 +423,7 @@ typedef struct kda_wy_fwd_io {
 } kda_wy_fwd_io;
 static inline dg_status kda_run_wy_fwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
-    if (c->cuda)
-    {
+    if (c->cuda) {
         kda_cuda_dims cd = c->cd;
         cd.leaf_bf16 = a->leaf_bf16;
         return dg__kda_wy_fwd_cuda(ctx, &cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
@@ -445,8 +444,7 @@ typedef struct kda_wy_bwd_io {
 } kda_wy_bwd_io;
 static inline dg_status kda_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
-    if (c->cuda)
-    {
+    if (c->cuda) {
         kda_cuda_dims cd = c->cd;
         cd.leaf_bf16 = a->leaf_bf16;
         return dg__kda_wy_bwd_cuda(ctx, &cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
@@ -506,8 +504,7 @@ typedef struct kda_output_fwd_io {
 static inline dg_status kda_run_output_fwd(dg_ctx *ctx, const kda_cfg *c,
                                            const kda_output_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
-    if (c->cuda)
-    {
+    if (c->cuda) {
         kda_cuda_dims cd = c->cd;
         cd.leaf_bf16 = a->leaf_bf16;
         return dg__kda_output_fwd_cuda(ctx, &cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->O);
@@ -527,12 +524,11 @@ typedef struct kda_output_bwd_io {
 static inline dg_status kda_run_output_bwd(dg_ctx *ctx, const kda_cfg *c,
                                            const kda_output_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
-    if (c->cuda)
-    {
+    if (c->cuda) {
         kda_cuda_dims cd = c->cd;
         cd.leaf_bf16 = a->leaf_bf16;
-        return dg__kda_output_bwd_cuda(ctx, &cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E,
-                                       a->dO, a->dQG, a->dh, a->dAqk, a->dE);
+        return dg__kda_output_bwd_cuda(ctx, &cd, (float)c->scale, a->QG, a->h, a->Aqk, a->E, a->dO,
+                                       a->dQG, a->dh, a->dAqk, a->dE);
     }
 #endif
     if (c->dt == DG_F64)

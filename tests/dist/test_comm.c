@@ -158,9 +158,8 @@ static void check_stats(dg_comm *c, dg_ctx *cpu) {
 int main(int argc, char **argv) {
     dg_comm *c = dt_init(argc, argv, "comm");
     dg_ctx *cpu = dt_ctx(&c); /* gpu mode: CUDA tensors (MPI stages them through host buffers) */
-    dg_check(dg_comm_kind(c) == (dt_nccl() ? DG_COMM_NCCL : DG_COMM_MPI) &&
-                 dg_comm_size(c) >= 1 && dg_comm_rank(c) >= 0 &&
-                 dg_comm_rank(c) < dg_comm_size(c),
+    dg_check(dg_comm_kind(c) == (dt_nccl() ? DG_COMM_NCCL : DG_COMM_MPI) && dg_comm_size(c) >= 1 &&
+                 dg_comm_rank(c) >= 0 && dg_comm_rank(c) < dg_comm_size(c),
              "rank %d of %d", dg_comm_rank(c), dg_comm_size(c));
     check_all_gather(c, cpu, DG_F64);
     check_all_gather(c, cpu, DG_BF16);
