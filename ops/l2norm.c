@@ -124,26 +124,6 @@ typedef struct l2_params {
     int xbf16; /* CUDA: x is bf16, read as it is; dx is written in bf16 */
 } l2_params;
 
-/* t's data in dtype dt, contiguous: t itself, or a converted copy in *tmp (freed by the caller).
- * With raw_bf16, a contiguous bf16 t on CUDA is read as it is stored (*bf16 = 1). */
-static dg_status l2_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, int raw_bf16, dg_tensor **tmp,
-                        const void **ptr, int *bf16) {
-    *tmp = NULL;
-    *bf16 = raw_bf16 && dg__is_cuda(t) && t->dtype == DG_BF16 && dg_tensor_is_contiguous(t);
-    if (*bf16 || (t->dtype == dt && dg_tensor_is_contiguous(t))) {
-        *ptr = dg_tensor_data(t);
-        return DG_OK;
-    }
-    DG_TRY(dg_tensor_new(ctx, dt, t->ndim, t->shape, tmp));
-    dg_status s = dg_tensor_copy_(*tmp, t);
-    if (s != DG_OK) {
-        dg_tensor_free(tmp);
-        return s;
-    }
-    *ptr = dg_tensor_data(*tmp);
-    return DG_OK;
-}
-
 static dg_status l2_backward(dg_ctx *ctx, dg_node *n) {
     const l2_params *p = (const l2_params *)n->params;
     const dg_tensor *gy = dg__node_grad_out(n, 0);
@@ -152,7 +132,7 @@ static dg_status l2_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tg = NULL, *dx = NULL, *tx = NULL, *scratch = NULL;
     const void *pdy = NULL, *py = NULL, *pr = NULL;
     int dybf16 = 0;
-    dg_status st = l2_ptr(ctx, gy, p->dt, 0, &tg, &pdy, &dybf16);
+    dg_status st = dg__data_as(ctx, gy, p->dt, 0, &tg, &pdy, &dybf16);
     if (st == DG_OK && n->policy == DG_POLICY_CACHE) {
         py = dg_tensor_data(n->saved[0]); /* both saved in the compute dtype */
         pr = dg_tensor_data(n->saved[1]);
@@ -160,7 +140,7 @@ static dg_status l2_backward(dg_ctx *ctx, dg_node *n) {
         const void *px = NULL;
         int64_t ns[1] = {p->rows * (p->D + 1)}; /* y then r */
         int xbf16 = 0;
-        st = l2_ptr(ctx, n->saved[0], p->dt, 1, &tx, &px, &xbf16);
+        st = dg__data_as(ctx, n->saved[0], p->dt, 1, &tx, &px, &xbf16);
         if (st == DG_OK)
             st = dg_tensor_new(ctx, p->dt, 1, ns, &scratch);
         if (st == DG_OK) {
@@ -196,7 +176,7 @@ dg_status dg__l2norm_x(dg_ctx *ctx, const char *kind, dg_tensor *x, double eps, 
     /* yc: y in the compute dtype; *y is yc itself unless x is bf16 (and !keep_f32) */
     dg_tensor *tx = NULL, *r = NULL, *yc = NULL;
     const void *px = NULL;
-    dg_status st = l2_ptr(ctx, x, lp.dt, 1, &tx, &px, &lp.xbf16);
+    dg_status st = dg__data_as(ctx, x, lp.dt, 1, &tx, &px, &lp.xbf16);
     int64_t rshape[1] = {lp.rows};
     if (st == DG_OK)
         st = dg_tensor_new(ctx, lp.dt, x->ndim, x->shape, &yc);

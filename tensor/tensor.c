@@ -636,6 +636,26 @@ dg_status dg_tensor_copy_(dg_tensor *dst, const dg_tensor *src) {
 #endif
 }
 
+dg_status dg__data_as(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, int bf16_ok, dg_tensor **tmp,
+                      const void **ptr, int *is_bf16) {
+    *tmp = NULL;
+    const int raw = bf16_ok && dg__is_cuda(t) && t->dtype == DG_BF16 && dg_tensor_is_contiguous(t);
+    if (is_bf16)
+        *is_bf16 = raw;
+    if (raw || (t->dtype == dt && dg_tensor_is_contiguous(t))) {
+        *ptr = dg_tensor_data(t);
+        return DG_OK;
+    }
+    DG_TRY(dg_tensor_new(ctx, dt, t->ndim, t->shape, tmp));
+    dg_status s = dg_tensor_copy_(*tmp, t);
+    if (s != DG_OK) {
+        dg_tensor_free(tmp);
+        return s;
+    }
+    *ptr = dg_tensor_data(*tmp);
+    return DG_OK;
+}
+
 dg_status dg__new_like(dg_ctx *ctx, const dg_tensor *t, dg_tensor **out) {
     return dg_tensor_new(ctx, t->dtype, t->ndim, t->shape, out);
 }

@@ -132,6 +132,12 @@ int dg__same_shape(const dg_tensor *a, const dg_tensor *b);
 static inline double *dg__f64(const dg_tensor *t) { return (double *)dg_tensor_data(t); }
 static inline float *dg__f32(const dg_tensor *t) { return (float *)dg_tensor_data(t); }
 static inline int dg__is_cuda(const dg_tensor *t) { return t->device.kind == DG_DEV_CUDA; }
+/* t's data as dtype dt, contiguous, for a kernel: t's own data when it already is, else a
+ * converted copy in *tmp (NULL when none; the caller frees it). With bf16_ok, a contiguous bf16 t
+ * on CUDA is given as it is stored instead, for a kernel that reads bf16 itself (*is_bf16 = 1;
+ * is_bf16 may be NULL when bf16_ok is 0). */
+dg_status dg__data_as(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, int bf16_ok, dg_tensor **tmp,
+                      const void **ptr, int *is_bf16);
 
 /* ---- bf16 on the host (round to nearest even; NaN stays NaN) ---- */
 static inline uint16_t dg__f32_to_bf16(float f) {

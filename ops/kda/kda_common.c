@@ -289,30 +289,12 @@ dg_status dg__kda_check(const char *op, const char *arg, const dg_tensor *t, dg_
 
 dg_status dg__kda_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
                       const void **ptr) {
-    *tmp = NULL;
-    if (t->dtype == dt && dg_tensor_is_contiguous(t)) {
-        *ptr = dg_tensor_data(t);
-        return DG_OK;
-    }
-    DG_TRY(dg_tensor_new(ctx, dt, t->ndim, t->shape, tmp));
-    dg_status s = dg_tensor_copy_(*tmp, t);
-    if (s != DG_OK) {
-        dg_tensor_free(tmp);
-        return s;
-    }
-    *ptr = dg_tensor_data(*tmp);
-    return DG_OK;
+    return dg__data_as(ctx, t, dt, 0, tmp, ptr, NULL);
 }
 
 dg_status dg__kda_in_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor **tmp,
                          const void **ptr, int *bf16) {
-    *bf16 = dg__is_cuda(t) && t->dtype == DG_BF16 && dg_tensor_is_contiguous(t);
-    if (*bf16) {
-        *tmp = NULL;
-        *ptr = dg_tensor_data(t);
-        return DG_OK;
-    }
-    return dg__kda_ptr(ctx, t, dt, tmp, ptr);
+    return dg__data_as(ctx, t, dt, 1, tmp, ptr, bf16);
 }
 
 dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {

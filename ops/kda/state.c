@@ -162,6 +162,15 @@ dg_status RF(dg__kda_state_bwd)(const kda_dims *d, const RT *W, const RT *KG, co
 enum { IN_W, IN_U, IN_KG, IN_G, IN_H0 };
 enum { SAVED_G, SAVED_H0 };
 
+/* dW, dKG, dG: the gradients shaped [B,T,HV,K] (on failure the caller frees what was made). */
+static dg_status new_key_grads(dg_ctx *ctx, const kda_cfg *c, dg_tensor **dW, dg_tensor **dKG,
+                               dg_tensor **dG) {
+    const int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K};
+    DG_TRY(dg__kda_new(ctx, c, 4, sk, dW));
+    DG_TRY(dg__kda_new(ctx, c, 4, sk, dKG));
+    return dg__kda_new(ctx, c, 4, sk, dG);
+}
+
 static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     const kda_np *np = (const kda_np *)n->params;
     const kda_cfg *c = &np->cfg;
@@ -199,8 +208,7 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK && ght)
         st = dg__kda_ptr(ctx, ght, c->dt, &tght, &io.dht);
     /* gradients of the inputs, shaped like them */
-    int64_t sk[4] = {c->d.B, c->d.T, c->d.HV, c->d.K}, sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V};
-    int64_t s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
+    int64_t sv[4] = {c->d.B, c->d.T, c->d.HV, c->d.V}, s0[4] = {c->d.N, c->d.HV, c->d.K, c->d.V};
     if (st == DG_OK)
         st = dg__kda_new(ctx, c, 4, sv, &dU);
     if (st == DG_OK && n->saved[SAVED_H0] && dg__node_wants_grad(n, IN_H0))
@@ -224,11 +232,7 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
         for (int i = 0; i < 3; i++) /* h, E, ht */
             dg__node_drop_grad_out(n, i);
         if (st == DG_OK)
-            st = dg__kda_new(ctx, c, 4, sk, &dW);
-        if (st == DG_OK)
-            st = dg__kda_new(ctx, c, 4, sk, &dKG);
-        if (st == DG_OK)
-            st = dg__kda_new(ctx, c, 4, sk, &dG);
+            st = new_key_grads(ctx, c, &dW, &dKG, &dG);
         if (st == DG_OK)
             st = dg__kda_state_bwd_rows_cuda(ctx, &c->cd, io.G, io.h, io.E, dg_tensor_data(dHs),
                                              dg_tensor_data(dU), dg_tensor_data(dW),
@@ -238,11 +242,7 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
 #endif
     {
         if (st == DG_OK)
-            st = dg__kda_new(ctx, c, 4, sk, &dW);
-        if (st == DG_OK)
-            st = dg__kda_new(ctx, c, 4, sk, &dKG);
-        if (st == DG_OK)
-            st = dg__kda_new(ctx, c, 4, sk, &dG);
+            st = new_key_grads(ctx, c, &dW, &dKG, &dG);
         if (st == DG_OK) {
             io.dW = dg_tensor_data(dW);
             io.dU = dg_tensor_data(dU);
