@@ -24,8 +24,8 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "../kernels/adamw.cuh" /* C-compatible: the scalars' layout, and the launchers */
 #ifdef DG_HAVE_CUDA
-#include "../kernels/adamw.cuh"
 #include "../kernels/cuda_api.h"
 #endif
 
@@ -145,19 +145,6 @@ struct dg_adamw {
     size_t dev_bytes;
 #endif
 };
-
-/* The scalars' layout, shared with the CUDA side. */
-#ifndef DG_HAVE_CUDA
-enum {
-    DG_ADAMW_NORM,
-    DG_ADAMW_COEF,
-    DG_ADAMW_LR,
-    DG_ADAMW_LR_WD,
-    DG_ADAMW_BC1,
-    DG_ADAMW_BC2,
-    DG_ADAMW_NSCALARS
-};
-#endif
 
 void dg_adamw_free(dg_adamw **opt) {
     if (!opt || !*opt)
