@@ -481,13 +481,13 @@ typedef struct kda_state_bwd_io {
     const void *W, *KG, *G, *h, *E, *dh, *dE, *dht;
     void *dW, *dU, *dKG, *dG, *dh0;
 } kda_state_bwd_io;
+/* The CPU references only: on CUDA the state node runs the backward in its two halves
+ * (dg__kda_state_bwd_seq_cuda, dg__kda_state_bwd_rows_cuda; ops/kda/state.c). */
 static inline dg_status kda_run_state_bwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_state_bwd_io *a) {
-#ifdef DG_HAVE_CUDA
+    (void)ctx;
     if (c->cuda)
-        return dg__kda_state_bwd_cuda(ctx, &c->cd, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE,
-                                      a->dht, a->dW, a->dU, a->dKG, a->dG, a->dh0);
-#endif
+        return dg__err(DG_ERR_STATE, "kda state backward: CUDA runs the two halves (state.c)");
     if (c->dt == DG_F64)
         return dg__kda_state_bwd_f64(&c->d, a->W, a->KG, a->G, a->h, a->E, a->dh, a->dE, a->dht,
                                      a->dW, a->dU, a->dKG, a->dG, a->dh0);
