@@ -648,7 +648,10 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     const bool mma = d->tc == 1 && d->K % q == 0 && d->V % 4 == 0 && aligned16(QG) &&
                      aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
                      (!dE || aligned16(dE));
-    if ((sizeof(M) == 2 || sizeof(TD) == 2) && (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E))))
+    /* bf16 operands (and a bf16 dO in particular) have only the mma kernels */
+    const bool bf = sizeof(M) == 2 || sizeof(TD) == 2;
+    if (bf && (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E)) ||
+               (sizeof(TD) == 2 && dAqk && !aligned16(dAqk))))
         return kda_mid_refused(__func__, d);
     if (dQG)
         DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
