@@ -2,9 +2,9 @@
  * kernels/kda/common.cu -- the out-of-line part of common.cuh: kda_sum_parts, the deterministic
  * "sum over partials and value-head groups" reduction with which the intra, WY and recurrent
  * backward launchers (intra.cu, wy.cu, recurrent.cu) finish dq, dk, dg and dbeta. One thread per
- * output element, summing in a fixed order: the result is bitwise reproducible. Also
- * kda_widen / kda_narrow, the bf16 <-> f32 copies of the op's own arrays (v, o, dO) for the
- * kernels that read or write only f32 (kda_cuda_dims.leaf_bf16).
+ * output element, summing in a fixed order: the result is bitwise reproducible. Also kda_widen,
+ * the f32 copy of a bf16 leaf (v, dO) for a kernel that reads only f32 (kda_cuda_dims.leaf_bf16),
+ * made by the tensor layer's conversion (dg__cuda_copy_strided).
  */
 #include "common.cuh"
 
@@ -26,36 +26,16 @@ __global__ void sum_parts_kernel(float *out, const float *in, int64_t n_out, int
     }
 }
 
-__global__ void widen_kernel(float *out, const kda_bf16 *in, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __bfloat162float(in[i]);
-}
-
-__global__ void narrow_kernel(kda_bf16 *out, const float *in, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = __float2bfloat16_rn(in[i]);
-}
-
 // ---- launchers
 
 dg_status kda_widen(dg_ctx *ctx, const kda_bf16 *in, int64_t n, Scratch &scr, const float **out) {
     DG_TRY(scr.alloc((size_t)(n > 0 ? n : 0)));
     *out = scr.f();
-    if (n <= 0)
-        return DG_OK;
-    widen_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(scr.f(), in, n);
-    DG_CHECK_LAUNCH();
-    return DG_OK;
-}
-
-dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out) {
-    if (n <= 0)
-        return DG_OK;
-    narrow_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n);
-    DG_CHECK_LAUNCH();
-    return DG_OK;
+    dg_layout flat = {};
+    flat.ndim = 1;
+    flat.shape[0] = n;
+    flat.stride[0] = 1;
+    return dg__cuda_copy_strided(ctx, scr.f(), DG_F32, flat, in, DG_BF16, flat, n);
 }
 
 dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,

@@ -265,12 +265,10 @@ __device__ __forceinline__ void kda_store_lower(const float (&acc)[BT / 16][BT /
 dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
                         int E, int P, int64_t pstride, int acc);
 
-/* The bf16 leaves (kda_cuda_dims.leaf_bf16) for a kernel that reads or writes f32 only:
- * kda_widen copies in[0, n) to f32 in scr (allocated here) and points *out at it; kda_narrow
- * rounds in[0, n) to out. */
+/* A bf16 leaf (kda_cuda_dims.leaf_bf16) for a kernel that reads f32 only: kda_widen copies
+ * in[0, n) to f32 in scr (allocated here) and points *out at it. */
 dg_status kda_widen(dg_ctx *ctx, const kda_bf16 *in, int64_t n, kdab::Scratch &scr,
                     const float **out);
-dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);
 
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
