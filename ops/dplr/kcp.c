@@ -189,11 +189,5 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
         dg_tensor_free(&hx[i]);
     dg_tensor_free(&h0h);
     dg__kcp_host_ctx_free(ctx, &hc);
-    dg__kda_cfg_free(&cfg);
-    if (st != DG_OK) {
-        dg_tensor_free(o);
-        if (ht)
-            dg_tensor_free(ht);
-    }
-    return st;
+    return dg__kda_finish(&cfg, st, o, ht);
 }

@@ -48,11 +48,7 @@ dg_status dg__kcp_to_host(dg_ctx *hc, const dg_tensor *t, dg_dtype dt, dg_tensor
         *out = dg_tensor_retain((dg_tensor *)t);
         return DG_OK;
     }
-    DG_TRY(dg_tensor_new(hc, dt, t->ndim, t->shape, out));
-    dg_status st = dg_tensor_copy_(*out, t);
-    if (st != DG_OK)
-        dg_tensor_free(out);
-    return st;
+    return dg__kda_copy_new(hc, t, dt, out);
 }
 
 dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
@@ -61,11 +57,7 @@ dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
         *out = dg_tensor_retain(h);
         return DG_OK;
     }
-    DG_TRY(dg_tensor_new(ctx, h->dtype, h->ndim, h->shape, out));
-    dg_status st = dg_tensor_copy_(*out, h);
-    if (st != DG_OK)
-        dg_tensor_free(out);
-    return st;
+    return dg__kda_copy_new(ctx, h, h->dtype, out);
 }
 
 static dg_status merge(dg_dtype dt, int HV, int K, int V, const void *ag, const int *order, int n,
@@ -127,6 +119,20 @@ static kcp_np *np_new(dg_node *n, const kda_cfg *cfg, const kcp_ops *ops, dg__gr
     np->ops = ops;
     n->params_free = np_free;
     return np;
+}
+
+/* The end of recording a CP node whose inputs and outputs are set (st: how that went): its params
+ * (np_new), then commit, or abort on any error. */
+static dg_status node_finish(dg_node *n, dg_status st, const kda_cfg *cfg, const kcp_ops *ops,
+                             dg__group *grp, dg_comm *comm, const dg_cp_plan *plan) {
+    kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, grp, comm, plan) : NULL;
+    if (st == DG_OK && !np)
+        st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);
+    if (st == DG_OK)
+        st = dg__node_commit(n);
+    else if (n)
+        dg__node_abort(n);
+    return st;
 }
 
 /* ---- checks ---- */
@@ -238,13 +244,7 @@ dg_status dg__kcp_forward_exchange(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const
             dg__node_input(n, h0);
         if (st == DG_OK)
             st = dg__node_output(n, *h0m);
-        kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, NULL, comm, plan) : NULL;
-        if (st == DG_OK && !np)
-            st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);
-        if (st == DG_OK)
-            st = dg__node_commit(n);
-        else if (n)
-            dg__node_abort(n);
+        st = node_finish(n, st, cfg, ops, NULL, comm, plan);
     }
     dg_tensor_free(&ag);
     dg_tensor_free(&h0mh);
@@ -358,13 +358,7 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
             dg__node_save(n, G);
         if (st == DG_OK)
             dg__group_join(grp, ops->link_member, n);
-        kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, grp, comm, plan) : NULL;
-        if (st == DG_OK && !np)
-            st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);
-        if (st == DG_OK)
-            st = dg__node_commit(n);
-        else if (n)
-            dg__node_abort(n);
+        st = node_finish(n, st, cfg, ops, grp, comm, plan);
     } else if (st == DG_OK) {
         *h2 = dg_tensor_retain(h);
         *x2 = dg_tensor_retain(x);

@@ -162,6 +162,16 @@ void dg__kda_cfg_free(kda_cfg *cfg) {
     dg__kda_dev_release(&cfg->dev);
 }
 
+dg_status dg__kda_finish(kda_cfg *cfg, dg_status st, dg_tensor **o, dg_tensor **ht) {
+    dg__kda_cfg_free(cfg);
+    if (st != DG_OK) {
+        dg_tensor_free(o);
+        if (ht)
+            dg_tensor_free(ht);
+    }
+    return st;
+}
+
 kda_dev *dg__kda_dev_retain(kda_dev *dv) {
     if (dv)
         dv->refcount++;
@@ -297,16 +307,20 @@ dg_status dg__kda_in_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor
     return dg__data_as(ctx, t, dt, 1, tmp, ptr, bf16);
 }
 
-dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
-    if (src->dtype == dt) {
-        *out = dg_tensor_retain(src);
-        return DG_OK;
-    }
+dg_status dg__kda_copy_new(dg_ctx *ctx, const dg_tensor *src, dg_dtype dt, dg_tensor **out) {
     DG_TRY(dg_tensor_new(ctx, dt, src->ndim, src->shape, out));
     dg_status s = dg_tensor_copy_(*out, src);
     if (s != DG_OK)
         dg_tensor_free(out);
     return s;
+}
+
+dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
+    if (src->dtype == dt) {
+        *out = dg_tensor_retain(src);
+        return DG_OK;
+    }
+    return dg__kda_copy_new(ctx, src, dt, out);
 }
 
 dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
