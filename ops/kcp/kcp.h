@@ -82,6 +82,23 @@ dg_status dg__kcp_to_host(dg_ctx *hc, const dg_tensor *t, dg_dtype dt, dg_tensor
 dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out);
 static inline const void *dg__kcp_ptr(const dg_tensor *t) { return t ? dg_tensor_data(t) : NULL; }
 
+/* kcp_summary_io with tensors of any device (NULL: absent) in place of host arrays: X, Y, G, the
+ * terms' A and B and dh are brought to the host in cfg's compute dtype (dg__kcp_to_host); S0 is
+ * already a host array (NULL: zero). */
+typedef struct kcp_summary_args {
+    int seq, reverse;
+    const dg_tensor *X, *Y, *G;
+    int neg_xy;
+    int nterm;
+    const dg_tensor *A[2], *B[2];
+    int neg[2];
+    const dg_tensor *dh;
+    const void *S0;
+} kcp_summary_args;
+/* dg__kcp_summary of a on host copies into the host tensor out [HV, K, V+K]. */
+dg_status dg__kcp_summary_host(dg_ctx *hc, const kda_cfg *cfg, const kcp_summary_args *a,
+                               dg_tensor *out);
+
 /* ---- the op's description and the CP nodes' params ---- */
 
 typedef struct kcp_np kcp_np;
@@ -151,7 +168,32 @@ static inline const void *dg__kcp_row(const kda_cfg *cfg, const dg_tensor *h, in
     return h ? (const char *)dg_tensor_data(h) + (size_t)row * dg__kcp_kv_bytes(cfg) : NULL;
 }
 
+/* h0 (when given) is [n_seqs, HV, K, V] over the plan's global sequences, of cfg's float dtype;
+ * `names` spells the dims in messages. */
+dg_status dg__kcp_check_h0(const char *op, dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
+                           const dg_tensor *h0, const char *names);
+
 /* ---- forward ---- */
+
+/* The host side of an op's forward: the host context, h0's host copy (NULL without h0), the
+ * summary of the last local sequence hm (zeros, [HV, K, V+K], compute dtype) and the plan's
+ * numbers. */
+typedef struct kcp_fwd {
+    dg_ctx *hc;
+    dg_tensor *h0h, *hm;
+    kcp_np probe;
+} kcp_fwd;
+dg_status dg__kcp_fwd_begin(dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
+                            const dg_tensor *h0, kcp_fwd *f);
+void dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f);
+/* Does the op summarise its last local sequence (it continues on later ranks), and the host row
+ * of h0 that is that sequence's initial state (NULL: zero, or it started on an earlier rank)? */
+static inline int dg__kcp_fwd_summarise(const kcp_fwd *f) { return f->probe.post > 0; }
+static inline const void *dg__kcp_fwd_hin(const kda_cfg *cfg, const kcp_fwd *f) {
+    const int last = cfg->d.N - 1;
+    return dg__kcp_starts_here(&f->probe, last) ? dg__kcp_row(cfg, f->h0h, f->probe.seq0 + last)
+                                                : NULL;
+}
 
 /* After the op has put the summary of its last local sequence into hm (host, [HV, K, V+K],
  * zeros when nothing continues on later ranks): one all_gather (every rank), then the initial

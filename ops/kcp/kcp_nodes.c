@@ -60,6 +60,38 @@ dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
     return dg__kda_copy_new(ctx, h, h->dtype, out);
 }
 
+dg_status dg__kcp_summary_host(dg_ctx *hc, const kda_cfg *cfg, const kcp_summary_args *a,
+                               dg_tensor *out) {
+    const dg_tensor *src[8] = {a->X, a->Y, a->G, a->A[0], a->B[0], a->A[1], a->B[1], a->dh};
+    dg_tensor *hx[8] = {NULL};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        st = dg__kcp_to_host(hc, src[i], cfg->dt, &hx[i]);
+    if (st == DG_OK) {
+        kcp_summary_io io;
+        memset(&io, 0, sizeof io);
+        io.seq = a->seq;
+        io.reverse = a->reverse;
+        io.X = dg__kcp_ptr(hx[0]);
+        io.Y = dg__kcp_ptr(hx[1]);
+        io.G = dg__kcp_ptr(hx[2]);
+        io.neg_xy = a->neg_xy;
+        io.nterm = a->nterm;
+        for (int t = 0; t < a->nterm; t++) {
+            io.term[t].A = dg__kcp_ptr(hx[3 + 2 * t]);
+            io.term[t].B = dg__kcp_ptr(hx[4 + 2 * t]);
+            io.term[t].neg = a->neg[t];
+        }
+        io.dh = dg__kcp_ptr(hx[7]);
+        io.S0 = a->S0;
+        io.out = dg_tensor_data(out);
+        st = dg__kcp_summary(cfg->dt, &cfg->d, &io);
+    }
+    for (int i = 0; i < 8; i++)
+        dg_tensor_free(&hx[i]);
+    return st;
+}
+
 static dg_status merge(dg_dtype dt, int HV, int K, int V, const void *ag, const int *order, int n,
                        void *out) {
     if (dt == DG_F64)
@@ -135,7 +167,34 @@ static dg_status node_finish(dg_node *n, dg_status st, const kda_cfg *cfg, const
     return st;
 }
 
+dg_status dg__kcp_fwd_begin(dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
+                            const dg_tensor *h0, kcp_fwd *f) {
+    memset(f, 0, sizeof *f);
+    f->probe = dg__kcp_probe(cfg, plan);
+    int64_t sm[3] = {cfg->d.HV, cfg->d.K, cfg->d.V + cfg->d.K};
+    dg_status st = dg__kcp_host_ctx(ctx, &f->hc);
+    if (st == DG_OK)
+        st = dg__kcp_to_host(f->hc, h0, cfg->dt, &f->h0h);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(f->hc, cfg->dt, 3, sm, &f->hm);
+    return st;
+}
+
+void dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f) {
+    dg_tensor_free(&f->hm);
+    dg_tensor_free(&f->h0h);
+    dg__kcp_host_ctx_free(ctx, &f->hc);
+}
+
 /* ---- checks ---- */
+
+dg_status dg__kcp_check_h0(const char *op, dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
+                           const dg_tensor *h0, const char *names) {
+    if (!h0)
+        return DG_OK;
+    int64_t s0[4] = {plan->n_seqs, cfg->d.HV, cfg->d.K, cfg->d.V};
+    return dg__kda_check(op, "h0", h0, ctx, cfg->m_f, 4, s0, names);
+}
 
 dg_status dg__kcp_check_plan(const char *op, dg_comm *comm, const dg_cp_plan *plan,
                              const int64_t *cu_seqlens) {
