@@ -141,11 +141,7 @@ static kcp_np *np_new(dg_node *n, const kda_cfg *cfg, const kcp_ops *ops, dg__gr
     if (!np)
         return NULL;
     *np = dg__kcp_probe(cfg, p);
-    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
-    np->cfg.tab = np->tab;
-    np->cfg.d.cu = np->tab;
-    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = dg__kda_dev_retain(cfg->dev);
+    dg__kda_cfg_copy(&np->cfg, cfg, np->tab);
     np->grp = dg__group_retain(grp);
     np->comm = comm;
     np->ops = ops;

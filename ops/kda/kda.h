@@ -228,6 +228,10 @@ dg_status dg__kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts,
  * (same sequences and chunk size), else uploaded. Built without CUDA: dg__no_cuda. */
 dg_status dg__kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *share);
 void dg__kda_cfg_free(kda_cfg *cfg);
+/* *dst = *src with the tables copied into tab (2 (N+1) values, e.g. behind a node's params) and
+ * the device tables retained (dst->cd borrows them): a copy that dg__kda_dev_release(&dst->dev)
+ * lets go of. */
+void dg__kda_cfg_copy(kda_cfg *dst, const kda_cfg *src, int64_t *tab);
 /* The end of an entry point: frees cfg and, when st is an error, the outputs *o and (ht given)
  * *ht. Returns st. */
 dg_status dg__kda_finish(kda_cfg *cfg, dg_status st, dg_tensor **o, dg_tensor **ht);

@@ -339,17 +339,21 @@ static void np_free(void *params) {
     dg__kda_dev_release(&np->cfg.dev);
 }
 
+void dg__kda_cfg_copy(kda_cfg *dst, const kda_cfg *src, int64_t *tab) {
+    *dst = *src;
+    memcpy(tab, src->tab, 2 * ((size_t)src->d.N + 1) * sizeof(int64_t));
+    dst->tab = tab;
+    dst->d.cu = tab;
+    dst->d.chunk_off = tab + src->d.N + 1;
+    dst->dev = dg__kda_dev_retain(src->dev);
+}
+
 kda_np *dg__kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     kda_np *np = (kda_np *)dg__node_params(n, sizeof(kda_np) + ntab * sizeof(int64_t));
     if (!np)
         return NULL;
-    np->cfg = *cfg;
-    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
-    np->cfg.tab = np->tab;
-    np->cfg.d.cu = np->tab;
-    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = dg__kda_dev_retain(cfg->dev);
+    dg__kda_cfg_copy(&np->cfg, cfg, np->tab);
     np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;
