@@ -90,7 +90,6 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
         return dg__kda_finish(&cfg, st, o, ht);
 
     dg_tensor *h = NULL, *v2 = NULL, *htl = NULL;
-    dg_tensor *h0m = NULL, *h2 = NULL, *v22 = NULL, *htu = NULL;
     dg__group *grp = NULL;
     kcp_fwd f;
     memset(&f, 0, sizeof f);
@@ -101,7 +100,7 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
     /* forward summary of the last local sequence: X = bg, Y = w (M_c = Diag + bg^T w), terms
      * + kg^T v, + bg^T u */
     if (st == DG_OK)
-        st = dg__kcp_fwd_begin(ctx, &cfg, plan, h0, &f);
+        st = dg__kcp_fwd_begin(ctx, comm, plan, &cfg, &dplr_kcp_ops, h0, &f);
     if (st == DG_OK && dg__kcp_fwd_summarise(&f)) {
         const kcp_summary_args sa = {
             .seq = cfg.d.N - 1,
@@ -118,27 +117,23 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
     dg__profile_forward(ctx, "dplr_cp_summary"); /* the CP phases are timed apart */
     /* all_gather, merge into h0m */
     if (st == DG_OK)
-        st = dg__kcp_forward_exchange(ctx, f.hc, comm, plan, &cfg, &dplr_kcp_ops, f.hm, h0, f.h0h,
-                                      &h0m);
+        st = dg__kcp_fwd_exchange(ctx, &f, h0);
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = dg__dplr_local_group(&cfg, q, k, v, a, b, &l, h0m, &grp);
+        st = dg__dplr_local_group(&cfg, q, k, v, a, b, &l, f.h0m, &grp);
     if (st == DG_OK)
-        st = dg__dplr_state_x(ctx, l.w, l.u, l.kg, l.bg, v, l.Gi, h0m, &lo, grp, &h, &v2, &htl);
+        st = dg__dplr_state_x(ctx, l.w, l.u, l.kg, l.bg, v, l.Gi, f.h0m, &lo, grp, &h, &v2, &htl);
     if (st == DG_OK)
-        st = dg__kcp_link(ctx, f.hc, comm, plan, &cfg, &dplr_kcp_ops, grp, l.Gi, h, v2, htl, &h2,
-                          &v22, &htu);
+        st = dg__kcp_fwd_link(ctx, &f, grp, l.Gi, h, v2, htl);
     if (st == DG_OK)
-        st = dg__dplr_output_x(ctx, l.qg, h2, l.Aqk, l.Aqb, v, v22, &lo, grp, o);
-    if (st == DG_OK && want_ht)
-        *ht = dg_tensor_retain(htu);
+        st = dg__dplr_output_x(ctx, l.qg, f.h2, l.Aqk, l.Aqb, v, f.x2, &lo, grp, o);
 
     dg__group_release(&grp);
     dg__dplr_local_free(&l);
-    dg_tensor *locals[7] = {h, v2, htl, h0m, h2, v22, htu};
-    for (int i = 0; i < 7; i++)
+    dg_tensor *locals[3] = {h, v2, htl};
+    for (int i = 0; i < 3; i++)
         dg_tensor_free(&locals[i]);
-    dg__kcp_fwd_end(ctx, &f);
+    st = dg__kcp_fwd_end(ctx, &f, st, want_ht ? ht : NULL);
     return dg__kda_finish(&cfg, st, o, ht);
 }

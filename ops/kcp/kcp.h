@@ -175,17 +175,31 @@ dg_status dg__kcp_check_h0(const char *op, dg_ctx *ctx, const kda_cfg *cfg, cons
 
 /* ---- forward ---- */
 
-/* The host side of an op's forward: the host context, h0's host copy (NULL without h0), the
- * summary of the last local sequence hm (zeros, [HV, K, V+K], compute dtype) and the plan's
- * numbers. */
+/* The op-independent side of an op's forward: the host context, h0's host copy (NULL without
+ * h0), the summary of the last local sequence hm (zeros, [HV, K, V+K], compute dtype, for the op
+ * to fill), the plan's numbers, and what dg__kcp_fwd_exchange and dg__kcp_fwd_link make. */
 typedef struct kcp_fwd {
     dg_ctx *hc;
+    dg_comm *comm;
+    const dg_cp_plan *plan;
+    const kda_cfg *cfg;
+    const kcp_ops *ops;
     dg_tensor *h0h, *hm;
+    dg_tensor *h0m;           /* dg__kcp_fwd_exchange */
+    dg_tensor *h2, *x2, *htu; /* dg__kcp_fwd_link */
     kcp_np probe;
 } kcp_fwd;
-dg_status dg__kcp_fwd_begin(dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
-                            const dg_tensor *h0, kcp_fwd *f);
-void dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f);
+/* f zeroed (for dg__kcp_fwd_end whatever happens), then the host context, h0h and hm. */
+dg_status dg__kcp_fwd_begin(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kda_cfg *cfg,
+                            const kcp_ops *ops, const dg_tensor *h0, kcp_fwd *f);
+/* dg__kcp_forward_exchange of f->hm into f->h0m. */
+dg_status dg__kcp_fwd_exchange(dg_ctx *ctx, kcp_fwd *f, dg_tensor *h0);
+/* dg__kcp_link of the op's state pass (h, x, htl) into f->h2, f->x2, f->htu. */
+dg_status dg__kcp_fwd_link(dg_ctx *ctx, kcp_fwd *f, dg__group *grp, dg_tensor *G, dg_tensor *h,
+                           dg_tensor *x, dg_tensor *htl);
+/* Frees what f holds; when st is DG_OK and ht is given, *ht = the final states (f->htu).
+ * Returns st. */
+dg_status dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f, dg_status st, dg_tensor **ht);
 /* Does the op summarise its last local sequence (it continues on later ranks), and the host row
  * of h0 that is that sequence's initial state (NULL: zero, or it started on an earlier rank)? */
 static inline int dg__kcp_fwd_summarise(const kcp_fwd *f) { return f->probe.post > 0; }

@@ -163,25 +163,6 @@ static dg_status node_finish(dg_node *n, dg_status st, const kda_cfg *cfg, const
     return st;
 }
 
-dg_status dg__kcp_fwd_begin(dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
-                            const dg_tensor *h0, kcp_fwd *f) {
-    memset(f, 0, sizeof *f);
-    f->probe = dg__kcp_probe(cfg, plan);
-    int64_t sm[3] = {cfg->d.HV, cfg->d.K, cfg->d.V + cfg->d.K};
-    dg_status st = dg__kcp_host_ctx(ctx, &f->hc);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(f->hc, h0, cfg->dt, &f->h0h);
-    if (st == DG_OK)
-        st = dg_tensor_zeros(f->hc, cfg->dt, 3, sm, &f->hm);
-    return st;
-}
-
-void dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f) {
-    dg_tensor_free(&f->hm);
-    dg_tensor_free(&f->h0h);
-    dg__kcp_host_ctx_free(ctx, &f->hc);
-}
-
 /* ---- checks ---- */
 
 dg_status dg__kcp_check_h0(const char *op, dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
@@ -425,5 +406,46 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
         dg_tensor_free(x2);
         dg_tensor_free(htu);
     }
+    return st;
+}
+
+/* ---- an op's forward ---- */
+
+dg_status dg__kcp_fwd_begin(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kda_cfg *cfg,
+                            const kcp_ops *ops, const dg_tensor *h0, kcp_fwd *f) {
+    memset(f, 0, sizeof *f);
+    f->comm = comm;
+    f->plan = plan;
+    f->cfg = cfg;
+    f->ops = ops;
+    f->probe = dg__kcp_probe(cfg, plan);
+    int64_t sm[3] = {cfg->d.HV, cfg->d.K, cfg->d.V + cfg->d.K};
+    dg_status st = dg__kcp_host_ctx(ctx, &f->hc);
+    if (st == DG_OK)
+        st = dg__kcp_to_host(f->hc, h0, cfg->dt, &f->h0h);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(f->hc, cfg->dt, 3, sm, &f->hm);
+    return st;
+}
+
+dg_status dg__kcp_fwd_exchange(dg_ctx *ctx, kcp_fwd *f, dg_tensor *h0) {
+    return dg__kcp_forward_exchange(ctx, f->hc, f->comm, f->plan, f->cfg, f->ops, f->hm, h0, f->h0h,
+                                    &f->h0m);
+}
+
+dg_status dg__kcp_fwd_link(dg_ctx *ctx, kcp_fwd *f, dg__group *grp, dg_tensor *G, dg_tensor *h,
+                           dg_tensor *x, dg_tensor *htl) {
+    return dg__kcp_link(ctx, f->hc, f->comm, f->plan, f->cfg, f->ops, grp, G, h, x, htl, &f->h2,
+                        &f->x2, &f->htu);
+}
+
+dg_status dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f, dg_status st, dg_tensor **ht) {
+    if (st == DG_OK && ht)
+        *ht = dg_tensor_retain(f->htu);
+    dg_tensor *all[6] = {f->h0h, f->hm, f->h0m, f->h2, f->x2, f->htu};
+    for (int i = 0; i < 6; i++)
+        dg_tensor_free(&all[i]);
+    dg__kcp_host_ctx_free(ctx, &f->hc);
+    memset(f, 0, sizeof *f);
     return st;
 }

@@ -172,7 +172,6 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
         return dg__kda_finish(&cfg, st, o, ht);
 
     dg_tensor *h = NULL, *E = NULL, *htl = NULL;
-    dg_tensor *h0m = NULL, *h2 = NULL, *E2 = NULL, *htu = NULL;
     dg__group *grp = NULL;
     kcp_fwd f;
     memset(&f, 0, sizeof f);
@@ -182,7 +181,7 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
 
     /* forward summary of the last local sequence */
     if (st == DG_OK)
-        st = dg__kcp_fwd_begin(ctx, &cfg, plan, h0, &f);
+        st = dg__kcp_fwd_begin(ctx, comm, plan, &cfg, &kda_kcp_ops, h0, &f);
     if (st == DG_OK && dg__kcp_fwd_summarise(&f)) {
         int on_dev = 0; /* on the device when the sizes allow (dg__kda_state_summary_cuda) */
         if (cfg.cuda) {
@@ -219,27 +218,23 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     dg__profile_forward(ctx, "kda_cp_summary"); /* the CP phases are timed apart */
     /* all_gather, merge into h0m */
     if (st == DG_OK)
-        st = dg__kcp_forward_exchange(ctx, f.hc, comm, plan, &cfg, &kda_kcp_ops, f.hm, h0, f.h0h,
-                                      &h0m);
+        st = dg__kcp_fwd_exchange(ctx, &f, h0);
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = dg__kda_local_group(&cfg, &l, v, h0m, &grp);
+        st = dg__kda_local_group(&cfg, &l, v, f.h0m, &grp);
     if (st == DG_OK)
-        st = dg__kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, grp, &h, &E, &htl);
+        st = dg__kda_state_x(ctx, l.W, l.U, l.KG, l.G, f.h0m, &lo, grp, &h, &E, &htl);
     if (st == DG_OK)
-        st = dg__kcp_link(ctx, f.hc, comm, plan, &cfg, &kda_kcp_ops, grp, l.G, h, E, htl, &h2, &E2,
-                          &htu);
+        st = dg__kcp_fwd_link(ctx, &f, grp, l.G, h, E, htl);
     if (st == DG_OK)
-        st = dg__kda_output_x(ctx, l.QG, h2, l.Aqk, E2, &lo, grp, q->dtype, o);
-    if (st == DG_OK && want_ht)
-        *ht = dg_tensor_retain(htu);
+        st = dg__kda_output_x(ctx, l.QG, f.h2, l.Aqk, f.x2, &lo, grp, q->dtype, o);
 
     dg__group_release(&grp);
     dg__kda_local_free(&l);
-    dg_tensor *locals[7] = {h, E, htl, h0m, h2, E2, htu};
-    for (int i = 0; i < 7; i++)
+    dg_tensor *locals[3] = {h, E, htl};
+    for (int i = 0; i < 3; i++)
         dg_tensor_free(&locals[i]);
-    dg__kcp_fwd_end(ctx, &f);
+    st = dg__kcp_fwd_end(ctx, &f, st, want_ht ? ht : NULL);
     return dg__kda_finish(&cfg, st, o, ht);
 }
