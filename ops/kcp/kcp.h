@@ -14,7 +14,8 @@
  *   - the raw summary [h_ext | M] / [dh_ext | M^T] of one local sequence ([HV, K, V+K]) and the
  *     merge of gathered summaries (summary.c, f64 and f32);
  *   - the host staging of CUDA tensors (the summaries, merges and row moves run on host copies;
- *     the MPI communicator carries host buffers);
+ *     the MPI communicator carries host buffers), and the summary of tensors on host copies
+ *     (dg__kcp_summary_host: the op names X, Y, G and its terms);
  *   - the forward exchange: all_gather of the summaries, the initial states of the local
  *     sequences (h0 rows, and the chained summaries of the earlier ranks for local sequence 0),
  *     and the init node that routes their gradient back to h0 (kcp_nodes.c);
@@ -22,7 +23,8 @@
  *     summary of local sequence 0 (through the op's callback), all_gathers it and chains the
  *     later ranks' summaries into dht of the last local sequence.
  * The op keeps its own stage nodes, its recompute group (the link node is one of its members)
- * and its forward summary.
+ * and the choice of tensors for its summaries (and KDA its device summaries); kcp_fwd carries
+ * the rest of its forward (dg__kcp_fwd_begin .. dg__kcp_fwd_end).
  */
 #ifndef DG_OPS_KCP_H
 #define DG_OPS_KCP_H
