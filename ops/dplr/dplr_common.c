@@ -81,12 +81,7 @@ dplr_np *dg__dplr_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     dplr_np *np = (dplr_np *)dg__node_params(n, sizeof(dplr_np) + ntab * sizeof(int64_t));
     if (!np)
         return NULL;
-    np->cfg = *cfg;
-    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
-    np->cfg.tab = np->tab;
-    np->cfg.d.cu = np->tab;
-    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = dg__kda_dev_retain(cfg->dev); /* cfg.cd borrows its tables */
+    dg__kda_cfg_copy(&np->cfg, cfg, np->tab);
     np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;

@@ -31,69 +31,33 @@
 
 #define OP "dg_dplr_chunk_cp"
 
-/* The summary of local sequence n on host arrays of the compute dtype. Forward (bwd = 0): w, u,
- * kg, bg, v, Gi; S0 its initial state. Backward (bwd = 1): w, bg, Gi and the upstream gradients
- * dh (per chunk), dv2 (either NULL: zero); S0 the gradient of the state leaving it. */
-static dg_status pre_host(const kda_cfg *c, int n, int bwd, const void *w, const void *u,
-                          const void *kg, const void *bg, const void *v, const void *Gi,
-                          const void *dh, const void *dv2, const void *S0, void *out) {
-    kcp_summary_io io;
-    memset(&io, 0, sizeof io);
-    io.seq = n;
-    io.reverse = bwd;
-    io.X = bwd ? w : bg; /* M_c = Diag + bg^T w; its transpose Diag + w^T bg */
-    io.Y = bwd ? bg : w;
-    io.G = Gi;
-    io.neg_xy = 0;
-    if (bwd) {
-        io.nterm = 1;
-        io.term[0].A = w; /* + w^T dv2_loc */
-        io.term[0].B = dv2;
-        io.dh = dh;
-    } else {
-        io.nterm = 2;
-        io.term[0].A = kg; /* + kg^T v */
-        io.term[0].B = v;
-        io.term[1].A = bg; /* + bg^T u */
-        io.term[1].B = u;
-    }
-    io.S0 = S0;
-    io.out = out;
-    return dg__kcp_summary(c->dt, &c->d, &io);
-}
-
 /* kcp_ops.bwd_summary: the reverse summary of local sequence 0 from the output node's dh (gh)
- * and dv2 (gv2). */
+ * and dv2 (gv2): X = w, Y = bg (M_c^T = Diag + w^T bg), term + w^T dv2_loc, plus dh per chunk. */
 static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tensor *gh,
                              const dg_tensor *gv2, const dg_tensor *ght, const dg_tensor *ght_h,
                              dg_tensor *dhm) {
     (void)ght; /* a device summary would read it where it lives */
     const kcp_np *np = (const kcp_np *)n->params;
-    const kda_cfg *c = &np->cfg;
     dg_tensor *w = NULL, *bg = NULL;
-    dg_tensor *gh_h = NULL, *gv_h = NULL, *wh = NULL, *bh = NULL, *gg = NULL;
     dg_status st = dg__group_get(np->grp, ctx, DPLR_M_LINK, DPLR_W, &w);
     if (st == DG_OK)
         st = dg__group_get(np->grp, ctx, DPLR_M_LINK, DPLR_BG, &bg);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, gh, c->dt, &gh_h);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, gv2, c->dt, &gv_h);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, w, c->dt, &wh);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, bg, c->dt, &bh);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, n->saved[0], c->dt, &gg);
+    if (st != DG_OK)
+        return st;
     /* local sequence 0 ends here: its ht row's gradient */
-    const void *dhout = dg__kcp_ends_here(np, 0) ? dg__kcp_row(c, ght_h, np->seq0) : NULL;
-    if (st == DG_OK)
-        st = pre_host(c, 0, 1, dg__kcp_ptr(wh), NULL, NULL, dg__kcp_ptr(bh), NULL, dg__kcp_ptr(gg),
-                      dg__kcp_ptr(gh_h), dg__kcp_ptr(gv_h), dhout, dg_tensor_data(dhm));
-    dg_tensor *locals[5] = {gh_h, gv_h, wh, bh, gg};
-    for (int i = 0; i < 5; i++)
-        dg_tensor_free(&locals[i]);
-    return st;
+    const kcp_summary_args sa = {
+        .seq = 0,
+        .reverse = 1,
+        .X = w,
+        .Y = bg,
+        .G = n->saved[0],
+        .nterm = 1,
+        .A = {w},
+        .B = {gv2},
+        .dh = gh,
+        .S0 = dg__kcp_ends_here(np, 0) ? dg__kcp_row(&np->cfg, ght_h, np->seq0) : NULL,
+    };
+    return dg__kcp_summary_host(hc, &np->cfg, &sa, dhm);
 }
 
 static const kcp_ops dplr_kcp_ops = {
@@ -121,79 +85,55 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
     kda_cfg cfg;
     DG_TRY(dg__dplr_check_inputs(OP, ctx, q, k, v, a, b, gk, NULL, &lo, &cfg));
     const int want_ht = opts && opts->output_final_state;
-    const int H = cfg.d.HV, K = cfg.d.K, V = cfg.d.V, NL = cfg.d.N;
-    int64_t s0[4] = {plan->n_seqs, H, K, V}, sm[3] = {H, K, V + K};
-    dg_status st = DG_OK;
-    if (h0)
-        st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "n_seqs,H,K,V (global sequences)");
-    if (st != DG_OK) {
-        dg__kda_cfg_free(&cfg);
-        return st;
-    }
+    dg_status st = dg__kcp_check_h0(OP, ctx, &cfg, plan, h0, "n_seqs,H,K,V (global sequences)");
+    if (st != DG_OK)
+        return dg__kda_finish(&cfg, st, o, ht);
 
     dg_tensor *h = NULL, *v2 = NULL, *htl = NULL;
-    dg_tensor *hm = NULL, *h0m = NULL, *h2 = NULL, *v22 = NULL, *htu = NULL;
-    /* host copies: w u kg bg v Gi, h0 */
-    dg_tensor *hx[6] = {NULL}, *h0h = NULL;
     dg__group *grp = NULL;
-    dg_ctx *hc = NULL;
-    const kcp_np probe = dg__kcp_probe(&cfg, plan);
+    kcp_fwd f;
+    memset(&f, 0, sizeof f);
 
     dplr_local l;
     st = dg__dplr_local_stages(ctx, q, k, v, a, b, gk, &lo, cfg.dev, &l);
 
-    /* forward summary of the last local sequence */
+    /* forward summary of the last local sequence: X = bg, Y = w (M_c = Diag + bg^T w), terms
+     * + kg^T v, + bg^T u */
     if (st == DG_OK)
-        st = dg__kcp_host_ctx(ctx, &hc);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, h0, cfg.dt, &h0h);
-    if (st == DG_OK)
-        st = dg_tensor_zeros(hc, cfg.dt, 3, sm, &hm);
-    if (st == DG_OK && plan->post_ranks > 0) {
-        dg_tensor *src[6] = {l.w, l.u, l.kg, l.bg, v, l.Gi};
-        for (int i = 0; i < 6 && st == DG_OK; i++)
-            st = dg__kcp_to_host(hc, src[i], cfg.dt, &hx[i]);
-        /* its initial state is a row of h0 when it starts here */
-        const void *hin = dg__kcp_starts_here(&probe, NL - 1)
-                              ? dg__kcp_row(&cfg, h0h, plan->seq0 + NL - 1)
-                              : NULL;
-        if (st == DG_OK)
-            st = pre_host(&cfg, NL - 1, 0, dg__kcp_ptr(hx[0]), dg__kcp_ptr(hx[1]),
-                          dg__kcp_ptr(hx[2]), dg__kcp_ptr(hx[3]), dg__kcp_ptr(hx[4]),
-                          dg__kcp_ptr(hx[5]), NULL, NULL, hin, dg_tensor_data(hm));
+        st = dg__kcp_fwd_begin(ctx, comm, plan, &cfg, &dplr_kcp_ops, h0, &f);
+    if (st == DG_OK && dg__kcp_fwd_summarise(&f)) {
+        const kcp_summary_args sa = {
+            .seq = cfg.d.N - 1,
+            .X = l.bg,
+            .Y = l.w,
+            .G = l.Gi,
+            .nterm = 2,
+            .A = {l.kg, l.bg},
+            .B = {v, l.u},
+            .S0 = dg__kcp_fwd_hin(&cfg, &f),
+        };
+        st = dg__kcp_summary_host(f.hc, &cfg, &sa, f.hm);
     }
     dg__profile_forward(ctx, "dplr_cp_summary"); /* the CP phases are timed apart */
     /* all_gather, merge into h0m */
     if (st == DG_OK)
-        st = dg__kcp_forward_exchange(ctx, hc, comm, plan, &cfg, &dplr_kcp_ops, hm, h0, h0h, &h0m);
+        st = dg__kcp_fwd_exchange(ctx, &f, h0);
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = dg__dplr_local_group(&cfg, q, k, v, a, b, &l, h0m, &grp);
+        st = dg__dplr_local_group(&cfg, q, k, v, a, b, &l, f.h0m, &grp);
     if (st == DG_OK)
-        st = dg__dplr_state_x(ctx, l.w, l.u, l.kg, l.bg, v, l.Gi, h0m, &lo, grp, &h, &v2, &htl);
+        st = dg__dplr_state_x(ctx, l.w, l.u, l.kg, l.bg, v, l.Gi, f.h0m, &lo, grp, &h, &v2, &htl);
     if (st == DG_OK)
-        st = dg__kcp_link(ctx, hc, comm, plan, &cfg, &dplr_kcp_ops, grp, l.Gi, h, v2, htl, &h2,
-                          &v22, &htu);
+        st = dg__kcp_fwd_link(ctx, &f, grp, l.Gi, h, v2, htl);
     if (st == DG_OK)
-        st = dg__dplr_output_x(ctx, l.qg, h2, l.Aqk, l.Aqb, v, v22, &lo, grp, o);
-    if (st == DG_OK && want_ht)
-        *ht = dg_tensor_retain(htu);
+        st = dg__dplr_output_x(ctx, l.qg, f.h2, l.Aqk, l.Aqb, v, f.x2, &lo, grp, o);
 
     dg__group_release(&grp);
     dg__dplr_local_free(&l);
-    dg_tensor *locals[8] = {h, v2, htl, hm, h0m, h2, v22, htu};
-    for (int i = 0; i < 8; i++)
+    dg_tensor *locals[3] = {h, v2, htl};
+    for (int i = 0; i < 3; i++)
         dg_tensor_free(&locals[i]);
-    for (int i = 0; i < 6; i++)
-        dg_tensor_free(&hx[i]);
-    dg_tensor_free(&h0h);
-    dg__kcp_host_ctx_free(ctx, &hc);
-    dg__kda_cfg_free(&cfg);
-    if (st != DG_OK) {
-        dg_tensor_free(o);
-        if (ht)
-            dg_tensor_free(ht);
-    }
-    return st;
+    st = dg__kcp_fwd_end(ctx, &f, st, want_ht ? ht : NULL);
+    return dg__kda_finish(&cfg, st, o, ht);
 }

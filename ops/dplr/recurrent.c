@@ -274,12 +274,6 @@ dg_status dg_dplr_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *
     }
     for (int i = 0; i < NIN; i++)
         dg_tensor_free(&tmp[i]);
-    dg__kda_cfg_free(&cfg);
-    if (st != DG_OK) {
-        dg_tensor_free(o);
-        if (ht)
-            dg_tensor_free(ht);
-    }
-    return st;
+    return dg__kda_finish(&cfg, st, o, ht);
 }
 #endif

@@ -14,7 +14,8 @@
  *   - the raw summary [h_ext | M] / [dh_ext | M^T] of one local sequence ([HV, K, V+K]) and the
  *     merge of gathered summaries (summary.c, f64 and f32);
  *   - the host staging of CUDA tensors (the summaries, merges and row moves run on host copies;
- *     the MPI communicator carries host buffers);
+ *     the MPI communicator carries host buffers), and the summary of tensors on host copies
+ *     (dg__kcp_summary_host: the op names X, Y, G and its terms);
  *   - the forward exchange: all_gather of the summaries, the initial states of the local
  *     sequences (h0 rows, and the chained summaries of the earlier ranks for local sequence 0),
  *     and the init node that routes their gradient back to h0 (kcp_nodes.c);
@@ -22,7 +23,8 @@
  *     summary of local sequence 0 (through the op's callback), all_gathers it and chains the
  *     later ranks' summaries into dht of the last local sequence.
  * The op keeps its own stage nodes, its recompute group (the link node is one of its members)
- * and its forward summary.
+ * and the choice of tensors for its summaries (and KDA its device summaries); kcp_fwd carries
+ * the rest of its forward (dg__kcp_fwd_begin .. dg__kcp_fwd_end).
  */
 #ifndef DG_OPS_KCP_H
 #define DG_OPS_KCP_H
@@ -81,6 +83,23 @@ dg_status dg__kcp_to_host(dg_ctx *hc, const dg_tensor *t, dg_dtype dt, dg_tensor
 /* Host tensor h on ctx's device: h itself (retained) on the CPU, else a copy. */
 dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out);
 static inline const void *dg__kcp_ptr(const dg_tensor *t) { return t ? dg_tensor_data(t) : NULL; }
+
+/* kcp_summary_io with tensors of any device (NULL: absent) in place of host arrays: X, Y, G, the
+ * terms' A and B and dh are brought to the host in cfg's compute dtype (dg__kcp_to_host); S0 is
+ * already a host array (NULL: zero). */
+typedef struct kcp_summary_args {
+    int seq, reverse;
+    const dg_tensor *X, *Y, *G;
+    int neg_xy;
+    int nterm;
+    const dg_tensor *A[2], *B[2];
+    int neg[2];
+    const dg_tensor *dh;
+    const void *S0;
+} kcp_summary_args;
+/* dg__kcp_summary of a on host copies into the host tensor out [HV, K, V+K]. */
+dg_status dg__kcp_summary_host(dg_ctx *hc, const kda_cfg *cfg, const kcp_summary_args *a,
+                               dg_tensor *out);
 
 /* ---- the op's description and the CP nodes' params ---- */
 
@@ -151,7 +170,46 @@ static inline const void *dg__kcp_row(const kda_cfg *cfg, const dg_tensor *h, in
     return h ? (const char *)dg_tensor_data(h) + (size_t)row * dg__kcp_kv_bytes(cfg) : NULL;
 }
 
+/* h0 (when given) is [n_seqs, HV, K, V] over the plan's global sequences, of cfg's float dtype;
+ * `names` spells the dims in messages. */
+dg_status dg__kcp_check_h0(const char *op, dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
+                           const dg_tensor *h0, const char *names);
+
 /* ---- forward ---- */
+
+/* The op-independent side of an op's forward: the host context, h0's host copy (NULL without
+ * h0), the summary of the last local sequence hm (zeros, [HV, K, V+K], compute dtype, for the op
+ * to fill), the plan's numbers, and what dg__kcp_fwd_exchange and dg__kcp_fwd_link make. */
+typedef struct kcp_fwd {
+    dg_ctx *hc;
+    dg_comm *comm;
+    const dg_cp_plan *plan;
+    const kda_cfg *cfg;
+    const kcp_ops *ops;
+    dg_tensor *h0h, *hm;
+    dg_tensor *h0m;           /* dg__kcp_fwd_exchange */
+    dg_tensor *h2, *x2, *htu; /* dg__kcp_fwd_link */
+    kcp_np probe;
+} kcp_fwd;
+/* f zeroed (for dg__kcp_fwd_end whatever happens), then the host context, h0h and hm. */
+dg_status dg__kcp_fwd_begin(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kda_cfg *cfg,
+                            const kcp_ops *ops, const dg_tensor *h0, kcp_fwd *f);
+/* dg__kcp_forward_exchange of f->hm into f->h0m. */
+dg_status dg__kcp_fwd_exchange(dg_ctx *ctx, kcp_fwd *f, dg_tensor *h0);
+/* dg__kcp_link of the op's state pass (h, x, htl) into f->h2, f->x2, f->htu. */
+dg_status dg__kcp_fwd_link(dg_ctx *ctx, kcp_fwd *f, dg__group *grp, dg_tensor *G, dg_tensor *h,
+                           dg_tensor *x, dg_tensor *htl);
+/* Frees what f holds; when st is DG_OK and ht is given, *ht = the final states (f->htu).
+ * Returns st. */
+dg_status dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f, dg_status st, dg_tensor **ht);
+/* Does the op summarise its last local sequence (it continues on later ranks), and the host row
+ * of h0 that is that sequence's initial state (NULL: zero, or it started on an earlier rank)? */
+static inline int dg__kcp_fwd_summarise(const kcp_fwd *f) { return f->probe.post > 0; }
+static inline const void *dg__kcp_fwd_hin(const kda_cfg *cfg, const kcp_fwd *f) {
+    const int last = cfg->d.N - 1;
+    return dg__kcp_starts_here(&f->probe, last) ? dg__kcp_row(cfg, f->h0h, f->probe.seq0 + last)
+                                                : NULL;
+}
 
 /* After the op has put the summary of its last local sequence into hm (host, [HV, K, V+K],
  * zeros when nothing continues on later ranks): one all_gather (every rank), then the initial

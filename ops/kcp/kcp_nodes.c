@@ -48,11 +48,7 @@ dg_status dg__kcp_to_host(dg_ctx *hc, const dg_tensor *t, dg_dtype dt, dg_tensor
         *out = dg_tensor_retain((dg_tensor *)t);
         return DG_OK;
     }
-    DG_TRY(dg_tensor_new(hc, dt, t->ndim, t->shape, out));
-    dg_status st = dg_tensor_copy_(*out, t);
-    if (st != DG_OK)
-        dg_tensor_free(out);
-    return st;
+    return dg__kda_copy_new(hc, t, dt, out);
 }
 
 dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
@@ -61,10 +57,38 @@ dg_status dg__kcp_to_dev(dg_ctx *ctx, dg_tensor *h, dg_tensor **out) {
         *out = dg_tensor_retain(h);
         return DG_OK;
     }
-    DG_TRY(dg_tensor_new(ctx, h->dtype, h->ndim, h->shape, out));
-    dg_status st = dg_tensor_copy_(*out, h);
-    if (st != DG_OK)
-        dg_tensor_free(out);
+    return dg__kda_copy_new(ctx, h, h->dtype, out);
+}
+
+dg_status dg__kcp_summary_host(dg_ctx *hc, const kda_cfg *cfg, const kcp_summary_args *a,
+                               dg_tensor *out) {
+    const dg_tensor *src[8] = {a->X, a->Y, a->G, a->A[0], a->B[0], a->A[1], a->B[1], a->dh};
+    dg_tensor *hx[8] = {NULL};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        st = dg__kcp_to_host(hc, src[i], cfg->dt, &hx[i]);
+    if (st == DG_OK) {
+        kcp_summary_io io;
+        memset(&io, 0, sizeof io);
+        io.seq = a->seq;
+        io.reverse = a->reverse;
+        io.X = dg__kcp_ptr(hx[0]);
+        io.Y = dg__kcp_ptr(hx[1]);
+        io.G = dg__kcp_ptr(hx[2]);
+        io.neg_xy = a->neg_xy;
+        io.nterm = a->nterm;
+        for (int t = 0; t < a->nterm; t++) {
+            io.term[t].A = dg__kcp_ptr(hx[3 + 2 * t]);
+            io.term[t].B = dg__kcp_ptr(hx[4 + 2 * t]);
+            io.term[t].neg = a->neg[t];
+        }
+        io.dh = dg__kcp_ptr(hx[7]);
+        io.S0 = a->S0;
+        io.out = dg_tensor_data(out);
+        st = dg__kcp_summary(cfg->dt, &cfg->d, &io);
+    }
+    for (int i = 0; i < 8; i++)
+        dg_tensor_free(&hx[i]);
     return st;
 }
 
@@ -117,11 +141,7 @@ static kcp_np *np_new(dg_node *n, const kda_cfg *cfg, const kcp_ops *ops, dg__gr
     if (!np)
         return NULL;
     *np = dg__kcp_probe(cfg, p);
-    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
-    np->cfg.tab = np->tab;
-    np->cfg.d.cu = np->tab;
-    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = dg__kda_dev_retain(cfg->dev);
+    dg__kda_cfg_copy(&np->cfg, cfg, np->tab);
     np->grp = dg__group_retain(grp);
     np->comm = comm;
     np->ops = ops;
@@ -129,7 +149,29 @@ static kcp_np *np_new(dg_node *n, const kda_cfg *cfg, const kcp_ops *ops, dg__gr
     return np;
 }
 
+/* The end of recording a CP node whose inputs and outputs are set (st: how that went): its params
+ * (np_new), then commit, or abort on any error. */
+static dg_status node_finish(dg_node *n, dg_status st, const kda_cfg *cfg, const kcp_ops *ops,
+                             dg__group *grp, dg_comm *comm, const dg_cp_plan *plan) {
+    kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, grp, comm, plan) : NULL;
+    if (st == DG_OK && !np)
+        st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);
+    if (st == DG_OK)
+        st = dg__node_commit(n);
+    else if (n)
+        dg__node_abort(n);
+    return st;
+}
+
 /* ---- checks ---- */
+
+dg_status dg__kcp_check_h0(const char *op, dg_ctx *ctx, const kda_cfg *cfg, const dg_cp_plan *plan,
+                           const dg_tensor *h0, const char *names) {
+    if (!h0)
+        return DG_OK;
+    int64_t s0[4] = {plan->n_seqs, cfg->d.HV, cfg->d.K, cfg->d.V};
+    return dg__kda_check(op, "h0", h0, ctx, cfg->m_f, 4, s0, names);
+}
 
 dg_status dg__kcp_check_plan(const char *op, dg_comm *comm, const dg_cp_plan *plan,
                              const int64_t *cu_seqlens) {
@@ -238,13 +280,7 @@ dg_status dg__kcp_forward_exchange(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const
             dg__node_input(n, h0);
         if (st == DG_OK)
             st = dg__node_output(n, *h0m);
-        kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, NULL, comm, plan) : NULL;
-        if (st == DG_OK && !np)
-            st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);
-        if (st == DG_OK)
-            st = dg__node_commit(n);
-        else if (n)
-            dg__node_abort(n);
+        st = node_finish(n, st, cfg, ops, NULL, comm, plan);
     }
     dg_tensor_free(&ag);
     dg_tensor_free(&h0mh);
@@ -358,13 +394,7 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
             dg__node_save(n, G);
         if (st == DG_OK)
             dg__group_join(grp, ops->link_member, n);
-        kcp_np *np = st == DG_OK ? np_new(n, cfg, ops, grp, comm, plan) : NULL;
-        if (st == DG_OK && !np)
-            st = dg__err(DG_ERR_NOMEM, "%s: no memory for the node", ops->op);
-        if (st == DG_OK)
-            st = dg__node_commit(n);
-        else if (n)
-            dg__node_abort(n);
+        st = node_finish(n, st, cfg, ops, grp, comm, plan);
     } else if (st == DG_OK) {
         *h2 = dg_tensor_retain(h);
         *x2 = dg_tensor_retain(x);
@@ -376,5 +406,46 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
         dg_tensor_free(x2);
         dg_tensor_free(htu);
     }
+    return st;
+}
+
+/* ---- an op's forward ---- */
+
+dg_status dg__kcp_fwd_begin(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const kda_cfg *cfg,
+                            const kcp_ops *ops, const dg_tensor *h0, kcp_fwd *f) {
+    memset(f, 0, sizeof *f);
+    f->comm = comm;
+    f->plan = plan;
+    f->cfg = cfg;
+    f->ops = ops;
+    f->probe = dg__kcp_probe(cfg, plan);
+    int64_t sm[3] = {cfg->d.HV, cfg->d.K, cfg->d.V + cfg->d.K};
+    dg_status st = dg__kcp_host_ctx(ctx, &f->hc);
+    if (st == DG_OK)
+        st = dg__kcp_to_host(f->hc, h0, cfg->dt, &f->h0h);
+    if (st == DG_OK)
+        st = dg_tensor_zeros(f->hc, cfg->dt, 3, sm, &f->hm);
+    return st;
+}
+
+dg_status dg__kcp_fwd_exchange(dg_ctx *ctx, kcp_fwd *f, dg_tensor *h0) {
+    return dg__kcp_forward_exchange(ctx, f->hc, f->comm, f->plan, f->cfg, f->ops, f->hm, h0, f->h0h,
+                                    &f->h0m);
+}
+
+dg_status dg__kcp_fwd_link(dg_ctx *ctx, kcp_fwd *f, dg__group *grp, dg_tensor *G, dg_tensor *h,
+                           dg_tensor *x, dg_tensor *htl) {
+    return dg__kcp_link(ctx, f->hc, f->comm, f->plan, f->cfg, f->ops, grp, G, h, x, htl, &f->h2,
+                        &f->x2, &f->htu);
+}
+
+dg_status dg__kcp_fwd_end(dg_ctx *ctx, kcp_fwd *f, dg_status st, dg_tensor **ht) {
+    if (st == DG_OK && ht)
+        *ht = dg_tensor_retain(f->htu);
+    dg_tensor *all[6] = {f->h0h, f->hm, f->h0m, f->h2, f->x2, f->htu};
+    for (int i = 0; i < 6; i++)
+        dg_tensor_free(&all[i]);
+    dg__kcp_host_ctx_free(ctx, &f->hc);
+    memset(f, 0, sizeof *f);
     return st;
 }

@@ -15,6 +15,18 @@
 #endif
 
 #ifdef RT
+/* A[a][b] += x[a] y[b] (neg: -=) for a < m, b < n; A has row stride lda. */
+static void RF(ger)(int m, int n, const RT *x, const RT *y, int neg, RT *A, int lda) {
+    if (neg)
+        for (int a = 0; a < m; a++)
+            for (int b = 0; b < n; b++)
+                A[a * lda + b] -= x[a] * y[b];
+    else
+        for (int a = 0; a < m; a++)
+            for (int b = 0; b < n; b++)
+                A[a * lda + b] += x[a] * y[b];
+}
+
 /* A = Diag(exp(lam)) + s X^T Y over the L rows of chunk ch (X, Y rows of K at token stride
  * HV*K): A[a][b] = delta_ab exp(lam_a) + s sum_i X[i][a] Y[i][b], s = -1 when neg. */
 static void RF(chunk_mat)(const kda_dims *d, kda_chunk ch, int hv, const RT *X, const RT *Y,
@@ -25,15 +37,7 @@ static void RF(chunk_mat)(const kda_dims *d, kda_chunk ch, int hv, const RT *X, 
             A[a * K + b] = a == b ? REXP(lam[a]) : (RT)0;
     for (int i = 0; i < ch.L; i++) {
         const int64_t ti = ch.t0 + i;
-        const RT *x = X + (ti * HV + hv) * K, *y = Y + (ti * HV + hv) * K;
-        if (neg)
-            for (int a = 0; a < K; a++)
-                for (int b = 0; b < K; b++)
-                    A[a * K + b] -= x[a] * y[b];
-        else
-            for (int a = 0; a < K; a++)
-                for (int b = 0; b < K; b++)
-                    A[a * K + b] += x[a] * y[b];
+        RF(ger)(K, K, X + (ti * HV + hv) * K, Y + (ti * HV + hv) * K, neg, A, K);
     }
 }
 
@@ -78,18 +82,11 @@ dg_status RF(dg__kcp_summary)(const kda_dims *d, const kcp_summary_io *io) {
                 const RT *PA = (const RT *)io->term[t].A, *PB = (const RT *)io->term[t].B;
                 if (!PA || !PB)
                     continue;
-                const int neg = io->term[t].neg;
                 for (int i = 0; i < ch.L; i++) {
                     const int64_t ti = ch.t0 + i;
-                    const RT *pa = PA + (ti * HV + hv) * K, *pb = PB + (ti * HV + hv) * V;
-                    if (neg)
-                        for (int a = 0; a < K; a++)
-                            for (int b = 0; b < V; b++)
-                                S2[a * C + b] -= pa[a] * pb[b];
-                    else
-                        for (int a = 0; a < K; a++)
-                            for (int b = 0; b < V; b++)
-                                S2[a * C + b] += pa[a] * pb[b];
+                    RF(ger)
+                    (K, V, PA + (ti * HV + hv) * K, PB + (ti * HV + hv) * V, io->term[t].neg, S2,
+                     C);
                 }
             }
             if (dh) { /* the upstream gradient of the state at the chunk's start */

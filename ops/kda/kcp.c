@@ -93,30 +93,6 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
 #endif
 }
 
-/* The reference summary of local sequence n on host arrays of the compute dtype: forward
- * (bwd = 0: W, U, KG, G, S0 = its initial state) or backward (bwd = 1: U is unused, dh and dE
- * are the upstream gradients, S0 = the gradient of the state leaving it). */
-static dg_status pre_host(const kda_cfg *c, int n, int bwd, const void *W, const void *U,
-                          const void *KG, const void *G, const void *dh, const void *dE,
-                          const void *S0, void *out) {
-    kcp_summary_io io;
-    memset(&io, 0, sizeof io);
-    io.seq = n;
-    io.reverse = bwd;
-    io.X = bwd ? W : KG; /* M_c = Diag - KG^T W; its transpose Diag - W^T KG */
-    io.Y = bwd ? KG : W;
-    io.G = G;
-    io.neg_xy = 1;
-    io.nterm = 1;
-    io.term[0].A = bwd ? W : KG; /* forward: + KG^T U; backward: - W^T dE */
-    io.term[0].B = bwd ? dE : U;
-    io.term[0].neg = bwd;
-    io.dh = bwd ? dh : NULL;
-    io.S0 = S0;
-    io.out = out;
-    return dg__kcp_summary(c->dt, &c->d, &io);
-}
-
 /* kcp_ops.bwd_summary: the reverse summary of local sequence 0 from N7's dh (gh) and dE (gE). */
 static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tensor *gh,
                              const dg_tensor *gE, const dg_tensor *ght, const dg_tensor *ght_h,
@@ -125,7 +101,6 @@ static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tenso
     const kda_cfg *c = &np->cfg;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V;
     dg_tensor *W = NULL, *KG = NULL;
-    dg_tensor *gh_h = NULL, *gE_h = NULL, *wh = NULL, *kh = NULL, *gg = NULL;
     dg_status st = dg__group_get(np->grp, ctx, KDA_M_LINK, KDA_W, &W);
     if (st == DG_OK)
         st = dg__group_get(np->grp, ctx, KDA_M_LINK, KDA_KG, &KG);
@@ -145,25 +120,23 @@ static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tenso
         }
         dg_tensor_free(&gt);
     }
-    if (!on_dev) { /* on host copies */
-        if (st == DG_OK)
-            st = dg__kcp_to_host(hc, gh, c->dt, &gh_h);
-        if (st == DG_OK)
-            st = dg__kcp_to_host(hc, gE, c->dt, &gE_h);
-        if (st == DG_OK)
-            st = dg__kcp_to_host(hc, W, c->dt, &wh);
-        if (st == DG_OK)
-            st = dg__kcp_to_host(hc, KG, c->dt, &kh);
-        if (st == DG_OK)
-            st = dg__kcp_to_host(hc, n->saved[0], c->dt, &gg);
-        const void *dhout = dg__kcp_ends_here(np, 0) ? dg__kcp_row(c, ght_h, np->seq0) : NULL;
-        if (st == DG_OK)
-            st = pre_host(c, 0, 1, dg__kcp_ptr(wh), NULL, dg__kcp_ptr(kh), dg__kcp_ptr(gg),
-                          dg__kcp_ptr(gh_h), dg__kcp_ptr(gE_h), dhout, dg_tensor_data(dhm));
+    if (st == DG_OK && !on_dev) { /* on host copies: X = W, Y = KG, term - W^T dE */
+        const kcp_summary_args sa = {
+            .seq = 0,
+            .reverse = 1,
+            .X = W,
+            .Y = KG,
+            .G = n->saved[0],
+            .neg_xy = 1,
+            .nterm = 1,
+            .A = {W},
+            .B = {gE},
+            .neg = {1},
+            .dh = gh,
+            .S0 = dg__kcp_ends_here(np, 0) ? dg__kcp_row(c, ght_h, np->seq0) : NULL,
+        };
+        st = dg__kcp_summary_host(hc, c, &sa, dhm);
     }
-    dg_tensor *locals[5] = {gh_h, gE_h, wh, kh, gg};
-    for (int i = 0; i < 5; i++)
-        dg_tensor_free(&locals[i]);
     return st;
 }
 
@@ -194,97 +167,74 @@ dg_status dg_kda_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, dg
     DG_TRY(dg__kda_check_inputs(OP, ctx, q, k, v, g, beta, A_log, dt_bias, NULL, &lo, &cfg));
     const int want_ht = opts && opts->output_final_state;
     const int HV = cfg.d.HV, K = cfg.d.K, V = cfg.d.V, NL = cfg.d.N;
-    int64_t s0[4] = {plan->n_seqs, HV, K, V}, sm[3] = {HV, K, V + K};
-    dg_status st = DG_OK;
-    if (h0)
-        st = dg__kda_check(OP, "h0", h0, ctx, cfg.m_f, 4, s0, "n_seqs,HV,K,V (global sequences)");
-    if (st != DG_OK) {
-        dg__kda_cfg_free(&cfg);
-        return st;
-    }
+    dg_status st = dg__kcp_check_h0(OP, ctx, &cfg, plan, h0, "n_seqs,HV,K,V (global sequences)");
+    if (st != DG_OK)
+        return dg__kda_finish(&cfg, st, o, ht);
 
     dg_tensor *h = NULL, *E = NULL, *htl = NULL;
-    dg_tensor *hm = NULL, *h0m = NULL, *h2 = NULL, *E2 = NULL, *htu = NULL;
-    /* host copies */
-    dg_tensor *Wh = NULL, *Uh = NULL, *KGh = NULL, *Gh = NULL, *h0h = NULL;
     dg__group *grp = NULL;
-    dg_ctx *hc = NULL;
-    const kcp_np probe = dg__kcp_probe(&cfg, plan);
+    kcp_fwd f;
+    memset(&f, 0, sizeof f);
 
     kda_local l;
     st = dg__kda_local_stages(ctx, q, k, v, g, beta, A_log, dt_bias, &lo, cfg.dev, &l);
 
     /* forward summary of the last local sequence */
     if (st == DG_OK)
-        st = dg__kcp_host_ctx(ctx, &hc);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, h0, cfg.dt, &h0h);
-    if (st == DG_OK)
-        st = dg_tensor_zeros(hc, cfg.dt, 3, sm, &hm);
-    if (st == DG_OK && plan->post_ranks > 0) {
-        const int known = dg__kcp_starts_here(&probe, NL - 1) && h0; /* initial state: h0 row */
+        st = dg__kcp_fwd_begin(ctx, comm, plan, &cfg, &kda_kcp_ops, h0, &f);
+    if (st == DG_OK && dg__kcp_fwd_summarise(&f)) {
         int on_dev = 0; /* on the device when the sizes allow (dg__kda_state_summary_cuda) */
         if (cfg.cuda) {
-            const void *hin = NULL;
+            const void *hin = NULL; /* initial state: h0 row */
             dg_tensor *ht0 = NULL;
-            if (known)
+            if (dg__kcp_starts_here(&f.probe, NL - 1) && h0)
                 st = dg__kda_ptr(ctx, h0, DG_F32, &ht0, &hin);
             if (st == DG_OK && hin)
                 hin =
                     (const char *)hin + (size_t)(plan->seq0 + NL - 1) * HV * K * V * sizeof(float);
             if (st == DG_OK) {
-                st = summary_dev(ctx, hc, &cfg, NL - 1, 0, l.W, l.U, l.KG, l.G, NULL, hin, hm);
+                st = summary_dev(ctx, f.hc, &cfg, NL - 1, 0, l.W, l.U, l.KG, l.G, NULL, hin, f.hm);
                 on_dev = st == DG_OK;
                 if (st == DG_ERR_UNSUPPORTED)
                     st = DG_OK;
             }
             dg_tensor_free(&ht0);
         }
-        if (!on_dev) { /* on host copies */
-            if (st == DG_OK)
-                st = dg__kcp_to_host(hc, l.W, cfg.dt, &Wh);
-            if (st == DG_OK)
-                st = dg__kcp_to_host(hc, l.U, cfg.dt, &Uh);
-            if (st == DG_OK)
-                st = dg__kcp_to_host(hc, l.KG, cfg.dt, &KGh);
-            if (st == DG_OK)
-                st = dg__kcp_to_host(hc, l.G, cfg.dt, &Gh);
-            const void *hin = known ? dg__kcp_row(&cfg, h0h, plan->seq0 + NL - 1) : NULL;
-            if (st == DG_OK)
-                st = pre_host(&cfg, NL - 1, 0, dg__kcp_ptr(Wh), dg__kcp_ptr(Uh), dg__kcp_ptr(KGh),
-                              dg__kcp_ptr(Gh), NULL, NULL, hin, dg_tensor_data(hm));
+        if (st == DG_OK && !on_dev) { /* on host copies: X = KG, Y = W, term + KG^T U */
+            const kcp_summary_args sa = {
+                .seq = NL - 1,
+                .X = l.KG,
+                .Y = l.W,
+                .G = l.G,
+                .neg_xy = 1,
+                .nterm = 1,
+                .A = {l.KG},
+                .B = {l.U},
+                .S0 = dg__kcp_fwd_hin(&cfg, &f),
+            };
+            st = dg__kcp_summary_host(f.hc, &cfg, &sa, f.hm);
         }
     }
     dg__profile_forward(ctx, "kda_cp_summary"); /* the CP phases are timed apart */
     /* all_gather, merge into h0m */
     if (st == DG_OK)
-        st = dg__kcp_forward_exchange(ctx, hc, comm, plan, &cfg, &kda_kcp_ops, hm, h0, h0h, &h0m);
+        st = dg__kcp_fwd_exchange(ctx, &f, h0);
 
     /* the local state pass from h0m, then the link node, then the output */
     if (st == DG_OK)
-        st = dg__kda_local_group(&cfg, &l, v, h0m, &grp);
+        st = dg__kda_local_group(&cfg, &l, v, f.h0m, &grp);
     if (st == DG_OK)
-        st = dg__kda_state_x(ctx, l.W, l.U, l.KG, l.G, h0m, &lo, grp, &h, &E, &htl);
+        st = dg__kda_state_x(ctx, l.W, l.U, l.KG, l.G, f.h0m, &lo, grp, &h, &E, &htl);
     if (st == DG_OK)
-        st = dg__kcp_link(ctx, hc, comm, plan, &cfg, &kda_kcp_ops, grp, l.G, h, E, htl, &h2, &E2,
-                          &htu);
+        st = dg__kcp_fwd_link(ctx, &f, grp, l.G, h, E, htl);
     if (st == DG_OK)
-        st = dg__kda_output_x(ctx, l.QG, h2, l.Aqk, E2, &lo, grp, q->dtype, o);
-    if (st == DG_OK && want_ht)
-        *ht = dg_tensor_retain(htu);
+        st = dg__kda_output_x(ctx, l.QG, f.h2, l.Aqk, f.x2, &lo, grp, q->dtype, o);
 
     dg__group_release(&grp);
     dg__kda_local_free(&l);
-    dg_tensor *locals[12] = {h, E, htl, hm, h0m, h2, E2, htu, Wh, Uh, KGh, Gh};
-    for (int i = 0; i < 12; i++)
+    dg_tensor *locals[3] = {h, E, htl};
+    for (int i = 0; i < 3; i++)
         dg_tensor_free(&locals[i]);
-    dg_tensor_free(&h0h);
-    dg__kcp_host_ctx_free(ctx, &hc);
-    dg__kda_cfg_free(&cfg);
-    if (st != DG_OK) {
-        dg_tensor_free(o);
-        if (ht)
-            dg_tensor_free(ht);
-    }
-    return st;
+    st = dg__kcp_fwd_end(ctx, &f, st, want_ht ? ht : NULL);
+    return dg__kda_finish(&cfg, st, o, ht);
 }

@@ -228,6 +228,13 @@ dg_status dg__kda_cfg_init(const char *op, dg_ctx *ctx, const dg_kda_opts *opts,
  * (same sequences and chunk size), else uploaded. Built without CUDA: dg__no_cuda. */
 dg_status dg__kda_cfg_dev(const char *op, dg_ctx *ctx, kda_cfg *cfg, kda_dev *share);
 void dg__kda_cfg_free(kda_cfg *cfg);
+/* *dst = *src with the tables copied into tab (2 (N+1) values, e.g. behind a node's params) and
+ * the device tables retained (dst->cd borrows them): a copy that dg__kda_dev_release(&dst->dev)
+ * lets go of. */
+void dg__kda_cfg_copy(kda_cfg *dst, const kda_cfg *src, int64_t *tab);
+/* The end of an entry point: frees cfg and, when st is an error, the outputs *o and (ht given)
+ * *ht. Returns st. */
+dg_status dg__kda_finish(kda_cfg *cfg, dg_status st, dg_tensor **o, dg_tensor **ht);
 /* Total number of chunks NC. */
 static inline int64_t kda_cfg_nc(const kda_cfg *c) { return c->tab[2 * (c->d.N + 1) - 1]; }
 
@@ -292,6 +299,9 @@ dg_status dg__kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t,
 /* *out = a new tensor of dtype dt holding src's values (src itself, retained, when it already
  * has that dtype). Not recorded. */
 dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out);
+/* *out = a new tensor on ctx of dtype dt holding src's values (always a copy; NULL on failure).
+ * Not recorded. */
+dg_status dg__kda_copy_new(dg_ctx *ctx, const dg_tensor *src, dg_dtype dt, dg_tensor **out);
 
 /* ---- dispatch: one raw function on the cfg's device -----------------------------------------
  * kda_run_X calls the CUDA twin kda_X_cuda(ctx, &c->cd, ...) when the cfg is on CUDA (builds

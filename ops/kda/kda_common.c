@@ -162,6 +162,16 @@ void dg__kda_cfg_free(kda_cfg *cfg) {
     dg__kda_dev_release(&cfg->dev);
 }
 
+dg_status dg__kda_finish(kda_cfg *cfg, dg_status st, dg_tensor **o, dg_tensor **ht) {
+    dg__kda_cfg_free(cfg);
+    if (st != DG_OK) {
+        dg_tensor_free(o);
+        if (ht)
+            dg_tensor_free(ht);
+    }
+    return st;
+}
+
 kda_dev *dg__kda_dev_retain(kda_dev *dv) {
     if (dv)
         dv->refcount++;
@@ -297,16 +307,20 @@ dg_status dg__kda_in_ptr(dg_ctx *ctx, const dg_tensor *t, dg_dtype dt, dg_tensor
     return dg__data_as(ctx, t, dt, 1, tmp, ptr, bf16);
 }
 
-dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
-    if (src->dtype == dt) {
-        *out = dg_tensor_retain(src);
-        return DG_OK;
-    }
+dg_status dg__kda_copy_new(dg_ctx *ctx, const dg_tensor *src, dg_dtype dt, dg_tensor **out) {
     DG_TRY(dg_tensor_new(ctx, dt, src->ndim, src->shape, out));
     dg_status s = dg_tensor_copy_(*out, src);
     if (s != DG_OK)
         dg_tensor_free(out);
     return s;
+}
+
+dg_status dg__kda_as_dtype(dg_ctx *ctx, dg_tensor *src, dg_dtype dt, dg_tensor **out) {
+    if (src->dtype == dt) {
+        *out = dg_tensor_retain(src);
+        return DG_OK;
+    }
+    return dg__kda_copy_new(ctx, src, dt, out);
 }
 
 dg_status dg__kda_new(dg_ctx *ctx, const kda_cfg *c, int ndim, const int64_t *shape,
@@ -325,17 +339,21 @@ static void np_free(void *params) {
     dg__kda_dev_release(&np->cfg.dev);
 }
 
+void dg__kda_cfg_copy(kda_cfg *dst, const kda_cfg *src, int64_t *tab) {
+    *dst = *src;
+    memcpy(tab, src->tab, 2 * ((size_t)src->d.N + 1) * sizeof(int64_t));
+    dst->tab = tab;
+    dst->d.cu = tab;
+    dst->d.chunk_off = tab + src->d.N + 1;
+    dst->dev = dg__kda_dev_retain(src->dev);
+}
+
 kda_np *dg__kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp) {
     size_t ntab = 2 * ((size_t)cfg->d.N + 1);
     kda_np *np = (kda_np *)dg__node_params(n, sizeof(kda_np) + ntab * sizeof(int64_t));
     if (!np)
         return NULL;
-    np->cfg = *cfg;
-    memcpy(np->tab, cfg->tab, ntab * sizeof(int64_t));
-    np->cfg.tab = np->tab;
-    np->cfg.d.cu = np->tab;
-    np->cfg.d.chunk_off = np->tab + cfg->d.N + 1;
-    np->cfg.dev = dg__kda_dev_retain(cfg->dev);
+    dg__kda_cfg_copy(&np->cfg, cfg, np->tab);
     np->grp = dg__group_retain(grp);
     n->params_free = np_free;
     return np;

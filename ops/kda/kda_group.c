@@ -95,12 +95,7 @@ dg_status dg__kda_group_new(const kda_cfg *cfg, dg__group **out) {
         DG_FREE(tab);
         return dg__err(DG_ERR_NOMEM, "dg_kda: no memory for the recompute group");
     }
-    *c = *cfg;
-    memcpy(tab, cfg->tab, ntab * sizeof(int64_t));
-    c->tab = tab;
-    c->d.cu = tab;
-    c->d.chunk_off = tab + cfg->d.N + 1;
-    c->dev = dg__kda_dev_retain(cfg->dev);
+    dg__kda_cfg_copy(c, cfg, tab);
     return dg__group_new(&kda_group, c, cfg_free, out);
 }
 

@@ -488,12 +488,6 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
     dg_tensor_free(&x.buf);
     dg_tensor_free(&oc);
     rec_free(&tmp);
-    dg__kda_cfg_free(&cfg);
-    if (st != DG_OK) {
-        dg_tensor_free(o);
-        if (ht)
-            dg_tensor_free(ht);
-    }
-    return st;
+    return dg__kda_finish(&cfg, st, o, ht);
 }
 #endif

@@ -58,6 +58,16 @@ typedef struct kcp_data {
     int64_t ov, nht;
 } kcp_data;
 
+/* How a case is split: its name, T tokens, sequences cu / nseq (cu NULL: one), split evenly or
+ * by kcp_uneven_tokens(). */
+typedef struct kcp_split {
+    const char *name;
+    int64_t T;
+    const int64_t *cu;
+    int nseq;
+    int uneven;
+} kcp_split;
+
 typedef struct kcp_spec {
     int n;                        /* inputs */
     const char *const *grad_name; /* [n]: "dq", ... */
@@ -67,6 +77,10 @@ typedef struct kcp_spec {
      * NULL, else this rank's CP op. *o, *ht: new references. */
     void (*call)(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const void *c,
                  dg_tensor *const *t, dg_tensor **o, dg_tensor **ht);
+    /* The case's global inputs from `seed`, and its split. */
+    void (*make)(const void *c, uint64_t seed, kcp_data *d);
+    kcp_split (*split)(const void *c);
+    uint64_t seed; /* a case's inputs come from seed + T */
 } kcp_spec;
 
 typedef struct kcp_res {
@@ -195,6 +209,74 @@ static inline void kcp_run_case(dg_ctx *ctx, dg_comm *comm, const kcp_spec *s, c
     kcp_free_res(&got);
     dg_cp_plan_free(&plan);
     free(tok);
+}
+
+/* The case `c` in dtype dt (name: its split's when NULL): its inputs made, then kcp_run_case. */
+static inline void kcp_case(dg_ctx *ctx, dg_comm *comm, const kcp_spec *s, const void *c,
+                            const char *name, dg_dtype dt, double tol) {
+    const kcp_split sp = s->split(c);
+    kcp_data d;
+    s->make(c, s->seed + (uint64_t)sp.T, &d);
+    kcp_run_case(ctx, comm, s, c, name ? name : sp.name, sp.T, sp.cu, sp.nseq, sp.uneven, &d, dt,
+                 tol);
+    kcp_free_data(&d);
+}
+
+/* n cases at `cases` (stride bytes apart): f64 within 1e-10 (not in gpu mode: CUDA computes in
+ * f32 only) and f32 within 1e-5. */
+static inline void kcp_cases(dg_ctx *ctx, dg_comm *comm, const kcp_spec *s, const void *cases,
+                             size_t stride, size_t n, int gpu) {
+    for (size_t i = 0; i < n; i++) {
+        const void *c = (const char *)cases + i * stride;
+        if (!gpu)
+            kcp_case(ctx, comm, s, c, NULL, DG_F64, 1e-10);
+        kcp_case(ctx, comm, s, c, NULL, DG_F32, 1e-5);
+    }
+}
+
+/* The varlen uneven case `c` under both tape policies (cached intermediates, and everything
+ * recomputed): f64 within 1e-10, in gpu mode f32 within 1e-5. */
+static inline void kcp_policies(dg_ctx *ctx, dg_comm *comm, const kcp_spec *s, const void *c,
+                                int gpu) {
+    const dg_policy pol[2] = {DG_POLICY_CACHE, DG_POLICY_RECOMPUTE};
+    const char *const name[2] = {"varlen uneven, policy CACHE", "varlen uneven, policy RECOMPUTE"};
+    for (int i = 0; i < 2; i++) {
+        dg_policy saved = dg_policy_get_global();
+        dg_policy_set_global(pol[i]);
+        kcp_case(ctx, comm, s, c, name[i], gpu ? DG_F32 : DG_F64, gpu ? 1e-5 : 1e-10);
+        dg_policy_set_global(saved);
+    }
+}
+
+/* The argument-error tests' fixture: the case's inputs (seed 5), this rank's plan, one for a
+ * world of another size, the inputs as f64 slices of this rank and q with the global T. */
+typedef struct kcp_err {
+    kcp_data d;
+    dg_cp_plan *plan, *other;
+    dg_tensor *t[KCP_MAX_IN], *full;
+} kcp_err;
+
+static inline void kcp_err_begin(dg_ctx *ctx, dg_comm *comm, const kcp_spec *s, const void *c,
+                                 kcp_err *e) {
+    const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
+    const kcp_split sp = s->split(c);
+    memset(e, 0, sizeof *e);
+    s->make(c, 5, &e->d);
+    DG_TEST_TRY(dg_cp_plan_new(W, R, sp.T, sp.cu, sp.nseq, NULL, &e->plan));
+    DG_TEST_TRY(dg_cp_plan_new(W + 1, R, sp.T, sp.cu, sp.nseq, NULL, &e->other));
+    for (int i = 0; i < s->n; i++)
+        e->t[i] = kcp_slice(ctx, DG_F64, s, &e->d, i, e->plan->begin, e->plan->end);
+    e->full = kcp_slice(ctx, DG_F64, s, &e->d, 0, 0, sp.T);
+}
+
+static inline void kcp_err_end(kcp_err *e) {
+    dg_tape_reset();
+    for (int i = 0; i < KCP_MAX_IN; i++)
+        dg_tensor_free(&e->t[i]);
+    dg_tensor_free(&e->full);
+    dg_cp_plan_free(&e->plan);
+    dg_cp_plan_free(&e->other);
+    kcp_free_data(&e->d);
 }
 
 /* The largest errors, printed at the end of the suite (rank 0's output and the others' logs). */

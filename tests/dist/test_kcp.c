@@ -31,7 +31,8 @@ typedef struct kcase {
     int lower_bound; /* DG_GATE_LOWERBOUND with allow_neg_eigval instead of DG_GATE_KDA */
 } kcase;
 
-static void make_data(const kcase *c, uint64_t seed, kcp_data *d) {
+static void make_data(const void *cv, uint64_t seed, kcp_data *d) {
+    const kcase *c = (const kcase *)cv;
     memset(d, 0, sizeof *d);
     const int64_t T = c->T, N = c->cu ? c->nseq : 1;
     const int64_t sh[NIN][4] = {{1, T, c->H, c->K},      {1, T, c->H, c->K},    {1, T, c->HV, c->V},
@@ -88,15 +89,14 @@ static void call(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const void 
     }
 }
 
-/* bf16 activations; A_log, dt_bias, h0 stay f32 (CUDA) */
-static const kcp_spec spec = {NIN, grad_name, per_token, IA, call};
-
-static void run_case(dg_ctx *ctx, dg_comm *comm, const kcase *c, dg_dtype dt, double tol) {
-    kcp_data d;
-    make_data(c, 1000 + (uint64_t)c->T, &d);
-    kcp_run_case(ctx, comm, &spec, c, c->name, c->T, c->cu, c->nseq, c->uneven, &d, dt, tol);
-    kcp_free_data(&d);
+static kcp_split split_of(const void *cv) {
+    const kcase *c = (const kcase *)cv;
+    const kcp_split sp = {c->name, c->T, c->cu, c->nseq, c->uneven};
+    return sp;
 }
+
+/* bf16 activations; A_log, dt_bias, h0 stay f32 (CUDA) */
+static const kcp_spec spec = {NIN, grad_name, per_token, IA, call, make_data, split_of, 1000};
 
 /* The example of distributed.md K2: cu = [0,30,31,130,170,200], 4 ranks of 50 tokens. */
 static void test_plan_example(void) {
@@ -129,17 +129,11 @@ static void test_plan_example(void) {
 }
 
 static void test_errors(dg_ctx *ctx, dg_comm *comm) {
-    const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
     const kcase c = {"err", 64, 1, 1, 4, 4, 16, NULL, 0, 0, 0, 0};
-    kcp_data d;
-    make_data(&c, 5, &d);
-    dg_cp_plan *plan = NULL, *other = NULL;
-    DG_TEST_TRY(dg_cp_plan_new(W, R, c.T, NULL, 0, NULL, &plan));
-    DG_TEST_TRY(dg_cp_plan_new(W + 1, R, c.T, NULL, 0, NULL, &other));
-    dg_tensor *t[NIN];
-    for (int i = 0; i < NIN; i++)
-        t[i] = kcp_slice(ctx, DG_F64, &spec, &d, i, plan->begin, plan->end);
-    dg_tensor *full = kcp_slice(ctx, DG_F64, &spec, &d, IQ, 0, c.T);
+    kcp_err e;
+    kcp_err_begin(ctx, comm, &spec, &c, &e);
+    dg_tensor *const *t = e.t, *full = e.full;
+    const dg_cp_plan *plan = e.plan, *other = e.other;
     dg_kda_opts op = opts_of(&c);
     dg_tensor *o = NULL, *ht = NULL;
     dg_check_err(dg_kda_chunk_cp(ctx, comm, other, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA],
@@ -154,13 +148,7 @@ static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     dg_check_err(dg_kda_chunk_cp(ctx, comm, plan, t[IQ], t[IK], t[IV], t[IG], t[IBETA], t[IA],
                                  t[ID], NULL, &op, &o, &ht),
                  DG_ERR_ARG, "cu_seqlens must be NULL", "cu_seqlens in opts");
-    dg_tape_reset();
-    for (int i = 0; i < NIN; i++)
-        dg_tensor_free(&t[i]);
-    dg_tensor_free(&full);
-    dg_cp_plan_free(&plan);
-    dg_cp_plan_free(&other);
-    kcp_free_data(&d);
+    kcp_err_end(&e);
 }
 
 static const int64_t cu_var[] = {0, 30, 31, 64, 130, 170, 203}; /* at and off BT=16 boundaries */
@@ -187,11 +175,7 @@ int main(int argc, char **argv) {
     test_plan_example();
     if (!gpu)
         test_errors(ctx, comm);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        if (!gpu) /* CUDA computes in f32 only */
-            run_case(ctx, comm, &cases[i], DG_F64, 1e-10);
-        run_case(ctx, comm, &cases[i], DG_F32, 1e-5);
-    }
+    kcp_cases(ctx, comm, &spec, cases, sizeof *cases, sizeof cases / sizeof *cases, gpu);
     if (gpu) {
         /* bf16 on the tensor-core path, where the summaries run on the device (K % 16 == 0): CP
          * against the unsplit bf16 op on the same GPU. Both sides round to bf16 and TF32 in
@@ -202,19 +186,11 @@ int main(int argc, char **argv) {
             {"tensor-core summaries, varlen", 203, 1, 2, 16, 16, 16, cu_var, 6, 1, 0, 0},
         };
         for (size_t i = 0; i < sizeof bf / sizeof *bf; i++)
-            run_case(ctx, comm, &bf[i], DG_BF16, 2e-2);
+            kcp_case(ctx, comm, &spec, &bf[i], NULL, DG_BF16, 2e-2);
     }
     /* the tape policies: W, U, KG, QG, h, E cached instead of recomputed, and everything
      * recomputed (the link node reads W and KG through the shared recompute group) */
-    const dg_policy pol[2] = {DG_POLICY_CACHE, DG_POLICY_RECOMPUTE};
-    for (int i = 0; i < 2; i++) {
-        dg_policy saved = dg_policy_get_global();
-        dg_policy_set_global(pol[i]);
-        kcase c = cases[4]; /* varlen uneven */
-        c.name = i == 0 ? "varlen uneven, policy CACHE" : "varlen uneven, policy RECOMPUTE";
-        run_case(ctx, comm, &c, gpu ? DG_F32 : DG_F64, gpu ? 1e-5 : 1e-10);
-        dg_policy_set_global(saved);
-    }
+    kcp_policies(ctx, comm, &spec, &cases[4] /* varlen uneven */, gpu);
     kcp_print_max_err();
     dg_ctx_free(&ctx);
     return dt_finish(&comm, "kcp");

@@ -32,7 +32,8 @@ typedef struct dcase {
     int gate;   /* gk: 0 uniform [-0.5, -0.01]; 1 logsigmoid(2 randn); 2 -e^{-1/2} sigmoid(randn) */
 } dcase;
 
-static void make_data(const dcase *c, uint64_t seed, kcp_data *d) {
+static void make_data(const void *cv, uint64_t seed, kcp_data *d) {
+    const dcase *c = (const dcase *)cv;
     memset(d, 0, sizeof *d);
     const int64_t T = c->T, N = c->cu ? c->nseq : 1;
     const int64_t sk[4] = {1, T, c->H, c->K}, sv[4] = {1, T, c->H, c->V};
@@ -99,29 +100,22 @@ static void call(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, const void 
     }
 }
 
-static const kcp_spec spec = {NIN, grad_name, per_token, NIN, call};
-
-static void run_case(dg_ctx *ctx, dg_comm *comm, const dcase *c, dg_dtype dt, double tol) {
-    kcp_data d;
-    make_data(c, 3000 + (uint64_t)c->T, &d);
-    kcp_run_case(ctx, comm, &spec, c, c->name, c->T, c->cu, c->nseq, c->uneven, &d, dt, tol);
-    kcp_free_data(&d);
+static kcp_split split_of(const void *cv) {
+    const dcase *c = (const dcase *)cv;
+    const kcp_split sp = {c->name, c->T, c->cu, c->nseq, c->uneven};
+    return sp;
 }
 
+static const kcp_spec spec = {NIN, grad_name, per_token, NIN, call, make_data, split_of, 3000};
+
 static void test_errors(dg_ctx *ctx, dg_comm *comm) {
-    const int W = dg_comm_size(comm), R = dg_comm_rank(comm);
     static const int64_t cu2[] = {0, 20, 64};
     const dcase c = {"err", 64, 1, 4, 4, 16, cu2, 2, 1, 0, 0};
-    kcp_data d;
-    make_data(&c, 5, &d);
-    dg_cp_plan *plan = NULL, *other = NULL;
-    DG_TEST_TRY(dg_cp_plan_new(W, R, c.T, c.cu, c.nseq, NULL, &plan));
-    DG_TEST_TRY(dg_cp_plan_new(W + 1, R, c.T, c.cu, c.nseq, NULL, &other));
-    dg_tensor *t[NIN];
-    for (int i = 0; i < NIN; i++)
-        t[i] = kcp_slice(ctx, DG_F64, &spec, &d, i, plan->begin, plan->end);
-    dg_tensor *full = kcp_slice(ctx, DG_F64, &spec, &d, IQ, 0, c.T);
-    dg_tensor *kf32 = kcp_slice(ctx, DG_F32, &spec, &d, IK, plan->begin, plan->end);
+    kcp_err e;
+    kcp_err_begin(ctx, comm, &spec, &c, &e);
+    dg_tensor *const *t = e.t, *full = e.full;
+    const dg_cp_plan *plan = e.plan, *other = e.other;
+    dg_tensor *kf32 = kcp_slice(ctx, DG_F32, &spec, &e.d, IK, plan->begin, plan->end);
     const int64_t sloc[4] = {plan->n_local, c.H, c.K, c.V + 1};
     dg_tensor *h0bad = NULL;
     DG_TEST_TRY(dg_tensor_zeros(ctx, DG_F64, 4, sloc, &h0bad));
@@ -150,15 +144,9 @@ static void test_errors(dg_ctx *ctx, dg_comm *comm) {
     dg_check_err(dg_dplr_chunk_cp(ctx, comm, plan, t[IQ], t[IK], t[IV], t[IA], t[IB], t[IG], NULL,
                                   &op, &o, &ht),
                  DG_ERR_ARG, "cu_seqlens must be NULL", "cu_seqlens in opts");
-    dg_tape_reset();
-    for (int i = 0; i < NIN; i++)
-        dg_tensor_free(&t[i]);
-    dg_tensor_free(&full);
+    kcp_err_end(&e);
     dg_tensor_free(&kf32);
     dg_tensor_free(&h0bad);
-    dg_cp_plan_free(&plan);
-    dg_cp_plan_free(&other);
-    kcp_free_data(&d);
 }
 
 static const int64_t cu_var[] = {0, 30, 31, 64, 130, 170, 203}; /* at and off BT=16 boundaries */
@@ -185,23 +173,12 @@ int main(int argc, char **argv) {
     const int gpu = dg_test_gpu_mode();
     if (!gpu)
         test_errors(ctx, comm);
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        if (!gpu) /* CUDA computes in f32 only */
-            run_case(ctx, comm, &cases[i], DG_F64, 1e-10);
-        run_case(ctx, comm, &cases[i], DG_F32, 1e-5);
-    }
+    kcp_cases(ctx, comm, &spec, cases, sizeof *cases, sizeof cases / sizeof *cases, gpu);
     /* the tape policies: w, u, qg, kg, bg, h, v2 cached instead of recomputed, and everything
      * recomputed (the link node reads w and bg through the shared recompute group) */
-    const dg_policy pol[2] = {DG_POLICY_CACHE, DG_POLICY_RECOMPUTE};
-    for (int i = 0; i < 2; i++) {
-        dg_policy saved = dg_policy_get_global();
-        dg_policy_set_global(pol[i]);
-        dcase c = cases[4]; /* varlen uneven */
-        c.h0 = 1;
-        c.name = i == 0 ? "varlen uneven, policy CACHE" : "varlen uneven, policy RECOMPUTE";
-        run_case(ctx, comm, &c, gpu ? DG_F32 : DG_F64, gpu ? 1e-5 : 1e-10);
-        dg_policy_set_global(saved);
-    }
+    dcase c = cases[4]; /* varlen uneven */
+    c.h0 = 1;
+    kcp_policies(ctx, comm, &spec, &c, gpu);
     kcp_print_max_err();
     dg_ctx_free(&ctx);
     return dt_finish(&comm, "kcp_dplr");
