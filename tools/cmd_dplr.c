@@ -14,7 +14,6 @@
 #include "tools/op_runner.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static void usage(FILE *f) {
@@ -55,33 +54,35 @@ static void usage(FILE *f) {
             "a = -kh, b = alpha kh with kh of unit norm and alpha in (0, 1).\n");
 }
 
-/* Set by dg_cmd_dplr_check: parse and validate only. */
-static int g_check_only;
-
-/* DPLR has no flags of its own: the common ones (dg_runner_parse) are all it takes. */
-static int parse(int argc, char **argv, dg_runner *r, dg_dplr_opts *o) {
-    dg_runner_init(r, "dplr", usage);
-    r->check_only = g_check_only;
+/* DPLR has no flags of its own: the common ones (dg_runner_parse) are all it takes.
+ * check_only: parse and validate only (dg_cmd_dplr_check). */
+static int parse(int argc, char **argv, int check_only, dg_runner *r, dg_dplr_opts *o) {
     memset(o, 0, sizeof *o);
-    int rc = dg_runner_parse(r, argc, argv, NULL, 0, NULL, NULL);
-    if (rc)
-        return rc;
-    rc = dg_runner_args_done(r);
+    int rc = dg_runner_parse_cmd(r, "dplr", usage, check_only, argc, argv, NULL, 0, NULL, NULL);
     o->chunk_size = r->chunk_size;
     o->scale = r->scale;
     o->output_final_state = 1;
     return rc;
 }
 
+enum { Q, K, V, A, B, GK, H0, CU, DO, DHT, NIN };
+
+static dg_status run_op(dg_runner *r, const int64_t *cu, int n_seqs, void *user) {
+    dg_dplr_opts *o = user;
+    o->cu_seqlens = cu;
+    o->n_seqs = n_seqs;
+    return (r->recurrent ? dg_dplr_recurrent : dg_dplr_chunk)(
+        r->ctx, r->t[Q], r->t[K], r->t[V], r->t[A], r->t[B], r->t[GK], r->t[H0], o, &r->o, &r->ht);
+}
+
 int dg_cmd_dplr(int argc, char **argv) {
     dg_runner r;
     dg_dplr_opts o;
-    int rc = parse(argc, argv, &r, &o);
+    int rc = parse(argc, argv, 0, &r, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
     /* the state: the compute dtype on the CPU, f32 on CUDA (dplr.md D1) */
     const dg_dtype dt = r.dt, st = dg_runner_state_dtype(&r);
-    enum { Q, K, V, A, B, GK, H0, CU, DO, DHT, NIN };
     const dg_runner_in in[NIN] = {
         [Q] = {"q", DG_RUNNER_REQUIRED, NULL, dt, "dq"},
         [K] = {"k", DG_RUNNER_REQUIRED, NULL, dt, "dk"},
@@ -94,29 +95,12 @@ int dg_cmd_dplr(int argc, char **argv) {
         [DO] = {"do", DG_RUNNER_OPTIONAL, NULL, dt, NULL},
         [DHT] = {"dht", DG_RUNNER_OPTIONAL, NULL, st, NULL},
     };
-    int64_t *cu = NULL;
-    rc = dg_runner_start(&r, in, NIN);
-    if (!rc)
-        rc = dg_runner_seqlens(&r, r.t[CU], r.t[Q], &cu, &o.n_seqs);
-    o.cu_seqlens = cu;
-    if (!rc) {
-        const char *op = r.recurrent ? "dg_dplr_recurrent" : "dg_dplr_chunk";
-        dg_status s = (r.recurrent ? dg_dplr_recurrent : dg_dplr_chunk)(
-            r.ctx, r.t[Q], r.t[K], r.t[V], r.t[A], r.t[B], r.t[GK], r.t[H0], &o, &r.o, &r.ht);
-        rc = s == DG_OK ? 0 : dg_runner_op_fail(&r, op, s);
-    }
-    if (!rc)
-        rc = dg_runner_finish(&r, r.file_dt[Q], r.t[H0] ? r.file_dt[H0] : r.file_dt[Q]);
-    free(cu);
-    dg_runner_free(&r);
-    return rc;
+    return dg_runner_run(&r, in, NIN, Q, H0, CU, run_op, &o);
 }
 
 int dg_cmd_dplr_check(int argc, char **argv) {
     dg_runner r;
     dg_dplr_opts o;
-    g_check_only = 1;
-    int rc = parse(argc, argv, &r, &o);
-    g_check_only = 0;
+    int rc = parse(argc, argv, 1, &r, &o);
     return rc == 1 ? 0 : rc;
 }

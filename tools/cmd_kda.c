@@ -19,7 +19,6 @@
 #include "tools/args.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static void usage(FILE *f) {
@@ -63,9 +62,6 @@ static void usage(FILE *f) {
             "refused) with B = 1.\n");
 }
 
-/* Set by dg_cmd_kda_check: parse and validate only. */
-static int g_check_only;
-
 /* KDA's own flags: the gate, beta and q/k options (the common ones are dg_runner_parse's). */
 static const dg_cli_flag k_flags[] = {
     {"--gate", "none, kda or lowerbound"},
@@ -99,30 +95,37 @@ static int own_flag(dg_runner *r, const char *f, const char *v, void *user) {
     return 0;
 }
 
-static int parse(int argc, char **argv, dg_runner *r, dg_kda_opts *o) {
-    dg_runner_init(r, "kda", usage);
-    r->check_only = g_check_only;
+/* check_only: parse and validate only (dg_cmd_kda_check). */
+static int parse(int argc, char **argv, int check_only, dg_runner *r, dg_kda_opts *o) {
     memset(o, 0, sizeof *o);
-    int rc = dg_runner_parse(r, argc, argv, k_flags, DG_CLI_N(k_flags), own_flag, o);
-    if (rc)
-        return rc;
-    rc = dg_runner_args_done(r);
+    int rc = dg_runner_parse_cmd(r, "kda", usage, check_only, argc, argv, k_flags,
+                                 DG_CLI_N(k_flags), own_flag, o);
     o->chunk_size = r->chunk_size;
     o->scale = r->scale;
     o->output_final_state = 1;
     return rc;
 }
 
+enum { Q, K, V, G, BETA, H0, ALOG, DTB, CU, DO, DHT, NIN };
+
+static dg_status run_op(dg_runner *r, const int64_t *cu, int n_seqs, void *user) {
+    dg_kda_opts *o = user;
+    o->cu_seqlens = cu;
+    o->n_seqs = n_seqs;
+    return (r->recurrent ? dg_kda_recurrent : dg_kda_chunk)(r->ctx, r->t[Q], r->t[K], r->t[V],
+                                                            r->t[G], r->t[BETA], r->t[ALOG],
+                                                            r->t[DTB], r->t[H0], o, &r->o, &r->ht);
+}
+
 int dg_cmd_kda(int argc, char **argv) {
     dg_runner r;
     dg_kda_opts o;
-    int rc = parse(argc, argv, &r, &o);
+    int rc = parse(argc, argv, 0, &r, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
     /* State and gate parameters: the compute dtype on the CPU, f32 on CUDA (kda.md §11.1). */
     const dg_dtype dt = r.dt, aux = dg_runner_state_dtype(&r);
     const int gate = o.gate != DG_GATE_NONE;
-    enum { Q, K, V, G, BETA, H0, ALOG, DTB, CU, DO, DHT, NIN };
     const dg_runner_in in[NIN] = {
         [Q] = {"q", DG_RUNNER_REQUIRED, NULL, dt, "dq"},
         [K] = {"k", DG_RUNNER_REQUIRED, NULL, dt, "dk"},
@@ -137,30 +140,12 @@ int dg_cmd_kda(int argc, char **argv) {
         [DO] = {"do", DG_RUNNER_OPTIONAL, NULL, dt, NULL},
         [DHT] = {"dht", DG_RUNNER_OPTIONAL, NULL, aux, NULL},
     };
-    int64_t *cu = NULL;
-    rc = dg_runner_start(&r, in, NIN);
-    if (!rc)
-        rc = dg_runner_seqlens(&r, r.t[CU], r.t[Q], &cu, &o.n_seqs);
-    o.cu_seqlens = cu;
-    if (!rc) {
-        const char *op = r.recurrent ? "dg_kda_recurrent" : "dg_kda_chunk";
-        dg_status s = (r.recurrent ? dg_kda_recurrent
-                                   : dg_kda_chunk)(r.ctx, r.t[Q], r.t[K], r.t[V], r.t[G], r.t[BETA],
-                                                   r.t[ALOG], r.t[DTB], r.t[H0], &o, &r.o, &r.ht);
-        rc = s == DG_OK ? 0 : dg_runner_op_fail(&r, op, s);
-    }
-    if (!rc)
-        rc = dg_runner_finish(&r, r.file_dt[Q], r.t[H0] ? r.file_dt[H0] : r.file_dt[Q]);
-    free(cu);
-    dg_runner_free(&r);
-    return rc;
+    return dg_runner_run(&r, in, NIN, Q, H0, CU, run_op, &o);
 }
 
 int dg_cmd_kda_check(int argc, char **argv) {
     dg_runner r;
     dg_kda_opts o;
-    g_check_only = 1;
-    int rc = parse(argc, argv, &r, &o);
-    g_check_only = 0;
+    int rc = parse(argc, argv, 1, &r, &o);
     return rc == 1 ? 0 : rc;
 }

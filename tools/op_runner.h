@@ -6,12 +6,12 @@
  * Inf (unless --allow-nonfinite).
  *
  * A command built on it:
- *   dg_runner_init; dg_runner_parse with a table of its own flags and a function taking them
- *   (the common ones are handled there); dg_runner_args_done;
- *   a table of inputs (dg_runner_in) for dg_runner_start: every missing required file listed at
- *   once, OUT created, the contexts opened, every input loaded (the error names the file);
- *   dg_runner_seqlens; the op on r->t[...]; dg_runner_finish (o.npy, ht.npy, and with do.npy the
- *   backward and one gradient file per input that names one); dg_runner_free.
+ *   dg_runner_parse_cmd with a table of its own flags and a function taking them (the common
+ *   ones are handled there);
+ *   a table of inputs (dg_runner_in) and its op for dg_runner_run: every missing required file
+ *   listed at once, OUT created, the contexts opened, every input loaded (the error names the
+ *   file); the op on r->t[...]; o.npy, ht.npy, and with do.npy the backward and one gradient
+ *   file per input that names one; everything freed.
  * Every message starts with "deltagrad <cmd>: ".
  */
 #ifndef DG_TOOLS_OP_RUNNER_H
@@ -69,6 +69,13 @@ void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f));
 int dg_runner_parse(dg_runner *r, int argc, char **argv, const struct dg_cli_flag *own, int n_own,
                     int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
                     void *user);
+/* dg_runner_init, dg_runner_parse and dg_runner_args_done in one, for the command `cmd` with its
+ * --help text; check_only: parse only (--help prints nothing). Returns as dg_runner_parse, or 2
+ * after dg_runner_args_done refused the flags. */
+int dg_runner_parse_cmd(dg_runner *r, const char *cmd, void (*usage)(FILE *f), int check_only,
+                        int argc, char **argv, const struct dg_cli_flag *own, int n_own,
+                        int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
+                        void *user);
 /* Print "deltagrad <cmd>: <flag> <why>" and return 2. */
 int dg_runner_bad(const dg_runner *r, const char *flag, const char *why);
 /* Print dg_last_error() (a dg_arg_* refusal, which names the flag) and return 2. */
@@ -102,5 +109,15 @@ int dg_runner_op_fail(const dg_runner *r, const char *op, dg_status s);
 int dg_runner_finish(dg_runner *r, dg_dtype o_like, dg_dtype ht_like);
 /* Reset the tape, free the outputs, the inputs and the contexts. */
 void dg_runner_free(dg_runner *r);
+
+/* The op of a command on r->t[...], writing r->o and r->ht: cu is the host table of sequence
+ * starts (NULL without cu_seqlens.npy) and n_seqs its N (0 without it). */
+typedef dg_status (*dg_runner_op_fn)(dg_runner *r, const int64_t *cu, int n_seqs, void *user);
+/* All a command does after parsing: dg_runner_start on in[n]; dg_runner_seqlens of r->t[cu]
+ * against r->t[q]; op (a failure named dg_<cmd>_recurrent or dg_<cmd>_chunk, dg_runner_op_fail);
+ * dg_runner_finish with o.npy in the dtype of q's file and ht.npy in h0's (q's without h0.npy);
+ * dg_runner_free. Returns the exit code. */
+int dg_runner_run(dg_runner *r, const dg_runner_in *in, int n, int q, int h0, int cu,
+                  dg_runner_op_fn op, void *user);
 
 #endif /* DG_TOOLS_OP_RUNNER_H */
