@@ -380,6 +380,21 @@ void dg_runner_free(dg_runner *r) {
     dg_ctx_free(&r->host);
 }
 
+void dg_runner_in_common(dg_runner_in *in, const int at[DG_RUNNER_NCOMMON], dg_dtype dt,
+                         dg_dtype st) {
+    const dg_runner_in common[DG_RUNNER_NCOMMON] = {
+        [DG_RUNNER_Q] = {"q", DG_RUNNER_REQUIRED, NULL, dt, "dq"},
+        [DG_RUNNER_K] = {"k", DG_RUNNER_REQUIRED, NULL, dt, "dk"},
+        [DG_RUNNER_V] = {"v", DG_RUNNER_REQUIRED, NULL, dt, "dv"},
+        [DG_RUNNER_H0] = {"h0", DG_RUNNER_OPTIONAL, NULL, st, "dh0"},
+        [DG_RUNNER_CU] = {"cu_seqlens", DG_RUNNER_OPTIONAL, NULL, DG_I64, NULL},
+        [DG_RUNNER_DO] = {"do", DG_RUNNER_OPTIONAL, NULL, dt, NULL},
+        [DG_RUNNER_DHT] = {"dht", DG_RUNNER_OPTIONAL, NULL, st, NULL},
+    };
+    for (int i = 0; i < DG_RUNNER_NCOMMON; i++)
+        in[at[i]] = common[i];
+}
+
 int dg_runner_run(dg_runner *r, const dg_runner_in *in, int n, int q, int h0, int cu,
                   dg_runner_op_fn op, void *user) {
     int64_t *tab = NULL;

@@ -60,6 +60,28 @@ typedef struct dg_runner {
     char nonfinite[512]; /* names of the written outputs that hold NaN / Inf */
 } dg_runner;
 
+/* Pieces of the runners' --help text (string literals, for concatenation): the common flags
+ * before --chunk-size, those after the command's own, and the paragraph on writing and exit
+ * codes. */
+#define DG_RUNNER_HELP_IO                                                                          \
+    "  --out DIR            output folder (created if missing)\n"                                  \
+    "  --device cpu|cuda    where to run (default cpu)\n"                                          \
+    "  --dtype f64|f32|bf16 compute dtype (default f64 on cpu, f32 on cuda; bf16: cuda)\n"         \
+    "  --out-dtype D        same | f64 | f32: dtype of the written files (default same:\n"         \
+    "                       each output has the dtype of its input file, see below)\n"
+#define DG_RUNNER_HELP_RUN                                                                         \
+    "  --scale S            output scale, > 0 (default K^-1/2)\n"                                  \
+    "  --recurrent          run the token-by-token recurrence instead of the chunked form\n"       \
+    "  --allow-nonfinite    write outputs holding NaN or Inf and exit 0 (default: exit 3)\n"       \
+    "  --quiet              print nothing but errors\n"                                            \
+    "\n"                                                                                           \
+    "Files written to OUT (none when an input is refused or the forward fails; o and ht\n"         \
+    "but no gradients when only the backward fails):\n"
+#define DG_RUNNER_HELP_EXIT                                                                        \
+    "A file is written whole or not at all (temp file + rename). When an output holds\n"           \
+    "NaN or Inf the files are still written and the command exits 3 naming the output.\n"          \
+    "Exit codes: 0 done, 1 an input or the op failed, 2 bad flags, 3 non-finite outputs.\n"
+
 void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f));
 /* Parse argv (tools/cli.h: --flag value or --flag=value, --help, --version) with the common
  * flags --in, --out, --device, --dtype, --out-dtype, --chunk-size, --scale, --recurrent,
@@ -109,6 +131,28 @@ int dg_runner_op_fail(const dg_runner *r, const char *op, dg_status s);
 int dg_runner_finish(dg_runner *r, dg_dtype o_like, dg_dtype ht_like);
 /* Reset the tape, free the outputs, the inputs and the contexts. */
 void dg_runner_free(dg_runner *r);
+
+/* The inputs every runner has, set in in[] at the indices at[0..6]: q.npy, k.npy and v.npy
+ * (required, compute dtype dt, gradients dq dk dv), h0.npy (optional, state dtype st, gradient
+ * dh0), cu_seqlens.npy (optional, integer), and the upstream gradients do.npy (dt) and dht.npy
+ * (st). */
+enum {
+    DG_RUNNER_Q,
+    DG_RUNNER_K,
+    DG_RUNNER_V,
+    DG_RUNNER_H0,
+    DG_RUNNER_CU,
+    DG_RUNNER_DO,
+    DG_RUNNER_DHT,
+    DG_RUNNER_NCOMMON
+};
+void dg_runner_in_common(dg_runner_in *in, const int at[DG_RUNNER_NCOMMON], dg_dtype dt,
+                         dg_dtype st);
+/* In an op's options o (dg_kda_opts, dg_dplr_opts): the common flags (--chunk-size, --scale),
+ * the final state asked for, and the sequence table cu of n_seqs sequences (dg_runner_op_fn's). */
+#define DG_RUNNER_SET_OPTS(o, r, cu, n_seqs)                                                       \
+    ((o)->chunk_size = (r)->chunk_size, (o)->scale = (r)->scale, (o)->output_final_state = 1,      \
+     (o)->cu_seqlens = (cu), (o)->n_seqs = (n_seqs))
 
 /* The op of a command on r->t[...], writing r->o and r->ht: cu is the host table of sequence
  * starts (NULL without cu_seqlens.npy) and n_seqs its N (0 without it). */
