@@ -12,6 +12,7 @@
 #include "tools/commands.h"
 #include "tools/args.h"
 #include "tools/cli.h"
+#include "tools/host_rand.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -152,15 +153,7 @@ static int known_stage(const char *s, int dplr) {
 }
 
 int dg_cmd_explain(int argc, char **argv) {
-    ex_opts o;
-    memset(&o, 0, sizeof o);
-    o.T = 16;
-    o.BT = 4;
-    o.K = 4;
-    o.V = 4;
-    o.gate = DG_GATE_KDA;
-    o.strength = 0.5;
-    o.seed = 1;
+    ex_opts o = {.T = 16, .BT = 4, .K = 4, .V = 4, .gate = DG_GATE_KDA, .strength = 0.5, .seed = 1};
     int card = 0;
     static const dg_cli_flag flags[] = {
         {"--T", "an integer"},    {"--chunk-size", "an integer"},  {"--K", "an integer"},
@@ -381,12 +374,7 @@ double *ex_zeros(int64_t n) {
 
 double *ex_randn(int64_t n, uint64_t seed, double scale) {
     double *p = ex_zeros(n);
-    for (int64_t i = 0; i < n; i++) {
-        double u1 = dg_rand_u01(seed, 2 * (uint64_t)i), u2 = dg_rand_u01(seed, 2 * (uint64_t)i + 1);
-        if (u1 < 1e-300)
-            u1 = 1e-300;
-        p[i] = scale * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    }
+    dg__host_randn(p, n, seed, scale);
     return p;
 }
 
