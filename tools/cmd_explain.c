@@ -363,6 +363,31 @@ double ex_fdcheck(double (*f)(void *ctx), void *ctx, double *x, int64_t n, const
     return res;
 }
 
+double ex_chunk_cumsums(const ex_run *r, const char *stage, int T, int BT, int K, const char *na,
+                        const double *a, const char *nb, const double *b, const double *g,
+                        const double *incl, const double *excl) {
+    double res = 0;
+    char title[64];
+    for (int t0 = 0; t0 < T; t0 += BT) {
+        const int L = T - t0 < BT ? T - t0 : BT;
+        snprintf(title, sizeof title, "chunk %d: %s", t0 / BT, na);
+        ex_mat m[] = {{title, a + (int64_t)t0 * K, L, K, K}, {nb, b + (int64_t)t0 * K, L, K, K}};
+        ex_print(r, stage, 2, m);
+        for (int e = 0; e < K; e++) {
+            double s = 0;
+            for (int i = 0; i < L; i++) {
+                const int64_t p = (int64_t)(t0 + i) * K + e;
+                if (excl)
+                    res = fmax(res, fabs(excl[p] - s));
+                s += g[p];
+                if (incl)
+                    res = fmax(res, fabs(incl[p] - s));
+            }
+        }
+    }
+    return res;
+}
+
 double *ex_zeros(int64_t n) {
     double *p = (double *)calloc((size_t)(n > 0 ? n : 1), sizeof(double));
     if (!p) {

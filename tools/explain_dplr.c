@@ -155,23 +155,8 @@ static int walk_forward(ex_run *r, px *x) {
     ex_heading(r, "cumsum",
                "inclusive Gi and exclusive Ge chunk cumsums (dg__dplr_cumsum_fwd_f64)");
     {
-        double res = 0;
-        for (int c = 0; c < NC; c++) {
-            const int t0 = c * BT, L = chunk_len(x, c);
-            snprintf(t1, sizeof t1, "chunk %d: Gi", c);
-            ex_mat m[] = {{t1, x->Gi + (int64_t)t0 * K, L, K, K},
-                          {"Ge", x->Ge + (int64_t)t0 * K, L, K, K}};
-            ex_print(r, "cumsum", 2, m);
-            for (int e = 0; e < K; e++) {
-                double s = 0;
-                for (int i = 0; i < L; i++) {
-                    const int64_t p = (int64_t)(t0 + i) * K + e;
-                    res = fmax(res, fabs(x->Ge[p] - s));
-                    s += x->gk[p];
-                    res = fmax(res, fabs(x->Gi[p] - s));
-                }
-            }
-        }
+        double res = ex_chunk_cumsums(r, "cumsum", x->T, BT, K, "Gi", x->Gi, "Ge", x->Ge, x->gk,
+                                      x->Gi, x->Ge);
         ex_check(r, "cumsum", "Gi = inclusive, Ge = exclusive chunk cumsum of gk", res);
     }
 

@@ -192,21 +192,8 @@ static int walk_forward(ex_run *r, kx *x) {
             printf("  here: gate lowerbound, lb = %g, no A_log, dt_bias random\n", x->lb);
     }
     {
-        double res = 0;
-        for (int c = 0; c < NC; c++) {
-            const int t0 = c * BT, L = chunk_len(x, c);
-            snprintf(t1, sizeof t1, "chunk %d: g", c);
-            ex_mat m[] = {{t1, x->g + (int64_t)t0 * K, L, K, K},
-                          {"G (cumsum)", x->G + (int64_t)t0 * K, L, K, K}};
-            ex_print(r, "gate_cumsum", 2, m);
-            for (int e = 0; e < K; e++) {
-                double s = 0;
-                for (int i = 0; i < L; i++) {
-                    s += x->g[(int64_t)(t0 + i) * K + e];
-                    res = fmax(res, fabs(x->G[(int64_t)(t0 + i) * K + e] - s));
-                }
-            }
-        }
+        double res = ex_chunk_cumsums(r, "gate_cumsum", x->T, BT, K, "g", x->g, "G (cumsum)", x->G,
+                                      x->g, x->G, NULL);
         ex_check(r, "gate_cumsum", "G = chunk-local cumsum of g", res);
     }
 
