@@ -195,12 +195,10 @@ int dg_cmd_explain(int argc, char **argv) {
         } else if (!strcmp(a, "--strength")) {
             st = dg_arg_f64(a, val, 0, 50, DG_ARG_LO_OPEN, &o.strength);
         } else if (!strcmp(a, "--gate")) {
-            if (!strcmp(val, "kda"))
-                o.gate = DG_GATE_KDA;
-            else if (!strcmp(val, "lowerbound"))
-                o.gate = DG_GATE_LOWERBOUND;
-            else
+            dg_gate_kind g;
+            if (dg_arg_gate(val, &g) || g == DG_GATE_NONE) /* the walks need a gate */
                 return dg_cli_bad(&cli, a, "expected kda or lowerbound, got '%s'", val);
+            o.gate = g;
         }
         if (st != DG_OK)
             return dg_cli_bad_arg(&cli);

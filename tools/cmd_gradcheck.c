@@ -293,13 +293,7 @@ static int parse(int argc, char **argv, gc_cfg *c) {
                 else
                     return bad(f, "must be none, default or all");
             } else if (!strcmp(f, "--gate")) { /* kda */
-                if (!strcmp(v, "none"))
-                    c->gate = DG_GATE_NONE;
-                else if (!strcmp(v, "kda"))
-                    c->gate = DG_GATE_KDA;
-                else if (!strcmp(v, "lowerbound"))
-                    c->gate = DG_GATE_LOWERBOUND;
-                else
+                if (dg_arg_gate(v, &c->gate))
                     return bad(f, "must be none, kda or lowerbound");
             } else { /* --g-dist, dplr */
                 if (!strcmp(v, "uniform"))

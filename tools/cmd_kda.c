@@ -64,13 +64,7 @@ static const dg_cli_flag k_flags[] = {
 static int own_flag(dg_runner *r, const char *f, const char *v, void *user) {
     dg_kda_opts *o = user;
     if (!strcmp(f, "--gate")) {
-        if (!strcmp(v, "none"))
-            o->gate = DG_GATE_NONE;
-        else if (!strcmp(v, "kda"))
-            o->gate = DG_GATE_KDA;
-        else if (!strcmp(v, "lowerbound"))
-            o->gate = DG_GATE_LOWERBOUND;
-        else
+        if (dg_arg_gate(v, &o->gate))
             return dg_runner_bad(r, f, "must be none, kda or lowerbound");
     } else if (!strcmp(f, "--lower-bound")) {
         if (dg_arg_f64(f, v, -5.0, 0.0, DG_ARG_HI_OPEN, &o->lower_bound) != DG_OK)
