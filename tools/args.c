@@ -105,3 +105,14 @@ dg_status dg_arg_f64(const char *flag, const char *s, double lo, double hi, unsi
     *out = v;
     return DG_OK;
 }
+
+int dg_arg_gate(const char *s, dg_gate_kind *out) {
+    static const char *const words[] = {"none", "kda", "lowerbound"};
+    static const dg_gate_kind kinds[] = {DG_GATE_NONE, DG_GATE_KDA, DG_GATE_LOWERBOUND};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, words[i])) {
+            *out = kinds[i];
+            return 0;
+        }
+    return -1;
+}

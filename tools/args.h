@@ -28,4 +28,8 @@ dg_status dg_arg_choice(const char *flag, const char *s, const int *allowed, int
 dg_status dg_arg_f64(const char *flag, const char *s, double lo, double hi, unsigned open,
                      double *out);
 
+/* A gate word (--gate of kda, gradcheck, explain): "none", "kda" or "lowerbound" into *out, 0;
+ * another word: -1, *out untouched (the caller says what its flag takes). */
+int dg_arg_gate(const char *s, dg_gate_kind *out);
+
 #endif /* DG_TOOLS_ARGS_H */

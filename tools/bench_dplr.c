@@ -149,55 +149,30 @@ static void dplr_help(FILE *f) {
 int dg_bench_dplr(int argc, char **argv) {
     dg_bench_opts bo = DG_BENCH_OPTS_INIT;
     int chunk = 64;
-    gate_mode gm = GATE_RWKV7;
     static const dg_cli_flag flags[] = {
         {"--reps", "1..64"},          {"--chunk-size", "16, 32 or 64"}, {"--dtype", "bf16 or f32"},
         {"--g-dist", "rwkv7 or ref"}, {"--shape", "B,T,H,K"},           {"--profile", NULL},
     };
-    dg_cli cli;
-    dg_cli_init(&cli, "bench dplr", dplr_help, flags, DG_CLI_N(flags), argc, argv);
-    const char *f, *v;
-    int pr;
-    while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
-        int orc = dg_bench_opt(&cli, f, v, &bo);
-        if (orc >= 0) {
-            if (orc)
-                return orc;
-        } else if (!strcmp(f, "--chunk-size")) {
-            static const int chunks[3] = {16, 32, 64};
-            if (dg_arg_choice("--chunk-size", v, chunks, 3, &chunk) != DG_OK) {
-                return dg_cli_bad_arg(&cli);
-            }
-        } else if (!strcmp(f, "--g-dist")) {
-            const char *gv = v;
-            if (!strcmp(gv, "rwkv7"))
-                gm = GATE_RWKV7;
-            else if (!strcmp(gv, "ref"))
-                gm = GATE_REF;
-            else {
-                return dg_cli_bad(&cli, "--g-dist", "must be rwkv7 or ref, got '%s'", gv);
-            }
-        }
-    }
+    static const char *const gates[] = {"rwkv7", "ref"};
+    int gi = GATE_RWKV7;
+    const dg_bench_word words[] = {{"--g-dist", gates, 2, &gi}};
+    int pr = dg_bench_parse("bench dplr", dplr_help, flags, DG_CLI_N(flags), argc, argv, &bo, words,
+                            DG_CLI_N(words), &chunk);
     if (pr != DG_CLI_END)
         return pr;
-    dg_ctx *ctx = NULL;
-    double flops = 0, bw = 0;
-    int rc = dg_bench_open("bench dplr", &ctx, &flops, &bw);
-    if (rc != 0)
-        return rc;
-    printf("gate: %s; chunk %d; dtype %s\n",
-           gm == GATE_RWKV7 ? "-e^{-1/2} sigmoid(randn) (RWKV-7's)" : "log(sigmoid(randn))", chunk,
-           dg_dtype_name(bo.dt));
+    const gate_mode gm = (gate_mode)gi; /* the words are in the enum's order */
+    char header[128];
+    snprintf(header, sizeof header, "gate: %s; chunk %d; dtype %s\n",
+             gm == GATE_RWKV7 ? "-e^{-1/2} sigmoid(randn) (RWKV-7's)" : "log(sigmoid(randn))",
+             chunk, dg_dtype_name(bo.dt));
     const dplr_bench db = {bo.reps, bo.profile, chunk, bo.dt, gm};
-    rc = dg_bench_shapes(ctx, bo.sel, bo.nsel, run_shape, &db, flops, bw);
-    printf("\ncf = compute floor (dplr.md D3 FLOP, backward 2x forward plus the recomputed\n"
-           "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
-           "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"
-           "kernels are f32 FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the\n"
-           "default policy; f+b cache and peak cache: every node caching\n"
-           "(dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water mark of one\n"
-           "fwd+bwd (inputs included).\n");
-    dg_ctx_free(&ctx);
-    return rc;
+    return dg_bench_main(
+        "bench dplr", header, &bo, run_shape, &db,
+        "\ncf = compute floor (dplr.md D3 FLOP, backward 2x forward plus the recomputed\n"
+        "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
+        "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"
+        "kernels are f32 FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the\n"
+        "default policy; f+b cache and peak cache: every node caching\n"
+        "(dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water mark of one\n"
+        "fwd+bwd (inputs included).\n");
 }

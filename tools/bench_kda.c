@@ -135,60 +135,29 @@ static void kda_help(FILE *f) {
 
 int dg_bench_kda(int argc, char **argv) {
     dg_bench_opts bo = DG_BENCH_OPTS_INIT;
-    gate_mode gm = GATE_REF;
-    dg_kda_tc tc = DG_KDA_TC_DEFAULT;
     static const dg_cli_flag flags[] = {
         {"--reps", "1..64"},    {"--dtype", "bf16 or f32"},         {"--g-dist", "ref or uniform"},
         {"--shape", "B,T,H,K"}, {"--tc", "default, off or 3xtf32"}, {"--profile", NULL},
     };
-    dg_cli cli;
-    dg_cli_init(&cli, "bench kda", kda_help, flags, DG_CLI_N(flags), argc, argv);
-    const char *f, *v;
-    int pr;
-    while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
-        int orc = dg_bench_opt(&cli, f, v, &bo);
-        if (orc >= 0) {
-            if (orc)
-                return orc;
-        } else if (!strcmp(f, "--g-dist")) {
-            const char *gv = v;
-            if (!strcmp(gv, "ref"))
-                gm = GATE_REF;
-            else if (!strcmp(gv, "uniform"))
-                gm = GATE_UNIFORM;
-            else {
-                return dg_cli_bad(&cli, "--g-dist", "must be ref or uniform, got '%s'", gv);
-            }
-        } else if (!strcmp(f, "--tc")) {
-            const char *tv = v;
-            if (!strcmp(tv, "default"))
-                tc = DG_KDA_TC_DEFAULT;
-            else if (!strcmp(tv, "off"))
-                tc = DG_KDA_TC_OFF;
-            else if (!strcmp(tv, "3xtf32"))
-                tc = DG_KDA_TC_3XTF32;
-            else {
-                return dg_cli_bad(&cli, "--tc", "must be default, off or 3xtf32, got '%s'", tv);
-            }
-        }
-    }
+    static const char *const gates[] = {"ref", "uniform"};
+    static const char *const tcs[] = {"default", "off", "3xtf32"};
+    int gi = GATE_REF, ti = DG_KDA_TC_DEFAULT;
+    const dg_bench_word words[] = {{"--g-dist", gates, 2, &gi}, {"--tc", tcs, 3, &ti}};
+    int pr = dg_bench_parse("bench kda", kda_help, flags, DG_CLI_N(flags), argc, argv, &bo, words,
+                            DG_CLI_N(words), NULL);
     if (pr != DG_CLI_END)
         return pr;
-    dg_ctx *ctx = NULL;
-    double flops = 0, bw = 0;
-    int rc = dg_bench_open("bench kda", &ctx, &flops, &bw);
-    if (rc != 0)
-        return rc;
-    printf("gate: %s\n",
-           gm == GATE_REF ? "log(sigmoid(randn)) (the reference's)" : "uniform [-0.2, -0.001]");
+    const gate_mode gm = (gate_mode)gi; /* the words are in the enums' order */
+    const dg_kda_tc tc = (dg_kda_tc)ti;
     const kda_bench kb = {bo.reps, bo.profile, bo.dt, gm, tc};
-    rc = dg_bench_shapes(ctx, bo.sel, bo.nsel, run_shape, &kb, flops, bw);
-    printf(
+    return dg_bench_main(
+        "bench kda",
+        gm == GATE_REF ? "gate: log(sigmoid(randn)) (the reference's)\n"
+                       : "gate: uniform [-0.2, -0.001]\n",
+        &bo, run_shape, &kb,
         "\ncf = compute floor (kda.md §11.9 FLOP / GEMM rate), mf = memory floor (bytes\n"
         "that must move / measured copy bandwidth); the ratios say how far each time is from\n"
         "the bound. fwd+bwd and peak recomp: the default policy; f+b cache and peak cache: every\n"
         "node caching (dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water\n"
         "mark of one fwd+bwd (inputs included).\n");
-    dg_ctx_free(&ctx);
-    return rc;
 }

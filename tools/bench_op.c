@@ -175,3 +175,57 @@ int dg_bench_opt(const dg_cli *cli, const char *f, const char *v, dg_bench_opts 
     o->sel[o->nsel++] = (dg_bench_shape){dim[0], dim[1], dim[2], dim[3]};
     return 0;
 }
+
+/* words[i] into *w->out, or 2 after naming the words ("a, b or c"). */
+static int word_flag(const dg_cli *cli, const dg_bench_word *w, const char *v) {
+    char list[256] = "";
+    for (int i = 0; i < w->n; i++) {
+        if (!strcmp(v, w->words[i])) {
+            *w->out = i;
+            return 0;
+        }
+        size_t l = strlen(list);
+        snprintf(list + l, sizeof list - l, "%s%s",
+                 i == 0          ? ""
+                 : i == w->n - 1 ? " or "
+                                 : ", ",
+                 w->words[i]);
+    }
+    return dg_cli_bad(cli, w->flag, "must be %s, got '%s'", list, v);
+}
+
+int dg_bench_parse(const char *who, void (*help)(FILE *f), const dg_cli_flag *flags, int nflags,
+                   int argc, char **argv, dg_bench_opts *o, const dg_bench_word *words, int nwords,
+                   int *chunk) {
+    static const int chunks[3] = {16, 32, 64};
+    dg_cli cli;
+    dg_cli_init(&cli, who, help, flags, nflags, argc, argv);
+    const char *f, *v;
+    int pr;
+    while ((pr = dg_cli_next(&cli, &f, &v)) == DG_CLI_FLAG) {
+        int rc = dg_bench_opt(&cli, f, v, o);
+        if (rc < 0 && chunk && !strcmp(f, "--chunk-size"))
+            rc = dg_arg_choice("--chunk-size", v, chunks, 3, chunk) != DG_OK ? dg_cli_bad_arg(&cli)
+                                                                             : 0;
+        for (int i = 0; rc < 0 && i < nwords; i++)
+            if (!strcmp(f, words[i].flag))
+                rc = word_flag(&cli, &words[i], v);
+        if (rc > 0)
+            return rc;
+    }
+    return pr;
+}
+
+int dg_bench_main(const char *who, const char *header, const dg_bench_opts *o,
+                  dg_bench_shape_fn run, const void *user, const char *notes) {
+    dg_ctx *ctx = NULL;
+    double flops = 0, bw = 0;
+    int rc = dg_bench_open(who, &ctx, &flops, &bw);
+    if (rc != 0)
+        return rc;
+    fputs(header, stdout);
+    rc = dg_bench_shapes(ctx, o->sel, o->nsel, run, user, flops, bw);
+    fputs(notes, stdout);
+    dg_ctx_free(&ctx);
+    return rc;
+}

@@ -1,7 +1,7 @@
-/* tools/bench_op.h -- what the op benches (bench kda, bench dplr) share: the device and its
- * measured peaks, the reference shapes, the timing of one op's forward and forward+backward under
- * both policies, and the table of times, peaks and floor ratios. Each bench keeps its inputs, its
- * FLOP and byte counts and its notes. */
+/* tools/bench_op.h -- what the op benches (bench kda, bench dplr) share: their flags, the device
+ * and its measured peaks, the reference shapes, the timing of one op's forward and
+ * forward+backward under both policies, and the table of times, peaks and floor ratios. Each bench
+ * keeps its inputs, its FLOP and byte counts and its notes. */
 #ifndef DG_TOOLS_BENCH_OP_H
 #define DG_TOOLS_BENCH_OP_H
 
@@ -54,6 +54,22 @@ typedef struct dg_bench_opts {
  * why a value is bad (2), or -1 when f is not one of them. */
 int dg_bench_opt(const dg_cli *cli, const char *f, const char *v, dg_bench_opts *o);
 
+/* A flag of a bench that takes one of n words (n <= 8): words[i] sets *out = i. */
+typedef struct dg_bench_word {
+    const char *flag;
+    const char *const *words;
+    int n;
+    int *out;
+} dg_bench_word;
+
+/* Parse argv for bench `who` ("bench kda"; help: its --help text; flags[nflags]: every flag it
+ * takes): the common options into *o (dg_bench_opt), the word flags words[nwords] (another word:
+ * "must be a, b or c, got 'x'") and, when chunk is not NULL, --chunk-size 16|32|64 into *chunk.
+ * Returns DG_CLI_END when parsed, else the exit code (0 after --help, 2 after a bad flag). */
+int dg_bench_parse(const char *who, void (*help)(FILE *f), const dg_cli_flag *flags, int nflags,
+                   int argc, char **argv, dg_bench_opts *o, const dg_bench_word *words, int nwords,
+                   int *chunk);
+
 /* One forward of the timed op into *out (recorded on the tape when its inputs require grad). */
 typedef dg_status (*dg_bench_fwd_fn)(dg_ctx *ctx, const void *user, dg_tensor **out);
 
@@ -79,5 +95,10 @@ typedef int (*dg_bench_shape_fn)(dg_ctx *ctx, dg_bench_shape s, const void *user
  * failed (its row says why). */
 int dg_bench_shapes(dg_ctx *ctx, const dg_bench_shape *sel, int nsel, dg_bench_shape_fn run,
                     const void *user, double flops, double bw);
+
+/* A whole bench after parsing: dg_bench_open, the header printed (after the peaks), the table of
+ * o's shapes through run (dg_bench_shapes), then the notes. Returns the exit code. */
+int dg_bench_main(const char *who, const char *header, const dg_bench_opts *o,
+                  dg_bench_shape_fn run, const void *user, const char *notes);
 
 #endif

@@ -12,6 +12,7 @@
 #include "tools/commands.h"
 #include "tools/args.h"
 #include "tools/cli.h"
+#include "tools/host_rand.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -152,15 +153,7 @@ static int known_stage(const char *s, int dplr) {
 }
 
 int dg_cmd_explain(int argc, char **argv) {
-    ex_opts o;
-    memset(&o, 0, sizeof o);
-    o.T = 16;
-    o.BT = 4;
-    o.K = 4;
-    o.V = 4;
-    o.gate = DG_GATE_KDA;
-    o.strength = 0.5;
-    o.seed = 1;
+    ex_opts o = {.T = 16, .BT = 4, .K = 4, .V = 4, .gate = DG_GATE_KDA, .strength = 0.5, .seed = 1};
     int card = 0;
     static const dg_cli_flag flags[] = {
         {"--T", "an integer"},    {"--chunk-size", "an integer"},  {"--K", "an integer"},
@@ -202,12 +195,10 @@ int dg_cmd_explain(int argc, char **argv) {
         } else if (!strcmp(a, "--strength")) {
             st = dg_arg_f64(a, val, 0, 50, DG_ARG_LO_OPEN, &o.strength);
         } else if (!strcmp(a, "--gate")) {
-            if (!strcmp(val, "kda"))
-                o.gate = DG_GATE_KDA;
-            else if (!strcmp(val, "lowerbound"))
-                o.gate = DG_GATE_LOWERBOUND;
-            else
+            dg_gate_kind g;
+            if (dg_arg_gate(val, &g) || g == DG_GATE_NONE) /* the walks need a gate */
                 return dg_cli_bad(&cli, a, "expected kda or lowerbound, got '%s'", val);
+            o.gate = g;
         }
         if (st != DG_OK)
             return dg_cli_bad_arg(&cli);
@@ -370,6 +361,31 @@ double ex_fdcheck(double (*f)(void *ctx), void *ctx, double *x, int64_t n, const
     return res;
 }
 
+double ex_chunk_cumsums(const ex_run *r, const char *stage, int T, int BT, int K, const char *na,
+                        const double *a, const char *nb, const double *b, const double *g,
+                        const double *incl, const double *excl) {
+    double res = 0;
+    char title[64];
+    for (int t0 = 0; t0 < T; t0 += BT) {
+        const int L = T - t0 < BT ? T - t0 : BT;
+        snprintf(title, sizeof title, "chunk %d: %s", t0 / BT, na);
+        ex_mat m[] = {{title, a + (int64_t)t0 * K, L, K, K}, {nb, b + (int64_t)t0 * K, L, K, K}};
+        ex_print(r, stage, 2, m);
+        for (int e = 0; e < K; e++) {
+            double s = 0;
+            for (int i = 0; i < L; i++) {
+                const int64_t p = (int64_t)(t0 + i) * K + e;
+                if (excl)
+                    res = fmax(res, fabs(excl[p] - s));
+                s += g[p];
+                if (incl)
+                    res = fmax(res, fabs(incl[p] - s));
+            }
+        }
+    }
+    return res;
+}
+
 double *ex_zeros(int64_t n) {
     double *p = (double *)calloc((size_t)(n > 0 ? n : 1), sizeof(double));
     if (!p) {
@@ -381,12 +397,7 @@ double *ex_zeros(int64_t n) {
 
 double *ex_randn(int64_t n, uint64_t seed, double scale) {
     double *p = ex_zeros(n);
-    for (int64_t i = 0; i < n; i++) {
-        double u1 = dg_rand_u01(seed, 2 * (uint64_t)i), u2 = dg_rand_u01(seed, 2 * (uint64_t)i + 1);
-        if (u1 < 1e-300)
-            u1 = 1e-300;
-        p[i] = scale * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    }
+    dg__host_randn(p, n, seed, scale);
     return p;
 }
 

@@ -17,6 +17,7 @@
 #include "tools/commands.h"
 #include "tools/args.h"
 #include "tools/cli.h"
+#include "tools/host_rand.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -292,13 +293,7 @@ static int parse(int argc, char **argv, gc_cfg *c) {
                 else
                     return bad(f, "must be none, default or all");
             } else if (!strcmp(f, "--gate")) { /* kda */
-                if (!strcmp(v, "none"))
-                    c->gate = DG_GATE_NONE;
-                else if (!strcmp(v, "kda"))
-                    c->gate = DG_GATE_KDA;
-                else if (!strcmp(v, "lowerbound"))
-                    c->gate = DG_GATE_LOWERBOUND;
-                else
+                if (dg_arg_gate(v, &c->gate))
                     return bad(f, "must be none, kda or lowerbound");
             } else { /* --g-dist, dplr */
                 if (!strcmp(v, "uniform"))
@@ -354,12 +349,7 @@ static double *rnd_uniform(int64_t n, uint64_t seed, double lo, double hi) {
 /* Normal values (Box-Muller) times `scale`. */
 static double *rnd_normal(int64_t n, uint64_t seed, double scale) {
     double *p = alloc_n(n);
-    for (int64_t i = 0; i < n; i++) {
-        double u1 = dg_rand_u01(seed, 2 * (uint64_t)i), u2 = dg_rand_u01(seed, 2 * (uint64_t)i + 1);
-        if (u1 < 1e-300)
-            u1 = 1e-300;
-        p[i] = scale * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-    }
+    dg__host_randn(p, n, seed, scale);
     return p;
 }
 

@@ -55,6 +55,12 @@ void ex_print(const ex_run *r, const char *stage, int n, const ex_mat *m);
 void ex_print_states(const ex_run *r, const char *stage, const char *name, const double *h, int n,
                      int K, int V);
 
+/* Chunk by chunk (chunks of BT of the T rows of K values): print the rows of a and b (titled
+ * "chunk c: <na>" and nb) under stage, and return the largest error of the chunk-local cumsums
+ * of g in incl (inclusive) and excl (exclusive); either may be NULL (not checked). */
+double ex_chunk_cumsums(const ex_run *r, const char *stage, int T, int BT, int K, const char *na,
+                        const double *a, const char *nb, const double *b, const double *g,
+                        const double *incl, const double *excl);
 /* Max |a - b| over n values, divided by max(1, max |b|). */
 double ex_relres(const double *a, const double *b, int64_t n);
 

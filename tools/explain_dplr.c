@@ -119,6 +119,15 @@ static int rec_prefix(const void *p, int t, double *S) {
     return ex_rec_prefix(x, t, x->BT, x->K, x->V, x->h0, rec_run, S);
 }
 
+/* v2 at token t, column e, from the recurrence's state S before it: p_t = S^T a_t. */
+static double v2_want(const void *p, int t, int e, const double *S) {
+    const px *x = (const px *)p;
+    double v = 0;
+    for (int i = 0; i < x->K; i++)
+        v += S[i * x->V + e] * x->a[(int64_t)t * x->K + i];
+    return v;
+}
+
 /* (I - Aab) X = R over chunk rows: max |X_i - sum_{j<i} Aab_ij X_j - R_i|. */
 static double tri_res(const px *x, const double *A, const double *X, const double *R, int n) {
     double res = 0;
@@ -155,23 +164,8 @@ static int walk_forward(ex_run *r, px *x) {
     ex_heading(r, "cumsum",
                "inclusive Gi and exclusive Ge chunk cumsums (dg__dplr_cumsum_fwd_f64)");
     {
-        double res = 0;
-        for (int c = 0; c < NC; c++) {
-            const int t0 = c * BT, L = chunk_len(x, c);
-            snprintf(t1, sizeof t1, "chunk %d: Gi", c);
-            ex_mat m[] = {{t1, x->Gi + (int64_t)t0 * K, L, K, K},
-                          {"Ge", x->Ge + (int64_t)t0 * K, L, K, K}};
-            ex_print(r, "cumsum", 2, m);
-            for (int e = 0; e < K; e++) {
-                double s = 0;
-                for (int i = 0; i < L; i++) {
-                    const int64_t p = (int64_t)(t0 + i) * K + e;
-                    res = fmax(res, fabs(x->Ge[p] - s));
-                    s += x->gk[p];
-                    res = fmax(res, fabs(x->Gi[p] - s));
-                }
-            }
-        }
+        double res = ex_chunk_cumsums(r, "cumsum", x->T, BT, K, "Gi", x->Gi, "Ge", x->Ge, x->gk,
+                                      x->Gi, x->Ge);
         ex_check(r, "cumsum", "Gi = inclusive, Ge = exclusive chunk cumsum of gk", res);
     }
 
@@ -249,24 +243,9 @@ static int walk_forward(ex_run *r, px *x) {
     if (ex_shown(r, "state"))
         printf("  h_{c+1} = Diag(exp lam_c) h_c + kg_c^T v_c + bg_c^T v2_c, v2_c = w_c h_c + u_c;\n"
                "  v2_t is the recurrence's p_t = S_{t-1}^T a_t.\n");
-    {
-        if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v2", x->v2))
-            return 2;
-        double *S = ex_zeros(kv);
-        double re = 0;
-        for (int t = 0; t < T; t++) {
-            if (rec_prefix(x, t, S))
-                return 2;
-            for (int e = 0; e < V; e++) {
-                double p = 0;
-                for (int i = 0; i < K; i++)
-                    p += S[i * V + e] * x->a[(int64_t)t * K + i];
-                re = fmax(re, fabs(x->v2[(int64_t)t * V + e] - p));
-            }
-        }
-        ex_check(r, "state", "v2_t = p_t = S_{t-1}^T a_t of the recurrence", re);
-        free(S);
-    }
+    if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v2", x->v2, v2_want,
+                       "v2_t = p_t = S_{t-1}^T a_t of the recurrence"))
+        return 2;
 
     ex_heading(r, "output", "o = qg h (inter) + Aqk v + Aqb v2 (intra) (dg__dplr_output_fwd_f64)");
     {

@@ -31,7 +31,9 @@ int ex_rec_prefix(const void *x, int t, int BT, int K, int V, const double *h0,
 
 int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, int t, double *S),
                    int T, int BT, int K, int V, const double *h, const double *ht,
-                   const double *htrec, const char *vname, const double *vals) {
+                   const double *htrec, const char *vname, const double *vals,
+                   double (*want)(const void *x, int t, int e, const double *S),
+                   const char *want_name) {
     const int NC = (T + BT - 1) / BT;
     const int64_t kv = (int64_t)K * V;
     char t1[96];
@@ -51,8 +53,18 @@ int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, in
         snprintf(t1, sizeof t1, "h[%d] = recurrence state after token %d", c, c * BT);
         ex_check(r, "state", t1, ex_relres(h + (int64_t)c * kv, S, kv));
     }
-    free(S);
     ex_check(r, "state", "final state = recurrence S_T", ex_relres(ht, htrec, kv));
+    double re = 0;
+    for (int t = 0; t < T; t++) {
+        if (rec_prefix(x, t, S)) {
+            free(S);
+            return 2;
+        }
+        for (int e = 0; e < V; e++)
+            re = fmax(re, fabs(vals[(int64_t)t * V + e] - want(x, t, e, S)));
+    }
+    ex_check(r, "state", want_name, re);
+    free(S);
     return 0;
 }
 

@@ -92,9 +92,12 @@ int ex_rec_suffix_dh(const void *x, int t, int T, int BT, int K, int V,
 /* The state pass of a walk: prints the states h [NC, K, V] at the chunk starts and, chunk by
  * chunk, the pass's per-token values vals [T, V] (titled "chunk c: vname"); checks h against the
  * recurrence's states after tokens c BT (rec_prefix as in ex_kcp) and the final state ht against
- * the recurrence's htrec. 0 or 2. */
+ * the recurrence's htrec, then vals at every token t, column e against want(x, t, e, S) with S
+ * the recurrence's state before t (the identity named want_name). 0 or 2. */
 int ex_walk_states(ex_run *r, const void *x, int (*rec_prefix)(const void *x, int t, double *S),
                    int T, int BT, int K, int V, const double *h, const double *ht,
-                   const double *htrec, const char *vname, const double *vals);
+                   const double *htrec, const char *vname, const double *vals,
+                   double (*want)(const void *x, int t, int e, const double *S),
+                   const char *want_name);
 
 #endif

@@ -140,6 +140,17 @@ static int chunk_len(const kx *x, int c) {
     return x->T - t0 < x->BT ? x->T - t0 : x->BT;
 }
 
+/* v_new at token t, column e, from the recurrence's state S before it: v_new_t = beta_t (v_t -
+ * S'^T k_t), S' = Diag(exp g_t) S_{t-1} (the recurrence's delta). */
+static double v_new_want(const void *p, int t, int e, const double *S) {
+    const kx *x = (const kx *)p;
+    const int K = x->K, V = x->V;
+    double s = 0;
+    for (int a = 0; a < K; a++)
+        s += exp(x->g[(int64_t)t * K + a]) * S[a * V + e] * x->k[(int64_t)t * K + a];
+    return x->beta[t] * (x->v[(int64_t)t * V + e] - s);
+}
+
 /* ---- the forward walk ---------------------------------------------------------------------- */
 
 static int walk_forward(ex_run *r, kx *x) {
@@ -192,21 +203,8 @@ static int walk_forward(ex_run *r, kx *x) {
             printf("  here: gate lowerbound, lb = %g, no A_log, dt_bias random\n", x->lb);
     }
     {
-        double res = 0;
-        for (int c = 0; c < NC; c++) {
-            const int t0 = c * BT, L = chunk_len(x, c);
-            snprintf(t1, sizeof t1, "chunk %d: g", c);
-            ex_mat m[] = {{t1, x->g + (int64_t)t0 * K, L, K, K},
-                          {"G (cumsum)", x->G + (int64_t)t0 * K, L, K, K}};
-            ex_print(r, "gate_cumsum", 2, m);
-            for (int e = 0; e < K; e++) {
-                double s = 0;
-                for (int i = 0; i < L; i++) {
-                    s += x->g[(int64_t)(t0 + i) * K + e];
-                    res = fmax(res, fabs(x->G[(int64_t)(t0 + i) * K + e] - s));
-                }
-            }
-        }
+        double res = ex_chunk_cumsums(r, "gate_cumsum", x->T, BT, K, "g", x->g, "G (cumsum)", x->G,
+                                      x->g, x->G, NULL);
         ex_check(r, "gate_cumsum", "G = chunk-local cumsum of g", res);
     }
 
@@ -286,26 +284,9 @@ static int walk_forward(ex_run *r, kx *x) {
     ex_heading(r, "state", "states at chunk starts and v_new = U - W h (dg__kda_state_fwd_f64)");
     if (ex_shown(r, "state"))
         printf("%s", ex_card_text("state"));
-    {
-        if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v_new = E", x->E))
-            return 2;
-        double *S = ex_zeros(kv);
-        /* v_new_t = beta_t (v_t - S'^T k_t), S' = Diag(exp g_t) S_{t-1}: the recurrence's delta */
-        double re = 0;
-        for (int t = 0; t < T; t++) {
-            if (rec_prefix(x, t, S))
-                return 2;
-            for (int e = 0; e < V; e++) {
-                double p = 0;
-                for (int a = 0; a < K; a++)
-                    p += exp(x->g[(int64_t)t * K + a]) * S[a * V + e] * x->k[(int64_t)t * K + a];
-                double want = x->beta[t] * (x->v[(int64_t)t * V + e] - p);
-                re = fmax(re, fabs(x->E[(int64_t)t * V + e] - want));
-            }
-        }
-        ex_check(r, "state", "v_new_t = beta_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t)", re);
-        free(S);
-    }
+    if (ex_walk_states(r, x, rec_prefix, T, BT, K, V, x->h, x->ht, x->htrec, "v_new = E", x->E,
+                       v_new_want, "v_new_t = beta_t (v_t - (Diag(exp g_t) S_{t-1})^T k_t)"))
+        return 2;
 
     ex_heading(r, "output", "o = s QG h (inter) + Aqk v_new (intra) (dg__kda_output_fwd_f64)");
     if (ex_shown(r, "output"))

@@ -112,6 +112,16 @@ int dg_runner_parse(dg_runner *r, int argc, char **argv, const dg_cli_flag *own,
     return rc == 0 ? 1 : rc; /* 1: --help or --version printed */
 }
 
+int dg_runner_parse_cmd(dg_runner *r, const char *cmd, void (*usage)(FILE *f), int check_only,
+                        int argc, char **argv, const dg_cli_flag *own, int n_own,
+                        int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
+                        void *user) {
+    dg_runner_init(r, cmd, usage);
+    r->check_only = check_only;
+    int rc = dg_runner_parse(r, argc, argv, own, n_own, own_flag, user);
+    return rc ? rc : dg_runner_args_done(r);
+}
+
 int dg_runner_args_done(dg_runner *r) {
     if (!r->in_dir || !r->out_dir) {
         fprintf(stderr,
@@ -368,4 +378,41 @@ void dg_runner_free(dg_runner *r) {
         dg_ctx_free(&r->ctx);
     r->ctx = NULL;
     dg_ctx_free(&r->host);
+}
+
+void dg_runner_in_common(dg_runner_in *in, const int at[DG_RUNNER_NCOMMON], dg_dtype dt,
+                         dg_dtype st) {
+    const dg_runner_in common[DG_RUNNER_NCOMMON] = {
+        [DG_RUNNER_Q] = {"q", DG_RUNNER_REQUIRED, NULL, dt, "dq"},
+        [DG_RUNNER_K] = {"k", DG_RUNNER_REQUIRED, NULL, dt, "dk"},
+        [DG_RUNNER_V] = {"v", DG_RUNNER_REQUIRED, NULL, dt, "dv"},
+        [DG_RUNNER_H0] = {"h0", DG_RUNNER_OPTIONAL, NULL, st, "dh0"},
+        [DG_RUNNER_CU] = {"cu_seqlens", DG_RUNNER_OPTIONAL, NULL, DG_I64, NULL},
+        [DG_RUNNER_DO] = {"do", DG_RUNNER_OPTIONAL, NULL, dt, NULL},
+        [DG_RUNNER_DHT] = {"dht", DG_RUNNER_OPTIONAL, NULL, st, NULL},
+    };
+    for (int i = 0; i < DG_RUNNER_NCOMMON; i++)
+        in[at[i]] = common[i];
+}
+
+int dg_runner_run(dg_runner *r, const dg_runner_in *in, int n, int q, int h0, int cu,
+                  dg_runner_op_fn op, void *user) {
+    int64_t *tab = NULL;
+    int n_seqs = 0;
+    int rc = dg_runner_start(r, in, n);
+    if (!rc)
+        rc = dg_runner_seqlens(r, r->t[cu], r->t[q], &tab, &n_seqs);
+    if (!rc) {
+        dg_status s = op(r, tab, n_seqs, user);
+        if (s != DG_OK) {
+            char name[64];
+            snprintf(name, sizeof name, "dg_%s_%s", r->cmd, r->recurrent ? "recurrent" : "chunk");
+            rc = dg_runner_op_fail(r, name, s);
+        }
+    }
+    if (!rc)
+        rc = dg_runner_finish(r, r->file_dt[q], r->t[h0] ? r->file_dt[h0] : r->file_dt[q]);
+    free(tab);
+    dg_runner_free(r);
+    return rc;
 }

@@ -6,12 +6,12 @@
  * Inf (unless --allow-nonfinite).
  *
  * A command built on it:
- *   dg_runner_init; dg_runner_parse with a table of its own flags and a function taking them
- *   (the common ones are handled there); dg_runner_args_done;
- *   a table of inputs (dg_runner_in) for dg_runner_start: every missing required file listed at
- *   once, OUT created, the contexts opened, every input loaded (the error names the file);
- *   dg_runner_seqlens; the op on r->t[...]; dg_runner_finish (o.npy, ht.npy, and with do.npy the
- *   backward and one gradient file per input that names one); dg_runner_free.
+ *   dg_runner_parse_cmd with a table of its own flags and a function taking them (the common
+ *   ones are handled there);
+ *   a table of inputs (dg_runner_in) and its op for dg_runner_run: every missing required file
+ *   listed at once, OUT created, the contexts opened, every input loaded (the error names the
+ *   file); the op on r->t[...]; o.npy, ht.npy, and with do.npy the backward and one gradient
+ *   file per input that names one; everything freed.
  * Every message starts with "deltagrad <cmd>: ".
  */
 #ifndef DG_TOOLS_OP_RUNNER_H
@@ -60,6 +60,28 @@ typedef struct dg_runner {
     char nonfinite[512]; /* names of the written outputs that hold NaN / Inf */
 } dg_runner;
 
+/* Pieces of the runners' --help text (string literals, for concatenation): the common flags
+ * before --chunk-size, those after the command's own, and the paragraph on writing and exit
+ * codes. */
+#define DG_RUNNER_HELP_IO                                                                          \
+    "  --out DIR            output folder (created if missing)\n"                                  \
+    "  --device cpu|cuda    where to run (default cpu)\n"                                          \
+    "  --dtype f64|f32|bf16 compute dtype (default f64 on cpu, f32 on cuda; bf16: cuda)\n"         \
+    "  --out-dtype D        same | f64 | f32: dtype of the written files (default same:\n"         \
+    "                       each output has the dtype of its input file, see below)\n"
+#define DG_RUNNER_HELP_RUN                                                                         \
+    "  --scale S            output scale, > 0 (default K^-1/2)\n"                                  \
+    "  --recurrent          run the token-by-token recurrence instead of the chunked form\n"       \
+    "  --allow-nonfinite    write outputs holding NaN or Inf and exit 0 (default: exit 3)\n"       \
+    "  --quiet              print nothing but errors\n"                                            \
+    "\n"                                                                                           \
+    "Files written to OUT (none when an input is refused or the forward fails; o and ht\n"         \
+    "but no gradients when only the backward fails):\n"
+#define DG_RUNNER_HELP_EXIT                                                                        \
+    "A file is written whole or not at all (temp file + rename). When an output holds\n"           \
+    "NaN or Inf the files are still written and the command exits 3 naming the output.\n"          \
+    "Exit codes: 0 done, 1 an input or the op failed, 2 bad flags, 3 non-finite outputs.\n"
+
 void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f));
 /* Parse argv (tools/cli.h: --flag value or --flag=value, --help, --version) with the common
  * flags --in, --out, --device, --dtype, --out-dtype, --chunk-size, --scale, --recurrent,
@@ -69,6 +91,13 @@ void dg_runner_init(dg_runner *r, const char *cmd, void (*usage)(FILE *f));
 int dg_runner_parse(dg_runner *r, int argc, char **argv, const struct dg_cli_flag *own, int n_own,
                     int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
                     void *user);
+/* dg_runner_init, dg_runner_parse and dg_runner_args_done in one, for the command `cmd` with its
+ * --help text; check_only: parse only (--help prints nothing). Returns as dg_runner_parse, or 2
+ * after dg_runner_args_done refused the flags. */
+int dg_runner_parse_cmd(dg_runner *r, const char *cmd, void (*usage)(FILE *f), int check_only,
+                        int argc, char **argv, const struct dg_cli_flag *own, int n_own,
+                        int (*own_flag)(dg_runner *r, const char *f, const char *v, void *user),
+                        void *user);
 /* Print "deltagrad <cmd>: <flag> <why>" and return 2. */
 int dg_runner_bad(const dg_runner *r, const char *flag, const char *why);
 /* Print dg_last_error() (a dg_arg_* refusal, which names the flag) and return 2. */
@@ -102,5 +131,37 @@ int dg_runner_op_fail(const dg_runner *r, const char *op, dg_status s);
 int dg_runner_finish(dg_runner *r, dg_dtype o_like, dg_dtype ht_like);
 /* Reset the tape, free the outputs, the inputs and the contexts. */
 void dg_runner_free(dg_runner *r);
+
+/* The inputs every runner has, set in in[] at the indices at[0..6]: q.npy, k.npy and v.npy
+ * (required, compute dtype dt, gradients dq dk dv), h0.npy (optional, state dtype st, gradient
+ * dh0), cu_seqlens.npy (optional, integer), and the upstream gradients do.npy (dt) and dht.npy
+ * (st). */
+enum {
+    DG_RUNNER_Q,
+    DG_RUNNER_K,
+    DG_RUNNER_V,
+    DG_RUNNER_H0,
+    DG_RUNNER_CU,
+    DG_RUNNER_DO,
+    DG_RUNNER_DHT,
+    DG_RUNNER_NCOMMON
+};
+void dg_runner_in_common(dg_runner_in *in, const int at[DG_RUNNER_NCOMMON], dg_dtype dt,
+                         dg_dtype st);
+/* In an op's options o (dg_kda_opts, dg_dplr_opts): the common flags (--chunk-size, --scale),
+ * the final state asked for, and the sequence table cu of n_seqs sequences (dg_runner_op_fn's). */
+#define DG_RUNNER_SET_OPTS(o, r, cu, n_seqs)                                                       \
+    ((o)->chunk_size = (r)->chunk_size, (o)->scale = (r)->scale, (o)->output_final_state = 1,      \
+     (o)->cu_seqlens = (cu), (o)->n_seqs = (n_seqs))
+
+/* The op of a command on r->t[...], writing r->o and r->ht: cu is the host table of sequence
+ * starts (NULL without cu_seqlens.npy) and n_seqs its N (0 without it). */
+typedef dg_status (*dg_runner_op_fn)(dg_runner *r, const int64_t *cu, int n_seqs, void *user);
+/* All a command does after parsing: dg_runner_start on in[n]; dg_runner_seqlens of r->t[cu]
+ * against r->t[q]; op (a failure named dg_<cmd>_recurrent or dg_<cmd>_chunk, dg_runner_op_fail);
+ * dg_runner_finish with o.npy in the dtype of q's file and ht.npy in h0's (q's without h0.npy);
+ * dg_runner_free. Returns the exit code. */
+int dg_runner_run(dg_runner *r, const dg_runner_in *in, int n, int q, int h0, int cu,
+                  dg_runner_op_fn op, void *user);
 
 #endif /* DG_TOOLS_OP_RUNNER_H */

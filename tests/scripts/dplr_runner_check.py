@@ -22,8 +22,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runner_check import (Checker, load_outputs, np, parse_args, rounder,  # noqa: E402
-                          run_cli, save_inputs, to_f32)
+from runner_check import (Checker, compare_both, np, parse_args, rounder,  # noqa: E402
+                          run_both, run_cli, save_inputs, to_f32)
 
 GRADS = {"dq": "q", "dk": "k", "dv": "v", "da": "a", "db": "b", "dgk": "gk", "dh0": "h0"}
 
@@ -125,24 +125,17 @@ def check_dtype(exe, work, device, dtype):
     ind = os.path.join(work, "in")
     save_inputs(ind, {**x, "cu_seqlens": cu})
 
-    runs = [("chunk", device, dtype), ("recurrent", device, dtype)]
-    if dtype != "f64":
-        runs.append(("chunk", "cpu", "f64"))  # the gradient reference
-    outs = {}
     c = Checker()
-    for mode, dev, dt in runs:
-        tag = f"{mode}-{dev}-{dt}"
-        od = os.path.join(work, tag)
-        rc, err = run_cli(exe, "dplr", ind, od, dev, dt, ["--chunk-size", "16"]
-                          + (["--recurrent"] if mode == "recurrent" else []))
-        if rc != 0:
-            print(f"== dplr runner {dtype}: NOT OK (`deltagrad dplr` exited {rc})")
-            return False
-        outs[tag] = load_outputs(od, ("o", "ht") + tuple(GRADS))
+
+    def files(tag, dev, od):
         if dev == "cpu":
             # exactly the files --help promises with do.npy and h0.npy, nothing else
             c.cond(f"{tag}: OUT holds exactly o ht {' '.join(GRADS)}",
                    sorted(os.listdir(od)) == sorted(n + ".npy" for n in ("o", "ht", *GRADS)))
+
+    outs = run_both(exe, "dplr", ind, work, device, dtype, GRADS, files)
+    if outs is None:
+        return False
 
     o_ref, ht_ref = naive(x, K ** -0.5, cu)
     # f64 agrees to rounding. f32 (f32 accumulation over at most 16-row chunks, K/V = 16/8 long
@@ -151,22 +144,11 @@ def check_dtype(exe, work, device, dtype):
     # reordering of the same sums with ~30x headroom. bf16: the output rounding alone is 2^-9 of
     # the largest value.
     tol = {"f64": 1e-10, "f32": 1e-5, "bf16": 1e-2}[dtype]
-    ch, re_ = outs[f"chunk-{device}-{dtype}"], outs[f"recurrent-{device}-{dtype}"]
-    c.rel("o: chunked cli vs numpy recurrence", ch["o"], o_ref, tol)
-    c.rel("ht: chunked cli vs numpy recurrence", ch["ht"], ht_ref, tol)
-    c.rel("o: recurrent cli vs numpy recurrence", re_["o"], o_ref, tol)
-    c.rel("ht: recurrent cli vs numpy recurrence", re_["ht"], ht_ref, tol)
+    compare_both(c, outs, device, dtype, o_ref, ht_ref, GRADS, tol)
     if dtype == "f64":
-        for n in GRADS:
-            c.rel(f"{n}: chunked vs recurrent cli", ch[n], re_[n], tol)
-        directional(c, x, ch, K ** -0.5, cu, rng)
+        directional(c, x, outs[f"chunk-{device}-{dtype}"], K ** -0.5, cu, rng)
         if device == "cpu":
             bad_inputs(c, exe, x, cu, work)
-    else:
-        ref = outs["chunk-cpu-f64"]
-        for n in GRADS:
-            c.rel(f"{n}: chunked {device} {dtype} vs cpu f64", ch[n], ref[n], tol)
-            c.rel(f"{n}: recurrent {device} {dtype} vs cpu f64", re_[n], ref[n], tol)
     print(f"== dplr runner {dtype}:", "okay" if c.ok else "NOT OK")
     return c.ok
 

@@ -16,8 +16,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from runner_check import (Checker, load_outputs, np, parse_args, rounder,  # noqa: E402
-                          run_cli, save_inputs, to_f32)
+from runner_check import (Checker, compare_both, np, parse_args, rounder,  # noqa: E402
+                          run_both, save_inputs, to_f32)
 
 
 def naive(q, k, v, g, beta, scale, h0, cu):
@@ -66,19 +66,9 @@ def check_dtype(exe, work, device, dtype):
     save_inputs(ind, dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, cu_seqlens=cu, do=do, dht=dht))
 
     grads = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
-    runs = [("chunk", device, dtype), ("recurrent", device, dtype)]
-    if dtype != "f64":
-        runs.append(("chunk", "cpu", "f64"))  # the gradient reference
-    outs = {}
-    for mode, dev, dt in runs:
-        tag = f"{mode}-{dev}-{dt}"
-        od = os.path.join(work, tag)
-        rc, _ = run_cli(exe, "kda", ind, od, dev, dt, ["--chunk-size", "16"]
-                        + (["--recurrent"] if mode == "recurrent" else []))
-        if rc != 0:
-            print(f"== kda runner {dtype}: NOT OK (`deltagrad kda` exited {rc})")
-            return False
-        outs[tag] = load_outputs(od, ("o", "ht") + grads)
+    outs = run_both(exe, "kda", ind, work, device, dtype, grads)
+    if outs is None:
+        return False
 
     o_ref, ht_ref = naive(q, k, v, g, beta, K ** -0.5, h0, cu)
     # f64 agrees to rounding. f32 (FFMA, f32 accumulation over at most 16-row chunks, K/V = 16/8
@@ -88,21 +78,7 @@ def check_dtype(exe, work, device, dtype):
     # of the largest value.
     tol = {"f64": 1e-10, "f32": 1e-5, "bf16": 1e-2}[dtype]
     c = Checker()
-    check = c.rel
-
-    ch, re_ = outs[f"chunk-{device}-{dtype}"], outs[f"recurrent-{device}-{dtype}"]
-    check("o: chunked cli vs numpy recurrence", ch["o"], o_ref, tol)
-    check("ht: chunked cli vs numpy recurrence", ch["ht"], ht_ref, tol)
-    check("o: recurrent cli vs numpy recurrence", re_["o"], o_ref, tol)
-    check("ht: recurrent cli vs numpy recurrence", re_["ht"], ht_ref, tol)
-    if dtype == "f64":
-        for n in grads:
-            check(f"{n}: chunked vs recurrent cli", ch[n], re_[n], tol)
-    else:
-        ref = outs["chunk-cpu-f64"]
-        for n in grads:
-            check(f"{n}: chunked {device} {dtype} vs cpu f64", ch[n], ref[n], tol)
-            check(f"{n}: recurrent {device} {dtype} vs cpu f64", re_[n], ref[n], tol)
+    compare_both(c, outs, device, dtype, o_ref, ht_ref, grads, tol)
     print(f"== kda runner {dtype}:", "okay" if c.ok else "NOT OK")
     return c.ok
 

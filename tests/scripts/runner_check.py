@@ -1,6 +1,6 @@
 """What the op runner checks (kda_runner_check.py, dplr_runner_check.py) share: the arguments,
-the skip rules, rounding inputs to the compute dtype, running `deltagrad <op>` and comparing
-arrays.
+the skip rules, rounding inputs to the compute dtype, running `deltagrad <op>` chunked and
+recurrent, and comparing arrays and the two runs.
 
 Skips (exit 77, which ctest reports as skipped): NumPy missing (on import), or --device cuda
 where `deltagrad version` reports "CUDA devices: 0".
@@ -99,3 +99,43 @@ class Checker:
     def cond(self, name, good):
         self.ok &= bool(good)
         print(f"  {'OK' if good else 'NOT OK':6s} {name}")
+
+
+def run_both(exe, op, ind, work, device, dtype, grads, after=None):
+    """`deltagrad <op>` chunked and recurrent on ind (--chunk-size 16), and off f64 the chunked
+    f64 CPU run that is the gradient reference: {"<mode>-<device>-<dtype>": outputs (o, ht and
+    grads)}, or None after printing why. after(tag, device, outd) runs after each run."""
+    runs = [("chunk", device, dtype), ("recurrent", device, dtype)]
+    if dtype != "f64":
+        runs.append(("chunk", "cpu", "f64"))  # the gradient reference
+    outs = {}
+    for mode, dev, dt in runs:
+        tag = f"{mode}-{dev}-{dt}"
+        od = os.path.join(work, tag)
+        rc, _ = run_cli(exe, op, ind, od, dev, dt, ["--chunk-size", "16"]
+                        + (["--recurrent"] if mode == "recurrent" else []))
+        if rc != 0:
+            print(f"== {op} runner {dtype}: NOT OK (`deltagrad {op}` exited {rc})")
+            return None
+        outs[tag] = load_outputs(od, ("o", "ht") + tuple(grads))
+        if after:
+            after(tag, dev, od)
+    return outs
+
+
+def compare_both(c, outs, device, dtype, o_ref, ht_ref, grads, tol):
+    """o and ht of both runs against the NumPy recurrence; the gradients of the chunked and the
+    recurrent run against each other in f64, else each against the f64 CPU run."""
+    ch, re_ = outs[f"chunk-{device}-{dtype}"], outs[f"recurrent-{device}-{dtype}"]
+    c.rel("o: chunked cli vs numpy recurrence", ch["o"], o_ref, tol)
+    c.rel("ht: chunked cli vs numpy recurrence", ch["ht"], ht_ref, tol)
+    c.rel("o: recurrent cli vs numpy recurrence", re_["o"], o_ref, tol)
+    c.rel("ht: recurrent cli vs numpy recurrence", re_["ht"], ht_ref, tol)
+    if dtype == "f64":
+        for n in grads:
+            c.rel(f"{n}: chunked vs recurrent cli", ch[n], re_[n], tol)
+    else:
+        ref = outs["chunk-cpu-f64"]
+        for n in grads:
+            c.rel(f"{n}: chunked {device} {dtype} vs cpu f64", ch[n], ref[n], tol)
+            c.rel(f"{n}: recurrent {device} {dtype} vs cpu f64", re_[n], ref[n], tol)
