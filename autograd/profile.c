@@ -116,7 +116,7 @@ int dg_profile_entries(const dg_profile_entry **out) {
 static const char *category(const char *op) {
     if (!strncmp(op, "kda", 3))
         return "KDA stages";
-    if (!strcmp(op, "matmul") || !strcmp(op, "linear"))
+    if (!strcmp(op, "matmul") || !strcmp(op, "linear") || !strcmp(op, "swiglu_linear"))
         return "matmuls";
     return "rest";
 }

@@ -539,6 +539,13 @@ dg_status dg_gated_rmsnorm(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor *g
                            dg_act act, dg_tensor **out);
 /* y = silu(gate) * up */
 dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out);
+/* out = swiglu(gate, up) @ w^T: the SwiGLU and the linear layer that reads it (an MLP's down
+ * projection) as one tape node, "swiglu_linear". gate, up: [..., in] (one shape and dtype), w
+ * [out, in]. Equal to dg_swiglu then dg_linear, forward and gradients, bit for bit. Under
+ * RECOMPUTE (its default policy) backward forms swiglu(gate, up) again instead of keeping it: the
+ * saved activations shrink by one [..., in] tensor. CACHE keeps it. */
+dg_status dg_swiglu_linear(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor *w,
+                           dg_tensor **out);
 
 /* ---- embeddings, convolution, loss ---- */
 /* weight [Vocab, d], ids i32/i64 of any shape S (at most 4 dims) -> [S..., d]. An id outside

@@ -15,6 +15,7 @@
  */
 #include "../autograd/tape.h"
 #include "gemm.h"
+#include "linear.h"
 
 /* A matrix operand: the tensor that is read (a contiguous copy when the view is unusable) and
  * how: op(X)(i,j) = trans ? X[j*ld + i] : X[i*ld + j], batch item b at + b*bstride. */
@@ -262,85 +263,113 @@ dg_status dg_matmul(dg_ctx *ctx, dg_tensor *a, dg_tensor *b, dg_tensor **out) {
 
 // ---- linear
 
-typedef struct {
-    int64_t rows, in, out;
-    int x_ndim;
-    int64_t x_shape[DG_MAX_DIMS];
-} lin_params;
+dg_status dg__linear_y(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **y) {
+    *y = NULL;
+    const int64_t out = w->shape[0], in = w->shape[1];
+    const int64_t rows = dg__numel(x->ndim - 1, x->shape);
+    int64_t shape[DG_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = out;
+    dg_tensor *c = NULL;
+    DG_TRY(new_out(ctx, x->dtype, x->ndim, shape, in, &c));
+    mat_op mx, mw;
+    dg_status s = mat_of(ctx, x, 0, 1, &mx);
+    if (s == DG_OK) {
+        s = mat_of(ctx, w, 1, 0, &mw);
+        if (s == DG_OK)
+            s = run_gemm(ctx, 1, rows, out, in, &mx, &mw, c);
+        else
+            dg_tensor_free(&mx.keep);
+    }
+    if (s != DG_OK)
+        dg_tensor_free(&c);
+    *y = c;
+    return s;
+}
 
-static dg_status linear_backward(dg_ctx *ctx, dg_node *nd) {
-    const lin_params *p = nd->params;
-    dg_tensor *gy = (dg_tensor *)dg__node_grad_out(nd, 0);
-    dg_tensor *x = nd->saved[0], *w = nd->saved[1]; /* x is NULL when w needs no gradient */
+dg_status dg__linear_grads(dg_ctx *ctx, dg_tensor *gy, dg_tensor *x, dg_tensor *w, dg_tensor **gx,
+                           dg_tensor **gw) {
+    const int64_t out = w->shape[0], in = w->shape[1];
+    const int64_t rows = dg__numel(gy->ndim - 1, gy->shape);
     dg_status s = DG_OK;
-    if (dg__node_wants_grad(nd, 0)) { /* dx = dy W */
-        dg_tensor *gx = NULL;
+    if (gx) { /* dx = dy W: gy's shape with the last dim `in` */
+        *gx = NULL;
+        int64_t shape[DG_MAX_DIMS];
+        memcpy(shape, gy->shape, sizeof shape);
+        shape[gy->ndim - 1] = in;
         mat_op mg, mw;
-        DG_TRY(new_out(ctx, w->dtype, p->x_ndim, p->x_shape, p->out, &gx));
+        DG_TRY(new_out(ctx, w->dtype, gy->ndim, shape, out, gx));
         s = mat_of(ctx, gy, 0, 1, &mg);
         if (s == DG_OK) {
             s = mat_of(ctx, w, 0, 0, &mw);
             if (s == DG_OK)
-                s = run_gemm(ctx, 1, p->rows, p->in, p->out, &mg, &mw, gx);
+                s = run_gemm(ctx, 1, rows, in, out, &mg, &mw, *gx);
             else
                 dg_tensor_free(&mg.keep);
         }
-        if (s == DG_OK)
-            s = dg__node_accum(ctx, nd, 0, gx);
-        dg_tensor_free(&gx);
-        DG_TRY(s);
+        if (s != DG_OK) {
+            dg_tensor_free(gx);
+            return s;
+        }
     }
-    if (dg__node_wants_grad(nd, 1)) { /* dW = dy^T x */
-        dg_tensor *gw = NULL;
+    if (gw) { /* dW = dy^T x */
+        *gw = NULL;
         mat_op mg, mx;
-        DG_TRY(new_out(ctx, w->dtype, 2, w->shape, p->rows, &gw));
-        s = mat_of(ctx, gy, 1, 1, &mg);
+        s = new_out(ctx, w->dtype, 2, w->shape, rows, gw);
         if (s == DG_OK) {
-            s = mat_of(ctx, x, 0, 1, &mx);
-            if (s == DG_OK)
-                s = run_gemm(ctx, 1, p->out, p->in, p->rows, &mg, &mx, gw);
-            else
-                dg_tensor_free(&mg.keep);
+            s = mat_of(ctx, gy, 1, 1, &mg);
+            if (s == DG_OK) {
+                s = mat_of(ctx, x, 0, 1, &mx);
+                if (s == DG_OK)
+                    s = run_gemm(ctx, 1, out, in, rows, &mg, &mx, *gw);
+                else
+                    dg_tensor_free(&mg.keep);
+            }
         }
-        if (s == DG_OK)
-            s = dg__node_accum(ctx, nd, 1, gw);
-        dg_tensor_free(&gw);
+        if (s != DG_OK) {
+            dg_tensor_free(gw);
+            if (gx)
+                dg_tensor_free(gx);
+        }
     }
     return s;
+}
+
+static dg_status linear_backward(dg_ctx *ctx, dg_node *nd) {
+    dg_tensor *gy = (dg_tensor *)dg__node_grad_out(nd, 0);
+    dg_tensor *x = nd->saved[0], *w = nd->saved[1]; /* x is NULL when w needs no gradient */
+    const int want_x = dg__node_wants_grad(nd, 0), want_w = dg__node_wants_grad(nd, 1);
+    dg_tensor *gx = NULL, *gw = NULL;
+    dg_status s = dg__linear_grads(ctx, gy, x, w, want_x ? &gx : NULL, want_w ? &gw : NULL);
+    if (s == DG_OK && gx)
+        s = dg__node_accum(ctx, nd, 0, gx);
+    if (s == DG_OK && gw)
+        s = dg__node_accum(ctx, nd, 1, gw);
+    dg_tensor_free(&gx);
+    dg_tensor_free(&gw);
+    return s;
+}
+
+dg_status dg__linear_check(const char *op, dg_ctx *ctx, const char *xname, dg_tensor *x,
+                           dg_tensor *w) {
+    DG_TRY(check_pair(op, ctx, xname, x, "w", w));
+    if (w->ndim != 2)
+        return dg__err(DG_ERR_SHAPE, "%s: 'w' must be [out, in], got %s", op, dg_tensor_desc(w));
+    if (x->shape[x->ndim - 1] != w->shape[1])
+        return dg__err(DG_ERR_SHAPE,
+                       "%s: '%s' %s has %lld features in its last dim but w %s expects in = %lld",
+                       op, xname, dg_tensor_desc(x), (long long)x->shape[x->ndim - 1],
+                       dg_tensor_desc(w), (long long)w->shape[1]);
+    return DG_OK;
 }
 
 dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out) {
     const char *op = "dg_linear";
     DG_TRY(dg__check_ptr(op, "out", out));
     *out = NULL;
-    DG_TRY(check_pair(op, ctx, "x", x, "w", w));
-    if (w->ndim != 2)
-        return dg__err(DG_ERR_SHAPE, "%s: 'w' must be [out, in], got %s", op, dg_tensor_desc(w));
-    lin_params p = {0};
-    p.x_ndim = x->ndim;
-    memcpy(p.x_shape, x->shape, sizeof p.x_shape);
-    p.out = w->shape[0];
-    p.in = w->shape[1];
-    if (x->shape[x->ndim - 1] != p.in)
-        return dg__err(DG_ERR_SHAPE,
-                       "%s: x %s has %lld features in its last dim but w %s expects in = %lld", op,
-                       dg_tensor_desc(x), (long long)x->shape[x->ndim - 1], dg_tensor_desc(w),
-                       (long long)p.in);
-    p.rows = dg__numel(x->ndim - 1, x->shape);
-    int64_t shape[DG_MAX_DIMS];
-    memcpy(shape, x->shape, sizeof shape);
-    shape[x->ndim - 1] = p.out;
+    DG_TRY(dg__linear_check(op, ctx, "x", x, w));
     dg_tensor *y = NULL;
-    DG_TRY(new_out(ctx, x->dtype, x->ndim, shape, p.in, &y));
-    mat_op mx, mw;
-    dg_status s = mat_of(ctx, x, 0, 1, &mx);
-    if (s == DG_OK) {
-        s = mat_of(ctx, w, 1, 0, &mw);
-        if (s == DG_OK)
-            s = run_gemm(ctx, 1, p.rows, p.out, p.in, &mx, &mw, y);
-        else
-            dg_tensor_free(&mx.keep);
-    }
+    dg_status s = dg__linear_y(ctx, x, w, &y);
     if (s == DG_OK && dg__needs_grad(2, (dg_tensor *[]){x, w})) {
         dg_node *nd;
         s = dg__node_new("linear", DG_POLICY_CACHE, linear_backward, ctx, &nd);
@@ -350,7 +379,7 @@ dg_status dg_linear(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **out) {
             dg__node_output(nd, y);
             dg__node_save(nd, dg_tensor_requires_grad(w) ? x : NULL);
             dg__node_save(nd, w); /* dx reads w; dW reads w's shape and dtype */
-            s = dg__node_commit_params(nd, &p, sizeof(lin_params));
+            s = dg__node_commit(nd);
         }
     }
     if (s != DG_OK) {

@@ -7,9 +7,15 @@
  *
  * Shapes: gate, up: the same shape (any), y like them. Tape: saves gate and up (nothing else is
  * worth keeping: s is one exp per element to recompute).
+ *
+ * dg_swiglu_linear fuses the product with the linear layer that reads it (the MLP's down
+ * projection): out = y W^T, one tape node "swiglu_linear". Under RECOMPUTE (its default) the node
+ * keeps gate, up and W, and backward forms y again for dW = dout^T y: the MLP's widest
+ * activation is never kept between forward and backward. Under CACHE it keeps y as well.
  */
 #ifndef DG_REF_TMPL
 #include "../autograd/tape.h"
+#include "linear.h"
 #ifdef DG_HAVE_CUDA
 #include "../kernels/swiglu.cuh"
 #endif
@@ -51,6 +57,50 @@ static void RF(swiglu_bwd)(int64_t n, const RT *gate, const RT *up, const RT *dy
 
 #else
 
+// ---- dispatch (contiguous buffers of n elements, the device and dtype of `like`)
+
+static dg_status swiglu_run_fwd(dg_ctx *ctx, const dg_tensor *like, int64_t n, dg_tensor *gate,
+                                dg_tensor *up, dg_tensor *y) {
+    if (dg__is_cuda(like)) {
+#ifdef DG_HAVE_CUDA
+        return dg__swiglu_fwd_cuda(ctx, like->dtype, n, dg_tensor_data(gate), dg_tensor_data(up),
+                                   dg_tensor_data(y));
+#else
+        (void)ctx;
+        return dg__no_cuda("swiglu");
+#endif
+    }
+    (void)ctx;
+    if (like->dtype == DG_F64)
+        swiglu_fwd_f64(n, dg__f64(gate), dg__f64(up), dg__f64(y));
+    else
+        swiglu_fwd_f32(n, dg__f32(gate), dg__f32(up), dg__f32(y));
+    return DG_OK;
+}
+
+/* dgate, dup: NULL to skip */
+static dg_status swiglu_run_bwd(dg_ctx *ctx, const dg_tensor *like, int64_t n, dg_tensor *gate,
+                                dg_tensor *up, dg_tensor *dy, dg_tensor *dg, dg_tensor *du) {
+    if (dg__is_cuda(like)) {
+#ifdef DG_HAVE_CUDA
+        return dg__swiglu_bwd_cuda(ctx, like->dtype, n, dg_tensor_data(gate), dg_tensor_data(up),
+                                   dg_tensor_data(dy), dg ? dg_tensor_data(dg) : NULL,
+                                   du ? dg_tensor_data(du) : NULL);
+#else
+        (void)ctx;
+        return dg__no_cuda("swiglu backward");
+#endif
+    }
+    (void)ctx;
+    if (like->dtype == DG_F64)
+        swiglu_bwd_f64(n, dg__f64(gate), dg__f64(up), dg__f64(dy), dg ? dg__f64(dg) : NULL,
+                       du ? dg__f64(du) : NULL);
+    else
+        swiglu_bwd_f32(n, dg__f32(gate), dg__f32(up), dg__f32(dy), dg ? dg__f32(dg) : NULL,
+                       du ? dg__f32(du) : NULL);
+    return DG_OK;
+}
+
 // ---- forward
 
 static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n);
@@ -79,20 +129,8 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
         s = dg__contig(ctx, up, &uc);
     if (s == DG_OK)
         s = dg__new_like(ctx, gate, &y);
-    if (s == DG_OK) {
-        if (dg__is_cuda(gate)) {
-#ifdef DG_HAVE_CUDA
-            s = dg__swiglu_fwd_cuda(ctx, gate->dtype, n, dg_tensor_data(gc), dg_tensor_data(uc),
-                                    dg_tensor_data(y));
-#else
-            s = dg__no_cuda(op);
-#endif
-        } else if (gate->dtype == DG_F64) {
-            swiglu_fwd_f64(n, dg__f64(gc), dg__f64(uc), dg__f64(y));
-        } else {
-            swiglu_fwd_f32(n, dg__f32(gc), dg__f32(uc), dg__f32(y));
-        }
-    }
+    if (s == DG_OK)
+        s = swiglu_run_fwd(ctx, gate, n, gc, uc, y);
     if (s == DG_OK && dg__needs_grad(2, (dg_tensor *[]){gate, up})) {
         dg_node *nd = NULL;
         s = dg__node_new("swiglu", DG_POLICY_CACHE, swiglu_backward, ctx, &nd);
@@ -129,28 +167,105 @@ static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n) {
         s = dg__new_like(c, gate, &dg);
     if (s == DG_OK && dg__node_wants_grad(n, 1))
         s = dg__new_like(c, up, &du);
-    if (s == DG_OK) {
-        if (dg__is_cuda(gate)) {
-#ifdef DG_HAVE_CUDA
-            s = dg__swiglu_bwd_cuda(c, gate->dtype, cnt, dg_tensor_data(gate), dg_tensor_data(up),
-                                    dg_tensor_data(dy), dg ? dg_tensor_data(dg) : NULL,
-                                    du ? dg_tensor_data(du) : NULL);
-#else
-            s = dg__no_cuda("swiglu backward");
-#endif
-        } else if (gate->dtype == DG_F64) {
-            swiglu_bwd_f64(cnt, dg__f64(gate), dg__f64(up), dg__f64(dy), dg ? dg__f64(dg) : NULL,
-                           du ? dg__f64(du) : NULL);
-        } else {
-            swiglu_bwd_f32(cnt, dg__f32(gate), dg__f32(up), dg__f32(dy), dg ? dg__f32(dg) : NULL,
-                           du ? dg__f32(du) : NULL);
-        }
-    }
+    if (s == DG_OK)
+        s = swiglu_run_bwd(c, gate, cnt, gate, up, dy, dg, du);
     if (s == DG_OK && dg)
         s = dg__node_accum(c, n, 0, dg);
     if (s == DG_OK && du)
         s = dg__node_accum(c, n, 1, du);
     dg_tensor_free(&dy);
+    dg_tensor_free(&dg);
+    dg_tensor_free(&du);
+    return s;
+}
+
+// ---- swiglu_linear: out = swiglu(gate, up) W^T
+
+static dg_status swiglu_linear_backward(dg_ctx *ctx, dg_node *n);
+
+dg_status dg_swiglu_linear(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor *w,
+                           dg_tensor **out) {
+    const char *op = "dg_swiglu_linear";
+    DG_TRY(dg__check_ptr(op, "out", out));
+    *out = NULL;
+    DG_TRY(dg__check_ptr(op, "ctx", ctx));
+    DG_TRY(swiglu_check(op, "gate", gate, ctx));
+    DG_TRY(dg__check_ptr(op, "up", up));
+    DG_TRY(dg__check_device(op, "up", up, ctx));
+    DG_TRY(dg__check_shape(op, "up", up, gate->ndim, gate->shape));
+    DG_TRY(dg__check_same_dtype(op, "up", up, gate));
+    DG_TRY(dg__check_ptr(op, "w", w));
+    DG_TRY(dg__linear_check(op, ctx, "gate", gate, w));
+
+    const int64_t n = dg_tensor_numel(gate);
+    dg_tensor *gc = NULL, *uc = NULL, *y = NULL, *o = NULL;
+    dg_status s = dg__contig(ctx, gate, &gc);
+    if (s == DG_OK)
+        s = dg__contig(ctx, up, &uc);
+    if (s == DG_OK)
+        s = dg__new_like(ctx, gate, &y);
+    if (s == DG_OK)
+        s = swiglu_run_fwd(ctx, gate, n, gc, uc, y);
+    if (s == DG_OK)
+        s = dg__linear_y(ctx, y, w, &o);
+    if (s == DG_OK && dg__needs_grad(3, (dg_tensor *[]){gate, up, w})) {
+        dg_node *nd = NULL;
+        s = dg__node_new("swiglu_linear", DG_POLICY_RECOMPUTE, swiglu_linear_backward, ctx, &nd);
+        if (s == DG_OK) {
+            const int cache = nd->policy == DG_POLICY_CACHE && dg_tensor_requires_grad(w);
+            dg__node_input(nd, gate);
+            dg__node_input(nd, up);
+            dg__node_input(nd, w);
+            dg__node_output(nd, o);
+            dg__node_save(nd, gc);
+            dg__node_save(nd, uc);
+            dg__node_save(nd, w);
+            dg__node_save(nd, cache ? y : NULL); /* dW's operand, kept or formed again */
+            s = dg__node_commit(nd);
+        }
+    }
+    dg_tensor_free(&gc);
+    dg_tensor_free(&uc);
+    dg_tensor_free(&y);
+    if (s != DG_OK)
+        dg_tensor_free(&o);
+    *out = o;
+    return s;
+}
+
+static dg_status swiglu_linear_backward(dg_ctx *ctx, dg_node *n) {
+    (void)ctx;
+    dg_ctx *c = n->ctx;
+    dg_tensor *gate = n->saved[0], *up = n->saved[1], *w = n->saved[2];
+    dg_tensor *gy = (dg_tensor *)dg__node_grad_out(n, 0);
+    const int want_g = dg__node_wants_grad(n, 0), want_u = dg__node_wants_grad(n, 1);
+    const int want_w = dg__node_wants_grad(n, 2);
+    const int64_t cnt = dg_tensor_numel(gate);
+    dg_tensor *y = n->saved[3] ? dg_tensor_retain(n->saved[3]) : NULL;
+    dg_tensor *dy = NULL, *dw = NULL, *dg = NULL, *du = NULL;
+    dg_status s = DG_OK;
+    if (want_w && !y) { /* RECOMPUTE: the product again, as forward formed it */
+        s = dg__new_like(c, gate, &y);
+        if (s == DG_OK)
+            s = swiglu_run_fwd(c, gate, cnt, gate, up, y);
+    }
+    if (s == DG_OK)
+        s = dg__linear_grads(c, gy, y, w, want_g || want_u ? &dy : NULL, want_w ? &dw : NULL);
+    dg_tensor_free(&y); /* before the product's own gradients are allocated */
+    if (s == DG_OK && dw)
+        s = dg__node_accum(c, n, 2, dw);
+    dg_tensor_free(&dw);
+    if (s == DG_OK && want_g)
+        s = dg__new_like(c, gate, &dg);
+    if (s == DG_OK && want_u)
+        s = dg__new_like(c, up, &du);
+    if (s == DG_OK && dy)
+        s = swiglu_run_bwd(c, gate, cnt, gate, up, dy, dg, du);
+    dg_tensor_free(&dy);
+    if (s == DG_OK && dg)
+        s = dg__node_accum(c, n, 0, dg);
+    if (s == DG_OK && du)
+        s = dg__node_accum(c, n, 1, du);
     dg_tensor_free(&dg);
     dg_tensor_free(&du);
     return s;

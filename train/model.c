@@ -727,12 +727,11 @@ static dg_status mlp(dg_model *m, dg_tensor *const *W, const dg_layer_ix *L, dg_
                      scratch *sc, dg_tensor **out) {
     dg_ctx *ctx = m->ctx;
     dg_status st = DG_OK;
-    dg_tensor *gt, *up, *act, *res;
+    dg_tensor *gt, *up, *res;
     NEWT(gt, dg_linear(ctx, h, W[L->gate_proj], &gt));
     NEWT(up, dg_linear(ctx, h, W[L->up_proj], &up));
-    NEWT(act, dg_swiglu(ctx, gt, up, &act));
-    res = NULL;
-    RUN(dg_linear(ctx, act, W[L->down_proj], &res));
+    res = NULL; /* the down projection forms silu(gt) up again in backward (swiglu_linear) */
+    RUN(dg_swiglu_linear(ctx, gt, up, W[L->down_proj], &res));
     *out = res;
     return DG_OK;
 fail:
