@@ -80,4 +80,66 @@ static inline unsigned dg__blocks(int64_t n, int threads) {
     return (unsigned)b;
 }
 
+// ---- strided layouts (dg_layout, cuda_api.h)
+
+/* Offset of logical element i in layout l. The loop runs over the compile-time maximum with a
+ * guard, so shape and stride stay in registers (a run-time index would copy the layout to local
+ * memory). Idx is uint32_t when every size fits (dg__layouts_fit_u32), which keeps the div/mod
+ * cheap. */
+template <typename Idx>
+__device__ __forceinline__ int64_t dg_layout_off(const dg_layout &l, Idx i) {
+    int64_t off = 0;
+#pragma unroll
+    for (int d = DG_MAX_DIMS - 1; d >= 0; d--) {
+        if (d < l.ndim) {
+            Idx s = (Idx)l.shape[d];
+            Idx c = i % s;
+            i /= s;
+            off += (int64_t)c * l.stride[d];
+        }
+    }
+    return off;
+}
+
+/* Can every offset of l and the element count n be held in a uint32_t? */
+static inline bool dg__layout_fits_u32(const dg_layout &l, int64_t n) {
+    int64_t span = 1;
+    for (int d = 0; d < l.ndim; d++)
+        span += (l.shape[d] - 1) * (l.stride[d] < 0 ? -l.stride[d] : l.stride[d]);
+    return span < (int64_t)UINT32_MAX && n < (int64_t)UINT32_MAX;
+}
+
+/* The fewest dims that visit the same elements in the same order, for `nl` layouts of one logical
+ * shape together: size-1 dims are dropped, and dims d, d+1 merge where every layout steps over d
+ * as one run of d+1 (stride[d] == stride[d+1] shape[d+1]). A bias [C] broadcast over a
+ * contiguous [B,T,C] becomes [B T, C] with strides (0, 1): one div/mod per element. */
+static inline void dg__layouts_coalesce(dg_layout *l, int nl) {
+    int nd = 0;
+    for (int d = 0; d < l[0].ndim; d++) {
+        if (l[0].shape[d] == 1)
+            continue;
+        bool merge = nd > 0;
+        for (int k = 0; merge && k < nl; k++)
+            merge = l[k].stride[nd - 1] == l[k].stride[d] * l[k].shape[d];
+        for (int k = 0; k < nl; k++) {
+            if (merge) {
+                l[k].shape[nd - 1] *= l[k].shape[d];
+                l[k].stride[nd - 1] = l[k].stride[d];
+            } else {
+                l[k].shape[nd] = l[k].shape[d];
+                l[k].stride[nd] = l[k].stride[d];
+            }
+        }
+        if (!merge)
+            nd++;
+    }
+    for (int k = 0; k < nl; k++) {
+        if (nd == 0) { /* one element */
+            l[k].shape[0] = 1;
+            l[k].stride[0] = 1;
+        }
+        l[k].ndim = nd ? nd : 1;
+    }
+}
+
 #endif /* DG_KERNELS_COMMON_CUH */

@@ -26,22 +26,14 @@ __global__ void binary_fwd_kernel_flat(T *y, const T *a, const T *b, int64_t n) 
         dg_st(y, i, binary_f<KIND>(dg_ld(a, i), dg_ld(b, i)));
 }
 
-/* General case: y's logical index i -> coordinates of the shared shape -> an offset into each
- * input through its strides (0 along broadcast dims). */
-template <typename T, int KIND>
-__global__ void binary_fwd_kernel_strided(T *y, const T *a, dg_layout la, const T *b, dg_layout lb,
-                                          int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t rem = i, oa = 0, ob = 0;
-        for (int d = la.ndim - 1; d >= 0; d--) {
-            int64_t c = rem % la.shape[d];
-            rem /= la.shape[d];
-            oa += c * la.stride[d];
-            ob += c * lb.stride[d];
-        }
-        dg_st(y, i, binary_f<KIND>(dg_ld(a, oa), dg_ld(b, ob)));
-    }
+/* General case: y's logical index i -> an offset into each input through its strides (0 along
+ * broadcast dims), the layouts coalesced first (dg__layouts_coalesce). */
+template <typename T, int KIND, typename Idx>
+__global__ void binary_fwd_kernel_strided(T *y, const T *a, const dg_layout la, const T *b,
+                                          const dg_layout lb, Idx n) {
+    for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < n;
+         i += (Idx)gridDim.x * blockDim.x)
+        dg_st(y, i, binary_f<KIND>(dg_ld(a, dg_layout_off(la, i)), dg_ld(b, dg_layout_off(lb, i))));
 }
 
 template <typename T> __global__ void scale_fwd_kernel(T *y, const T *x, float s, int64_t n) {
@@ -111,11 +103,16 @@ static const int kThreads = 256;
 template <typename T, int KIND>
 static void launch_binary(cudaStream_t st, T *y, const T *a, const dg_layout &la, const T *b,
                           const dg_layout &lb, int64_t n) {
-    if (la.ndim == 1 && la.stride[0] == 1 && lb.stride[0] == 1)
+    dg_layout l[2] = {la, lb};
+    dg__layouts_coalesce(l, 2);
+    if (l[0].ndim == 1 && l[0].stride[0] == 1 && l[1].stride[0] == 1)
         binary_fwd_kernel_flat<T, KIND><<<dg__blocks(n, kThreads), kThreads, 0, st>>>(y, a, b, n);
+    else if (dg__layout_fits_u32(l[0], n) && dg__layout_fits_u32(l[1], n))
+        binary_fwd_kernel_strided<T, KIND, uint32_t>
+            <<<dg__blocks(n, kThreads), kThreads, 0, st>>>(y, a, l[0], b, l[1], (uint32_t)n);
     else
-        binary_fwd_kernel_strided<T, KIND>
-            <<<dg__blocks(n, kThreads), kThreads, 0, st>>>(y, a, la, b, lb, n);
+        binary_fwd_kernel_strided<T, KIND, int64_t>
+            <<<dg__blocks(n, kThreads), kThreads, 0, st>>>(y, a, l[0], b, l[1], n);
 }
 
 template <typename T>

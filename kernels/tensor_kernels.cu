@@ -82,29 +82,12 @@ __global__ void copy_flat_kernel(D *__restrict__ dst, const S *__restrict__ src,
         dst[i] = dg_cvt<D>(src[i]);
 }
 
-/* Offset of logical element i in layout l. The loop runs over the compile-time maximum with a
- * guard, so shape and stride stay in registers (a run-time index would copy the layout to local
- * memory). Idx is uint32_t when every size fits, which keeps the div/mod cheap. */
-template <typename Idx> __device__ __forceinline__ int64_t layout_off(const dg_layout &l, Idx i) {
-    int64_t off = 0;
-#pragma unroll
-    for (int d = DG_MAX_DIMS - 1; d >= 0; d--) {
-        if (d < l.ndim) {
-            Idx s = (Idx)l.shape[d];
-            Idx c = i % s;
-            i /= s;
-            off += (int64_t)c * l.stride[d];
-        }
-    }
-    return off;
-}
-
 template <typename D, typename S, typename Idx>
 __global__ void copy_strided_kernel(D *__restrict__ dst, const dg_layout dl,
                                     const S *__restrict__ src, const dg_layout sl, Idx n) {
     for (Idx i = blockIdx.x * (Idx)blockDim.x + threadIdx.x; i < n;
          i += (Idx)gridDim.x * blockDim.x)
-        dst[layout_off(dl, i)] = dg_cvt<D>(src[layout_off(sl, i)]);
+        dst[dg_layout_off(dl, i)] = dg_cvt<D>(src[dg_layout_off(sl, i)]);
 }
 
 template <typename D, typename S>
@@ -165,13 +148,6 @@ static dg_layout contiguous_layout(const dg_layout &like) {
     return l;
 }
 
-static bool layout_fits_u32(const dg_layout &l) {
-    int64_t span = 1;
-    for (int d = 0; d < l.ndim; d++)
-        span += (l.shape[d] - 1) * (l.stride[d] < 0 ? -l.stride[d] : l.stride[d]);
-    return span < (int64_t)UINT32_MAX;
-}
-
 extern "C" dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt, dg_layout dl,
                                            const void *src, dg_dtype sdt, dg_layout sl, int64_t n) {
     if (n <= 0)
@@ -188,7 +164,10 @@ extern "C" dg_status dg__cuda_copy_strided(dg_ctx *ctx, void *dst, dg_dtype ddt,
         return DG_OK;
     }
     cudaStream_t s = dg__stream(ctx);
-    bool small = n < (int64_t)UINT32_MAX && layout_fits_u32(dl) && layout_fits_u32(sl);
+    dg_layout ls[2] = {dl, sl};
+    dg__layouts_coalesce(ls, 2);
+    dl = ls[0], sl = ls[1];
+    bool small = dg__layout_fits_u32(dl, n) && dg__layout_fits_u32(sl, n);
     return with_type(ddt, [&](auto dv) {
         using D = decltype(dv);
         return with_type(sdt, [&](auto sv) {

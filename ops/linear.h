@@ -16,9 +16,10 @@ dg_status dg__linear_check(const char *op, dg_ctx *ctx, const char *xname, dg_te
                            dg_tensor *w);
 /* *y = x W^T (new; NULL on failure). x and w as dg__linear_check accepts them. */
 dg_status dg__linear_y(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **y);
-/* The gradients asked for: *gx = dy W when gx is not NULL, *gw = dy^T x when gw is not NULL (x
- * is read only then). New tensors in w's dtype; on failure none is left. */
-dg_status dg__linear_grads(dg_ctx *ctx, dg_tensor *gy, dg_tensor *x, dg_tensor *w, dg_tensor **gx,
-                           dg_tensor **gw);
+/* The gradients asked for: *gx = dy W when gx is not NULL, or gx_acc += dy W in the GEMM when
+ * gx_acc is (a contiguous tensor of x's shape and w's dtype; one of the two at most); *gw = dy^T x
+ * when gw is not NULL (x is read only then). New tensors in w's dtype; on failure none is left. */
+dg_status dg__linear_grads(dg_ctx *ctx, dg_tensor *gy, dg_tensor *x, dg_tensor *w,
+                           dg_tensor *gx_acc, dg_tensor **gx, dg_tensor **gw);
 
 #endif /* DG_OPS_LINEAR_H */

@@ -91,12 +91,13 @@ static dg_status mat_of(dg_ctx *ctx, dg_tensor *t, int transpose, int rows, mat_
     return DG_OK;
 }
 
-/* c (contiguous, [batch, m, n] elements) = op(a) op(b). Frees the operands. */
-static dg_status run_gemm(dg_ctx *ctx, int64_t batch, int64_t m, int64_t n, int64_t k, mat_op *a,
-                          mat_op *b, dg_tensor *c) {
+/* c (contiguous, [batch, m, n] elements) = op(a) op(b) + beta c (beta 0 or 1). Frees the
+ * operands. */
+static dg_status run_gemm_acc(dg_ctx *ctx, int64_t batch, int64_t m, int64_t n, int64_t k,
+                              mat_op *a, mat_op *b, dg_tensor *c, double beta) {
     dg_status s = DG_OK;
     dg_gemm_desc g = {a->trans, b->trans, m,          n,          k,     batch, a->ld,
-                      b->ld,    n,        a->bstride, b->bstride, m * n, 1.0,   0.0};
+                      b->ld,    n,        a->bstride, b->bstride, m * n, 1.0,   beta};
     const void *pa = dg_tensor_data(a->keep), *pb = dg_tensor_data(b->keep);
     void *pc = dg_tensor_data(c);
     if (c->device.kind == DG_DEV_CPU) {
@@ -116,6 +117,11 @@ static dg_status run_gemm(dg_ctx *ctx, int64_t batch, int64_t m, int64_t n, int6
     dg_tensor_free(&a->keep);
     dg_tensor_free(&b->keep);
     return s;
+}
+
+static dg_status run_gemm(dg_ctx *ctx, int64_t batch, int64_t m, int64_t n, int64_t k, mat_op *a,
+                          mat_op *b, dg_tensor *c) {
+    return run_gemm_acc(ctx, batch, m, n, k, a, b, c, 0.0);
 }
 
 /* Shared input checks: float dtypes that agree, on ctx's device, bf16 only on CUDA. */
@@ -287,28 +293,33 @@ dg_status dg__linear_y(dg_ctx *ctx, dg_tensor *x, dg_tensor *w, dg_tensor **y) {
     return s;
 }
 
-dg_status dg__linear_grads(dg_ctx *ctx, dg_tensor *gy, dg_tensor *x, dg_tensor *w, dg_tensor **gx,
-                           dg_tensor **gw) {
+dg_status dg__linear_grads(dg_ctx *ctx, dg_tensor *gy, dg_tensor *x, dg_tensor *w,
+                           dg_tensor *gx_acc, dg_tensor **gx, dg_tensor **gw) {
     const int64_t out = w->shape[0], in = w->shape[1];
     const int64_t rows = dg__numel(gy->ndim - 1, gy->shape);
     dg_status s = DG_OK;
-    if (gx) { /* dx = dy W: gy's shape with the last dim `in` */
-        *gx = NULL;
-        int64_t shape[DG_MAX_DIMS];
-        memcpy(shape, gy->shape, sizeof shape);
-        shape[gy->ndim - 1] = in;
+    if (gx || gx_acc) { /* dx = dy W: gy's shape with the last dim `in` */
+        dg_tensor *dst = gx_acc;
+        if (gx) {
+            *gx = NULL;
+            int64_t shape[DG_MAX_DIMS];
+            memcpy(shape, gy->shape, sizeof shape);
+            shape[gy->ndim - 1] = in;
+            DG_TRY(new_out(ctx, w->dtype, gy->ndim, shape, out, gx));
+            dst = *gx;
+        }
         mat_op mg, mw;
-        DG_TRY(new_out(ctx, w->dtype, gy->ndim, shape, out, gx));
         s = mat_of(ctx, gy, 0, 1, &mg);
         if (s == DG_OK) {
             s = mat_of(ctx, w, 0, 0, &mw);
             if (s == DG_OK)
-                s = run_gemm(ctx, 1, rows, in, out, &mg, &mw, *gx);
+                s = run_gemm_acc(ctx, 1, rows, in, out, &mg, &mw, dst, gx ? 0.0 : 1.0);
             else
                 dg_tensor_free(&mg.keep);
         }
         if (s != DG_OK) {
-            dg_tensor_free(gx);
+            if (gx)
+                dg_tensor_free(gx);
             return s;
         }
     }
@@ -339,8 +350,13 @@ static dg_status linear_backward(dg_ctx *ctx, dg_node *nd) {
     dg_tensor *gy = (dg_tensor *)dg__node_grad_out(nd, 0);
     dg_tensor *x = nd->saved[0], *w = nd->saved[1]; /* x is NULL when w needs no gradient */
     const int want_x = dg__node_wants_grad(nd, 0), want_w = dg__node_wants_grad(nd, 1);
+    /* dx adds to the gradient x already has inside the GEMM where the slot allows it (no
+     * separate add, no temporary): x feeds several linears in a row (q, k, v, gate projections) */
+    dg_tensor *acc =
+        want_x && gy->shape[gy->ndim - 1] > 0 ? dg__node_grad_inplace(nd, 0, w->dtype) : NULL;
     dg_tensor *gx = NULL, *gw = NULL;
-    dg_status s = dg__linear_grads(ctx, gy, x, w, want_x ? &gx : NULL, want_w ? &gw : NULL);
+    dg_status s =
+        dg__linear_grads(ctx, gy, x, w, acc, want_x && !acc ? &gx : NULL, want_w ? &gw : NULL);
     if (s == DG_OK && gx)
         s = dg__node_accum(ctx, nd, 0, gx);
     if (s == DG_OK && gw)

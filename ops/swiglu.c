@@ -250,7 +250,7 @@ static dg_status swiglu_linear_backward(dg_ctx *ctx, dg_node *n) {
             s = swiglu_run_fwd(c, gate, cnt, gate, up, y);
     }
     if (s == DG_OK)
-        s = dg__linear_grads(c, gy, y, w, want_g || want_u ? &dy : NULL, want_w ? &dw : NULL);
+        s = dg__linear_grads(c, gy, y, w, NULL, want_g || want_u ? &dy : NULL, want_w ? &dw : NULL);
     dg_tensor_free(&y); /* before the product's own gradients are allocated */
     if (s == DG_OK && dw)
         s = dg__node_accum(c, n, 2, dw);

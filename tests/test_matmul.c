@@ -3,9 +3,11 @@
  *
  * cpu: forward against a naive triple loop (odd sizes, transposed and sliced views, sizes past
  *      the GEMM's cache blocks), f64 gradcheck of every layout (2-D, batched, broadcast B, linear
- *      with 1-D and 3-D x), f32 against f64, results independent of the thread count, bad inputs.
+ *      with 1-D and 3-D x), f32 against f64, results independent of the thread count, bad inputs;
+ *      one x read by three linears (dx accumulated inside the later GEMMs) against a direct loop.
  * gpu: cuBLAS against the CPU f64 reference: f64, f32 (rel < 1e-5, which TF32 would miss by
- *      two orders of magnitude at K = 1024), bf16 (rel < 1e-2), forward and both gradients.
+ *      two orders of magnitude at K = 1024), bf16 (rel < 1e-2), forward and both gradients; the
+ *      three-linear case in f64, f32 and bf16.
  */
 #include "tests/harness.h"
 
@@ -382,6 +384,61 @@ static void test_errors(dg_ctx *cpu) {
         dg_tensor_free(&all[i]);
 }
 
+/* x [2,9,23] read by three linears w_i [17,23]; loss sum_i <y_i, dy_i>. dx = sum_i dy_i W_i: the
+ * first linear's backward creates x's gradient, the next two add to it inside their GEMMs. Checked
+ * against a direct f64 loop over the same (dt-rounded) values. */
+static void test_linear_shared(dg_ctx *cpu, dg_ctx *ctx, dg_dtype dt, double tol) {
+    const int64_t R = 18, IN = 23, OUT = 17, xs[3] = {2, 9, 23}, ws[2] = {17, 23},
+                  ys[3] = {2, 9, 17};
+    dg_tensor *xh = dg_test_randn(cpu, DG_F64, 3, xs, 61), *x = NULL, *y[3] = {0}, *dy[3] = {0};
+    dg_tensor *w[3] = {0};
+    double *xv = NULL, *wv[3], *dyv[3], *want = calloc((size_t)(R * IN), sizeof(double));
+    DG_TEST_TRY(dg_to_device(ctx, xh, &x));
+    dg_tensor *xr = NULL;
+    DG_TEST_TRY(dg_to_dtype(ctx, x, dt, &xr));
+    dg_tensor_free(&x);
+    x = xr;
+    dg_tensor_set_requires_grad(x, 1);
+    for (int i = 0; i < 3; i++) {
+        dg_tensor *wh = dg_test_randn(cpu, DG_F64, 2, ws, 62 + (uint64_t)i), *t = NULL;
+        dg_tensor *gh = dg_test_randn(cpu, DG_F64, 3, ys, 72 + (uint64_t)i);
+        DG_TEST_TRY(dg_to_device(ctx, wh, &t));
+        DG_TEST_TRY(dg_to_dtype(ctx, t, dt, &w[i]));
+        dg_tensor_free(&t);
+        DG_TEST_TRY(dg_to_device(ctx, gh, &t));
+        DG_TEST_TRY(dg_to_dtype(ctx, t, dt, &dy[i]));
+        dg_tensor_free(&t);
+        DG_TEST_TRY(dg_tensor_to_f64(w[i], &wv[i]));
+        DG_TEST_TRY(dg_tensor_to_f64(dy[i], &dyv[i]));
+        DG_TEST_TRY(dg_linear(ctx, x, w[i], &y[i]));
+        dg_tensor_free(&wh);
+        dg_tensor_free(&gh);
+    }
+    DG_TEST_TRY(dg_tape_backward_multi(ctx, 3, y, (const dg_tensor *const *)dy));
+    for (int i = 0; i < 3; i++)
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < IN; j++)
+                for (int64_t o = 0; o < OUT; o++)
+                    want[r * IN + j] += dyv[i][r * OUT + o] * wv[i][o * IN + j];
+    DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(x), &xv));
+    char name[96];
+    snprintf(name, sizeof name, "%s %s linear x3 sharing x: dx", dg_device_str(dg_ctx_device(ctx)),
+             dg_dtype_name(dt));
+    dg_check_rel(name, xv, want, R * IN, tol);
+    dg_tape_reset();
+    free(xv);
+    free(want);
+    for (int i = 0; i < 3; i++) {
+        free(wv[i]);
+        free(dyv[i]);
+        dg_tensor_free(&w[i]);
+        dg_tensor_free(&dy[i]);
+        dg_tensor_free(&y[i]);
+    }
+    dg_tensor_free(&x);
+    dg_tensor_free(&xh);
+}
+
 static void test_gpu(dg_ctx *cpu) {
     dg_ctx *gpu = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
@@ -408,6 +465,10 @@ static void test_gpu(dg_ctx *cpu) {
             compare_case(cpu, gpu, &cs[ci], DG_BF16, DG_BF16, 1e-2, seed);
         }
     }
+    test_linear_shared(cpu, gpu, DG_F64, 1e-12);
+    test_linear_shared(cpu, gpu, DG_F32, 1e-5);
+    /* bf16 inputs exact in the loop; the sum of three products rounded once per GEMM */
+    test_linear_shared(cpu, gpu, DG_BF16, 1e-2);
     /* Device mismatch and the f32 no-TF32 guard are reported, not crashed on. */
     int64_t s34[2] = {3, 4}, s45[2] = {4, 5};
     dg_tensor *a = dg_test_randn(gpu, DG_F32, 2, s34, 1),
@@ -426,6 +487,8 @@ static void cpu_cases(dg_ctx *cpu) {
     test_gradcheck(cpu);
     test_f32_vs_f64(cpu);
     test_errors(cpu);
+    test_linear_shared(cpu, cpu, DG_F64, 1e-12);
+    test_linear_shared(cpu, cpu, DG_F32, 1e-5);
 }
 
 int main(int argc, char **argv) { return dg_test_main(argc, argv, "matmul", cpu_cases, test_gpu); }
