@@ -7,14 +7,16 @@
  * rows get a block of NORM_BLOCK_THREADS threads. Every row reduction is a butterfly within the
  * warp plus, in block mode, a fixed-order sum over the warps, so results are bitwise reproducible.
  * The weight gradient sums over rows in two passes: blocks of NORM_DW_COLS columns x one chunk of
- * rows write partial sums, then one thread per column adds the chunks in order. No atomics.
+ * rows write partial sums, then norm_colsum_kernel adds the chunks in a fixed order (8 lanes per
+ * column, each over every 8th chunk, then the lanes in order). No atomics. Rows of D <= 256 (the
+ * per-head norms) run the backward with the row held in registers (norm_bwd_warp_kernel).
  *
  * The residual add + RMSNorm (dg_add_rmsnorm) uses the same row layout. Its forward reads x and
  * the residual once and writes the sum and y. Its backward is one row kernel: each block takes a
  * contiguous run of rows, writes dx and keeps its share of dw in shared memory (one row of D per
  * warp on the warp path, one per block on the block path while D fits, else in the block's own
  * row of the partial buffer), then writes one partial row; norm_colsum_kernel adds the partials in
- * block order. The rows a block takes depend on rows and D only: bitwise reproducible.
+ * its fixed order. The rows a block takes depend on rows and D only: bitwise reproducible.
  */
 #include "common.cuh"
 #include "norm.cuh"
@@ -23,6 +25,7 @@
 
 #define NORM_WARP_MAX_D 1024
 #define NORM_WARP_ROWS 8
+#define NORM_BWD_PL 8 /* rows of D <= 256: the backward keeps the row in registers */
 #define NORM_BLOCK_THREADS 256
 #define NORM_DW_COLS 32
 #define NORM_DW_LANES 8
@@ -190,6 +193,73 @@ __global__ void norm_bwd_kernel(int64_t rows, int D, float scale, float eps, con
     }
 }
 
+/* norm_bwd_kernel for rows of D <= 32 PL on the warp path, with the row's values read once into
+ * registers (lane owns columns lane + 32 k): the same arithmetic in the same order, so the same
+ * bits, without reading x, dy, gate and w three times and forming act(gate) twice. */
+template <typename T, int PL>
+__global__ void norm_bwd_warp_kernel(int64_t rows, int D, float scale, float eps, const T *x,
+                                     const T *w, const T *gate, dg_act act, const float *rstd,
+                                     const T *dy, T *dx, T *dgate, float *rstd_out) {
+    const int lane = threadIdx.x;
+    const int64_t step = (int64_t)gridDim.x * blockDim.y;
+    for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += step) {
+        const T *xr = x + row * D, *dyr = dy + row * D;
+        const T *gr = gate ? gate + row * D : nullptr;
+        float xv[PL], dyw[PL], gt[PL], g[PL];
+        float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PL; k++) {
+            const int j = lane + 32 * k;
+            xv[k] = dyw[k] = gt[k] = g[k] = 0.0f;
+            if (j < D) {
+                xv[k] = dg_ld(xr, j);
+                ss += xv[k] * xv[k];
+                dyw[k] = dg_ld(dyr, j);
+                if (w)
+                    dyw[k] *= dg_ld(w, j);
+                g[k] = dyw[k];
+                if (gr) {
+                    gt[k] = dg_ld(gr, j);
+                    g[k] *= norm_act(act, gt[k]);
+                }
+                dot += g[k] * xv[k];
+            }
+        }
+        float r;
+        if (rstd) {
+            r = rstd[row];
+        } else {
+            ss = norm_warp_sum(ss);
+            r = 1.0f / sqrtf(ss * scale + eps);
+        }
+        if (rstd_out && lane == 0)
+            rstd_out[row] = r;
+        if (dx) {
+            dot = norm_warp_sum(dot);
+            const float m = scale * r * dot;
+            T *dxr = dx + row * D;
+#pragma unroll
+            for (int k = 0; k < PL; k++)
+                if (lane + 32 * k < D)
+                    dg_st(dxr, lane + 32 * k, r * (g[k] - xv[k] * r * m));
+        }
+        if (dgate) {
+            T *dgr = dgate + row * D;
+#pragma unroll
+            for (int k = 0; k < PL; k++) {
+                const int j = lane + 32 * k;
+                if (j < D) {
+                    /* dy x r w in norm_bwd_kernel's order: ((dy x) r) w */
+                    float v = dg_ld(dyr, j) * xv[k] * r;
+                    if (w)
+                        v *= dg_ld(w, j);
+                    dg_st(dgr, j, v * norm_act_grad(act, gt[k]));
+                }
+            }
+        }
+    }
+}
+
 /* partial[chunk, j] = sum over the chunk's rows of dy x r act(gate), in a fixed order. */
 template <typename T>
 __global__ void norm_dw_partial_kernel(int64_t rows, int D, int64_t chunk_rows, const T *x,
@@ -219,16 +289,32 @@ __global__ void norm_dw_partial_kernel(int64_t rows, int D, int64_t chunk_rows, 
     }
 }
 
-/* out[j] = sum_k partial[k, j], k in order. */
+/* out[j] = sum_k partial[k, j] in a fixed order: block (32 columns) x NORM_DW_LANES lanes; lane y
+ * sums k = y, y + LANES, ... in order, then lane 0 adds the lanes' sums in lane order. */
 template <typename T>
 __global__ void norm_colsum_kernel(int nchunks, int D, const float *partial, T *out) {
-    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < D;
-         j += (int64_t)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int k = 0; k < nchunks; k++)
+    __shared__ float acc_s[NORM_DW_LANES][NORM_DW_COLS];
+    const int j = blockIdx.x * NORM_DW_COLS + threadIdx.x;
+    float s = 0.0f;
+    if (j < D)
+        for (int k = threadIdx.y; k < nchunks; k += NORM_DW_LANES)
             s += partial[(int64_t)k * D + j];
-        dg_st(out, j, s);
+    acc_s[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < D) {
+        float t = 0.0f;
+        for (int y = 0; y < NORM_DW_LANES; y++)
+            t += acc_s[y][threadIdx.x];
+        dg_st(out, j, t);
     }
+}
+
+/* Launch norm_colsum_kernel over D columns. */
+template <typename T>
+static void norm_colsum(cudaStream_t st, int nchunks, int D, const float *partial, void *out) {
+    dim3 block(NORM_DW_COLS, NORM_DW_LANES);
+    norm_colsum_kernel<T>
+        <<<(unsigned)DG_CEIL_DIV(D, NORM_DW_COLS), block, 0, st>>>(nchunks, D, partial, (T *)out);
 }
 
 /* The value v takes once stored as T (what a later reader of the stored tensor sees). */
@@ -394,7 +480,13 @@ static dg_status norm_bwd_typed(dg_ctx *ctx, int64_t rows, int D, float scale, f
                                 float *rstd_tmp, float *partial, int nchunks, int64_t chunk_rows) {
     cudaStream_t st = dg__stream(ctx);
     if (dx || dgate || rstd_tmp) {
-        if (D <= NORM_WARP_MAX_D) {
+        if (D <= 32 * NORM_BWD_PL) {
+            dim3 block(32, NORM_WARP_ROWS);
+            norm_bwd_warp_kernel<T, NORM_BWD_PL>
+                <<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(
+                    rows, D, scale, eps, (const T *)x, (const T *)w, (const T *)gate, act, rstd,
+                    (const T *)dy, (T *)dx, (T *)dgate, rstd_tmp);
+        } else if (D <= NORM_WARP_MAX_D) {
             dim3 block(32, NORM_WARP_ROWS);
             norm_bwd_kernel<T, true><<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(
                 rows, D, scale, eps, (const T *)x, (const T *)w, (const T *)gate, act, rstd,
@@ -413,7 +505,7 @@ static dg_status norm_bwd_typed(dg_ctx *ctx, int64_t rows, int D, float scale, f
             <<<grid, block, 0, st>>>(rows, D, chunk_rows, (const T *)x, (const T *)gate, act,
                                      rstd ? rstd : rstd_tmp, (const T *)dy, partial);
         DG_CHECK_LAUNCH();
-        norm_colsum_kernel<T><<<dg__blocks(D, 256), 256, 0, st>>>(nchunks, D, partial, (T *)dw);
+        norm_colsum<T>(st, nchunks, D, partial, dw);
         DG_CHECK_LAUNCH();
     }
     return DG_OK;
@@ -531,7 +623,7 @@ static dg_status add_norm_bwd_typed(dg_ctx *ctx, int64_t rows, int D, int64_t ro
     }
     DG_CHECK_LAUNCH();
     if (dw) {
-        norm_colsum_kernel<T><<<dg__blocks(D, 256), 256, 0, st>>>(nblocks, D, partial, (T *)dw);
+        norm_colsum<T>(st, nblocks, D, partial, dw);
         DG_CHECK_LAUNCH();
     }
     return DG_OK;

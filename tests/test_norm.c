@@ -7,11 +7,11 @@
  *      by dg_rmsnorm (outputs and gradients, with both outputs, only y or only the sum in the
  *      loss, and x passed as both inputs); f32 vs f64; CACHE vs RECOMPUTE; bad arguments.
  * gpu: CUDA (f32, bf16) vs the CPU on the same values, forward and every gradient, on the warp
- *      path (D <= 1024) and the block path (D > 1024), odd sizes, strided input, bitwise
- *      determinism of dw, CACHE vs RECOMPUTE, device/dtype errors. dg_add_rmsnorm: the same
- *      against the CPU for D = 1, 7, 33, 896, 1000 (warp path), 1500 and 13000 (block path,
- *      the dw share in shared and in global memory), several rows per block, run twice and
- *      RECOMPUTE == CACHE bitwise, and the fused kernels against dg_add + dg_rmsnorm.
+ *      paths (D <= 256 in registers, D <= 1024) and the block path (D > 1024), odd sizes, strided
+ * input, bitwise determinism of dw, CACHE vs RECOMPUTE, device/dtype errors. dg_add_rmsnorm: the
+ * same against the CPU for D = 1, 7, 33, 896, 1000 (warp path), 1500 and 13000 (block path, the dw
+ * share in shared and in global memory), several rows per block, run twice and RECOMPUTE == CACHE
+ * bitwise, and the fused kernels against dg_add + dg_rmsnorm.
  */
 #include "tests/harness.h"
 
@@ -667,10 +667,12 @@ static void test_add_errors(dg_ctx *cpu) {
 static void test_gpu(dg_ctx *cpu) {
     dg_ctx *gpu = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
-    /* warp path (D <= 1024), block path (D > 1024), many rows (several dw chunks), 3-d x */
-    const int64_t shapes[][3] = {{37, 100, 0}, {300, 1500, 0}, {1000, 33, 0}, {3, 37, 129}};
-    const int ndims[] = {2, 2, 2, 3};
-    for (int si = 0; si < 4; si++) {
+    /* warp path with the row in registers (D <= 256), warp path (D <= 1024), block path
+     * (D > 1024), many rows (several dw chunks), 3-d x */
+    const int64_t shapes[][3] = {{37, 100, 0}, {300, 1500, 0}, {1000, 33, 0},
+                                 {3, 37, 129}, {50, 600, 0},   {20, 256, 0}};
+    const int ndims[] = {2, 2, 2, 3, 2, 2};
+    for (int si = 0; si < 6; si++) {
         for (int k = 0; k < N_CFGS; k++) {
             for (int dti = 0; dti < 2; dti++) {
                 dg_dtype dt = dti ? DG_BF16 : DG_F32;
