@@ -36,6 +36,16 @@ __global__ void binary_fwd_kernel_strided(T *y, const T *a, const dg_layout la, 
         dg_st(y, i, binary_f<KIND>(dg_ld(a, dg_layout_off(la, i)), dg_ld(b, dg_layout_off(lb, i))));
 }
 
+/* Two dims after coalescing (a bias over rows, a row scale, a transpose): one div per element. */
+template <typename T, int KIND>
+__global__ void binary_fwd_kernel_2d(T *y, const T *a, uint32_t sa0, uint32_t sa1, const T *b,
+                                     uint32_t sb0, uint32_t sb1, uint32_t C, uint32_t n) {
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const uint32_t r = i / C, c = i - r * C;
+        dg_st(y, i, binary_f<KIND>(dg_ld(a, r * sa0 + c * sa1), dg_ld(b, r * sb0 + c * sb1)));
+    }
+}
+
 template <typename T> __global__ void scale_fwd_kernel(T *y, const T *x, float s, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -107,6 +117,12 @@ static void launch_binary(cudaStream_t st, T *y, const T *a, const dg_layout &la
     dg__layouts_coalesce(l, 2);
     if (l[0].ndim == 1 && l[0].stride[0] == 1 && l[1].stride[0] == 1)
         binary_fwd_kernel_flat<T, KIND><<<dg__blocks(n, kThreads), kThreads, 0, st>>>(y, a, b, n);
+    else if (l[0].ndim == 2 && dg__layout_fits_u32(l[0], n) && dg__layout_fits_u32(l[1], n) &&
+             l[0].stride[0] >= 0 && l[0].stride[1] >= 0 && l[1].stride[0] >= 0 &&
+             l[1].stride[1] >= 0)
+        binary_fwd_kernel_2d<T, KIND><<<dg__blocks(n, kThreads), kThreads, 0, st>>>(
+            y, a, (uint32_t)l[0].stride[0], (uint32_t)l[0].stride[1], b, (uint32_t)l[1].stride[0],
+            (uint32_t)l[1].stride[1], (uint32_t)l[0].shape[1], (uint32_t)n);
     else if (dg__layout_fits_u32(l[0], n) && dg__layout_fits_u32(l[1], n))
         binary_fwd_kernel_strided<T, KIND, uint32_t>
             <<<dg__blocks(n, kThreads), kThreads, 0, st>>>(y, a, l[0], b, l[1], (uint32_t)n);

@@ -167,7 +167,7 @@ static dg_status l2_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__l2norm_x(dg_ctx *ctx, const char *kind, dg_tensor *x, double eps, int keep_f32,
-                       dg_tensor **y) {
+                       int y_kept, dg_tensor **y) {
     *y = NULL;
     l2_params lp = {eps, x->dtype, dg__is_cuda(x), 0, x->shape[x->ndim - 1], 0};
     if (lp.cuda)
@@ -196,6 +196,8 @@ dg_status dg__l2norm_x(dg_ctx *ctx, const char *kind, dg_tensor *x, double eps, 
     if (st == DG_OK && dg__needs_grad(1, &x)) {
         dg_node *n;
         st = dg__node_new(kind, DG_POLICY_CACHE, l2_backward, ctx, &n);
+        if (st == DG_OK && y_kept && yc == *y)
+            n->policy = DG_POLICY_CACHE; /* keeping x instead would only add to y */
         if (st == DG_OK) {
             dg__node_input(n, x);
             st = dg__node_output(n, *y);
@@ -231,6 +233,6 @@ dg_status dg_l2norm(dg_ctx *ctx, dg_tensor *x, double eps, dg_tensor **out) {
     if (x->ndim < 1)
         return dg__err(DG_ERR_SHAPE, "%s: 'x' must have a last axis, got %s", op,
                        dg_tensor_desc(x));
-    return dg__l2norm_x(ctx, "l2norm", x, eps, 0, out);
+    return dg__l2norm_x(ctx, "l2norm", x, eps, 0, 0, out);
 }
 #endif

@@ -33,8 +33,11 @@ dg_status dg__l2norm_run_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, i
  * "kda_l2norm": the policy key). The caller has checked x (a float tensor of ctx with a last
  * axis >= 1; bf16 and f64 only where the device runs them) and eps (finite, >= 0). y has x's
  * dtype, or the compute dtype with keep_f32. Under CACHE (the default) the node keeps y and r in
- * the compute dtype; under RECOMPUTE it keeps x and backward recomputes y and r. */
+ * the compute dtype; under RECOMPUTE it keeps x and backward recomputes y and r. y_kept: the
+ * caller's later nodes keep y whatever their policy (KDA's stages keep the normalised q and k);
+ * when y is the compute-dtype tensor itself the node then caches under every policy, since
+ * keeping x would add to y rather than replace it. */
 dg_status dg__l2norm_x(dg_ctx *ctx, const char *kind, dg_tensor *x, double eps, int keep_f32,
-                       dg_tensor **y);
+                       int y_kept, dg_tensor **y);
 
 #endif

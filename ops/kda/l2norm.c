@@ -21,7 +21,8 @@ dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **
     if (dg__is_cuda(x))
         return dg__no_cuda(OP);
 #endif
-    return dg__l2norm_x(ctx, "kda_l2norm", x, KDA_L2_EPS, keep_f32, y);
+    /* the composite (keep_f32) hands y to intra, WY and output, which keep it under every policy */
+    return dg__l2norm_x(ctx, "kda_l2norm", x, KDA_L2_EPS, keep_f32, keep_f32, y);
 }
 
 dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y) {
