@@ -132,37 +132,44 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
         pA[c * row + e] = sda;
 }
 
-/* ddt_bias[e] = sum over chunks of pdt[c, e] (chunk order). */
-__global__ void gate_ddt_reduce_kernel(int64_t NC, int row, const float *pdt, float *ddt_bias) {
-    const int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= row)
+/* Column sums over the NC chunk rows of the gate backward's partials, in a fixed order: block
+ * (x, y) takes columns [32 x, 32 x + 32) of pdt (y = 0, into ddt_bias) or pA (y = 1, into tA);
+ * lane ly sums chunks ly, ly + 32, ... in order, then lane 0 adds the 32 lanes in order. A NULL
+ * destination skips its half. */
+#define GATE_CS_LANES 32
+__global__ void gate_colsum_kernel(int64_t NC, int row, const float *pdt, const float *pA,
+                                   float *ddt_bias, float *tA) {
+    __shared__ float red[GATE_CS_LANES][32 + 1];
+    const float *p = blockIdx.y ? pA : pdt;
+    float *out = blockIdx.y ? tA : ddt_bias;
+    if (!out)
         return;
+    const int e = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
-    for (int64_t c = 0; c < NC; c++)
-        s += pdt[c * row + e];
-    ddt_bias[e] = s;
+    if (e < row)
+        for (int64_t c = threadIdx.y; c < NC; c += GATE_CS_LANES)
+            s += p[c * row + e];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && e < row) {
+        float t = 0.f;
+        for (int l = 0; l < GATE_CS_LANES; l++)
+            t += red[l][threadIdx.x];
+        out[e] = t;
+    }
 }
 
-/* dA_log[hv] = sum over chunks and key dims of pA[c, hv, d]: block hv, each thread a fixed
- * strided subset, then a fixed shared-memory tree. */
-__global__ void gate_dA_reduce_kernel(int64_t NC, int HV, int K, const float *pA, float *dA_log) {
-    __shared__ float red[NTH];
+/* dA_log[hv] = sum over the key dims of tA[hv, d]: one warp per value head, lane l over
+ * d = l, l + 32, ... in order, then a butterfly (every lane ends with the same bits). */
+__global__ void gate_dA_reduce_kernel(int HV, int K, const float *tA, float *dA_log) {
     const int hv = blockIdx.x;
-    const int64_t n = NC * K;
     float s = 0.f;
-    for (int64_t i = threadIdx.x; i < n; i += NTH) {
-        const int64_t c = i / K, col = i % K;
-        s += pA[(c * HV + hv) * K + col];
-    }
-    red[threadIdx.x] = s;
-    __syncthreads();
-    for (int w = NTH / 2; w > 0; w >>= 1) {
-        if ((int)threadIdx.x < w)
-            red[threadIdx.x] += red[threadIdx.x + w];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        dA_log[hv] = red[0];
+    for (int d = threadIdx.x; d < K; d += 32)
+        s += tA[(int64_t)hv * K + d];
+    for (int o = 16; o > 0; o >>= 1)
+        s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (threadIdx.x == 0 && hv < HV)
+        dA_log[hv] = s;
 }
 
 // ---- launchers
@@ -224,7 +231,7 @@ extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
     }
     float *pdt = nullptr, *pA = nullptr;
     if (gated && (dA_log || ddt_bias)) {
-        DG_TRY(part.alloc(2 * (size_t)d->NC * row));
+        DG_TRY(part.alloc(2 * (size_t)d->NC * row + (size_t)row)); /* pdt, pA, tA */
         pdt = part.f();
         pA = pdt + (size_t)d->NC * row;
     }
@@ -236,13 +243,15 @@ extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
         gate_bwd_kernel<<<grid, NTH, 0, s>>>(make_dims(d), kind, lb, cumsum, (const float *)x,
                                              A_log, dt_bias, dG, (float *)dx, pdt, pA);
     DG_CHECK_LAUNCH();
-    if (pdt && ddt_bias) {
-        gate_ddt_reduce_kernel<<<DG_CEIL_DIV(row, NTH), NTH, 0, s>>>(d->NC, row, pdt, ddt_bias);
+    if (pdt && (ddt_bias || dA_log)) {
+        float *tA = dA_log ? pA + (size_t)d->NC * row : nullptr;
+        dim3 cgrid(DG_CEIL_DIV(row, 32), 2), cblock(32, GATE_CS_LANES);
+        gate_colsum_kernel<<<cgrid, cblock, 0, s>>>(d->NC, row, pdt, pA, ddt_bias, tA);
         DG_CHECK_LAUNCH();
-    }
-    if (pA && dA_log) {
-        gate_dA_reduce_kernel<<<d->HV, NTH, 0, s>>>(d->NC, d->HV, d->K, pA, dA_log);
-        DG_CHECK_LAUNCH();
+        if (dA_log) {
+            gate_dA_reduce_kernel<<<d->HV, 32, 0, s>>>(d->HV, d->K, tA, dA_log);
+            DG_CHECK_LAUNCH();
+        }
     }
     return DG_OK;
 }
