@@ -551,7 +551,9 @@ dg_status dg_swiglu_linear(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tenso
 /* weight [Vocab, d], ids i32/i64 of any shape S (at most 4 dims) -> [S..., d]. An id outside
  * [0, Vocab) is DG_ERR_ARG naming its position and value (on CUDA this costs one sync, unless
  * checks are deferred: dg_ctx_defer_checks). weight: f64/f32 on the CPU, f32/bf16 on CUDA. The
- * backward (a scatter-add into dweight) is deterministic on both devices: no float atomics. */
+ * backward (a scatter-add into dweight) is deterministic on both devices: no float atomics. On
+ * CUDA an id's gradient is summed in position order in f32 up to 32 occurrences, beyond that in
+ * a fixed two-level order (sums of 32, then of those): the same bits every run, not the CPU's. */
 dg_status dg_embedding(dg_ctx *ctx, dg_tensor *weight, dg_tensor *ids, dg_tensor **out);
 /* Causal depthwise conv along T: x [B,T,C], w [C,W] (1 <= W <= 8, 4 typical), bias [C] or NULL.
  *   y[b,t,c] = act( sum_{i<W} w[c,i] x[b, t-W+1+i, c] + bias[c] ), x before the sequence start = 0.

@@ -5,7 +5,9 @@
  *      gradcheck with repeated ids, f32 against f64, out-of-range ids and other bad inputs;
  *      with dg_ctx_defer_checks on, bad ids and targets still fail at the call.
  * gpu: gather equals the CPU exactly (f32, bf16); the scatter-add backward against the CPU f64
- *      reference, bitwise identical across runs (no float atomics); out-of-range ids reported.
+ *      reference, bitwise identical across runs (no float atomics), also with skewed ids (90% one
+ *      id: runs of hundreds of segments), odd widths and a vocabulary of one or 70001 rows;
+ *      unused rows exactly 0; out-of-range ids reported.
  *      Deferred checks (the bad-input record): bad ids / targets do not fail the call, give a
  *      zero row and no gradient, and dg_ctx_check_errors reports the first with the eager
  *      message (and how many calls had bad input), then nothing; eager checks again after.
@@ -169,6 +171,86 @@ static double *grad_of(dg_ctx *ctx, dg_tensor *w, dg_tensor *ids, dg_tensor *gy)
 
 static void test_deferred_gpu(dg_ctx *cpu, dg_ctx *gpu);
 
+/* n ids, 90% of them `hot`, the others uniform in [0, V), as an i32 or i64 tensor on ctx. */
+static dg_tensor *make_skewed_ids(dg_ctx *ctx, dg_dtype dt, int64_t n, int64_t V, int64_t hot,
+                                  uint64_t seed) {
+    int64_t *v = malloc((size_t)n * sizeof *v);
+    int32_t *v32 = malloc((size_t)n * sizeof *v32);
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = dg_rand_u01(seed, (uint64_t)i) < 0.9
+                   ? hot
+                   : (int64_t)(dg_rand_u01(seed + 1, (uint64_t)i) * (double)V);
+        v32[i] = (int32_t)v[i];
+    }
+    dg_tensor *t = NULL;
+    DG_TEST_TRY(dg_tensor_from_host(ctx, dt, 1, (int64_t[]){n},
+                                    dt == DG_I32 ? (void *)v32 : (void *)v, &t));
+    free(v);
+    free(v32);
+    return t;
+}
+
+/* Skewed ids (one id holds ~18000 of 20000 positions: hundreds of 32-position segments, combined
+ * by the second kernel), V not a multiple of anything, widths with and without vector access.
+ * Tolerances: f32 dy is summed in f32 per segment of 32 positions, then the segment sums in two
+ * more f32 levels (16 strided chains, then their 16 sums); the error is that of an f32 sum of the
+ * run, a few 2^-24 times the partial sums' magnitudes (random signs: about 1e-7 of max |dW| here),
+ * so 1e-5 leaves a wide margin. bf16 adds one rounding of the output, <= 2^-9 of |dW| <= 2^-9
+ * max |dW| (4e-3 leaves 2x for the f32 part). */
+static void test_gpu_skewed(dg_ctx *cpu, dg_ctx *gpu) {
+    static const struct {
+        int64_t V, d, n, hot;
+        dg_dtype it;
+    } cfg[] = {
+        {257, 37, 20000, 200, DG_I32},     /* odd width: scalar access */
+        {1003, 512, 20000, 5, DG_I64},     /* 16-byte access, many rows never used */
+        {1, 64, 20000, 0, DG_I64},         /* a single row: every position in one run */
+        {70001, 40, 20000, 69999, DG_I32}, /* more ids than one block of threads */
+    };
+    for (size_t k = 0; k < sizeof cfg / sizeof *cfg; k++) {
+        for (int wd = DG_F32; wd <= DG_BF16; wd++) {
+            dg_dtype dt = (dg_dtype)wd;
+            int64_t ws[2] = {cfg[k].V, cfg[k].d}, ys[2] = {cfg[k].n, cfg[k].d};
+            dg_tensor *wh = dg_test_randn(cpu, dt, 2, ws, 60 + k),
+                      *gh = dg_test_randn(cpu, dt, 2, ys, 70 + k);
+            dg_tensor *w64 = NULL, *g64 = NULL, *wg = NULL, *gg = NULL, *ig = NULL;
+            DG_TEST_TRY(dg_to_dtype(cpu, wh, DG_F64, &w64));
+            DG_TEST_TRY(dg_to_dtype(cpu, gh, DG_F64, &g64));
+            DG_TEST_TRY(dg_to_device(gpu, wh, &wg));
+            DG_TEST_TRY(dg_to_device(gpu, gh, &gg));
+            dg_tensor *ic = make_skewed_ids(cpu, cfg[k].it, cfg[k].n, cfg[k].V, cfg[k].hot, 80 + k);
+            DG_TEST_TRY(dg_to_device(gpu, ic, &ig));
+            dg_tensor_set_requires_grad(w64, 1);
+            dg_tensor_set_requires_grad(wg, 1);
+            double *want = grad_of(cpu, w64, ic, g64);
+            double *got = grad_of(gpu, wg, ig, gg);
+            double *again = grad_of(gpu, wg, ig, gg);
+            int64_t nw = cfg[k].V * cfg[k].d;
+            char name[128];
+            snprintf(name, sizeof name, "cuda %s dW skewed V=%lld d=%lld %s vs cpu f64",
+                     dg_dtype_name(dt), (long long)cfg[k].V, (long long)cfg[k].d,
+                     dg_dtype_name(cfg[k].it));
+            dg_check_rel(name, got, want, nw, dt == DG_F32 ? 1e-5 : 4e-3);
+            /* rows without a position are exactly 0, as in the reference */
+            int zeros_ok = 1;
+            for (int64_t i = 0; i < nw; i++)
+                if (want[i] == 0.0)
+                    zeros_ok &= got[i] == 0.0;
+            dg_check(zeros_ok, "cuda %s dW skewed V=%lld: unused rows are 0", dg_dtype_name(dt),
+                     (long long)cfg[k].V);
+            dg_check(memcmp(got, again, (size_t)nw * sizeof *got) == 0,
+                     "cuda %s dW skewed V=%lld d=%lld bitwise identical across two runs",
+                     dg_dtype_name(dt), (long long)cfg[k].V, (long long)cfg[k].d);
+            free(want);
+            free(got);
+            free(again);
+            dg_tensor *all[] = {wh, gh, w64, g64, wg, gg, ig, ic};
+            for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+                dg_tensor_free(&all[i]);
+        }
+    }
+}
+
 static void test_gpu(dg_ctx *cpu) {
     dg_ctx *gpu = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
@@ -242,6 +324,7 @@ static void test_gpu(dg_ctx *cpu) {
     dg_tensor_free(&y);
     dg_tensor_free(&ids);
     dg_tensor_free(&w);
+    test_gpu_skewed(cpu, gpu);
     test_deferred_gpu(cpu, gpu);
     dg_ctx_free(&gpu);
 }
