@@ -123,12 +123,9 @@ __global__ void embedding_runs_kernel(const unsigned int *keys, int64_t n, int64
 }
 
 /* VEC consecutive elements, loaded or stored as one access (16 bytes at most). */
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) emb_pack {
-    T v[VEC];
-};
+template <typename T, int VEC> struct alignas(sizeof(T) * VEC) emb_pack { T v[VEC]; };
 
-template <typename T, int VEC>
-__device__ __forceinline__ emb_pack<T, VEC> emb_load(const T *p) {
+template <typename T, int VEC> __device__ __forceinline__ emb_pack<T, VEC> emb_load(const T *p) {
     return *reinterpret_cast<const emb_pack<T, VEC> *>(p);
 }
 
@@ -345,8 +342,7 @@ static dg_status launch_combine(cudaStream_t st, const sort_bufs *sb, int64_t V,
         return DG_OK;
     int64_t tiles = (d + 32 * VEC - 1) / (32 * VEC);
     dim3 grid(cap_grid(multi, 65535LL * 16), cap_grid(tiles, 65535)), block(32, EMB_WARPS);
-    embedding_combine_kernel<T, VEC><<<grid, block, 0, st>>>(sb->off, V, sb->part, d,
-                                                             (T *)dweight);
+    embedding_combine_kernel<T, VEC><<<grid, block, 0, st>>>(sb->off, V, sb->part, d, (T *)dweight);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
@@ -389,12 +385,12 @@ static dg_status bwd_run(dg_ctx *ctx, dg_dtype wdt, void *dweight, int64_t V, in
     DG_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sb->tmp, tb, sb->keys_in, sb->keys, sb->pos_in,
                                                   sb->pos, (int)n, 0, end_bit, st));
     embedding_runs_kernel<<<dg__blocks(V + 1, 256), 256, 0, st>>>(sb->keys, n, V, sb->start,
-                                                                   sb->cnt);
+                                                                  sb->cnt);
     DG_CHECK_LAUNCH();
     emb_off zero = {0, 0};
     tb = sb->tmp_bytes;
-    DG_CHECK_CUDA(cub::DeviceScan::ExclusiveScan(sb->tmp, tb, sb->cnt, sb->off, emb_off_add(),
-                                                 zero, V + 1, st));
+    DG_CHECK_CUDA(cub::DeviceScan::ExclusiveScan(sb->tmp, tb, sb->cnt, sb->off, emb_off_add(), zero,
+                                                 V + 1, st));
     if (wdt == DG_F32)
         return bwd_sums<float>(st, sb, V, n, dy, d, dweight);
     return bwd_sums<__nv_bfloat16>(st, sb, V, n, dy, d, dweight);
