@@ -188,11 +188,14 @@ __device__ __forceinline__ float2 sc_z(const float2 (*sx)[SC_PAIRS], int j, int 
     return z;
 }
 
-template <typename DT, bool VEC>
+/* WC: the taps as a compile-time constant (4, the usual width: loops over taps unroll without
+ * predicates) or 0 (W_ as passed). */
+template <typename DT, bool VEC, int WC>
 __global__ void __launch_bounds__(SC_THREADS)
-    sc_fwd_kernel(int64_t rows, int64_t T, int64_t C, int W, int64_t ntiles,
+    sc_fwd_kernel(int64_t rows, int64_t T, int64_t C, int W_, int64_t ntiles,
                   const DT *__restrict__ x, const DT *__restrict__ w, const DT *__restrict__ bias,
                   dg_act act, const int64_t *__restrict__ cu, int n_seqs, DT *__restrict__ y) {
+    const int W = WC ? WC : W_;
     __shared__ float2 sm_x[SC_ZROWS][SC_PAIRS];
     __shared__ int sm_lo[SC_R];
     const int64_t c = (int64_t)blockIdx.x * SC_CT + 2 * threadIdx.x;
@@ -218,12 +221,13 @@ __global__ void __launch_bounds__(SC_THREADS)
 /* Fused backward over tiles [blockIdx.y * chunk_tiles, + chunk_tiles) of this block's channels:
  * dx (when not NULL) and, when partial is not NULL, partial[blockIdx.y, c, i] = sum over the
  * chunk's rows r of dz[r, c] x[r - W + 1 + i, c] (i < W) and of dz[r, c] (i = W, the bias). */
-template <typename DT, bool VEC>
+template <typename DT, bool VEC, int WC>
 __global__ void __launch_bounds__(SC_THREADS)
-    sc_bwd_kernel(int64_t rows, int64_t T, int64_t C, int W, int64_t ntiles, int64_t chunk_tiles,
+    sc_bwd_kernel(int64_t rows, int64_t T, int64_t C, int W_, int64_t ntiles, int64_t chunk_tiles,
                   const DT *__restrict__ x, const DT *__restrict__ w, const DT *__restrict__ bias,
                   dg_act act, const int64_t *__restrict__ cu, int n_seqs, const DT *__restrict__ dy,
                   DT *__restrict__ dx, float *__restrict__ partial) {
+    const int W = WC ? WC : W_; /* as in sc_fwd_kernel */
     /* x of the tiles, then the warps' dw / dbias sums of the final reduction */
     __shared__ union sc_bwd_smem {
         float2 x[SC_XROWS][SC_PAIRS];
@@ -363,8 +367,8 @@ static dg_status sc_fwd_typed(dg_ctx *ctx, int64_t rows, int64_t T, int64_t C, i
     dim3 grid((unsigned)DG_CEIL_DIV(C, (int64_t)SC_CT),
               (unsigned)(ntiles < SC_MAX_GRID_Y ? ntiles : SC_MAX_GRID_Y));
     dim3 block(SC_PAIRS, SC_LANES);
-    sc_fwd_kernel<DT, VEC>
-        <<<grid, block, 0, dg__stream(ctx)>>>(rows, T, C, W, ntiles, (const DT *)x, (const DT *)w,
+    auto *kern = W == 4 ? sc_fwd_kernel<DT, VEC, 4> : sc_fwd_kernel<DT, VEC, 0>;
+    kern<<<grid, block, 0, dg__stream(ctx)>>>(rows, T, C, W, ntiles, (const DT *)x, (const DT *)w,
                                               (const DT *)bias, act, cu, n_seqs, (DT *)y);
     DG_CHECK_LAUNCH();
     return DG_OK;
@@ -401,9 +405,10 @@ static dg_status sc_bwd_typed(dg_ctx *ctx, int64_t rows, int64_t T, int64_t C, i
     cudaStream_t st = dg__stream(ctx);
     dim3 grid((unsigned)DG_CEIL_DIV(C, (int64_t)SC_CT), (unsigned)nchunks);
     dim3 block(SC_PAIRS, SC_LANES);
-    sc_bwd_kernel<DT, VEC><<<grid, block, 0, st>>>(
-        rows, T, C, W, ntiles, chunk_tiles, (const DT *)x, (const DT *)w, (const DT *)bias, act, cu,
-        n_seqs, (const DT *)dy, (DT *)dx, partial);
+    auto *kern = W == 4 ? sc_bwd_kernel<DT, VEC, 4> : sc_bwd_kernel<DT, VEC, 0>;
+    kern<<<grid, block, 0, st>>>(rows, T, C, W, ntiles, chunk_tiles, (const DT *)x, (const DT *)w,
+                                 (const DT *)bias, act, cu, n_seqs, (const DT *)dy, (DT *)dx,
+                                 partial);
     DG_CHECK_LAUNCH();
     if (partial) {
         sc_dw_final_kernel<DT><<<dg__blocks(C * (W + 1), SC_THREADS), SC_THREADS, 0, st>>>(
