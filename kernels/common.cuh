@@ -142,4 +142,25 @@ static inline void dg__layouts_coalesce(dg_layout *l, int nl) {
     }
 }
 
+/* out[j] = sum_k p[k, j] over the nrows rows of a row-major [nrows, D] f32 array, in a fixed
+ * order: block (32, LANES) takes 32 columns; lane y sums rows y, y + LANES, ... in order, then
+ * lane 0 adds the LANES sums in order. Grid: ceil(D / 32) blocks. No atomics. */
+template <typename T, int LANES>
+__global__ void dg_colsum_kernel(int64_t nrows, int D, const float *p, T *out) {
+    __shared__ float red[LANES][32 + 1];
+    const int j = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.f;
+    if (j < D)
+        for (int64_t k = threadIdx.y; k < nrows; k += LANES)
+            s += p[k * D + j];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < D) {
+        float t = 0.f;
+        for (int y = 0; y < LANES; y++)
+            t += red[y][threadIdx.x];
+        dg_st(out, j, t);
+    }
+}
+
 #endif /* DG_KERNELS_COMMON_CUH */

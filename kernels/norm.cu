@@ -7,16 +7,16 @@
  * rows get a block of NORM_BLOCK_THREADS threads. Every row reduction is a butterfly within the
  * warp plus, in block mode, a fixed-order sum over the warps, so results are bitwise reproducible.
  * The weight gradient sums over rows in two passes: blocks of NORM_DW_COLS columns x one chunk of
- * rows write partial sums, then norm_colsum_kernel adds the chunks in a fixed order (8 lanes per
- * column, each over every 8th chunk, then the lanes in order). No atomics. Rows of D <= 256 (the
- * per-head norms) run the backward with the row held in registers (norm_bwd_warp_kernel).
+ * rows write partial sums, then dg_colsum_kernel (common.cuh) adds the chunks in a fixed order (8
+ * lanes per column, each over every 8th chunk, then the lanes in order). No atomics. Rows of D <=
+ * 256 (the per-head norms) run the backward with the row held in registers (norm_bwd_warp_kernel).
  *
  * The residual add + RMSNorm (dg_add_rmsnorm) uses the same row layout. Its forward reads x and
  * the residual once and writes the sum and y. Its backward is one row kernel: each block takes a
  * contiguous run of rows, writes dx and keeps its share of dw in shared memory (one row of D per
  * warp on the warp path, one per block on the block path while D fits, else in the block's own
- * row of the partial buffer), then writes one partial row; norm_colsum_kernel adds the partials in
- * its fixed order. The rows a block takes depend on rows and D only: bitwise reproducible.
+ * row of the partial buffer), then writes one partial row; norm_colsum adds the partials in its
+ * fixed order. The rows a block takes depend on rows and D only: bitwise reproducible.
  */
 #include "common.cuh"
 #include "norm.cuh"
@@ -289,32 +289,12 @@ __global__ void norm_dw_partial_kernel(int64_t rows, int D, int64_t chunk_rows, 
     }
 }
 
-/* out[j] = sum_k partial[k, j] in a fixed order: block (32 columns) x NORM_DW_LANES lanes; lane y
- * sums k = y, y + LANES, ... in order, then lane 0 adds the lanes' sums in lane order. */
-template <typename T>
-__global__ void norm_colsum_kernel(int nchunks, int D, const float *partial, T *out) {
-    __shared__ float acc_s[NORM_DW_LANES][NORM_DW_COLS];
-    const int j = blockIdx.x * NORM_DW_COLS + threadIdx.x;
-    float s = 0.0f;
-    if (j < D)
-        for (int k = threadIdx.y; k < nchunks; k += NORM_DW_LANES)
-            s += partial[(int64_t)k * D + j];
-    acc_s[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && j < D) {
-        float t = 0.0f;
-        for (int y = 0; y < NORM_DW_LANES; y++)
-            t += acc_s[y][threadIdx.x];
-        dg_st(out, j, t);
-    }
-}
-
-/* Launch norm_colsum_kernel over D columns. */
+/* Sum the nchunks partial rows of the weight gradient into out (dg_colsum_kernel). */
 template <typename T>
 static void norm_colsum(cudaStream_t st, int nchunks, int D, const float *partial, void *out) {
-    dim3 block(NORM_DW_COLS, NORM_DW_LANES);
-    norm_colsum_kernel<T>
-        <<<(unsigned)DG_CEIL_DIV(D, NORM_DW_COLS), block, 0, st>>>(nchunks, D, partial, (T *)out);
+    dim3 block(32, NORM_DW_LANES);
+    dg_colsum_kernel<T, NORM_DW_LANES>
+        <<<(unsigned)DG_CEIL_DIV(D, 32), block, 0, st>>>(nchunks, D, partial, (T *)out);
 }
 
 /* The value v takes once stored as T (what a later reader of the stored tensor sees). */

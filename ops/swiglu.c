@@ -105,32 +105,44 @@ static dg_status swiglu_run_bwd(dg_ctx *ctx, const dg_tensor *like, int64_t n, d
 
 static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n);
 
-static dg_status swiglu_check(const char *op, const char *arg, const dg_tensor *t,
-                              const dg_ctx *ctx) {
-    DG_TRY(dg__check_ptr(op, arg, t));
-    return dg__check_float(op, arg, t, ctx);
-}
-
-dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out) {
-    const char *op = "dg_swiglu";
+/* The arguments both ops share: out, ctx, and gate and up of one float shape and dtype. */
+static dg_status swiglu_check(const char *op, dg_ctx *ctx, const dg_tensor *gate,
+                              const dg_tensor *up, dg_tensor **out) {
     DG_TRY(dg__check_ptr(op, "out", out));
     *out = NULL;
     DG_TRY(dg__check_ptr(op, "ctx", ctx));
-    DG_TRY(swiglu_check(op, "gate", gate, ctx));
+    DG_TRY(dg__check_ptr(op, "gate", gate));
+    DG_TRY(dg__check_float(op, "gate", gate, ctx));
     DG_TRY(dg__check_ptr(op, "up", up));
     DG_TRY(dg__check_device(op, "up", up, ctx));
     DG_TRY(dg__check_shape(op, "up", up, gate->ndim, gate->shape));
-    DG_TRY(dg__check_same_dtype(op, "up", up, gate));
+    return dg__check_same_dtype(op, "up", up, gate);
+}
 
-    int64_t n = dg_tensor_numel(gate);
+/* y = swiglu(gate, up) (new, contiguous); *gc, *uc: the contiguous inputs it was formed from
+ * (what a node saves). On failure nothing is left. */
+static dg_status swiglu_forward(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **gc,
+                                dg_tensor **uc, dg_tensor **y) {
+    *gc = *uc = *y = NULL;
+    dg_status s = dg__contig(ctx, gate, gc);
+    if (s == DG_OK)
+        s = dg__contig(ctx, up, uc);
+    if (s == DG_OK)
+        s = dg__new_like(ctx, gate, y);
+    if (s == DG_OK)
+        s = swiglu_run_fwd(ctx, gate, dg_tensor_numel(gate), *gc, *uc, *y);
+    if (s != DG_OK) {
+        dg_tensor_free(gc);
+        dg_tensor_free(uc);
+        dg_tensor_free(y);
+    }
+    return s;
+}
+
+dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out) {
+    DG_TRY(swiglu_check("dg_swiglu", ctx, gate, up, out));
     dg_tensor *gc = NULL, *uc = NULL, *y = NULL;
-    dg_status s = dg__contig(ctx, gate, &gc);
-    if (s == DG_OK)
-        s = dg__contig(ctx, up, &uc);
-    if (s == DG_OK)
-        s = dg__new_like(ctx, gate, &y);
-    if (s == DG_OK)
-        s = swiglu_run_fwd(ctx, gate, n, gc, uc, y);
+    dg_status s = swiglu_forward(ctx, gate, up, &gc, &uc, &y);
     if (s == DG_OK && dg__needs_grad(2, (dg_tensor *[]){gate, up})) {
         dg_node *nd = NULL;
         s = dg__node_new("swiglu", DG_POLICY_CACHE, swiglu_backward, ctx, &nd);
@@ -186,26 +198,12 @@ static dg_status swiglu_linear_backward(dg_ctx *ctx, dg_node *n);
 dg_status dg_swiglu_linear(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor *w,
                            dg_tensor **out) {
     const char *op = "dg_swiglu_linear";
-    DG_TRY(dg__check_ptr(op, "out", out));
-    *out = NULL;
-    DG_TRY(dg__check_ptr(op, "ctx", ctx));
-    DG_TRY(swiglu_check(op, "gate", gate, ctx));
-    DG_TRY(dg__check_ptr(op, "up", up));
-    DG_TRY(dg__check_device(op, "up", up, ctx));
-    DG_TRY(dg__check_shape(op, "up", up, gate->ndim, gate->shape));
-    DG_TRY(dg__check_same_dtype(op, "up", up, gate));
+    DG_TRY(swiglu_check(op, ctx, gate, up, out));
     DG_TRY(dg__check_ptr(op, "w", w));
     DG_TRY(dg__linear_check(op, ctx, "gate", gate, w));
 
-    const int64_t n = dg_tensor_numel(gate);
     dg_tensor *gc = NULL, *uc = NULL, *y = NULL, *o = NULL;
-    dg_status s = dg__contig(ctx, gate, &gc);
-    if (s == DG_OK)
-        s = dg__contig(ctx, up, &uc);
-    if (s == DG_OK)
-        s = dg__new_like(ctx, gate, &y);
-    if (s == DG_OK)
-        s = swiglu_run_fwd(ctx, gate, n, gc, uc, y);
+    dg_status s = swiglu_forward(ctx, gate, up, &gc, &uc, &y);
     if (s == DG_OK)
         s = dg__linear_y(ctx, y, w, &o);
     if (s == DG_OK && dg__needs_grad(3, (dg_tensor *[]){gate, up, w})) {

@@ -7,7 +7,8 @@
  *              floored at KDA_G_FLOOR_F first                       x, G: [TT, HV, K]
  *   backward:  dg = reverse chunk-local cumsum of dG, then the gate backward (kda.md §11.2) -> dx;
  *              dA_log [HV] and ddt_bias [HV*K] are sums over all tokens: per (chunk, hv, d)
- *              partials into scratch, then two reduction kernels sum them in a fixed order.
+ *              partials into scratch, then sums over the chunks (dg_colsum_kernel, 32 lanes
+ *              per column) and, for dA_log, over the key dims (one warp per hv): fixed orders.
  * One thread per (chunk, key column) walks its chunk's tokens in order (backward: in reverse),
  * as the CPU does. One f32 FFMA variant: the tc mode does not apply.
  * Entry points (kda_cuda.h): dg__kda_gate_fwd_cuda, dg__kda_gate_bwd_cuda.
@@ -132,32 +133,7 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
         pA[c * row + e] = sda;
 }
 
-/* Column sums over the NC chunk rows of the gate backward's partials, in a fixed order: block
- * (x, y) takes columns [32 x, 32 x + 32) of pdt (y = 0, into ddt_bias) or pA (y = 1, into tA);
- * lane ly sums chunks ly, ly + 32, ... in order, then lane 0 adds the 32 lanes in order. A NULL
- * destination skips its half. */
-#define GATE_CS_LANES 32
-__global__ void gate_colsum_kernel(int64_t NC, int row, const float *pdt, const float *pA,
-                                   float *ddt_bias, float *tA) {
-    __shared__ float red[GATE_CS_LANES][32 + 1];
-    const float *p = blockIdx.y ? pA : pdt;
-    float *out = blockIdx.y ? tA : ddt_bias;
-    if (!out)
-        return;
-    const int e = blockIdx.x * 32 + threadIdx.x;
-    float s = 0.f;
-    if (e < row)
-        for (int64_t c = threadIdx.y; c < NC; c += GATE_CS_LANES)
-            s += p[c * row + e];
-    red[threadIdx.y][threadIdx.x] = s;
-    __syncthreads();
-    if (threadIdx.y == 0 && e < row) {
-        float t = 0.f;
-        for (int l = 0; l < GATE_CS_LANES; l++)
-            t += red[l][threadIdx.x];
-        out[e] = t;
-    }
-}
+#define GATE_CS_LANES 32 /* lanes per column of the sums over chunks */
 
 /* dA_log[hv] = sum over the key dims of tA[hv, d]: one warp per value head, lane l over
  * d = l, l + 32, ... in order, then a butterfly (every lane ends with the same bits). */
@@ -244,11 +220,19 @@ extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
                                              A_log, dt_bias, dG, (float *)dx, pdt, pA);
     DG_CHECK_LAUNCH();
     if (pdt && (ddt_bias || dA_log)) {
-        float *tA = dA_log ? pA + (size_t)d->NC * row : nullptr;
-        dim3 cgrid(DG_CEIL_DIV(row, 32), 2), cblock(32, GATE_CS_LANES);
-        gate_colsum_kernel<<<cgrid, cblock, 0, s>>>(d->NC, row, pdt, pA, ddt_bias, tA);
-        DG_CHECK_LAUNCH();
+        /* sums over the chunks in a fixed order (dg_colsum_kernel): pdt into ddt_bias, pA into
+         * tA, then tA over the key dims into dA_log */
+        float *tA = pA + (size_t)d->NC * row;
+        const dim3 cblock(32, GATE_CS_LANES);
+        const unsigned cgrid = DG_CEIL_DIV(row, 32);
+        if (ddt_bias) {
+            dg_colsum_kernel<float, GATE_CS_LANES>
+                <<<cgrid, cblock, 0, s>>>(d->NC, row, pdt, ddt_bias);
+            DG_CHECK_LAUNCH();
+        }
         if (dA_log) {
+            dg_colsum_kernel<float, GATE_CS_LANES><<<cgrid, cblock, 0, s>>>(d->NC, row, pA, tA);
+            DG_CHECK_LAUNCH();
             gate_dA_reduce_kernel<<<d->HV, 32, 0, s>>>(d->HV, d->K, tA, dA_log);
             DG_CHECK_LAUNCH();
         }
