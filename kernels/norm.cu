@@ -16,8 +16,7 @@
  * contiguous run of rows, writes dx and keeps its share of dw in shared memory (one row of D per
  * warp on the warp path, one per block on the block path while D fits, else in the block's own
  * row of the partial buffer), then writes one partial row; norm_colsum adds the partials in its
- * fixed order. The rows a block takes depend on rows and D only: bitwise reproducible. Rows of
- * D <= 512 run both ways with the row in registers (add_norm_fwd/bwd_warp_kernel, same bits).
+ * fixed order. The rows a block takes depend on rows and D only: bitwise reproducible.
  */
 #include "common.cuh"
 #include "norm.cuh"
@@ -26,8 +25,7 @@
 
 #define NORM_WARP_MAX_D 1024
 #define NORM_WARP_ROWS 8
-#define NORM_BWD_PL 8  /* rows of D <= 256: the backward keeps the row in registers */
-#define NORM_ADD_PL 16 /* add + RMSNorm rows of D <= 512 in registers */
+#define NORM_BWD_PL 8 /* rows of D <= 256: the backward keeps the row in registers */
 #define NORM_BLOCK_THREADS 256
 #define NORM_DW_COLS 32
 #define NORM_DW_LANES 8
@@ -417,123 +415,6 @@ __global__ void add_norm_bwd_kernel(int64_t rows, int D, int64_t rows_per_block,
     }
 }
 
-/* add_norm_fwd_kernel / add_norm_bwd_kernel on the warp path for rows of D <= 32 PL, with the
- * row's values (and, backward, the lane's columns of w and of its dw share) held in registers:
- * lane owns columns lane + 32 k. The arithmetic and the order of every sum are those of the
- * general kernels, so the results are the same bits; what goes is the second read of each row. */
-template <typename T, int PL>
-__global__ void add_norm_fwd_warp_kernel(int64_t rows, int D, float scale, float eps, const T *x,
-                                         const T *res, const T *w, T *sum, T *y, float *rstd) {
-    const int lane = threadIdx.x;
-    const int64_t step = (int64_t)gridDim.x * blockDim.y;
-    for (int64_t row = (int64_t)blockIdx.x * blockDim.y + threadIdx.y; row < rows; row += step) {
-        const T *xr = x + row * D, *rr = res + row * D;
-        T *sr = sum + row * D, *yr = y + row * D;
-        float v[PL], ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const int j = lane + 32 * k;
-            v[k] = 0.0f;
-            if (j < D) {
-                v[k] = norm_round(dg_ld(xr, j) + dg_ld(rr, j), sr);
-                dg_st(sr, j, v[k]); /* exact: v is representable in T */
-                ss += v[k] * v[k];
-            }
-        }
-        ss = norm_warp_sum(ss);
-        const float r = 1.0f / sqrtf(ss * scale + eps);
-        if (rstd && lane == 0)
-            rstd[row] = r;
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const int j = lane + 32 * k;
-            if (j < D) {
-                float o = v[k] * r;
-                if (w)
-                    o *= dg_ld(w, j);
-                dg_st(yr, j, o);
-            }
-        }
-    }
-}
-
-/* Dynamic shared memory with partial: blockDim.y * D floats (the warps' dw shares, added in
- * warp order at the end as in add_norm_bwd_kernel). */
-template <typename T, int PL>
-__global__ void add_norm_bwd_warp_kernel(int64_t rows, int D, int64_t rows_per_block, float scale,
-                                         float eps, const T *s, const T *w, const float *rstd,
-                                         const T *dy, const T *dsum, T *dx, float *partial) {
-    extern __shared__ float acc_s[];
-    const int lane = threadIdx.x, sub = threadIdx.y, nsub = blockDim.y;
-    const int64_t r0 = (int64_t)blockIdx.x * rows_per_block;
-    const int64_t r1 = r0 + rows_per_block < rows ? r0 + rows_per_block : rows;
-    float acc[PL], wv[PL];
-#pragma unroll
-    for (int k = 0; k < PL; k++) {
-        const int j = lane + 32 * k;
-        acc[k] = 0.0f;
-        wv[k] = w && j < D ? dg_ld(w, j) : 0.0f;
-    }
-    for (int64_t row = r0 + sub; row < r1; row += nsub) {
-        const T *sr = s + row * D, *dyr = dy + row * D;
-        float sv[PL], dyv[PL], ss = 0.0f;
-#pragma unroll
-        for (int k = 0; k < PL; k++) {
-            const int j = lane + 32 * k;
-            sv[k] = j < D ? dg_ld(sr, j) : 0.0f;
-            dyv[k] = j < D ? dg_ld(dyr, j) : 0.0f;
-            ss += sv[k] * sv[k];
-        }
-        float r;
-        if (rstd) {
-            r = rstd[row];
-        } else { /* the forward's reduction, in the forward's order */
-            ss = norm_warp_sum(ss);
-            r = 1.0f / sqrtf(ss * scale + eps);
-        }
-        if (dx) {
-            float dot = 0.0f; /* sum_j g_j s_j */
-#pragma unroll
-            for (int k = 0; k < PL; k++)
-                dot += (w ? dyv[k] * wv[k] : dyv[k]) * sv[k];
-            dot = norm_warp_sum(dot);
-            const float m = scale * r * dot;
-            const T *dsr = dsum ? dsum + row * D : nullptr;
-            T *dxr = dx + row * D;
-#pragma unroll
-            for (int k = 0; k < PL; k++) {
-                const int j = lane + 32 * k;
-                if (j < D) {
-                    const float g = w ? dyv[k] * wv[k] : dyv[k];
-                    float o = r * (g - sv[k] * r * m);
-                    if (dsr)
-                        o += dg_ld(dsr, j);
-                    dg_st(dxr, j, o);
-                }
-            }
-        }
-        if (partial) {
-#pragma unroll
-            for (int k = 0; k < PL; k++)
-                acc[k] += dyv[k] * sv[k] * r;
-        }
-    }
-    if (!partial)
-        return;
-#pragma unroll
-    for (int k = 0; k < PL; k++)
-        if (lane + 32 * k < D)
-            acc_s[(int64_t)sub * D + lane + 32 * k] = acc[k];
-    __syncthreads();
-    float *out = partial + (int64_t)blockIdx.x * D;
-    for (int j = sub * 32 + lane; j < D; j += 32 * nsub) {
-        float v = 0.0f;
-        for (int k = 0; k < nsub; k++)
-            v += acc_s[(int64_t)k * D + j];
-        out[j] = v;
-    }
-}
-
 // ---- kernel launchers
 
 template <typename T>
@@ -667,13 +548,7 @@ static dg_status add_norm_fwd_typed(dg_ctx *ctx, int64_t rows, int D, float scal
                                     const void *x, const void *res, const void *w, void *sum,
                                     void *y, float *rstd) {
     cudaStream_t st = dg__stream(ctx);
-    if (D <= 32 * NORM_ADD_PL) {
-        dim3 block(32, NORM_WARP_ROWS);
-        add_norm_fwd_warp_kernel<T, NORM_ADD_PL>
-            <<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(rows, D, scale, eps, (const T *)x,
-                                                                 (const T *)res, (const T *)w,
-                                                                 (T *)sum, (T *)y, rstd);
-    } else if (D <= NORM_WARP_MAX_D) {
+    if (D <= NORM_WARP_MAX_D) {
         dim3 block(32, NORM_WARP_ROWS);
         add_norm_fwd_kernel<T, true><<<dg__blocks(rows, NORM_WARP_ROWS), block, 0, st>>>(
             rows, D, scale, eps, (const T *)x, (const T *)res, (const T *)w, (T *)sum, (T *)y,
@@ -713,13 +588,7 @@ static dg_status add_norm_bwd_typed(dg_ctx *ctx, int64_t rows, int D, int64_t ro
                                     const void *w, const float *rstd, const void *dy,
                                     const void *dsum, void *dx, void *dw, float *partial) {
     cudaStream_t st = dg__stream(ctx);
-    if (D <= 32 * NORM_ADD_PL) {
-        dim3 block(32, NORM_WARP_ROWS);
-        size_t smem = partial ? (size_t)NORM_WARP_ROWS * D * sizeof(float) : 0;
-        add_norm_bwd_warp_kernel<T, NORM_ADD_PL><<<nblocks, block, smem, st>>>(
-            rows, D, rows_per_block, scale, eps, (const T *)s, (const T *)w, rstd, (const T *)dy,
-            (const T *)dsum, (T *)dx, partial);
-    } else if (D <= NORM_WARP_MAX_D) {
+    if (D <= NORM_WARP_MAX_D) {
         dim3 block(32, NORM_WARP_ROWS);
         size_t smem = partial ? (size_t)NORM_WARP_ROWS * D * sizeof(float) : 0;
         add_norm_bwd_kernel<T, true><<<nblocks, block, smem, st>>>(
