@@ -80,6 +80,9 @@ static inline unsigned dg__blocks(int64_t n, int threads) {
     return (unsigned)b;
 }
 
+/* V consecutive elements of T moved as one aligned access (V sizeof(T) <= 16 bytes). */
+template <typename T, int V> struct alignas(sizeof(T) * V) dg_pack { T v[V]; };
+
 // ---- strided layouts (dg_layout, cuda_api.h)
 
 /* Offset of logical element i in layout l. The loop runs over the compile-time maximum with a

@@ -122,15 +122,14 @@ __global__ void embedding_runs_kernel(const unsigned int *keys, int64_t n, int64
     }
 }
 
-/* VEC consecutive elements, loaded or stored as one access (16 bytes at most). */
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) emb_pack { T v[VEC]; };
+/* VEC consecutive elements as one access (a dg_pack, 16 bytes at most). */
 
-template <typename T, int VEC> __device__ __forceinline__ emb_pack<T, VEC> emb_load(const T *p) {
-    return *reinterpret_cast<const emb_pack<T, VEC> *>(p);
+template <typename T, int VEC> __device__ __forceinline__ dg_pack<T, VEC> emb_load(const T *p) {
+    return *reinterpret_cast<const dg_pack<T, VEC> *>(p);
 }
 
 template <typename T, int VEC>
-__device__ __forceinline__ void emb_add(float (&acc)[VEC], const emb_pack<T, VEC> &x) {
+__device__ __forceinline__ void emb_add(float (&acc)[VEC], const dg_pack<T, VEC> &x) {
 #pragma unroll
     for (int i = 0; i < VEC; i++)
         acc[i] += dg_ld(x.v, i);
@@ -138,11 +137,11 @@ __device__ __forceinline__ void emb_add(float (&acc)[VEC], const emb_pack<T, VEC
 
 template <typename T, int VEC>
 __device__ __forceinline__ void emb_store(T *p, const float (&acc)[VEC]) {
-    emb_pack<T, VEC> x;
+    dg_pack<T, VEC> x;
 #pragma unroll
     for (int i = 0; i < VEC; i++)
         dg_st(x.v, i, acc[i]);
-    *reinterpret_cast<emb_pack<T, VEC> *>(p) = x;
+    *reinterpret_cast<dg_pack<T, VEC> *>(p) = x;
 }
 
 /* The largest v in [0, V) with field(off[v]) <= j, for j < field(off[V]): the id whose range of
@@ -184,10 +183,10 @@ __global__ void embedding_seg_kernel(const int *pos, const int *start, const emb
                 acc[i] = 0.0f;
             int64_t p = p0;
             for (; p + 4 <= p1; p += 4) { /* four loads in flight, added in order */
-                emb_pack<T, VEC> x0 = emb_load<T, VEC>(dy + (int64_t)pos[p] * d + c);
-                emb_pack<T, VEC> x1 = emb_load<T, VEC>(dy + (int64_t)pos[p + 1] * d + c);
-                emb_pack<T, VEC> x2 = emb_load<T, VEC>(dy + (int64_t)pos[p + 2] * d + c);
-                emb_pack<T, VEC> x3 = emb_load<T, VEC>(dy + (int64_t)pos[p + 3] * d + c);
+                dg_pack<T, VEC> x0 = emb_load<T, VEC>(dy + (int64_t)pos[p] * d + c);
+                dg_pack<T, VEC> x1 = emb_load<T, VEC>(dy + (int64_t)pos[p + 1] * d + c);
+                dg_pack<T, VEC> x2 = emb_load<T, VEC>(dy + (int64_t)pos[p + 2] * d + c);
+                dg_pack<T, VEC> x3 = emb_load<T, VEC>(dy + (int64_t)pos[p + 3] * d + c);
                 emb_add<T, VEC>(acc, x0);
                 emb_add<T, VEC>(acc, x1);
                 emb_add<T, VEC>(acc, x2);
@@ -226,10 +225,10 @@ __global__ void embedding_combine_kernel(const emb_off *off, int64_t V, const fl
                 const float *pr = part + row0 * d + c;
                 int64_t k = r;
                 for (; k + 3 * EMB_WARPS < nseg; k += 4 * EMB_WARPS) {
-                    emb_pack<float, VEC> x0 = emb_load<float, VEC>(pr + k * d);
-                    emb_pack<float, VEC> x1 = emb_load<float, VEC>(pr + (k + EMB_WARPS) * d);
-                    emb_pack<float, VEC> x2 = emb_load<float, VEC>(pr + (k + 2 * EMB_WARPS) * d);
-                    emb_pack<float, VEC> x3 = emb_load<float, VEC>(pr + (k + 3 * EMB_WARPS) * d);
+                    dg_pack<float, VEC> x0 = emb_load<float, VEC>(pr + k * d);
+                    dg_pack<float, VEC> x1 = emb_load<float, VEC>(pr + (k + EMB_WARPS) * d);
+                    dg_pack<float, VEC> x2 = emb_load<float, VEC>(pr + (k + 2 * EMB_WARPS) * d);
+                    dg_pack<float, VEC> x3 = emb_load<float, VEC>(pr + (k + 3 * EMB_WARPS) * d);
                     emb_add<float, VEC>(acc, x0);
                     emb_add<float, VEC>(acc, x1);
                     emb_add<float, VEC>(acc, x2);

@@ -14,13 +14,12 @@
 
 __device__ __forceinline__ float swiglu_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-/* V elements per thread and step: one 16-byte load per operand when every pointer is aligned
- * (V = 16 / sizeof(T)), else V = 1. The n % V tail is done element by element. */
-template <typename T, int V> struct alignas(sizeof(T) * V) swiglu_vec { T v[V]; };
+/* V elements per thread and step (a dg_pack): one 16-byte load per operand when every pointer is
+ * aligned (V = 16 / sizeof(T)), else V = 1. The n % V tail is done element by element. */
 
 template <typename T, int V>
 __global__ void swiglu_fwd_kernel(int64_t n, const T *gate, const T *up, T *y) {
-    using W = swiglu_vec<T, V>;
+    using W = dg_pack<T, V>;
     const int64_t nv = n / V, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
         W g = ((const W *)gate)[i], u = ((const W *)up)[i], o;
@@ -50,7 +49,7 @@ __device__ __forceinline__ void swiglu_bwd_one(const T *gate, const T *up, const
 template <typename T, int V>
 __global__ void swiglu_bwd_kernel(int64_t n, const T *gate, const T *up, const T *dy, T *dgate,
                                   T *dup) {
-    using W = swiglu_vec<T, V>;
+    using W = dg_pack<T, V>;
     const int64_t nv = n / V, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv; i += stride) {
         W g = ((const W *)gate)[i], u = ((const W *)up)[i], d = ((const W *)dy)[i], og, ou;

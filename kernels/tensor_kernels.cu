@@ -51,7 +51,6 @@ __device__ __forceinline__ void st_any(void *p, dg_dtype t, int64_t i, double v)
 // ---- CUDA kernels
 
 #define DG_VEC 4
-template <typename T> struct alignas(sizeof(T) * DG_VEC) dg_vec { T v[DG_VEC]; };
 
 /* Contiguous conversion: thread i handles elements [DG_VEC i, DG_VEC i + DG_VEC) with one vector
  * load and one vector store (both pointers aligned to a vector); the tail of n % DG_VEC elements
@@ -59,12 +58,12 @@ template <typename T> struct alignas(sizeof(T) * DG_VEC) dg_vec { T v[DG_VEC]; }
 template <typename D, typename S>
 __global__ void copy_vec_kernel(D *__restrict__ dst, const S *__restrict__ src, int64_t n) {
     int64_t nv = n / DG_VEC;
-    const dg_vec<S> *sv = (const dg_vec<S> *)src;
-    dg_vec<D> *dv = (dg_vec<D> *)dst;
+    const dg_pack<S, DG_VEC> *sv = (const dg_pack<S, DG_VEC> *)src;
+    dg_pack<D, DG_VEC> *dv = (dg_pack<D, DG_VEC> *)dst;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < nv;
          i += (int64_t)gridDim.x * blockDim.x) {
-        dg_vec<S> a = sv[i];
-        dg_vec<D> b;
+        dg_pack<S, DG_VEC> a = sv[i];
+        dg_pack<D, DG_VEC> b;
 #pragma unroll
         for (int j = 0; j < DG_VEC; j++)
             b.v[j] = dg_cvt<D>(a.v[j]);

@@ -190,6 +190,13 @@ static dg_tensor *make_skewed_ids(dg_ctx *ctx, dg_dtype dt, int64_t n, int64_t V
     return t;
 }
 
+/* The same values as an f64 CPU reference (*h64) and on the device in h's dtype (*dev). */
+static void on_both(dg_ctx *cpu, dg_ctx *gpu, dg_tensor *h, dg_tensor **h64, dg_tensor **dev) {
+    *h64 = *dev = NULL;
+    DG_TEST_TRY(dg_to_dtype(cpu, h, DG_F64, h64));
+    DG_TEST_TRY(dg_to_device(gpu, h, dev));
+}
+
 /* Skewed ids (one id holds ~18000 of 20000 positions: hundreds of 32-position segments, combined
  * by the second kernel), V not a multiple of anything, widths with and without vector access.
  * Tolerances: f32 dy is summed in f32 per segment of 32 positions, then the segment sums in two
@@ -213,11 +220,9 @@ static void test_gpu_skewed(dg_ctx *cpu, dg_ctx *gpu) {
             int64_t ws[2] = {cfg[k].V, cfg[k].d}, ys[2] = {cfg[k].n, cfg[k].d};
             dg_tensor *wh = dg_test_randn(cpu, dt, 2, ws, 60 + k),
                       *gh = dg_test_randn(cpu, dt, 2, ys, 70 + k);
-            dg_tensor *w64 = NULL, *g64 = NULL, *wg = NULL, *gg = NULL, *ig = NULL;
-            DG_TEST_TRY(dg_to_dtype(cpu, wh, DG_F64, &w64));
-            DG_TEST_TRY(dg_to_dtype(cpu, gh, DG_F64, &g64));
-            DG_TEST_TRY(dg_to_device(gpu, wh, &wg));
-            DG_TEST_TRY(dg_to_device(gpu, gh, &gg));
+            dg_tensor *w64, *g64, *wg, *gg, *ig = NULL;
+            on_both(cpu, gpu, wh, &w64, &wg);
+            on_both(cpu, gpu, gh, &g64, &gg);
             dg_tensor *ic = make_skewed_ids(cpu, cfg[k].it, cfg[k].n, cfg[k].V, cfg[k].hot, 80 + k);
             DG_TEST_TRY(dg_to_device(gpu, ic, &ig));
             dg_tensor_set_requires_grad(w64, 1);
@@ -270,11 +275,9 @@ static void test_gpu(dg_ctx *cpu) {
             /* the same values on both devices: data rounded to dt, reference in f64 */
             dg_tensor *wh = dg_test_randn(cpu, dt, 2, ws, 30 + k),
                       *gh = dg_test_randn(cpu, dt, 3, ys, 40 + k);
-            dg_tensor *w64 = NULL, *g64 = NULL, *wg = NULL, *gg = NULL, *ig = NULL;
-            DG_TEST_TRY(dg_to_dtype(cpu, wh, DG_F64, &w64));
-            DG_TEST_TRY(dg_to_dtype(cpu, gh, DG_F64, &g64));
-            DG_TEST_TRY(dg_to_device(gpu, wh, &wg));
-            DG_TEST_TRY(dg_to_device(gpu, gh, &gg));
+            dg_tensor *w64, *g64, *wg, *gg, *ig = NULL;
+            on_both(cpu, gpu, wh, &w64, &wg);
+            on_both(cpu, gpu, gh, &g64, &gg);
             dg_tensor *ic = make_ids(cpu, it, 2, is, 50 + k, 0, cfg[k].hi);
             DG_TEST_TRY(dg_to_device(gpu, ic, &ig));
             dg_tensor *yc = NULL, *yg = NULL;

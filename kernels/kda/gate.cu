@@ -142,8 +142,7 @@ __global__ void gate_dA_reduce_kernel(int HV, int K, const float *tA, float *dA_
     float s = 0.f;
     for (int d = threadIdx.x; d < K; d += 32)
         s += tA[(int64_t)hv * K + d];
-    for (int o = 16; o > 0; o >>= 1)
-        s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum(s);
     if (threadIdx.x == 0 && hv < HV)
         dA_log[hv] = s;
 }
