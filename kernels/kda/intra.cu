@@ -32,10 +32,12 @@
  *              except dbeta's sum over d (warp butterfly per tile, then the tiles in a fixed
  *              order).
  *   tc != 0, tensor cores (hardware exp __expf, far below the TF32 operand rounding):
- *     forward  intra_fwd_tc_kernel: the off-diagonal 16x16 blocks of Araw and P on WMMA, TF32
- *              (tc == 1) or 3xTF32 (tc == 2), factorised around a reference row (kda.md §11.7
- *              rule 2); the diagonal blocks 3xTF32 around their middle rows when the gates
- *              allow (MID_SPAN), else exact FFMA; the block solve (kda_solve_blocked);
+ *     forward  intra_fwd_mma_kernel: mma.sync m16n8k8 on exponent-factorised operands, warp =
+ *              one 16-row block and a share of the key steps; off-diagonal blocks around the
+ *              block's first row, TF32 (tc == 1) or 3xTF32 (tc == 2) (kda.md §11.7 rule 2);
+ *              diagonal blocks 3xTF32 around their middle rows when the gates allow
+ *              (MID_SPAN, decided per 8 key columns), else exact FFMA; the block solve
+ *              (kda_solve_blocked);
  *     backward intra_dl_mma_kernel and intra_main_mma_kernel: the same sums as mma.sync 3xTF32
  *              products (tc == 1 and 2: the sums of these gradients feed dA_log's long sums,
  *              where TF32 rounding showed).
@@ -44,7 +46,8 @@
  * arrays hold, KDA_ACC_*).
  * Shared memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main
  * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma
- * (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT = 64).
+ * (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT = 64); intra_fwd_mma two stages
+ * of 3 x BT x 36 floats (54 KB at BT = 64, dynamic).
  * Entry points (kda_cuda.h): dg__kda_intra_fwd_cuda, dg__kda_intra_bwd_cuda.
  */
 #include "common.cuh"
@@ -65,10 +68,10 @@ namespace {
 constexpr float MID_SPAN = 40.f;
 } // namespace
 
-/* Ts = (I + Ls)^{-1} for a strictly lower triangular BT x BT Ls (rows past L are zero, so those
- * rows of Ts come out as the identity's), by 16 x 16 blocks: the diagonal blocks are inverted by
- * forward substitution (thread = one column of one block: a chain of at most 120 FMAs instead of
- * the ~2000 of a whole column), then block row I = 1 .. R-1 in turn:
+/* Ts = (I + Ls)^{-1} (the tensor-core forward's solve) for a strictly lower triangular BT x BT Ls
+ * (rows past L are zero, so those rows of Ts come out as the identity's), by 16 x 16 blocks: the
+ * diagonal blocks are inverted by forward substitution (thread = one column of one block: a chain
+ * of at most 120 FMAs instead of the ~2000 of a whole column), then block row I = 1 .. R-1 in turn:
  *   X_IJ = sum_{J <= K < I} L_IK T_KJ,   T_IJ = -T_II X_IJ   (all J < I at once, 256 threads).
  * The same inverse as the column solve up to the order of the sums. Xs: scratch of
  * (BT/16 - 1) * 256 floats. Ends with the caller's __syncthreads. 256 threads. */
@@ -112,16 +115,16 @@ __device__ __forceinline__ void kda_solve_blocked(const float *Ls, float *Ts, fl
     }
 }
 
-/* The end of both intra forward kernels (FFMA and tensor-core): write the L valid rows of Aqk
+/* The end of the FFMA intra forward kernel: write the L valid rows of Aqk
  * (scaled, j <= i, zeros elsewhere), form Lkk = Diag(beta) P (j < i) in shared memory `Ls`, solve
  * Tm = (I + Lkk)^{-1} by forward substitution into `Ts` (one thread per column, in the CPU's
  * order) and write Tm's rows. accA/accP: this thread's R x R patch (rows ty + 16a, columns
  * tx + 16b) of s-less Araw and P. Ls, Ts: [BT, BT] shared floats. 256 threads (16 x 16). */
-template <int BT, int R, bool BLOCKED = false>
-__device__ __forceinline__ void
-kda_intra_finish(const float (&accA)[R][R], const float (&accP)[R][R], float *Ls, float *Ts,
-                 const float *beta, float *Aqk, float *Tm, int64_t t0, int L, int hv, int HV,
-                 float scale, float *Xs = nullptr) {
+template <int BT, int R>
+__device__ __forceinline__ void kda_intra_finish(const float (&accA)[R][R],
+                                                 const float (&accP)[R][R], float *Ls, float *Ts,
+                                                 const float *beta, float *Aqk, float *Tm,
+                                                 int64_t t0, int L, int hv, int HV, float scale) {
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 #pragma unroll
     for (int a = 0; a < R; a++) {
@@ -138,9 +141,7 @@ kda_intra_finish(const float (&accA)[R][R], const float (&accP)[R][R], float *Ls
     }
     __syncthreads();
 
-    if (BLOCKED)
-        kda_solve_blocked<BT>(Ls, Ts, Xs);
-    else if (tid < L) {
+    if (tid < L) {
         const int j = tid;
         Ts[j * BT + j] = 1.f;
         for (int i = j + 1; i < L; i++) {
@@ -252,220 +253,299 @@ __global__ void __launch_bounds__(KDA_THREADS)
     kda_intra_finish<BT, R>(accA, accP, tiles, Ts, beta, Aqk, Tm, t0, L, hv, HV, scale);
 }
 
-/* N4 intra (kda.md §11.4(b)), grid (chunk, hv). Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i)
- * and P[i,j] = sum_d k_i k_j exp(G_i - G_j) (j < i), then Tm = (I + Diag(beta) P)^{-1} as in the
- * FFMA kernel. Off-diagonal 16x16 blocks (row block I > column block J) on tensor cores with the
- * reference-row factorisation of kda.md §11.7 rule 2, r = 16 I (the first row of block I):
- *   Araw_IJ = (Q_I . exp(G_I - G_r)) (K_J . exp(G_r - G_J))^T,  P_IJ likewise with K_I,
- * where both exponents are <= 0 (G is non-increasing in a chunk), so no factor exceeds 1 for any
- * gate values. The exponents are clamped at 0 (min(., 0)), which changes nothing for valid rows
- * and keeps zero-padded rows (G = 0 padding past L) at exp(0) times a zero q/k row. Warp p <
- * R(R-1)/2 owns pair p = I(I-1)/2 + J; each k-step loads f32 fragments of q, k, G and of a tile
- * whose 16 rows all hold G_r, applies the factors element by element (fragments of one type
- * share their element-to-position map), then rounds to TF32 (or splits, P = 2). Diagonal blocks:
- * per key tile, when every valid row of every block is within MID_SPAN of its block's middle row
- * (all key columns of the tile), the same products around the middle row (clamped at MID_SPAN,
- * which only zero-padded rows reach), as 3xTF32 by warps 0..R-1; otherwise exact per-pair FFMA
- * (thread (ty, tx) owns (ty + 16a, tx + 16a)), as in the FFMA kernel. The factor split of a
- * product over d may change from one key tile to the next: both factors go into the operands.
- * Static shared memory: one region of 3 BT x 40 + R x 16 x 40 floats (40 KB at BT = 64) holding
- * the q, k, G, G_r key tiles (cp.async 16-byte pieces when K % 4 == 0 and the arrays are aligned:
- * vec), then the off-diagonal results, then Lkk and Tm. Three blocks per SM: the register cap
- * (80) spills a few values, but the third block hides more latency than they cost (2.23 -> 2.09
- * ms at (1,8192,96,128) on an H100). */
+/* N4 intra forward on tensor cores (kda.md §11.4(b)), grid (chunk, hv), IntraFwd<BT>::NTHR
+ * threads. Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i) and P[i,j] = sum_d k_i k_j
+ * exp(G_i - G_j) (j < i) as mma.sync m16n8k8 products on exponent-factorised operands, then
+ * Tm = (I + Diag(beta) P)^{-1} by the block solve.
+ * Work split: warp w owns the 16-row block I = w % R (R = BT / 16) and every key step (8 key
+ * columns) s with s % S == w / R (S = 8 / R warps per row block); the S partial sums of a block
+ * are added in a fixed order at the end (bitwise run to run). Each warp reads only its own rows
+ * and the rows above them, so the exponent factors are formed in registers from the staged q, k,
+ * G tiles, with no exchange between warps:
+ *   off-diagonal blocks J < I (kda.md §11.7 rule 2, reference row r = 16 I): A = q_I, k_I times
+ *     exp(G_I - G_r), B = k_J times exp(G_r - G_J); both exponents <= 0 (G is non-increasing in
+ *     a chunk), clamped at 0 so zero-padded rows past L stay exp(0) times a zero row. TF32
+ *     (P = 1) or 3xTF32 (P = 2).
+ *   diagonal block I: around the middle row m = min(16 I + 8, L - 1): A factor exp(G_i - G_m),
+ *     B factor exp(G_m - G_j), clamped at MID_SPAN, 3xTF32, for every key step whose 8 columns
+ *     keep all valid rows of the block within MID_SPAN of row m (a warp vote per step); other
+ *     steps add the exact per-pair sums (FFMA, exponent masked above the diagonal).
+ * The split of a product over d may differ from one key step to the next: both factors of a
+ * step go into its own operands. Key tiles of 32 columns are staged by cp.async (16-byte pieces,
+ * when K % 4 == 0 and the arrays are aligned: vec) in two stages, so the next tile loads while
+ * this one is multiplied. Shared memory (dynamic): the two stages, reused for the split-K sums,
+ * then Lkk, Tm and the solve's scratch. */
+template <int BT> struct IntraFwd {
+    static constexpr int R = BT / 16;          /* row blocks */
+    static constexpr int S = 8 / R;            /* warps per row block (key steps split) */
+    static constexpr int NT = 2 * R;           /* 8-column tiles of a row */
+    static constexpr int NACC = 2 * NT * 4;    /* accumulator registers: Araw and P */
+    static constexpr int KT = 32, LD = KT + 4; /* key tile; LD % 32 == 4: conflict-free reads */
+    static constexpr int NTHR = 256;
+    static constexpr int STAGE = 3 * BT * LD; /* q, k, G tiles */
+    static constexpr int RED = (S - 1) * R * NACC * 32;
+    static constexpr int FIN = 2 * BT * BT + (R - 1) * 256;
+    static constexpr int smem_floats = 2 * STAGE > RED ? (2 * STAGE > FIN ? 2 * STAGE : FIN)
+                                                       : (RED > FIN ? RED : FIN);
+};
+
 template <int BT, int P>
-__global__ void __launch_bounds__(TC_THREADS, 3)
-    intra_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                        int H, int HV, int K, bool vec, float scale, const float *__restrict__ q,
-                        const float *__restrict__ k, const float *__restrict__ beta,
-                        const float *__restrict__ G, float *__restrict__ Aqk,
-                        float *__restrict__ Tm) {
-    constexpr int R = BT / 16, KT = 32, LD = KT + TC_PAD, LDS = BT + TC_PAD;
-    constexpr int NP = R * (R - 1) / 2;
-    constexpr int REGION = 3 * BT * LD + R * 16 * LD;
-    static_assert(REGION >= BT * LDS && REGION >= 2 * BT * BT, "the region is reused");
-    __shared__ __align__(128) float sm[REGION];
-    float *qs = sm, *ks = sm + BT * LD, *gs = sm + 2 * BT * LD; /* [BT][LD] */
-    float *grs = sm + 3 * BT * LD;                              /* [R][16][LD] rows = G_16I */
+__global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
+    intra_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
+                         const int32_t *__restrict__ chunk_len, int H, int HV, int K, bool vec,
+                         float scale, const float *__restrict__ q, const float *__restrict__ k,
+                         const float *__restrict__ beta, const float *__restrict__ G,
+                         float *__restrict__ Aqk, float *__restrict__ Tm) {
+    using F = IntraFwd<BT>;
+    constexpr int R = F::R, S = F::S, NT = F::NT, KT = F::KT, LD = F::LD, NTHR = F::NTHR;
+    extern __shared__ __align__(16) float sm[];
 
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, hq = hv / (HV / H);
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
-    const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15, w = tid >> 5;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int I = w % R, kw = w / R;
+    const bool active = 16 * I < L; /* the block has a valid row (else all its sums are zero) */
+    const int mid = min(16 * I + 8, L - 1);
 
-    /* the block pair of warp w */
-    int pI = 1, pJ = w;
-    while (pI < R && pJ >= pI) {
-        pJ -= pI;
-        pI++;
-    }
-    const bool pwarp = w < NP && 16 * pI < L; /* block I has a valid row (else all zero) */
+    /* accumulator slots: n < NT - 2 hold the off-diagonal 8-column tiles n < 2 I, slots
+     * NT - 2 and NT - 1 the diagonal block's two tiles (fixed slots, so no code is predicated on
+     * I) */
+    constexpr int DS = NT - 2;
+    float accA[NT][4], accP[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int x = 0; x < 4; x++)
+            accA[n][x] = accP[n][x] = 0.f;
 
-    float accA[R][R], accP[R][R];
-#pragma unroll
-    for (int a = 0; a < R; a++)
-#pragma unroll
-        for (int b = 0; b < R; b++)
-            accA[a][b] = accP[a][b] = 0.f;
-    Acc cA, cP, dA, dP; /* dA, dP: diagonal block w (w < R), when it is factorised */
-    wmma::fill_fragment(cA, 0.f);
-    wmma::fill_fragment(cP, 0.f);
-    wmma::fill_fragment(dA, 0.f);
-    wmma::fill_fragment(dP, 0.f);
-    bool dwarp = false; /* this warp's diagonal block took at least one factorised key tile */
-    /* Block pair (I, J) over this key tile: A = q_I, k_I times exp(G_I - G_r), B = k_J times
-     * exp(G_r - G_J), with G_r the rows of gr (a tile of 16 copies of one row); exponents
-     * clamped at cap (0 off the diagonal, where both factors are <= 1; MID_SPAN on it, which
-     * only zero-padded rows past L can reach). */
-    auto pair_mma = [&](Acc &a, Acc &p_, int I, int J, const float *gr, float cap, int kt0,
-                        auto pconst) {
-        constexpr int PP = decltype(pconst)::value;
-        const float *qI = qs + 16 * I * LD, *kI = ks + 16 * I * LD, *gI = gs + 16 * I * LD;
-        const float *kJ = ks + 16 * J * LD, *gJ = gs + 16 * J * LD;
-        for (int s8 = 0; s8 < KT / 8 && kt0 + 8 * s8 < K; s8++) {
-            FragA<RM> fq, fk, fg, fr;
-            FragB<CM> bk, bg, br;
-            wmma::load_matrix_sync(fq, qI + 8 * s8, LD);
-            wmma::load_matrix_sync(fk, kI + 8 * s8, LD);
-            wmma::load_matrix_sync(fg, gI + 8 * s8, LD);
-            wmma::load_matrix_sync(fr, gr + 8 * s8, LD);
-            wmma::load_matrix_sync(bk, kJ + 8 * s8, LD); /* B(d, j) = k_j[d] */
-            wmma::load_matrix_sync(bg, gJ + 8 * s8, LD);
-            wmma::load_matrix_sync(br, gr + 8 * s8, LD); /* B(d, j) = G_r[d] */
-#pragma unroll
-            for (int t = 0; t < fq.num_elements; t++) {
-                const float f = __expf(fminf(fg.x[t] - fr.x[t], cap));
-                fq.x[t] *= f;
-                fk.x[t] *= f;
+    const float *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
+    const float *gg = G + (t0 * HV + hv) * K;
+    auto load = [&](int kt, int b) {
+        float *qs = sm + b * F::STAGE, *ks = qs + BT * LD, *gs = ks + BT * LD;
+        const int k0 = kt * KT;
+        if (vec) {
+            kdamma::tile_async<BT, KT, LD, NTHR>(qs, qg, (int64_t)H * K, L, k0, K);
+            kdamma::tile_async<BT, KT, LD, NTHR>(ks, kg, (int64_t)H * K, L, k0, K);
+            kdamma::tile_async<BT, KT, LD, NTHR>(gs, gg, (int64_t)HV * K, L, k0, K);
+        } else {
+            for (int idx = tid; idx < BT * KT; idx += NTHR) {
+                const int i = idx / KT, e = idx % KT;
+                const bool ok = i < L && k0 + e < K;
+                qs[i * LD + e] = ok ? qg[(int64_t)i * H * K + k0 + e] : 0.f;
+                ks[i * LD + e] = ok ? kg[(int64_t)i * H * K + k0 + e] : 0.f;
+                gs[i * LD + e] = ok ? gg[(int64_t)i * HV * K + k0 + e] : 0.f;
             }
-#pragma unroll
-            for (int t = 0; t < bk.num_elements; t++)
-                bk.x[t] *= __expf(fminf(br.x[t] - bg.x[t], cap));
-            mma_frag<PP>(a, fq, bk);
-            mma_frag<PP>(p_, fk, bk);
         }
     };
 
-    for (int kt0 = 0; kt0 < K; kt0 += KT) {
-        if (vec) { /* 16-byte pieces all in flight at once; rows >= L, columns >= K zero */
-            kdamma::tile_async<BT, KT, LD, TC_THREADS>(qs, q + (t0 * H + hq) * K, (int64_t)H * K, L,
-                                                       kt0, K);
-            kdamma::tile_async<BT, KT, LD, TC_THREADS>(ks, k + (t0 * H + hq) * K, (int64_t)H * K, L,
-                                                       kt0, K);
-            kdamma::tile_async<BT, KT, LD, TC_THREADS>(gs, G + (t0 * HV + hv) * K, (int64_t)HV * K,
-                                                       L, kt0, K);
-            kdamma::cp_async_commit();
-            kdamma::cp_async_wait<0>();
-            __syncthreads();
-            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
-                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
-                grs[(I * 16 + m) * LD + e] = 16 * I < L ? gs[16 * I * LD + e] : 0.f;
-            }
-        } else {
-            for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
-                const int i = idx / KT, e = idx % KT;
-                const bool ok = i < L && kt0 + e < K;
-                const int64_t oq = ((t0 + i) * H + hq) * K + kt0 + e;
-                const int64_t og = ((t0 + i) * HV + hv) * K + kt0 + e;
-                qs[i * LD + e] = ok ? q[oq] : 0.f;
-                ks[i * LD + e] = ok ? k[oq] : 0.f;
-                gs[i * LD + e] = ok ? G[og] : 0.f;
-            }
-            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
-                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
-                const bool ok = 16 * I < L && kt0 + e < K;
-                grs[(I * 16 + m) * LD + e] = ok ? G[((t0 + 16 * I) * HV + hv) * K + kt0 + e] : 0.f;
-            }
-        }
-        __syncthreads();
-
-        /* off-diagonal blocks: reference-row factorised tensor-core products */
-        if (pwarp)
-            pair_mma(cA, cP, pI, pJ, grs + 16 * pI * LD, 0.f, kt0,
-                     std::integral_constant<int, P>());
-
-        /* diagonal blocks: factorised around their middle rows when every |G_j - G_mid| of the
-         * tile's valid rows is <= MID_SPAN (block-wide decision), else exact exponentials,
-         * masked in the exponent above the diagonal */
-        bool fast = true;
-        for (int idx = tid; idx < BT * KT; idx += TC_THREADS) {
-            const int i = idx / KT, e = idx % KT, a = i / 16, mid = min(16 * a + 8, L - 1);
-            if (i < L && fabsf(gs[i * LD + e] - gs[mid * LD + e]) > MID_SPAN)
-                fast = false;
-        }
-        fast = __syncthreads_and(fast);
-        if (fast) {
-            for (int idx = tid; idx < R * 16 * KT; idx += TC_THREADS) {
-                const int I = idx / (16 * KT), m = (idx / KT) % 16, e = idx % KT;
-                const int mid = min(16 * I + 8, L - 1);
-                grs[(I * 16 + m) * LD + e] = 16 * I < L ? gs[mid * LD + e] : 0.f;
-            }
-            __syncthreads();
-            if (w < R && 16 * w < L) {
-                pair_mma(dA, dP, w, w, grs + 16 * w * LD, MID_SPAN, kt0,
-                         std::integral_constant<int, 2>());
-                dwarp = true;
-            }
-        } else {
-#pragma unroll 4
-            for (int e = 0; e < KT; e++) {
+    /* One key step: columns c .. c + 7 of the staged tiles. Exponentials: exp_ftz (factors
+     * that flush to zero stand for terms below 2^-126 of the sums); TF32 operands rounded by
+     * tf32_finite (every operand is a finite product). */
+    using kdamma::exp_ftz;
+    using kdamma::mma_3xtf32;
+    using kdamma::tf32_finite;
+    using kdamma::tf32_split_finite;
+    auto step = [&](const float *qs, const float *ks, const float *gs, int c) {
+        const int i0 = 16 * I + g, e0 = c + t;
+        /* A fragments: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) */
+        float qa[4], ka[4], ga[4];
 #pragma unroll
-                for (int a = 0; a < R; a++) {
-                    const int i = ty + 16 * a, j = tx + 16 * a;
-                    const float dg = tx > ty ? -INFINITY : gs[i * LD + e] - gs[j * LD + e];
-                    const float x = ks[j * LD + e] * __expf(dg);
-                    accA[a][a] += qs[i * LD + e] * x;
-                    accP[a][a] += ks[i * LD + e] * x;
+        for (int x = 0; x < 4; x++) {
+            const int o = (i0 + 8 * (x & 1)) * LD + e0 + 4 * (x >> 1);
+            qa[x] = qs[o];
+            ka[x] = ks[o];
+            ga[x] = gs[o];
+        }
+        if (I > 0) { /* off-diagonal blocks J < I around row r = 16 I */
+            const float gr[2] = {gs[16 * I * LD + e0], gs[16 * I * LD + e0 + 4]};
+            unsigned qh[4], ql[4], kh[4], kl[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const float f = exp_ftz(fminf(ga[x] - gr[x >> 1], 0.f));
+                if (P == 1) {
+                    qh[x] = tf32_finite(qa[x] * f);
+                    kh[x] = tf32_finite(ka[x] * f);
+                } else {
+                    tf32_split_finite(qa[x] * f, qh[x], ql[x]);
+                    tf32_split_finite(ka[x] * f, kh[x], kl[x]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < DS; n++) {
+                if (n >= 2 * I)
+                    break;
+                const float *kj = ks + (8 * n + g) * LD + e0, *gj = gs + (8 * n + g) * LD + e0;
+                /* b0 (k = t, n = g), b1 (k = t + 4, n = g) */
+                const float b0 = kj[0] * exp_ftz(fminf(gr[0] - gj[0], 0.f));
+                const float b1 = kj[4] * exp_ftz(fminf(gr[1] - gj[4], 0.f));
+                if (P == 1) {
+                    const unsigned bh0 = tf32_finite(b0), bh1 = tf32_finite(b1);
+                    kdamma::mma_tf32(accA[n], qh, bh0, bh1);
+                    kdamma::mma_tf32(accP[n], kh, bh0, bh1);
+                } else {
+                    unsigned bh0, bl0, bh1, bl1;
+                    tf32_split_finite(b0, bh0, bl0);
+                    tf32_split_finite(b1, bh1, bl1);
+                    mma_3xtf32(accA[n], qh, ql, bh0, bh1, bl0, bl1);
+                    mma_3xtf32(accP[n], kh, kl, bh0, bh1, bl0, bl1);
                 }
             }
         }
+        /* the diagonal block */
+        const float gm[2] = {gs[mid * LD + e0], gs[mid * LD + e0 + 4]};
+        bool near = true;
+#pragma unroll
+        for (int x = 0; x < 4; x++)
+            if (i0 + 8 * (x & 1) < L && fabsf(ga[x] - gm[x >> 1]) > MID_SPAN)
+                near = false;
+        if (__all_sync(0xffffffffu, near)) {
+            unsigned qh[4], ql[4], kh[4], kl[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const float f = exp_ftz(fminf(ga[x] - gm[x >> 1], MID_SPAN));
+                tf32_split_finite(qa[x] * f, qh[x], ql[x]);
+                tf32_split_finite(ka[x] * f, kh[x], kl[x]);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 16 * I + 8 * h + g;
+                const float *kj = ks + j * LD + e0, *gj = gs + j * LD + e0;
+                const float b0 = kj[0] * exp_ftz(fminf(gm[0] - gj[0], MID_SPAN));
+                const float b1 = kj[4] * exp_ftz(fminf(gm[1] - gj[4], MID_SPAN));
+                unsigned bh0, bl0, bh1, bl1;
+                tf32_split_finite(b0, bh0, bl0);
+                tf32_split_finite(b1, bh1, bl1);
+                mma_3xtf32(accA[DS + h], qh, ql, bh0, bh1, bl0, bl1);
+                mma_3xtf32(accP[DS + h], kh, kl, bh0, bh1, bl0, bl1);
+            }
+        } else { /* exact sums of the lane's accumulator elements on or below the diagonal */
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) { /* d0 (g, 2t), d1 (g, 2t + 1), d2, d3: row + 8 */
+                    const int i = i0 + 8 * (x >> 1), j = 16 * I + 8 * h + 2 * t + (x & 1);
+                    float sa = 0.f, sp = 0.f;
+#pragma unroll 1
+                    for (int e = c; e < c + 8 && j <= i; e++) {
+                        const float xk = ks[j * LD + e] * exp_ftz(gs[i * LD + e] - gs[j * LD + e]);
+                        sa += qs[i * LD + e] * xk;
+                        sp += ks[i * LD + e] * xk;
+                    }
+                    accA[DS + h][x] += sa;
+                    accP[DS + h][x] += sp;
+                }
+        }
+    };
+
+    const int nkt = (K + KT - 1) / KT;
+    load(0, 0);
+    kdamma::cp_async_commit();
+    for (int kt = 0; kt < nkt; kt++) {
+        const int b = kt & 1;
+        if (kt + 1 < nkt)
+            load(kt + 1, b ^ 1);
+        kdamma::cp_async_commit();
+        kdamma::cp_async_wait<1>();
+        __syncthreads();
+        if (active) {
+            const float *qs = sm + b * F::STAGE, *ks = qs + BT * LD, *gs = ks + BT * LD;
+#pragma unroll 1
+            for (int s = 0; s < KT / 8; s++)
+                if ((kt * (KT / 8) + s) % S == kw && kt * KT + 8 * s < K)
+                    step(qs, ks, gs, 8 * s);
+        }
+        __syncthreads(); /* stage b is refilled next */
+    }
+
+    /* the S partial sums of each row block, added in the order kw = 0, 1, .. S - 1 */
+    if (S > 1) {
+        float *red = sm;
+        if (kw > 0) {
+            float *p = red + ((kw - 1) * R + I) * F::NACC * 32 + lane;
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    p[(8 * n + x) * 32] = accA[n][x];
+                    p[(8 * n + 4 + x) * 32] = accP[n][x];
+                }
+        }
+        __syncthreads();
+        if (kw == 0) {
+            for (int o = 1; o < S; o++) {
+                const float *p = red + ((o - 1) * R + I) * F::NACC * 32 + lane;
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        accA[n][x] += p[(8 * n + x) * 32];
+                        accP[n][x] += p[(8 * n + 4 + x) * 32];
+                    }
+            }
+        }
         __syncthreads();
     }
 
-    /* tensor-core results into the owners' registers, through the region: off-diagonal blocks
-     * replace, diagonal blocks add to the exact tiles' sums (on and below the diagonal) */
-    float *Ss = sm; /* [BT][LDS] */
-    const bool anyd = __syncthreads_or(dwarp);
-    for (int pass = 0; pass < 2; pass++) {
-        if (pwarp) {
-            if (pass)
-                wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cP, LDS, wmma::mem_row_major);
-            else
-                wmma::store_matrix_sync(Ss + 16 * pI * LDS + 16 * pJ, cA, LDS, wmma::mem_row_major);
-        }
-        if (anyd && w < R)
-            wmma::store_matrix_sync(Ss + 16 * w * LDS + 16 * w, pass ? dP : dA, LDS,
-                                    wmma::mem_row_major);
-        __syncthreads();
+    /* Aqk rows (scaled, j <= i, zeros elsewhere) from the registers; Lkk = Diag(beta) P (j < i)
+     * into shared memory, zeros elsewhere and on rows past L */
+    float *Ls = sm, *Ts = sm + BT * BT, *Xs = sm + 2 * BT * BT;
+    if (kw == 0) {
 #pragma unroll
-        for (int a = 0; a < R; a++) {
+        for (int h = 0; h < 2; h++) {
+            const int i = 16 * I + g + 8 * h;
+            const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
+            float *arow = Aqk + ((t0 + i) * HV + hv) * BT;
 #pragma unroll
-            for (int b = 0; b < a; b++) {
-                /* blocks with no valid row were not stored: their rows are never used */
-                const int i = ty + 16 * a, j = tx + 16 * b;
-                const float x = 16 * a < L ? Ss[i * LDS + j] : 0.f;
-                if (pass)
-                    accP[a][b] = x;
-                else
-                    accA[a][b] = x;
-            }
-            if (anyd && 16 * a < L && tx <= ty) {
-                const float x = Ss[(ty + 16 * a) * LDS + tx + 16 * a];
-                if (pass)
-                    accP[a][a] += x;
-                else
-                    accA[a][a] += x;
+            for (int n = 0; n < NT; n++) { /* output tile n from its slot (or zero) */
+                const int j = 8 * n + 2 * t;
+                float ra[2] = {0.f, 0.f}, rp[2] = {0.f, 0.f};
+#pragma unroll
+                for (int y = 0; y < 2; y++) {
+                    if (n < DS && n < 2 * I) {
+                        ra[y] = accA[n < DS ? n : 0][2 * h + y];
+                        rp[y] = accP[n < DS ? n : 0][2 * h + y];
+                    } else if (n >= 2 * I && n <= 2 * I + 1) {
+                        ra[y] = n == 2 * I ? accA[DS][2 * h + y] : accA[DS + 1][2 * h + y];
+                        rp[y] = n == 2 * I ? accP[DS][2 * h + y] : accP[DS + 1][2 * h + y];
+                    }
+                }
+                if (i < L) {
+                    const float a0 = j <= i ? scale * ra[0] : 0.f;
+                    const float a1 = j + 1 <= i ? scale * ra[1] : 0.f;
+                    if (vec) {
+                        *reinterpret_cast<float2 *>(arow + j) = make_float2(a0, a1);
+                    } else {
+                        arow[j] = a0;
+                        arow[j + 1] = a1;
+                    }
+                }
+                Ls[i * BT + j] = j < i ? bi * rp[0] : 0.f;
+                Ls[i * BT + j + 1] = j + 1 < i ? bi * rp[1] : 0.f;
             }
         }
-        __syncthreads();
     }
-
-    /* Aqk rows, Lkk, the solve and Tm rows: as the FFMA kernel */
-    /* the block solve (kda_solve_blocked) takes its scratch behind Lkk and Tm */
-    static_assert(REGION >= 2 * BT * BT + (R - 1) * 256, "the block solve's scratch fits");
-    kda_intra_finish<BT, R, true>(accA, accP, sm, sm + BT * BT, beta, Aqk, Tm, t0, L, hv, HV, scale,
-                                  sm + 2 * BT * BT);
+    __syncthreads();
+    kda_solve_blocked<BT>(Ls, Ts, Xs);
+    __syncthreads();
+    if (vec) { /* rows of Tm in 16-byte pieces */
+        for (int idx = tid; idx < L * (BT / 4); idx += NTHR) {
+            const int i = idx / (BT / 4), j = 4 * (idx % (BT / 4));
+            const float4 v = *reinterpret_cast<const float4 *>(Ts + i * BT + j);
+            float4 o;
+            o.x = j < i ? v.x : (j == i ? 1.f : 0.f);
+            o.y = j + 1 < i ? v.y : (j + 1 == i ? 1.f : 0.f);
+            o.z = j + 2 < i ? v.z : (j + 2 == i ? 1.f : 0.f);
+            o.w = j + 3 < i ? v.w : (j + 3 == i ? 1.f : 0.f);
+            *reinterpret_cast<float4 *>(Tm + ((t0 + i) * HV + hv) * BT + j) = o;
+        }
+    } else {
+        for (int idx = tid; idx < L * BT; idx += NTHR) {
+            const int i = idx / BT, j = idx % BT;
+            Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
+        }
+    }
 }
 
 // ---- backward kernels
@@ -1004,14 +1084,17 @@ static dg_status intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, 
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
-    const bool vec =
-        d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G); /* cp.async tile loads */
-    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        intra_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta, G,
-                            Aqk, Tm);
-                        DG_CHECK_LAUNCH();
-                    }));
+    /* vec: cp.async tile loads, paired Aqk and 16-byte Tm stores */
+    const bool vec = d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
+                     aligned16(Aqk) && aligned16(Tm);
+    KDA_DISPATCH_BT(
+        d->BT, KDA_DISPATCH_P(d->tc, {
+            const size_t smem = sizeof(float) * IntraFwd<BT_>::smem_floats;
+            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_>, smem));
+            intra_fwd_mma_kernel<BT_, P_><<<grid, IntraFwd<BT_>::NTHR, smem, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta, G, Aqk, Tm);
+            DG_CHECK_LAUNCH();
+        }));
     return DG_OK;
 }
 

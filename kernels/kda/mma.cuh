@@ -213,6 +213,27 @@ __device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], const void *p) {
                  : "memory");
 }
 
+/* tf32(x) in two integer operations, for finite x (adding half a TF32 unit to the magnitude's
+ * bits and clearing the 13 low bits rounds to nearest, ties away, like cvt.rna; infinities stay
+ * infinite, a NaN whose payload sits only in the 13 low bits would become an infinity). For the
+ * operands the kernels form themselves from finite factors. */
+__device__ __forceinline__ unsigned tf32_finite(float x) {
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+__device__ __forceinline__ void tf32_split_finite(float x, unsigned &hi, unsigned &lo) {
+    hi = tf32_finite(x);
+    lo = tf32_finite(x - __uint_as_float(hi));
+}
+
+/* e^x as ex2.approx of x log2(e) (what __expf computes), with results below 2^-126 flushed to
+ * zero instead of kept subnormal: two instructions instead of five. For exponential factors
+ * whose subnormal values are far below anything they are added to. */
+__device__ __forceinline__ float exp_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504f));
+    return y;
+}
+
 /* x = hi + lo, both TF32 (the 3xTF32 split): hi carries 11 bits of x, lo the next 11. */
 __device__ __forceinline__ void tf32_split(float x, unsigned &hi, unsigned &lo) {
     hi = tf32(x);
