@@ -31,24 +31,20 @@
  *              row side (j <= r) and column side (m >= r) sums, so no reduction crosses threads
  *              except dbeta's sum over d (warp butterfly per tile, then the tiles in a fixed
  *              order).
- *   tc != 0, tensor cores (hardware exp __expf, far below the TF32 operand rounding):
- *     forward  intra_fwd_mma_kernel: mma.sync m16n8k8 on exponent-factorised operands, warp =
- *              one 16-row block and a share of the key steps; off-diagonal blocks around the
- *              block's first row, TF32 (tc == 1) or 3xTF32 (tc == 2) (kda.md §11.7 rule 2);
- *              diagonal blocks 3xTF32 around their middle rows when the gates allow
- *              (MID_SPAN, decided per 8 key columns), else exact FFMA; the block solve
- *              (kda_solve_blocked);
- *     backward intra_dl_mma_kernel and intra_main_mma_kernel: the same sums as mma.sync 3xTF32
- *              products (tc == 1 and 2: the sums of these gradients feed dA_log's long sums,
- *              where TF32 rounding showed).
- * dq, dk are produced per value head and summed over the G heads of a group by kda_sum_parts
- * (deterministic GVA reduction); with G = 1 they are written in place (acc: added to what the
- * arrays hold, KDA_ACC_*).
- * Shared memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main
- * (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma
- * (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT = 64); intra_fwd_mma two stages
- * of 3 x BT x 36 floats (54 KB at BT = 64, dynamic).
- * Entry points (kda_cuda.h): dg__kda_intra_fwd_cuda, dg__kda_intra_bwd_cuda.
+ *   tc != 0, tensor cores (the hardware exponential kdamma::exp_ftz, far below the TF32 operand
+ * rounding): forward  intra_fwd_mma_kernel: mma.sync m16n8k8 on exponent-factorised operands, warp
+ * = one 16-row block and a share of the key steps; off-diagonal blocks around the block's first
+ * row, TF32 (tc == 1) or 3xTF32 (tc == 2) (kda.md §11.7 rule 2); diagonal blocks 3xTF32 around
+ * their middle rows when the gates allow (MID_SPAN, decided per 8 key columns), else exact FFMA;
+ * the block solve (kda_solve_blocked); backward intra_dl_mma_kernel and intra_main_mma_kernel: the
+ * same sums as mma.sync 3xTF32 products (tc == 1 and 2: the sums of these gradients feed dA_log's
+ * long sums, where TF32 rounding showed). dq, dk are produced per value head and summed over the G
+ * heads of a group by kda_sum_parts (deterministic GVA reduction); with G = 1 they are written in
+ * place (acc: added to what the arrays hold, KDA_ACC_*). Shared memory: intra_dl 2 x BT x (BT+1)
+ * floats (33 KB at BT = 64); intra_main (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64,
+ * dynamic, opted in); intra_main_mma (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT =
+ * 64); intra_fwd_mma two stages of 3 x BT x 36 floats (54 KB at BT = 64, dynamic). Entry points
+ * (kda_cuda.h): dg__kda_intra_fwd_cuda, dg__kda_intra_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -322,13 +318,32 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
 
     const float *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
     const float *gg = G + (t0 * HV + hv) * K;
+    /* the 16-byte pieces this thread stages from each key tile: row pr[m], column pc[m] of the
+     * tile (the same for every tile, so the offsets are formed once) */
+    constexpr int PIECES = BT * KT / 4, M = (PIECES + NTHR - 1) / NTHR;
+    int pr[M], pc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const int idx = tid + m * NTHR;
+        pr[m] = idx < PIECES ? idx / (KT / 4) : BT; /* BT: no piece */
+        pc[m] = 4 * (idx % (KT / 4));
+    }
     auto load = [&](int kt, int b) {
         float *qs = sm + b * F::STAGE, *ks = qs + BT * LD, *gs = ks + BT * LD;
         const int k0 = kt * KT;
-        if (vec) {
-            kdamma::tile_async<BT, KT, LD, NTHR>(qs, qg, (int64_t)H * K, L, k0, K);
-            kdamma::tile_async<BT, KT, LD, NTHR>(ks, kg, (int64_t)H * K, L, k0, K);
-            kdamma::tile_async<BT, KT, LD, NTHR>(gs, gg, (int64_t)HV * K, L, k0, K);
+        if (vec) { /* rows >= L and columns >= K zero-filled */
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                if (pr[m] >= BT)
+                    continue;
+                const bool ok = pr[m] < L && k0 + pc[m] < K;
+                const int so = pr[m] * LD + pc[m];
+                const int64_t oq = ok ? (int64_t)pr[m] * H * K + k0 + pc[m] : 0;
+                const int64_t og = ok ? (int64_t)pr[m] * HV * K + k0 + pc[m] : 0;
+                kdamma::cp_async16(qs + so, qg + oq, ok);
+                kdamma::cp_async16(ks + so, kg + oq, ok);
+                kdamma::cp_async16(gs + so, gg + og, ok);
+            }
         } else {
             for (int idx = tid; idx < BT * KT; idx += NTHR) {
                 const int i = idx / KT, e = idx % KT;
@@ -341,12 +356,9 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
     };
 
     /* One key step: columns c .. c + 7 of the staged tiles. Exponentials: exp_ftz (factors
-     * that flush to zero stand for terms below 2^-126 of the sums); TF32 operands rounded by
-     * tf32_finite (every operand is a finite product). */
+     * that flush to zero stand for terms below 2^-126 of the sums). */
     using kdamma::exp_ftz;
     using kdamma::mma_3xtf32;
-    using kdamma::tf32_finite;
-    using kdamma::tf32_split_finite;
     auto step = [&](const float *qs, const float *ks, const float *gs, int c) {
         const int i0 = 16 * I + g, e0 = c + t;
         /* A fragments: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) */
@@ -365,11 +377,11 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
             for (int x = 0; x < 4; x++) {
                 const float f = exp_ftz(fminf(ga[x] - gr[x >> 1], 0.f));
                 if (P == 1) {
-                    qh[x] = tf32_finite(qa[x] * f);
-                    kh[x] = tf32_finite(ka[x] * f);
+                    qh[x] = kdamma::tf32(qa[x] * f);
+                    kh[x] = kdamma::tf32(ka[x] * f);
                 } else {
-                    tf32_split_finite(qa[x] * f, qh[x], ql[x]);
-                    tf32_split_finite(ka[x] * f, kh[x], kl[x]);
+                    kdamma::tf32_split(qa[x] * f, qh[x], ql[x]);
+                    kdamma::tf32_split(ka[x] * f, kh[x], kl[x]);
                 }
             }
 #pragma unroll
@@ -381,13 +393,13 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
                 const float b0 = kj[0] * exp_ftz(fminf(gr[0] - gj[0], 0.f));
                 const float b1 = kj[4] * exp_ftz(fminf(gr[1] - gj[4], 0.f));
                 if (P == 1) {
-                    const unsigned bh0 = tf32_finite(b0), bh1 = tf32_finite(b1);
+                    const unsigned bh0 = kdamma::tf32(b0), bh1 = kdamma::tf32(b1);
                     kdamma::mma_tf32(accA[n], qh, bh0, bh1);
                     kdamma::mma_tf32(accP[n], kh, bh0, bh1);
                 } else {
                     unsigned bh0, bl0, bh1, bl1;
-                    tf32_split_finite(b0, bh0, bl0);
-                    tf32_split_finite(b1, bh1, bl1);
+                    kdamma::tf32_split(b0, bh0, bl0);
+                    kdamma::tf32_split(b1, bh1, bl1);
                     mma_3xtf32(accA[n], qh, ql, bh0, bh1, bl0, bl1);
                     mma_3xtf32(accP[n], kh, kl, bh0, bh1, bl0, bl1);
                 }
@@ -405,8 +417,8 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
 #pragma unroll
             for (int x = 0; x < 4; x++) {
                 const float f = exp_ftz(fminf(ga[x] - gm[x >> 1], MID_SPAN));
-                tf32_split_finite(qa[x] * f, qh[x], ql[x]);
-                tf32_split_finite(ka[x] * f, kh[x], kl[x]);
+                kdamma::tf32_split(qa[x] * f, qh[x], ql[x]);
+                kdamma::tf32_split(ka[x] * f, kh[x], kl[x]);
             }
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -415,8 +427,8 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
                 const float b0 = kj[0] * exp_ftz(fminf(gm[0] - gj[0], MID_SPAN));
                 const float b1 = kj[4] * exp_ftz(fminf(gm[1] - gj[4], MID_SPAN));
                 unsigned bh0, bl0, bh1, bl1;
-                tf32_split_finite(b0, bh0, bl0);
-                tf32_split_finite(b1, bh1, bl1);
+                kdamma::tf32_split(b0, bh0, bl0);
+                kdamma::tf32_split(b1, bh1, bl1);
                 mma_3xtf32(accA[DS + h], qh, ql, bh0, bh1, bl0, bl1);
                 mma_3xtf32(accP[DS + h], kh, kl, bh0, bh1, bl0, bl1);
             }
@@ -451,10 +463,11 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
         __syncthreads();
         if (active) {
             const float *qs = sm + b * F::STAGE, *ks = qs + BT * LD, *gs = ks + BT * LD;
+            /* key steps kt * KT / 8 + s with s = kw (mod S) */
+            const int s0 = ((kw - kt * (KT / 8)) % S + S) % S;
 #pragma unroll 1
-            for (int s = 0; s < KT / 8; s++)
-                if ((kt * (KT / 8) + s) % S == kw && kt * KT + 8 * s < K)
-                    step(qs, ks, gs, 8 * s);
+            for (int s = s0; s < KT / 8 && kt * KT + 8 * s < K; s += S)
+                step(qs, ks, gs, 8 * s);
         }
         __syncthreads(); /* stage b is refilled next */
     }
@@ -801,8 +814,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     /* rows past L hold k = 0 and G = 0 padding: never exponentiate it (with a
                      * G_p > 0, possible for gates passed to the stage directly, it would
                      * overflow) */
-                    const float x0 = kk + t < L ? sk[i0] * __expf(gr - sG[i0]) : 0.f;
-                    const float x1 = kk + t + 4 < L ? sk[i1] * __expf(gr - sG[i1]) : 0.f;
+                    const float x0 = kk + t < L ? sk[i0] * kdamma::exp_ftz(gr - sG[i0]) : 0.f;
+                    const float x1 = kk + t + 4 < L ? sk[i1] * kdamma::exp_ftz(gr - sG[i1]) : 0.f;
                     unsigned b0, b0s, b1, b1s;
                     tf32_split(x0, b0, b0s);
                     tf32_split(x1, b1, b1s);
@@ -826,8 +839,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     const int col = cb + 8 * n + g;
                     const float gr = gp[col];
                     const int ia = ma * LDK + col, ib = mb * LDK + col;
-                    const float xa = va ? __expf(sG[ia] - gr) : 0.f;
-                    const float xb = vb ? __expf(sG[ib] - gr) : 0.f;
+                    const float xa = va ? kdamma::exp_ftz(sG[ia] - gr) : 0.f;
+                    const float xb = vb ? kdamma::exp_ftz(sG[ib] - gr) : 0.f;
                     unsigned b0, b0s, b1, b1s;
                     tf32_split(sq[ia] * xa, b0, b0s);
                     tf32_split(sq[ib] * xb, b1, b1s);
@@ -848,15 +861,16 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     const float gr = gp[cb + 8 * n + 2 * t + p];
                     const float d0 = G0[n][p] - gr, d1 = G1[n][p] - gr;
                     if (row) {
-                        const float s0 = r0 < L ? __expf(d0) : 0.f, s1 = r1 < L ? __expf(d1) : 0.f;
+                        const float s0 = r0 < L ? kdamma::exp_ftz(d0) : 0.f,
+                                    s1 = r1 < L ? kdamma::exp_ftz(d1) : 0.f;
                         Rq[n][p] *= s0;
                         Rl[n][p] *= s0;
                         Rq[n][2 + p] *= s1;
                         Rl[n][2 + p] *= s1;
                     }
                     if (col) {
-                        Cs[n][p] *= r0 < L ? __expf(-d0) : 0.f;
-                        Cs[n][2 + p] *= r1 < L ? __expf(-d1) : 0.f;
+                        Cs[n][p] *= r0 < L ? kdamma::exp_ftz(-d0) : 0.f;
+                        Cs[n][2 + p] *= r1 < L ? kdamma::exp_ftz(-d1) : 0.f;
                     }
                 }
         };
@@ -893,12 +907,12 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                         const int i = j * LDK + cb + 8 * n + 2 * t + p;
                         const float kj = sk[i], gj = sG[i];
                         if (in0) {
-                            const float x = kj * __expf(G0[n][p] - gj);
+                            const float x = kj * kdamma::exp_ftz(G0[n][p] - gj);
                             Rq[n][p] += a0 * x;
                             Rl[n][p] += l0 * x;
                         }
                         if (in1) {
-                            const float x = kj * __expf(G1[n][p] - gj);
+                            const float x = kj * kdamma::exp_ftz(G1[n][p] - gj);
                             Rq[n][2 + p] += a1 * x;
                             Rl[n][2 + p] += l1 * x;
                         }
@@ -924,9 +938,9 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                         const int i = m * LDK + cb + 8 * n + 2 * t + p;
                         const float qm = sq[i], km = sk[i], gm = sG[i];
                         if (in0)
-                            Cs[n][p] += (a0 * qm + l0 * km) * __expf(gm - G0[n][p]);
+                            Cs[n][p] += (a0 * qm + l0 * km) * kdamma::exp_ftz(gm - G0[n][p]);
                         if (in1)
-                            Cs[n][2 + p] += (a1 * qm + l1 * km) * __expf(gm - G1[n][p]);
+                            Cs[n][2 + p] += (a1 * qm + l1 * km) * kdamma::exp_ftz(gm - G1[n][p]);
                     }
             }
         }

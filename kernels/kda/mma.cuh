@@ -164,10 +164,13 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* x rounded to TF32 (nearest, ties away from zero, as cvt.rna.tf32.f32 rounds) in two integer
+ * operations: half a TF32 unit added to the magnitude's bits, the 13 low bits cleared (cvt.rna
+ * is emulated in four on sm_90). Infinities stay infinite; a NaN whose payload lies only in the
+ * 13 low bits would become an infinity (no kernel input is such a NaN: arithmetic NaNs carry
+ * the high payload bit). */
 __device__ __forceinline__ unsigned tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
 }
 
 /* A bf16 value is a TF32 value (8 of TF32's 10 mantissa bits): widened, it needs no rounding. */
@@ -211,18 +214,6 @@ __device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], const void *p) {
                  : "=r"(r[0]), "=r"(r[1])
                  : "r"(s)
                  : "memory");
-}
-
-/* tf32(x) in two integer operations, for finite x (adding half a TF32 unit to the magnitude's
- * bits and clearing the 13 low bits rounds to nearest, ties away, like cvt.rna; infinities stay
- * infinite, a NaN whose payload sits only in the 13 low bits would become an infinity). For the
- * operands the kernels form themselves from finite factors. */
-__device__ __forceinline__ unsigned tf32_finite(float x) {
-    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
-}
-__device__ __forceinline__ void tf32_split_finite(float x, unsigned &hi, unsigned &lo) {
-    hi = tf32_finite(x);
-    lo = tf32_finite(x - __uint_as_float(hi));
 }
 
 /* e^x as ex2.approx of x log2(e) (what __expf computes), with results below 2^-126 flushed to

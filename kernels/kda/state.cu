@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
             for (int hlf = 0; hlf < 2; hlf++) {
                 const int r = 16 * (w + 8 * m) + g + 8 * hlf;
-                el[m][hlf] = (w + 8 * m < mtiles) ? __expf(Gs[r]) : 0.f;
+                el[m][hlf] = (w + 8 * m < mtiles) ? kdamma::exp_ftz(Gs[r]) : 0.f;
             }
         __syncthreads(); /* Xs complete */
         if (coalesced) {

@@ -21,25 +21,21 @@
  *            tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned arrays):
  *                     wy_fwd_mma_kernel, mma.sync TF32 with cp.async staging;
  *            tc != 0 otherwise: wy_fwd_tc_kernel, WMMA TF32 (tc == 1) or 3xTF32 (tc == 2).
- *            The tensor-core kernels (and wy_dtm_mma_kernel) use the hardware __expf (a
- *            relative error of a few 1e-6, far below the TF32 operand rounding).
- *   backward (1) tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU):
- *            wy_cols_mma_kernel, the column products on mma.sync TF32, then the same per-column
- *            work as wy_cols_kernel on the product kept in shared memory; else
- *            wy_cols_kernel (f32): block per (chunk, hv, 32-wide tile of the K
- *            key dims followed by the V value dims); lane = column, warp w = rows w, w+8, ...;
- *            the column sums of Tm^T are per thread; the last-row sum over rows goes through an
- *            8 x 32 shared array summed in warp order; dbeta's sums over columns are warp
- *            butterflies written per tile and summed over tiles in a fixed order.
- *            (2) dTm: tc == 1 and the sizes allow: wy_dtm_mma_kernel (mma.sync TF32); else
- *            wy_dtm_kernel (f32): block per (chunk, hv), 16 x 16 threads, each a (BT/16)^2
- *            register block of dTm, looping over 32-column tiles of the concatenated [dW | dU]
- *            and [X | beta v] rows.
- * dq, dk per value head are summed over the G heads of a group afterwards (G > 1, kda_sum_parts);
- * acc adds the flagged gradients to what their arrays hold (KDA_ACC_*).
- * Shared memory (static): wy_cols BT x BT + BT x 32 + 8 x 32 floats (25 KB at BT = 64);
- * wy_dtm 2 x BT x 33 floats (17 KB at BT = 64).
- * Entry points (kda_cuda.h): dg__kda_wy_fwd_cuda, dg__kda_wy_bwd_cuda.
+ *            The tensor-core kernels (and wy_dtm_mma_kernel) use the hardware exponential
+ * kdamma::exp_ftz (a relative error of a few 1e-6, far below the TF32 operand rounding). backward
+ * (1) tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU): wy_cols_mma_kernel,
+ * the column products on mma.sync TF32, then the same per-column work as wy_cols_kernel on the
+ * product kept in shared memory; else wy_cols_kernel (f32): block per (chunk, hv, 32-wide tile of
+ * the K key dims followed by the V value dims); lane = column, warp w = rows w, w+8, ...; the
+ * column sums of Tm^T are per thread; the last-row sum over rows goes through an 8 x 32 shared
+ * array summed in warp order; dbeta's sums over columns are warp butterflies written per tile and
+ * summed over tiles in a fixed order. (2) dTm: tc == 1 and the sizes allow: wy_dtm_mma_kernel
+ * (mma.sync TF32); else wy_dtm_kernel (f32): block per (chunk, hv), 16 x 16 threads, each a
+ * (BT/16)^2 register block of dTm, looping over 32-column tiles of the concatenated [dW | dU] and
+ * [X | beta v] rows. dq, dk per value head are summed over the G heads of a group afterwards (G >
+ * 1, kda_sum_parts); acc adds the flagged gradients to what their arrays hold (KDA_ACC_*). Shared
+ * memory (static): wy_cols BT x BT + BT x 32 + 8 x 32 floats (25 KB at BT = 64); wy_dtm 2 x BT x 33
+ * floats (17 KB at BT = 64). Entry points (kda_cuda.h): dg__kda_wy_fwd_cuda, dg__kda_wy_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -204,7 +200,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                 if (j < L && e < ne) {
                     if (pass == 0)
                         x = k[((t0 + j) * H + hq) * K + e0 + e] *
-                            __expf(G[((t0 + j) * HV + hv) * K + e0 + e]);
+                            kdamma::exp_ftz(G[((t0 + j) * HV + hv) * K + e0 + e]);
                     else
                         x = v[((t0 + j) * HV + hv) * V + e0 + e];
                 }
@@ -301,10 +297,10 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                 const float gj = Gs[j * LDX + e];
                 const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
                 if (KG)
-                    kda_st(KG + og, x * __expf(lam - gj));
+                    kda_st(KG + og, x * kdamma::exp_ftz(lam - gj));
                 if (QG)
-                    kda_st(QG + og, qv[u] * __expf(gj));
-                x = bv[u] * x * __expf(gj);
+                    kda_st(QG + og, qv[u] * kdamma::exp_ftz(gj));
+                x = bv[u] * x * kdamma::exp_ftz(gj);
             } else {
                 x = bv[u] * x;
             }
@@ -333,8 +329,8 @@ struct WyCols {
 /* Token t of one column e of the WY backward, given s = (Tm^T dW)_t (key column) or
  * (Tm^T dU)_t (value column): writes dq, dk and dG (a key column; the chunk's last row keeps its
  * dG in last, to which the column sum is added later) or dv (a value column), adds k a to the
- * column sum, and returns this element's share of dbeta. FAST: the hardware __expf (the
- * tensor-core path). */
+ * column sum, and returns this element's share of dbeta. FAST: the hardware exponential
+ * kdamma::exp_ftz (the tensor-core path). */
 template <bool FAST>
 __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e,
                                             bool kcol, bool vcol, bool lastrow, float lam, float s,
@@ -343,10 +339,11 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
     if (kcol) {
         const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
         const float Gj = o.G[ig], kj = o.k[iq], qj = o.q[iq];
-        const float gam = FAST ? __expf(Gj) : expf(Gj);
+        const float gam = FAST ? kdamma::exp_ftz(Gj) : expf(Gj);
         const float X = bj * kj * gam;
         const float tq = o.dQG ? o.dQG[ig] * gam : 0.f;
-        const float a = o.dKG ? o.dKG[ig] * (FAST ? __expf(lam - Gj) : expf(lam - Gj)) : 0.f;
+        const float a =
+            o.dKG ? o.dKG[ig] * (FAST ? kdamma::exp_ftz(lam - Gj) : expf(lam - Gj)) : 0.f;
         if (o.dqv)
             o.dqv[ig] = (o.acc & KDA_ACC_DQ ? o.dqv[ig] : 0.f) + tq;
         if (o.dkv)
@@ -600,7 +597,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         for (int idx = threadIdx.x; idx < L * CS; idx += NT) {
             const int j = idx / CS, e = idx % CS;
             const float bj = beta[(t0 + j) * HV + hv], x = Bs[j * LD + e];
-            Bs[j * LD + e] = kp ? bj * x * __expf(Gs[j * LD + e]) : bj * x;
+            Bs[j * LD + e] = kp ? bj * x * kdamma::exp_ftz(Gs[j * LD + e]) : bj * x;
         }
         __syncthreads();
         mma_stage<BT, true, true, 0, CS>(acc, As, LD, Bs, LD, 0);
