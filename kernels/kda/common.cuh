@@ -70,8 +70,8 @@ __device__ __forceinline__ float kda_dsoftplus(float x) {
     } while (0)
 
 /* Element access for the arrays whose storage is f32 or bf16 (kda_cuda_dims.mid: W, U, KG, QG,
- * h, E): loads widen to f32 (exact), stores round to the nearest bf16. kda_st2 stores two
- * consecutive elements with one access (8-byte aligned for f32, 4-byte for bf16). */
+ * h, E): loads widen to f32 (exact), stores round to the nearest bf16. kda_st2 / kda_st4 store
+ * two / four consecutive elements with one access. */
 typedef __nv_bfloat16 kda_bf16;
 __device__ __forceinline__ float kda_ld(const float *p) { return *p; }
 __device__ __forceinline__ float kda_ld(const kda_bf16 *p) { return __bfloat162float(*p); }
@@ -82,6 +82,15 @@ __device__ __forceinline__ void kda_st2(float *p, float a, float b) {
 }
 __device__ __forceinline__ void kda_st2(kda_bf16 *p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+/* Four consecutive elements with one access (16-byte aligned for f32, 8-byte for bf16). */
+__device__ __forceinline__ void kda_st4(float *p, float4 x) { *reinterpret_cast<float4 *>(p) = x; }
+__device__ __forceinline__ void kda_st4(kda_bf16 *p, float4 x) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const unsigned *>(&lo);
+    u.y = *reinterpret_cast<const unsigned *>(&hi);
+    *reinterpret_cast<uint2 *>(p) = u;
 }
 
 /* Run the statements with the type M_ bound to the storage of the mid tensors (d->mid: bf16,

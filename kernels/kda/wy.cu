@@ -272,39 +272,56 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    /* The elementwise part: thread column e, rows j0, j0 + RS, ... (NT is a multiple of AB_N);
-     * RU rows at a time with their global loads (q, beta) issued first, so that RU loads are in
-     * flight per thread instead of one. */
-    static_assert(NT % AB_N == 0, "a thread keeps its column");
-    constexpr int RS = NT / AB_N, RU = 4;
-    const int e = threadIdx.x % AB_N;
-    const float lam = (wt && e < nc && L > 0) ? Gs[(L - 1) * LDX + e] : 0.f;
-    for (int jb = threadIdx.x / AB_N; e < nc && jb < L; jb += RS * RU) {
-        float qv[RU], bv[RU];
+    /* The elementwise part: thread = 4 consecutive columns e4 .. e4 + 3 (16-byte pieces; nc is
+     * a multiple of 4) and rows j0, j0 + RS, ...; the global loads (q, beta) of RU rows are
+     * issued first, so that RU of them are in flight per thread. */
+    constexpr int CG = AB_N / 4, RS = NT / CG, RU = 4;
+    static_assert(NT % CG == 0, "a thread keeps its columns");
+    const int e4 = 4 * (threadIdx.x % CG);
+    auto ex = [](float4 a, float4 b) { /* e^(a - b) per element */
+                                       return make_float4(exp_ftz(a.x - b.x), exp_ftz(a.y - b.y),
+                                                          exp_ftz(a.z - b.z), exp_ftz(a.w - b.w));
+    };
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 lam = (wt && e4 < nc && L > 0)
+                           ? *reinterpret_cast<const float4 *>(Gs + (L - 1) * LDX + e4)
+                           : zero4;
+    for (int jb = threadIdx.x / CG; e4 < nc && jb < L; jb += RS * RU) {
+        float4 qv[RU];
+        float bv[RU];
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             const int j = jb + RS * u;
             bv[u] = j < L ? beta[(t0 + j) * HV + hv] : 0.f;
-            qv[u] = (wt && QG && j < L) ? q[((t0 + j) * H + hq) * K + c0 + e] : 0.f;
+            qv[u] = (wt && QG && j < L)
+                        ? *reinterpret_cast<const float4 *>(q + ((t0 + j) * H + hq) * K + c0 + e4)
+                        : zero4;
         }
 #pragma unroll
         for (int u = 0; u < RU; u++) {
             const int j = jb + RS * u;
             if (j >= L)
                 break;
-            float x = Xs[j * LDX + e];
+            float4 x = *reinterpret_cast<const float4 *>(Xs + j * LDX + e4);
+            const float b = bv[u];
             if (wt) {
-                const float gj = Gs[j * LDX + e];
-                const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e;
-                if (KG)
-                    kda_st(KG + og, x * kdamma::exp_ftz(lam - gj));
-                if (QG)
-                    kda_st(QG + og, qv[u] * kdamma::exp_ftz(gj));
-                x = bv[u] * x * kdamma::exp_ftz(gj);
+                const float4 gj = *reinterpret_cast<const float4 *>(Gs + j * LDX + e4);
+                const float4 eg = ex(gj, zero4);
+                const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e4;
+                if (KG) {
+                    const float4 el = ex(lam, gj);
+                    kda_st4(KG + og, make_float4(x.x * el.x, x.y * el.y, x.z * el.z, x.w * el.w));
+                }
+                if (QG) {
+                    const float4 qq = qv[u];
+                    kda_st4(QG + og,
+                            make_float4(qq.x * eg.x, qq.y * eg.y, qq.z * eg.z, qq.w * eg.w));
+                }
+                x = make_float4(b * x.x * eg.x, b * x.y * eg.y, b * x.z * eg.z, b * x.w * eg.w);
             } else {
-                x = bv[u] * x;
+                x = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
             }
-            Xs[j * LDX + e] = x; /* rows past L stay zero */
+            *reinterpret_cast<float4 *>(Xs + j * LDX + e4) = x; /* rows past L stay zero */
         }
     }
     if (!dst)
@@ -608,12 +625,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 // ---- launchers
 
-/* Whether the forward runs on wy_fwd_mma_kernel (tc == 1, K, V % 4 == 0, aligned arrays; a
- * bf16 v also needs V % 8 == 0). */
+/* Whether the forward runs on wy_fwd_mma_kernel (tc == 1, K, V % 4 == 0, 16-byte aligned
+ * arrays (KG and QG are stored four elements at a time); a bf16 v also needs V % 8 == 0). */
 static bool wy_fwd_mma(const kda_cuda_dims *d, const void *q, const void *k, const void *v,
-                       const void *G, const void *Tm) {
+                       const void *G, const void *Tm, const void *KG, const void *QG) {
     return d->tc == 1 && d->K % 4 == 0 && d->V % (d->leaf_bf16 ? 8 : 4) == 0 && aligned16(q) &&
-           aligned16(k) && aligned16(v) && aligned16(G) && aligned16(Tm);
+           aligned16(k) && aligned16(v) && aligned16(G) && aligned16(Tm) && aligned16(KG) &&
+           aligned16(QG);
 }
 
 /* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks; v of TV
@@ -624,7 +642,7 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
                            void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
-    if (wy_fwd_mma(d, q, k, v, G, Tm)) {
+    if (wy_fwd_mma(d, q, k, v, G, Tm, KG, QG)) {
         const unsigned nz =
             (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
         KDA_DISPATCH_BT(d->BT, {
@@ -670,7 +688,7 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     const float *vf = (const float *)v;
     Scratch vs(ctx);
     if (d->leaf_bf16 && v) {
-        if (d->tc && wy_fwd_mma(d, q, k, v, G, Tm))
+        if (d->tc && wy_fwd_mma(d, q, k, v, G, Tm, KG, QG))
             return wy_fwd_tc(ctx, d, q, k, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
         DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
     }
