@@ -947,12 +947,30 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         /* outputs: dq = Rq, dk = beta_r RL + C, dG = q Rq + k beta_r RL - k C, dbeta = k . RL;
          * a thread's two adjacent columns go out as one float2 where K allows */
         const bool pair = K % 2 == 0;
+        float *const outs[3] = {dqv, dkv, dG};
+        constexpr unsigned flags[3] = {KDA_ACC_DQ, KDA_ACC_DK, KDA_ACC_DG};
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+        for (int n = 0; n < 4; n++) {
+            /* the values to add to (acc, paired columns) of both rows and all three arrays are
+             * read first, so that the six loads are in flight together */
+            const int col = cb + 8 * n + 2 * t, ke = e0 + col;
+            int64_t idx[2];
+            float2 old[2][3];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int r = h ? r1 : r0, col = cb + 8 * n + 2 * t, ke = e0 + col;
-                float oq[2], ok[2], og[2];
+                const int r = h ? r1 : r0;
+                const bool in = r < L && ke < K;
+                idx[h] = ((t0 + r) * HV + hv) * K + ke;
+#pragma unroll
+                for (int a = 0; a < 3; a++)
+                    old[h][a] = pair && in && outs[a] && (acc & flags[a])
+                                    ? *reinterpret_cast<const float2 *>(outs[a] + idx[h])
+                                    : make_float2(0.f, 0.f);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int r = h ? r1 : r0;
+                float v[3][2]; /* dq, dk, dG */
 #pragma unroll
                 for (int p = 0; p < 2; p++) {
                     const int e = 2 * h + p;
@@ -962,30 +980,28 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                         db1 += kr * Rl[n][e];
                     else
                         db0 += kr * Rl[n][e];
-                    oq[p] = Rq[n][e];
-                    ok[p] = rk + cs;
-                    og[p] = qr * Rq[n][e] + kr * rk - kr * cs;
+                    v[0][p] = Rq[n][e];
+                    v[1][p] = rk + cs;
+                    v[2][p] = qr * Rq[n][e] + kr * rk - kr * cs;
                 }
                 if (r >= L || ke >= K)
                     continue;
-                const int64_t idx = ((t0 + r) * HV + hv) * K + ke;
-                /* write, or add to what is there (acc) */
-                auto put = [&](float *o, const float(&v)[2], unsigned flag) {
+                    /* write, or add to what is there (acc) */
+#pragma unroll
+                for (int a = 0; a < 3; a++) {
+                    float *o = outs[a];
                     if (!o)
-                        return;
+                        continue;
                     if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
-                        float2 *o2 = reinterpret_cast<float2 *>(o + idx);
-                        const float2 old = acc & flag ? *o2 : make_float2(0.f, 0.f);
-                        *o2 = make_float2(old.x + v[0], old.y + v[1]);
+                        *reinterpret_cast<float2 *>(o + idx[h]) =
+                            make_float2(old[h][a].x + v[a][0], old[h][a].y + v[a][1]);
                     } else {
                         for (int p = 0; p < 2 && ke + p < K; p++)
-                            o[idx + p] = (acc & flag ? o[idx + p] : 0.f) + v[p];
+                            o[idx[h] + p] = (acc & flags[a] ? o[idx[h] + p] : 0.f) + v[a][p];
                     }
-                };
-                put(dqv, oq, KDA_ACC_DQ);
-                put(dkv, ok, KDA_ACC_DK);
-                put(dG, og, KDA_ACC_DG);
+                }
             }
+        }
     }
     /* dbeta: the four lanes of a row, then the two column halves, in a fixed order */
     db0 += __shfl_xor_sync(0xffffffffu, db0, 1);
