@@ -8,7 +8,9 @@
  *   namespace kdamma: mma.sync m16n8k8 TF32 with cp.async staging: the cp.async and TF32
  *                     wrappers, the 3xTF32 product, and the chunk-local tile product (A or A^T
  *                     times B or B^T into a BT x 64 register tile: mma_stage on staged operands,
- *                     gemm_acc with its own two-stage cp.async pipeline, store_acc).
+ *                     gemm_acc with its own two-stage cp.async pipeline, store_acc); operands
+ *                     that are both bf16 go through m16n8k16 bf16 products with ldmatrix
+ *                     fragments instead (exact products either way, half the instructions).
  *
  * WMMA (kdatc). Fragments: m16n16k8 with precision::tf32 operands and f32 accumulators (sm_80
  * and later; the build targets sm_90). Operands are staged as f32 in shared memory and rounded to
@@ -208,6 +210,13 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void *p) {
                  : "r"(s)
                  : "memory");
 }
+__device__ __forceinline__ void ldsm_x2(unsigned (&r)[2], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(s)
+                 : "memory");
+}
 __device__ __forceinline__ void ldsm_x2_t(unsigned (&r)[2], const void *p) {
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
@@ -313,45 +322,92 @@ template <int BT> struct AbTile {
 
 /* acc += op(A) op(B) over KS k-values staged in shared memory (layouts as in gemm_acc: As with
  * leading dimension lda, Bs with ldb), for warp w's part of the BT x 64 tile. kbase: the k index
- * of the stage's first column, for the TRI mask. */
+ * of the stage's first column, for the TRI mask. TF32 m16n8k8, or bf16 m16n8k16 when TA and TB
+ * are both bf16. */
 template <int BT, bool AK, bool BK, int TRI, int KS, class TA, class TB>
 __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const TA *As, int lda,
                                           const TB *Bs, int ldb, int kbase) {
     constexpr int WN = AbTile<BT>::WN, NTW = AbTile<BT>::NTW;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / WN), n0 = 8 * NTW * (w % WN);
+    if constexpr (std::is_same<TA, kda_bf16>::value && std::is_same<TB, kda_bf16>::value) {
+        /* both operands bf16: m16n8k16 bf16 products (exact, like TF32 on the widened values,
+         * half the instructions), fragments by ldmatrix (.trans where the stage holds the
+         * operand's k along rows) */
+        static_assert(KS % 16 == 0, "bf16 k-steps of 16");
+        const int l7 = lane & 7, l3 = (lane >> 3) & 1, l4 = lane >> 4;
 #pragma unroll
-    for (int k0 = 0; k0 < KS; k0 += 8) {
-        unsigned a[4];
-        if (AK) { /* a0 (m = g, k = t) at row m, column k */
-            const TA *ap = As + (m0 + g) * lda + k0 + t;
-            a[0] = tf32(ap[0]);
-            a[1] = tf32(ap[8 * lda]);
-            a[2] = tf32(ap[4]);
-            a[3] = tf32(ap[8 * lda + 4]);
-        } else { /* at row k, column m */
-            const TA *ap = As + (k0 + t) * lda + m0 + g;
-            a[0] = tf32(ap[0]);
-            a[1] = tf32(ap[8]);
-            a[2] = tf32(ap[4 * lda]);
-            a[3] = tf32(ap[4 * lda + 8]);
-        }
-        if (TRI) { /* a0 (m0 + g, kk), a1 (+8, kk), a2 (m0 + g, kk + 4), a3 (+8, kk + 4) */
-            const int mm = m0 + g, kk = kbase + k0 + t;
-            auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
-            a[0] = keep(mm, kk) ? a[0] : 0u;
-            a[1] = keep(mm + 8, kk) ? a[1] : 0u;
-            a[2] = keep(mm, kk + 4) ? a[2] : 0u;
-            a[3] = keep(mm + 8, kk + 4) ? a[3] : 0u;
-        }
+        for (int k0 = 0; k0 < KS; k0 += 16) {
+            unsigned a[4]; /* a0 (g, 2t..), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, ..) */
+            if (AK)
+                ldsm_x4(a, As + (m0 + l7 + 8 * l3) * lda + k0 + 8 * l4);
+            else
+                ldsm_x4_t(a, As + (k0 + l7 + 8 * l4) * lda + m0 + 8 * l3);
+            if (TRI) { /* keep A(m, k) for k <= m (1) or k >= m (2), each half of a pair */
+                const int mm = m0 + g, kk = kbase + k0 + 2 * t;
+                auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
+                auto mask = [&](unsigned x, int m, int k) {
+                    return x & ((keep(m, k) ? 0xffffu : 0u) | (keep(m, k + 1) ? 0xffff0000u : 0u));
+                };
+                a[0] = mask(a[0], mm, kk);
+                a[1] = mask(a[1], mm + 8, kk);
+                a[2] = mask(a[2], mm, kk + 8);
+                a[3] = mask(a[3], mm + 8, kk + 8);
+            }
 #pragma unroll
-        for (int j = 0; j < NTW; j++) {
-            if (BK) { /* b0 (k = t, n = g) at row n, column k */
-                const TB *bp = Bs + (n0 + 8 * j + g) * ldb + k0 + t;
-                mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
-            } else { /* at row k, column n */
-                const TB *bp = Bs + (k0 + t) * ldb + n0 + 8 * j + g;
-                mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * ldb]));
+            for (int j = 0; j < NTW; j += 2) {
+                if (j + 1 < NTW) { /* n-tiles j and j + 1: b0, b1 of each */
+                    unsigned b[4];
+                    if (BK)
+                        ldsm_x4(b, Bs + (n0 + 8 * j + l7 + 8 * l4) * ldb + k0 + 8 * l3);
+                    else
+                        ldsm_x4_t(b, Bs + (k0 + l7 + 8 * l3) * ldb + n0 + 8 * j + 8 * l4);
+                    mma_bf16(acc[j], a, b[0], b[1]);
+                    mma_bf16(acc[j + 1], a, b[2], b[3]);
+                } else { /* a last single n-tile (lanes 0..15 give the addresses) */
+                    unsigned b[2];
+                    if (BK)
+                        ldsm_x2(b, Bs + (n0 + 8 * j + l7) * ldb + k0 + 8 * l3);
+                    else
+                        ldsm_x2_t(b, Bs + (k0 + l7 + 8 * l3) * ldb + n0 + 8 * j);
+                    mma_bf16(acc[j], a, b[0], b[1]);
+                }
+            }
+        }
+    } else {
+#pragma unroll
+        for (int k0 = 0; k0 < KS; k0 += 8) {
+            unsigned a[4];
+            if (AK) { /* a0 (m = g, k = t) at row m, column k */
+                const TA *ap = As + (m0 + g) * lda + k0 + t;
+                a[0] = tf32(ap[0]);
+                a[1] = tf32(ap[8 * lda]);
+                a[2] = tf32(ap[4]);
+                a[3] = tf32(ap[8 * lda + 4]);
+            } else { /* at row k, column m */
+                const TA *ap = As + (k0 + t) * lda + m0 + g;
+                a[0] = tf32(ap[0]);
+                a[1] = tf32(ap[8]);
+                a[2] = tf32(ap[4 * lda]);
+                a[3] = tf32(ap[4 * lda + 8]);
+            }
+            if (TRI) { /* a0 (m0 + g, kk), a1 (+8, kk), a2 (m0 + g, kk + 4), a3 (+8, kk + 4) */
+                const int mm = m0 + g, kk = kbase + k0 + t;
+                auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
+                a[0] = keep(mm, kk) ? a[0] : 0u;
+                a[1] = keep(mm + 8, kk) ? a[1] : 0u;
+                a[2] = keep(mm, kk + 4) ? a[2] : 0u;
+                a[3] = keep(mm + 8, kk + 4) ? a[3] : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < NTW; j++) {
+                if (BK) { /* b0 (k = t, n = g) at row n, column k */
+                    const TB *bp = Bs + (n0 + 8 * j + g) * ldb + k0 + t;
+                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4]));
+                } else { /* at row k, column n */
+                    const TB *bp = Bs + (k0 + t) * ldb + n0 + 8 * j + g;
+                    mma_tf32(acc[j], a, tf32(bp[0]), tf32(bp[4 * ldb]));
+                }
             }
         }
     }
@@ -368,8 +424,9 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
  * TRI masks A to a triangle as it is read (the stored values elsewhere are ignored): 0 none,
  * 1 keeps A(m, k) for k <= m, 2 for k >= m (m, k counted from the tile's first row / column).
  * Needs nk, rsA, rsB, rows_a (when !AK), nn (when !BK) % 4 == 0 and 16-byte aligned A, B. Every
- * fragment read is free of bank conflicts (k-contiguous stages have LD % 32 == 4, the others
- * LD % 32 == 8). Ends with a __syncthreads (sm reusable). */
+ * fragment read is free of bank conflicts (f32: k-contiguous stages have LD % 32 == 4, the
+ * others LD % 32 == 8; bf16, read by ldmatrix: the 8 rows of a matrix, 80, 144, 80 or 48 bytes
+ * apart, start on disjoint groups of four banks). Ends with a __syncthreads (sm reusable). */
 template <int BT, bool AK, bool BK, int TRI = 0, class TA = float, class TB = float>
 __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4], const TA *__restrict__ A,
                                          int64_t rsA, int rows_a, const TB *__restrict__ B,
