@@ -611,10 +611,20 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         cp_async_commit();
         cp_async_wait<0>();
         __syncthreads();
-        for (int idx = threadIdx.x; idx < L * CS; idx += NT) {
-            const int j = idx / CS, e = idx % CS;
-            const float bj = beta[(t0 + j) * HV + hv], x = Bs[j * LD + e];
-            Bs[j * LD + e] = kp ? bj * x * kdamma::exp_ftz(Gs[j * LD + e]) : bj * x;
+        /* B in place, four columns per thread (LD % 4 == 0: 16-byte pieces) */
+        for (int idx = threadIdx.x; idx < L * (CS / 4); idx += NT) {
+            const int j = idx / (CS / 4), e = 4 * (idx % (CS / 4));
+            const float bj = beta[(t0 + j) * HV + hv];
+            float4 *bp = reinterpret_cast<float4 *>(Bs + j * LD + e);
+            float4 x = *bp;
+            if (kp) {
+                const float4 g = *reinterpret_cast<const float4 *>(Gs + j * LD + e);
+                x = make_float4(bj * x.x * exp_ftz(g.x), bj * x.y * exp_ftz(g.y),
+                                bj * x.z * exp_ftz(g.z), bj * x.w * exp_ftz(g.w));
+            } else {
+                x = make_float4(bj * x.x, bj * x.y, bj * x.z, bj * x.w);
+            }
+            *bp = x;
         }
         __syncthreads();
         mma_stage<BT, true, true, 0, CS>(acc, As, LD, Bs, LD, 0);
