@@ -323,7 +323,7 @@ template <int BT> struct AbTile {
 /* acc += op(A) op(B) over KS k-values staged in shared memory (layouts as in gemm_acc: As with
  * leading dimension lda, Bs with ldb), for warp w's part of the BT x 64 tile. kbase: the k index
  * of the stage's first column, for the TRI mask. TF32 m16n8k8, or bf16 m16n8k16 when TA and TB
- * are both bf16. */
+ * are both bf16 (TRI = 0 only). */
 template <int BT, bool AK, bool BK, int TRI, int KS, class TA, class TB>
 __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], const TA *As, int lda,
                                           const TB *Bs, int ldb, int kbase) {
@@ -335,6 +335,7 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
          * half the instructions), fragments by ldmatrix (.trans where the stage holds the
          * operand's k along rows) */
         static_assert(KS % 16 == 0, "bf16 k-steps of 16");
+        static_assert(TRI == 0, "no triangular bf16 x bf16 product is used (none tested)");
         const int l7 = lane & 7, l3 = (lane >> 3) & 1, l4 = lane >> 4;
 #pragma unroll
         for (int k0 = 0; k0 < KS; k0 += 16) {
@@ -343,17 +344,6 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
                 ldsm_x4(a, As + (m0 + l7 + 8 * l3) * lda + k0 + 8 * l4);
             else
                 ldsm_x4_t(a, As + (k0 + l7 + 8 * l4) * lda + m0 + 8 * l3);
-            if (TRI) { /* keep A(m, k) for k <= m (1) or k >= m (2), each half of a pair */
-                const int mm = m0 + g, kk = kbase + k0 + 2 * t;
-                auto keep = [](int m, int k) { return TRI == 1 ? k <= m : k >= m; };
-                auto mask = [&](unsigned x, int m, int k) {
-                    return x & ((keep(m, k) ? 0xffffu : 0u) | (keep(m, k + 1) ? 0xffff0000u : 0u));
-                };
-                a[0] = mask(a[0], mm, kk);
-                a[1] = mask(a[1], mm + 8, kk);
-                a[2] = mask(a[2], mm, kk + 8);
-                a[3] = mask(a[3], mm + 8, kk + 8);
-            }
 #pragma unroll
             for (int j = 0; j < NTW; j += 2) {
                 if (j + 1 < NTW) { /* n-tiles j and j + 1: b0, b1 of each */
