@@ -265,12 +265,14 @@ __global__ void __launch_bounds__(KDA_THREADS)
  *   diagonal block I: around the middle row m = min(16 I + 8, L - 1): A factor exp(G_i - G_m),
  *     B factor exp(G_m - G_j), clamped at MID_SPAN, 3xTF32, for every key step whose 8 columns
  *     keep all valid rows of the block within MID_SPAN of row m (a warp vote per step); other
- *     steps add the exact per-pair sums (FFMA, exponent masked above the diagonal).
+ *     steps add the exact per-pair sums (FFMA, pairs j <= i only; above the diagonal nothing is
+ *     stored).
  * The split of a product over d may differ from one key step to the next: both factors of a
  * step go into its own operands. Key tiles of 32 columns are staged by cp.async (16-byte pieces,
- * when K % 4 == 0 and the arrays are aligned: vec) in two stages, so the next tile loads while
- * this one is multiplied. Shared memory (dynamic): the two stages, reused for the split-K sums,
- * then Lkk, Tm and the solve's scratch. */
+ * when K % 4 == 0 and the arrays are 16-byte aligned: vec, which also stores Aqk in pairs and Tm
+ * in 16-byte pieces) in two stages, so the next tile loads while this one is multiplied. Shared
+ * memory (dynamic): the two stages, reused for the split-K sums, then Lkk, Tm and the solve's
+ * scratch. */
 template <int BT> struct IntraFwd {
     static constexpr int R = BT / 16;          /* row blocks */
     static constexpr int S = 8 / R;            /* warps per row block (key steps split) */
