@@ -1110,9 +1110,9 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
 // ---- launchers
 
 /* The tensor-core forward (d->tc != 0), called by dg__kda_intra_fwd_cuda after its checks. */
-static dg_status intra_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                              const float *k, const float *beta, const float *G, float *Aqk,
-                              float *Tm) {
+static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
+                               const float *k, const float *beta, const float *G, float *Aqk,
+                               float *Tm) {
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
@@ -1137,7 +1137,7 @@ extern "C" dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
     if (!q || !k || !beta || !G || !Aqk || !Tm)
         return dg__err(DG_ERR_ARG, "%s: q, k, beta, G, Aqk and Tm are required", __func__);
     if (d->tc)
-        return intra_fwd_tc(ctx, d, scale, q, k, beta, G, Aqk, Tm);
+        return intra_fwd_mma(ctx, d, scale, q, k, beta, G, Aqk, Tm);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_intra_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
