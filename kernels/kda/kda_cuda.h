@@ -12,10 +12,11 @@
  *     runtime errors are checked; nothing is synchronised unless stated).
  * Tensor cores (kda_cuda_dims.tc): 0 (what dg__kda_cuda_dims_new sets) keeps every product in plain
  * f32 FFMA, which is what the f32 tests pin to the CPU f32 reference within 1e-5. 1 lets the
- * stage matmuls of the kernels listed below run on tensor cores as WMMA m16n16k8 TF32 products
- * with f32 accumulators (operands rounded to TF32, 10 stored mantissa bits: <= 2^-11 relative per
- * operand); 2 does the same with the 3xTF32 split (x = hi + lo, hi*hi + hi*lo + lo*hi: close to
- * f32 accuracy at three times the tensor-core work). Rule (ops/kda/kda_common.c): the ops layer
+ * stage matmuls of the kernels listed below run on tensor cores with f32 accumulators: TF32
+ * products (operands rounded to TF32, 10 stored mantissa bits: <= 2^-11 relative per operand),
+ * or bf16 m16n8k16 where both operands are stored in bf16 (exact products); 2 uses the 3xTF32
+ * split instead (x = hi + lo, hi*hi + hi*lo + lo*hi: close to f32 accuracy at three times the
+ * tensor-core work). Rule (ops/kda/kda_common.c): the ops layer
  * sets tc = 1 only for an entry point whose activation inputs (q, k, v, g, beta, or a stage's
  * first activation input) are bf16 -- their 8-bit mantissa already limits such a call to ~1e-2
  * -- and the stages of one dg_kda_chunk call (and their tape nodes) inherit the composite's tc
@@ -23,15 +24,17 @@
  * DG_KDA_TC_OFF turns the tensor-core path off (the f32 FFMA kernels run), DG_KDA_TC_3XTF32
  * selects 3xTF32, DG_KDA_TC_DEFAULT (0) TF32. Kernels with a tensor-core variant (each in the
  * file of its stage, next to its FFMA kernels): dg__kda_output_fwd_cuda, dg__kda_state_fwd_cuda,
- * dg__kda_wy_fwd_cuda (W and U), dg__kda_intra_fwd_cuda (the off-diagonal 16x16 blocks of Aqk and
- * Lkk, factorised around the first row of the row block (kda.md §11.7, 2); diagonal blocks and the
- * solve stay f32 FFMA), dg__kda_output_bwd_cuda, dg__kda_state_bwd_cuda,
+ * dg__kda_wy_fwd_cuda (W and U), dg__kda_intra_fwd_cuda (mma.sync: the off-diagonal 16x16 blocks
+ * of Aqk and Lkk factorised around the first row of the row block (kda.md §11.7, 2), TF32 or
+ * 3xTF32 by tc; the diagonal blocks 3xTF32 around their middle rows, or exact FFMA where the
+ * gates are too steep; the solve in FFMA), dg__kda_output_bwd_cuda, dg__kda_state_bwd_cuda,
  * dg__kda_intra_bwd_cuda (tc = 1 and 2: mma.sync 3xTF32, as the sums of its gradients feed
  * dA_log's long sums, where TF32 rounding showed); every other function ignores tc.
  * With tc == 1 and sizes that allow it (K, V multiples of 16 / 4, 16-byte aligned arrays), the
- * state pass (forward and backward), the output forward and the dO h^T-shaped backward products
- * run as mma.sync m16n8k8 TF32 with cp.async staging instead (state.cu, output.cu, mma.cuh);
- * the tensor-core path also uses the hardware exp (__expf) in the intra kernels.
+ * state pass (forward and backward), the WY and output kernels run as mma.sync with cp.async
+ * staging (state.cu, wy.cu, output.cu, mma.cuh); otherwise, and with tc == 2, those stages use
+ * WMMA m16n16k8 TF32 / 3xTF32 kernels. The tensor-core kernels use the hardware exponential
+ * (kdamma::exp_ftz) where the FFMA kernels use expf.
  * Storage of the intermediates W, U, KG, QG, h and E (kda_cuda_dims.mid): 0 (what
  * dg__kda_cuda_dims_new sets) f32, 1 bf16 -- those six arrays are then bf16 (declared void here),
  * written rounded to nearest and widened exactly when read, while every product still
