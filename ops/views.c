@@ -90,19 +90,24 @@ dg_status dg_reshape(dg_tensor *t, int ndim, const int64_t *shape, dg_tensor **o
             if (infer >= 0)
                 return dg__err(DG_ERR_SHAPE, "%s: only one dimension may be -1", op);
             infer = i;
+            s[i] = 1; /* until it is inferred */
         } else if (s[i] < 0) {
             return dg__err(DG_ERR_SHAPE, "%s: shape[%d] = %lld is negative", op, i,
                            (long long)s[i]);
-        } else {
-            known *= s[i];
         }
     }
+    /* the given extents' product (and the new strides) must fit, also with a zero extent */
+    if (!dg__shape_fits(ndim, s))
+        return dg__err(DG_ERR_SHAPE, "%s: the new shape is too large", op);
+    for (int i = 0; i < ndim; i++)
+        if (i != infer)
+            known *= s[i];
     int64_t n = dg_tensor_numel(t);
     if (infer >= 0) {
         if (known == 0 || n % known)
             return dg__err(DG_ERR_SHAPE, "%s: cannot infer the -1 dimension for %s", op,
                            dg_tensor_desc(t));
-        s[infer] = n / known;
+        s[infer] = n / known; /* the extents are then all nonzero, their product n */
         known *= s[infer];
     }
     if (known != n)

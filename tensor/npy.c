@@ -315,6 +315,9 @@ static dg_status load_open(dg_ctx *ctx, const char *path, FILE *f, uint64_t size
         if (!dg__mul_u64(numel, (uint64_t)h.shape[d], &numel) || numel > (uint64_t)INT64_MAX)
             return dg__err(DG_ERR_FORMAT, "%s: '%s': element count of 'shape' overflows", OP_LOAD,
                            path);
+    if (!dg__shape_fits(h.ndim, h.shape)) /* a zero extent beside huge ones: strides overflow */
+        return dg__err(DG_ERR_FORMAT, "%s: '%s': 'shape' has extents too large for a tensor",
+                       OP_LOAD, path);
     uint64_t esize = dg_dtype_size(dt);
     uint64_t avail = size - prefix - hlen;
     if (!dg__mul_u64(numel, esize, &bytes))

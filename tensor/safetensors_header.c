@@ -495,6 +495,10 @@ static dg_status validate(const char *path, const dg__st_header *h, uint64_t dat
             return dg__err(DG_ERR_FORMAT,
                            "%s: '%s': tensor '%s' has a shape whose byte count overflows 64 bits",
                            OP_LOAD, path, e->name);
+        if (!dg__shape_fits(e->ndim, e->shape))
+            return dg__err(DG_ERR_FORMAT,
+                           "%s: '%s': tensor '%s' has extents too large for a tensor", OP_LOAD,
+                           path, e->name);
         if (bytes != e->end - e->begin)
             return dg__err(DG_ERR_FORMAT,
                            "%s: '%s': tensor '%s' has data_offsets spanning %llu bytes, but its "

@@ -211,6 +211,18 @@ int64_t dg__numel(int ndim, const int64_t *shape) {
     return n;
 }
 
+int dg__shape_fits(int ndim, const int64_t *shape) {
+    int64_t m = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (!shape[i])
+            continue;
+        if (m > INT64_MAX / 16 / shape[i])
+            return 0;
+        m *= shape[i];
+    }
+    return 1;
+}
+
 void dg__contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
@@ -229,15 +241,12 @@ static dg_status check_new_args(const char *op, dg_ctx *ctx, dg_dtype dtype, int
     if (ndim < 1 || ndim > DG_MAX_DIMS)
         return dg__err(DG_ERR_SHAPE, "%s: ndim must be 1..%d, got %d", op, DG_MAX_DIMS, ndim);
     DG_TRY(dg__check_ptr(op, "shape", shape));
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) {
+    for (int i = 0; i < ndim; i++)
         if (shape[i] < 0)
             return dg__err(DG_ERR_SHAPE, "%s: shape[%d] = %lld is negative", op, i,
                            (long long)shape[i]);
-        if (shape[i] && n > INT64_MAX / 16 / shape[i])
-            return dg__err(DG_ERR_SHAPE, "%s: shape is too large", op);
-        n *= shape[i];
-    }
+    if (!dg__shape_fits(ndim, shape)) /* also with a zero extent: the strides must fit */
+        return dg__err(DG_ERR_SHAPE, "%s: shape is too large", op);
     return DG_OK;
 }
 

@@ -126,6 +126,10 @@ dg_status dg__contig(dg_ctx *ctx, dg_tensor *t, dg_tensor **out);
 /* dst += alpha * src (same shape, dst contiguous). Not recorded. */
 dg_status dg__axpy(dg_ctx *ctx, dg_tensor *dst, double alpha, const dg_tensor *src);
 int64_t dg__numel(int ndim, const int64_t *shape);
+/* 1 when the product of the nonzero extents of shape (all >= 0) stays at or below
+ * INT64_MAX / 16, so that every contiguous stride and byte count fits in int64_t, also for a
+ * shape with a zero extent (whose other extents still make its strides); else 0. */
+int dg__shape_fits(int ndim, const int64_t *shape);
 void dg__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 int dg__same_shape(const dg_tensor *a, const dg_tensor *b);
 /* Typed pointer to the first element. */

@@ -428,6 +428,8 @@ static void test_npy_malformed(void) {
          DG_ERR_FORMAT, "overflows", "npy: element count overflows"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (2305843009213693952,), }\n",
          DG_ERR_FORMAT, "too large", "npy: byte count overflows"},
+        {"{'descr': '<i4', 'fortran_order': False, 'shape': (0, 2091089261388016296, 2, 2), }\n",
+         DG_ERR_FORMAT, "extents too large", "npy: zero extent beside overflowing ones"},
         {"{'descr': '<f8', 'fortran_order': False, 'shape': (3, 4), }\n", DG_ERR_FORMAT,
          "header says 96 bytes of data, found 64", "npy: shape needs more data than present"},
         {"{'descr': '<f8', 'fortran_order': False, }\n", DG_ERR_FORMAT, "lacks 'shape'",
@@ -583,6 +585,9 @@ static void test_st_malformed(void) {
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [4294967296, 4294967296], \"data_offsets\": [0, "
          "16]}}",
          16, DG_ERR_FORMAT, "byte count overflows", "st: shape overflows"},
+        {"{\"a\": {\"dtype\": \"F32\", \"shape\": [0, 4294967296, 4294967296], \"data_offsets\": "
+         "[0, 0]}}",
+         16, DG_ERR_FORMAT, "extents too large", "st: zero extent beside overflowing ones"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [8, 0]}}", 16,
          DG_ERR_FORMAT, "invalid data_offsets [8, 0]", "st: begin > end"},
         {"{\"a\": {\"dtype\": \"F32\", \"shape\": [2], \"data_offsets\": [0, 8]}, \"a\": "

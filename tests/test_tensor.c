@@ -160,6 +160,21 @@ static void test_dtypes_and_errors(dg_ctx *cpu) {
     dg_check_err(dg_reshape(a, 2, rs, &b), DG_ERR_SHAPE, "15 elements", "reshape wrong count");
     dg_check_err(dg_slice(a, 1, 2, 9, &b), DG_ERR_ARG, "outside", "slice out of range");
     dg_check_err(dg_tensor_item(a, &(double){0}), DG_ERR_SHAPE, "one element", "item of 15");
+    /* a zero extent makes no elements, but the other extents still make the strides: a shape
+     * whose nonzero extents overflow them is refused (the .npy fuzzer found it) */
+    const int64_t huge[3] = {0, (int64_t)1 << 40, (int64_t)1 << 40};
+    dg_check_err(dg_tensor_new(cpu, DG_F32, 3, huge, &b), DG_ERR_SHAPE, "too large",
+                 "zero extent beside extents whose product overflows");
+    dg_tensor *e = NULL;
+    DG_TEST_TRY(dg_tensor_new(cpu, DG_F32, 2, (int64_t[]){0, 3}, &e));
+    dg_check_err(dg_reshape(e, 3, huge, &b), DG_ERR_SHAPE, "too large",
+                 "reshape of an empty tensor to overflowing extents");
+    dg_check_err(dg_reshape(e, 3, (int64_t[]){-1, (int64_t)1 << 40, (int64_t)1 << 40}, &b),
+                 DG_ERR_SHAPE, "too large", "reshape with -1 beside overflowing extents");
+    DG_TEST_TRY(dg_reshape(e, 3, (int64_t[]){0, 1 << 20, 7}, &b)); /* large but fits */
+    dg_check(dg_tensor_numel(b) == 0 && dg_tensor_shape(b)[1] == 1 << 20, "empty reshape kept");
+    dg_tensor_free(&b);
+    dg_tensor_free(&e);
     dg_check(b == NULL, "failed calls leave the output NULL");
     dg_tensor_free(&a);
 }
