@@ -165,6 +165,27 @@ dg_status dg_swiglu(dg_ctx *ctx, dg_tensor *gate, dg_tensor *up, dg_tensor **out
 
 // ---- backward
 
+/* The gradients of gate and up (inputs 0 and 1 of node n, as wanted) from dy = the gradient of
+ * silu(gate) * up, added to the node's inputs. Shared by swiglu and swiglu_linear. */
+static dg_status swiglu_grads(dg_ctx *c, dg_node *n, dg_tensor *gate, dg_tensor *up,
+                              dg_tensor *dy) {
+    dg_tensor *dg = NULL, *du = NULL;
+    dg_status s = DG_OK;
+    if (dg__node_wants_grad(n, 0))
+        s = dg__new_like(c, gate, &dg);
+    if (s == DG_OK && dg__node_wants_grad(n, 1))
+        s = dg__new_like(c, up, &du);
+    if (s == DG_OK && (dg || du))
+        s = swiglu_run_bwd(c, gate, dg_tensor_numel(gate), gate, up, dy, dg, du);
+    if (s == DG_OK && dg)
+        s = dg__node_accum(c, n, 0, dg);
+    if (s == DG_OK && du)
+        s = dg__node_accum(c, n, 1, du);
+    dg_tensor_free(&dg);
+    dg_tensor_free(&du);
+    return s;
+}
+
 static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n) {
     (void)ctx; /* the node's own context: its tensors live there */
     dg_ctx *c = n->ctx;
@@ -172,22 +193,11 @@ static dg_status swiglu_backward(dg_ctx *ctx, dg_node *n) {
     const dg_tensor *gy = dg__node_grad_out(n, 0);
     if (!gy)
         return DG_OK;
-    int64_t cnt = dg_tensor_numel(gate);
-    dg_tensor *dy = NULL, *dg = NULL, *du = NULL;
+    dg_tensor *dy = NULL;
     dg_status s = dg__contig(c, (dg_tensor *)gy, &dy);
-    if (s == DG_OK && dg__node_wants_grad(n, 0))
-        s = dg__new_like(c, gate, &dg);
-    if (s == DG_OK && dg__node_wants_grad(n, 1))
-        s = dg__new_like(c, up, &du);
     if (s == DG_OK)
-        s = swiglu_run_bwd(c, gate, cnt, gate, up, dy, dg, du);
-    if (s == DG_OK && dg)
-        s = dg__node_accum(c, n, 0, dg);
-    if (s == DG_OK && du)
-        s = dg__node_accum(c, n, 1, du);
+        s = swiglu_grads(c, n, gate, up, dy);
     dg_tensor_free(&dy);
-    dg_tensor_free(&dg);
-    dg_tensor_free(&du);
     return s;
 }
 
@@ -240,7 +250,7 @@ static dg_status swiglu_linear_backward(dg_ctx *ctx, dg_node *n) {
     const int want_w = dg__node_wants_grad(n, 2);
     const int64_t cnt = dg_tensor_numel(gate);
     dg_tensor *y = n->saved[3] ? dg_tensor_retain(n->saved[3]) : NULL;
-    dg_tensor *dy = NULL, *dw = NULL, *dg = NULL, *du = NULL;
+    dg_tensor *dy = NULL, *dw = NULL;
     dg_status s = DG_OK;
     if (want_w && !y) { /* RECOMPUTE: the product again, as forward formed it */
         s = dg__new_like(c, gate, &y);
@@ -253,19 +263,9 @@ static dg_status swiglu_linear_backward(dg_ctx *ctx, dg_node *n) {
     if (s == DG_OK && dw)
         s = dg__node_accum(c, n, 2, dw);
     dg_tensor_free(&dw);
-    if (s == DG_OK && want_g)
-        s = dg__new_like(c, gate, &dg);
-    if (s == DG_OK && want_u)
-        s = dg__new_like(c, up, &du);
-    if (s == DG_OK && dy)
-        s = swiglu_run_bwd(c, gate, cnt, gate, up, dy, dg, du);
+    if (s == DG_OK && dy) /* the product's own gradients, after y is freed */
+        s = swiglu_grads(c, n, gate, up, dy);
     dg_tensor_free(&dy);
-    if (s == DG_OK && dg)
-        s = dg__node_accum(c, n, 0, dg);
-    if (s == DG_OK && du)
-        s = dg__node_accum(c, n, 1, du);
-    dg_tensor_free(&dg);
-    dg_tensor_free(&du);
     return s;
 }
 #endif
