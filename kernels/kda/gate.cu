@@ -17,6 +17,8 @@
 
 using namespace kdab;
 
+#define GATE_ROWS 8 /* token rows whose loads a column walk issues together */
+
 // ---- device helpers
 
 /* g for element (hv, c) of one token row; xv = x at that element. */
@@ -63,13 +65,23 @@ kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
     const int L = chunk_len[blockIdx.x];
     const float a = A_log ? expf(A_log[e / K]) : 1.f;
     float acc = 0.f;
-    for (int i = 0; i < L; i++) {
-        const int64_t idx = (t0 + i) * row + e;
-        /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would make
-         * G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
-        const float gv = kda_gate_value(kind, lb, kda_ld(x + idx), a, dt_bias, e);
-        acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
-        G[idx] = acc;
+    /* rows in groups of GATE_ROWS, each group's loads issued before its sums (a thread walks a
+     * column, so one load at a time would leave the memory system mostly idle) */
+    for (int i0 = 0; i0 < L; i0 += GATE_ROWS) {
+        float xv[GATE_ROWS];
+#pragma unroll
+        for (int u = 0; u < GATE_ROWS; u++)
+            xv[u] = i0 + u < L ? kda_ld(x + (t0 + i0 + u) * row + e) : 0.f;
+#pragma unroll
+        for (int u = 0; u < GATE_ROWS; u++) {
+            if (i0 + u >= L)
+                break;
+            /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would
+             * make G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
+            const float gv = kda_gate_value(kind, lb, xv[u], a, dt_bias, e);
+            acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
+            G[(t0 + i0 + u) * row + e] = acc;
+        }
     }
 }
 
@@ -79,9 +91,11 @@ kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
  * last to the first (reverse inclusive cumsum), writing dx and the column's partial sums of
  * d dt_bias (pdt) and of d A_log (pA) over the chunk's tokens. */
 template <class TX>
-__global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum, const TX *x,
-                                const float *A_log, const float *dt_bias, const float *dG, TX *dx,
-                                float *pdt, float *pA) {
+__global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
+                                const TX *__restrict__ x, const float *__restrict__ A_log,
+                                const float *__restrict__ dt_bias, const float *__restrict__ dG,
+                                TX *__restrict__ dx, float *__restrict__ pdt,
+                                float *__restrict__ pA) {
     const int row = d.HV * d.K;
     const int e = blockIdx.y * blockDim.x + threadIdx.x;
     if (e >= row)
@@ -93,38 +107,50 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
     const float a = A_log ? expf(A_log[hv]) : 1.f;
     const float bias = dt_bias ? dt_bias[e] : 0.f;
     float acc = 0.f, sdz = 0.f, sda = 0.f;
-    for (int i = L - 1; i >= 0; i--) {
-        const int64_t idx = (t0 + i) * row + e;
-        float v = dG[idx];
-        const float xv = kda_ld(x + idx);
-        if (cumsum) {
-            acc = v + acc;
-            v = acc;
-            /* a g floored in the forward (kda_gate_cumsum_fwd_kernel) has no gradient */
-            const float gv = kind == DG_GATE_NONE  ? xv
-                             : kind == DG_GATE_KDA ? -a * kda_dsoftplus(xv + bias)
-                                                   : 0.f;
-            if (gv < KDA_G_FLOOR_F)
-                v = 0.f;
+    for (int i1 = L - 1; i1 >= 0; i1 -= GATE_ROWS) { /* rows i1, i1 - 1, ..: loads first */
+        float dgv[GATE_ROWS], xvs[GATE_ROWS];
+#pragma unroll
+        for (int u = 0; u < GATE_ROWS; u++) {
+            const int64_t idx = (t0 + i1 - u) * row + e;
+            dgv[u] = i1 - u >= 0 ? dG[idx] : 0.f;
+            xvs[u] = i1 - u >= 0 ? kda_ld(x + idx) : 0.f;
         }
-        if (kind == DG_GATE_KDA) {
-            /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */
-            const float z = xv + bias;
-            const float dz = -v * a * kda_dsigmoid(z);
-            sda += v * (-a * kda_dsoftplus(z));
-            sdz += dz;
-            kda_st(dx + idx, dz);
-        } else if (kind == DG_GATE_LOWERBOUND) {
-            /* g = lb sigmoid(u), u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
-            const float z = xv + bias;
-            const float u = a * z, s = kda_dsigmoid(u);
-            const float du = v * lb * s * (1.f - s);
-            const float dz = du * a;
-            sda += du * u;
-            sdz += dz;
-            kda_st(dx + idx, dz);
-        } else {
-            kda_st(dx + idx, v);
+#pragma unroll
+        for (int u = 0; u < GATE_ROWS; u++) {
+            if (i1 - u < 0)
+                break;
+            const int64_t idx = (t0 + i1 - u) * row + e;
+            float v = dgv[u];
+            const float xv = xvs[u];
+            if (cumsum) {
+                acc = v + acc;
+                v = acc;
+                /* a g floored in the forward (kda_gate_cumsum_fwd_kernel) has no gradient */
+                const float gv = kind == DG_GATE_NONE  ? xv
+                                 : kind == DG_GATE_KDA ? -a * kda_dsoftplus(xv + bias)
+                                                       : 0.f;
+                if (gv < KDA_G_FLOOR_F)
+                    v = 0.f;
+            }
+            if (kind == DG_GATE_KDA) {
+                /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */
+                const float z = xv + bias;
+                const float dz = -v * a * kda_dsigmoid(z);
+                sda += v * (-a * kda_dsoftplus(z));
+                sdz += dz;
+                kda_st(dx + idx, dz);
+            } else if (kind == DG_GATE_LOWERBOUND) {
+                /* g = lb sigmoid(u), u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
+                const float z = xv + bias;
+                const float u = a * z, s = kda_dsigmoid(u);
+                const float du = v * lb * s * (1.f - s);
+                const float dz = du * a;
+                sda += du * u;
+                sdz += dz;
+                kda_st(dx + idx, dz);
+            } else {
+                kda_st(dx + idx, v);
+            }
         }
     }
     if (pdt)

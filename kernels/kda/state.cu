@@ -105,18 +105,35 @@ template <class T> __device__ __forceinline__ TileWalk tile_walk(int K) {
     return TileWalk{(int)threadIdx.x / q, (int)threadIdx.x % q, SM_THREADS / q, SM_THREADS % q, q};
 }
 
-/* Rows [0, BT) x columns [0, K) of a [TT, HV, K] array of T (f32 or bf16) starting at token
- * t0, into shared memory of T with leading dimension LD (elements); rows >= L are zero-filled.
- * Block-wide, 16 bytes per op, pieces in the order of tw (tile_walk). */
+/* Rows [0, BT) x columns [0, K) of two [TT, HV, K] arrays of T (f32 or bf16) starting at token
+ * t0 (the same pieces of both: A1 and A2 of state_mma_kernel), into shared memory of T with
+ * leading dimensions LD1, LD2 (elements); rows >= L are zero-filled. Block-wide, 16 bytes per
+ * op, pieces in the order of tw (tile_walk). Where the block's threads cover whole rows (K a
+ * power of two: tw.dc == 0) a thread's column is fixed and its pointers only advance. */
 template <int BT, class T>
-__device__ __forceinline__ void tile_async(T *dst, int LD, const T *__restrict__ src, int64_t t0,
-                                           int L, int HV, int hv, int K, const TileWalk &tw) {
+__device__ __forceinline__ void tiles_async(T *d1, int LD1, const T *__restrict__ s1, T *d2,
+                                            int LD2, const T *__restrict__ s2, int64_t t0, int L,
+                                            int HV, int hv, int K, const TileWalk &tw) {
     constexpr int PE = 16 / sizeof(T);
-    const T *base = src + (t0 * HV + hv) * (int64_t)K;
     const int64_t rs = (int64_t)HV * K;
+    if (tw.dc == 0) {
+        const int64_t step = tw.dr * rs;
+        int64_t off = ((t0 + tw.r0) * HV + hv) * (int64_t)K + PE * tw.c0;
+        int o1 = tw.r0 * LD1 + PE * tw.c0, o2 = tw.r0 * LD2 + PE * tw.c0;
+#pragma unroll 4
+        for (int r = tw.r0; r < BT; r += tw.dr, off += step, o1 += tw.dr * LD1, o2 += tw.dr * LD2) {
+            const bool ok = r < L;
+            kdamma::cp_async16(d1 + o1, ok ? s1 + off : s1, ok);
+            kdamma::cp_async16(d2 + o2, ok ? s2 + off : s2, ok);
+        }
+        return;
+    }
+    const int64_t base = (t0 * HV + hv) * (int64_t)K;
     for (int r = tw.r0, c = tw.c0; r < BT;) {
         const bool ok = r < L;
-        kdamma::cp_async16(dst + r * LD + PE * c, ok ? base + r * rs + PE * c : src, ok);
+        const int64_t off = base + r * rs + PE * c;
+        kdamma::cp_async16(d1 + r * LD1 + PE * c, ok ? s1 + off : s1, ok);
+        kdamma::cp_async16(d2 + r * LD2 + PE * c, ok ? s2 + off : s2, ok);
         r += tw.dr;
         c += tw.dc;
         if (c >= tw.q) {
@@ -125,6 +142,20 @@ __device__ __forceinline__ void tile_async(T *dst, int LD, const T *__restrict__
         }
     }
 }
+
+/* Two consecutive elements of f32 or bf16 storage as f32 (8- or 4-byte aligned). */
+__device__ __forceinline__ float2 ld2(const float *p) {
+    return *reinterpret_cast<const float2 *>(p);
+}
+__device__ __forceinline__ float2 ld2(const kda_bf16 *p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+
+/* Where chunk it of a block's walk starts (t0) and how many tokens it has (L; 0 past the end). */
+struct ChunkAt {
+    int64_t t0;
+    int L;
+};
 
 /* Leading dimensions of the A1 / A2 tiles of state_mma_kernel, in elements of T: f32 K + 4 and
  * K + 8 (conflict-free fragment reads, see the kernel); bf16 K + 8 for both (rows 16-byte
@@ -399,6 +430,12 @@ __global__ void __launch_bounds__(TC_THREADS)
  *     a ring of NB buffers (state_nbuf: two for bf16, so chunk c + 1 loads during the whole of
  *     chunk c's step; one for f32), one commit group per chunk; with two buffers X is staged in
  *     its own space, so a step has three barriers;
+ *   - per-step bookkeeping kept small (the serial pass is issue-bound: ncu counted ~1400
+ *     instructions per warp and chunk step, 5% of them MMAs): the chunk tables are read one step
+ *     ahead of use, a thread's 16-byte pieces of a tile keep their column where K is a power of
+ *     two (pointers only advance), h (and the forward's E) leave from their bf16 staging buffers
+ *     as 16-byte row pieces, and the backward's Sup tile is loaded before the barrier that
+ *     precedes its use;
  *   - f32 operands (TA = f32): mma.sync m16n8k8 TF32 with f32 accumulators, fragments read
  *     straight from padded shared memory (row pads chosen so that both the row-major A1 reads and
  *     the transposed A2 reads are free of bank conflicts); the staged S and X are TF32-rounded;
@@ -494,95 +531,104 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 
     const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1], nch = c_end - c_beg;
     auto chunk_of = [&](int64_t it) { return BWD ? c_end - 1 - it : c_beg + it; };
-
-    /* A1, A2 and lambda of chunk it into buffer it % NB, as one commit group (empty past the
-     * last chunk, so that group counting stays uniform) */
-    /* The forward with bf16 operands stages X0 (U) of chunk it in Xs by cp.async: each thread
-     * later reads its X0 elements from Xs and writes its X elements to the same places, so the two
-     * need no barrier between them. Its own commit group, issued before the operands of chunk
-     * it + 1 (group order: ..., X0 of it, operands of it + 1). */
-    const bool xasync = !BWD && B16 && X0 && V % 8 == 0;
-    auto fetch_x0 = [&](int64_t it) {
+    /* the chunk tables are read one step ahead of use (chunk it + NB at the start of step it),
+     * so no step waits on them */
+    auto chunk_at = [&](int64_t it) {
+        ChunkAt a{0, 0};
         if (it < nch) {
             const int64_t ch = chunk_of(it);
-            const int L = chunk_len[ch];
-            const TX *src = X0 + chunk_t0[ch] * rv + hv * V + v0;
-            for (int idx = threadIdx.x; idx < BT * (VT / 8); idx += SM_THREADS) {
-                const int r = idx / (VT / 8), c = 8 * (idx % (VT / 8));
-                const bool ok = r < L && c < nv;
-                kdamma::cp_async16(Xs + r * LDX + c, ok ? src + r * rv + c : X0, ok);
-            }
+            a.t0 = chunk_t0[ch];
+            a.L = chunk_len[ch];
         }
-        kdamma::cp_async_commit();
+        return a;
     };
-    /* the forward's h (from Ss) and E (from Xs) as 16-byte row pieces, where the block's tile is
-     * full: Ss and Xs hold exactly the bf16 values a fragment-wise store would write */
-    const bool coalesced = !BWD && B16 && nv == VT && V % 8 == 0;
-    /* a raw 16-byte copy: used only where dst has the staged type TS (the forward's h, E) */
-    auto copy_out = [&](auto *dst, const TS *src, int rows, int64_t ld) {
-        for (int idx = threadIdx.x; idx < rows * (VT / 8); idx += SM_THREADS) {
-            const int r = idx / (VT / 8), c = 8 * (idx % (VT / 8));
-            *reinterpret_cast<uint4 *>(dst + r * ld + c) =
-                *reinterpret_cast<const uint4 *>(src + r * LDX + c);
-        }
-    };
-    auto fetch = [&](int64_t it) {
+
+    /* A1, A2 and lambda of chunk it (at ca) into buffer it % NB, as one commit group (empty past
+     * the last chunk, so that group counting stays uniform) */
+    auto fetch = [&](int64_t it, ChunkAt ca) {
         if (it < nch) {
-            const int64_t ch = chunk_of(it), t0 = chunk_t0[ch];
-            const int L = chunk_len[ch], b = (int)(it % NB);
-            tile_async<BT>(A1b + b * BT * LD1, LD1, A1, t0, L, HV, hv, K, tw);
-            tile_async<BT>(A2b + b * BT * LD2, LD2, A2, t0, L, HV, hv, K, tw);
-            const float *gl = G + ((t0 + L - 1) * HV + hv) * (int64_t)K;
+            const int b = (int)(it % NB);
+            tiles_async<BT>(A1b + b * BT * LD1, LD1, A1, A2b + b * BT * LD2, LD2, A2, ca.t0, ca.L,
+                            HV, hv, K, tw);
+            const float *gl = G + ((ca.t0 + ca.L - 1) * HV + hv) * (int64_t)K;
             for (int idx = threadIdx.x; idx < K / 4; idx += SM_THREADS)
                 kdamma::cp_async16(Gb + b * K + 4 * idx, gl + 4 * idx, true);
         }
         kdamma::cp_async_commit();
     };
+    /* The forward with bf16 operands stages X0 (U) of chunk it in Xs by cp.async: each thread
+     * later reads its X0 elements from Xs and writes its X elements to the same places, so the two
+     * need no barrier between them. Its own commit group, issued before the operands of chunk
+     * it + 1 (group order: ..., X0 of it, operands of it + 1). Thread tid copies the 16-byte
+     * pieces of column 8 (tid % (VT / 8)), rows tid / (VT / 8) + k SM_THREADS / (VT / 8). */
+    constexpr int PR = VT / 8, RS = SM_THREADS / PR; /* pieces per row, rows per pass */
+    const int pc = 8 * ((int)threadIdx.x % PR), pr = (int)threadIdx.x / PR;
+    const bool xasync = !BWD && B16 && X0 && V % 8 == 0;
+    auto fetch_x0 = [&](int64_t it, ChunkAt ca) {
+        if (it < nch) {
+            const bool col = pc < nv;
+            const TX *src = X0 + (ca.t0 + pr) * rv + hv * V + v0 + pc;
+            for (int r = pr; r < BT; r += RS, src += RS * rv) {
+                const bool ok = col && r < ca.L;
+                kdamma::cp_async16(Xs + r * LDX + pc, ok ? src : X0, ok);
+            }
+        }
+        kdamma::cp_async_commit();
+    };
+    /* Sst (h, dHn) from Ss and the forward's E from Xs as 16-byte row pieces, where the block's
+     * tile is full and the storage is bf16: Ss and Xs hold exactly the bf16 values a fragment-wise
+     * store would write (the backward's Xo, dE_tot, is f32) */
+    const bool scoal = B16 && nv == VT && V % 8 == 0, xcoal = scoal && !BWD;
+    /* a raw 16-byte copy of rows [0, rows) (row r at src + r (VT + 8) and dst + r ld): used only
+     * where dst has the staged type TS */
+    auto copy_out = [&](TS *dst, const TS *src, int rows, int64_t ld) {
+        dst += pr * ld + pc;
+        src += pr * LDX + pc;
+        for (int r = pr; r < rows; r += RS, dst += RS * ld, src += RS * LDX)
+            *reinterpret_cast<uint4 *>(dst) = *reinterpret_cast<const uint4 *>(src);
+    };
+
+    ChunkAt ca = chunk_at(0), ca1 = NB > 1 ? chunk_at(1) : ChunkAt{0, 0};
     if (xasync) /* X0 of chunk 0 joins its operands' group */
-        fetch_x0(0);
-#pragma unroll
-    for (int b = 0; b < NB; b++)
-        fetch(b);
+        fetch_x0(0, ca);
+    fetch(0, ca);
+    if (NB > 1)
+        fetch(1, ca1);
+
+    /* X tiles of this warp: rows 16 (w / 2) + g (+ 8), columns 8 (NXT (w % 2) + jj) + 2t (+ 1) */
+    const int xm = w >> 1;
+    const bool xwarp = xm < BT / 16;
+    const int xr = 16 * xm + g, xc = 8 * NXT * (w & 1) + 2 * t;
 
     for (int64_t it = 0; it < nch; it++) {
-        const int64_t ch = chunk_of(it), t0 = chunk_t0[ch];
-        const int L = chunk_len[ch], b = (int)(it % NB);
+        const int64_t ch = chunk_of(it), t0 = ca.t0;
+        const int L = ca.L, b = (int)(it % NB);
+        const ChunkAt cn = chunk_at(it + NB); /* used by this step's fetch, at its end */
         const TA *const A1s = A1b + b * BT * LD1, *const A2s = A2b + b * BT * LD2;
         const float *const Gs = Gb + b * K;
 
         /* S (the state at this chunk's start) -> Ss for the A1 S product, and -> Sst */
         store_S(Ss, LDS, false);
-        if (Sst && !coalesced)
+        if (Sst && !scoal)
             store_S(Sst + (ch * HV + hv) * KV + v0, V, true);
 
-        /* X0 for this warp's X tiles: rows 16 (w / 2) + g (+ 8), columns 8 (NXT (w % 2) + jj) + 2t
-         */
-        const int xm = w >> 1;
-        const bool xwarp = xm < BT / 16;
-        float X[NXT][4];
+        /* X0 of this warp's X tiles (from global here; from Xs below where it was staged) */
+        float X[NXT][4] = {};
+        if (!xasync && X0 && xwarp) {
+            const TX *x0 = X0 + (t0 + xr) * rv + hv * V + v0 + xc; /* rows xr, xr + 8 */
 #pragma unroll
-        for (int jj = 0; jj < NXT; jj++)
+            for (int hlf = 0; hlf < 2; hlf++, x0 += 8 * rv)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = 16 * xm + g + 8 * (e >> 1),
-                          c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
-                X[jj][e] = (!xasync && X0 && xwarp && r < L && c < nv)
-                               ? kda_ld(X0 + (t0 + r) * rv + hv * V + v0 + c)
-                               : 0.f;
-            }
+                for (int jj = 0; jj < NXT; jj++)
+                    if (xr + 8 * hlf < L && xc + 8 * jj < nv) {
+                        const float2 x = ld2(x0 + 8 * jj);
+                        X[jj][2 * hlf] = x.x;
+                        X[jj][2 * hlf + 1] = x.y;
+                    }
+        }
 
         kdamma::cp_async_wait<NB - 1>(); /* this chunk's operands (and X0) */
         __syncthreads();                 /* ... visible to all; Ss complete */
-        if (xasync && xwarp) {
-#pragma unroll
-            for (int jj = 0; jj < NXT; jj++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int r = 16 * xm + g + 8 * (e >> 1),
-                              c = 8 * (NXT * (w & 1) + jj) + 2 * t + (e & 1);
-                    X[jj][e] = kda_ld(Xs + r * LDX + c);
-                }
-        }
 
         /* X = X0 + sgnA A1 S */
         float acc[NXT][4] = {};
@@ -619,31 +665,68 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             }
         }
         if (!XOWN)
-            __syncthreads(); /* every read of Ss is done: Xs reuses its space */
-        if (xwarp) {
-            TX *xo = Xo ? Xo + t0 * rv + hv * V + v0 : nullptr;
+            __syncthreads();   /* every read of Ss is done: Xs reuses its space */
+        if (xasync && xwarp) { /* read after the product: fewer registers live across it */
 #pragma unroll
             for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
-                    const int r = 16 * xm + g + 8 * hlf, c = 8 * (NXT * (w & 1) + jj) + 2 * t;
-                    float2 val;
-                    val.x =
-                        BWD ? X[jj][2 * hlf] + acc[jj][2 * hlf] : X[jj][2 * hlf] - acc[jj][2 * hlf];
-                    val.y = BWD ? X[jj][2 * hlf + 1] + acc[jj][2 * hlf + 1]
-                                : X[jj][2 * hlf + 1] - acc[jj][2 * hlf + 1];
-                    if (r >= L)
-                        val = make_float2(0.f, 0.f);
-                    /* Xs holds X rounded to the operand type (TF32 or bf16) for A2^T X; E gets
-                     * it as is */
-                    if (B16)
-                        kda_st2(Xs + r * LDX + c, val.x, val.y);
-                    else
-                        kda_st2(Xs + r * LDX + c, tf32r(val.x), tf32r(val.y));
-                    if (xo && !coalesced && r < L && c < nv)
-                        kda_st2(xo + r * rv + c, val.x, val.y);
+                    const float2 x = ld2(Xs + (xr + 8 * hlf) * LDX + xc + 8 * jj);
+                    X[jj][2 * hlf] = x.x;
+                    X[jj][2 * hlf + 1] = x.y;
                 }
         }
+        if (xwarp) {
+            /* X (rows past L zero) -> Xs, rounded to the operand type (TF32 or bf16) for A2^T X;
+             * Xo gets it as is */
+#pragma unroll
+            for (int jj = 0; jj < NXT; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float x = BWD ? X[jj][e] + acc[jj][e] : X[jj][e] - acc[jj][e];
+                    X[jj][e] = xr + 8 * (e >> 1) < L ? x : 0.f;
+                }
+#pragma unroll
+            for (int jj = 0; jj < NXT; jj++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++) {
+                    TS *xs = Xs + (xr + 8 * hlf) * LDX + xc + 8 * jj;
+                    if (B16)
+                        kda_st2(xs, X[jj][2 * hlf], X[jj][2 * hlf + 1]);
+                    else
+                        kda_st2(xs, tf32r(X[jj][2 * hlf]), tf32r(X[jj][2 * hlf + 1]));
+                }
+            if (Xo && !xcoal) {
+                TX *xo = Xo + (t0 + xr) * rv + hv * V + v0 + xc; /* rows xr, xr + 8 */
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++, xo += 8 * rv)
+#pragma unroll
+                    for (int jj = 0; jj < NXT; jj++)
+                        if (xr + 8 * hlf < L && xc + 8 * jj < nv)
+                            kda_st2(xo + 8 * jj, X[jj][2 * hlf], X[jj][2 * hlf + 1]);
+            }
+        }
+        /* Sup_c for this thread's elements of S (rows 16 (w + 8 m) + g (+ 8), columns 8 j + 2 t),
+         * loaded before the barrier below where registers allow (MT == 1), so that the update
+         * after it does not wait for them */
+        constexpr bool SUP_EARLY = MT == 1;
+        float2 sp[MT][NJ][2];
+        auto load_sup = [&]() {
+            const float *sup = Sup + (ch * HV + hv) * KV + v0 + (16 * w + g) * (int64_t)V + 2 * t;
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int hlf = 0; hlf < 2; hlf++)
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) {
+                        const bool ok = w + 8 * m < mtiles && 8 * j + 2 * t < nv;
+                        sp[m][j][hlf] = ok ? *reinterpret_cast<const float2 *>(
+                                                 sup + (128 * m + 8 * hlf) * (int64_t)V + 8 * j)
+                                           : make_float2(0.f, 0.f);
+                    }
+        };
+        if (Sup && SUP_EARLY)
+            load_sup();
         /* exp(lambda) for this thread's rows of S, read before the buffer is refilled */
         float el[MT][2];
 #pragma unroll
@@ -654,28 +737,33 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 el[m][hlf] = (w + 8 * m < mtiles) ? kdamma::exp_ftz(Gs[r]) : 0.f;
             }
         __syncthreads(); /* Xs complete */
-        if (coalesced) {
-            if (Sst)
-                copy_out(Sst + (ch * HV + hv) * KV + v0, Ss, K, V);
-            if (Xo)
-                copy_out(Xo + t0 * rv + hv * V + v0, Xs, L, rv);
-        }
+        if (Sst && scoal)
+            copy_out(Sst + (ch * HV + hv) * KV + v0, Ss, K, V);
+        if (Xo && xcoal)
+            copy_out(reinterpret_cast<TS *>(Xo) + t0 * rv + hv * V + v0, Xs, L, rv);
 
         /* S = exp(lambda) S + Sup_c */
-        const float *sup = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
+        if (Sup) {
+            if (!SUP_EARLY)
+                load_sup();
 #pragma unroll
-        for (int m = 0; m < MT; m++)
+            for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int j = 0; j < NJ; j++)
+                for (int j = 0; j < NJ; j++)
 #pragma unroll
-                for (int hlf = 0; hlf < 2; hlf++) {
-                    const int r = 16 * (w + 8 * m) + g + 8 * hlf, c = 8 * j + 2 * t;
-                    float2 add = make_float2(0.f, 0.f);
-                    if (sup && w + 8 * m < mtiles && c < nv)
-                        add = *reinterpret_cast<const float2 *>(sup + (int64_t)r * V + c);
-                    S[m][j][2 * hlf] = el[m][hlf] * S[m][j][2 * hlf] + add.x;
-                    S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + add.y;
-                }
+                    for (int hlf = 0; hlf < 2; hlf++) {
+                        S[m][j][2 * hlf] = el[m][hlf] * S[m][j][2 * hlf] + sp[m][j][hlf].x;
+                        S[m][j][2 * hlf + 1] = el[m][hlf] * S[m][j][2 * hlf + 1] + sp[m][j][hlf].y;
+                    }
+        } else {
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        S[m][j][e] *= el[m][e >> 1];
+        }
 
         /* S += sgnB A2^T X: A(m = key row, k = token i) = A2s[i][m] */
         const int ksteps = B16 ? 0 : (L + 7) / 8;
@@ -733,8 +821,14 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         }
         __syncthreads(); /* buffer b, Ss and Xs free */
         if (xasync)
-            fetch_x0(it + 1);
-        fetch(it + NB);
+            fetch_x0(it + 1, NB > 1 ? ca1 : cn);
+        fetch(it + NB, cn);
+        if (NB > 1) {
+            ca = ca1;
+            ca1 = cn;
+        } else {
+            ca = cn;
+        }
     }
     kdamma::cp_async_wait<0>();
 
