@@ -1061,8 +1061,12 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int m0 = 16 * (w / C::WN), n0 = C::NCW * (w % C::WN);
     float acc[NJ][4] = {};
+    /* Both products skip the k-steps whose operands are zero by the masks above (adding exact
+     * zeros: the same sums): X1 needs a < m (dTm strictly lower) and a <= j (Tm lower), and no
+     * column j >= m is kept; dLkk needs m >= i (Tm lower) and only columns j < i. */
+    const int k1 = n0 < m0 + 16 ? min(m0 + 16, n0 + C::NCW) : 0; /* warp-uniform */
     /* X1[m][j] = sum_a dTm[m][a] Tm[j][a]: A = dTm rows, B(a, j) = Tm[j][a] */
-    for (int k0 = 0; k0 < BT; k0 += 8) {
+    for (int k0 = 0; k0 < k1; k0 += 8) {
         unsigned ah[4], al[4];
         frag_rows<LDT>(sD + (m0 + g) * LDT + k0 + t, ah, al);
 #pragma unroll
@@ -1084,7 +1088,7 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
         }
     __syncthreads();
     /* dLkk[i][j] = -sum_m Tm[m][i] X1[m][j]: A(i, m) = Tm[m][i], B(m, j) = X1[m][j] */
-    for (int k0 = 0; k0 < BT; k0 += 8) {
+    for (int k0 = n0 < m0 + 16 ? m0 : BT; k0 < BT; k0 += 8) {
         unsigned ah[4], al[4];
         frag_cols<LDT>(sT + (k0 + t) * LDT + m0 + g, ah, al);
 #pragma unroll
