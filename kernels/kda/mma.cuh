@@ -367,6 +367,11 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
     } else {
 #pragma unroll
         for (int k0 = 0; k0 < KS; k0 += 8) {
+            /* TRI == 1: the k-steps past the warp's last row are masked to zero for all its rows
+             * and skipped (warp-uniform; adding zeros would leave the sums as they are). (The
+             * same skip of the leading steps for TRI == 2 slowed the WY column kernel by 6%.) */
+            if (TRI == 1 && kbase + k0 > m0 + 15)
+                break;
             unsigned a[4];
             if (AK) { /* a0 (m = g, k = t) at row m, column k */
                 const TA *ap = As + (m0 + g) * lda + k0 + t;
