@@ -137,7 +137,7 @@ int dg_bench_shapes(dg_ctx *ctx, const dg_bench_shape *sel, int nsel, dg_bench_s
         /* the floors in ms: compute (FLOP / GEMM rate) and memory (bytes / copy bandwidth) */
         const double cf_f = w.flop_fwd / flops * 1e3, mf_f = w.bytes_fwd / bw * 1e3;
         const double cf_b = w.flop_fb / flops * 1e3, mf_b = w.bytes_fb / bw * 1e3;
-        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.2f G %10.3f %8.2f G\n", name, r.fwd_ms,
+        printf("%-20s %9.3f %9.3f %8.1f %8.1f %9.1f %9.1f %9.3f G %10.3f %8.3f G\n", name, r.fwd_ms,
                r.fb_ms, r.fwd_ms / cf_f, r.fwd_ms / mf_f, r.fb_ms / cf_b, r.fb_ms / mf_b,
                r.peak_recompute / 1073741824.0, r.fb_cache_ms, r.peak_cache / 1073741824.0);
         dg_ctx_empty_cache(ctx);
