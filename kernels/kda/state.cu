@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(TC_THREADS)
  *     a ring of NB buffers (state_nbuf: two for bf16, so chunk c + 1 loads during the whole of
  *     chunk c's step; one for f32), one commit group per chunk; with two buffers X is staged in
  *     its own space, so a step has three barriers;
- *   - per-step bookkeeping kept small (the serial pass is issue-bound: ncu counted ~1400
+ *   - per-step bookkeeping kept small (the serial pass was issue-bound: ncu counted ~1400
  *     instructions per warp and chunk step, 5% of them MMAs): the chunk tables are read one step
  *     ahead of use, a thread's 16-byte pieces of a tile keep their column where K is a power of
  *     two (pointers only advance), h (and the forward's E) leave from their bf16 staging buffers
