@@ -151,6 +151,17 @@ __device__ __forceinline__ float2 ld2(const kda_bf16 *p) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
 }
 
+/* Four consecutive elements of f32 or bf16 storage as f32 (16- or 8-byte aligned). */
+__device__ __forceinline__ float4 ld4(const float *p) {
+    return *reinterpret_cast<const float4 *>(p);
+}
+__device__ __forceinline__ float4 ld4(const kda_bf16 *p) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
 /* Where chunk it of a block's walk starts (t0) and how many tokens it has (L; 0 past the end). */
 struct ChunkAt {
     int64_t t0;
@@ -1071,25 +1082,40 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
 
 /* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
  * (0 when h is NULL; h and dHn of M, f32 or bf16), every other row 0. Warp w: keys e = w, w + 8,
- * ...; lanes over v. */
+ * ...; lanes over v (vec: four consecutive v per lane and 16-byte zero stores, where V and K are
+ * multiples of 4 and the arrays 16-byte aligned; the sum's order then differs, not its terms). */
 template <class M>
 __global__ void __launch_bounds__(TC_THREADS)
     state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                       int HV, int K, int V, const float *__restrict__ G, const M *__restrict__ h,
-                       const M *__restrict__ dHs, float *__restrict__ dG) {
+                       int HV, int K, int V, bool vec, const float *__restrict__ G,
+                       const M *__restrict__ h, const M *__restrict__ dHs, float *__restrict__ dG) {
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int idx = threadIdx.x; idx < (L - 1) * K; idx += TC_THREADS)
-        dG[((t0 + idx / K) * HV + hv) * K + idx % K] = 0.f;
+    if (vec) {
+        const int K4 = K / 4;
+        for (int idx = threadIdx.x; idx < (L - 1) * K4; idx += TC_THREADS)
+            *reinterpret_cast<float4 *>(dG + ((t0 + idx / K4) * HV + hv) * K + 4 * (idx % K4)) =
+                make_float4(0.f, 0.f, 0.f, 0.f);
+    } else {
+        for (int idx = threadIdx.x; idx < (L - 1) * K; idx += TC_THREADS)
+            dG[((t0 + idx / K) * HV + hv) * K + idx % K] = 0.f;
+    }
     const int64_t sb = (ch * HV + hv) * (int64_t)K * V, rl = ((t0 + L - 1) * HV + hv) * K;
     for (int e = w; e < K; e += 8) {
         float s = 0.f;
-        if (h)
+        const M *hr = h ? h + sb + (int64_t)e * V : nullptr, *dr = dHs + sb + (int64_t)e * V;
+        if (h && vec) {
+            for (int v = 4 * lane; v < V; v += 128) {
+                const float4 a = ld4(hr + v), b = ld4(dr + v);
+                s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+            }
+        } else if (h) {
             for (int v = lane; v < V; v += 32)
-                s += kda_ld(h + sb + (int64_t)e * V + v) * kda_ld(dHs + sb + (int64_t)e * V + v);
+                s += kda_ld(hr + v) * kda_ld(dr + v);
+        }
         s = kdab::warp_sum(s);
         if (lane == 0)
             dG[rl + e] = h ? expf(G[rl + e]) * s : 0.f;
@@ -1347,8 +1373,10 @@ static dg_status state_rows_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float 
     if (dW && h)
         DG_TRY(rows_stateT_tc_launch(ctx, d, -1.f, dEtot, h, dW));
     if (dG) {
+        const bool vec = d->K % 4 == 0 && d->V % 4 == 0 && aligned16(dG) && (!h || aligned16(h)) &&
+                         aligned16(dHs);
         state_dg_tc_kernel<M><<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
-            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, G, h, dHs, dG);
+            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, vec, G, h, dHs, dG);
         DG_CHECK_LAUNCH();
     }
     return DG_OK;
