@@ -70,11 +70,27 @@ __device__ __forceinline__ float kda_dsoftplus(float x) {
     } while (0)
 
 /* Element access for the arrays whose storage is f32 or bf16 (kda_cuda_dims.mid: W, U, KG, QG,
- * h, E): loads widen to f32 (exact), stores round to the nearest bf16. kda_st2 / kda_st4 store
- * two / four consecutive elements with one access. */
+ * h, E): loads widen to f32 (exact), stores round to the nearest bf16. kda_ld2 / kda_ld4 and
+ * kda_st2 / kda_st4 load and store two / four consecutive elements with one access. */
 typedef __nv_bfloat16 kda_bf16;
 __device__ __forceinline__ float kda_ld(const float *p) { return *p; }
 __device__ __forceinline__ float kda_ld(const kda_bf16 *p) { return __bfloat162float(*p); }
+/* (kda_ld2, kda_ld4: 8- / 16-byte aligned for f32, 4- / 8-byte for bf16) */
+__device__ __forceinline__ float2 kda_ld2(const float *p) {
+    return *reinterpret_cast<const float2 *>(p);
+}
+__device__ __forceinline__ float2 kda_ld2(const kda_bf16 *p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+__device__ __forceinline__ float4 kda_ld4(const float *p) {
+    return *reinterpret_cast<const float4 *>(p);
+}
+__device__ __forceinline__ float4 kda_ld4(const kda_bf16 *p) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
 __device__ __forceinline__ void kda_st(float *p, float x) { *p = x; }
 __device__ __forceinline__ void kda_st(kda_bf16 *p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void kda_st2(float *p, float a, float b) {

@@ -143,25 +143,6 @@ __device__ __forceinline__ void tiles_async(T *d1, int LD1, const T *__restrict_
     }
 }
 
-/* Two consecutive elements of f32 or bf16 storage as f32 (8- or 4-byte aligned). */
-__device__ __forceinline__ float2 ld2(const float *p) {
-    return *reinterpret_cast<const float2 *>(p);
-}
-__device__ __forceinline__ float2 ld2(const kda_bf16 *p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
-}
-
-/* Four consecutive elements of f32 or bf16 storage as f32 (16- or 8-byte aligned). */
-__device__ __forceinline__ float4 ld4(const float *p) {
-    return *reinterpret_cast<const float4 *>(p);
-}
-__device__ __forceinline__ float4 ld4(const kda_bf16 *p) {
-    const uint2 u = *reinterpret_cast<const uint2 *>(p);
-    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
-    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-}
-
 /* Where chunk it of a block's walk starts (t0) and how many tokens it has (L; 0 past the end). */
 struct ChunkAt {
     int64_t t0;
@@ -632,7 +613,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                 for (int jj = 0; jj < NXT; jj++)
                     if (xr + 8 * hlf < L && xc + 8 * jj < nv) {
-                        const float2 x = ld2(x0 + 8 * jj);
+                        const float2 x = kda_ld2(x0 + 8 * jj);
                         X[jj][2 * hlf] = x.x;
                         X[jj][2 * hlf + 1] = x.y;
                     }
@@ -682,7 +663,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
-                    const float2 x = ld2(Xs + (xr + 8 * hlf) * LDX + xc + 8 * jj);
+                    const float2 x = kda_ld2(Xs + (xr + 8 * hlf) * LDX + xc + 8 * jj);
                     X[jj][2 * hlf] = x.x;
                     X[jj][2 * hlf + 1] = x.y;
                 }
@@ -1109,7 +1090,7 @@ __global__ void __launch_bounds__(TC_THREADS)
         const M *hr = h ? h + sb + (int64_t)e * V : nullptr, *dr = dHs + sb + (int64_t)e * V;
         if (h && vec) {
             for (int v = 4 * lane; v < V; v += 128) {
-                const float4 a = ld4(hr + v), b = ld4(dr + v);
+                const float4 a = kda_ld4(hr + v), b = kda_ld4(dr + v);
                 s += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
             }
         } else if (h) {
