@@ -13,7 +13,7 @@
  *   ffma      raw kernels with tc = 0 against the raw CPU f64 functions (group TC)
  *   tf32      the same with tc = 1 (TF32 tensor cores / mma.sync)
  *   3xtf32    the same with tc = 2 (3xTF32)
- *   mid       tc = 1 with kda_cuda_dims.mid = 1: W, U, KG, QG, h and E stored as bf16 on the
+ *   mid       tc = 1 with kda_cuda_dims.mid = 1: W, U, KG, QG, h, E and dh stored as bf16 on the
  *             device, against the CPU f64 functions fed the same bf16-rounded values (group TC,
  *             the cases where dg__kda_mid_fits holds; the others are skipped, not failed)
  *   ops-f32   the ops-layer entry points (dg_kda_*) on CUDA through the tape, f32 activations,
@@ -106,7 +106,7 @@ int main(int argc, char **argv) { return dg_test_main(argc, argv, "kda_cuda", NU
 #define TOL_3XTF32 1e-4
 /* tc = 0 (the f32 FFMA kernels) against f64: the contrast to the two above, asserted loosely. */
 #define TOL_FFMA 1e-4
-/* mid (tc = 1, W, U, KG, QG, h, E stored as bf16), the outputs stored as bf16: the final
+/* mid (tc = 1, W, U, KG, QG, h, E and dh stored as bf16), the outputs stored as bf16: the final
  * round-to-nearest-even alone is up to 2^-9 ~ 2e-3 of each element, on top of the TF32 / bf16
  * product errors of the mma.sync kernels (TOL_TF32's budget); the references are the exact f64
  * values, so 1e-2 of the largest value leaves ~5x over the storage rounding. The f32 outputs of
@@ -381,8 +381,9 @@ static void rtab_free(dg_ctx *gpu, rtab *t) {
  * Above the diagonal of Aqk and Tm (never to be read) the f32 world gives the backward stages junk
  * (and the forward stages the clean matrices); the f64 world gives every stage an Aqk with junk
  * there and the clean Tm. The upstream dAqk and dTm fill whole rows.
- * The mid world (variant mid, f64): W, U, KG, QG are rounded to bf16 right after the wy forward
- * and h, E right after the state forward, so every later stage of the chain (and every backward
+ * The mid world (variant mid, f64): W, U, KG, QG are rounded to bf16 right after the wy forward,
+ * h, E right after the state forward and the upstream dh (stored like h) when drawn, so every
+ * later stage of the chain (and every backward
  * reference) is computed from exactly the bf16 values the device holds (uploaded as bf16: the
  * upload of a bf16-exact value is exact); the forward stages producing them are compared against
  * the values before the rounding (Wo .. Eo). */
@@ -600,6 +601,8 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
     w->dKGu = keep(w, mk_rand(cpu, dt, TT, HV, K, 0, s + 17, -1, 1));
     w->dQGu = keep(w, mk_rand(cpu, dt, TT, HV, K, 0, s + 18, -1, 1));
     w->dhu = keep(w, mk_rand(cpu, dt, NC, HV, K, V, s + 19, -1, 1));
+    if (mid) /* h's gradient is stored like h */
+        round_bf16_(cpu, w->dhu);
     w->dEu = keep(w, mk_rand(cpu, dt, TT, HV, V, 0, s + 20, -1, 1));
     w->dht = keep(w, mk_rand(cpu, dt, N, HV, K, V, s + 21, -1, 1));
     w->dO = keep(w, mk_rand(cpu, dt, TT, HV, V, 0, s + 22, -1, 1));
@@ -618,7 +621,7 @@ static void world_setup(dg_ctx *cpu, dg_ctx *gpu, const crun *r, rtab *tab, dg_d
                          w->dQGu, w->dhu,  w->dEu, w->dht,  w->dO};
     for (size_t i = 0; i < NELEM(to); i++) {
         const int m = from[i] == w->W || from[i] == w->U || from[i] == w->KG || from[i] == w->QG ||
-                      from[i] == w->h || from[i] == w->E;
+                      from[i] == w->h || from[i] == w->E || from[i] == w->dhu;
         *to[i] = keep(w, m ? up_mid(gpu, w, from[i]) : up(gpu, from[i]));
     }
     w->AqkF_d = keep(w, up(gpu, f64 ? AqkJ : w->Aqk));
@@ -1233,15 +1236,15 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
         static const char *nm[4] = {"dQG", "dh", "dAqk", "dE"};
         REF(w, output_bwd, d, w->scale, P(w->QG), P(w->h), P(w->AqkB), P(w->E), P(w->dO),
             P(want[0]), P(want[1]), P(want[2]), P(want[3]));
-        dg_tensor *o[4];
+        dg_tensor *o[4]; /* dh is stored like h */
         for (int i = 0; i < 4; i++)
-            o[i] = poisoned(gpu, want[i]);
+            o[i] = i == 1 ? poisoned_mid(gpu, w, want[i]) : poisoned(gpu, want[i]);
         dg_check_ok(dg__kda_output_bwd_cuda(gpu, dd, scale, F(w->QG_d), F(w->h_d), F(w->AqkB_d),
                                             F(w->E_d), F(w->dO_d), F(o[0]), F(o[1]), F(o[2]),
                                             F(o[3])),
                     "output bwd launch");
         for (int i = 0; i < 4; i++)
-            wcmp(w, "kda_output_bwd", nm[i], o[i], want[i]);
+            (i == 1 ? wcmp_mid : wcmp)(w, "kda_output_bwd", nm[i], o[i], want[i]);
         if (f64) {
             DG_TEST_TRY(dg_tensor_fill_(o[2], NAN));
             DG_TEST_TRY(dg_tensor_fill_(o[3], NAN));

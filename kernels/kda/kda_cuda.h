@@ -38,7 +38,9 @@
  * Storage of the intermediates W, U, KG, QG, h and E (kda_cuda_dims.mid): 0 (what
  * dg__kda_cuda_dims_new sets) f32, 1 bf16 -- those six arrays are then bf16 (declared void here),
  * written rounded to nearest and widened exactly when read, while every product still
- * accumulates in f32 and every other array (G, Aqk, Tm, gradients, h0, ht) stays f32. Half the
+ * accumulates in f32 and every other array (G, Aqk, Tm, h0, ht, the gradients other than dh)
+ * stays f32. The gradient of h (dh: written by the output backward, read by the state backward
+ * and the backward KCP summary) and the state backward's dHn scratch are stored like h. Half the
  * bytes of the memory-bound state, output and WY kernels, and of the saved tensors. mid = 1
  * needs the mma.sync path of every stage that reads or writes them: tc == 1, K % 16 == 0, K <=
  * 256, V % 16 == 0 and 16-byte aligned arrays (dg__kda_mid_fits); the launchers refuse it
@@ -146,7 +148,7 @@ dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void
                                  const void *KG, const float *G, const float *h0, void *h, void *E,
                                  float *ht);
 dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W, const void *KG,
-                                 const float *G, const void *h, const void *E, const float *dh,
+                                 const float *G, const void *h, const void *E, const void *dh,
                                  const float *dE, const float *dht, float *dW, float *dU,
                                  float *dKG, float *dG, float *dh0);
 /* The same backward in its two halves, so that a caller can release dh and dE between them (the
@@ -156,7 +158,7 @@ dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void
  * and dG, each optional (dHn required, dE_tot too for dW). dg__kda_state_bwd_cuda runs both on
  * scratch of its own. */
 dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
-                                     const void *KG, const float *G, const float *dh,
+                                     const void *KG, const float *G, const void *dh,
                                      const float *dE, const float *dht, float *dEtot, void *dHs,
                                      float *dh0);
 dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *G,
@@ -167,12 +169,13 @@ dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const
  * [HV,K,K] = the same pass over K columns from the identity with no input, i.e. the product of
  * the chunk transitions (forward: A1 = W, X0 = U, A2 = KG; backward, bwd = 1: A1 = KG, X0 = dE,
  * A2 = W, Sup = dh, and SM is the transposed product). DG_ERR_UNSUPPORTED unless
- * dg__kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). A1, A2 and the forward's
- * X0 (= U) have the mid storage of d; the backward's X0 (dE) is f32. */
+ * dg__kda_state_summary_fits (tc == 1, K % 16 == 0, K <= 256, V even). A1, A2, the forward's
+ * X0 (= U) and the backward's Sup (= dh) have the mid storage of d; the backward's X0 (dE) is
+ * f32. */
 int dg__kda_state_summary_fits(const kda_cuda_dims *d);
 dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
                                      const void *A1, const void *X0, const void *A2, const float *G,
-                                     const float *Sup, const float *S0, float *Sh, float *SM);
+                                     const void *Sup, const float *S0, float *Sh, float *SM);
 
 /* ---- N7 output (output.cu): O (forward) and dO (backward) are bf16 when d->leaf_bf16 is set,
  * else f32 ---- */
@@ -180,7 +183,7 @@ dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float sca
                                   const void *h, const float *Aqk, const void *E, void *O);
 dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
                                   const void *h, const float *Aqk, const void *E, const void *dO,
-                                  float *dQG, float *dh, float *dAqk, float *dE);
+                                  float *dQG, void *dh, float *dAqk, float *dE);
 
 /* ---- the token recurrence (recurrent.cu) ---- */
 dg_status dg__kda_recurrent_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,

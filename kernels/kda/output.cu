@@ -473,14 +473,15 @@ __global__ void __launch_bounds__(TC_THREADS)
 /* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (mma.cuh), TF32 only; both read A
  * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
  * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk x (K / 64) (V / 64), hv)
- * (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG of M (f32 or bf16). out_de:
+ * (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG and dh of M (f32 or bf16:
+ * dh is stored like h). out_de:
  * grid (chunk x V / 64, hv), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned
  * arrays (checked by the launcher). */
 template <int BT, class M, class TD>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int HV, int K, int V, float scale, const M *__restrict__ QG,
-                      const TD *__restrict__ dO, float *__restrict__ dh) {
+                      const TD *__restrict__ dO, M *__restrict__ dh) {
     __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false, M, TD>()];
     const int nvt = DG_CEIL_DIV(V, kdamma::AB_N);
     const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, kdamma::AB_N) * nvt); /* they share QG, dO */
@@ -493,8 +494,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     kdamma::gemm_acc<64, false, false>(acc, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, ne,
                                        dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
                                        sm);
-    kdamma::store_acc<64>(acc, dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V, ne,
-                          nv, scale);
+    M *const dst = dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0;
+    if constexpr (sizeof(M) == 2) { /* (the mid path has V % 16 == 0) */
+        static_assert(sizeof(sm) >= 64 * (kdamma::AB_N + 8) * sizeof(M), "staging fits in sm");
+        kdamma::store_acc_rows<64>(acc, dst, V, ne, nv, scale, reinterpret_cast<M *>(sm));
+    } else {
+        kdamma::store_acc<64>(acc, dst, V, ne, nv, scale);
+    }
 }
 
 /* dAqk[i][j] = dO_i . E_j for j <= i, 0 above (rows < L, all BT columns) on mma.sync (TF32),
@@ -643,7 +649,7 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
 template <class M, class TD>
 static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const M *QG,
                                const M *h, const float *Aqk, const M *E, const TD *dO, float *dQG,
-                               float *dh, float *dAqk, float *dE) {
+                               M *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
     const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
@@ -669,11 +675,11 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
             else if (p2)
                 out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
-                    (const float *)dO, dh);
+                    (const float *)dO, (float *)dh);
             else
                 out_dh_tc_kernel<BT_, 1><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
                     d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
-                    (const float *)dO, dh);
+                    (const float *)dO, (float *)dh);
             DG_CHECK_LAUNCH();
         }
         if (dAqk) {
@@ -706,7 +712,7 @@ static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
 
 extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                              const void *QGv, const void *hv, const float *Aqk,
-                                             const void *Ev, const void *dOv, float *dQG, float *dh,
+                                             const void *Ev, const void *dOv, float *dQG, void *dh,
                                              float *dAqk, float *dE) {
     DG_TRY(check_dims("dg__kda_output_bwd_cuda", d));
     if (d->NC == 0)
@@ -718,7 +724,8 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     if (dOv && d->leaf_bf16) {
         if (d->mid && d->tc == 1 && d->V % 8 == 0 && aligned16(dOv))
             return output_bwd_tc(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv, Aqk,
-                                 (const kda_bf16 *)Ev, (const kda_bf16 *)dOv, dQG, dh, dAqk, dE);
+                                 (const kda_bf16 *)Ev, (const kda_bf16 *)dOv, dQG, (kda_bf16 *)dh,
+                                 dAqk, dE);
         DG_TRY(kda_widen(ctx, (const kda_bf16 *)dOv, d->TT * d->HV * d->V, dO32, &dO));
     }
     if (!dO) { /* no upstream gradient: every output is zero */
@@ -726,9 +733,11 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         const size_t tk = (size_t)d->TT * d->HV;
         if (dQG)
             DG_CHECK_CUDA(cudaMemsetAsync(dQG, 0, sizeof(float) * tk * d->K, s));
-        if (dh)
-            DG_CHECK_CUDA(
-                cudaMemsetAsync(dh, 0, sizeof(float) * (size_t)d->NC * d->HV * d->K * d->V, s));
+        if (dh) /* stored like h */
+            DG_CHECK_CUDA(cudaMemsetAsync(dh, 0,
+                                          (d->mid ? sizeof(kda_bf16) : sizeof(float)) *
+                                              (size_t)d->NC * d->HV * d->K * d->V,
+                                          s));
         if (dAqk)
             DG_CHECK_CUDA(cudaMemsetAsync(dAqk, 0, sizeof(float) * tk * d->BT, s));
         if (dE)
@@ -737,17 +746,18 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     }
     if (d->mid)
         return d->tc ? output_bwd_tc(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv,
-                                     Aqk, (const kda_bf16 *)Ev, dO, dQG, dh, dAqk, dE)
+                                     Aqk, (const kda_bf16 *)Ev, dO, dQG, (kda_bf16 *)dh, dAqk, dE)
                      : kda_mid_refused(__func__, d);
     const float *QG = (const float *)QGv, *h = (const float *)hv, *E = (const float *)Ev;
+    float *dh32 = (float *)dh;
     if (d->tc)
-        return output_bwd_tc(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+        return output_bwd_tc(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
     switch (d->BT) {
     case 16:
-        return output_bwd_bt<16>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+        return output_bwd_bt<16>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
     case 32:
-        return output_bwd_bt<32>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+        return output_bwd_bt<32>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
     default:
-        return output_bwd_bt<64>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE);
+        return output_bwd_bt<64>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
     }
 }

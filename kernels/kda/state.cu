@@ -442,10 +442,11 @@ __global__ void __launch_bounds__(TC_THREADS)
  * (dg__kda_state_summary_cuda).
  * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
  * or 64; the launcher picks it from the grid size). TA: the storage of A1 and A2 (W, KG: f32 or
- * bf16, kda_cuda_dims.mid); the forward's X0, Sst, Xo (U, h, E) have it too, the backward's
- * (dE, dHn, dE_tot) are f32. Dynamic shared memory (state_mma_smem): NB x A1s [BT][state_ld1],
- * NB x A2s [BT][K + 8] of TA, then Ss [K][VT + 8] and Xs [BT][VT + 8] of TA (one buffer: Xs
- * reuses Ss, max(K, BT) rows), NB x f32 Gs [K]. */
+ * bf16, kda_cuda_dims.mid); the forward's X0, Sst, Xo (U, h, E) have it too, and so do the
+ * backward's Sup and Sst (dh and dHn, stored like h); its X0, Xo (dE, dE_tot) are f32. Dynamic
+ * shared memory (state_mma_smem): NB x A1s [BT][state_ld1], NB x A2s [BT][K + 8] of TA, then Ss
+ * [K][VT + 8] and Xs [BT][VT + 8] of TA (one buffer: Xs reuses Ss, max(K, BT) rows), NB x f32 Gs
+ * [K]. */
 template <int BT, int MT, int VT, bool BWD, class TA>
 __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
@@ -453,8 +454,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                      const TA *__restrict__ A1,
                      const typename std::conditional<BWD, float, TA>::type *__restrict__ X0,
                      const TA *__restrict__ A2, const float *__restrict__ G,
-                     const float *__restrict__ S0, const float *__restrict__ Sup,
-                     TA *__restrict__ Sst,
+                     const float *__restrict__ S0, const TA *__restrict__ Sup, TA *__restrict__ Sst,
                      typename std::conditional<BWD, float, TA>::type *__restrict__ Xo,
                      float *__restrict__ Sfin) {
     constexpr int LDS = VT + 8, LDX = VT + 8; /* f32: % 32 in {8, 24}: conflict-free b-reads */
@@ -699,12 +699,15 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             }
         }
         /* Sup_c for this thread's elements of S (rows 16 (w + 8 m) + g (+ 8), columns 8 j + 2 t),
-         * loaded before the barrier below where registers allow (MT == 1), so that the update
-         * after it does not wait for them */
-        constexpr bool SUP_EARLY = MT == 1;
+         * loaded before the barrier below (so that the update after it does not wait for them)
+         * where registers allow (MT == 1) and it measured faster: f32, and bf16 at VT < 64. With
+         * bf16 at VT = 64 the early loads cost more than they hid (ncu, H100, (1,8192,96,128):
+         * 1120-1170 us in two forms against 998 us loaded after it); at VT = 32 loading late
+         * spills. */
+        constexpr bool SUP_EARLY = MT == 1 && (!B16 || VT < 64);
         float2 sp[MT][NJ][2];
         auto load_sup = [&]() {
-            const float *sup = Sup + (ch * HV + hv) * KV + v0 + (16 * w + g) * (int64_t)V + 2 * t;
+            const TA *sup = Sup + (ch * HV + hv) * KV + v0 + (16 * w + g) * (int64_t)V + 2 * t;
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -712,12 +715,11 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
                         const bool ok = w + 8 * m < mtiles && 8 * j + 2 * t < nv;
-                        sp[m][j][hlf] = ok ? *reinterpret_cast<const float2 *>(
-                                                 sup + (128 * m + 8 * hlf) * (int64_t)V + 8 * j)
+                        sp[m][j][hlf] = ok ? kda_ld2(sup + (128 * m + 8 * hlf) * (int64_t)V + 8 * j)
                                            : make_float2(0.f, 0.f);
                     }
         };
-        if (Sup && SUP_EARLY)
+        if (BWD && Sup && SUP_EARLY)
             load_sup();
         /* exp(lambda) for this thread's rows of S, read before the buffer is refilled */
         float el[MT][2];
@@ -735,7 +737,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             copy_out(reinterpret_cast<TS *>(Xo) + t0 * rv + hv * V + v0, Xs, L, rv);
 
         /* S = exp(lambda) S + Sup_c */
-        if (Sup) {
+        if (BWD && Sup) { /* (the forward passes none) */
             if (!SUP_EARLY)
                 load_sup();
 #pragma unroll
@@ -1118,7 +1120,7 @@ __global__ void identity_kernel(float *I, int HV, int K) {
 
 /* The sizes and alignments the kernel needs (else the caller keeps the staged kernel). */
 static int state_mma_fits(const kda_cuda_dims *d, const void *A1, const void *X0, const void *A2,
-                          const float *G, const float *S0, const float *Sup, const void *Sst,
+                          const float *G, const float *S0, const void *Sup, const void *Sst,
                           const void *Xo, const float *Sfin) {
     if (d->tc != 1 || d->K % 16 != 0 || d->K > 256 || d->V % 2 != 0)
         return 0;
@@ -1168,7 +1170,8 @@ template <class TA, class TX> struct StateOps {
     const TA *A1;
     const TX *X0;
     const TA *A2;
-    const float *G, *S0, *Sup;
+    const float *G, *S0;
+    const TA *Sup;
     TA *Sst;
     TX *Xo;
     float *Sfin;
@@ -1210,7 +1213,8 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
 
 /* The serial pass on state_mma_kernel, forward (BWD false: A1 = W, X0 = U, A2 = KG, S0 = h0,
  * Sst = h, Xo = E, Sfin = ht; TX = TA) or backward (BWD true: A1 = KG, X0 = dE, A2 = W, S0 = dht,
- * Sup = dh, Sst = dHn (of TA, like h), Xo = dE_tot, Sfin = dh0; TX = float). */
+ * Sup = dh and Sst = dHn (of TA, like h), Xo = dE_tot, Sfin = dh0; TX = float). Sup is read by
+ * the backward only. */
 template <bool BWD, class TA, class TX>
 static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<TA, TX> &o) {
     static_assert(std::is_same<TX, typename std::conditional<BWD, float, TA>::type>::value,
@@ -1298,14 +1302,14 @@ extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
  * scratch [NC,HV,K,V] (of M, like h: bf16 on the mid path) and dh0, each optional. */
 template <class M>
 static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *KG,
-                                  const float *G, const float *dh, const float *dE,
-                                  const float *dht, float *dEtot, M *dHs, float *dh0) {
+                                  const float *G, const M *dh, const float *dE, const float *dht,
+                                  float *dEtot, M *dHs, float *dh0) {
     if (state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
         return state_mma<true>(ctx, d, StateOps<M, float>{KG, dE, W, G, dht, dh, dHs, dEtot, dh0});
     if (sizeof(M) == 2)
         return kda_mid_refused(__func__, d);
-    return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht, dh,
-                                 (float *)dHs, dEtot, dh0);
+    return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht,
+                                 (const float *)dh, (float *)dHs, dEtot, dh0);
 }
 
 /* C = s A h^T chunk by chunk (see rows_stateT_tc_kernel), A of TA and h of TS (f32 or bf16): on
@@ -1381,20 +1385,20 @@ static dg_status state_seq_bwd_ffma(dg_ctx *ctx, const kda_cuda_dims *dd, const 
 }
 
 extern "C" dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
-                                                const void *KG, const float *G, const float *dh,
+                                                const void *KG, const float *G, const void *dh,
                                                 const float *dE, const float *dht, float *dEtot,
                                                 void *dHs, float *dh0) {
     DG_TRY(check_dims("dg__kda_state_bwd_seq_cuda", d));
     if (d->mid)
-        return d->tc ? state_seq_bwd_tc(ctx, d, (const kda_bf16 *)W, (const kda_bf16 *)KG, G, dh,
-                                        dE, dht, dEtot, (kda_bf16 *)dHs, dh0)
+        return d->tc ? state_seq_bwd_tc(ctx, d, (const kda_bf16 *)W, (const kda_bf16 *)KG, G,
+                                        (const kda_bf16 *)dh, dE, dht, dEtot, (kda_bf16 *)dHs, dh0)
                      : kda_mid_refused(__func__, d);
     if (d->tc)
-        return state_seq_bwd_tc(ctx, d, (const float *)W, (const float *)KG, G, dh, dE, dht, dEtot,
-                                (float *)dHs, dh0);
+        return state_seq_bwd_tc(ctx, d, (const float *)W, (const float *)KG, G, (const float *)dh,
+                                dE, dht, dEtot, (float *)dHs, dh0);
     KDA_DISPATCH_BT(d->BT, {
-        return state_seq_bwd_ffma<BT_>(ctx, d, (const float *)W, (const float *)KG, G, dh, dE, dht,
-                                       dEtot, (float *)dHs, dh0);
+        return state_seq_bwd_ffma<BT_>(ctx, d, (const float *)W, (const float *)KG, G,
+                                       (const float *)dh, dE, dht, dEtot, (float *)dHs, dh0);
     });
     return DG_OK;
 }
@@ -1428,7 +1432,7 @@ extern "C" dg_status dg__kda_state_bwd_rows_cuda(dg_ctx *ctx, const kda_cuda_dim
 
 extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
                                             const void *KG, const float *G, const void *h,
-                                            const void *E, const float *dh, const float *dE,
+                                            const void *E, const void *dh, const float *dE,
                                             const float *dht, float *dW, float *dU, float *dKG,
                                             float *dG, float *dh0) {
     DG_TRY(check_dims("dg__kda_state_bwd_cuda", d));
@@ -1494,7 +1498,7 @@ extern "C" int dg__kda_state_summary_fits(const kda_cuda_dims *d) {
 /* One summary pass pair (see dg__kda_state_summary_cuda) with A1, A2 of TA and X0 of TX. */
 template <bool BWD, class TA, class TX>
 static dg_status state_summary(dg_ctx *ctx, const kda_cuda_dims *d, int seq, const TA *A1,
-                               const TX *X0, const TA *A2, const float *G, const float *Sup,
+                               const TX *X0, const TA *A2, const float *G, const TA *Sup,
                                const float *S0, float *Sh, float *SM) {
     kda_cuda_dims one = *d; /* the sequence alone: block 0 walks chunks chunk_off[seq].. */
     one.N = 1;
@@ -1521,7 +1525,7 @@ static dg_status state_summary(dg_ctx *ctx, const kda_cuda_dims *d, int seq, con
 
 extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq,
                                                 int bwd, const void *A1, const void *X0,
-                                                const void *A2, const float *G, const float *Sup,
+                                                const void *A2, const float *G, const void *Sup,
                                                 const float *S0, float *Sh, float *SM) {
     if (!ctx || !d || !d->buf || seq < 0 || seq >= d->N || !A1 || !A2 || !G || !Sh || !SM)
         return dg__err(DG_ERR_ARG, "%s: dims, seq in [0, N), A1, A2, G, Sh and SM are required",
@@ -1534,11 +1538,11 @@ extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims
     typedef kda_bf16 B16;
     if (d->mid)
         return bwd ? state_summary<true>(ctx, d, seq, (const B16 *)A1, (const float *)X0,
-                                         (const B16 *)A2, G, Sup, S0, Sh, SM)
+                                         (const B16 *)A2, G, (const B16 *)Sup, S0, Sh, SM)
                    : state_summary<false>(ctx, d, seq, (const B16 *)A1, (const B16 *)X0,
-                                          (const B16 *)A2, G, Sup, S0, Sh, SM);
+                                          (const B16 *)A2, G, (const B16 *)Sup, S0, Sh, SM);
     return bwd ? state_summary<true>(ctx, d, seq, (const float *)A1, (const float *)X0,
-                                     (const float *)A2, G, Sup, S0, Sh, SM)
+                                     (const float *)A2, G, (const float *)Sup, S0, Sh, SM)
                : state_summary<false>(ctx, d, seq, (const float *)A1, (const float *)X0,
-                                      (const float *)A2, G, Sup, S0, Sh, SM);
+                                      (const float *)A2, G, (const float *)Sup, S0, Sh, SM);
 }

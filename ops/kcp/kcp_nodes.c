@@ -384,10 +384,11 @@ dg_status dg__kcp_link(dg_ctx *ctx, dg_ctx *hc, dg_comm *comm, const dg_cp_plan 
             st = dg__node_new(ops->link_kind, DG_POLICY_CACHE, link_backward, ctx, &n);
         for (int i = 0; i < 3 && st == DG_OK; i++)
             dg__node_input(n, lin[i]);
+        /* h', x' alias h, x: their gradients are kept in the dtypes h's and x's are */
         if (st == DG_OK)
-            st = dg__node_output(n, *h2);
+            st = dg__node_output_as(n, *h2, h->slot ? h->slot->dtype : h->dtype);
         if (st == DG_OK)
-            st = dg__node_output(n, *x2);
+            st = dg__node_output_as(n, *x2, x->slot ? x->slot->dtype : x->dtype);
         if (st == DG_OK)
             st = dg__node_output(n, *htu);
         if (st == DG_OK)

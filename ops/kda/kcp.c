@@ -42,8 +42,9 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
         return DG_ERR_UNSUPPORTED;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V;
     int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
-    /* converted copies (NULL where the tensor already has the dtype the kernel reads): A1, A2
-     * and the forward's X0 (W, KG, U) in the intermediates' storage dtype, the rest f32 */
+    /* converted copies (NULL where the tensor already has the dtype the kernel reads): A1, A2,
+     * the forward's X0 (W, KG, U) and Sup (dh) in the intermediates' storage dtype, the rest
+     * f32 */
     dg_tensor *tA1 = NULL, *tX0 = NULL, *tA2 = NULL, *tG = NULL, *tSup = NULL;
     dg_tensor *dh = NULL, *dm = NULL, *hh = NULL, *hm = NULL;
     const void *pA1 = NULL, *pX0 = NULL, *pA2 = NULL, *pG = NULL, *pSup = NULL;
@@ -57,7 +58,7 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
     if (st == DG_OK && G)
         st = dg__kda_ptr(ctx, G, DG_F32, &tG, &pG);
     if (st == DG_OK && Sup)
-        st = dg__kda_ptr(ctx, Sup, DG_F32, &tSup, &pSup);
+        st = dg__kda_ptr(ctx, Sup, c->mid, &tSup, &pSup);
     if (st == DG_OK)
         st = dg_tensor_new(ctx, DG_F32, 3, sh, &dh);
     if (st == DG_OK)

@@ -8,7 +8,8 @@
  * in backward under the default policies; used alone, the node keeps its inputs.
  * Shapes: QG [B,T,HV,K]; h [B,NT,HV,K,V]; Aqk [B,T,HV,BT]; E, O [B,T,HV,V].
  * CUDA: QG, h, E f32 or bf16 (read in the intermediates' storage dtype, kda_cfg.mid), Aqk f32;
- * O is computed in f32 (the composite converts it to q's dtype).
+ * dh stored like h; O written as bf16 when that is the dtype asked for, else computed in f32
+ * and converted.
  */
 #ifndef DG_REF_TMPL
 #include "kda.h"
@@ -132,7 +133,7 @@ static dg_status output_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = kda_new_as(ctx, c, QG, &dQG);
     if (st == DG_OK)
-        st = kda_new_as(ctx, c, h, &dh);
+        st = dg__kda_new_mid(ctx, c, h->ndim, h->shape, &dh); /* stored like h */
     if (st == DG_OK)
         st = kda_new_as(ctx, c, Aqk, &dAqk);
     if (st == DG_OK)

@@ -14,7 +14,7 @@
  * backward through the recompute group (kda_group.c has the table). Shapes: W, KG, G [B,T,HV,K]; U,
  * E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V]. CUDA: W, U, KG f32 or bf16 (read in the
  * intermediates' storage dtype, kda_cfg.mid: bf16 on the tensor-core path where the sizes allow);
- * h, E in that dtype, their gradients f32; G, h0, ht f32.
+ * h, E and h's gradient in that dtype, E's gradient f32; G, h0, ht f32.
  */
 #ifndef DG_REF_TMPL
 #include "kda.h"
@@ -202,7 +202,7 @@ static dg_status state_backward_body(dg_ctx *ctx, dg_node *n) {
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, n->saved[SAVED_G], c->dt, &tG, &io.G);
     if (st == DG_OK && gh)
-        st = dg__kda_ptr(ctx, gh, c->dt, &tgh, &io.dh);
+        st = dg__kda_ptr(ctx, gh, c->mid, &tgh, &io.dh);
     if (st == DG_OK && gE)
         st = dg__kda_ptr(ctx, gE, c->dt, &tgE, &io.dE);
     if (st == DG_OK && ght)
@@ -345,7 +345,7 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
         for (int i = 0; i < 5 && st == DG_OK; i++)
             dg__node_input(n, in[i]);
         if (st == DG_OK)
-            st = kda_output_mid(n, &cfg, *h);
+            st = dg__node_output(n, *h); /* its gradient stored like h (kda_cuda.h: mid) */
         if (st == DG_OK)
             st = kda_output_mid(n, &cfg, *E);
         if (st == DG_OK && ht)
