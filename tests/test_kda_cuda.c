@@ -30,7 +30,8 @@
  *       bit for bit (no float atomics)
  *   TC  ffma, tf32, 3xtf32: intra, wy, state, output forward and backward against one f64 chain
  *       (each stage fed the f32 rounding of the chain's own inputs), outputs alone, upstream
- *       gradients left out, and the acc mode of the intra and wy backward; mid: the stages that
+ *       gradients left out, the acc mode of the intra and wy backward, and the wy backward with
+ *       v and dv as the op's bf16 leaf (kda_cuda_dims.leaf_bf16); mid: the stages that
  *       read or write the bf16 intermediates (wy, state, output forward; state, output backward),
  *       and the refusal of mid = 1 where it does not apply (errors row, column mid)
  *   OS  ops-f32, ops-bf16: every stage entry point on its own (l2norm and state under both
@@ -957,6 +958,62 @@ static void raw_intra_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor 
     ct_cell(S_INTRA, D_BWD, w->var);
 }
 
+/* The WY backward with v as the op's bf16 leaf (kda_cuda_dims.leaf_bf16): v read and dv written
+ * as bf16 (as stored on the mma path at tc == 1, through f32 copies otherwise), against the f64
+ * reference on the same bf16-rounded v. dv is held to TOL_MID (its final rounding), the other
+ * outputs to the variant's tolerance. Run in the f64 worlds of ffma, tf32 and 3xtf32 (tc = 1
+ * takes the mma path, the others the f32 copies) and counted in the table's mid column (bf16
+ * storage on the device), so the variants' own wy bwd cells keep their f32 outputs' errors. */
+static void raw_wy_leaf_bf16(dg_ctx *cpu, dg_ctx *gpu, world *w, dg_tensor *uW, dg_tensor *uU,
+                             dg_tensor *uKG, dg_tensor *uQG) {
+    const kda_dims *d = w->d;
+    const int64_t TT = w->TT;
+    const int H = w->H, HV = w->HV, K = w->K, V = w->V, BT = w->BT;
+    static const char *nm[6] = {"dq", "dk", "dv", "dbeta", "dG", "dTm"};
+    char what[96];
+    dg_tensor *vr = NULL, *vb_d = NULL;
+    const int nd = dg_tensor_ndim(w->v);
+    DG_TEST_TRY(dg_tensor_new(cpu, dg_tensor_dtype(w->v), nd, dg_tensor_shape(w->v), &vr));
+    DG_TEST_TRY(dg_tensor_copy_(vr, w->v));
+    round_bf16_(cpu, vr);
+    double *x = host64(vr);
+    DG_TEST_TRY(dg_tensor_from_f64(gpu, DG_BF16, nd, dg_tensor_shape(vr), x, &vb_d));
+    free(x);
+    dg_tensor *want[6] = {ref(w, cpu, TT, H, K, 0),  ref(w, cpu, TT, H, K, 0),
+                          ref(w, cpu, TT, HV, V, 0), ref(w, cpu, TT, HV, 0, 0),
+                          ref(w, cpu, TT, HV, K, 0), ref(w, cpu, TT, HV, BT, 0)};
+    DG_TEST_TRY(REF(w, wy_bwd, d, P(w->q), P(w->k), P(vr), P(w->beta), P(w->G), P(w->TmB), P(uW),
+                    P(uU), P(uKG), P(uQG), P(want[0]), P(want[1]), P(want[2]), P(want[3]),
+                    P(want[4]), P(want[5])));
+    const double floor = raw_floor(w, want[0], want[1]);
+    dg_tensor *o[6];
+    for (int i = 0; i < 6; i++)
+        if (i == 2) {
+            DG_TEST_TRY(dg_tensor_new(gpu, DG_BF16, dg_tensor_ndim(want[2]),
+                                      dg_tensor_shape(want[2]), &o[i]));
+            DG_TEST_TRY(dg_tensor_fill_(o[i], NAN));
+        } else {
+            o[i] = poisoned(gpu, want[i]);
+        }
+    kda_cuda_dims lb = *w->dd;
+    lb.leaf_bf16 = 1;
+    ct_cell(S_WY, D_BWD, V_MID);
+    dg_check_ok(dg__kda_wy_bwd_cuda(gpu, &lb, F(w->q_d), F(w->k_d), F(vb_d), F(w->beta_d),
+                                    F(w->G_d), F(w->TmB_d), F(w->dWu_d), F(w->dUu_d), F(w->dKGu_d),
+                                    F(w->dQGu_d), F(o[0]), F(o[1]), F(o[2]), F(o[3]), F(o[4]),
+                                    F(o[5]), 0),
+                "wy bwd launch (bf16 v, dv)");
+    for (int i = 0; i < 6; i++) {
+        snprintf(what, sizeof what, "%s (bf16 v, dv)", nm[i]);
+        wcmp_tol(w, "kda_wy_bwd", what, o[i], want[i], i == 4 ? floor : 0.0,
+                 i == 2 ? TOL_MID : w->tol);
+    }
+    ct_cell(S_WY, D_BWD, w->var);
+    free_all(want, 6);
+    free_all(o, 6);
+    dg_tensor_free(&vr);
+    dg_tensor_free(&vb_d);
+}
 /* acc of the wy backward: dq, dk, dG added to start values (o: the six outputs, want: the
  * references with all four upstream gradients). */
 static void raw_wy_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor *const *want,
@@ -1162,6 +1219,8 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
             }
             if (acc && var == 0)
                 raw_wy_acc(gpu, w, o, want, floor);
+            if (bwd && var == 0 && f64 && !w->mid)
+                raw_wy_leaf_bf16(cpu, gpu, w, uW, uU, uKG, uQG);
             free_all(want, 6);
             free_all(o, 6);
         }

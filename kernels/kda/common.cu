@@ -38,6 +38,14 @@ dg_status kda_widen(dg_ctx *ctx, const kda_bf16 *in, int64_t n, Scratch &scr, co
     return dg__cuda_copy_strided(ctx, scr.f(), DG_F32, flat, in, DG_BF16, flat, n);
 }
 
+dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out) {
+    dg_layout flat = {};
+    flat.ndim = 1;
+    flat.shape[0] = n;
+    flat.stride[0] = 1;
+    return dg__cuda_copy_strided(ctx, out, DG_BF16, flat, in, DG_F32, flat, n);
+}
+
 dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, int Hout, int G,
                         int E, int P, int64_t pstride, int acc) {
     const int64_t n = rows * Hout * E;

@@ -294,6 +294,9 @@ dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, 
  * in[0, n) to f32 in scr (allocated here) and points *out at it. */
 dg_status kda_widen(dg_ctx *ctx, const kda_bf16 *in, int64_t n, kdab::Scratch &scr,
                     const float **out);
+/* The other direction, for a bf16 leaf a kernel writes in f32 only: out[0, n) = in rounded to
+ * the nearest bf16. */
+dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);
 
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S

@@ -81,10 +81,10 @@ typedef struct kda_cuda_dims {
     const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
     int tc;                   /* 0: f32 FFMA; 1: TF32 tensor cores; 2: 3xTF32 (see above) */
     int mid;                  /* storage of W, U, KG, QG, h, E: 0 f32, 1 bf16 (see above) */
-    int leaf_bf16;            /* the op's own arrays v (wy), o (output forward) and dO (output
-                                 backward) are bf16, read / written as stored: 1; f32: 0 */
-    void *buf;                /* device allocation holding the tables */
-    size_t buf_bytes;         /* > 0: buf is owned by these dims; 0: by the context (tables) */
+    int leaf_bf16;    /* the op's own arrays v and dv (wy), o (output forward) and dO (output
+                         backward) are bf16, read / written as stored: 1; f32: 0 */
+    void *buf;        /* device allocation holding the tables */
+    size_t buf_bytes; /* > 0: buf is owned by these dims; 0: by the context (tables) */
 } kda_cuda_dims;
 
 /* ---- the chunk tables (dims.cu) ---- */
@@ -133,14 +133,15 @@ dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scal
                                  const float *dAqk, const float *dTm, float *dq, float *dk,
                                  float *dbeta, float *dG, unsigned acc);
 
-/* ---- N5 wy (wy.cu): v is bf16 when d->leaf_bf16 is set, else f32 ---- */
+/* ---- N5 wy (wy.cu): v (forward, backward) and dv (backward) are bf16 when d->leaf_bf16 is
+ * set, else f32 ---- */
 dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                               const void *v, const float *beta, const float *G, const float *Tm,
                               void *W, void *U, void *KG, void *QG);
 dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
                               const void *v, const float *beta, const float *G, const float *Tm,
                               const float *dW, const float *dU, const float *dKG, const float *dQG,
-                              float *dq, float *dk, float *dv, float *dbeta, float *dG, float *dTm,
+                              float *dq, float *dk, void *dv, float *dbeta, float *dG, float *dTm,
                               unsigned acc);
 
 /* ---- N6 state, and the KCP summaries built on its pass (state.cu) ---- */

@@ -597,11 +597,7 @@ extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         kda_cuda_dims df = *d;
         df.leaf_bf16 = 0;
         DG_TRY(dg__kda_output_fwd_cuda(ctx, &df, scale, QG, h, Aqk, E, o32.f()));
-        dg_layout flat = {};
-        flat.ndim = 1;
-        flat.shape[0] = n;
-        flat.stride[0] = 1;
-        return dg__cuda_copy_strided(ctx, Ov, DG_BF16, flat, o32.f(), DG_F32, flat, n);
+        return kda_narrow(ctx, o32.f(), n, (kda_bf16 *)Ov);
     }
     float *O = (float *)Ov;
     if (d->tc)

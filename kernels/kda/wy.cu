@@ -340,6 +340,7 @@ struct WyCols {
     const float *q, *k, *v, *beta, *G, *dKG, *dQG;
     const kda_bf16 *vb; /* v in bf16 (v NULL then): the op's own leaf, read as stored */
     float *dqv, *dkv, *dv, *dG;
+    kda_bf16 *dvb; /* dv in bf16 (dv NULL then): the leaf's gradient, written as stored */
     int H, HV, K, V;
     unsigned acc;
 };
@@ -381,7 +382,9 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
     }
     if (vcol) {
         const int64_t iv = (t * o.HV + hv) * o.V + e;
-        if (o.dv)
+        if (o.dvb)
+            kda_st(o.dvb + iv, bj * s);
+        else if (o.dv)
             o.dv[iv] = bj * s;
         return s * (o.vb ? kda_ld(o.vb + iv) : o.v[iv]);
     }
@@ -422,7 +425,8 @@ __global__ void __launch_bounds__(NTH)
     const int e = c0 + lane;
     const bool ok = e < ncol;
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
-    const WyCols o{q, k, v, beta, G, dKG, dQG, nullptr, dqv, dkv, dv, dG, H, HV, K, V, acc};
+    const WyCols o{q,   k,  v,  beta,    G, dKG, dQG, nullptr, dqv,
+                   dkv, dv, dG, nullptr, H, HV,  K,   V,       acc};
     float colsum = 0.f, last = 0.f;
     for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
         float s = 0.f;                /* (Tm^T up)_j, rows i >= j in order */
@@ -466,8 +470,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                        const float *__restrict__ Tm, const float *__restrict__ dW,
                        const float *__restrict__ dU, const float *__restrict__ dKG,
                        const float *__restrict__ dQG, float *__restrict__ dqv,
-                       float *__restrict__ dkv, float *__restrict__ dv, float *__restrict__ dG,
-                       float *__restrict__ dbp, unsigned acc) {
+                       float *__restrict__ dkv, float *__restrict__ dv, kda_bf16 *__restrict__ dvb,
+                       float *__restrict__ dG, float *__restrict__ dbp, unsigned acc) {
     using namespace kdamma;
     static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
     constexpr int LDT = BT + 8, LDX = AB_LDB, RG = NW / 2; /* row groups */
@@ -506,7 +510,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* half: warp-uniform */
     const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
-    const WyCols o{q, k, v, beta, G, dKG, dQG, vb, dqv, dkv, dv, dG, H, HV, K, V, acc};
+    const WyCols o{q, k, v, beta, G, dKG, dQG, vb, dqv, dkv, dv, dG, dvb, H, HV, K, V, acc};
     float colsum = 0.f, last = 0.f;
     for (int j = rg; half && j < L; j += RG) {
         const float s = Xs[j * LDX + el]; /* (Tm^T up)_j */
@@ -728,8 +732,8 @@ template <int BT>
 static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
                            const float *v, const kda_bf16 *vb, const float *beta, const float *G,
                            const float *Tm, const float *dW, const float *dU, const float *dKG,
-                           const float *dQG, float *dq, float *dk, float *dv, float *dbeta,
-                           float *dG, float *dTm, unsigned acc) {
+                           const float *dQG, float *dq, float *dk, float *dv, kda_bf16 *dvb,
+                           float *dbeta, float *dG, float *dTm, unsigned acc) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
@@ -757,7 +761,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         const size_t smem = sizeof(float) * (size_t)BT * (BT + 8 + kdamma::AB_LDB);
         DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT>, smem));
         wy_cols_mma_kernel<BT><<<dim3((unsigned)d.NC * nz, d.HV), kdamma::AB_THREADS, smem, s>>>(
-            d, q, k, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+            d, q, k, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
     } else {
         wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
             d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
@@ -795,33 +799,51 @@ extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
                                          const float *k, const void *v, const float *beta,
                                          const float *G, const float *Tm, const float *dW,
                                          const float *dU, const float *dKG, const float *dQG,
-                                         float *dq, float *dk, float *dv, float *dbeta, float *dG,
+                                         float *dq, float *dk, void *dvv, float *dbeta, float *dG,
                                          float *dTm, unsigned acc) {
     DG_TRY(check_dims("dg__kda_wy_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
-    /* a bf16 v is read as stored when both mma kernels run, else through an f32 copy */
+    /* a bf16 v is read as stored, and a bf16 dv written as stored, when both mma kernels run;
+     * else through f32 copies */
     const float *vf = (const float *)v;
     const kda_bf16 *vb = nullptr;
-    Scratch vs(ctx);
-    if (d->leaf_bf16 && v) {
-        if (d->tc == 1 && d->K % 4 == 0 && d->V % 8 == 0 && aligned16(Tm) && aligned16(dW) &&
-            aligned16(dU) && aligned16(k) && aligned16(v) && aligned16(G))
+    float *dv = d->leaf_bf16 ? nullptr : (float *)dvv;
+    kda_bf16 *dvb = nullptr;
+    const int64_t nv = d->TT * d->HV * d->V;
+    Scratch vs(ctx), dvs(ctx);
+    if (d->leaf_bf16) {
+        const bool as_stored = d->tc == 1 && d->K % 4 == 0 && d->V % 8 == 0 && aligned16(Tm) &&
+                               aligned16(dW) && aligned16(dU) && aligned16(k) && aligned16(G) &&
+                               (!v || aligned16(v));
+        if (v && as_stored)
             vb = (const kda_bf16 *)v;
-        else
-            DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
+        else if (v)
+            DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, nv, vs, &vf));
         if (vb)
             vf = nullptr;
+        if (dvv && as_stored && v) /* (the mma kernel, which writes it, runs with vb) */
+            dvb = (kda_bf16 *)dvv;
+        else if (dvv) {
+            DG_TRY(dvs.alloc((size_t)nv));
+            dv = dvs.f();
+        }
     }
+    dg_status st;
     switch (d->BT) {
     case 16:
-        return wy_bwd_bt<16>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta,
-                             dG, dTm, acc);
+        st = wy_bwd_bt<16>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dvb,
+                           dbeta, dG, dTm, acc);
+        break;
     case 32:
-        return wy_bwd_bt<32>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta,
-                             dG, dTm, acc);
+        st = wy_bwd_bt<32>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dvb,
+                           dbeta, dG, dTm, acc);
+        break;
     default:
-        return wy_bwd_bt<64>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dbeta,
-                             dG, dTm, acc);
+        st = wy_bwd_bt<64>(ctx, d, q, k, vf, vb, beta, G, Tm, dW, dU, dKG, dQG, dq, dk, dv, dvb,
+                           dbeta, dG, dTm, acc);
     }
+    if (st == DG_OK && d->leaf_bf16 && dvv && !dvb)
+        st = kda_narrow(ctx, dv, nv, (kda_bf16 *)dvv);
+    return st;
 }

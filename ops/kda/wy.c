@@ -12,7 +12,7 @@
  * [B,T,HV]; G [B,T,HV,K]; Tm [B,T,HV,BT]; W, KG, QG [B,T,HV,K]; U [B,T,HV,V].
  * CUDA: q, k, v, beta each f32 or bf16; G, Tm f32; the outputs in the storage dtype of the
  * intermediates (kda_cfg.mid: bf16 on the tensor-core path where the sizes allow, else f32),
- * their gradients f32.
+ * their gradients f32; a bf16 v is read as stored and its gradient written in bf16 (no f32 dv).
  */
 #ifndef DG_REF_TMPL
 #include "kda.h"
@@ -242,7 +242,10 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
         st = dg__kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
     if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
-    if (st == DG_OK)
+    if (st == DG_OK && io.leaf_bf16) { /* the bf16 leaf's gradient, written as stored */
+        st = dg_tensor_new(ctx, DG_BF16, v->ndim, v->shape, &dv);
+        io.dv = dv ? dg_tensor_data(dv) : NULL;
+    } else if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, v, NULL, &dv, &io.dv);
     if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
