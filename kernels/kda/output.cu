@@ -228,6 +228,14 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
             acc[j][e] *= scale;
     kdamma::gemm_acc<BT, true, false, 1>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L,
                                          E + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, BT, sm);
+    if constexpr (sizeof(TO) == 2) { /* a bf16 O: 16-byte stores where V allows (uniform) */
+        static_assert(sizeof(sm) >= BT * (kdamma::AB_N + 8) * sizeof(TO), "staging fits in sm");
+        if (V % 8 == 0) {
+            kdamma::store_acc_rows<BT>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f,
+                                       reinterpret_cast<TO *>(sm));
+            return;
+        }
+    }
     kdamma::store_acc<BT, false, TO>(acc, O + t0 * rv + (int64_t)hv * V + v0, rv, L, nv, 1.f);
 }
 

@@ -330,7 +330,13 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     __syncthreads();
     float acc[AbTile<BT>::NTW][4] = {};
     mma_stage<BT, true, false, 1, BT>(acc, Ts, LDT, Xs, LDX, 0);
-    store_acc<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f);
+    if constexpr (sizeof(M) == 2) { /* bf16 (the mid path: K, V % 16 == 0): 16-byte stores */
+        __syncthreads();            /* Ts, Xs are read no more */
+        store_acc_rows<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f,
+                           reinterpret_cast<M *>(wy_smem));
+    } else {
+        store_acc<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f);
+    }
 }
 
 // ---- backward kernels
