@@ -652,12 +652,14 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 // ---- launchers
 
 /* Whether the forward runs on wy_fwd_mma_kernel (tc == 1, K, V % 4 == 0, 16-byte aligned
- * arrays (KG and QG are stored four elements at a time); a bf16 v also needs V % 8 == 0). */
+ * arrays (KG and QG are stored four elements at a time, bf16 W and U as 16-byte rows); a bf16 v
+ * also needs V % 8 == 0). */
 static bool wy_fwd_mma(const kda_cuda_dims *d, const void *q, const void *k, const void *v,
-                       const void *G, const void *Tm, const void *KG, const void *QG) {
+                       const void *G, const void *Tm, const void *W, const void *U, const void *KG,
+                       const void *QG) {
     return d->tc == 1 && d->K % 4 == 0 && d->V % (d->leaf_bf16 ? 8 : 4) == 0 && aligned16(q) &&
-           aligned16(k) && aligned16(v) && aligned16(G) && aligned16(Tm) && aligned16(KG) &&
-           aligned16(QG);
+           aligned16(k) && aligned16(v) && aligned16(G) && aligned16(Tm) && aligned16(W) &&
+           aligned16(U) && aligned16(KG) && aligned16(QG);
 }
 
 /* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks; v of TV
@@ -668,7 +670,7 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
                            void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
-    if (wy_fwd_mma(d, q, k, v, G, Tm, KG, QG)) {
+    if (wy_fwd_mma(d, q, k, v, G, Tm, W, U, KG, QG)) {
         const unsigned nz =
             (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
         KDA_DISPATCH_BT(d->BT, {
@@ -714,7 +716,7 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     const float *vf = (const float *)v;
     Scratch vs(ctx);
     if (d->leaf_bf16 && v) {
-        if (d->tc && wy_fwd_mma(d, q, k, v, G, Tm, KG, QG))
+        if (d->tc && wy_fwd_mma(d, q, k, v, G, Tm, W, U, KG, QG))
             return wy_fwd_tc(ctx, d, q, k, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
         DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
     }
