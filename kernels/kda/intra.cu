@@ -52,7 +52,6 @@
 #include <math.h>
 
 using namespace kdab;
-using namespace kdatc;
 
 // ---- device helpers
 

@@ -32,8 +32,9 @@
  * dA_log's long sums, where TF32 rounding showed); every other function ignores tc.
  * With tc == 1 and sizes that allow it (K, V multiples of 16 / 4, 16-byte aligned arrays), the
  * state pass (forward and backward), the WY and output kernels run as mma.sync with cp.async
- * staging (state.cu, wy.cu, output.cu, mma.cuh); otherwise, and with tc == 2, those stages use
- * WMMA m16n16k8 TF32 / 3xTF32 kernels. The tensor-core kernels use the hardware exponential
+ * staging (state.cu, wy.cu, output.cu, mma.cuh); otherwise, and with tc == 2, those stages run
+ * their f32 FFMA kernels (at least as accurate as 3xTF32; bf16 intermediates, which need the
+ * mma.sync kernels, are refused there). The tensor-core kernels use the hardware exponential
  * (kdamma::exp_ftz) where the FFMA kernels use expf.
  * Storage of the intermediates W, U, KG, QG, h and E (kda_cuda_dims.mid): 0 (what
  * dg__kda_cuda_dims_new sets) f32, 1 bf16 -- those six arrays are then bf16 (declared void here),

@@ -1,30 +1,12 @@
 /*
  * kernels/kda/mma.cuh -- the tensor-core building blocks of the KDA kernels' tc path
- * (kda_cuda_dims.tc != 0, see kda_cuda.h); C++ only. Two families, used side by side by the stage
- * files (intra.cu, wy.cu, state.cu, output.cu):
- *   namespace kdatc:  WMMA m16n16k8 fragments with TF32 (P = 1) or 3xTF32 (P = 2) operands,
- *                     zero-padded staged tiles (load_tile / store_tile), KDA_DISPATCH_P, and the
- *                     tile sizes the WMMA kernels of several stages share (TC_KT, TC_CT, TC_LD);
- *   namespace kdamma: mma.sync m16n8k8 TF32 with cp.async staging: the cp.async and TF32
- *                     wrappers, the 3xTF32 product, and the chunk-local tile product (A or A^T
- *                     times B or B^T into a BT x 64 register tile: mma_stage on staged operands,
- *                     gemm_acc with its own two-stage cp.async pipeline, store_acc); operands
- *                     that are both bf16 go through m16n8k16 bf16 products with ldmatrix
- *                     fragments instead (exact products either way, half the instructions).
- *
- * WMMA (kdatc). Fragments: m16n16k8 with precision::tf32 operands and f32 accumulators (sm_80
- * and later; the build targets sm_90). Operands are staged as f32 in shared memory and rounded to
- * TF32 when a fragment is loaded (P = 1), or split into hi + lo TF32 halves with three products
- * lo*hi + hi*lo + hi*hi (P = 2, "3xTF32", close to f32 accuracy). Accumulators stay f32.
- * Shared-memory tiles are row-major f32 with a leading dimension of (columns + TC_PAD), TC_PAD =
- * 8: every leading dimension is then a multiple of 8 floats (32 bytes), so every 16x8 / 8x16
- * sub-tile that starts at a row and a column that are multiples of 8 is 256-bit aligned as
- * load_matrix_sync / store_matrix_sync require (ldm a multiple of 4 floats is what they need),
- * and rows do not start on the same bank (a leading dimension that is a multiple of 32 would
- * make the 8 rows of a fragment load hit one bank). Tiles are zero-padded: rows past a chunk's
- * L tokens and columns past K or V are loaded as zeros, so padded k-steps add exact zeros and
- * padded output rows/columns are never stored.
- * A transposed operand is the same row-major tile read as col_major (A^T(m,k) = A(k,m)).
+ * (kda_cuda_dims.tc != 0, see kda_cuda.h); C++ only. namespace kdamma: mma.sync m16n8k8 TF32
+ * with cp.async staging: the cp.async and TF32 wrappers, the 3xTF32 product, and the chunk-local
+ * tile product (A or A^T times B or B^T into a BT x 64 register tile: mma_stage on staged
+ * operands, gemm_acc with its own two-stage cp.async pipeline, store_acc / store_acc_rows);
+ * operands that are both bf16 go through m16n8k16 bf16 products with ldmatrix fragments instead
+ * (exact products either way, half the instructions). KDA_DISPATCH_P binds the TF32 / 3xTF32
+ * choice of d->tc at compile time.
  *
  * mma.sync (kdamma). Fragment layouts of mma.sync.m16n8k8 (PTX ISA), g = lane / 4, t = lane % 4:
  *   A (16 x 8, row):  a0 (g, t)   a1 (g + 8, t)   a2 (g, t + 4)   a3 (g + 8, t + 4)
@@ -36,111 +18,9 @@
 #ifndef DG_KDA_MMA_CUH
 #define DG_KDA_MMA_CUH
 
-#include <mma.h>
 #include <type_traits>
 
 #include "common.cuh"
-
-namespace kdatc {
-
-using namespace nvcuda;
-
-constexpr int TC_THREADS = 256; /* 8 warps per block */
-constexpr int TC_PAD = 8;
-constexpr int TC_KT = 64;             /* output / state forward: key-dim tile staged per step */
-constexpr int TC_CT = 64;             /* backward products: key or value columns per step / block */
-constexpr int TC_LD = TC_CT + TC_PAD; /* leading dim of a [*][64] tile */
-
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> Acc;
-template <class Lay>
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, Lay>;
-template <class Lay>
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, Lay>;
-typedef wmma::row_major RM;
-typedef wmma::col_major CM;
-
-/* Round a loaded fragment to TF32 (P = 1), or split it into hi (kept in f) and lo (P = 2). */
-template <class Frag> __device__ __forceinline__ void to_tf32(Frag &f) {
-#pragma unroll
-    for (int t = 0; t < f.num_elements; t++)
-        f.x[t] = wmma::__float_to_tf32(f.x[t]);
-}
-template <class Frag> __device__ __forceinline__ void split_tf32(Frag &hi, Frag &lo) {
-#pragma unroll
-    for (int t = 0; t < hi.num_elements; t++) {
-        const float x = hi.x[t], h = wmma::__float_to_tf32(x);
-        hi.x[t] = h;
-        lo.x[t] = wmma::__float_to_tf32(x - h);
-    }
-}
-
-/* c += A B for one k-step from f32 fragments (rounded / split here; a and b are copies). */
-template <int P, class LA, class LB>
-__device__ __forceinline__ void mma_frag(Acc &c, FragA<LA> a, FragB<LB> b) {
-    if (P == 1) {
-        to_tf32(a);
-        to_tf32(b);
-        wmma::mma_sync(c, a, b, c);
-    } else {
-        FragA<LA> al;
-        FragB<LB> bl;
-        split_tf32(a, al);
-        split_tf32(b, bl);
-        wmma::mma_sync(c, al, b, c);
-        wmma::mma_sync(c, a, bl, c);
-        wmma::mma_sync(c, a, b, c);
-    }
-}
-
-/* c += (NEG ? -1 : 1) * A B over nk8 k-steps of 8: A is 16 x 8*nk8 at a (leading dim lda,
- * layout LA), B is 8*nk8 x 16 at b (ldb, LB). Row-major A(m,k) = a[m*lda + k], col-major
- * A(m,k) = a[m + k*lda]; B likewise with (k,n). One warp, all lanes (nk8 warp-uniform). */
-template <int P, bool NEG, class LA, class LB>
-__device__ __forceinline__ void mma_k(Acc &c, const float *a, unsigned lda, const float *b,
-                                      unsigned ldb, int nk8) {
-    const bool arow = std::is_same<LA, RM>::value, brow = std::is_same<LB, RM>::value;
-    for (int s = 0; s < nk8; s++) {
-        FragA<LA> ah;
-        FragB<LB> bh;
-        wmma::load_matrix_sync(ah, a + (arow ? 8 * s : 8 * s * lda), lda);
-        wmma::load_matrix_sync(bh, b + (brow ? 8 * s * ldb : 8 * s), ldb);
-        if (NEG) {
-#pragma unroll
-            for (int t = 0; t < ah.num_elements; t++)
-                ah.x[t] = -ah.x[t];
-        }
-        mma_frag<P>(c, ah, bh);
-    }
-}
-
-/* dst[r*LD + c] = src[r*rs + c] for r < rows, c < cols, else 0, over the whole R x C tile
- * (columns C..LD-1 are not touched); src f32 or bf16. Block-wide; consecutive threads take
- * consecutive columns. */
-template <int R, int C, int LD, class T>
-__device__ __forceinline__ void load_tile(float *dst, const T *__restrict__ src, int64_t rs,
-                                          int rows, int cols) {
-    for (int idx = threadIdx.x; idx < R * C; idx += TC_THREADS) {
-        const int r = idx / C, c = idx % C;
-        dst[r * LD + c] = (r < rows && c < cols) ? kda_ld(src + r * rs + c) : 0.f;
-    }
-}
-
-/* dst[r*rs + c] = src[r*LD + c] for r < rows, c < cols (rows <= R, cols <= C). Block-wide. */
-template <int R, int C, int LD>
-__device__ __forceinline__ void store_tile(float *__restrict__ dst, int64_t rs, const float *src,
-                                           int rows, int cols) {
-    for (int idx = threadIdx.x; idx < R * C; idx += TC_THREADS) {
-        const int r = idx / C, c = idx % C;
-        if (r < rows && c < cols)
-            dst[r * rs + c] = src[r * LD + c];
-    }
-}
-
-} // namespace kdatc
-
-/* Warp w's output tiles of an (R16*16) x (C16*16) result: tile = w + 8r, (ti, tj) row-major. */
-#define TC_TILE(r, ti, tj, C16)                                                                    \
-    const int tile_ = w + 8 * (r), ti = tile_ / (C16), tj = tile_ % (C16)
 
 /* Run the statements with P_ bound to 1 (TF32) or 2 (3xTF32) from d->tc. */
 #define KDA_DISPATCH_P(tc, ...)                                                                    \

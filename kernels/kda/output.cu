@@ -9,23 +9,20 @@
  * (dg__kda_rows_stateT).
  *
  * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
- *   tc == 0, f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
+ *   f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
  *     backward out_dh_kernel, out_dA_kernel, out_dE_kernel.
- *   tc == 1 and K, V % 4 == 0 with 16-byte aligned arrays: mma.sync TF32 with cp.async stages
- *     (mma.cuh's gemm_acc): output_fwd_mma_kernel; backward out_dh_mma_kernel, out_da_mma_kernel,
- *     out_de_mma_kernel.
- *   tc != 0 otherwise: WMMA TF32 (tc == 1) or 3xTF32 (tc == 2): output_fwd_tc_kernel; backward
- *     out_dh_tc_kernel, out_da_tc_kernel, out_de_tc_kernel (transposed operands are row-major
- *     shared tiles read as col_major; static shared memory at most 2 x 64 x 72 floats, 36 KB).
+ *   tc == 1 and K, V % 4 == 0 (bf16 operands: % 8) with 16-byte aligned arrays: mma.sync (TF32,
+ *     or bf16 m16n8k16 where both operands are bf16) with cp.async stages (mma.cuh's gemm_acc):
+ *     output_fwd_mma_kernel; backward out_dh_mma_kernel, out_da_mma_kernel, out_de_mma_kernel.
+ *   Everything else (tc == 0; tc == 2, the 3xTF32 mode, which this stage serves in f32; sizes or
+ *     alignments the mma kernels do not take) runs the FFMA kernels on f32 operands; bf16
+ *     intermediates there are refused (kda_mid_refused).
  * Entry points (kda_cuda.h): dg__kda_output_fwd_cuda, dg__kda_output_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
 
 using namespace kdab;
-using namespace kdatc;
-
-#define TC_OUT_VT 64 /* output_fwd_tc_kernel: value columns per block */
 
 // ---- forward kernels
 
@@ -115,83 +112,6 @@ __global__ void __launch_bounds__(KDA_THREADS)
             if (i < L)
                 O[((t0 + i) * HV + hv) * V + v0 + lane] = scale * acc[a] + acc2[a];
         }
-}
-
-/* grid (chunk, hv, V / 64). Phase 1: acc = QG h over key tiles of 64 (QG tile [BT][64], h tile
- * [64][64]); acc *= s; phase 2: acc += Aqk E with Aqk masked to j <= i < L (row block ti needs
- * the k-steps j < 16(ti+1) only). Static shared memory: max(BT*72 + 64*72, BT*(BT+8) + BT*72)
- * floats = 36 KB at BT = 64; the result goes out through the same buffer. */
-template <int BT, int P>
-__global__ void __launch_bounds__(TC_THREADS)
-    output_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0,
-                         const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
-                         const float *__restrict__ QG, const float *__restrict__ h,
-                         const float *__restrict__ Aqk, const float *__restrict__ E,
-                         float *__restrict__ O) {
-    constexpr int VT = TC_OUT_VT, KT = TC_KT;
-    constexpr int LDQ = KT + TC_PAD, LDV = VT + TC_PAD, LDA = BT + TC_PAD;
-    constexpr int NTJ = VT / 16, NTILE = (BT / 16) * NTJ, TPW = (NTILE + 7) / 8;
-    constexpr int S1 = BT * LDQ + KT * LDV, S2 = BT * LDA + BT * LDV;
-    __shared__ __align__(128) float sm[S1 > S2 ? S1 : S2];
-    float *Qs = sm, *Hs = sm + BT * LDQ; /* phase 1 */
-    float *As = sm, *Es = sm + BT * LDA; /* phase 2 */
-    float *Os = sm;                      /* result */
-
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, v0 = blockIdx.z * VT;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch];
-    const int w = threadIdx.x >> 5;
-    const int nv = min(VT, V - v0);
-    const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V;
-
-    Acc acc[TPW];
-#pragma unroll
-    for (int r = 0; r < TPW; r++)
-        wmma::fill_fragment(acc[r], 0.f);
-    const float *hc = h + (ch * HV + hv) * (int64_t)K * V + v0;
-    for (int kt0 = 0; kt0 < K; kt0 += KT) {
-        const int nk = min(KT, K - kt0);
-        load_tile<BT, KT, LDQ>(Qs, QG + (t0 * HV + hv) * K + kt0, rk, L, nk);
-        load_tile<KT, VT, LDV>(Hs, hc + (int64_t)kt0 * V, V, nk, nv);
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < TPW; r++) {
-            const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
-            if (tile < NTILE)
-                mma_k<P, false, RM, RM>(acc[r], Qs + ti * 16 * LDQ, LDQ, Hs + tj * 16, LDV,
-                                        (nk + 7) / 8);
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int r = 0; r < TPW; r++)
-#pragma unroll
-        for (int t = 0; t < acc[r].num_elements; t++)
-            acc[r].x[t] *= scale;
-
-    for (int idx = threadIdx.x; idx < BT * BT; idx += TC_THREADS) {
-        const int i = idx / BT, j = idx % BT;
-        As[i * LDA + j] = (i < L && j <= i) ? Aqk[((t0 + i) * HV + hv) * BT + j] : 0.f;
-    }
-    load_tile<BT, VT, LDV>(Es, E + (t0 * HV + hv) * V + v0, rv, L, nv);
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
-        if (tile < NTILE)
-            mma_k<P, false, RM, RM>(acc[r], As + ti * 16 * LDA, LDA, Es + tj * 16, LDV,
-                                    2 * (ti + 1));
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
-        if (tile < NTILE)
-            wmma::store_matrix_sync(Os + ti * 16 * LDV + tj * 16, acc[r], LDV, wmma::mem_row_major);
-    }
-    __syncthreads();
-    store_tile<BT, VT, LDV>(O + (t0 * HV + hv) * V + v0, rv, Os, L, nv);
 }
 
 /* The forward on mma.sync with cp.async stages (mma.cuh), TF32 only: grid (chunk x V / 64,
@@ -335,149 +255,6 @@ __global__ void __launch_bounds__(NTH)
     kda_store_lower<BT>(acc, dAqk, t0, L, hv, HV, tx, ty);
 }
 
-/* grid (chunk, hv, (K / 64) * (V / 64)): dh_c[e0 + e][v0 + v] = s sum_{i<L} QG[i][e0 + e]
- * dO[i][v0 + v]; QG tile [BT][64] read as the col_major A = QG^T. */
-template <int BT, int P>
-__global__ void __launch_bounds__(TC_THREADS)
-    out_dh_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                     int HV, int K, int V, float scale, const float *__restrict__ QG,
-                     const float *__restrict__ dO, float *__restrict__ dh) {
-    constexpr int LD = TC_LD, C16 = TC_CT / 16, NTILE = C16 * C16, TPW = (NTILE + 7) / 8;
-    constexpr int S = 2 * BT * LD > TC_CT * LD ? 2 * BT * LD : TC_CT * LD;
-    __shared__ __align__(128) float sm[S];
-    float *Qs = sm, *Os = sm + BT * LD;
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, nvt = DG_CEIL_DIV(V, TC_CT);
-    const int e0 = (blockIdx.z / nvt) * TC_CT, v0 = (blockIdx.z % nvt) * TC_CT;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch];
-    const int w = threadIdx.x >> 5;
-    const int ne = min(TC_CT, K - e0), nv = min(TC_CT, V - v0);
-
-    load_tile<BT, TC_CT, LD>(Qs, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne);
-    load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
-    __syncthreads();
-    Acc acc[TPW];
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        TC_TILE(r, ti, tj, C16);
-        wmma::fill_fragment(acc[r], 0.f);
-        if (tile_ < NTILE)
-            mma_k<P, false, CM, RM>(acc[r], Qs + ti * 16, LD, Os + tj * 16, LD, (L + 7) / 8);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        TC_TILE(r, ti, tj, C16);
-        if (tile_ < NTILE) {
-#pragma unroll
-            for (int t = 0; t < acc[r].num_elements; t++)
-                acc[r].x[t] *= scale;
-            wmma::store_matrix_sync(sm + ti * 16 * LD + tj * 16, acc[r], LD, wmma::mem_row_major);
-        }
-    }
-    __syncthreads();
-    store_tile<TC_CT, TC_CT, LD>(dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0, V, sm,
-                                 ne, nv);
-}
-
-/* grid (chunk, hv): dAqk[i][j] = sum_v dO[i][v] E[j][v] for j <= i, 0 above (rows < L, all BT
- * columns), over value tiles of 64; E (of M: f32 or bf16) tile read as the col_major B = E^T.
- * Tiles above the diagonal are skipped. */
-template <int BT, int P, class M>
-__global__ void __launch_bounds__(TC_THREADS)
-    out_da_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                     int HV, int V, const float *__restrict__ dO, const M *__restrict__ E,
-                     float *__restrict__ dAqk) {
-    constexpr int LD = TC_LD, R16 = BT / 16, NTILE = R16 * R16, TPW = (NTILE + 7) / 8;
-    constexpr int LDS = BT + TC_PAD;
-    static_assert(BT * LDS <= 2 * BT * LD, "the result reuses the operand buffer");
-    __shared__ __align__(128) float sm[2 * BT * LD];
-    float *Os = sm, *Es = sm + BT * LD;
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch];
-    const int w = threadIdx.x >> 5;
-
-    Acc acc[TPW];
-#pragma unroll
-    for (int r = 0; r < TPW; r++)
-        wmma::fill_fragment(acc[r], 0.f);
-    for (int v0 = 0; v0 < V; v0 += TC_CT) {
-        const int nv = min(TC_CT, V - v0);
-        __syncthreads();
-        load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
-        load_tile<BT, TC_CT, LD>(Es, E + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < TPW; r++) {
-            TC_TILE(r, ti, tj, R16);
-            if (tile_ < NTILE && tj <= ti)
-                mma_k<P, false, RM, CM>(acc[r], Os + ti * 16 * LD, LD, Es + tj * 16 * LD, LD,
-                                        (nv + 7) / 8);
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        TC_TILE(r, ti, tj, R16);
-        if (tile_ < NTILE && tj <= ti)
-            wmma::store_matrix_sync(sm + ti * 16 * LDS + tj * 16, acc[r], LDS, wmma::mem_row_major);
-    }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < L * BT; idx += TC_THREADS) {
-        const int i = idx / BT, j = idx % BT;
-        dAqk[((t0 + i) * HV + hv) * BT + j] = j <= i ? sm[i * LDS + j] : 0.f;
-    }
-}
-
-/* grid (chunk, hv, V / 64): dE[j][v0 + v] = sum_{i >= j} Aqk[i][j] dO[i][v0 + v] (rows j < L).
- * Aqk staged [BT][BT+8] masked to j <= i < L and read as the col_major A = Aqk^T; row block tj
- * of the result needs the k-steps i >= 16 tj only. */
-template <int BT, int P>
-__global__ void __launch_bounds__(TC_THREADS)
-    out_de_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                     int HV, int V, const float *__restrict__ Aqk, const float *__restrict__ dO,
-                     float *__restrict__ dE) {
-    constexpr int LD = TC_LD, LDA = BT + TC_PAD, C16 = TC_CT / 16, R16 = BT / 16;
-    constexpr int NTILE = R16 * C16, TPW = (NTILE + 7) / 8;
-    static_assert(BT * LD <= BT * LDA + BT * LD, "the result reuses the operand buffer");
-    __shared__ __align__(128) float sm[BT * LDA + BT * LD];
-    float *As = sm, *Os = sm + BT * LDA;
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, v0 = blockIdx.z * TC_CT;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch];
-    const int w = threadIdx.x >> 5;
-    const int nv = min(TC_CT, V - v0);
-
-    for (int idx = threadIdx.x; idx < BT * BT; idx += TC_THREADS) {
-        const int i = idx / BT, j = idx % BT;
-        As[i * LDA + j] = (i < L && j <= i) ? Aqk[((t0 + i) * HV + hv) * BT + j] : 0.f;
-    }
-    load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
-    __syncthreads();
-    Acc acc[TPW];
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        TC_TILE(r, ti, tj, C16);
-        wmma::fill_fragment(acc[r], 0.f);
-        if (tile_ < NTILE)
-            mma_k<P, false, CM, RM>(acc[r], As + ti * 16 + ti * 16 * LDA, LDA,
-                                    Os + ti * 16 * LD + tj * 16, LD, 2 * (R16 - ti));
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        TC_TILE(r, ti, tj, C16);
-        if (tile_ < NTILE)
-            wmma::store_matrix_sync(sm + ti * 16 * LD + tj * 16, acc[r], LD, wmma::mem_row_major);
-    }
-    __syncthreads();
-    store_tile<BT, TC_CT, LD>(dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, sm, L, nv);
-}
-
 /* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (mma.cuh), TF32 only; both read A
  * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
  * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk x (K / 64) (V / 64), hv)
@@ -560,31 +337,20 @@ static bool output_fwd_mma(const kda_cuda_dims *d, const void *QG, const void *h
            aligned16(Aqk) && aligned16(E) && aligned16(O);
 }
 
-/* The tensor-core forward (d->tc != 0), called by dg__kda_output_fwd_cuda after its checks; O of
- * TO (bf16 only when output_fwd_mma holds). */
+/* The forward on output_fwd_mma_kernel (output_fwd_mma holds), O of TO. */
 template <class TO>
-static dg_status output_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *QG,
-                               const void *h, const float *Aqk, const void *E, TO *O) {
+static dg_status output_fwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                       const void *QG, const void *h, const float *Aqk,
+                                       const void *E, TO *O) {
     if (d->NC == 0)
         return DG_OK;
-    dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_OUT_VT));
-    if (output_fwd_mma(d, QG, h, Aqk, E, O)) {
-        KDA_DISPATCH_BT(
-            d->BT, KDA_DISPATCH_MID(d->mid, {
-                output_fwd_mma_kernel<BT_, M_, TO>
-                    <<<dim3(grid.x * grid.z, grid.y), kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
-                        d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const M_ *)QG,
-                        (const M_ *)h, Aqk, (const M_ *)E, O);
-                DG_CHECK_LAUNCH();
-            }));
-        return DG_OK;
-    }
-    if (d->mid || sizeof(TO) != sizeof(float))
-        return kda_mid_refused(__func__, d);
-    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        output_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
-                            (const float *)h, Aqk, (const float *)E, (float *)O);
+    const unsigned nvt = (unsigned)DG_CEIL_DIV(d->V, kdamma::AB_N);
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_MID(d->mid, {
+                        output_fwd_mma_kernel<BT_, M_, TO>
+                            <<<dim3((unsigned)d->NC * nvt, (unsigned)d->HV), kdamma::AB_THREADS, 0,
+                               dg__stream(ctx)>>>(d->chunk_t0, d->chunk_len, d->HV, d->K, d->V,
+                                                  scale, (const M_ *)QG, (const M_ *)h, Aqk,
+                                                  (const M_ *)E, O);
                         DG_CHECK_LAUNCH();
                     }));
     return DG_OK;
@@ -597,8 +363,8 @@ extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     if (!QG || !h || !Aqk || !E || !Ov)
         return dg__err(DG_ERR_ARG, "%s: QG, h, Aqk, E and O are required", __func__);
     if (d->leaf_bf16) { /* a bf16 O is written by the mma kernel, else through an f32 copy */
-        if (d->tc && output_fwd_mma(d, QG, h, Aqk, E, Ov))
-            return output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, (kda_bf16 *)Ov);
+        if (output_fwd_mma(d, QG, h, Aqk, E, Ov))
+            return output_fwd_launch_mma(ctx, d, scale, QG, h, Aqk, E, (kda_bf16 *)Ov);
         const int64_t n = d->TT * d->HV * d->V;
         Scratch o32(ctx);
         DG_TRY(o32.alloc((size_t)n));
@@ -608,10 +374,12 @@ extern "C" dg_status dg__kda_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         return kda_narrow(ctx, o32.f(), n, (kda_bf16 *)Ov);
     }
     float *O = (float *)Ov;
-    if (d->tc)
-        return output_fwd_tc(ctx, d, scale, QG, h, Aqk, E, O);
-    if (d->mid)
+    if (output_fwd_mma(d, QG, h, Aqk, E, O))
+        return output_fwd_launch_mma(ctx, d, scale, QG, h, Aqk, E, O);
+    if (d->mid) /* bf16 intermediates have only the mma kernel */
         return kda_mid_refused(__func__, d);
+    /* f32 FFMA: tc == 0, and the sizes, alignments or the 3xTF32 mode the mma kernel does not
+     * take (f32 products: at least as accurate as either tensor-core mode) */
     dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
     KDA_DISPATCH_BT(d->BT, {
         kda_output_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
@@ -648,66 +416,42 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
     return DG_OK;
 }
 
-/* The tensor-core backward, called by dg__kda_output_bwd_cuda when d->tc != 0, dO != NULL and
- * NC > 0. */
+/* Whether the backward's products run on the mma kernels (tc == 1; K % 4 (bf16 QG: % 8) and V %
+ * 4 (bf16 operands: % 8) == 0; 16-byte aligned arrays); m: the size of QG, h, E's elements, td:
+ * dO's. Else f32 operands take the FFMA kernels (output_bwd_bt) and bf16 ones are refused. */
+static bool output_bwd_mma(const kda_cuda_dims *d, size_t m, size_t td, const void *QG,
+                           const float *Aqk, const void *E, const void *dO, const void *dh,
+                           const float *dAqk, const float *dE) {
+    const int qk = 16 / (int)m, qv = (m == 2 || td == 2) ? 8 : 4;
+    return d->tc == 1 && d->K % qk == 0 && d->V % qv == 0 && aligned16(QG) && aligned16(Aqk) &&
+           aligned16(E) && aligned16(dO) && aligned16(dh) && aligned16(dAqk) && aligned16(dE);
+}
+
+/* The backward on the mma kernels (output_bwd_mma holds; dO != NULL, NC > 0). */
 template <class M, class TD>
-static dg_status output_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const M *QG,
-                               const M *h, const float *Aqk, const M *E, const TD *dO, float *dQG,
-                               M *dh, float *dAqk, float *dE) {
+static dg_status output_bwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                       const M *QG, const M *h, const float *Aqk, const M *E,
+                                       const TD *dO, float *dQG, M *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
-    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, TC_CT),
-                   nvt = (unsigned)DG_CEIL_DIV(d->V, TC_CT);
-    const bool p2 = d->tc >= 2;
-    const int q = 16 / (int)sizeof(M);
-    const bool mma = d->tc == 1 && d->K % q == 0 && d->V % 4 == 0 && aligned16(QG) &&
-                     aligned16(Aqk) && aligned16(dO) && (!dh || aligned16(dh)) &&
-                     (!dE || aligned16(dE));
-    /* bf16 operands (and a bf16 dO in particular) have only the mma kernels */
-    const bool bf = sizeof(M) == 2 || sizeof(TD) == 2;
-    if (bf && (!mma || d->V % 8 != 0 || (dAqk && !aligned16(E)) ||
-               (sizeof(TD) == 2 && dAqk && !aligned16(dAqk))))
-        return kda_mid_refused(__func__, d);
+    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, kdamma::AB_N),
+                   nvt = (unsigned)DG_CEIL_DIV(d->V, kdamma::AB_N);
     if (dQG)
         DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
     KDA_DISPATCH_BT(d->BT, {
         if (dh) {
-            if (mma)
-                out_dh_mma_kernel<BT_, M, TD>
-                    <<<dim3(nc * nkt * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
-                        d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
-            else if (p2)
-                out_dh_tc_kernel<BT_, 2><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
-                    (const float *)dO, (float *)dh);
-            else
-                out_dh_tc_kernel<BT_, 1><<<dim3(nc, hvs, nkt * nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, (const float *)QG,
-                    (const float *)dO, (float *)dh);
+            out_dh_mma_kernel<BT_, M, TD><<<dim3(nc * nkt * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             DG_CHECK_LAUNCH();
         }
         if (dAqk) {
-            if (mma && aligned16(E) && aligned16(dAqk))
-                out_da_mma_kernel<BT_, M, TD><<<dim3(nc, hvs), kdamma::AB_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, dO, (const M *)E, dAqk);
-            else if (p2)
-                out_da_tc_kernel<BT_, 2, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, (const float *)dO, E, dAqk);
-            else
-                out_da_tc_kernel<BT_, 1, M><<<dim3(nc, hvs), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, (const float *)dO, E, dAqk);
+            out_da_mma_kernel<BT_, M, TD><<<dim3(nc, hvs), kdamma::AB_THREADS, 0, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
             DG_CHECK_LAUNCH();
         }
         if (dE) {
-            if (mma)
-                out_de_mma_kernel<BT_, TD><<<dim3(nc * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
-            else if (p2)
-                out_de_tc_kernel<BT_, 2><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, (const float *)dO, dE);
-            else
-                out_de_tc_kernel<BT_, 1><<<dim3(nc, hvs, nvt), TC_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, (const float *)dO, dE);
+            out_de_mma_kernel<BT_, TD><<<dim3(nc * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
             DG_CHECK_LAUNCH();
         }
     });
@@ -726,10 +470,10 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     const float *dO = (const float *)dOv;
     Scratch dO32(ctx);
     if (dOv && d->leaf_bf16) {
-        if (d->mid && d->tc == 1 && d->V % 8 == 0 && aligned16(dOv))
-            return output_bwd_tc(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv, Aqk,
-                                 (const kda_bf16 *)Ev, (const kda_bf16 *)dOv, dQG, (kda_bf16 *)dh,
-                                 dAqk, dE);
+        if (d->mid && output_bwd_mma(d, 2, 2, QGv, Aqk, Ev, dOv, dh, dAqk, dE))
+            return output_bwd_launch_mma(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv,
+                                         Aqk, (const kda_bf16 *)Ev, (const kda_bf16 *)dOv, dQG,
+                                         (kda_bf16 *)dh, dAqk, dE);
         DG_TRY(kda_widen(ctx, (const kda_bf16 *)dOv, d->TT * d->HV * d->V, dO32, &dO));
     }
     if (!dO) { /* no upstream gradient: every output is zero */
@@ -748,14 +492,17 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
             DG_CHECK_CUDA(cudaMemsetAsync(dE, 0, sizeof(float) * tk * d->V, s));
         return DG_OK;
     }
-    if (d->mid)
-        return d->tc ? output_bwd_tc(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv,
-                                     Aqk, (const kda_bf16 *)Ev, dO, dQG, (kda_bf16 *)dh, dAqk, dE)
-                     : kda_mid_refused(__func__, d);
+    if (d->mid) /* bf16 intermediates have only the mma kernels */
+        return output_bwd_mma(d, 2, 4, QGv, Aqk, Ev, dO, dh, dAqk, dE)
+                   ? output_bwd_launch_mma(ctx, d, scale, (const kda_bf16 *)QGv,
+                                           (const kda_bf16 *)hv, Aqk, (const kda_bf16 *)Ev, dO, dQG,
+                                           (kda_bf16 *)dh, dAqk, dE)
+                   : kda_mid_refused(__func__, d);
     const float *QG = (const float *)QGv, *h = (const float *)hv, *E = (const float *)Ev;
     float *dh32 = (float *)dh;
-    if (d->tc)
-        return output_bwd_tc(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
+    if (output_bwd_mma(d, 4, 4, QG, Aqk, E, dO, dh, dAqk, dE))
+        return output_bwd_launch_mma(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
+    /* f32 FFMA: tc == 0, and what the mma kernels do not take (as in the forward) */
     switch (d->BT) {
     case 16:
         return output_bwd_bt<16>(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);

@@ -20,8 +20,8 @@
  *   backward, chunks in reverse:  store S = dHn_c; X = dE + KG S -> dE_tot;
  *                                 S = exp(lambda) S + dh_c - W^T X
  * i.e. X = X0 + sgnA A1 S and S = exp(lambda) S + Sup_c + sgnB A2^T X with (A1, A2, sgnA, sgnB)
- * = (W, KG, -, +) forward and (KG, W, +, -) backward, so the tensor-core kernels of that pass
- * (state_tc_kernel, state_mma_kernel) serve both, with BWD a template parameter.
+ * = (W, KG, -, +) forward and (KG, W, +, -) backward, so the tensor-core kernel of that pass
+ * (state_mma_kernel) serves both, with BWD a template parameter.
  * The backward's three products that sum over V (dKG, dW, the lambda term) run after the serial
  * pass, chunk-parallel (rows_stateT), from the dHn_c it stores into a scratch [NC,HV,K,V]: no
  * value tile ever needs another tile's partial sums (no atomics, no cross-tile reduction) and
@@ -29,7 +29,8 @@
  * of h.
  *
  * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
- *   tc == 0, f32 FFMA:
+ *   f32 FFMA (tc == 0, and whatever the mma kernels do not take: tc == 2, the 3xTF32 mode, which
+ *   this stage serves in f32; other sizes or alignments; bf16 intermediates there are refused):
  *     forward  kda_state_fwd_kernel: block per (sequence, hv, 32 value columns), the state in
  *              shared memory, W / KG tiles streamed through registers;
  *     backward state_seq_kernel (the serial pass: dE_tot and the dH update, block per
@@ -40,9 +41,9 @@
  *   tc == 1 and K % 16 == 0, K <= 256, V even, 16-byte aligned arrays (state_mma_fits):
  *     the serial pass of both directions is state_mma_kernel (mma.sync TF32, state in
  *     registers, next chunk's tiles fetched with cp.async; see its comment);
- *   tc != 0 otherwise: the serial pass is state_tc_kernel (WMMA TF32 or 3xTF32, state in shared
- *     memory). With tc != 0 the backward's chunk-parallel products are rows_stateT_mma_kernel
- *     (tc == 1 where the sizes allow) or rows_stateT_tc_kernel, and dG is state_dg_tc_kernel.
+ *     With tc != 0 the backward's chunk-parallel products are rows_stateT_mma_kernel (tc == 1
+ *     where the sizes allow, else rows_stateT_kernel one product at a time), and dG is
+ *     state_dg_tc_kernel.
  * The product C = s A S_c^T of rows_stateT (the FFMA and tensor-core kernels) also gives the
  * output backward its dQG = s dO h^T (dg__kda_rows_stateT, declared in common.cuh).
  * KCP summaries (dg__kda_state_summary_cuda): the same serial pass on state_mma_kernel, over one
@@ -54,10 +55,6 @@
 #include "mma.cuh"
 
 using namespace kdab;
-using namespace kdatc;
-
-/* state_tc_kernel: value columns per block (as the FFMA kernel: parallelism) */
-#define TC_ST_VT 32
 
 // ---- device helpers
 
@@ -163,7 +160,7 @@ template <class T> __host__ __device__ constexpr int state_nbuf() { return sizeo
 
 } // namespace
 
-// ---- forward kernels (state_tc_kernel and state_mma_kernel also run the backward's serial pass)
+// ---- forward kernels (state_mma_kernel also runs the backward's serial pass)
 
 /* One block of 256 threads per (sequence, value head, 32-column tile of V): blockIdx = (n, hv,
  * vtile). The running state h [KP][32] (KP = K rounded up to 32) lives in shared memory; warp w,
@@ -288,133 +285,10 @@ __global__ void __launch_bounds__(KDA_THREADS)
             ht[(((int64_t)n * HV + hv) * K + kk) * V + col] = hs[kk * VT + lane];
 }
 
-/* The serial state pass of the forward (BWD = false) and of the backward (BWD = true,
- * kda.md §11.6 B2),
- * which have the same shape:
- *   forward,  chunks in order:    store S = h_c;   X = U  - W  S  -> E;
- *                                 S = exp(lambda) S + KG^T X
- *   backward, chunks in reverse:  store S = dHn_c; X = dE + KG S -> dE_tot;
- *                                 S = exp(lambda) S - W^T X + dh_c
- * i.e. X = X0 + sgnA A1 S, S = exp(lambda) S + Sup_c + sgnB A2^T X, with (A1, A2, sgnA, sgnB) =
- * (W, KG, -, +) forward and (KG, W, +, -) backward. S0 = h0 / dht, Sst = h / dHn scratch, Xo =
- * E / dE_tot, Sfin = ht / dh0; X0, S0, Sup, Sst, Xo, Sfin may be NULL (zero / not stored).
- * grid (sequence, hv, V / 32). The running state S [KP][32] (KP = K rounded up to 64) is f32 in
- * shared memory and is the home of the update's accumulators: each 16x16 tile of S is loaded
- * into an accumulator fragment, gets sgnB A2^T X added, and is stored back. Per chunk:
- *   store S; Xs = X0 tile; warp w < BT/8 owns X tile (w/2, w%2): acc = X0, acc += sgnA A1 S over
- *   key tiles of 64 (A1 tile [BT][64] in Ts); Xs = acc; store Xo; S = exp(lambda) S (+ Sup_c);
- *   for each key tile: Ts = A2 tile, warp w updates S rows kt0 + 16(w/2).., columns 16(w%2)..
- *   with A2^T read as a col_major operand of Ts.
- * Dynamic shared memory: (KP*40 + BT*40 + BT*72 + KP) floats: 49 KB at K = 128, BT = 64;
- * 70 KB at K = 256. */
-template <int BT, int P, bool BWD>
-__global__ void __launch_bounds__(TC_THREADS)
-    state_tc_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
-                    const int32_t *__restrict__ chunk_len, int HV, int K, int V,
-                    const float *__restrict__ A1, const float *__restrict__ X0,
-                    const float *__restrict__ A2, const float *__restrict__ G,
-                    const float *__restrict__ S0, const float *__restrict__ Sup,
-                    float *__restrict__ Sst, float *__restrict__ Xo, float *__restrict__ Sfin) {
-    constexpr int VT = TC_ST_VT, KT = TC_KT, LDH = VT + TC_PAD, LDT = KT + TC_PAD;
-    extern __shared__ __align__(128) float tc_state_smem[];
-    const int KP = (K + KT - 1) / KT * KT;
-    float *hs = tc_state_smem;   /* [KP][LDH] the running state S */
-    float *Es = hs + KP * LDH;   /* [BT][LDH] X */
-    float *Ts = Es + BT * LDH;   /* [BT][LDT] key tile of A1 or A2 */
-    float *elam = Ts + BT * LDT; /* [KP] exp(lambda) */
-
-    const int n = blockIdx.x, hv = blockIdx.y, v0 = blockIdx.z * VT;
-    const int w = threadIdx.x >> 5;
-    const int nv = min(VT, V - v0);
-    const int64_t rk = (int64_t)HV * K, rv = (int64_t)HV * V, KV = (int64_t)K * V;
-    const bool ewarp = w < BT / 8; /* owns an X tile */
-    const int eti = w >> 1, etj = w & 1;
-
-    {
-        const float *s0 = S0 ? S0 + ((int64_t)n * HV + hv) * KV + v0 : nullptr;
-        for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
-            const int r = idx / VT, c = idx % VT;
-            hs[r * LDH + c] = (s0 && r < K && c < nv) ? s0[(int64_t)r * V + c] : 0.f;
-        }
-    }
-
-    const int64_t c_beg = chunk_off[n], c_end = chunk_off[n + 1];
-    for (int64_t it = 0; it < c_end - c_beg; it++) {
-        const int64_t ch = BWD ? c_end - 1 - it : c_beg + it;
-        const int64_t t0 = chunk_t0[ch];
-        const int L = chunk_len[ch];
-        __syncthreads(); /* hs complete (S0 or the last update); Es, Ts, elam free */
-        if (Sst) {
-            float *sc = Sst + (ch * HV + hv) * KV + v0;
-            for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
-                const int r = idx / VT, c = idx % VT;
-                if (c < nv)
-                    sc[(int64_t)r * V + c] = hs[r * LDH + c];
-            }
-        }
-        for (int kk = threadIdx.x; kk < KP; kk += TC_THREADS)
-            elam[kk] = kk < K ? expf(G[((t0 + L - 1) * HV + hv) * K + kk]) : 0.f;
-        load_tile<BT, VT, LDH>(Es, X0 ? X0 + (t0 * HV + hv) * V + v0 : nullptr, rv, X0 ? L : 0, nv);
-        __syncthreads();
-
-        /* X = X0 + sgnA A1 S */
-        Acc acc;
-        if (ewarp)
-            wmma::load_matrix_sync(acc, Es + eti * 16 * LDH + etj * 16, LDH, wmma::mem_row_major);
-        for (int kt0 = 0; kt0 < K; kt0 += KT) {
-            const int nk = min(KT, K - kt0);
-            load_tile<BT, KT, LDT>(Ts, A1 + (t0 * HV + hv) * K + kt0, rk, L, nk);
-            __syncthreads();
-            if (ewarp)
-                mma_k<P, !BWD, RM, RM>(acc, Ts + eti * 16 * LDT, LDT, hs + kt0 * LDH + etj * 16,
-                                       LDH, (nk + 7) / 8);
-            __syncthreads();
-        }
-        if (ewarp)
-            wmma::store_matrix_sync(Es + eti * 16 * LDH + etj * 16, acc, LDH, wmma::mem_row_major);
-        __syncthreads();
-        if (Xo)
-            store_tile<BT, VT, LDH>(Xo + (t0 * HV + hv) * V + v0, rv, Es, L, nv);
-        {
-            const float *up = Sup ? Sup + (ch * HV + hv) * KV + v0 : nullptr;
-            for (int idx = threadIdx.x; idx < KP * VT; idx += TC_THREADS) {
-                const int r = idx / VT, c = idx % VT;
-                const float add = (up && r < K && c < nv) ? up[(int64_t)r * V + c] : 0.f;
-                hs[r * LDH + c] = hs[r * LDH + c] * elam[r] + add;
-            }
-        }
-
-        /* S += sgnB A2^T X (rows of A2 and X past L are zero) */
-        for (int kt0 = 0; kt0 < K; kt0 += KT) {
-            const int nk = min(KT, K - kt0);
-            load_tile<BT, KT, LDT>(Ts, A2 + (t0 * HV + hv) * K + kt0, rk, L, nk);
-            __syncthreads(); /* also: the scaling of hs is complete */
-            const int ri = w >> 1, tj = w & 1, r0 = kt0 + 16 * ri;
-            if (r0 < K) {
-                Acc hacc;
-                float *st = hs + r0 * LDH + tj * 16;
-                wmma::load_matrix_sync(hacc, st, LDH, wmma::mem_row_major);
-                mma_k<P, BWD, CM, RM>(hacc, Ts + 16 * ri, LDT, Es + tj * 16, LDH, (L + 7) / 8);
-                wmma::store_matrix_sync(st, hacc, LDH, wmma::mem_row_major);
-            }
-            __syncthreads();
-        }
-    }
-    __syncthreads();
-    if (Sfin) {
-        float *sf = Sfin + ((int64_t)n * HV + hv) * KV + v0;
-        for (int idx = threadIdx.x; idx < K * VT; idx += TC_THREADS) {
-            const int r = idx / VT, c = idx % VT;
-            if (c < nv)
-                sf[(int64_t)r * V + c] = hs[r * LDH + c];
-        }
-    }
-}
-
 /* The serial pass on mma.sync TF32 with the state in registers (tc == 1), forward and backward,
- * replacing state_tc_kernel where the sizes allow (state_mma_fits). Work split: one block of 8
+ * where the sizes allow (state_mma_fits). Work split: one block of 8
  * warps per (sequence, value head, VT value columns), VT = 16, 32 or 64 picked by the launcher
- * from the number of waves the grid needs. What makes it fast compared with the staged kernel:
+ * from the number of waves the grid needs. What makes it fast compared with a shared-memory state:
  *   - the running state S [K][VT] lives in registers as mma accumulators (warp w owns the 16-row
  *     tiles w and w + 8 of S, all VT / 8 8-column tiles), so the update S += A2^T X accumulates in
  *     place; S goes through shared memory once per chunk only as the B operand of A1 S;
@@ -438,7 +312,7 @@ __global__ void __launch_bounds__(TC_THREADS)
  *     A1s, A2s (K + 8) and Ss, Xs (VT + 8 elements) keep every ldmatrix phase free of bank
  *     conflicts.
  * Needs K % 16 == 0, K <= 256, V even and 16-byte aligned arrays (state_mma_fits); other sizes
- * keep the staged kernel. The same kernel computes the KCP summaries of one sequence
+ * take the FFMA kernels. The same kernel computes the KCP summaries of one sequence
  * (dg__kda_state_summary_cuda).
  * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
  * or 64; the launcher picks it from the grid size). TA: the storage of A1 and A2 (W, KG: f32 or
@@ -985,60 +859,6 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
-/* rows_stateT's first product on tensor cores, C = s A S_c^T: grid (chunk, hv, K / 64),
- * dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v] in the names of the output backward's dQG
- * (the state backward's dKG = E dHn^T and dW = -dE_tot h^T are the same product), over value
- * tiles of 64 (dO tile [BT][64], h tile [64 keys][64 values] read as the col_major B = h^T). */
-template <int BT, int P>
-__global__ void __launch_bounds__(TC_THREADS)
-    rows_stateT_tc_kernel(const int64_t *__restrict__ chunk_t0,
-                          const int32_t *__restrict__ chunk_len, int HV, int K, int V, float scale,
-                          const float *__restrict__ dO, const float *__restrict__ h,
-                          float *__restrict__ dQG) {
-    constexpr int LD = TC_LD, C16 = TC_CT / 16, NTILE = (BT / 16) * C16, TPW = (NTILE + 7) / 8;
-    __shared__ __align__(128) float sm[BT * LD + TC_CT * LD];
-    float *Os = sm, *Hs = sm + BT * LD;
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, e0 = blockIdx.z * TC_CT;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch];
-    const int w = threadIdx.x >> 5;
-    const int ne = min(TC_CT, K - e0);
-    const float *hc = h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V;
-
-    Acc acc[TPW];
-#pragma unroll
-    for (int r = 0; r < TPW; r++)
-        wmma::fill_fragment(acc[r], 0.f);
-    for (int v0 = 0; v0 < V; v0 += TC_CT) {
-        const int nv = min(TC_CT, V - v0);
-        __syncthreads();
-        load_tile<BT, TC_CT, LD>(Os, dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv);
-        load_tile<TC_CT, TC_CT, LD>(Hs, hc + v0, V, ne, nv);
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < TPW; r++) {
-            TC_TILE(r, ti, tj, C16);
-            if (tile_ < NTILE)
-                mma_k<P, false, RM, CM>(acc[r], Os + ti * 16 * LD, LD, Hs + tj * 16 * LD, LD,
-                                        (nv + 7) / 8);
-        }
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < TPW; r++) {
-        TC_TILE(r, ti, tj, C16);
-        if (tile_ < NTILE) {
-#pragma unroll
-            for (int t = 0; t < acc[r].num_elements; t++)
-                acc[r].x[t] *= scale;
-            wmma::store_matrix_sync(sm + ti * 16 * LD + tj * 16, acc[r], LD, wmma::mem_row_major);
-        }
-    }
-    __syncthreads();
-    store_tile<BT, TC_CT, LD>(dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, sm, L, ne);
-}
-
 /* The same product on mma.sync with a cp.async pipeline (mma.cuh): grid (chunk x K / 64, hv)
  * (chunk_tile), dQG[i][e0 + e] = s sum_v dO[i][v] h_c[e0 + e][v], with dO of TA and h of TS
  * (f32 or bf16). TF32 (P = 1) only; needs V % 4 == 0 (% 8 with a bf16 operand), K even and
@@ -1068,7 +888,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
  * ...; lanes over v (vec: four consecutive v per lane and 16-byte zero stores, where V and K are
  * multiples of 4 and the arrays 16-byte aligned; the sum's order then differs, not its terms). */
 template <class M>
-__global__ void __launch_bounds__(TC_THREADS)
+__global__ void __launch_bounds__(SM_THREADS)
     state_dg_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                        int HV, int K, int V, bool vec, const float *__restrict__ G,
                        const M *__restrict__ h, const M *__restrict__ dHs, float *__restrict__ dG) {
@@ -1079,11 +899,11 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (vec) {
         const int K4 = K / 4;
-        for (int idx = threadIdx.x; idx < (L - 1) * K4; idx += TC_THREADS)
+        for (int idx = threadIdx.x; idx < (L - 1) * K4; idx += SM_THREADS)
             *reinterpret_cast<float4 *>(dG + ((t0 + idx / K4) * HV + hv) * K + 4 * (idx % K4)) =
                 make_float4(0.f, 0.f, 0.f, 0.f);
     } else {
-        for (int idx = threadIdx.x; idx < (L - 1) * K; idx += TC_THREADS)
+        for (int idx = threadIdx.x; idx < (L - 1) * K; idx += SM_THREADS)
             dG[((t0 + idx / K) * HV + hv) * K + idx % K] = 0.f;
     }
     const int64_t sb = (ch * HV + hv) * (int64_t)K * V, rl = ((t0 + L - 1) * HV + hv) * K;
@@ -1118,7 +938,7 @@ __global__ void identity_kernel(float *I, int HV, int K) {
 
 // ---- launchers: forward
 
-/* The sizes and alignments the kernel needs (else the caller keeps the staged kernel). */
+/* The sizes and alignments the kernel needs (else the caller takes the FFMA kernels). */
 static int state_mma_fits(const kda_cuda_dims *d, const void *A1, const void *X0, const void *A2,
                           const float *G, const float *S0, const void *Sup, const void *Sst,
                           const void *Xo, const float *Sfin) {
@@ -1230,41 +1050,6 @@ static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<T
     return DG_OK;
 }
 
-/* The serial state pass, forward or backward (operands as in state_tc_kernel). */
-template <bool BWD>
-static dg_status state_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1,
-                                 const float *X0, const float *A2, const float *G, const float *S0,
-                                 const float *Sup, float *Sst, float *Xo, float *Sfin) {
-    const int KP = DG_CEIL_DIV(d->K, TC_KT) * TC_KT;
-    dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, TC_ST_VT));
-    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        const size_t smem =
-                            sizeof(float) * ((size_t)(KP + BT_) * (TC_ST_VT + TC_PAD) +
-                                             (size_t)BT_ * (TC_KT + TC_PAD) + (size_t)KP);
-                        if (smem > 48 * 1024)
-                            DG_CHECK_CUDA(cudaFuncSetAttribute(
-                                state_tc_kernel<BT_, P_, BWD>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                        state_tc_kernel<BT_, P_, BWD><<<grid, TC_THREADS, smem, dg__stream(ctx)>>>(
-                            d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, A1, X0, A2,
-                            G, S0, Sup, Sst, Xo, Sfin);
-                        DG_CHECK_LAUNCH();
-                    }));
-    return DG_OK;
-}
-
-/* The tensor-core forward (d->tc != 0), called by dg__kda_state_fwd_cuda after its checks. */
-template <class M>
-static dg_status state_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *W, const M *U,
-                              const M *KG, const float *G, const float *h0, M *h, M *E, float *ht) {
-    if (state_mma_fits(d, W, U, KG, G, h0, nullptr, h, E, ht))
-        return state_mma<false>(ctx, d, StateOps<M, M>{W, U, KG, G, h0, nullptr, h, E, ht});
-    if (sizeof(M) == 2)
-        return kda_mid_refused(__func__, d);
-    return state_tc_launch<false>(ctx, d, (const float *)W, (const float *)U, (const float *)KG, G,
-                                  h0, nullptr, (float *)h, (float *)E, ht);
-}
-
 extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
                                             const void *Uv, const void *KGv, const float *G,
                                             const float *h0, void *hv, void *Ev, float *ht) {
@@ -1272,15 +1057,23 @@ extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
     if (!Wv || !Uv || !KGv || !G || !hv || !Ev)
         return dg__err(DG_ERR_ARG, "%s: W, U, KG, G, h and E are required (h0, ht optional)",
                        __func__);
-    if (d->mid)
-        return d->tc
-                   ? state_fwd_tc(ctx, d, (const kda_bf16 *)Wv, (const kda_bf16 *)Uv,
-                                  (const kda_bf16 *)KGv, G, h0, (kda_bf16 *)hv, (kda_bf16 *)Ev, ht)
-                   : kda_mid_refused(__func__, d);
+    typedef kda_bf16 B16;
+    if (state_mma_fits(d, Wv, Uv, KGv, G, h0, nullptr, hv, Ev, ht))
+        return d->mid
+                   ? state_mma<false>(ctx, d,
+                                      StateOps<B16, B16>{(const B16 *)Wv, (const B16 *)Uv,
+                                                         (const B16 *)KGv, G, h0, nullptr,
+                                                         (B16 *)hv, (B16 *)Ev, ht})
+                   : state_mma<false>(ctx, d,
+                                      StateOps<float, float>{(const float *)Wv, (const float *)Uv,
+                                                             (const float *)KGv, G, h0, nullptr,
+                                                             (float *)hv, (float *)Ev, ht});
+    if (d->mid) /* bf16 intermediates have only the mma kernel */
+        return kda_mid_refused(__func__, d);
+    /* f32 FFMA: tc == 0, and the sizes, alignments or the 3xTF32 mode state_mma_kernel does not
+     * take */
     const float *W = (const float *)Wv, *U = (const float *)Uv, *KG = (const float *)KGv;
     float *h = (float *)hv, *E = (float *)Ev;
-    if (d->tc)
-        return state_fwd_tc(ctx, d, W, U, KG, G, h0, h, E, ht);
     const int KP = DG_CEIL_DIV(d->K, KDA_KT) * KDA_KT;
     dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, KDA_VT));
     KDA_DISPATCH_BT(d->BT, {
@@ -1298,6 +1091,36 @@ extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
 
 // ---- launchers: backward
 
+/* The serial pass of the FFMA backward (state_seq_kernel). */
+template <int BT>
+static dg_status state_seq_bwd_ffma(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W,
+                                    const float *KG, const float *G, const float *dh,
+                                    const float *dE, const float *dht, float *dEtot, float *dHs,
+                                    float *dh0) {
+    const Dims d = make_dims(dd);
+    const size_t smem = sizeof(float) * ((size_t)d.K * CT + 2 * BT * CT);
+    DG_TRY(smem_opt_in(state_seq_kernel<BT>, smem));
+    if (d.N > 0) {
+        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem, dg__stream(ctx)>>>(
+            d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
+        DG_CHECK_LAUNCH();
+    }
+    return DG_OK;
+}
+
+/* C = s A S_c^T for the output backward's dQG = s dO h^T (rows_stateT's first product alone);
+ * the caller has checked d (BT 16, 32 or 64) and that NC > 0. */
+template <int BT>
+static dg_status rows_stateT_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *A,
+                                const float *S, float *C) {
+    const Dims d = make_dims(dd);
+    rows_stateT_kernel<BT>
+        <<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0, dg__stream(ctx)>>>(
+            d, A, S, scale, C, nullptr, nullptr, 0.f, nullptr, nullptr, nullptr);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
 /* The serial pass of the tensor-core backward (state_seq_kernel's part): dE_tot, the dHn_c
  * scratch [NC,HV,K,V] (of M, like h: bf16 on the mid path) and dh0, each optional. */
 template <class M>
@@ -1306,36 +1129,34 @@ static dg_status state_seq_bwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const M *
                                   float *dEtot, M *dHs, float *dh0) {
     if (state_mma_fits(d, KG, dE, W, G, dht, dh, dHs, dEtot, dh0))
         return state_mma<true>(ctx, d, StateOps<M, float>{KG, dE, W, G, dht, dh, dHs, dEtot, dh0});
-    if (sizeof(M) == 2)
+    if constexpr (sizeof(M) == 2) { /* bf16 intermediates have only the mma kernel */
         return kda_mid_refused(__func__, d);
-    return state_tc_launch<true>(ctx, d, (const float *)KG, dE, (const float *)W, G, dht,
-                                 (const float *)dh, (float *)dHs, dEtot, dh0);
+    } else { /* f32 FFMA: the sizes, alignments or the 3xTF32 mode it does not take */
+        KDA_DISPATCH_BT(d->BT, {
+            return state_seq_bwd_ffma<BT_>(ctx, d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
+        });
+        return DG_OK;
+    }
 }
 
-/* C = s A h^T chunk by chunk (see rows_stateT_tc_kernel), A of TA and h of TS (f32 or bf16): on
- * mma.sync when the mode is TF32 and the sizes allow it, else on WMMA (TF32 or 3xTF32; f32
- * operands only). */
+/* C = s A h^T chunk by chunk (see rows_stateT_mma_kernel), A of TA and h of TS (f32 or bf16):
+ * on mma.sync when the mode is TF32 and the sizes allow it, else (f32 operands only) on the FFMA
+ * rows_stateT_kernel. */
 template <class TA, class TS>
 static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                        const TA *A, const TS *Hm, float *C) {
-    cudaStream_t s = dg__stream(ctx);
-    const dim3 grid((unsigned)d->NC, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->K, TC_CT));
     const bool bf = sizeof(TA) == 2 || sizeof(TS) == 2;
     const bool mma = d->tc == 1 && d->V % (bf ? 8 : 4) == 0 && d->K % 2 == 0 && aligned16(A) &&
                      aligned16(Hm) && aligned16(C);
     if (bf && !mma)
         return kda_mid_refused(__func__, d);
     KDA_DISPATCH_BT(d->BT, {
-        if (mma)
-            rows_stateT_mma_kernel<BT_, TA, TS>
-                <<<dim3(grid.x * grid.z, grid.y), kdamma::AB_THREADS, 0, s>>>(
-                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
-        else
-            KDA_DISPATCH_P(d->tc, {
-                rows_stateT_tc_kernel<BT_, P_>
-                    <<<grid, TC_THREADS, 0, s>>>(d->chunk_t0, d->chunk_len, d->HV, d->K, d->V,
-                                                 scale, (const float *)A, (const float *)Hm, C);
-            });
+        if (!mma)
+            return rows_stateT_bt<BT_>(ctx, d, scale, (const float *)A, (const float *)Hm, C);
+        const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, kdamma::AB_N);
+        rows_stateT_mma_kernel<BT_, TA, TS>
+            <<<dim3((unsigned)d->NC * nkt, (unsigned)d->HV), kdamma::AB_THREADS, 0,
+               dg__stream(ctx)>>>(d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, A, Hm, C);
         DG_CHECK_LAUNCH();
     });
     return DG_OK;
@@ -1360,25 +1181,8 @@ static dg_status state_rows_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float 
     if (dG) {
         const bool vec = d->K % 4 == 0 && d->V % 4 == 0 && aligned16(dG) && (!h || aligned16(h)) &&
                          aligned16(dHs);
-        state_dg_tc_kernel<M><<<dim3((unsigned)d->NC, (unsigned)d->HV), TC_THREADS, 0, s>>>(
+        state_dg_tc_kernel<M><<<dim3((unsigned)d->NC, (unsigned)d->HV), SM_THREADS, 0, s>>>(
             d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, vec, G, h, dHs, dG);
-        DG_CHECK_LAUNCH();
-    }
-    return DG_OK;
-}
-
-/* The serial pass of the FFMA backward (state_seq_kernel). */
-template <int BT>
-static dg_status state_seq_bwd_ffma(dg_ctx *ctx, const kda_cuda_dims *dd, const float *W,
-                                    const float *KG, const float *G, const float *dh,
-                                    const float *dE, const float *dht, float *dEtot, float *dHs,
-                                    float *dh0) {
-    const Dims d = make_dims(dd);
-    const size_t smem = sizeof(float) * ((size_t)d.K * CT + 2 * BT * CT);
-    DG_TRY(smem_opt_in(state_seq_kernel<BT>, smem));
-    if (d.N > 0) {
-        state_seq_kernel<BT><<<dim3(d.N, d.HV, DG_CEIL_DIV(d.V, CT)), NTH, smem, dg__stream(ctx)>>>(
-            d, W, KG, G, dh, dE, dht, dEtot, dHs, dh0);
         DG_CHECK_LAUNCH();
     }
     return DG_OK;
@@ -1450,19 +1254,6 @@ extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
     float *dEtot = dU ? dU : need_et ? se.f() : nullptr;
     DG_TRY(dg__kda_state_bwd_seq_cuda(ctx, d, W, KG, G, dh, dE, dht, dEtot, sh.p, dh0));
     return par ? dg__kda_state_bwd_rows_cuda(ctx, d, G, h, E, sh.p, dEtot, dW, dKG, dG) : DG_OK;
-}
-
-/* C = s A S_c^T for the output backward's dQG = s dO h^T (rows_stateT's first product alone);
- * the caller has checked d (BT 16, 32 or 64) and that NC > 0. */
-template <int BT>
-static dg_status rows_stateT_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *A,
-                                const float *S, float *C) {
-    const Dims d = make_dims(dd);
-    rows_stateT_kernel<BT>
-        <<<dim3((unsigned)d.NC, d.HV, DG_CEIL_DIV(d.K, CT)), NTH, 0, dg__stream(ctx)>>>(
-            d, A, S, scale, C, nullptr, nullptr, 0.f, nullptr, nullptr, nullptr);
-    DG_CHECK_LAUNCH();
-    return DG_OK;
 }
 
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,

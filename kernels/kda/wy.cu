@@ -16,11 +16,11 @@
  * [TT,HV,V]; G, W, KG, QG [TT,HV,K]; beta [TT,HV]; Tm [TT,HV,BT].
  *
  * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
- *   forward  tc == 0: kda_wy_fwd_kernel, f32 FFMA: block per (chunk, hv), KG and QG elementwise
+ *   forward  f32 FFMA: kda_wy_fwd_kernel: block per (chunk, hv), KG and QG elementwise
  *                     (kda_wy_gates), W and U as (Tm Diag(beta)) times 64-column tiles of X;
  *            tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned arrays):
- *                     wy_fwd_mma_kernel, mma.sync TF32 with cp.async staging;
- *            tc != 0 otherwise: wy_fwd_tc_kernel, WMMA TF32 (tc == 1) or 3xTF32 (tc == 2).
+ *                     wy_fwd_mma_kernel, mma.sync TF32 with cp.async staging; everything else
+ *                     (tc == 2, the 3xTF32 mode, included) takes the FFMA kernel in f32.
  *            The tensor-core kernels (and wy_dtm_mma_kernel) use the hardware exponential
  * kdamma::exp_ftz (a relative error of a few 1e-6, far below the TF32 operand rounding). backward
  * (1) tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU): wy_cols_mma_kernel,
@@ -41,9 +41,6 @@
 #include "mma.cuh"
 
 using namespace kdab;
-using namespace kdatc;
-
-#define TC_WY_CT 64 /* wy_fwd_tc_kernel: output columns per step */
 
 // ---- device helpers
 
@@ -147,86 +144,6 @@ __global__ void __launch_bounds__(KDA_THREADS)
                 for (int a = 0; a < RB; a++)
                     if (i0 + a < L)
                         dst[((t0 + i0 + a) * HV + hv) * D + e0 + c] = acc[a];
-        }
-    }
-}
-
-/* grid (chunk, hv). KG, QG elementwise as in the FFMA kernel; then W, U = Tb X with Tb = Tm
- * Diag(beta) staged [BT][BT+8] (zero above the diagonal and past L) and X = K exp(G) (resp. V)
- * in column tiles of 64 [BT][72]; row block ti of Tb needs the k-steps j < 16(ti+1) only.
- * Static shared memory 2 x BT x 72 floats (36 KB at BT = 64); results go out through Xs. */
-template <int BT, int P>
-__global__ void __launch_bounds__(TC_THREADS)
-    wy_fwd_tc_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                     int H, int HV, int K, int V, const float *__restrict__ q,
-                     const float *__restrict__ k, const float *__restrict__ v,
-                     const float *__restrict__ beta, const float *__restrict__ G,
-                     const float *__restrict__ Tm, float *__restrict__ W, float *__restrict__ U,
-                     float *__restrict__ KG, float *__restrict__ QG) {
-    constexpr int CT = TC_WY_CT, LDB = BT + TC_PAD, LDX = CT + TC_PAD;
-    constexpr int NTJ = CT / 16, NTILE = (BT / 16) * NTJ, TPW = (NTILE + 7) / 8;
-    __shared__ __align__(128) float Tb[BT * LDB];
-    __shared__ __align__(128) float Xs[BT * LDX];
-
-    const int64_t ch = blockIdx.x;
-    const int hv = blockIdx.y, hq = hv / (HV / H);
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch];
-    const int tid = threadIdx.x, w = tid >> 5;
-
-    kda_wy_gates<TC_THREADS>(q, k, G, KG, QG, t0, L, hv, hq, H, HV, K);
-    if (!W && !U)
-        return;
-
-    for (int idx = tid; idx < BT * BT; idx += TC_THREADS) {
-        const int i = idx / BT, j = idx % BT;
-        float t = 0.f;
-        if (i < L && j <= i)
-            t = Tm[((t0 + i) * HV + hv) * BT + j] * beta[(t0 + j) * HV + hv];
-        Tb[i * LDB + j] = t;
-    }
-
-    for (int pass = 0; pass < 2; pass++) {
-        float *dst = pass == 0 ? W : U;
-        const int D = pass == 0 ? K : V;
-        if (!dst)
-            continue;
-        for (int e0 = 0; e0 < D; e0 += CT) {
-            const int ne = min(CT, D - e0);
-            __syncthreads(); /* Tb written / Xs of the previous tile stored out */
-            for (int idx = tid; idx < BT * CT; idx += TC_THREADS) {
-                const int j = idx / CT, e = idx % CT;
-                float x = 0.f;
-                if (j < L && e < ne) {
-                    if (pass == 0)
-                        x = k[((t0 + j) * H + hq) * K + e0 + e] *
-                            kdamma::exp_ftz(G[((t0 + j) * HV + hv) * K + e0 + e]);
-                    else
-                        x = v[((t0 + j) * HV + hv) * V + e0 + e];
-                }
-                Xs[j * LDX + e] = x;
-            }
-            __syncthreads();
-            Acc acc[TPW];
-#pragma unroll
-            for (int r = 0; r < TPW; r++) {
-                const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
-                if (tile < NTILE) {
-                    wmma::fill_fragment(acc[r], 0.f);
-                    mma_k<P, false, RM, RM>(acc[r], Tb + ti * 16 * LDB, LDB, Xs + tj * 16, LDX,
-                                            2 * (ti + 1));
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (int r = 0; r < TPW; r++) {
-                const int tile = w + 8 * r, ti = tile / NTJ, tj = tile % NTJ;
-                if (tile < NTILE)
-                    wmma::store_matrix_sync(Xs + ti * 16 * LDX + tj * 16, acc[r], LDX,
-                                            wmma::mem_row_major);
-            }
-            __syncthreads();
-            store_tile<BT, CT, LDX>(dst + (t0 * HV + hv) * D + e0, (int64_t)HV * D, Xs, L, ne);
         }
     }
 }
@@ -662,15 +579,14 @@ static bool wy_fwd_mma(const kda_cuda_dims *d, const void *q, const void *k, con
            aligned16(U) && aligned16(KG) && aligned16(QG);
 }
 
-/* The tensor-core forward (d->tc != 0), called by dg__kda_wy_fwd_cuda after its checks; v of TV
- * (bf16 only when wy_fwd_mma holds). */
+/* The forward on wy_fwd_mma_kernel (wy_fwd_mma holds), v of TV. */
 template <class TV>
-static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
-                           const TV *v, const float *beta, const float *G, const float *Tm, void *W,
-                           void *U, void *KG, void *QG) {
+static dg_status wy_fwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
+                                   const float *k, const TV *v, const float *beta, const float *G,
+                                   const float *Tm, void *W, void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
-    if (wy_fwd_mma(d, q, k, v, G, Tm, W, U, KG, QG)) {
+    {
         const unsigned nz =
             (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
         KDA_DISPATCH_BT(d->BT, {
@@ -687,16 +603,6 @@ static dg_status wy_fwd_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, 
         });
         return DG_OK;
     }
-    if (d->mid || sizeof(TV) != sizeof(float))
-        return kda_mid_refused(__func__, d);
-    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
-    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        wy_fwd_tc_kernel<BT_, P_><<<grid, TC_THREADS, 0, dg__stream(ctx)>>>(
-                            d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k,
-                            (const float *)v, beta, G, Tm, (float *)W, (float *)U, (float *)KG,
-                            (float *)QG);
-                        DG_CHECK_LAUNCH();
-                    }));
     return DG_OK;
 }
 
@@ -716,16 +622,18 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     const float *vf = (const float *)v;
     Scratch vs(ctx);
     if (d->leaf_bf16 && v) {
-        if (d->tc && wy_fwd_mma(d, q, k, v, G, Tm, W, U, KG, QG))
-            return wy_fwd_tc(ctx, d, q, k, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
+        if (wy_fwd_mma(d, q, k, v, G, Tm, W, U, KG, QG))
+            return wy_fwd_launch_mma(ctx, d, q, k, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
         DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
     }
     kda_cuda_dims df = *d; /* v is f32 from here */
     df.leaf_bf16 = 0;
-    if (d->tc)
-        return wy_fwd_tc(ctx, &df, q, k, vf, beta, G, Tm, W, U, KG, QG);
-    if (d->mid)
+    if (wy_fwd_mma(&df, q, k, vf, G, Tm, W, U, KG, QG))
+        return wy_fwd_launch_mma(ctx, &df, q, k, vf, beta, G, Tm, W, U, KG, QG);
+    if (d->mid) /* bf16 intermediates have only the mma kernel */
         return kda_mid_refused(__func__, d);
+    /* f32 FFMA: tc == 0, and the sizes, alignments or the 3xTF32 mode the mma kernel does not
+     * take */
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_wy_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
