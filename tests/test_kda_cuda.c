@@ -12,7 +12,7 @@
  *             (ops/kda/kda.h) on the same f32 inputs (groups RF, RB)
  *   ffma      raw kernels with tc = 0 against the raw CPU f64 functions (group TC)
  *   tf32      the same with tc = 1 (TF32 tensor cores / mma.sync)
- *   3xtf32    the same with tc = 2 (3xTF32)
+ *   3xtf32    the same with tc = 2 (3xTF32 in the intra stage; f32 FFMA in wy, state, output)
  *   mid       tc = 1 with kda_cuda_dims.mid = 1: W, U, KG, QG, h, E and dh stored as bf16 on the
  *             device, against the CPU f64 functions fed the same bf16-rounded values (group TC,
  *             the cases where dg__kda_mid_fits holds; the others are skipped, not failed)
@@ -103,7 +103,8 @@ int main(int argc, char **argv) { return dg_test_main(argc, argv, "kda_cuda", NU
  * well inside 1e-2 of the largest value -- the accuracy bf16 activations allow anyway. */
 #define TOL_TF32 1e-2
 /* tc = 2: 3xTF32 (hi*hi + hi*lo + lo*hi) drops only lo*lo (~2^-22 relative) and accumulates in
- * f32: f32-like, with 10x headroom over what the f32 FFMA kernels reach against f64 here. */
+ * f32: f32-like, with 10x headroom over what the f32 FFMA kernels reach against f64 here. (Only
+ * the intra stage has 3xTF32 kernels; wy, state and output run their FFMA kernels in this mode.) */
 #define TOL_3XTF32 1e-4
 /* tc = 0 (the f32 FFMA kernels) against f64: the contrast to the two above, asserted loosely. */
 #define TOL_FFMA 1e-4
