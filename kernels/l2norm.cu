@@ -4,9 +4,10 @@
  * (same formulas).
  *   forward:   y = x r,  r = 1/sqrt(sum_D x^2 + eps)      x, y, dy, dx: [rows, D]; r: [rows]
  *   backward:  dx = r (dy - (dy . y) y)
- * One warp per row in both directions; the sums over D are butterfly warp sums (every lane gets
- * the same total). One f32 FFMA variant. The bf16 loads and stores and the warp sums are the KDA
- * kernels' helpers (kda/common.cuh).
+ * y may be left unstored: the forward then writes r only and the backward forms y = x r again
+ * (KDA's factored q, k: ops/kda/kda.h). One warp per row in both directions; the sums over D are
+ * butterfly warp sums (every lane gets the same total). One f32 FFMA variant. The bf16 loads and
+ * stores and the warp sums are the KDA kernels' helpers (kda/common.cuh).
  */
 #include "kda/common.cuh"
 #include "l2norm.cuh"
@@ -32,8 +33,9 @@ __global__ void l2norm_fwd_kernel(int64_t rows, int K, float eps, const TX *__re
         }
         ss = warp_sum(ss);
         const float ri = 1.f / sqrtf(ss + eps);
-        for (int c = lane; c < K; c += 32)
-            y[row * K + c] = kda_ld(xr + c) * ri;
+        if (y)
+            for (int c = lane; c < K; c += 32)
+                y[row * K + c] = kda_ld(xr + c) * ri;
         if (r && lane == 0)
             r[row] = ri;
     }
@@ -42,22 +44,24 @@ __global__ void l2norm_fwd_kernel(int64_t rows, int K, float eps, const TX *__re
 // ---- backward kernel
 
 /* One warp per row; the dot product is a butterfly warp sum, the same for every lane. dx of TD:
- * f32, or bf16 written straight into the input's gradient dtype. */
-template <class TD>
-__global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const float *r,
+ * f32, or bf16 written straight into the input's gradient dtype. y NULL: y = x r is formed from
+ * x (of TX) as the forward forms it (the factored form of KDA's in-op norm). */
+template <class TD, class TX>
+__global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const TX *x, const float *r,
                                   const float *dy, TD *dx) {
     const int lane = threadIdx.x & 31;
     const int64_t wpb = blockDim.x >> 5;
     for (int64_t row = blockIdx.x * wpb + (threadIdx.x >> 5); row < rows;
          row += (int64_t)gridDim.x * wpb) {
-        const float *yr = y + row * K, *dyr = dy + row * K;
+        const float *dyr = dy + row * K;
+        const float ri = r[row];
+        auto yv = [&](int c) { return y ? y[row * K + c] : kda_ld(x + row * K + c) * ri; };
         float dot = 0.f;
         for (int c = lane; c < K; c += 32)
-            dot += dyr[c] * yr[c];
+            dot += dyr[c] * yv(c);
         dot = warp_sum(dot);
-        const float ri = r[row];
         for (int c = lane; c < K; c += 32)
-            kda_st(dx + row * K + c, ri * (dyr[c] - dot * yr[c]));
+            kda_st(dx + row * K + c, ri * (dyr[c] - dot * yv(c)));
     }
 }
 
@@ -65,7 +69,7 @@ __global__ void l2norm_bwd_kernel(int64_t rows, int K, const float *y, const flo
 
 extern "C" dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, float eps, int xbf16,
                                          const void *x, float *y, float *r) {
-    if (!ctx || !x || !y || K < 1 || rows < 0)
+    if (!ctx || !x || K < 1 || rows < 0)
         return dg__err(DG_ERR_ARG, "dg__l2norm_fwd_cuda: bad arguments (rows=%lld K=%d)",
                        (long long)rows, K);
     if (rows == 0)
@@ -82,18 +86,22 @@ extern "C" dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, float
 }
 
 extern "C" dg_status dg__l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int K, const float *y,
-                                         const float *r, const float *dy, int xbf16, void *dx) {
+                                         const void *x, const float *r, const float *dy, int xbf16,
+                                         void *dx) {
     if (rows < 0 || K < 1)
         return dg__err(DG_ERR_SHAPE, "dg__l2norm_bwd_cuda: rows=%lld K=%d", (long long)rows, K);
     if (rows == 0 || !dx)
         return DG_OK;
+    if (!r || !dy || (!y && !x))
+        return dg__err(DG_ERR_ARG, "dg__l2norm_bwd_cuda: r, dy and one of y, x are required");
     const int rows_per_block = NTH / 32;
+    const dim3 grid(dg__blocks(rows, rows_per_block));
+    cudaStream_t s = dg__stream(ctx);
     if (xbf16)
-        l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(
-            rows, K, y, r, dy, (kda_bf16 *)dx);
+        l2norm_bwd_kernel<<<grid, NTH, 0, s>>>(rows, K, y, (const kda_bf16 *)x, r, dy,
+                                               (kda_bf16 *)dx);
     else
-        l2norm_bwd_kernel<<<dg__blocks(rows, rows_per_block), NTH, 0, dg__stream(ctx)>>>(
-            rows, K, y, r, dy, (float *)dx);
+        l2norm_bwd_kernel<<<grid, NTH, 0, s>>>(rows, K, y, (const float *)x, r, dy, (float *)dx);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

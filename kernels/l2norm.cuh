@@ -16,12 +16,13 @@
 extern "C" {
 #endif
 
-/* r: NULL to skip. */
+/* y, r: NULL to skip. */
 dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int D, float eps, int xbf16, const void *x,
                               float *y, float *r);
-/* dx: NULL to skip. */
-dg_status dg__l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int D, const float *y, const float *r,
-                              const float *dy, int xbf16, void *dx);
+/* dx: NULL to skip. y NULL: y = x r formed from x (f32, or bf16 when xbf16) and r, bit for bit
+ * what the forward would have stored; else x is not read (may be NULL). */
+dg_status dg__l2norm_bwd_cuda(dg_ctx *ctx, int64_t rows, int D, const float *y, const void *x,
+                              const float *r, const float *dy, int xbf16, void *dx);
 
 #ifdef __cplusplus
 }

@@ -100,7 +100,7 @@ dg_status dg__l2norm_run_bwd(dg_ctx *ctx, int cuda, dg_dtype dt, int64_t rows, i
     if (cuda) {
 #ifdef DG_HAVE_CUDA
         DG_TRY(l2_cuda_axis(D));
-        return dg__l2norm_bwd_cuda(ctx, rows, (int)D, y, r, dy, xbf16, dx);
+        return dg__l2norm_bwd_cuda(ctx, rows, (int)D, y, NULL, r, dy, xbf16, dx);
 #else
         (void)ctx;
         return dg__no_cuda("l2norm backward");

@@ -1015,6 +1015,197 @@ static void raw_wy_leaf_bf16(dg_ctx *cpu, dg_ctx *gpu, world *w, dg_tensor *uW, 
     dg_tensor_free(&vr);
     dg_tensor_free(&vb_d);
 }
+/* A device bf16 copy of the host tensor t, and (*rounded, the caller's) t rounded to bf16. */
+static dg_tensor *bf16_dev(dg_ctx *cpu, dg_ctx *gpu, const dg_tensor *t, dg_tensor **rounded) {
+    *rounded = NULL;
+    DG_TEST_TRY(
+        dg_tensor_new(cpu, dg_tensor_dtype(t), dg_tensor_ndim(t), dg_tensor_shape(t), rounded));
+    DG_TEST_TRY(dg_tensor_copy_(*rounded, t));
+    round_bf16_(cpu, *rounded);
+    double *x = host64(*rounded);
+    dg_tensor *g = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(gpu, DG_BF16, dg_tensor_ndim(t), dg_tensor_shape(t), x, &g));
+    free(x);
+    return g;
+}
+
+/* Factored q, k (kda_cuda_dims.qk_bf16, rq, rk): the in-op L2 norm's bf16 input rows x and their
+ * reciprocal norms r, instead of the f32 rows y = x r. The intra and WY functions (both
+ * directions) and the norm's backward must give exactly what they give from y -- bit for bit:
+ * they form the same products -- and agree with the f64 references on the normalised rows of
+ * the bf16 x. Run in the f64 worlds (every kernel variant). */
+static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
+    const kda_dims *d = w->d;
+    const int64_t TT = w->TT;
+    const int H = w->H, HV = w->HV, K = w->K, V = w->V, BT = w->BT;
+    const float scale = (float)w->scale;
+    const char *cn = w->r->L.name;
+    char what[96];
+    /* x: the raw rows rounded to bf16; y, r from the device norm; qh, kh: f64 normalised x */
+    dg_tensor *xq_h, *xk_h;
+    dg_tensor *xq_d = bf16_dev(cpu, gpu, w->qraw, &xq_h);
+    dg_tensor *xk_d = bf16_dev(cpu, gpu, w->kraw, &xk_h);
+    dg_tensor *yq_d = poisoned(gpu, w->q), *yk_d = poisoned(gpu, w->k);
+    dg_tensor *rq_d = poisoned(gpu, w->rq), *rk_d = poisoned(gpu, w->rq);
+    dg_check_ok(dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 1, F(xq_d), F(yq_d), F(rq_d)),
+                "l2norm launch (bf16 q)");
+    dg_check_ok(dg__l2norm_fwd_cuda(gpu, TT * H, K, 1e-6f, 1, F(xk_d), F(yk_d), F(rk_d)),
+                "l2norm launch (bf16 k)");
+    dg_tensor *qh = ref(w, cpu, TT, H, K, 0), *kh = ref(w, cpu, TT, H, K, 0);
+    dg_tensor *rqh = ref(w, cpu, TT, H, 0, 0), *rkh = ref(w, cpu, TT, H, 0, 0);
+    dg__l2norm_fwd_f64(TT * H, K, 1e-6, P(xq_h), P(qh), P(rqh));
+    dg__l2norm_fwd_f64(TT * H, K, 1e-6, P(xk_h), P(kh), P(rkh));
+    kda_cuda_dims fd = *w->dd; /* the factored call */
+    fd.qk_bf16 = 1;
+    fd.rq = F(rq_d);
+    fd.rk = F(rk_d);
+
+    /* the norm's backward from x and r (y NULL), dx in bf16 */
+    ct_cell(S_L2, D_BWD, w->var);
+    {
+        dg_tensor *want = ref(w, cpu, TT, H, K, 0), *g1 = NULL, *g2 = NULL;
+        (void)dg__l2norm_run_bwd(NULL, 0, w->dt, TT * H, K, P(qh), P(rqh), P(w->dy), 0, P(want));
+        DG_TEST_TRY(dg_tensor_new(gpu, DG_BF16, dg_tensor_ndim(w->q), dg_tensor_shape(w->q), &g1));
+        DG_TEST_TRY(dg_tensor_new(gpu, DG_BF16, dg_tensor_ndim(w->q), dg_tensor_shape(w->q), &g2));
+        dg_check_ok(
+            dg__l2norm_bwd_cuda(gpu, TT * H, K, NULL, F(xq_d), F(rq_d), F(w->dy_d), 1, F(g1)),
+            "l2norm bwd launch (factored)");
+        dg_check_ok(
+            dg__l2norm_bwd_cuda(gpu, TT * H, K, F(yq_d), NULL, F(rq_d), F(w->dy_d), 1, F(g2)),
+            "l2norm bwd launch (y)");
+        same_bits(cn, "l2norm dx factored == from y", g1, g2);
+        wcmp_tol(w, "kda_l2norm_bwd", "dx (factored, bf16)", g1, want, 0.0, TOL_MID);
+        dg_tensor_free(&want);
+        dg_tensor_free(&g1);
+        dg_tensor_free(&g2);
+    }
+
+    /* intra forward */
+    ct_cell(S_INTRA, D_FWD, w->var);
+    {
+        dg_tensor *wA = ref(w, cpu, TT, HV, BT, 0), *wT = ref(w, cpu, TT, HV, BT, 0);
+        DG_TEST_TRY(
+            REF(w, intra_fwd, d, w->scale, P(qh), P(kh), P(w->beta), P(w->G), P(wA), P(wT)));
+        dg_tensor *o[4] = {poisoned(gpu, wA), poisoned(gpu, wT), poisoned(gpu, wA),
+                           poisoned(gpu, wT)};
+        dg_check_ok(dg__kda_intra_fwd_cuda(gpu, w->dd, scale, F(yq_d), F(yk_d), F(w->beta_d),
+                                           F(w->G_d), F(o[0]), F(o[1])),
+                    "intra launch (y)");
+        dg_check_ok(dg__kda_intra_fwd_cuda(gpu, &fd, scale, F(xq_d), F(xk_d), F(w->beta_d),
+                                           F(w->G_d), F(o[2]), F(o[3])),
+                    "intra launch (factored)");
+        same_bits(cn, "intra Aqk factored == from y", o[0], o[2]);
+        same_bits(cn, "intra Tm factored == from y", o[1], o[3]);
+        wcmp(w, "kda_intra_fwd", "Aqk (factored)", o[2], wA);
+        wcmp(w, "kda_intra_fwd", "Tm (factored)", o[3], wT);
+        free_all(o, 4);
+        dg_tensor_free(&wA);
+        dg_tensor_free(&wT);
+    }
+
+    /* intra backward, both upstream gradients */
+    ct_cell(S_INTRA, D_BWD, w->var);
+    {
+        static const char *nm[4] = {"dq", "dk", "dbeta", "dG"};
+        dg_tensor *want[4] = {ref(w, cpu, TT, H, K, 0), ref(w, cpu, TT, H, K, 0),
+                              ref(w, cpu, TT, HV, 0, 0), ref(w, cpu, TT, HV, K, 0)};
+        DG_TEST_TRY(REF(w, intra_bwd, d, w->scale, P(qh), P(kh), P(w->beta), P(w->G), P(w->TmB),
+                        P(w->dAu), P(w->dTu), P(want[0]), P(want[1]), P(want[2]), P(want[3])));
+        const double floor = raw_floor(w, want[0], want[1]);
+        dg_tensor *o[4], *f[4];
+        for (int i = 0; i < 4; i++) {
+            o[i] = poisoned(gpu, want[i]);
+            f[i] = poisoned(gpu, want[i]);
+        }
+        dg_check_ok(dg__kda_intra_bwd_cuda(gpu, w->dd, scale, F(yq_d), F(yk_d), F(w->beta_d),
+                                           F(w->G_d), F(w->TmB_d), F(w->dAu_d), F(w->dTu_d),
+                                           F(o[0]), F(o[1]), F(o[2]), F(o[3]), 0),
+                    "intra bwd launch (y)");
+        dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &fd, scale, F(xq_d), F(xk_d), F(w->beta_d),
+                                           F(w->G_d), F(w->TmB_d), F(w->dAu_d), F(w->dTu_d),
+                                           F(f[0]), F(f[1]), F(f[2]), F(f[3]), 0),
+                    "intra bwd launch (factored)");
+        for (int i = 0; i < 4; i++) {
+            snprintf(what, sizeof what, "intra %s factored == from y", nm[i]);
+            same_bits(cn, what, o[i], f[i]);
+            snprintf(what, sizeof what, "%s (factored)", nm[i]);
+            wcmp_tol(w, "kda_intra_bwd", what, f[i], want[i], i == 3 ? floor : 0.0, w->tol);
+        }
+        free_all(want, 4);
+        free_all(o, 4);
+        free_all(f, 4);
+    }
+
+    /* WY forward, all four outputs */
+    ct_cell(S_WY, D_FWD, w->var);
+    {
+        static const char *nm[4] = {"W", "U", "KG", "QG"};
+        dg_tensor *want[4] = {ref(w, cpu, TT, HV, K, 0), ref(w, cpu, TT, HV, V, 0),
+                              ref(w, cpu, TT, HV, K, 0), ref(w, cpu, TT, HV, K, 0)};
+        DG_TEST_TRY(REF(w, wy_fwd, d, P(qh), P(kh), P(w->v), P(w->beta), P(w->G), P(w->Tm),
+                        P(want[0]), P(want[1]), P(want[2]), P(want[3])));
+        dg_tensor *o[4], *f[4];
+        for (int i = 0; i < 4; i++) {
+            o[i] = poisoned_mid(gpu, w, want[i]);
+            f[i] = poisoned_mid(gpu, w, want[i]);
+        }
+        dg_check_ok(dg__kda_wy_fwd_cuda(gpu, w->dd, F(yq_d), F(yk_d), F(w->v_d), F(w->beta_d),
+                                        F(w->G_d), F(w->TmF_d), F(o[0]), F(o[1]), F(o[2]), F(o[3])),
+                    "wy launch (y)");
+        dg_check_ok(dg__kda_wy_fwd_cuda(gpu, &fd, F(xq_d), F(xk_d), F(w->v_d), F(w->beta_d),
+                                        F(w->G_d), F(w->TmF_d), F(f[0]), F(f[1]), F(f[2]), F(f[3])),
+                    "wy launch (factored)");
+        for (int i = 0; i < 4; i++) {
+            snprintf(what, sizeof what, "wy %s factored == from y", nm[i]);
+            same_bits(cn, what, o[i], f[i]);
+            snprintf(what, sizeof what, "%s (factored)", nm[i]);
+            wcmp_mid(w, "kda_wy_fwd", what, f[i], want[i]);
+        }
+        free_all(want, 4);
+        free_all(o, 4);
+        free_all(f, 4);
+    }
+
+    /* WY backward, all four upstream gradients */
+    ct_cell(S_WY, D_BWD, w->var);
+    {
+        static const char *nm[6] = {"dq", "dk", "dv", "dbeta", "dG", "dTm"};
+        dg_tensor *want[6] = {ref(w, cpu, TT, H, K, 0),  ref(w, cpu, TT, H, K, 0),
+                              ref(w, cpu, TT, HV, V, 0), ref(w, cpu, TT, HV, 0, 0),
+                              ref(w, cpu, TT, HV, K, 0), ref(w, cpu, TT, HV, BT, 0)};
+        DG_TEST_TRY(REF(w, wy_bwd, d, P(qh), P(kh), P(w->v), P(w->beta), P(w->G), P(w->TmB),
+                        P(w->dWu), P(w->dUu), P(w->dKGu), P(w->dQGu), P(want[0]), P(want[1]),
+                        P(want[2]), P(want[3]), P(want[4]), P(want[5])));
+        const double floor = raw_floor(w, want[0], want[1]);
+        dg_tensor *o[6], *f[6];
+        for (int i = 0; i < 6; i++) {
+            o[i] = poisoned(gpu, want[i]);
+            f[i] = poisoned(gpu, want[i]);
+        }
+        dg_check_ok(dg__kda_wy_bwd_cuda(gpu, w->dd, F(yq_d), F(yk_d), F(w->v_d), F(w->beta_d),
+                                        F(w->G_d), F(w->TmB_d), F(w->dWu_d), F(w->dUu_d),
+                                        F(w->dKGu_d), F(w->dQGu_d), F(o[0]), F(o[1]), F(o[2]),
+                                        F(o[3]), F(o[4]), F(o[5]), 0),
+                    "wy bwd launch (y)");
+        dg_check_ok(dg__kda_wy_bwd_cuda(gpu, &fd, F(xq_d), F(xk_d), F(w->v_d), F(w->beta_d),
+                                        F(w->G_d), F(w->TmB_d), F(w->dWu_d), F(w->dUu_d),
+                                        F(w->dKGu_d), F(w->dQGu_d), F(f[0]), F(f[1]), F(f[2]),
+                                        F(f[3]), F(f[4]), F(f[5]), 0),
+                    "wy bwd launch (factored)");
+        for (int i = 0; i < 6; i++) {
+            snprintf(what, sizeof what, "wy %s factored == from y", nm[i]);
+            same_bits(cn, what, o[i], f[i]);
+            snprintf(what, sizeof what, "%s (factored)", nm[i]);
+            wcmp_tol(w, "kda_wy_bwd", what, f[i], want[i], i == 4 ? floor : 0.0, w->tol);
+        }
+        free_all(want, 6);
+        free_all(o, 6);
+        free_all(f, 6);
+    }
+    dg_tensor *all[12] = {xq_d, xk_d, yq_d, yk_d, rq_d, rk_d, xq_h, xk_h, qh, kh, rqh, rkh};
+    free_all(all, 12);
+}
+
 /* acc of the wy backward: dq, dk, dG added to start values (o: the six outputs, want: the
  * references with all four upstream gradients). */
 static void raw_wy_acc(dg_ctx *gpu, world *w, dg_tensor *const *o, dg_tensor *const *want,
@@ -1063,7 +1254,7 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
         (void)dg__l2norm_run_bwd(NULL, 0, w->dt, TT * H, K, P(w->q), P(w->rq), P(w->dy), 0,
                                  P(want));
         dg_check_ok(
-            dg__l2norm_bwd_cuda(gpu, TT * H, K, F(w->q_d), F(w->rq_d), F(w->dy_d), 0, F(got)),
+            dg__l2norm_bwd_cuda(gpu, TT * H, K, F(w->q_d), NULL, F(w->rq_d), F(w->dy_d), 0, F(got)),
             "l2norm bwd launch");
         wcmp(w, "kda_l2norm_bwd", "dx", got, want);
         dg_tensor_free(&want);
@@ -1222,6 +1413,10 @@ static void raw_bwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s, int bwd, int acc)
                 raw_wy_acc(gpu, w, o, want, floor);
             if (bwd && var == 0 && f64 && !w->mid)
                 raw_wy_leaf_bf16(cpu, gpu, w, uW, uU, uKG, uQG);
+            if (bwd && var == 0 && f64) {
+                raw_qk_factored(cpu, gpu, w);
+                ct_cell(S_WY, D_BWD, w->var);
+            }
             free_all(want, 6);
             free_all(o, 6);
         }
@@ -2068,9 +2263,9 @@ static dg_status time_bwd(dg_ctx *gpu, tbufs *z, int s) {
     const kda_cuda_dims *d = z->dd;
     switch (s) {
     case B_L2:
-        DG_TRY(dg__l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), F(z->r), F(z->dqh), 0,
+        DG_TRY(dg__l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->q), NULL, F(z->r), F(z->dqh), 0,
                                    F(z->dkh)));
-        return dg__l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), F(z->r), F(z->dqh), 0,
+        return dg__l2norm_bwd_cuda(gpu, d->TT * d->H, d->K, F(z->k), NULL, F(z->r), F(z->dqh), 0,
                                    F(z->dkh));
     case B_BETA:
         return dg__kda_beta_bwd_cuda(gpu, d->TT * d->HV, 1.0f, 0, F(z->b), F(z->uHV), F(z->dHV1));

@@ -109,6 +109,36 @@ __device__ __forceinline__ void kda_st4(kda_bf16 *p, float4 x) {
     *reinterpret_cast<uint2 *>(p) = u;
 }
 
+/* q or k as the intra and WY kernels read it (kda_cuda_dims.qk_bf16, rq, rk): f32 or bf16 rows
+ * [TT,H,K], each multiplied by r[row] (row = token * H + head) when r is given. at / at4 return
+ * element i (4 consecutive elements: 16-byte aligned for f32, 8-byte for bf16) of row `row`. */
+struct QkIn {
+    const void *p;
+    const float *r;
+    bool bf16;
+    __device__ __forceinline__ float at(int64_t i, int64_t row) const {
+        const float x = bf16 ? kda_ld(static_cast<const kda_bf16 *>(p) + i)
+                             : kda_ld(static_cast<const float *>(p) + i);
+        return r ? x * r[row] : x;
+    }
+    __device__ __forceinline__ float4 at4(int64_t i, int64_t row) const {
+        float4 x = bf16 ? kda_ld4(static_cast<const kda_bf16 *>(p) + i)
+                        : kda_ld4(static_cast<const float *>(p) + i);
+        if (r) {
+            const float s = r[row];
+            x = make_float4(x.x * s, x.y * s, x.z * s, x.w * s);
+        }
+        return x;
+    }
+};
+static inline QkIn qk_in(const void *p, const float *r, int bf16) {
+    QkIn q;
+    q.p = p;
+    q.r = r;
+    q.bf16 = bf16 != 0;
+    return q;
+}
+
 /* Run the statements with the type M_ bound to the storage of the mid tensors (d->mid: bf16,
  * else f32). */
 #define KDA_DISPATCH_MID(mid, ...)                                                                 \
@@ -294,6 +324,13 @@ dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, 
  * in[0, n) to f32 in scr (allocated here) and points *out at it. */
 dg_status kda_widen(dg_ctx *ctx, const kda_bf16 *in, int64_t n, kdab::Scratch &scr,
                     const float **out);
+/* q and k of d (kda_cuda_dims.qk_bf16, rq, rk) for a kernel that reads plain f32 rows: with
+ * neither flag set *qf, *kf are q, k themselves; else the normalised rows are formed into f32
+ * scratch (qs, ks, allocated here), the same products the kernels form in registers. */
+dg_status kda_qk_widen(dg_ctx *ctx, const kda_cuda_dims *d, const void *q, const void *k,
+                       kdab::Scratch &qs, kdab::Scratch &ks, const float **qf, const float **kf);
+/* Whether d asks for q, k to be read other than as plain f32 rows. */
+static inline bool kda_qk_special(const kda_cuda_dims *d) { return d->qk_bf16 || d->rq || d->rk; }
 /* The other direction, for a bf16 leaf a kernel writes in f32 only: out[0, n) = in rounded to
  * the nearest bf16. */
 dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);

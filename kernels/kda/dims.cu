@@ -118,3 +118,7 @@ extern "C" void dg__kda_cuda_dims_free(dg_ctx *ctx, kda_cuda_dims *d) {
 extern "C" int dg__kda_mid_fits(const kda_cuda_dims *d) {
     return d && d->tc == 1 && d->K % 16 == 0 && d->K <= 256 && d->V % 16 == 0;
 }
+
+extern "C" int dg__kda_qk_fits(const kda_cuda_dims *d, const void *q, const void *k) {
+    return d && d->tc == 1 && d->K % 16 == 0 && aligned16(q) && aligned16(k);
+}

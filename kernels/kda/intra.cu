@@ -286,11 +286,12 @@ template <int BT> struct IntraFwd {
                                                        : (RED > FIN ? RED : FIN);
 };
 
-template <int BT, int P>
+template <int BT, int P, bool QB>
 __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
     intra_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
                          const int32_t *__restrict__ chunk_len, int H, int HV, int K, bool vec,
-                         float scale, const float *__restrict__ q, const float *__restrict__ k,
+                         float scale, const void *__restrict__ qv, const void *__restrict__ kv,
+                         const float *__restrict__ rq, const float *__restrict__ rk,
                          const float *__restrict__ beta, const float *__restrict__ G,
                          float *__restrict__ Aqk, float *__restrict__ Tm) {
     using F = IntraFwd<BT>;
@@ -317,8 +318,47 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
         for (int x = 0; x < 4; x++)
             accA[n][x] = accP[n][x] = 0.f;
 
+    const float *q = static_cast<const float *>(qv), *k = static_cast<const float *>(kv);
     const float *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
     const float *gg = G + (t0 * HV + hv) * K;
+    /* QB (q, k bf16, vec): their tiles come through registers, 8 values per 16-byte piece,
+     * fetched before the previous tile's key steps and stored (widened, times the row scale)
+     * after them; G keeps cp.async */
+    constexpr int PB = BT * KT / 8, MB = (PB + NTHR - 1) / NTHR;
+    const kda_bf16 *qb = static_cast<const kda_bf16 *>(qv) + (t0 * H + hq) * K;
+    const kda_bf16 *kb = static_cast<const kda_bf16 *>(kv) + (t0 * H + hq) * K;
+    uint4 xq[MB], xk[MB];
+    float sq[MB], sk[MB];
+    auto fetch = [&](int kt) {
+        const int k0 = kt * KT;
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            const int idx = tid + m * NTHR, r = idx / (KT / 8), c = 8 * (idx % (KT / 8));
+            const bool ok = idx < PB && r < L && k0 + c < K;
+            xq[m] = xk[m] = make_uint4(0u, 0u, 0u, 0u);
+            sq[m] = sk[m] = 1.f;
+            if (ok) {
+                const int64_t o = (int64_t)r * H * K + k0 + c;
+                xq[m] = __ldg(reinterpret_cast<const uint4 *>(qb + o));
+                xk[m] = __ldg(reinterpret_cast<const uint4 *>(kb + o));
+                if (rq)
+                    sq[m] = rq[(t0 + r) * H + hq];
+                if (rk)
+                    sk[m] = rk[(t0 + r) * H + hq];
+            }
+        }
+    };
+    auto put = [&](int b) {
+        float *qs = sm + b * F::STAGE, *ks = qs + BT * LD;
+#pragma unroll
+        for (int m = 0; m < MB; m++) {
+            const int idx = tid + m * NTHR, r = idx / (KT / 8), c = 8 * (idx % (KT / 8));
+            if (idx < PB) {
+                kdamma::bf16x8_store(qs + r * LD + c, xq[m], sq[m]);
+                kdamma::bf16x8_store(ks + r * LD + c, xk[m], sk[m]);
+            }
+        }
+    };
     /* the 16-byte pieces this thread stages from each key tile: row pr[m], column pc[m] of the
      * tile (the same for every tile, so the offsets are formed once) */
     constexpr int PIECES = BT * KT / 4, M = (PIECES + NTHR - 1) / NTHR;
@@ -341,8 +381,10 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
                 const int so = pr[m] * LD + pc[m];
                 const int64_t oq = ok ? (int64_t)pr[m] * H * K + k0 + pc[m] : 0;
                 const int64_t og = ok ? (int64_t)pr[m] * HV * K + k0 + pc[m] : 0;
-                kdamma::cp_async16(qs + so, qg + oq, ok);
-                kdamma::cp_async16(ks + so, kg + oq, ok);
+                if (!QB) {
+                    kdamma::cp_async16(qs + so, qg + oq, ok);
+                    kdamma::cp_async16(ks + so, kg + oq, ok);
+                }
                 kdamma::cp_async16(gs + so, gg + og, ok);
             }
         } else {
@@ -453,12 +495,19 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
     };
 
     const int nkt = (K + KT - 1) / KT;
+    if (QB) {
+        fetch(0);
+        put(0);
+    }
     load(0, 0);
     kdamma::cp_async_commit();
     for (int kt = 0; kt < nkt; kt++) {
         const int b = kt & 1;
-        if (kt + 1 < nkt)
+        if (kt + 1 < nkt) {
+            if (QB)
+                fetch(kt + 1);
             load(kt + 1, b ^ 1);
+        }
         kdamma::cp_async_commit();
         kdamma::cp_async_wait<1>();
         __syncthreads();
@@ -470,6 +519,8 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
             for (int s = s0; s < KT / 8 && kt * KT + 8 * s < K; s += S)
                 step(qs, ks, gs, 8 * s);
         }
+        if (QB && kt + 1 < nkt)
+            put(b ^ 1);  /* stage b ^ 1 was last read before the previous barrier */
         __syncthreads(); /* stage b is refilled next */
     }
 
@@ -723,11 +774,12 @@ template <int BT> struct IntraMma {
     static constexpr size_t smem_floats = 3 * BT * MMA_LDK + 2 * BT * LDA + 3 * BT;
 };
 
-template <int BT>
+template <int BT, bool QB>
 __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
-    intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const float *q, const float *k,
-                          const float *beta, const float *G, const float *dAqk, const float *dL,
-                          float *dqv, float *dkv, float *dG, float *dbp, unsigned acc) {
+    intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const void *qv, const void *kv,
+                          const float *rq, const float *rk, const float *beta, const float *G,
+                          const float *dAqk, const float *dL, float *dqv, float *dkv, float *dG,
+                          float *dbp, unsigned acc) {
     using kdamma::mma_3xtf32;
     using kdamma::tf32_split;
     constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
@@ -742,10 +794,19 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
     const int H = d.H, HV = d.HV, K = d.K, e0 = kt * MMA_C;
     const int64_t t0 = d.chunk_t0[c];
     const int L = d.chunk_len[c];
+    const float *q = static_cast<const float *>(qv), *k = static_cast<const float *>(kv);
     if (vec) { /* 16-byte pieces in flight all at once; rows >= L and columns >= K zero */
         using kdamma::tile_async;
-        tile_async<BT, MMA_C, LDK, NT>(sq, q + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
-        tile_async<BT, MMA_C, LDK, NT>(sk, k + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
+        if (QB) { /* bf16 q, k (vec holds): widened, times the row scales */
+            const int64_t o = t0 * H + hq;
+            kdamma::tile_in<BT, MMA_C, LDK, NT>(sq, static_cast<const kda_bf16 *>(qv) + o * K,
+                                                (int64_t)H * K, L, e0, K, rq ? rq + o : nullptr, H);
+            kdamma::tile_in<BT, MMA_C, LDK, NT>(sk, static_cast<const kda_bf16 *>(kv) + o * K,
+                                                (int64_t)H * K, L, e0, K, rk ? rk + o : nullptr, H);
+        } else {
+            tile_async<BT, MMA_C, LDK, NT>(sq, q + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
+            tile_async<BT, MMA_C, LDK, NT>(sk, k + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
+        }
         tile_async<BT, MMA_C, LDK, NT>(sG, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, e0, K);
         if (dAqk)
             tile_async<BT, BT, LDA, NT>(sdA, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
@@ -1112,35 +1173,54 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
 
 // ---- launchers
 
-/* The tensor-core forward (d->tc != 0), called by dg__kda_intra_fwd_cuda after its checks. */
-static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                               const float *k, const float *beta, const float *G, float *Aqk,
-                               float *Tm) {
+/* The tensor-core forward (d->tc != 0), called by dg__kda_intra_fwd_cuda after its checks. q, k
+ * are f32, or bf16 (qb: d->qk_bf16 with vec, the only case the launcher passes) with the row
+ * scales of d. */
+static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *q,
+                               const void *k, bool qb, const float *beta, const float *G,
+                               float *Aqk, float *Tm) {
     if (d->NC == 0)
         return DG_OK;
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     /* vec: cp.async tile loads, paired Aqk and 16-byte Tm stores */
     const bool vec = d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
                      aligned16(Aqk) && aligned16(Tm);
-    KDA_DISPATCH_BT(
-        d->BT, KDA_DISPATCH_P(d->tc, {
-            const size_t smem = sizeof(float) * IntraFwd<BT_>::smem_floats;
-            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_>, smem));
-            intra_fwd_mma_kernel<BT_, P_><<<grid, IntraFwd<BT_>::NTHR, smem, dg__stream(ctx)>>>(
-                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k, beta, G, Aqk, Tm);
-            DG_CHECK_LAUNCH();
-        }));
+    KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
+                        const size_t smem = sizeof(float) * IntraFwd<BT_>::smem_floats;
+                        if (qb) {
+                            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_, true>, smem));
+                            intra_fwd_mma_kernel<BT_, P_, true>
+                                <<<grid, IntraFwd<BT_>::NTHR, smem, dg__stream(ctx)>>>(
+                                    d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k,
+                                    d->rq, d->rk, beta, G, Aqk, Tm);
+                        } else {
+                            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_, false>, smem));
+                            intra_fwd_mma_kernel<BT_, P_, false>
+                                <<<grid, IntraFwd<BT_>::NTHR, smem, dg__stream(ctx)>>>(
+                                    d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k,
+                                    nullptr, nullptr, beta, G, Aqk, Tm);
+                        }
+                        DG_CHECK_LAUNCH();
+                    }));
     return DG_OK;
 }
 
 extern "C" dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                            const float *q, const float *k, const float *beta,
+                                            const void *qv, const void *kv, const float *beta,
                                             const float *G, float *Aqk, float *Tm) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
-    if (!q || !k || !beta || !G || !Aqk || !Tm)
+    if (!qv || !kv || !beta || !G || !Aqk || !Tm)
         return dg__err(DG_ERR_ARG, "%s: q, k, beta, G, Aqk and Tm are required", __func__);
+    /* bf16 q, k (with or without row scales) as stored where the tensor-core kernel's vector
+     * path runs; anything else through f32 rows */
+    if (d->tc && d->qk_bf16 && dg__kda_qk_fits(d, qv, kv) && aligned16(G) && aligned16(Aqk) &&
+        aligned16(Tm))
+        return intra_fwd_mma(ctx, d, scale, qv, kv, true, beta, G, Aqk, Tm);
+    Scratch qs(ctx), ks(ctx);
+    const float *q, *k;
+    DG_TRY(kda_qk_widen(ctx, d, qv, kv, qs, ks, &q, &k));
     if (d->tc)
-        return intra_fwd_mma(ctx, d, scale, q, k, beta, G, Aqk, Tm);
+        return intra_fwd_mma(ctx, d, scale, q, k, false, beta, G, Aqk, Tm);
     dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     KDA_DISPATCH_BT(d->BT, {
         kda_intra_fwd_kernel<BT_><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
@@ -1150,11 +1230,13 @@ extern "C" dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
     return DG_OK;
 }
 
+/* q, k: f32 rows, or (qb) bf16 with dd's row scales, taken only on the mma kernel's vector
+ * path (the caller checks). */
 template <int BT>
-static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const float *q,
-                              const float *k, const float *beta, const float *G, const float *Tm,
-                              const float *dAqk, const float *dTm, float *dq, float *dk,
-                              float *dbeta, float *dG, unsigned acc) {
+static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const void *q,
+                              const void *k, bool qb, const float *beta, const float *G,
+                              const float *Tm, const float *dAqk, const float *dTm, float *dq,
+                              float *dk, float *dbeta, float *dG, unsigned acc) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     /* tc != 0: the mma.sync kernel on 64-column key tiles; tc == 0 the FFMA kernel on 32 */
@@ -1196,18 +1278,27 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
     }
     if (mma) {
         const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
-        DG_TRY(smem_opt_in(intra_main_mma_kernel<BT>, smem));
         const dim3 grid((unsigned)(d.NC * nkt), d.HV);
         const bool vec = d.K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
                          aligned16(dAqk) && aligned16(dL);
-        intra_main_mma_kernel<BT><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
-            d, nkt, vec, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
+        if (qb) {
+            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, true>, smem));
+            intra_main_mma_kernel<BT, true>
+                <<<grid, IntraMma<BT>::NTHR, smem, s>>>(d, nkt, true, scale, q, k, dd->rq, dd->rk,
+                                                        beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
+        } else {
+            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, false>, smem));
+            intra_main_mma_kernel<BT, false>
+                <<<grid, IntraMma<BT>::NTHR, smem, s>>>(d, nkt, vec, scale, q, k, nullptr, nullptr,
+                                                        beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
+        }
     } else {
         const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
         const dim3 grid((unsigned)d.NC, d.HV, nkt);
         DG_TRY(smem_opt_in(intra_main_kernel<BT>, smem));
-        intra_main_kernel<BT>
-            <<<grid, NTH, smem, s>>>(d, scale, q, k, beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
+        intra_main_kernel<BT><<<grid, NTH, smem, s>>>(d, scale, static_cast<const float *>(q),
+                                                      static_cast<const float *>(k), beta, G, dAqk,
+                                                      dL, dqv, dkv, dG, dbp, kacc);
     }
     DG_CHECK_LAUNCH();
     if (per_hv && dq)
@@ -1220,22 +1311,34 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
 }
 
 extern "C" dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                            const float *q, const float *k, const float *beta,
+                                            const void *qv, const void *kv, const float *beta,
                                             const float *G, const float *Tm, const float *dAqk,
                                             const float *dTm, float *dq, float *dk, float *dbeta,
                                             float *dG, unsigned acc) {
     DG_TRY(check_dims("dg__kda_intra_bwd_cuda", d));
     if (d->NC == 0)
         return DG_OK;
+    /* bf16 q, k as stored on the mma kernel's vector path (the dL scratch is aligned); anything
+     * else through f32 rows */
+    const bool qb =
+        d->tc && d->qk_bf16 && dg__kda_qk_fits(d, qv, kv) && aligned16(G) && aligned16(dAqk);
+    Scratch qs(ctx), ks(ctx);
+    const void *q = qv, *k = kv;
+    if (!qb) {
+        const float *qf, *kf;
+        DG_TRY(kda_qk_widen(ctx, d, qv, kv, qs, ks, &qf, &kf));
+        q = qf;
+        k = kf;
+    }
     switch (d->BT) {
     case 16:
-        return intra_bwd_bt<16>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
+        return intra_bwd_bt<16>(ctx, d, scale, q, k, qb, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
                                 acc);
     case 32:
-        return intra_bwd_bt<32>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
+        return intra_bwd_bt<32>(ctx, d, scale, q, k, qb, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
                                 acc);
     default:
-        return intra_bwd_bt<64>(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
+        return intra_bwd_bt<64>(ctx, d, scale, q, k, qb, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
                                 acc);
     }
 }

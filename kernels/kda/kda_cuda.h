@@ -82,8 +82,18 @@ typedef struct kda_cuda_dims {
     const int32_t *chunk_seq; /* device [NC]: the sequence each chunk belongs to */
     int tc;                   /* 0: f32 FFMA; 1: TF32 tensor cores; 2: 3xTF32 (see above) */
     int mid;                  /* storage of W, U, KG, QG, h, E: 0 f32, 1 bf16 (see above) */
-    int leaf_bf16;    /* the op's own arrays v and dv (wy), o (output forward) and dO (output
-                         backward) are bf16, read / written as stored: 1; f32: 0 */
+    int leaf_bf16; /* the op's own arrays v and dv (wy), o (output forward) and dO (output
+                      backward) are bf16, read / written as stored: 1; f32: 0 */
+    /* How the intra and WY functions read q and k (set per call, like leaf_bf16; 0 / NULL
+     * from dg__kda_cuda_dims_new): qk_bf16 = 1: q and k are bf16, read as stored; rq, rk
+     * [TT,H] (each optional): every row of q (k) is multiplied by its entry as it is read.
+     * The in-op L2 norm hands over its raw input x with r = 1 / ||x||, so the normalised rows
+     * q = x r are formed in registers, bit for bit the product the norm's own y = x r holds,
+     * and never stored (see "factored q, k" in ops/kda/kda.h). Either needs the mma.sync path
+     * of both stages (tc == 1, K % 16 == 0, 16-byte aligned q, k: dg__kda_qk_fits); the
+     * launchers refuse it elsewhere. The gradients dq, dk stay those of the normalised rows. */
+    int qk_bf16;
+    const float *rq, *rk;
     void *buf;        /* device allocation holding the tables */
     size_t buf_bytes; /* > 0: buf is owned by these dims; 0: by the context (tables) */
 } kda_cuda_dims;
@@ -91,6 +101,9 @@ typedef struct kda_cuda_dims {
 /* ---- the chunk tables (dims.cu) ---- */
 /* Whether the bf16 storage of the intermediates (mid = 1) applies to d's sizes and mode. */
 int dg__kda_mid_fits(const kda_cuda_dims *d);
+/* Whether q, k may be read as bf16 and / or through row scales (qk_bf16, rq, rk above): tc == 1,
+ * K % 16 == 0 and 16-byte aligned q and k. */
+int dg__kda_qk_fits(const kda_cuda_dims *d, const void *q, const void *k);
 /* Upload the tables: cu_host, chunk_off_host are host arrays [N+1] as in kda_dims. out->tc = 0
  * (the caller may set it afterwards). */
 dg_status dg__kda_cuda_dims_new(dg_ctx *ctx, int64_t TT, int H, int HV, int K, int V, int BT, int N,
@@ -126,20 +139,21 @@ dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kin
 enum { KDA_ACC_DQ = 1, KDA_ACC_DK = 2, KDA_ACC_DG = 4 };
 
 /* ---- N4 intra (intra.cu) ---- */
-dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                                 const float *k, const float *beta, const float *G, float *Aqk,
+/* q, k: f32, or as d->qk_bf16, rq, rk say (intra and WY alike) */
+dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *q,
+                                 const void *k, const float *beta, const float *G, float *Aqk,
                                  float *Tm);
-dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *q,
-                                 const float *k, const float *beta, const float *G, const float *Tm,
+dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *q,
+                                 const void *k, const float *beta, const float *G, const float *Tm,
                                  const float *dAqk, const float *dTm, float *dq, float *dk,
                                  float *dbeta, float *dG, unsigned acc);
 
 /* ---- N5 wy (wy.cu): v (forward, backward) and dv (backward) are bf16 when d->leaf_bf16 is
  * set, else f32 ---- */
-dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *q, const void *k,
                               const void *v, const float *beta, const float *G, const float *Tm,
                               void *W, void *U, void *KG, void *QG);
-dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q, const float *k,
+dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *q, const void *k,
                               const void *v, const float *beta, const float *G, const float *Tm,
                               const float *dW, const float *dU, const float *dKG, const float *dQG,
                               float *dq, float *dk, void *dv, float *dbeta, float *dG, float *dTm,

@@ -157,28 +157,38 @@ __device__ __forceinline__ void tile_async(T *dst, const T *__restrict__ src, in
 /* tile_async's tile into f32 shared memory from f32 (cp.async, as tile_async) or from bf16 (the
  * op's own bf16 leaves: 16-byte loads of 8 values widened to f32 as they are stored; plain loads,
  * so the tile is complete when the caller's next __syncthreads has passed). bf16 needs src, rs
- * and c0 to keep every 8-value piece 16-byte aligned and cols % 8 == 0. */
+ * and c0 to keep every 8-value piece 16-byte aligned and cols % 8 == 0; there, a row scale rsc
+ * (optional) multiplies row r by rsc[r * rss] as it is stored (q, k under kda_cuda_dims.rq, rk). */
 template <int R, int C, int LD, int NT>
 __device__ __forceinline__ void tile_in(float *dst, const float *__restrict__ src, int64_t rs,
                                         int rows_ok, int c0, int cols) {
     tile_async<R, C, LD, NT>(dst, src, rs, rows_ok, c0, cols);
 }
+/* 8 bf16 values (one 16-byte load) widened and multiplied by s into two float4s at d */
+__device__ __forceinline__ void bf16x8_store(float *d, uint4 u, float s) {
+    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
+    const float2 f0 = __bfloat1622float2(p[0]), f1 = __bfloat1622float2(p[1]);
+    const float2 f2 = __bfloat1622float2(p[2]), f3 = __bfloat1622float2(p[3]);
+    float4 *d4 = reinterpret_cast<float4 *>(d);
+    d4[0] = make_float4(f0.x * s, f0.y * s, f1.x * s, f1.y * s);
+    d4[1] = make_float4(f2.x * s, f2.y * s, f3.x * s, f3.y * s);
+}
 template <int R, int C, int LD, int NT>
 __device__ __forceinline__ void tile_in(float *dst, const kda_bf16 *__restrict__ src, int64_t rs,
-                                        int rows_ok, int c0, int cols) {
+                                        int rows_ok, int c0, int cols,
+                                        const float *__restrict__ rsc = nullptr, int64_t rss = 0) {
     static_assert(C % 8 == 0 && LD % 4 == 0, "16-byte pieces");
     constexpr int Q = C / 8;
     for (int idx = threadIdx.x; idx < R * Q; idx += NT) {
         const int r = idx / Q, c = 8 * (idx % Q);
         uint4 u = make_uint4(0u, 0u, 0u, 0u);
-        if (r < rows_ok && c0 + c < cols)
+        float s = 1.f;
+        if (r < rows_ok && c0 + c < cols) {
             u = __ldg(reinterpret_cast<const uint4 *>(src + r * rs + c0 + c));
-        const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
-        const float2 f0 = __bfloat1622float2(p[0]), f1 = __bfloat1622float2(p[1]);
-        const float2 f2 = __bfloat1622float2(p[2]), f3 = __bfloat1622float2(p[3]);
-        float4 *d = reinterpret_cast<float4 *>(dst + r * LD + c);
-        d[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
-        d[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
+            if (rsc)
+                s = rsc[r * rss];
+        }
+        bf16x8_store(dst + r * LD + c, u, s);
     }
 }
 

@@ -155,11 +155,12 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * X in place and multiplied. Dynamic shared memory: Tm [BT][BT + 4], X and G [BT][72] floats
  * (54 KB at BT = 64). The outputs are stored as M (f32 or bf16, kda_cuda_dims.mid). Needs K,
  * V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
-template <int BT, class M, class TV>
+template <int BT, class M, class TV, class TQ>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int H, int HV, int K, int V, const float *__restrict__ q,
-                      const float *__restrict__ k, const TV *__restrict__ v,
+                      int H, int HV, int K, int V, const TQ *__restrict__ q,
+                      const TQ *__restrict__ k, const float *__restrict__ rq,
+                      const float *__restrict__ rk, const TV *__restrict__ v,
                       const float *__restrict__ beta, const float *__restrict__ G,
                       const float *__restrict__ Tm, M *__restrict__ W, M *__restrict__ U,
                       M *__restrict__ KG, M *__restrict__ QG) {
@@ -181,7 +182,11 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         return; /* nothing asked of this tile (its inputs may be NULL then) */
     tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
     if (wt) {
-        tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+        if constexpr (sizeof(TQ) == 2) /* bf16 k: widened, times its row scales */
+            tile_in<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K,
+                                       rk ? rk + t0 * H + hq : nullptr, H);
+        else
+            tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
         tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
     } else {
         tile_in<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
@@ -211,9 +216,15 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         for (int u = 0; u < RU; u++) {
             const int j = jb + RS * u;
             bv[u] = j < L ? beta[(t0 + j) * HV + hv] : 0.f;
-            qv[u] = (wt && QG && j < L)
-                        ? *reinterpret_cast<const float4 *>(q + ((t0 + j) * H + hq) * K + c0 + e4)
-                        : zero4;
+            if (wt && QG && j < L) {
+                qv[u] = kda_ld4(q + ((t0 + j) * H + hq) * K + c0 + e4);
+                if (rq) {
+                    const float sc = rq[(t0 + j) * H + hq];
+                    qv[u] = make_float4(qv[u].x * sc, qv[u].y * sc, qv[u].z * sc, qv[u].w * sc);
+                }
+            } else {
+                qv[u] = zero4;
+            }
         }
 #pragma unroll
         for (int u = 0; u < RU; u++) {
@@ -260,7 +271,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
 
 /* The arrays of the WY backward's per-column work (wy_cols_kernel, wy_cols_mma_kernel). */
 struct WyCols {
-    const float *q, *k, *v, *beta, *G, *dKG, *dQG;
+    QkIn q, k; /* f32 or bf16 rows, optionally scaled (kda_cuda_dims.qk_bf16, rq, rk) */
+    const float *v, *beta, *G, *dKG, *dQG;
     const kda_bf16 *vb; /* v in bf16 (v NULL then): the op's own leaf, read as stored */
     float *dqv, *dkv, *dv, *dG;
     kda_bf16 *dvb; /* dv in bf16 (dv NULL then): the leaf's gradient, written as stored */
@@ -280,7 +292,8 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
     const float bj = o.beta[t * o.HV + hv];
     if (kcol) {
         const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
-        const float Gj = o.G[ig], kj = o.k[iq], qj = o.q[iq];
+        const int64_t row = t * o.H + hq;
+        const float Gj = o.G[ig], kj = o.k.at(iq, row), qj = o.q.at(iq, row);
         /* what the accumulated outputs hold, read with the other loads (after the first store
          * they would wait for it: the arrays may alias as far as the compiler knows) */
         const float q0 = o.dqv && (o.acc & KDA_ACC_DQ) ? o.dqv[ig] : 0.f;
@@ -316,10 +329,10 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
 
 template <int BT>
 __global__ void __launch_bounds__(NTH)
-    wy_cols_kernel(Dims d, const float *q, const float *k, const float *v, const float *beta,
-                   const float *G, const float *Tm, const float *dW, const float *dU,
-                   const float *dKG, const float *dQG, float *dqv, float *dkv, float *dv, float *dG,
-                   float *dbp, unsigned acc) {
+    wy_cols_kernel(Dims d, QkIn q, QkIn k, const float *v, const float *beta, const float *G,
+                   const float *Tm, const float *dW, const float *dU, const float *dKG,
+                   const float *dQG, float *dqv, float *dkv, float *dv, float *dG, float *dbp,
+                   unsigned acc) {
     __shared__ float sTm[BT][BT];
     __shared__ float sX[BT][CT];
     __shared__ float red[NW][CT];
@@ -387,14 +400,14 @@ __global__ void __launch_bounds__(NTH)
  * (1,8192,96,128) on an H100.) */
 template <int BT>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
-    wy_cols_mma_kernel(Dims d, const float *__restrict__ q, const float *__restrict__ k,
-                       const float *__restrict__ v, const kda_bf16 *__restrict__ vb,
-                       const float *__restrict__ beta, const float *__restrict__ G,
-                       const float *__restrict__ Tm, const float *__restrict__ dW,
-                       const float *__restrict__ dU, const float *__restrict__ dKG,
-                       const float *__restrict__ dQG, float *__restrict__ dqv,
-                       float *__restrict__ dkv, float *__restrict__ dv, kda_bf16 *__restrict__ dvb,
-                       float *__restrict__ dG, float *__restrict__ dbp, unsigned acc) {
+    wy_cols_mma_kernel(Dims d, QkIn q, QkIn k, const float *__restrict__ v,
+                       const kda_bf16 *__restrict__ vb, const float *__restrict__ beta,
+                       const float *__restrict__ G, const float *__restrict__ Tm,
+                       const float *__restrict__ dW, const float *__restrict__ dU,
+                       const float *__restrict__ dKG, const float *__restrict__ dQG,
+                       float *__restrict__ dqv, float *__restrict__ dkv, float *__restrict__ dv,
+                       kda_bf16 *__restrict__ dvb, float *__restrict__ dG, float *__restrict__ dbp,
+                       unsigned acc) {
     using namespace kdamma;
     static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
     constexpr int LDT = BT + 8, LDX = AB_LDB, RG = NW / 2; /* row groups */
@@ -510,12 +523,12 @@ __global__ void __launch_bounds__(NTH)
  * V: the dW / dU tile (rows i) and the k (with G) or v tile (rows j) come in with cp.async, the
  * B tile is turned into X or beta v in place, then one mma stage. Dynamic shared memory
  * (BT + 128) x 68 floats (52 KB at BT = 64). Needs K, V % 4 == 0, 16-byte aligned arrays. */
-template <int BT, class TV>
+template <int BT, class TV, class TQ>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
-    wy_dtm_mma_kernel(Dims d, const float *__restrict__ k, const TV *__restrict__ v,
-                      const float *__restrict__ beta, const float *__restrict__ G,
-                      const float *__restrict__ dW, const float *__restrict__ dU,
-                      float *__restrict__ dTm) {
+    wy_dtm_mma_kernel(Dims d, const TQ *__restrict__ k, const float *__restrict__ rk,
+                      const TV *__restrict__ v, const float *__restrict__ beta,
+                      const float *__restrict__ G, const float *__restrict__ dW,
+                      const float *__restrict__ dU, float *__restrict__ dTm) {
     using namespace kdamma;
     constexpr int CS = AB_N, LD = CS + 4, NT = AB_THREADS;
     extern __shared__ __align__(16) float dtm_smem[];
@@ -536,7 +549,11 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         __syncthreads(); /* the previous stage has been read */
         tile_async<BT, CS, LD, NT>(As, A + (t0 * HV + hv) * D, (int64_t)HV * D, L, c0, D);
         if (kp) {
-            tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+            if constexpr (sizeof(TQ) == 2) /* bf16 k: widened, times its row scales */
+                tile_in<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K,
+                                          rk ? rk + t0 * H + hq : nullptr, H);
+            else
+                tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
             tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
         } else {
             tile_in<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
@@ -579,57 +596,74 @@ static bool wy_fwd_mma(const kda_cuda_dims *d, const void *q, const void *k, con
            aligned16(U) && aligned16(KG) && aligned16(QG);
 }
 
-/* The forward on wy_fwd_mma_kernel (wy_fwd_mma holds), v of TV. */
-template <class TV>
-static dg_status wy_fwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                   const float *k, const TV *v, const float *beta, const float *G,
+/* The forward on wy_fwd_mma_kernel (wy_fwd_mma holds), v of TV, q and k of TQ (bf16: with d's
+ * row scales). */
+template <class TV, class TQ>
+static dg_status wy_fwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, const void *q,
+                                   const void *k, const TV *v, const float *beta, const float *G,
                                    const float *Tm, void *W, void *U, void *KG, void *QG) {
     if (d->NC == 0)
         return DG_OK;
-    {
-        const unsigned nz =
-            (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
-        KDA_DISPATCH_BT(d->BT, {
-            const size_t smem =
-                sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
-            KDA_DISPATCH_MID(d->mid, {
-                DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_, TV>, smem));
-                wy_fwd_mma_kernel<BT_, M_, TV>
-                    <<<dim3((unsigned)d->NC * nz, (unsigned)d->HV), kdamma::AB_THREADS, smem,
-                       dg__stream(ctx)>>>(d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, q, k,
-                                          v, beta, G, Tm, (M_ *)W, (M_ *)U, (M_ *)KG, (M_ *)QG);
-                DG_CHECK_LAUNCH();
-            });
+    const bool qb = sizeof(TQ) == 2;
+    const unsigned nz =
+        (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
+    KDA_DISPATCH_BT(d->BT, {
+        const size_t smem =
+            sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
+        KDA_DISPATCH_MID(d->mid, {
+            DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_, TV, TQ>, smem));
+            wy_fwd_mma_kernel<BT_, M_, TV, TQ><<<dim3((unsigned)d->NC * nz, (unsigned)d->HV),
+                                                 kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, (const TQ *)q, (const TQ *)k,
+                qb ? d->rq : nullptr, qb ? d->rk : nullptr, v, beta, G, Tm, (M_ *)W, (M_ *)U,
+                (M_ *)KG, (M_ *)QG);
+            DG_CHECK_LAUNCH();
         });
-        return DG_OK;
-    }
+    });
     return DG_OK;
 }
 
-extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                         const float *k, const void *v, const float *beta,
+/* v of TV; q, k as d says (bf16 ones as stored where the mma kernel runs, else f32 rows) */
+template <class TV>
+static dg_status wy_fwd_launch_qk(dg_ctx *ctx, const kda_cuda_dims *d, const void *q, const void *k,
+                                  const TV *v, const float *beta, const float *G, const float *Tm,
+                                  void *W, void *U, void *KG, void *QG) {
+    if (d->qk_bf16 && dg__kda_qk_fits(d, q, k))
+        return wy_fwd_launch_mma<TV, kda_bf16>(ctx, d, q, k, v, beta, G, Tm, W, U, KG, QG);
+    Scratch qs(ctx), ks(ctx);
+    const float *qf, *kf;
+    DG_TRY(kda_qk_widen(ctx, d, q, k, qs, ks, &qf, &kf));
+    return wy_fwd_launch_mma<TV, float>(ctx, d, qf, kf, v, beta, G, Tm, W, U, KG, QG);
+}
+
+extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *qv,
+                                         const void *kv, const void *v, const float *beta,
                                          const float *G, const float *Tm, void *W, void *U,
                                          void *KG, void *QG) {
     DG_TRY(kda_check_dims(__func__, ctx, d));
-    if (!G || ((W || KG) && !k) || (QG && !q) || (U && !v) || ((W || U) && (!beta || !Tm)))
+    if (!G || ((W || KG) && !kv) || (QG && !qv) || (U && !v) || ((W || U) && (!beta || !Tm)))
         return dg__err(DG_ERR_ARG,
                        "%s: G and the inputs of every requested output are required "
                        "(W: k, beta, Tm; U: v, beta, Tm; KG: k; QG: q)",
                        __func__);
     if (!W && !U && !KG && !QG)
         return DG_OK;
-    /* a bf16 v is read as stored by the mma kernel, else through an f32 copy */
+    /* a bf16 v is read as stored by the mma kernel, else through an f32 copy; q, k likewise
+     * (kda_cuda_dims.qk_bf16, rq, rk; NULL ones stay NULL) */
     const float *vf = (const float *)v;
     Scratch vs(ctx);
     if (d->leaf_bf16 && v) {
-        if (wy_fwd_mma(d, q, k, v, G, Tm, W, U, KG, QG))
-            return wy_fwd_launch_mma(ctx, d, q, k, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
+        if (wy_fwd_mma(d, qv, kv, v, G, Tm, W, U, KG, QG))
+            return wy_fwd_launch_qk(ctx, d, qv, kv, (const kda_bf16 *)v, beta, G, Tm, W, U, KG, QG);
         DG_TRY(kda_widen(ctx, (const kda_bf16 *)v, d->TT * d->HV * d->V, vs, &vf));
     }
     kda_cuda_dims df = *d; /* v is f32 from here */
     df.leaf_bf16 = 0;
-    if (wy_fwd_mma(&df, q, k, vf, G, Tm, W, U, KG, QG))
-        return wy_fwd_launch_mma(ctx, &df, q, k, vf, beta, G, Tm, W, U, KG, QG);
+    if (wy_fwd_mma(&df, qv, kv, vf, G, Tm, W, U, KG, QG))
+        return wy_fwd_launch_qk(ctx, &df, qv, kv, vf, beta, G, Tm, W, U, KG, QG);
+    Scratch qs(ctx), ks(ctx);
+    const float *q, *k;
+    DG_TRY(kda_qk_widen(ctx, d, qv, kv, qs, ks, &q, &k));
     if (d->mid) /* bf16 intermediates have only the mma kernel */
         return kda_mid_refused(__func__, d);
     /* f32 FFMA: tc == 0, and the sizes, alignments or the 3xTF32 mode the mma kernel does not
@@ -644,8 +678,10 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     return DG_OK;
 }
 
+/* q, k as dd says (kda_cuda_dims.qk_bf16, rq, rk): the column kernels read them elementwise in
+ * any form; the dTm kernels take bf16 ones as stored on the mma path, else f32 rows. */
 template <int BT>
-static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q, const float *k,
+static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, const void *k,
                            const float *v, const kda_bf16 *vb, const float *beta, const float *G,
                            const float *Tm, const float *dW, const float *dU, const float *dKG,
                            const float *dQG, float *dq, float *dk, float *dv, kda_bf16 *dvb,
@@ -670,6 +706,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         dbp = p;
     /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
+    const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
     if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
                aligned16(dU))) {
         const unsigned nz =
@@ -677,28 +714,43 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
         const size_t smem = sizeof(float) * (size_t)BT * (BT + 8 + kdamma::AB_LDB);
         DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT>, smem));
         wy_cols_mma_kernel<BT><<<dim3((unsigned)d.NC * nz, d.HV), kdamma::AB_THREADS, smem, s>>>(
-            d, q, k, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
+            d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
     } else {
         wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
-            d, q, k, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+            d, qi, ki, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
     }
     DG_CHECK_LAUNCH();
     if (dTm) {
         const size_t smem = sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);
-        if (vb) {
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, kda_bf16>, smem));
-            wy_dtm_mma_kernel<BT, kda_bf16>
-                <<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(d, k, vb, beta, G, dW,
-                                                                              dU, dTm);
-        } else if (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) && aligned16(v) &&
-                   aligned16(G) && aligned16(dW) && aligned16(dU)) {
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, float>, smem));
-            wy_dtm_mma_kernel<BT, float>
-                <<<dim3((unsigned)d.NC, d.HV), kdamma::AB_THREADS, smem, s>>>(d, k, v, beta, G, dW,
-                                                                              dU, dTm);
+        const dim3 grid((unsigned)d.NC, d.HV);
+        const bool mma = dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) &&
+                         aligned16(G) && aligned16(dW) && aligned16(dU) && (vb || aligned16(v));
+        /* k as stored when it is bf16 and the mma kernel runs (vb implies that), else f32 rows */
+        const bool kb = dd->qk_bf16 && dg__kda_qk_fits(dd, k, k) && (vb || mma);
+        const float *kf = static_cast<const float *>(k);
+        Scratch qs(ctx), ks(ctx);
+        if (!kb && kda_qk_special(dd)) {
+            const float *unused;
+            DG_TRY(kda_qk_widen(ctx, dd, nullptr, k, qs, ks, &unused, &kf));
+        }
+        if (kb && vb) {
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, kda_bf16, kda_bf16>, smem));
+            wy_dtm_mma_kernel<BT, kda_bf16, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
+                d, static_cast<const kda_bf16 *>(k), dd->rk, vb, beta, G, dW, dU, dTm);
+        } else if (kb) {
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, float, kda_bf16>, smem));
+            wy_dtm_mma_kernel<BT, float, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
+                d, static_cast<const kda_bf16 *>(k), dd->rk, v, beta, G, dW, dU, dTm);
+        } else if (vb) {
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, kda_bf16, float>, smem));
+            wy_dtm_mma_kernel<BT, kda_bf16, float>
+                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, kf, nullptr, vb, beta, G, dW, dU, dTm);
+        } else if (mma && aligned16(kf)) {
+            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, float, float>, smem));
+            wy_dtm_mma_kernel<BT, float, float>
+                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, kf, nullptr, v, beta, G, dW, dU, dTm);
         } else {
-            wy_dtm_kernel<BT>
-                <<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, k, v, beta, G, dW, dU, dTm);
+            wy_dtm_kernel<BT><<<grid, NTH, 0, s>>>(d, kf, v, beta, G, dW, dU, dTm);
         }
         DG_CHECK_LAUNCH();
     }
@@ -711,8 +763,8 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const float *q,
     return DG_OK;
 }
 
-extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const float *q,
-                                         const float *k, const void *v, const float *beta,
+extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *q,
+                                         const void *k, const void *v, const float *beta,
                                          const float *G, const float *Tm, const float *dW,
                                          const float *dU, const float *dKG, const float *dQG,
                                          float *dq, float *dk, void *dvv, float *dbeta, float *dG,

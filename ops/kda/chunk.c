@@ -12,9 +12,10 @@
  * default policies ("kda_wy", "kda_state": RECOMPUTE) they are not kept after the forward; the
  * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (kda.md §3).
  * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
- * g, beta may be bf16: the kernels read them as stored (l2norm, beta, gate; v in the WY node);
- * the normalised q, k, beta, G, Aqk and Tm are f32, W, U, KG, QG, h, E bf16 on the tensor-core
- * path (docs/kda.md section 6); o has q's dtype and ht is f32.
+ * g, beta may be bf16: the kernels read them as stored (l2norm, beta, gate; v in the WY node;
+ * q, k in the intra and WY nodes); beta, G, Aqk and Tm are f32, W, U, KG, QG, h, E bf16 on the
+ * tensor-core path (docs/kda.md section 6), where the normalised q, k are factored (the rows
+ * as stored and their reciprocal norms, kda.h), else f32; o has q's dtype and ht is f32.
  */
 #include "kda.h"
 
@@ -23,7 +24,11 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
                                const dg_kda_opts *opts, kda_dev *dev, kda_local *l) {
     memset(l, 0, sizeof *l);
     dg_status st = DG_OK;
-    if (opts && opts->l2norm_qk) {
+    if (opts && opts->l2norm_qk && dg__kda_l2norm_factors(dev, q, k)) { /* kda.h */
+        st = dg__kda_l2norm_factored(ctx, q, &l->qn, &l->rq);
+        if (st == DG_OK)
+            st = dg__kda_l2norm_factored(ctx, k, &l->kn, &l->rk);
+    } else if (opts && opts->l2norm_qk) {
         st = dg__kda_l2norm_x(ctx, q, 1, &l->qn);
         if (st == DG_OK)
             st = dg__kda_l2norm_x(ctx, k, 1, &l->kn);
@@ -40,10 +45,11 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
     if (st == DG_OK)
         st = dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, &l->G);
     if (st == DG_OK)
-        st = dg__kda_intra_x(ctx, l->qn, l->kn, l->bt, l->G, opts, dev, &l->Aqk, &l->Tm);
+        st = dg__kda_intra_x(ctx, l->qn, l->kn, l->rq, l->rk, l->bt, l->G, opts, dev, &l->Aqk,
+                             &l->Tm);
     if (st == DG_OK)
-        st = dg__kda_wy_x(ctx, l->qn, l->kn, v, l->bt, l->G, l->Tm, opts, dev, &l->W, &l->U, &l->KG,
-                          &l->QG);
+        st = dg__kda_wy_x(ctx, l->qn, l->kn, l->rq, l->rk, v, l->bt, l->G, l->Tm, opts, dev, &l->W,
+                          &l->U, &l->KG, &l->QG);
     if (st != DG_OK)
         dg__kda_local_free(l);
     return st;
@@ -52,7 +58,8 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
 dg_status dg__kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor *v, dg_tensor *h0,
                               dg__group **grp) {
     DG_TRY(dg__kda_group_new(cfg, grp));
-    dg_tensor *in[KDA_NINPUTS] = {l->qn, l->kn, v, l->bt, l->G, l->Tm, h0}; /* KDA_IN_Q .. */
+    dg_tensor *in[KDA_NINPUTS] = {l->qn, l->kn, v,     l->bt, l->G,
+                                  l->Tm, h0,    l->rq, l->rk}; /* KDA_IN_Q .. */
     for (int i = 0; i < KDA_NINPUTS; i++)
         dg__group_set_input(*grp, i, in[i]);
     dg_tensor *made[4] = {l->W, l->U, l->KG, l->QG}; /* KDA_W .. KDA_QG */
@@ -62,9 +69,9 @@ dg_status dg__kda_local_group(const kda_cfg *cfg, const kda_local *l, dg_tensor 
 }
 
 void dg__kda_local_free(kda_local *l) {
-    dg_tensor **t[10] = {&l->qn, &l->kn, &l->bt, &l->G,  &l->Aqk,
-                         &l->Tm, &l->W,  &l->U,  &l->KG, &l->QG};
-    for (int i = 0; i < 10; i++)
+    dg_tensor **t[12] = {&l->qn,  &l->kn, &l->rq, &l->rk, &l->bt, &l->G,
+                         &l->Aqk, &l->Tm, &l->W,  &l->U,  &l->KG, &l->QG};
+    for (int i = 0; i < 12; i++)
         dg_tensor_free(t[i]);
 }
 

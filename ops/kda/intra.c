@@ -12,7 +12,8 @@
  * <= 0 (G falls within a chunk), so nothing above 1 is ever exponentiated. P is recomputed in
  * backward on the fly from the same exponentials (it costs nothing extra), so the node keeps
  * q, k, beta, G and Tm under either policy. Shapes: q, k [B,T,H,K]; beta [B,T,HV];
- * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT]. CUDA: q, k, beta each f32 or bf16; G f32; Aqk, Tm f32.
+ * G [B,T,HV,K]; Aqk, Tm [B,T,HV,BT]. CUDA: q, k, beta each f32 or bf16 (bf16 q and k are read
+ * as stored; in the composite they may be factored, kda.h); G f32; Aqk, Tm f32.
  */
 #ifndef DG_REF_TMPL
 #include "kda.h"
@@ -164,8 +165,9 @@ dg_status RF(dg__kda_intra_bwd)(const kda_dims *d, RT scale, const RT *q, const 
 
 #define OP "dg_kda_intra"
 
-/* The node's inputs; n->saved holds them in the same order, then the output Tm. */
-enum { IN_Q, IN_K, IN_BETA, IN_G, SAVED_TM };
+/* The node's inputs; n->saved holds them in the same order, then the output Tm and the row
+ * scales rq, rk of a factored q, k (NULL where there are none; kda.h). */
+enum { IN_Q, IN_K, IN_BETA, IN_G, SAVED_TM, SAVED_RQ, SAVED_RK };
 
 static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     const kda_cfg *c = &((const kda_np *)n->params)->cfg;
@@ -178,9 +180,8 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tq = NULL, *tk = NULL, *tbeta = NULL, *tG = NULL, *tTm = NULL, *tgA = NULL;
     dg_tensor *tgT = NULL, *dq = NULL, *dk = NULL, *dbeta = NULL, *dG = NULL;
     kda_intra_bwd_io io = {0};
-    dg_status st = dg__kda_ptr(ctx, q, c->dt, &tq, &io.q);
-    if (st == DG_OK)
-        st = dg__kda_ptr(ctx, k, c->dt, &tk, &io.k);
+    dg_status st =
+        dg__kda_qk_ptrs(ctx, c, q, k, n->saved[SAVED_RQ], n->saved[SAVED_RK], &tq, &tk, &io.qk);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, beta, c->dt, &tbeta, &io.beta);
     if (st == DG_OK)
@@ -214,9 +215,9 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
-                          const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk,
-                          dg_tensor **Tm) {
+dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
+                          dg_tensor *beta, dg_tensor *G, const dg_kda_opts *opts, kda_dev *share,
+                          dg_tensor **Aqk, dg_tensor **Tm) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "Aqk", Aqk));
     DG_TRY(dg__check_ptr(OP, "Tm", Tm));
@@ -240,9 +241,7 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *be
     if (st == DG_OK)
         st = dg__kda_cfg_dev(OP, ctx, &cfg, share);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
-    if (st == DG_OK)
-        st = dg__kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
+        st = dg__kda_qk_ptrs(ctx, &cfg, q, k, rq, rk, &tq, &tk, &io.qk);
     if (st == DG_OK)
         st = dg__kda_ptr(ctx, beta, cfg.dt, &tbeta, &io.beta);
     if (st == DG_OK)
@@ -268,8 +267,11 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *be
                 st = dg__node_output(n, *Tm);
             for (int i = 0; i < 4 && st == DG_OK; i++)
                 dg__node_save(n, in[i]);
-            if (st == DG_OK)
+            if (st == DG_OK) {
                 dg__node_save(n, *Tm); /* SAVED_TM */
+                dg__node_save(n, rq);  /* SAVED_RQ, SAVED_RK (NULL: none) */
+                dg__node_save(n, rk);
+            }
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
@@ -292,6 +294,6 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *be
 
 dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
                        const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
-    return dg__kda_intra_x(ctx, q, k, beta, G, opts, NULL, Aqk, Tm);
+    return dg__kda_intra_x(ctx, q, k, NULL, NULL, beta, G, opts, NULL, Aqk, Tm);
 }
 #endif

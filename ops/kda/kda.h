@@ -384,70 +384,107 @@ static inline dg_status kda_run_gate_bwd(dg_ctx *ctx, const kda_cfg *c, int cums
     return DG_OK;
 }
 
+/* q and k of the intra and WY stages as their kernels read them (dg__kda_qk_ptrs): q, k in the
+ * compute dtype, or on CUDA bf16 as stored (bf16 = 1), and the row scales rq, rk [TT,H] of a
+ * factored q, k (NULL: none; see "factored q, k" below). The CPU takes neither. */
+typedef struct kda_qk_in {
+    const void *q, *k;
+    const float *rq, *rk;
+    int bf16;
+} kda_qk_in;
+#ifdef DG_HAVE_CUDA
+/* c->cd with the per-call fields of qk (kda_cuda_dims.qk_bf16, rq, rk). */
+static inline kda_cuda_dims kda_qk_cd(const kda_cfg *c, const kda_qk_in *qk) {
+    kda_cuda_dims cd = c->cd;
+    cd.qk_bf16 = qk->bf16;
+    cd.rq = qk->rq;
+    cd.rk = qk->rk;
+    return cd;
+}
+#endif
+static inline dg_status kda_qk_cpu(const char *fn, const kda_qk_in *qk) {
+    if (qk->bf16 || qk->rq || qk->rk)
+        return dg__err(DG_ERR_STATE, "%s: bf16 or factored q, k are CUDA-only", fn);
+    return DG_OK;
+}
+
 /* N4 with scale c->scale. */
 typedef struct kda_intra_fwd_io {
-    const void *q, *k, *beta, *G;
+    kda_qk_in qk;
+    const void *beta, *G;
     void *Aqk, *Tm;
 } kda_intra_fwd_io;
 static inline dg_status kda_run_intra_fwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_intra_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
-    if (c->cuda)
-        return dg__kda_intra_fwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G,
+    if (c->cuda) {
+        const kda_cuda_dims cd = kda_qk_cd(c, &a->qk);
+        return dg__kda_intra_fwd_cuda(ctx, &cd, (float)c->scale, a->qk.q, a->qk.k, a->beta, a->G,
                                       a->Aqk, a->Tm);
+    }
 #endif
+    DG_TRY(kda_qk_cpu("kda intra forward", &a->qk));
     if (c->dt == DG_F64)
-        return dg__kda_intra_fwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
-    return dg__kda_intra_fwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Aqk, a->Tm);
+        return dg__kda_intra_fwd_f64(&c->d, c->scale, a->qk.q, a->qk.k, a->beta, a->G, a->Aqk,
+                                     a->Tm);
+    return dg__kda_intra_fwd_f32(&c->d, (float)c->scale, a->qk.q, a->qk.k, a->beta, a->G, a->Aqk,
+                                 a->Tm);
 }
 /* acc (CUDA only, KDA_ACC_* of kernels/kda/kda_cuda.h): dq, dk, dG flagged there are added to
  * what their arrays hold (a gradient slot written in place); the CPU references only overwrite,
  * so a CPU call with acc != 0 is refused. Same for kda_wy_bwd_io. */
 typedef struct kda_intra_bwd_io {
-    const void *q, *k, *beta, *G, *Tm, *dAqk, *dTm;
+    kda_qk_in qk;
+    const void *beta, *G, *Tm, *dAqk, *dTm;
     void *dq, *dk, *dbeta, *dG;
     unsigned acc;
 } kda_intra_bwd_io;
 static inline dg_status kda_run_intra_bwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_intra_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
-    if (c->cuda)
-        return dg__kda_intra_bwd_cuda(ctx, &c->cd, (float)c->scale, a->q, a->k, a->beta, a->G,
+    if (c->cuda) {
+        const kda_cuda_dims cd = kda_qk_cd(c, &a->qk);
+        return dg__kda_intra_bwd_cuda(ctx, &cd, (float)c->scale, a->qk.q, a->qk.k, a->beta, a->G,
                                       a->Tm, a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG,
                                       a->acc);
+    }
 #endif
     if (a->acc)
         return dg__err(DG_ERR_STATE, "kda intra backward: accumulating outputs is CUDA-only");
+    DG_TRY(kda_qk_cpu("kda intra backward", &a->qk));
     if (c->dt == DG_F64)
-        return dg__kda_intra_bwd_f64(&c->d, c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk,
-                                     a->dTm, a->dq, a->dk, a->dbeta, a->dG);
-    return dg__kda_intra_bwd_f32(&c->d, (float)c->scale, a->q, a->k, a->beta, a->G, a->Tm, a->dAqk,
-                                 a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+        return dg__kda_intra_bwd_f64(&c->d, c->scale, a->qk.q, a->qk.k, a->beta, a->G, a->Tm,
+                                     a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG);
+    return dg__kda_intra_bwd_f32(&c->d, (float)c->scale, a->qk.q, a->qk.k, a->beta, a->G, a->Tm,
+                                 a->dAqk, a->dTm, a->dq, a->dk, a->dbeta, a->dG);
 }
 
 /* N5. */
 typedef struct kda_wy_fwd_io {
-    const void *q, *k, *v, *beta, *G, *Tm;
+    kda_qk_in qk;
+    const void *v, *beta, *G, *Tm;
     void *W, *U, *KG, *QG;
     int leaf_bf16; /* v is the op's bf16 input as stored (CUDA only; dg__kda_in_ptr) */
 } kda_wy_fwd_io;
 static inline dg_status kda_run_wy_fwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda) {
-        kda_cuda_dims cd = c->cd;
+        kda_cuda_dims cd = kda_qk_cd(c, &a->qk);
         cd.leaf_bf16 = a->leaf_bf16;
-        return dg__kda_wy_fwd_cuda(ctx, &cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
-                                   a->KG, a->QG);
+        return dg__kda_wy_fwd_cuda(ctx, &cd, a->qk.q, a->qk.k, a->v, a->beta, a->G, a->Tm, a->W,
+                                   a->U, a->KG, a->QG);
     }
 #endif
+    DG_TRY(kda_qk_cpu("kda wy forward", &a->qk));
     if (c->dt == DG_F64)
-        return dg__kda_wy_fwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
-                                  a->QG);
-    return dg__kda_wy_fwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->W, a->U, a->KG,
-                              a->QG);
+        return dg__kda_wy_fwd_f64(&c->d, a->qk.q, a->qk.k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
+                                  a->KG, a->QG);
+    return dg__kda_wy_fwd_f32(&c->d, a->qk.q, a->qk.k, a->v, a->beta, a->G, a->Tm, a->W, a->U,
+                              a->KG, a->QG);
 }
 typedef struct kda_wy_bwd_io {
-    const void *q, *k, *v, *beta, *G, *Tm, *dW, *dU, *dKG, *dQG;
+    kda_qk_in qk;
+    const void *v, *beta, *G, *Tm, *dW, *dU, *dKG, *dQG;
     void *dq, *dk, *dv, *dbeta, *dG, *dTm;
     unsigned acc;
     int leaf_bf16; /* v is the op's bf16 input as stored (CUDA only; dg__kda_in_ptr) */
@@ -455,20 +492,21 @@ typedef struct kda_wy_bwd_io {
 static inline dg_status kda_run_wy_bwd(dg_ctx *ctx, const kda_cfg *c, const kda_wy_bwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda) {
-        kda_cuda_dims cd = c->cd;
+        kda_cuda_dims cd = kda_qk_cd(c, &a->qk);
         cd.leaf_bf16 = a->leaf_bf16;
-        return dg__kda_wy_bwd_cuda(ctx, &cd, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
-                                   a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm,
-                                   a->acc);
+        return dg__kda_wy_bwd_cuda(ctx, &cd, a->qk.q, a->qk.k, a->v, a->beta, a->G, a->Tm, a->dW,
+                                   a->dU, a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG,
+                                   a->dTm, a->acc);
     }
 #endif
     if (a->acc)
         return dg__err(DG_ERR_STATE, "kda wy backward: accumulating outputs is CUDA-only");
+    DG_TRY(kda_qk_cpu("kda wy backward", &a->qk));
     if (c->dt == DG_F64)
-        return dg__kda_wy_bwd_f64(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
+        return dg__kda_wy_bwd_f64(&c->d, a->qk.q, a->qk.k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
                                   a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
-    return dg__kda_wy_bwd_f32(&c->d, a->q, a->k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU, a->dKG,
-                              a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
+    return dg__kda_wy_bwd_f32(&c->d, a->qk.q, a->qk.k, a->v, a->beta, a->G, a->Tm, a->dW, a->dU,
+                              a->dKG, a->dQG, a->dq, a->dk, a->dv, a->dbeta, a->dG, a->dTm);
 }
 
 /* N6. */
@@ -594,7 +632,18 @@ static inline dg_status kda_run_recurrent_bwd(dg_ctx *ctx, const kda_cfg *c,
  * and the derived tensors. Shared by the nodes of one dg_kda_chunk / dg_kda_chunk_cp call; used
  * alone by dg_kda_state and dg_kda_output (their inputs kept). */
 enum { KDA_M_STATE, KDA_M_LINK, KDA_M_OUTPUT, KDA_NMEMBERS };
-enum { KDA_IN_Q, KDA_IN_K, KDA_IN_V, KDA_IN_BETA, KDA_IN_G, KDA_IN_TM, KDA_IN_H0, KDA_NINPUTS };
+enum {
+    KDA_IN_Q,
+    KDA_IN_K,
+    KDA_IN_V,
+    KDA_IN_BETA,
+    KDA_IN_G,
+    KDA_IN_TM,
+    KDA_IN_H0,
+    KDA_IN_RQ, /* the row scales of a factored q, k (NULL: none) */
+    KDA_IN_RK,
+    KDA_NINPUTS
+};
 enum { KDA_W, KDA_U, KDA_KG, KDA_QG, KDA_H, KDA_E, KDA_NDERIVED };
 
 /* A group for an op call with cfg (tables copied, device tables shared). */
@@ -614,28 +663,54 @@ typedef struct kda_np {
  * retained and released when the node is destroyed. */
 kda_np *dg__kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
 
+/* ---- factored q, k ---------------------------------------------------------------------------
+ * On CUDA the composite's in-op L2 norm of a bf16 q (and k) does not store the normalised rows:
+ * its node outputs qn, a view of q's own storage, and rq = 1 / ||q|| per row [B,T,H] f32, and
+ * qn stands for the normalised q = q rq, the factored form. The intra and WY nodes (and the
+ * recompute group's rebuild of W, U, KG, QG) take qn with rq and form q rq in registers as
+ * they read it -- bit for bit the product the norm would have stored -- so q is read in bf16
+ * and never written as f32. The gradient the tape keeps for qn is that of the normalised q, in
+ * f32 (what the intra and WY kernels add into), and the norm's backward turns it into q's
+ * gradient from q and rq. rq itself is a constant to its readers: the norm's backward holds its
+ * whole Jacobian. Only these nodes may see a factored tensor; it is never returned to a user.
+ * dg__kda_l2norm_factored (ops/kda/l2norm.c) makes it where dg__kda_l2norm_factors says it
+ * applies: CUDA, contiguous bf16 q and k, and the tensor-core path of both stages
+ * (dg__kda_qk_fits). Elsewhere the norm stores f32 rows and rq, rk are NULL. */
+int dg__kda_l2norm_factors(const kda_dev *dev, const dg_tensor *q, const dg_tensor *k);
+dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, dg_tensor **xn, dg_tensor **r);
+/* q, k (and rq, rk, each NULL or the row scales of a factored q, k) of an intra or WY call as
+ * the kernels read them: on CUDA contiguous bf16 q and k as stored (out->bf16 = 1), else in the
+ * compute dtype (converted copies held in *tq, *tk, NULL where none was needed). */
+dg_status dg__kda_qk_ptrs(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *q, const dg_tensor *k,
+                          const dg_tensor *rq, const dg_tensor *rk, dg_tensor **tq, dg_tensor **tk,
+                          kda_qk_in *out);
+
 /* ---- internal entry points used by the composite (the public ones pass NULL / 0) ------------
  * keep_f32: the output stays in the compute dtype (f32 on CUDA) instead of the input's dtype, so
- * that the composite keeps normalised q, k and beta in f32. share: device tables to reuse. */
+ * that the composite keeps normalised q, k and beta in f32. share: device tables to reuse. rq,
+ * rk: the row scales of a factored q, k (NULL: q, k are the normalised rows themselves). */
 dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
 dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
                          dg_tensor **beta);
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                          const dg_kda_opts *opts, kda_dev *share, dg_tensor **G);
-dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
-                          const dg_kda_opts *opts, kda_dev *share, dg_tensor **Aqk, dg_tensor **Tm);
-dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                       dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
-                       dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG);
+dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
+                          dg_tensor *beta, dg_tensor *G, const dg_kda_opts *opts, kda_dev *share,
+                          dg_tensor **Aqk, dg_tensor **Tm);
+dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
+                       dg_tensor *v, dg_tensor *beta, dg_tensor *G, dg_tensor *Tm,
+                       const dg_kda_opts *opts, kda_dev *share, dg_tensor **W, dg_tensor **U,
+                       dg_tensor **KG, dg_tensor **QG);
 /* grp: the composite's recompute group (NULL: the node makes its own). */
 dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG, dg_tensor *G,
                           dg_tensor *h0, const dg_kda_opts *opts, dg__group *grp, dg_tensor **h,
                           dg_tensor **E, dg_tensor **ht);
 /* The local part of the chunked composite, N1..N5 (ops/kda/chunk.c), shared by dg_kda_chunk and
- * the context-parallel dg_kda_chunk_cp: normalised q, k (qn, kn), beta (bt), G, Aqk, Tm, W, U,
- * KG, QG, each an owned reference (dg__kda_local_free releases them; on error nothing is held). */
+ * the context-parallel dg_kda_chunk_cp: normalised q, k (qn, kn; factored with rq, rk where those
+ * are not NULL), beta (bt), G, Aqk, Tm, W, U, KG, QG, each an owned reference
+ * (dg__kda_local_free releases them; on error nothing is held). */
 typedef struct kda_local {
-    dg_tensor *qn, *kn, *bt, *G, *Aqk, *Tm, *W, *U, *KG, *QG;
+    dg_tensor *qn, *kn, *rq, *rk, *bt, *G, *Aqk, *Tm, *W, *U, *KG, *QG;
 } kda_local;
 dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                                dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,

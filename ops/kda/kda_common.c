@@ -420,3 +420,26 @@ dg_status dg__kda_grad_buffer(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *t,
     *ptr = dg_tensor_data(*out);
     return DG_OK;
 }
+
+dg_status dg__kda_qk_ptrs(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *q, const dg_tensor *k,
+                          const dg_tensor *rq, const dg_tensor *rk, dg_tensor **tq, dg_tensor **tk,
+                          kda_qk_in *out) {
+    memset(out, 0, sizeof *out);
+    *tq = *tk = NULL;
+    if (c->cuda && q->dtype == DG_BF16 && k->dtype == DG_BF16 && dg_tensor_is_contiguous(q) &&
+        dg_tensor_is_contiguous(k)) {
+        out->q = dg_tensor_data(q);
+        out->k = dg_tensor_data(k);
+        out->bf16 = 1;
+    } else {
+        DG_TRY(dg__kda_ptr(ctx, q, c->dt, tq, &out->q));
+        dg_status st = dg__kda_ptr(ctx, k, c->dt, tk, &out->k);
+        if (st != DG_OK) {
+            dg_tensor_free(tq);
+            return st;
+        }
+    }
+    out->rq = rq ? (const float *)dg_tensor_data(rq) : NULL;
+    out->rk = rk ? (const float *)dg_tensor_data(rk) : NULL;
+    return DG_OK;
+}

@@ -15,8 +15,9 @@
  *   h       kda_state  "kda_state" CACHE state, output           rebuild_state    W U KG G [h0]
  *   E       kda_state  "kda_state" CACHE state, output           rebuild_state    W U KG G [h0]
  *
- * The inputs q, k, v, beta, G, Tm, h0 (q, k normalised, beta transformed: what the wy node
- * reads) are kept by the wy and state nodes anyway. Both policies default to RECOMPUTE. The
+ * The inputs q, k, v, beta, G, Tm, h0 (q, k normalised -- factored with the row scales rq, rk
+ * where those are given (kda.h) -- beta transformed: what the wy node reads) are kept by the wy
+ * and state nodes anyway. Both policies default to RECOMPUTE. The
  * members are recorded state, cp_link (dg_kda_chunk_cp only), output, so backward runs output
  * first, then cp_link, then state. What happens, per pair of policies ("kda_wy", "kda_state"):
  *
@@ -65,7 +66,8 @@ static const dg__group_recipe kda_recipes[] = {
 /* clang-format on */
 
 static const char *const kda_members[KDA_NMEMBERS] = {"kda_state", "kda_cp_link", "kda_output"};
-static const char *const kda_inputs[KDA_NINPUTS] = {"q", "k", "v", "beta", "G", "Tm", "h0"};
+static const char *const kda_inputs[KDA_NINPUTS] = {"q",  "k",  "v",  "beta", "G",
+                                                    "Tm", "h0", "rq", "rk"};
 
 static const dg__group_spec kda_group = {
     .op = "dg_kda",
@@ -118,6 +120,7 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     void *po[4] = {NULL};                   /* NULL: not made (kda_wy_fwd skips that output) */
     dg_tensor *tmp[KDA_IN_TM + 1] = {NULL}; /* converted copies of q .. Tm */
     const void *pi[KDA_IN_TM + 1] = {NULL};
+    kda_qk_in qk = {0};
     dg_status st = DG_OK;
     for (int s = KDA_W; s <= KDA_QG && st == DG_OK; s++)
         if (make & DG_BIT(s)) {
@@ -126,7 +129,11 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
                 po[s] = dg_tensor_data(out[s]);
         }
     int vbf16 = 0; /* v is read as stored when it is the op's bf16 input on CUDA */
-    for (int i = KDA_IN_Q; i <= KDA_IN_TM && st == DG_OK; i++) {
+    if (st == DG_OK)
+        st = dg__kda_qk_ptrs(ctx, c, dg__group_input(g, KDA_IN_Q), dg__group_input(g, KDA_IN_K),
+                             dg__group_input(g, KDA_IN_RQ), dg__group_input(g, KDA_IN_RK),
+                             &tmp[KDA_IN_Q], &tmp[KDA_IN_K], &qk);
+    for (int i = KDA_IN_V; i <= KDA_IN_TM && st == DG_OK; i++) {
         const dg_tensor *t = dg__group_input(g, i);
         st = i == KDA_IN_V ? dg__kda_in_ptr(ctx, t, c->dt, &tmp[i], &pi[i], &vbf16)
                            : in_ptr(ctx, g, i, &tmp[i], &pi[i]);
@@ -134,8 +141,7 @@ static dg_status rebuild_wy(dg__group *g, dg_ctx *ctx, unsigned make) {
     if (st == DG_OK) {
         kda_wy_fwd_io io = {0};
         io.leaf_bf16 = vbf16;
-        io.q = pi[KDA_IN_Q];
-        io.k = pi[KDA_IN_K];
+        io.qk = qk;
         io.v = pi[KDA_IN_V];
         io.beta = pi[KDA_IN_BETA];
         io.G = pi[KDA_IN_G];

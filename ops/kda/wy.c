@@ -199,8 +199,9 @@ dg_status RF(dg__kda_wy_bwd)(const kda_dims *d, const RT *q, const RT *k, const 
 
 #define OP "dg_kda_wy"
 
-/* The node's inputs, also its saved tensors in the same order. */
-enum { IN_Q, IN_K, IN_V, IN_BETA, IN_G, IN_TM };
+/* The node's inputs, also its saved tensors in the same order, then the row scales rq, rk of a
+ * factored q, k (NULL where there are none; kda.h). */
+enum { IN_Q, IN_K, IN_V, IN_BETA, IN_G, IN_TM, SAVED_RQ, SAVED_RK };
 
 static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     const kda_cfg *c = &((const kda_np *)n->params)->cfg;
@@ -215,9 +216,8 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     dg_tensor *tgW = NULL, *tgU = NULL, *tgKG = NULL, *tgQG = NULL;
     dg_tensor *dq = NULL, *dk = NULL, *dv = NULL, *dbeta = NULL, *dG = NULL, *dTm = NULL;
     kda_wy_bwd_io io = {0};
-    dg_status st = dg__kda_ptr(ctx, q, c->dt, &tq, &io.q);
-    if (st == DG_OK)
-        st = dg__kda_ptr(ctx, k, c->dt, &tk, &io.k);
+    dg_status st =
+        dg__kda_qk_ptrs(ctx, c, q, k, n->saved[SAVED_RQ], n->saved[SAVED_RK], &tq, &tk, &io.qk);
     if (st == DG_OK)
         st = dg__kda_in_ptr(ctx, v, c->dt, &tv, &io.v, &io.leaf_bf16);
     if (st == DG_OK)
@@ -266,9 +266,10 @@ static dg_status wy_backward(dg_ctx *ctx, dg_node *n) {
     return st;
 }
 
-dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
-                       dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, kda_dev *share,
-                       dg_tensor **W, dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
+dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
+                       dg_tensor *v, dg_tensor *beta, dg_tensor *G, dg_tensor *Tm,
+                       const dg_kda_opts *opts, kda_dev *share, dg_tensor **W, dg_tensor **U,
+                       dg_tensor **KG, dg_tensor **QG) {
     dg_tensor **outs[4] = {W, U, KG, QG};
     static const char *onames[4] = {"W", "U", "KG", "QG"};
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
@@ -300,9 +301,7 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
     if (st == DG_OK)
         st = dg__kda_cfg_dev(OP, ctx, &cfg, share);
     if (st == DG_OK)
-        st = dg__kda_ptr(ctx, q, cfg.dt, &tq, &io.q);
-    if (st == DG_OK)
-        st = dg__kda_ptr(ctx, k, cfg.dt, &tk, &io.k);
+        st = dg__kda_qk_ptrs(ctx, &cfg, q, k, rq, rk, &tq, &tk, &io.qk);
     if (st == DG_OK)
         st = dg__kda_in_ptr(ctx, v, cfg.dt, &tv, &io.v, &io.leaf_bf16);
     if (st == DG_OK)
@@ -336,6 +335,10 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
                 st = kda_output_mid(n, &cfg, *outs[i]);
             for (int i = 0; i < 6 && st == DG_OK; i++)
                 dg__node_save(n, in[i]);
+            if (st == DG_OK) {
+                dg__node_save(n, rq); /* SAVED_RQ, SAVED_RK (NULL: none) */
+                dg__node_save(n, rk);
+            }
             if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
             if (st == DG_OK)
@@ -357,6 +360,6 @@ dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg
 dg_status dg_kda_wy(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *beta,
                     dg_tensor *G, dg_tensor *Tm, const dg_kda_opts *opts, dg_tensor **W,
                     dg_tensor **U, dg_tensor **KG, dg_tensor **QG) {
-    return dg__kda_wy_x(ctx, q, k, v, beta, G, Tm, opts, NULL, W, U, KG, QG);
+    return dg__kda_wy_x(ctx, q, k, NULL, NULL, v, beta, G, Tm, opts, NULL, W, U, KG, QG);
 }
 #endif
