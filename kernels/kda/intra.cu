@@ -284,6 +284,7 @@ template <int BT> struct IntraFwd {
     static constexpr int FIN = 2 * BT * BT + (R - 1) * 256;
     static constexpr int smem_floats = 2 * STAGE > RED ? (2 * STAGE > FIN ? 2 * STAGE : FIN)
                                                        : (RED > FIN ? RED : FIN);
+    static constexpr int RAW_QB = BT * KT; /* after smem_floats: bf16 q, k tiles (QB) */
 };
 
 template <int BT, int P, bool QB>
@@ -321,44 +322,52 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
     const float *q = static_cast<const float *>(qv), *k = static_cast<const float *>(kv);
     const float *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
     const float *gg = G + (t0 * HV + hv) * K;
-    /* QB (q, k bf16, vec): their tiles come through registers, 8 values per 16-byte piece,
-     * fetched before the previous tile's key steps and stored (widened, times the row scale)
-     * after them; G keeps cp.async */
+    /* QB (q, k bf16, vec): each thread copies its 16-byte pieces of the next tile's bf16 q, k
+     * into a raw area of shared memory (cp.async, in flight during the current tile's key steps)
+     * and, once they have landed, widens its own pieces times their row scales into the f32
+     * stage: no barrier beyond the loop's, and nothing held in registers across the key steps */
     constexpr int PB = BT * KT / 8, MB = (PB + NTHR - 1) / NTHR;
     const kda_bf16 *qb = static_cast<const kda_bf16 *>(qv) + (t0 * H + hq) * K;
     const kda_bf16 *kb = static_cast<const kda_bf16 *>(kv) + (t0 * H + hq) * K;
-    uint4 xq[MB], xk[MB];
-    float sq[MB], sk[MB];
-    auto fetch = [&](int kt) {
+    kda_bf16 *rawq = reinterpret_cast<kda_bf16 *>(sm + F::smem_floats), *rawk = rawq + BT * KT;
+    float sq[MB], sk[MB]; /* the row scales of this thread's pieces (the same rows every tile) */
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+        const int idx = tid + m * NTHR, r = idx / (KT / 8);
+        const bool ok = QB && idx < PB && r < L;
+        sq[m] = ok && rq ? rq[(t0 + r) * H + hq] : 1.f;
+        sk[m] = ok && rk ? rk[(t0 + r) * H + hq] : 1.f;
+    }
+    auto issue_raw = [&](int kt) {
         const int k0 = kt * KT;
 #pragma unroll
         for (int m = 0; m < MB; m++) {
             const int idx = tid + m * NTHR, r = idx / (KT / 8), c = 8 * (idx % (KT / 8));
-            const bool ok = idx < PB && r < L && k0 + c < K;
-            xq[m] = xk[m] = make_uint4(0u, 0u, 0u, 0u);
-            sq[m] = sk[m] = 1.f;
-            if (ok) {
-                const int64_t o = (int64_t)r * H * K + k0 + c;
-                xq[m] = __ldg(reinterpret_cast<const uint4 *>(qb + o));
-                xk[m] = __ldg(reinterpret_cast<const uint4 *>(kb + o));
-                if (rq)
-                    sq[m] = rq[(t0 + r) * H + hq];
-                if (rk)
-                    sk[m] = rk[(t0 + r) * H + hq];
-            }
+            if (idx >= PB)
+                continue;
+            const bool ok = r < L && k0 + c < K;
+            const int64_t o = ok ? (int64_t)r * H * K + k0 + c : 0;
+            kdamma::cp_async16(rawq + r * KT + c, qb + o, ok);
+            kdamma::cp_async16(rawk + r * KT + c, kb + o, ok);
         }
     };
-    auto put = [&](int b) {
-        float *qs = sm + b * F::STAGE, *ks = qs + BT * LD;
+    auto convert =
+        [&](int b) { /* this thread's own pieces: visible to it after its wait */
+                     float *qs = sm + b * F::STAGE, *ks = qs + BT * LD;
 #pragma unroll
-        for (int m = 0; m < MB; m++) {
-            const int idx = tid + m * NTHR, r = idx / (KT / 8), c = 8 * (idx % (KT / 8));
-            if (idx < PB) {
-                kdamma::bf16x8_store(qs + r * LD + c, xq[m], sq[m]);
-                kdamma::bf16x8_store(ks + r * LD + c, xk[m], sk[m]);
-            }
-        }
-    };
+                     for (int m = 0; m < MB; m++) {
+                         const int idx = tid + m * NTHR, r = idx / (KT / 8),
+                                   c = 8 * (idx % (KT / 8));
+                         if (idx < PB) {
+                             kdamma::bf16x8_store(
+                                 qs + r * LD + c,
+                                 *reinterpret_cast<const uint4 *>(rawq + r * KT + c), sq[m]);
+                             kdamma::bf16x8_store(
+                                 ks + r * LD + c,
+                                 *reinterpret_cast<const uint4 *>(rawk + r * KT + c), sk[m]);
+                         }
+                     }
+        };
     /* the 16-byte pieces this thread stages from each key tile: row pr[m], column pc[m] of the
      * tile (the same for every tile, so the offsets are formed once) */
     constexpr int PIECES = BT * KT / 4, M = (PIECES + NTHR - 1) / NTHR;
@@ -495,17 +504,19 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
     };
 
     const int nkt = (K + KT - 1) / KT;
-    if (QB) {
-        fetch(0);
-        put(0);
-    }
+    if (QB)
+        issue_raw(0);
     load(0, 0);
     kdamma::cp_async_commit();
+    if (QB) {
+        kdamma::cp_async_wait<0>();
+        convert(0);
+    }
     for (int kt = 0; kt < nkt; kt++) {
         const int b = kt & 1;
         if (kt + 1 < nkt) {
             if (QB)
-                fetch(kt + 1);
+                issue_raw(kt + 1);
             load(kt + 1, b ^ 1);
         }
         kdamma::cp_async_commit();
@@ -519,8 +530,10 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
             for (int s = s0; s < KT / 8 && kt * KT + 8 * s < K; s += S)
                 step(qs, ks, gs, 8 * s);
         }
-        if (QB && kt + 1 < nkt)
-            put(b ^ 1);  /* stage b ^ 1 was last read before the previous barrier */
+        if (QB && kt + 1 < nkt) { /* stage b ^ 1 was last read before the previous barrier */
+            kdamma::cp_async_wait<0>();
+            convert(b ^ 1);
+        }
         __syncthreads(); /* stage b is refilled next */
     }
 
@@ -1187,10 +1200,11 @@ static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                      aligned16(Aqk) && aligned16(Tm);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
                         const size_t smem = sizeof(float) * IntraFwd<BT_>::smem_floats;
-                        if (qb) {
-                            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_, true>, smem));
+                        if (qb) { /* plus the raw bf16 q, k tiles */
+                            const size_t smem_qb = smem + sizeof(float) * IntraFwd<BT_>::RAW_QB;
+                            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_, true>, smem_qb));
                             intra_fwd_mma_kernel<BT_, P_, true>
-                                <<<grid, IntraFwd<BT_>::NTHR, smem, dg__stream(ctx)>>>(
+                                <<<grid, IntraFwd<BT_>::NTHR, smem_qb, dg__stream(ctx)>>>(
                                     d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k,
                                     d->rq, d->rk, beta, G, Aqk, Tm);
                         } else {

@@ -178,17 +178,25 @@ __device__ __forceinline__ void tile_in(float *dst, const kda_bf16 *__restrict__
                                         int rows_ok, int c0, int cols,
                                         const float *__restrict__ rsc = nullptr, int64_t rss = 0) {
     static_assert(C % 8 == 0 && LD % 4 == 0, "16-byte pieces");
-    constexpr int Q = C / 8;
-    for (int idx = threadIdx.x; idx < R * Q; idx += NT) {
-        const int r = idx / Q, c = 8 * (idx % Q);
-        uint4 u = make_uint4(0u, 0u, 0u, 0u);
-        float s = 1.f;
-        if (r < rows_ok && c0 + c < cols) {
-            u = __ldg(reinterpret_cast<const uint4 *>(src + r * rs + c0 + c));
+    constexpr int Q = C / 8, IT = (R * Q + NT - 1) / NT;
+    uint4 u[IT]; /* every load of the thread in flight before the first store */
+    float s[IT];
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int idx = threadIdx.x + it * NT, r = idx / Q, c = 8 * (idx % Q);
+        u[it] = make_uint4(0u, 0u, 0u, 0u);
+        s[it] = 1.f;
+        if (idx < R * Q && r < rows_ok && c0 + c < cols) {
+            u[it] = __ldg(reinterpret_cast<const uint4 *>(src + r * rs + c0 + c));
             if (rsc)
-                s = rsc[r * rss];
+                s[it] = __ldg(rsc + r * rss);
         }
-        bf16x8_store(dst + r * LD + c, u, s);
+    }
+#pragma unroll
+    for (int it = 0; it < IT; it++) {
+        const int idx = threadIdx.x + it * NT, r = idx / Q, c = 8 * (idx % Q);
+        if (idx < R * Q)
+            bf16x8_store(dst + r * LD + c, u[it], s[it]);
     }
 }
 

@@ -182,12 +182,12 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         return; /* nothing asked of this tile (its inputs may be NULL then) */
     tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
     if (wt) {
+        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
         if constexpr (sizeof(TQ) == 2) /* bf16 k: widened, times its row scales */
             tile_in<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K,
                                        rk ? rk + t0 * H + hq : nullptr, H);
         else
             tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
-        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
     } else {
         tile_in<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
     }
@@ -285,15 +285,19 @@ struct WyCols {
  * dG in last, to which the column sum is added later) or dv (a value column), adds k a to the
  * column sum, and returns this element's share of dbeta. FAST: the hardware exponential
  * kdamma::exp_ftz (the tensor-core path). */
-template <bool FAST>
+template <bool FAST, class TQ>
 __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e,
                                             bool kcol, bool vcol, bool lastrow, float lam, float s,
                                             float &colsum, float &last) {
     const float bj = o.beta[t * o.HV + hv];
     if (kcol) {
         const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
-        const int64_t row = t * o.H + hq;
-        const float Gj = o.G[ig], kj = o.k.at(iq, row), qj = o.q.at(iq, row);
+        /* q, k of TQ (o.q.bf16 says which), times their row scales (x 1 is exact) */
+        const float sq = o.q.r ? o.q.r[t * o.H + hq] : 1.f;
+        const float sk = o.k.r ? o.k.r[t * o.H + hq] : 1.f;
+        const float Gj = o.G[ig];
+        const float kj = kda_ld(static_cast<const TQ *>(o.k.p) + iq) * sk;
+        const float qj = kda_ld(static_cast<const TQ *>(o.q.p) + iq) * sq;
         /* what the accumulated outputs hold, read with the other loads (after the first store
          * they would wait for it: the arrays may alias as far as the compiler knows) */
         const float q0 = o.dqv && (o.acc & KDA_ACC_DQ) ? o.dqv[ig] : 0.f;
@@ -327,7 +331,7 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
     return 0.f;
 }
 
-template <int BT>
+template <int BT, class TQ>
 __global__ void __launch_bounds__(NTH)
     wy_cols_kernel(Dims d, QkIn q, QkIn k, const float *v, const float *beta, const float *G,
                    const float *Tm, const float *dW, const float *dU, const float *dKG,
@@ -369,8 +373,8 @@ __global__ void __launch_bounds__(NTH)
         for (int i = j; i < L; i++)
             s += sTm[i][j] * sX[i][lane];
         const int64_t t = t0 + j;
-        const float pb = warp_sum(wy_col_row<false>(o, t, hv, hq, e, key && ok, !key && ok,
-                                                    j == L - 1, lam, s, colsum, last));
+        const float pb = warp_sum(wy_col_row<false, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
+                                                        j == L - 1, lam, s, colsum, last));
         if (dbp && lane == 0)
             dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
     }
@@ -398,7 +402,7 @@ __global__ void __launch_bounds__(NTH)
  * (36 KB at BT = 64). Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU (the launcher checks).
  * (Capping the registers at 64 for four blocks per SM measured slower: 2.52 -> 2.96 ms at
  * (1,8192,96,128) on an H100.) */
-template <int BT>
+template <int BT, class TQ>
 __global__ void __launch_bounds__(kdamma::AB_THREADS)
     wy_cols_mma_kernel(Dims d, QkIn q, QkIn k, const float *__restrict__ v,
                        const kda_bf16 *__restrict__ vb, const float *__restrict__ beta,
@@ -451,8 +455,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     for (int j = rg; half && j < L; j += RG) {
         const float s = Xs[j * LDX + el]; /* (Tm^T up)_j */
         const int64_t t = t0 + j;
-        const float pb = warp_sum(wy_col_row<true>(o, t, hv, hq, e, key && ok, !key && ok,
-                                                   j == L - 1, lam, s, colsum, last));
+        const float pb = warp_sum(wy_col_row<true, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
+                                                       j == L - 1, lam, s, colsum, last));
         if (dbp && lane == 0)
             dbp[(int64_t)zs * d.TT * HV + t * HV + hv] = pb;
     }
@@ -549,12 +553,12 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         __syncthreads(); /* the previous stage has been read */
         tile_async<BT, CS, LD, NT>(As, A + (t0 * HV + hv) * D, (int64_t)HV * D, L, c0, D);
         if (kp) {
+            tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
             if constexpr (sizeof(TQ) == 2) /* bf16 k: widened, times its row scales */
                 tile_in<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K,
                                           rk ? rk + t0 * H + hq : nullptr, H);
             else
                 tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
-            tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
         } else {
             tile_in<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
         }
@@ -712,12 +716,24 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
         const unsigned nz =
             (unsigned)(DG_CEIL_DIV(d.K, kdamma::AB_N) + DG_CEIL_DIV(d.V, kdamma::AB_N));
         const size_t smem = sizeof(float) * (size_t)BT * (BT + 8 + kdamma::AB_LDB);
-        DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT>, smem));
-        wy_cols_mma_kernel<BT><<<dim3((unsigned)d.NC * nz, d.HV), kdamma::AB_THREADS, smem, s>>>(
-            d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
+        const dim3 grid((unsigned)d.NC * nz, d.HV);
+        if (qi.bf16) {
+            DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, kda_bf16>, smem));
+            wy_cols_mma_kernel<BT, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
+                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
+        } else {
+            DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, float>, smem));
+            wy_cols_mma_kernel<BT, float><<<grid, kdamma::AB_THREADS, smem, s>>>(
+                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
+        }
     } else {
-        wy_cols_kernel<BT><<<dim3((unsigned)d.NC, d.HV, nkt + nvt), NTH, 0, s>>>(
-            d, qi, ki, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+        const dim3 grid((unsigned)d.NC, d.HV, nkt + nvt);
+        if (qi.bf16)
+            wy_cols_kernel<BT, kda_bf16><<<grid, NTH, 0, s>>>(
+                d, qi, ki, v, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dG, dbp, kacc);
+        else
+            wy_cols_kernel<BT, float><<<grid, NTH, 0, s>>>(d, qi, ki, v, beta, G, Tm, dW, dU, dKG,
+                                                           dQG, dqv, dkv, dv, dG, dbp, kacc);
     }
     DG_CHECK_LAUNCH();
     if (dTm) {
