@@ -1029,6 +1029,27 @@ static dg_tensor *bf16_dev(dg_ctx *cpu, dg_ctx *gpu, const dg_tensor *t, dg_tens
     return g;
 }
 
+/* The n outputs f of a factored call against o, the same call on the stored rows (the same
+ * bits), and want, the f64 references (output fi above the world's floor; mid: outputs stored
+ * like the intermediates); frees all three sets. */
+static void factored_cmp(const world *w, const char *kern, const char *stage, const char *const *nm,
+                         int n, dg_tensor **o, dg_tensor **f, dg_tensor **want, int fi,
+                         double floor, int mid) {
+    char what[96];
+    for (int i = 0; i < n; i++) {
+        snprintf(what, sizeof what, "%s %s factored == from y", stage, nm[i]);
+        same_bits(w->r->L.name, what, o[i], f[i]);
+        snprintf(what, sizeof what, "%s (factored)", nm[i]);
+        if (mid)
+            wcmp_mid(w, kern, what, f[i], want[i]);
+        else
+            wcmp_tol(w, kern, what, f[i], want[i], i == fi ? floor : 0.0, w->tol);
+    }
+    free_all(want, (size_t)n);
+    free_all(o, (size_t)n);
+    free_all(f, (size_t)n);
+}
+
 /* Factored q, k (kda_cuda_dims.qk_bf16, rq, rk): the in-op L2 norm's bf16 input rows x and their
  * reciprocal norms r, instead of the f32 rows y = x r. The intra and WY functions (both
  * directions) and the norm's backward must give exactly what they give from y -- bit for bit:
@@ -1040,7 +1061,6 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
     const int H = w->H, HV = w->HV, K = w->K, V = w->V, BT = w->BT;
     const float scale = (float)w->scale;
     const char *cn = w->r->L.name;
-    char what[96];
     /* x: the raw rows rounded to bf16; y, r from the device norm; qh, kh: f64 normalised x */
     dg_tensor *xq_h, *xk_h;
     dg_tensor *xq_d = bf16_dev(cpu, gpu, w->qraw, &xq_h);
@@ -1125,15 +1145,7 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
                                            F(w->G_d), F(w->TmB_d), F(w->dAu_d), F(w->dTu_d),
                                            F(f[0]), F(f[1]), F(f[2]), F(f[3]), 0),
                     "intra bwd launch (factored)");
-        for (int i = 0; i < 4; i++) {
-            snprintf(what, sizeof what, "intra %s factored == from y", nm[i]);
-            same_bits(cn, what, o[i], f[i]);
-            snprintf(what, sizeof what, "%s (factored)", nm[i]);
-            wcmp_tol(w, "kda_intra_bwd", what, f[i], want[i], i == 3 ? floor : 0.0, w->tol);
-        }
-        free_all(want, 4);
-        free_all(o, 4);
-        free_all(f, 4);
+        factored_cmp(w, "kda_intra_bwd", "intra", nm, 4, o, f, want, 3, floor, 0);
     }
 
     /* WY forward, all four outputs */
@@ -1155,15 +1167,7 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
         dg_check_ok(dg__kda_wy_fwd_cuda(gpu, &fd, F(xq_d), F(xk_d), F(w->v_d), F(w->beta_d),
                                         F(w->G_d), F(w->TmF_d), F(f[0]), F(f[1]), F(f[2]), F(f[3])),
                     "wy launch (factored)");
-        for (int i = 0; i < 4; i++) {
-            snprintf(what, sizeof what, "wy %s factored == from y", nm[i]);
-            same_bits(cn, what, o[i], f[i]);
-            snprintf(what, sizeof what, "%s (factored)", nm[i]);
-            wcmp_mid(w, "kda_wy_fwd", what, f[i], want[i]);
-        }
-        free_all(want, 4);
-        free_all(o, 4);
-        free_all(f, 4);
+        factored_cmp(w, "kda_wy_fwd", "wy", nm, 4, o, f, want, -1, 0.0, 1);
     }
 
     /* WY backward, all four upstream gradients */
@@ -1192,15 +1196,7 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
                                         F(w->dKGu_d), F(w->dQGu_d), F(f[0]), F(f[1]), F(f[2]),
                                         F(f[3]), F(f[4]), F(f[5]), 0),
                     "wy bwd launch (factored)");
-        for (int i = 0; i < 6; i++) {
-            snprintf(what, sizeof what, "wy %s factored == from y", nm[i]);
-            same_bits(cn, what, o[i], f[i]);
-            snprintf(what, sizeof what, "%s (factored)", nm[i]);
-            wcmp_tol(w, "kda_wy_bwd", what, f[i], want[i], i == 4 ? floor : 0.0, w->tol);
-        }
-        free_all(want, 6);
-        free_all(o, 6);
-        free_all(f, 6);
+        factored_cmp(w, "kda_wy_bwd", "wy", nm, 6, o, f, want, 4, floor, 0);
     }
     dg_tensor *all[12] = {xq_d, xk_d, yq_d, yk_d, rq_d, rk_d, xq_h, xk_h, qh, kh, rqh, rkh};
     free_all(all, 12);
