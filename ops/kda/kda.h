@@ -179,9 +179,10 @@ static inline float kda_softplus_f32(float x) {
 
 /* ---- devices ----------------------------------------------------------------------------
  * On CUDA every stage computes in f32 (kernels/kda/kda_cuda.h): activation inputs (q, k, v, g,
- * beta, and o's gradient) may be f32 or bf16 and are converted to f32 copies before the kernels
- * run; A_log, dt_bias, h0, ht and the intermediates G, Aqk, Tm, W, U, KG, QG, h, E are f32
- * tensors. The device copy of the chunk tables is refcounted so that the stages of one
+ * beta, and o's gradient) may be f32 or bf16; the kernels of the tensor-core path read bf16 ones
+ * as stored (docs/kda.md section 6 lists which), elsewhere they are converted to f32 copies
+ * first; A_log, dt_bias, h0, ht and G, Aqk, Tm are f32, W, U, KG, QG, h, E f32 or bf16
+ * (kda_cfg.mid). The device copy of the chunk tables is refcounted so that the stages of one
  * dg_kda_chunk call and their tape nodes share a single upload. */
 typedef struct kda_dev {
     int refcount;
