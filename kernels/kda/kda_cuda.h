@@ -89,9 +89,10 @@ typedef struct kda_cuda_dims {
      * [TT,H] (each optional): every row of q (k) is multiplied by its entry as it is read.
      * The in-op L2 norm hands over its raw input x with r = 1 / ||x||, so the normalised rows
      * q = x r are formed in registers, bit for bit the product the norm's own y = x r holds,
-     * and never stored (see "factored q, k" in ops/kda/kda.h). Either needs the mma.sync path
-     * of both stages (tc == 1, K % 16 == 0, 16-byte aligned q, k: dg__kda_qk_fits); the
-     * launchers refuse it elsewhere. The gradients dq, dk stay those of the normalised rows. */
+     * and never stored (see "factored q, k" in ops/kda/kda.h). The mma.sync kernels of both
+     * stages read them so (tc == 1, K % 16 == 0, 16-byte aligned q, k: dg__kda_qk_fits); any
+     * other kernel gets f32 rows its launcher forms in scratch (kda_qk_widen). The gradients
+     * dq, dk stay those of the normalised rows. */
     int qk_bf16;
     const float *rq, *rk;
     void *buf;        /* device allocation holding the tables */
