@@ -110,8 +110,8 @@ __device__ __forceinline__ void kda_st4(kda_bf16 *p, float4 x) {
 }
 
 /* q or k as the intra and WY kernels read it (kda_cuda_dims.qk_bf16, rq, rk): f32 or bf16 rows
- * [TT,H,K], each multiplied by r[row] (row = token * H + head) when r is given. at / at4 return
- * element i (4 consecutive elements: 16-byte aligned for f32, 8-byte for bf16) of row `row`. */
+ * [TT,H,K], each multiplied by r[row] (row = token * H + head) when r is given. at returns
+ * element i of row `row` (the kernels that read them in bulk take p and r directly). */
 struct QkIn {
     const void *p;
     const float *r;
@@ -120,15 +120,6 @@ struct QkIn {
         const float x = bf16 ? kda_ld(static_cast<const kda_bf16 *>(p) + i)
                              : kda_ld(static_cast<const float *>(p) + i);
         return r ? x * r[row] : x;
-    }
-    __device__ __forceinline__ float4 at4(int64_t i, int64_t row) const {
-        float4 x = bf16 ? kda_ld4(static_cast<const kda_bf16 *>(p) + i)
-                        : kda_ld4(static_cast<const float *>(p) + i);
-        if (r) {
-            const float s = r[row];
-            x = make_float4(x.x * s, x.y * s, x.z * s, x.w * s);
-        }
-        return x;
     }
 };
 static inline QkIn qk_in(const void *p, const float *r, int bf16) {
