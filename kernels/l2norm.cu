@@ -5,19 +5,20 @@
  *   forward:   y = x r,  r = 1/sqrt(sum_D x^2 + eps)      x, y, dy, dx: [rows, D]; r: [rows]
  *   backward:  dx = r (dy - (dy . y) y)
  * y may be left unstored: the forward then writes r only and the backward forms y = x r again
- * (KDA's factored q, k: ops/kda/kda.h). One warp per row in both directions; the sums over D are
- * butterfly warp sums (every lane gets the same total). One f32 FFMA variant. The bf16 loads and
- * stores and the warp sums are the KDA kernels' helpers (kda/common.cuh).
+ * (KDA's factored q, k: ops/kda/kda.h). The forward takes 16-byte pieces, a group of lanes per
+ * row (l2norm_fwd_vec_kernel) where the sizes allow, else one warp per row; the backward one warp
+ * per row; the sums over D are butterfly sums over the row's lanes. One f32 FFMA variant. The bf16
+ * loads and stores and the warp sums are the KDA kernels' helpers (kda/common.cuh).
  */
 #include "kda/common.cuh"
 #include "l2norm.cuh"
 
 using namespace kdab;
 
-// ---- forward kernel
+// ---- forward kernels
 
 /* One warp per row; lanes stride over K, then a butterfly sum (every lane gets the total). x of
- * TX: f32, or bf16 read as it is stored (no converted copy). */
+ * TX: f32, or bf16 read as it is stored (no converted copy). Any K and alignment. */
 template <class TX>
 __global__ void l2norm_fwd_kernel(int64_t rows, int K, float eps, const TX *__restrict__ x,
                                   float *__restrict__ y, float *__restrict__ r) {
@@ -37,6 +38,49 @@ __global__ void l2norm_fwd_kernel(int64_t rows, int K, float eps, const TX *__re
             for (int c = lane; c < K; c += 32)
                 y[row * K + c] = kda_ld(xr + c) * ri;
         if (r && lane == 0)
+            r[row] = ri;
+    }
+}
+
+/* 16-byte pieces: VEC = 16 / sizeof(TX) elements each, NP = K / VEC pieces per row, a group of
+ * LPR lanes per row (a power of two, LPR >= NP when NP <= 32), 32 / LPR rows per warp and step;
+ * the group's sum is a butterfly over its LPR lanes. Needs K % VEC == 0 and 16-byte aligned x
+ * and y (the launcher checks). The rows of the old one-warp-per-row kernel moved 2 or 4 bytes
+ * per lane and load; this one moves 16. */
+template <class TX>
+__global__ void l2norm_fwd_vec_kernel(int64_t rows, int NP, int LPR, float eps,
+                                      const TX *__restrict__ x, float *__restrict__ y,
+                                      float *__restrict__ r) {
+    constexpr int VEC = 16 / sizeof(TX);
+    const int lane = threadIdx.x & 31, sub = lane % LPR, rpw = 32 / LPR;
+    const int64_t K = (int64_t)NP * VEC;
+    const int64_t step = (int64_t)gridDim.x * (blockDim.x >> 5) * rpw;
+    for (int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
+         row0 < rows; row0 += step) { /* warp-uniform: every lane takes part in the shuffles */
+        const int64_t row = row0 + lane / LPR;
+        const bool ok = row < rows;
+        const TX *xr = x + (ok ? row : 0) * K;
+        float ss = 0.f;
+        for (int p = sub; ok && p < NP; p += LPR) {
+            float v[VEC];
+            kda_ld16(xr + (int64_t)p * VEC, v);
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                ss += v[e] * v[e];
+        }
+        for (int o = LPR / 2; o > 0; o >>= 1)
+            ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float ri = 1.f / sqrtf(ss + eps);
+        if (y)
+            for (int p = sub; ok && p < NP; p += LPR) {
+                float v[VEC];
+                kda_ld16(xr + (int64_t)p * VEC, v);
+                float4 *yo = reinterpret_cast<float4 *>(y + row * K + (int64_t)p * VEC);
+#pragma unroll
+                for (int e = 0; e < VEC; e += 4)
+                    yo[e / 4] = make_float4(v[e] * ri, v[e + 1] * ri, v[e + 2] * ri, v[e + 3] * ri);
+            }
+        if (r && ok && sub == 0)
             r[row] = ri;
     }
 }
@@ -75,12 +119,25 @@ extern "C" dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, float
     if (rows == 0)
         return DG_OK;
     const int threads = KDA_THREADS;
-    if (xbf16)
+    const int vec = xbf16 ? 8 : 4, np = K / vec;
+    if (K % vec == 0 && np <= 32 && aligned16(x) && (!y || aligned16(y))) {
+        int lpr = 1; /* lanes per row: the smallest power of two >= np */
+        while (lpr < np)
+            lpr *= 2;
+        const unsigned blocks = dg__blocks(rows * lpr, threads);
+        if (xbf16)
+            l2norm_fwd_vec_kernel<<<blocks, threads, 0, dg__stream(ctx)>>>(
+                rows, np, lpr, eps, (const kda_bf16 *)x, y, r);
+        else
+            l2norm_fwd_vec_kernel<<<blocks, threads, 0, dg__stream(ctx)>>>(rows, np, lpr, eps,
+                                                                           (const float *)x, y, r);
+    } else if (xbf16) {
         l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
             rows, K, eps, (const kda_bf16 *)x, y, r);
-    else
+    } else {
         l2norm_fwd_kernel<<<dg__blocks(rows * 32, threads), threads, 0, dg__stream(ctx)>>>(
             rows, K, eps, (const float *)x, y, r);
+    }
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

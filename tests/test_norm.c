@@ -668,11 +668,13 @@ static void test_gpu(dg_ctx *cpu) {
     dg_ctx *gpu = NULL;
     DG_TEST_TRY(dg_ctx_new(dg_cuda(0), &gpu));
     /* warp path with the row in registers (D <= 256), warp path (D <= 1024), block path
-     * (D > 1024), many rows (several dw chunks), 3-d x */
-    const int64_t shapes[][3] = {{37, 100, 0}, {300, 1500, 0}, {1000, 33, 0},
-                                 {3, 37, 129}, {50, 600, 0},   {20, 256, 0}};
-    const int ndims[] = {2, 2, 2, 3, 2, 2};
-    for (int si = 0; si < 6; si++) {
+     * (D > 1024), many rows (several dw chunks), 3-d x; l2norm's 16-byte forward with 1, 2 and 4
+     * rows per warp (D = 100 f32; 256 bf16; 64: 16 and 8 lanes per row, 77 rows: a warp with
+     * rows past the end) */
+    const int64_t shapes[][3] = {{37, 100, 0}, {300, 1500, 0}, {1000, 33, 0}, {3, 37, 129},
+                                 {50, 600, 0}, {20, 256, 0},   {77, 64, 0}};
+    const int ndims[] = {2, 2, 2, 3, 2, 2, 2};
+    for (int si = 0; si < 7; si++) {
         for (int k = 0; k < N_CFGS; k++) {
             for (int dti = 0; dti < 2; dti++) {
                 dg_dtype dt = dti ? DG_BF16 : DG_F32;

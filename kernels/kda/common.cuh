@@ -91,6 +91,20 @@ __device__ __forceinline__ float4 kda_ld4(const kda_bf16 *p) {
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
     return make_float4(a.x, a.y, b.x, b.y);
 }
+/* One 16-byte piece (16-byte aligned) widened to f32: 4 f32 or 8 bf16 elements into v. */
+__device__ __forceinline__ void kda_ld16(const float *p, float (&v)[4]) {
+    const float4 u = *reinterpret_cast<const float4 *>(p);
+    v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+}
+__device__ __forceinline__ void kda_ld16(const kda_bf16 *p, float (&v)[8]) {
+    const uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const __nv_bfloat162 *b = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const float2 f = __bfloat1622float2(b[e]);
+        v[2 * e] = f.x, v[2 * e + 1] = f.y;
+    }
+}
 __device__ __forceinline__ void kda_st(float *p, float x) { *p = x; }
 __device__ __forceinline__ void kda_st(kda_bf16 *p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void kda_st2(float *p, float a, float b) {
