@@ -83,9 +83,26 @@ void dg__group_keep(dg__group *g, int i, dg_tensor *t) {
     hold(&g->t[i], t);
 }
 
+static int caches(const dg__group_row *row) {
+    return dg_policy_resolve(row->made_by, row->by_default) == DG_POLICY_CACHE;
+}
+
+/* Can backward read derived tensor i: has it a reader, or does a recipe read it that may have to
+ * run (one that makes a tensor whose policy is not CACHE)? */
+static int may_be_read(const dg__group *g, int i) {
+    const dg__group_spec *s = g->spec;
+    if (s->tensors[i].readers)
+        return 1;
+    for (int j = 0; j < s->n_tensors; j++) {
+        const int r = s->tensors[j].recipe;
+        if (r >= 0 && (s->recipes[r].reads & DG_BIT(i)) && !caches(&s->tensors[j]))
+            return 1;
+    }
+    return 0;
+}
+
 void dg__group_offer(dg__group *g, int i, dg_tensor *t) {
-    const dg__group_row *row = &g->spec->tensors[i];
-    if (dg_policy_resolve(row->made_by, row->by_default) == DG_POLICY_CACHE)
+    if (caches(&g->spec->tensors[i]) && may_be_read(g, i))
         dg__group_keep(g, i, t);
 }
 

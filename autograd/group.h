@@ -16,8 +16,8 @@
  * ops/kda/kda_group.c, DPLR: ops/dplr/dplr_group.c). The rules below are all there is:
  *
  *   keep     A tensor kept in forward (dg__group_keep, or dg__group_offer when its policy is
- *            CACHE) stays until the group is released with the last node holding it
- *            (dg_tape_reset). The group never frees it earlier.
+ *            CACHE and backward may read it) stays until the group is released with the last
+ *            node holding it (dg_tape_reset). The group never frees it earlier.
  *   rebuild  A missing tensor is rebuilt when a member's backward first asks for it
  *            (dg__group_get). That is the first reader in backward order; the later readers find
  *            it. A recipe makes, in one pass, every missing tensor of its table rows.
@@ -89,7 +89,9 @@ void *dg__group_data(const dg__group *g);
 void dg__group_set_input(dg__group *g, int i, dg_tensor *t);
 /* Keep derived tensor i (retained) whatever the policy: a node used alone keeps its inputs. */
 void dg__group_keep(dg__group *g, int i, dg_tensor *t);
-/* Derived tensor i as made by the forward: kept when the policy of its made_by kind is CACHE. */
+/* Derived tensor i as made by the forward: kept when the policy of its made_by kind is CACHE and
+ * backward may read it (it has readers, or a recipe reads it that makes a tensor not cached: KDA's
+ * U, read only by rebuild_state, is not kept when h and E are). */
 void dg__group_offer(dg__group *g, int i, dg_tensor *t);
 /* Node n, being recorded, is member m: remembers its tape order and adds every input and kept
  * tensor of the group to n's saved list (so dg_tape_bytes counts what the group holds). The

@@ -164,6 +164,26 @@ static void test_rules(dg_ctx *ctx) {
     toy_teardown(&r);
     dg_policy_reset();
 
+    /* CACHE of toy_pq: P and Q kept (Q for r_s, which may have to rebuild S); with toy_s cached
+     * as well no recipe can run, and Q, which only r_s reads, is not kept */
+    dg_policy_set("toy_pq", DG_POLICY_CACHE);
+    toy_setup(ctx, x, &r);
+    dg_check(held(&r, TP) && held(&r, TQ) && !held(&r, TS), "CACHE of toy_pq: P, Q kept, S not");
+    toy_teardown(&r);
+    dg_policy_set("toy_s", DG_POLICY_CACHE);
+    g_runs[0] = g_runs[1] = 0;
+    toy_setup(ctx, x, &r);
+    dg_check(held(&r, TP) && !held(&r, TQ) && held(&r, TS),
+             "CACHE of both: P, S kept, Q (read by r_s only) not");
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TS, &t));
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TP, &t));
+    dg__group_done(r.g, MB);
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MA, TS, &t));
+    dg__group_done(r.g, MA);
+    dg_check(g_runs[0] == 0 && g_runs[1] == 0, "CACHE of both: no recipe runs");
+    toy_teardown(&r);
+    dg_policy_reset();
+
     /* a recipe input missing: the error names it, nothing half-made stays */
     toy_setup(ctx, NULL, &r);
     dg_check_err(dg__group_get(r.g, ctx, MB, TS, &t), DG_ERR_STATE, "without x",

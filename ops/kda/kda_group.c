@@ -28,7 +28,7 @@
  *                         freed when state ends.
  *   RECOMPUTE, CACHE      output's backward runs rebuild_wy (QG for itself, W KG for state);
  *                         U is freed at once, QG when output ends, W KG when state ends.
- *   CACHE, CACHE          nothing is rebuilt.
+ *   CACHE, CACHE          nothing is rebuilt; U is not kept (only rebuild_state reads it).
  * When only ht is seeded, output's backward does not run and state's rebuilds what it reads.
  *
  * Used alone, dg_kda_state keeps W, U, KG (its own inputs) and G, h0, so under RECOMPUTE of
