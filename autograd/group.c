@@ -149,8 +149,10 @@ static void release_unneeded(dg__group *g, int before) {
             drop(g, i);
 }
 
-/* Make derived tensor i present: rebuild what its recipe reads, then run the recipe. */
-static dg_status rebuild(dg__group *g, dg_ctx *ctx, int i) {
+/* Make derived tensor i present for the members before position `before`: rebuild what its
+ * recipe reads, then run the recipe for i and for the other missing tensors of its rows that
+ * those members still need. */
+static dg_status rebuild(dg__group *g, dg_ctx *ctx, int i, int before) {
     const dg__group_spec *s = g->spec;
     const int r = s->tensors[i].recipe;
     if (r < 0)
@@ -159,14 +161,14 @@ static dg_status rebuild(dg__group *g, dg_ctx *ctx, int i) {
     const dg__group_recipe *rc = &s->recipes[r];
     for (int j = 0; j < s->n_tensors; j++)
         if ((rc->reads & DG_BIT(j)) && !g->t[j])
-            DG_TRY(rebuild(g, ctx, j));
+            DG_TRY(rebuild(g, ctx, j, before));
     for (int k = 0; k < s->n_inputs; k++)
         if ((rc->needs & DG_BIT(k)) && !g->in[k])
             return dg__err(DG_ERR_STATE, "%s backward: cannot rebuild %s (%s) without %s", s->op,
                            s->tensors[i].name, rc->name, s->inputs[k]);
     unsigned make = 0;
     for (int j = 0; j < s->n_tensors; j++)
-        if (s->tensors[j].recipe == r && !g->t[j])
+        if (s->tensors[j].recipe == r && !g->t[j] && (j == i || needed(g, j, before)))
             make |= DG_BIT(j);
     dg_status st = rc->run(g, ctx, make);
     if (st == DG_OK)
@@ -188,8 +190,8 @@ dg_status dg__group_get(dg__group *g, dg_ctx *ctx, int m, int i, dg_tensor **out
     if (!(s->tensors[i].readers & DG_BIT(m)) || !g->pos[m])
         return dg__err(DG_ERR_STATE, "%s backward: %s is not a recorded reader of %s", s->op,
                        s->members[m], s->tensors[i].name);
-    dg_status st = g->t[i] ? DG_OK : rebuild(g, ctx, i);
-    release_unneeded(g, g->pos[m] + 1); /* m itself still reads */
+    dg_status st = g->t[i] ? DG_OK : rebuild(g, ctx, i, g->pos[m] + 1); /* m itself reads */
+    release_unneeded(g, g->pos[m] + 1);                                 /* m itself still reads */
     if (st == DG_OK)
         *out = g->t[i];
     return st;

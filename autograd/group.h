@@ -20,7 +20,8 @@
  *            node holding it (dg_tape_reset). The group never frees it earlier.
  *   rebuild  A missing tensor is rebuilt when a member's backward first asks for it
  *            (dg__group_get). That is the first reader in backward order; the later readers find
- *            it. A recipe makes, in one pass, every missing tensor of its table rows.
+ *            it. A recipe makes, in one pass, every missing tensor of its table rows that a member
+ *            still to run needs (directly or through another recipe), and nothing else.
  *   release  A rebuilt tensor is freed as soon as neither a member still to run in this backward
  *            reads it nor a recipe still to run needs it. Backward visits the tape in reverse and
  *            members join the group as they are recorded, so the members still to come after

@@ -42,46 +42,58 @@ __global__ void l2norm_fwd_kernel(int64_t rows, int K, float eps, const TX *__re
     }
 }
 
-/* 16-byte pieces: VEC = 16 / sizeof(TX) elements each, NP = K / VEC pieces per row, a group of
- * LPR lanes per row (a power of two, LPR >= NP when NP <= 32), 32 / LPR rows per warp and step;
- * the group's sum is a butterfly over its LPR lanes. Needs K % VEC == 0 and 16-byte aligned x
- * and y (the launcher checks). The rows of the old one-warp-per-row kernel moved 2 or 4 bytes
- * per lane and load; this one moves 16. */
+/* 16-byte pieces: VEC = 16 / sizeof(TX) elements each, NP = K / VEC <= 32 pieces per row, a group
+ * of LPR lanes per row (the smallest power of two >= NP, so a lane holds at most one piece of a
+ * row), 32 / LPR rows per warp and pass, RU passes' loads issued before any sum (RU pieces in
+ * flight per lane); the group's sum is a butterfly over its LPR lanes. Needs K % VEC == 0 and
+ * 16-byte aligned x and y (the launcher checks). */
 template <class TX>
 __global__ void l2norm_fwd_vec_kernel(int64_t rows, int NP, int LPR, float eps,
                                       const TX *__restrict__ x, float *__restrict__ y,
                                       float *__restrict__ r) {
-    constexpr int VEC = 16 / sizeof(TX);
+    constexpr int VEC = 16 / sizeof(TX), RU = 4;
     const int lane = threadIdx.x & 31, sub = lane % LPR, rpw = 32 / LPR;
     const int64_t K = (int64_t)NP * VEC;
-    const int64_t step = (int64_t)gridDim.x * (blockDim.x >> 5) * rpw;
-    for (int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw;
+    const int64_t step = (int64_t)gridDim.x * (blockDim.x >> 5) * rpw * RU;
+    for (int64_t row0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * rpw * RU;
          row0 < rows; row0 += step) { /* warp-uniform: every lane takes part in the shuffles */
-        const int64_t row = row0 + lane / LPR;
-        const bool ok = row < rows;
-        const TX *xr = x + (ok ? row : 0) * K;
-        float ss = 0.f;
-        for (int p = sub; ok && p < NP; p += LPR) {
-            float v[VEC];
-            kda_ld16(xr + (int64_t)p * VEC, v);
+        float v[RU][VEC], ss[RU];
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            const int64_t row = row0 + u * rpw + lane / LPR;
+            if (row < rows && sub < NP) {
+                kda_ld16(x + row * K + (int64_t)sub * VEC, v[u]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    v[u][e] = 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            ss[u] = 0.f;
 #pragma unroll
             for (int e = 0; e < VEC; e++)
-                ss += v[e] * v[e];
+                ss[u] += v[u][e] * v[u][e];
+            for (int o = LPR / 2; o > 0; o >>= 1)
+                ss[u] += __shfl_xor_sync(0xffffffffu, ss[u], o);
         }
-        for (int o = LPR / 2; o > 0; o >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float ri = 1.f / sqrtf(ss + eps);
-        if (y)
-            for (int p = sub; ok && p < NP; p += LPR) {
-                float v[VEC];
-                kda_ld16(xr + (int64_t)p * VEC, v);
-                float4 *yo = reinterpret_cast<float4 *>(y + row * K + (int64_t)p * VEC);
+#pragma unroll
+        for (int u = 0; u < RU; u++) {
+            const int64_t row = row0 + u * rpw + lane / LPR;
+            const float ri = 1.f / sqrtf(ss[u] + eps);
+            if (row >= rows)
+                continue;
+            if (y && sub < NP) {
+                float4 *yo = reinterpret_cast<float4 *>(y + row * K + (int64_t)sub * VEC);
 #pragma unroll
                 for (int e = 0; e < VEC; e += 4)
-                    yo[e / 4] = make_float4(v[e] * ri, v[e + 1] * ri, v[e + 2] * ri, v[e + 3] * ri);
+                    yo[e / 4] = make_float4(v[u][e] * ri, v[u][e + 1] * ri, v[u][e + 2] * ri,
+                                            v[u][e + 3] * ri);
             }
-        if (r && ok && sub == 0)
-            r[row] = ri;
+            if (r && sub == 0)
+                r[row] = ri;
+        }
     }
 }
 
@@ -124,7 +136,7 @@ extern "C" dg_status dg__l2norm_fwd_cuda(dg_ctx *ctx, int64_t rows, int K, float
         int lpr = 1; /* lanes per row: the smallest power of two >= np */
         while (lpr < np)
             lpr *= 2;
-        const unsigned blocks = dg__blocks(rows * lpr, threads);
+        const unsigned blocks = dg__blocks(DG_CEIL_DIV(rows, 4) * lpr, threads); /* RU = 4 */
         if (xbf16)
             l2norm_fwd_vec_kernel<<<blocks, threads, 0, dg__stream(ctx)>>>(
                 rows, np, lpr, eps, (const kda_bf16 *)x, y, r);

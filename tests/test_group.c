@@ -19,6 +19,7 @@ enum { MA, MB, NM };
 enum { IX, NI };
 enum { TP, TQ, TS, NT };
 static int g_runs[2];
+static unsigned g_pq_made; /* the make mask of r_pq's last run */
 
 static dg_status make_like_x(dg__group *g, dg_ctx *ctx, int i, double v) {
     dg_tensor *x = dg__group_input(g, IX), *t = NULL;
@@ -31,6 +32,7 @@ static dg_status make_like_x(dg__group *g, dg_ctx *ctx, int i, double v) {
 
 static dg_status r_pq(dg__group *g, dg_ctx *ctx, unsigned make) {
     g_runs[0]++;
+    g_pq_made = make;
     if (make & DG_BIT(TP))
         DG_TRY(make_like_x(g, ctx, TP, 1));
     if (make & DG_BIT(TQ))
@@ -109,6 +111,7 @@ static void test_rules(dg_ctx *ctx) {
     DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TS, &t));
     dg_check(g_runs[0] == 1 && g_runs[1] == 1 && ((double *)dg_tensor_data(t))[0] == 3,
              "B's get of S runs r_pq then r_s once (runs %d %d)", g_runs[0], g_runs[1]);
+    dg_check(g_pq_made == (DG_BIT(TP) | DG_BIT(TQ)), "r_pq made P and Q (r_s reads both)");
     dg_check(held(&r, TP) && !held(&r, TQ) && held(&r, TS),
              "after the rebuild Q (read by nobody) is freed, P (B reads it) and S stay");
     dg_check(dg__group_rebuilt_alive() == 2, "2 rebuilt tensors alive (%d)",
@@ -161,6 +164,12 @@ static void test_rules(dg_ctx *ctx) {
     dg_check(g_runs[0] == 0 && g_runs[1] == 0 && held(&r, TS) && t == x,
              "CACHE: no recipe runs, S is the forward's tensor and stays");
     dg_check(dg__group_rebuilt_alive() == 0, "CACHE: nothing rebuilt alive");
+    /* B asks for P: r_pq makes P only (Q would serve only r_s, which S being kept never runs) */
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TP, &t));
+    dg_check(g_runs[0] == 1 && g_pq_made == DG_BIT(TP) && held(&r, TP) && !held(&r, TQ),
+             "CACHE of toy_s: B's get of P makes P alone (make mask %#x)", g_pq_made);
+    dg__group_done(r.g, MB);
+    dg_check(!held(&r, TP) && dg__group_rebuilt_alive() == 0, "B done: P freed");
     toy_teardown(&r);
     dg_policy_reset();
 
