@@ -690,7 +690,8 @@ dg_status dg_kda_recurrent(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v
  * Op kinds for dg_policy_set: "kda_l2norm" (default CACHE: keeps y and 1/norm), "kda_beta",
  * "kda_gate_cumsum", "kda_intra" (nothing to recompute: Aqk and Tm are always kept), "kda_wy"
  * (default RECOMPUTE: W, U, KG, QG are rebuilt from Tm in backward), "kda_state" (default
- * RECOMPUTE: h and E are rebuilt by a second sequential pass), "kda_output", "kda_recurrent". */
+ * CACHE: h and E are kept; RECOMPUTE rebuilds them by a second sequential pass), "kda_output",
+ * "kda_recurrent". */
 
 /* N1: y = x / sqrt(sum_K x^2 + 1e-6) over the last axis. x: [..., K]. */
 dg_status dg_kda_l2norm(dg_ctx *ctx, dg_tensor *x, dg_tensor **y);

@@ -361,7 +361,8 @@ static void test_ops(dg_ctx *ctx) {
     }
 }
 
-/* dg_kda_state alone under RECOMPUTE rebuilds h, E itself and frees them. */
+/* dg_kda_state alone under RECOMPUTE rebuilds h, E itself and frees them (under its default,
+ * CACHE, it keeps them). */
 static void test_state_alone(dg_ctx *ctx) {
     printf("-- dg_kda_state alone\n");
     const int64_t B = 1, T = 20, HV = 2, K = 4, V = 3;
@@ -381,7 +382,9 @@ static void test_state_alone(dg_ctx *ctx) {
     op.chunk_size = 16;
     op.output_final_state = 1;
     dg_tensor *h = NULL, *E = NULL;
+    dg_policy_set("kda_state", DG_POLICY_RECOMPUTE);
     DG_TEST_TRY(dg_kda_state(ctx, c.in[0], c.in[1], c.in[2], c.in[3], c.in[4], &op, &h, &E, &c.ht));
+    dg_policy_reset();
     /* seed E through o's slot: o is E here */
     c.o = E;
     c.dO = dg_test_rand(ctx, DG_F64, 4, sv, 26, -1, 1);

@@ -183,7 +183,7 @@ static void test_policies(dg_ctx *ctx) {
     kt_res df;
     run(ctx, c, &d, DG_F64, 1, &df);
     compare("default policy vs RECOMPUTE", c, &d, &df, &rc, 1e-14, 0);
-    /* default: l2norm caches (y, 1/norm), wy and state recompute (kda.md §3) */
+    /* default: l2norm and state cache (y, 1/norm; h, E), wy recomputes (kda.md §3) */
     printf("   tape bytes with the default policies: %zu\n", df.tape_bytes);
     dg_check(df.tape_bytes < ca.tape_bytes, "default policies keep less than CACHE (%zu < %zu)",
              df.tape_bytes, ca.tape_bytes);

@@ -59,8 +59,9 @@ static const stage_doc g_stages[] = {
      "  for each chunk c in order:   h_c = state at the chunk start        h [B,NT,HV,K,V]\n"
      "      E_c     = U_c - W_c h_c                  (= the per-token deltas e_t, 'v_new')\n"
      "      h_{c+1} = Diag(exp(G_last)) h_c + KG_c^T E_c\n"
-     "  final state = h_NT.  RECOMPUTE (default) reruns this pass in backward from h0;\n"
-     "  CACHE keeps h and E. The backward pass runs the same loop in reverse for dh.\n"},
+     "  final state = h_NT.  CACHE (default) keeps h and E (K*V/BT + V values per token\n"
+     "  per head); RECOMPUTE reruns this pass in backward from h0. The backward pass runs\n"
+     "  the same loop in reverse for dh.\n"},
     {"output", "N7 kda_output: inter-chunk term + intra-chunk term",
      "  O_c = scale * QG_c h_c  +  Aqk_c E_c          [B,T,HV,V]\n"
      "  Backward: dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO.\n"

@@ -9,8 +9,8 @@
  * The tape gets one node per stage (N1 twice: q and k), and backward runs them in reverse. The
  * state and output nodes read W, U, KG, QG, h, E through one recompute group (its table, what
  * is kept and what is rebuilt under each policy, is at the top of kda_group.c): under the
- * default policies ("kda_wy", "kda_state": RECOMPUTE) they are not kept after the forward; the
- * output node's backward rebuilds them once from Tm and h0, as FLA's backward does (kda.md §3).
+ * default policies ("kda_wy" RECOMPUTE, "kda_state" CACHE) h and E are kept and W, KG, QG are
+ * rebuilt once from Tm by the output node's backward (kda.md §3).
  * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
  * g, beta may be bf16: the kernels read them as stored (l2norm, beta, gate; v in the WY node;
  * q, k in the intra and WY nodes); beta, G, Aqk and Tm are f32, W, U, KG, QG, h, E bf16 on the

@@ -17,17 +17,21 @@
  *
  * The inputs q, k, v, beta, G, Tm, h0 (q, k normalised -- factored with the row scales rq, rk
  * where those are given (kda.h) -- beta transformed: what the wy node reads) are kept by the wy
- * and state nodes anyway. Both policies default to RECOMPUTE. The
- * members are recorded state, cp_link (dg_kda_chunk_cp only), output, so backward runs output
- * first, then cp_link, then state. What happens, per pair of policies ("kda_wy", "kda_state"):
+ * and state nodes anyway. Defaults: "kda_wy" RECOMPUTE, "kda_state" CACHE. Keeping h and E
+ * (K V / BT + V values per token and value head: 768 bytes in bf16 at K = V = 128) saves the
+ * second run of the serial pass, the one stage whose time does not shrink with more parallel
+ * work; W, U, KG, QG (3 K + V values) are rebuilt by a chunk-parallel pass. The members are
+ * recorded state, cp_link (dg_kda_chunk_cp only), output, so backward runs output first, then
+ * cp_link, then state. What happens, per pair of policies ("kda_wy", "kda_state"):
  *
  *   RECOMPUTE, RECOMPUTE  output's backward runs rebuild_wy (W U KG QG) and rebuild_state (h E),
  *                         for itself and for the later readers; U is freed at once, QG when
  *                         output ends, W KG h E when state ends.
  *   CACHE, RECOMPUTE      output's backward runs rebuild_state from the kept W U KG; h, E are
  *                         freed when state ends.
- *   RECOMPUTE, CACHE      output's backward runs rebuild_wy (QG for itself, W KG for state);
- *                         U is freed at once, QG when output ends, W KG when state ends.
+ *   RECOMPUTE, CACHE      (the default) output's backward runs rebuild_wy for QG (itself) and
+ *                         W, KG (state), not U (nobody needs it); QG is freed when output
+ *                         ends, W KG when state ends.
  *   CACHE, CACHE          nothing is rebuilt; U is not kept (only rebuild_state reads it).
  * When only ht is seeded, output's backward does not run and state's rebuilds what it reads.
  *
@@ -51,8 +55,8 @@ static const dg__group_row kda_tensors[KDA_NDERIVED] = {
     {"U",    "kda_wy",    DG_POLICY_RECOMPUTE,  0,                      R_WY},
     {"KG",   "kda_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
     {"QG",   "kda_wy",    DG_POLICY_RECOMPUTE,  M(OUTPUT),              R_WY},
-    {"h",    "kda_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
-    {"E",    "kda_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
+    {"h",    "kda_state", DG_POLICY_CACHE,      M(STATE) | M(OUTPUT),   R_STATE},
+    {"E",    "kda_state", DG_POLICY_CACHE,      M(STATE) | M(OUTPUT),   R_STATE},
 };
 
 static const dg__group_recipe kda_recipes[] = {

@@ -9,7 +9,7 @@
  *   dlambda_c = exp(lambda_c) . rowsum(h_c . dH)              (into dG at the chunk's last row)
  *   dH <- Diag(exp(lambda_c)) dH - W_c^T dE_c + dh_c^out;     dh0 = dH at the end
  * Only E (the KDA path) is not gated here: the exp(lambda - G) factor lives in KG (kda.md §11.4(d)
- * note). Policy "kda_state" (default RECOMPUTE): under CACHE the node keeps h and E; under
+ * note). Policy "kda_state" (default CACHE): under CACHE the node keeps h and E; under
  * RECOMPUTE they are rebuilt in backward by rerunning this pass (kda.md §3). W, KG, h, E reach
  * backward through the recompute group (kda_group.c has the table). Shapes: W, KG, G [B,T,HV,K]; U,
  * E [B,T,HV,V]; h [B,NT,HV,K,V]; h0, ht [N,HV,K,V]. CUDA: W, U, KG f32 or bf16 (read in the
@@ -326,7 +326,7 @@ dg_status dg__kda_state_x(dg_ctx *ctx, dg_tensor *W, dg_tensor *U, dg_tensor *KG
     }
     if (st == DG_OK && dg__needs_grad(5, in)) {
         dg_node *n = NULL;
-        st = dg__node_new("kda_state", DG_POLICY_RECOMPUTE, state_backward, ctx, &n);
+        st = dg__node_new("kda_state", DG_POLICY_CACHE, state_backward, ctx, &n);
         if (st == DG_OK && !grp) { /* used alone: W, U, KG are this node's own inputs */
             st = dg__kda_group_new(&cfg, &own);
             if (st == DG_OK) {
