@@ -190,8 +190,9 @@ dg_status dg__group_get(dg__group *g, dg_ctx *ctx, int m, int i, dg_tensor **out
     if (!(s->tensors[i].readers & DG_BIT(m)) || !g->pos[m])
         return dg__err(DG_ERR_STATE, "%s backward: %s is not a recorded reader of %s", s->op,
                        s->members[m], s->tensors[i].name);
-    dg_status st = g->t[i] ? DG_OK : rebuild(g, ctx, i, g->pos[m] + 1); /* m itself reads */
-    release_unneeded(g, g->pos[m] + 1);                                 /* m itself still reads */
+    const int before = g->pos[m] + 1; /* the members still to run, m itself included */
+    dg_status st = g->t[i] ? DG_OK : rebuild(g, ctx, i, before);
+    release_unneeded(g, before);
     if (st == DG_OK)
         *out = g->t[i];
     return st;
