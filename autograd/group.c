@@ -13,6 +13,7 @@ struct dg__group {
     dg_tensor *t[DG_GROUP_MAX];  /* derived tensors held now (kept or rebuilt) */
     unsigned rebuilt;            /* DG_BIT(i): t[i] was rebuilt in backward, the group frees it */
     int pos[DG_GROUP_MAX];       /* member m joined as the pos[m]-th member (tape order); 0: not */
+    dg_node *node[DG_GROUP_MAX]; /* member m's node (its saved list holds the kept tensors) */
     int joined;
 };
 
@@ -116,6 +117,7 @@ void dg__group_put(dg__group *g, int i, dg_tensor *t) {
 void dg__group_join(dg__group *g, int m, dg_node *n) {
     DG_ASSERT(m >= 0 && m < g->spec->n_members && g->pos[m] == 0);
     g->pos[m] = ++g->joined;
+    g->node[m] = n;
     for (int i = 0; i < g->spec->n_inputs; i++)
         if (g->in[i])
             dg__node_save(n, g->in[i]);
@@ -142,11 +144,37 @@ static int needed(const dg__group *g, int i, int before) {
     return 0;
 }
 
-/* Free every rebuilt tensor that no member before position `before` needs. */
+/* Can derived tensor i be rebuilt if it goes: it has a recipe, the recipe's inputs are set, and
+ * every derived tensor the recipe reads is present or can itself be rebuilt (no cycles). */
+static int rebuildable(const dg__group *g, int i) {
+    const dg__group_spec *s = g->spec;
+    const int r = s->tensors[i].recipe;
+    if (r < 0)
+        return 0;
+    for (int k = 0; k < s->n_inputs; k++)
+        if ((s->recipes[r].needs & DG_BIT(k)) && !g->in[k])
+            return 0;
+    for (int j = 0; j < s->n_tensors; j++)
+        if ((s->recipes[r].reads & DG_BIT(j)) && !g->t[j] && !rebuildable(g, j))
+            return 0;
+    return 1;
+}
+
+/* Free every tensor that no member before position `before` needs: rebuilt ones, and kept ones
+ * that can be rebuilt (their references in the members' saved lists go too). */
 static void release_unneeded(dg__group *g, int before) {
-    for (int i = 0; i < g->spec->n_tensors; i++)
-        if ((g->rebuilt & DG_BIT(i)) && !needed(g, i, before))
+    for (int i = 0; i < g->spec->n_tensors; i++) {
+        if (!g->t[i] || needed(g, i, before))
+            continue;
+        if (g->rebuilt & DG_BIT(i)) {
             drop(g, i);
+        } else if (rebuildable(g, i)) {
+            for (int m = 0; m < g->spec->n_members; m++)
+                if (g->node[m])
+                    dg__node_unsave(g->node[m], g->t[i]);
+            drop(g, i);
+        }
+    }
 }
 
 /* Make derived tensor i present for the members before position `before`: rebuild what its

@@ -16,17 +16,22 @@
  * ops/kda/kda_group.c, DPLR: ops/dplr/dplr_group.c). The rules below are all there is:
  *
  *   keep     A tensor kept in forward (dg__group_keep, or dg__group_offer when its policy is
- *            CACHE and backward may read it) stays until the group is released with the last
- *            node holding it (dg_tape_reset). The group never frees it earlier.
+ *            CACHE and backward may read it) serves its readers in backward without a rebuild.
+ *            When no member still to run needs it (the release rule below), it is freed if its
+ *            recipe could make it again (the recipe's inputs are set), with the references the
+ *            members' saved lists hold (dg__group_join put them there); a second backward then
+ *            rebuilds it like a RECOMPUTE tensor. One that could not come back (a node used
+ *            alone keeps its own inputs, with no recipe inputs set) stays until the group is
+ *            released with the last node holding it (dg_tape_reset).
  *   rebuild  A missing tensor is rebuilt when a member's backward first asks for it
  *            (dg__group_get). That is the first reader in backward order; the later readers find
  *            it. A recipe makes, in one pass, every missing tensor of its table rows that a member
  *            still to run needs (directly or through another recipe), and nothing else.
- *   release  A rebuilt tensor is freed as soon as neither a member still to run in this backward
- *            reads it nor a recipe still to run needs it. Backward visits the tape in reverse and
- *            members join the group as they are recorded, so the members still to come after
- *            member m are exactly those that joined before m: no other ordering knowledge is
- *            needed. The check runs after every dg__group_get and at dg__group_done, which each
+ *   release  A rebuilt tensor (or a kept one that can be rebuilt) is freed as soon as neither a
+ *            member still to run in this backward reads it nor a recipe still to run needs it.
+ * Backward visits the tape in reverse and members join the group as they are recorded, so the
+ * members still to come after member m are exactly those that joined before m: no other ordering
+ * knowledge is needed. The check runs after every dg__group_get and at dg__group_done, which each
  *            member's backward calls when it ends (on every path).
  *
  * A member whose backward the tape skips (no gradient reached it) neither asks nor calls
@@ -94,9 +99,10 @@ void dg__group_keep(dg__group *g, int i, dg_tensor *t);
  * backward may read it (it has readers, or a recipe reads it that makes a tensor not cached: KDA's
  * U, read only by rebuild_state, is not kept when h and E are). */
 void dg__group_offer(dg__group *g, int i, dg_tensor *t);
-/* Node n, being recorded, is member m: remembers its tape order and adds every input and kept
- * tensor of the group to n's saved list (so dg_tape_bytes counts what the group holds). The
- * caller keeps a reference to g in n's params (dg__group_retain). */
+/* Node n, being recorded, is member m: remembers n and its tape order and adds every input and
+ * kept tensor of the group to n's saved list (so dg_tape_bytes counts what the group holds; a
+ * kept tensor freed in backward leaves those lists, dg__node_unsave). The caller keeps a
+ * reference to g in n's params (dg__group_retain). */
 void dg__group_join(dg__group *g, int m, dg_node *n);
 
 /* ---- backward ---- */

@@ -159,6 +159,14 @@ void dg__node_save(dg_node *n, dg_tensor *t) {
     n->saved[n->n_saved++] = dg_tensor_retain(t);
 }
 
+void dg__node_unsave(dg_node *n, const dg_tensor *t) {
+    for (int i = n->n_saved - 1; i >= 0; i--)
+        if (n->saved[i] == t) {
+            dg_tensor_free(&n->saved[i]);
+            return;
+        }
+}
+
 void *dg__node_params(dg_node *n, size_t bytes) {
     DG_ASSERT(n->params == NULL);
     n->params = DG_CALLOC(1, bytes ? bytes : 1);

@@ -70,6 +70,9 @@ dg_status dg__node_output(dg_node *n, dg_tensor *t);
 dg_status dg__node_output_as(dg_node *n, dg_tensor *t, dg_dtype grad_dt);
 /* Keep a reference to t for backward (NULL allowed: kept as an empty entry). Cannot fail. */
 void dg__node_save(dg_node *n, dg_tensor *t);
+/* Drop n's last saved reference to t (a recompute group's kept tensor, freed after its last
+ * reader in backward: autograd/group.h); the entry becomes NULL. */
+void dg__node_unsave(dg_node *n, const dg_tensor *t);
 /* Zeroed parameter block of `bytes`, owned by the node. */
 void *dg__node_params(dg_node *n, size_t bytes);
 /* Append to the active tape. On failure the node is destroyed. */

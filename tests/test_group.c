@@ -74,13 +74,16 @@ static const dg__group_spec toy = {
 typedef struct toy_run {
     dg__group *g;
     dg_node *a, *b;
+    dg_tensor *y; /* what the forward made (offered as P, Q and S) */
 } toy_run;
 
 static void toy_setup(dg_ctx *ctx, dg_tensor *x, toy_run *r) {
+    const int64_t sh[1] = {3};
+    DG_TEST_TRY(dg_tensor_zeros(ctx, DG_F64, 1, sh, &r->y));
     DG_TEST_TRY(dg__group_new(&toy, NULL, NULL, &r->g));
     dg__group_set_input(r->g, IX, x);
     for (int i = 0; i < NT; i++)
-        dg__group_offer(r->g, i, x);
+        dg__group_offer(r->g, i, r->y);
     DG_TEST_TRY(dg__node_new("toy_a", DG_POLICY_DEFAULT, NULL, ctx, &r->a));
     DG_TEST_TRY(dg__node_new("toy_b", DG_POLICY_DEFAULT, NULL, ctx, &r->b));
     dg__group_join(r->g, MA, r->a);
@@ -91,6 +94,7 @@ static void toy_teardown(toy_run *r) {
     dg__node_abort(r->a);
     dg__node_abort(r->b);
     dg__group_release(&r->g);
+    dg_tensor_free(&r->y);
 }
 
 static int held(const toy_run *r, int i) { return dg__group_tensor(r->g, i) != NULL; }
@@ -151,25 +155,49 @@ static void test_rules(dg_ctx *ctx) {
                  "A asking for P (not one of its reads)");
     toy_teardown(&r);
 
-    /* CACHE of toy_s: S is kept from the forward, nothing is rebuilt or freed by the group */
+    /* CACHE of toy_s: S is kept from the forward and serves both readers; once its last reader
+     * (A) has ended it is freed, from the nodes' saved lists too (x is there to rebuild it), and
+     * a second pass rebuilds it like a RECOMPUTE one */
     g_runs[0] = g_runs[1] = 0;
     dg_policy_set("toy_s", DG_POLICY_CACHE);
     toy_setup(ctx, x, &r);
     dg_check(held(&r, TS) && !held(&r, TP), "CACHE of toy_s: S kept, P not");
-    dg_check(r.a->n_saved == 2, "join saves the kept S too (%d saved)", r.a->n_saved);
-    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TS, &t));
-    dg__group_done(r.g, MB);
-    DG_TEST_TRY(dg__group_get(r.g, ctx, MA, TS, &t));
-    dg__group_done(r.g, MA);
-    dg_check(g_runs[0] == 0 && g_runs[1] == 0 && held(&r, TS) && t == x,
-             "CACHE: no recipe runs, S is the forward's tensor and stays");
-    dg_check(dg__group_rebuilt_alive() == 0, "CACHE: nothing rebuilt alive");
+    dg_check(r.a->n_saved == 2 && r.a->saved[1] == r.y, "join saves the kept S too (%d saved)",
+             r.a->n_saved);
     /* B asks for P: r_pq makes P only (Q would serve only r_s, which S being kept never runs) */
     DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TP, &t));
     dg_check(g_runs[0] == 1 && g_pq_made == DG_BIT(TP) && held(&r, TP) && !held(&r, TQ),
              "CACHE of toy_s: B's get of P makes P alone (make mask %#x)", g_pq_made);
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TS, &t));
+    dg_check(t == r.y && g_runs[1] == 0, "CACHE: B reads the forward's S, r_s does not run");
     dg__group_done(r.g, MB);
-    dg_check(!held(&r, TP) && dg__group_rebuilt_alive() == 0, "B done: P freed");
+    dg_check(!held(&r, TP) && held(&r, TS) && dg__group_rebuilt_alive() == 0,
+             "B done: P freed, the kept S stays for A");
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MA, TS, &t));
+    dg_check(t == r.y && g_runs[1] == 0, "CACHE: A reads the forward's S");
+    dg__group_done(r.g, MA);
+    dg_check(!held(&r, TS) && r.a->saved[1] == NULL && r.b->saved[1] == NULL &&
+                 r.a->saved[0] == x && r.b->saved[0] == x,
+             "A done: the kept S is freed, from both saved lists (the input x stays)");
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TS, &t));
+    dg__group_done(r.g, MB);
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MA, TS, &t));
+    const double s2 = ((double *)dg_tensor_data(t))[0];
+    dg__group_done(r.g, MA);
+    dg_check(g_runs[1] == 1 && s2 == 3 && dg__group_rebuilt_alive() == 0,
+             "a second pass rebuilds S once and frees it (r_s runs %d, S = %g)", g_runs[1], s2);
+    toy_teardown(&r);
+    dg_policy_reset();
+
+    /* a kept tensor that cannot be rebuilt (no x) stays after its last reader */
+    dg_policy_set("toy_s", DG_POLICY_CACHE);
+    toy_setup(ctx, NULL, &r);
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MB, TS, &t));
+    dg__group_done(r.g, MB);
+    DG_TEST_TRY(dg__group_get(r.g, ctx, MA, TS, &t));
+    dg__group_done(r.g, MA);
+    dg_check(held(&r, TS) && r.a->saved[r.a->n_saved - 1] == r.y,
+             "CACHE without x: S stays after its last reader (it could not come back)");
     toy_teardown(&r);
     dg_policy_reset();
 
