@@ -66,7 +66,8 @@ static const stage_doc g_stages[] = {
      "  O_c = scale * QG_c h_c  +  Aqk_c E_c          [B,T,HV,V]\n"
      "  Backward: dQG = s dO h^T, dh = s QG^T dO, dAqk = tril(dO E^T), dE = Aqk^T dO.\n"
      "  Its backward runs first: what N5/N6 did not keep (W, U, KG, QG, h, E) it rebuilds once,\n"
-     "  for itself and N6; each rebuilt tensor is freed when its last reader's backward ends.\n"},
+     "  for itself and N6; each of them, kept or rebuilt, is freed when its last reader's\n"
+     "  backward ends.\n"},
 };
 
 const char *ex_card_text(const char *name) {

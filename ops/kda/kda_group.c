@@ -20,19 +20,24 @@
  * and state nodes anyway. Defaults: "kda_wy" RECOMPUTE, "kda_state" CACHE. Keeping h and E
  * (K V / BT + V values per token and value head: 768 bytes in bf16 at K = V = 128) saves the
  * second run of the serial pass, the one stage whose time does not shrink with more parallel
- * work; W, U, KG, QG (3 K + V values) are rebuilt by a chunk-parallel pass. The members are
- * recorded state, cp_link (dg_kda_chunk_cp only), output, so backward runs output first, then
- * cp_link, then state. What happens, per pair of policies ("kda_wy", "kda_state"):
+ * work; W, U, KG, QG (3 K + V values) are rebuilt by a chunk-parallel pass. A kept tensor is
+ * freed as soon as its last reader's backward has ended (group.h, "keep"), like a rebuilt one,
+ * so within one op call caching costs no peak memory (the peak is reached in the WY backward,
+ * after both readers); what it costs is memory between the forward and the backward, which a
+ * model holds for every layer at once (docs/kda.md §3). The members are recorded state, cp_link
+ * (dg_kda_chunk_cp only), output, so backward runs output first, then cp_link, then state. What
+ * happens, per pair of policies ("kda_wy", "kda_state"):
  *
  *   RECOMPUTE, RECOMPUTE  output's backward runs rebuild_wy (W U KG QG) and rebuild_state (h E),
  *                         for itself and for the later readers; U is freed at once, QG when
  *                         output ends, W KG h E when state ends.
- *   CACHE, RECOMPUTE      output's backward runs rebuild_state from the kept W U KG; h, E are
- *                         freed when state ends.
+ *   CACHE, RECOMPUTE      output's backward runs rebuild_state from the kept W U KG; U is freed
+ *                         then, QG when output ends, W KG h E when state ends.
  *   RECOMPUTE, CACHE      (the default) output's backward runs rebuild_wy for QG (itself) and
  *                         W, KG (state), not U (nobody needs it); QG is freed when output
- *                         ends, W KG when state ends.
- *   CACHE, CACHE          nothing is rebuilt; U is not kept (only rebuild_state reads it).
+ *                         ends, W KG h E when state ends.
+ *   CACHE, CACHE          nothing is rebuilt; U is not kept (only rebuild_state reads it); QG
+ *                         is freed when output ends, W KG h E when state ends.
  * When only ht is seeded, output's backward does not run and state's rebuilds what it reads.
  *
  * Used alone, dg_kda_state keeps W, U, KG (its own inputs) and G, h0, so under RECOMPUTE of
