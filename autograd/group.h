@@ -29,10 +29,11 @@
  *            still to run needs (directly or through another recipe), and nothing else.
  *   release  A rebuilt tensor (or a kept one that can be rebuilt) is freed as soon as neither a
  *            member still to run in this backward reads it nor a recipe still to run needs it.
- * Backward visits the tape in reverse and members join the group as they are recorded, so the
- * members still to come after member m are exactly those that joined before m: no other ordering
- * knowledge is needed. The check runs after every dg__group_get and at dg__group_done, which each
- *            member's backward calls when it ends (on every path).
+ *            Backward visits the tape in reverse and members join the group as they are
+ *            recorded, so the members still to come after member m are exactly those that joined
+ *            before m: no other ordering knowledge is needed. The check runs after every
+ *            dg__group_get and at dg__group_done, which each member's backward calls when it
+ *            ends (on every path).
  *
  * A member whose backward the tape skips (no gradient reached it) neither asks nor calls
  * dg__group_done; whatever it would have read is freed when a member recorded before it ends. If
