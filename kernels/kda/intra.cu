@@ -33,18 +33,20 @@
  *              order).
  *   tc != 0, tensor cores (the hardware exponential kdamma::exp_ftz, far below the TF32 operand
  * rounding): forward  intra_fwd_mma_kernel: mma.sync m16n8k8 on exponent-factorised operands, warp
- * = one 16-row block and a share of the key steps; off-diagonal blocks around the block's first
- * row, TF32 (tc == 1) or 3xTF32 (tc == 2) (kda.md §11.7 rule 2); diagonal blocks 3xTF32 around
- * their middle rows when the gates allow (MID_SPAN, decided per 8 key columns), else exact FFMA;
- * the block solve (kda_solve_blocked); backward intra_dl_mma_kernel and intra_main_mma_kernel: the
- * same sums as mma.sync 3xTF32 products (tc == 1 and 2: the sums of these gradients feed dA_log's
- * long sums, where TF32 rounding showed). dq, dk are produced per value head and summed over the G
- * heads of a group by kda_sum_parts (deterministic GVA reduction); with G = 1 they are written in
- * place (acc: added to what the arrays hold, KDA_ACC_*). Shared memory: intra_dl 2 x BT x (BT+1)
- * floats (33 KB at BT = 64); intra_main (3 x BT x 32 + 2 x BT x BT + BT) floats (56 KB at BT = 64,
- * dynamic, opted in); intra_main_mma (3 x BT x 72 + 2 x BT x (BT+4) + 3 x BT) floats (90 KB at BT =
- * 64); intra_fwd_mma two stages of 3 x BT x 36 floats (54 KB at BT = 64, dynamic). Entry points
- * (kda_cuda.h): dg__kda_intra_fwd_cuda, dg__kda_intra_bwd_cuda.
+ * = whole 16 x 16 blocks over every key column (a diagonal block, or up to two off-diagonal ones
+ * of a block row); off-diagonal blocks around the block row's first row, TF32 (tc == 1) or 3xTF32
+ * (tc == 2) (kda.md §11.7 rule 2); diagonal blocks 3xTF32 around their middle rows when the gates
+ * allow (MID_SPAN, decided per 8 key columns), else exact FFMA; the solve by 16 x 16 blocks
+ * (intra_diag_inverse, then intra_merge_blocks on mma.sync 3xTF32); backward intra_dl_mma_kernel
+ * and intra_main_mma_kernel: the same sums as mma.sync 3xTF32 products (tc == 1 and 2: the sums of
+ * these gradients feed dA_log's long sums, where TF32 rounding showed). dq, dk are produced per
+ * value head and summed over the G heads of a group by kda_sum_parts (deterministic GVA reduction);
+ * with G = 1 they are written in place (acc: added to what the arrays hold, KDA_ACC_*). Shared
+ * memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main (3 x BT x 32 + 2 x BT x BT
+ * + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma (3 x BT x 72 + 2 x BT x (BT+4)
+ * + 3 x BT) floats (90 KB at BT = 64); intra_fwd_mma two stages of q, k, G key tiles (39 KB at BT =
+ * 64 for bf16 q, k; 55 KB for f32), dynamic. Entry points (kda_cuda.h): dg__kda_intra_fwd_cuda,
+ * dg__kda_intra_bwd_cuda.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -63,51 +65,107 @@ namespace {
 constexpr float MID_SPAN = 40.f;
 } // namespace
 
-/* Ts = (I + Ls)^{-1} (the tensor-core forward's solve) for a strictly lower triangular BT x BT Ls
- * (rows past L are zero, so those rows of Ts come out as the identity's), by 16 x 16 blocks: the
- * diagonal blocks are inverted by forward substitution (thread = one column of one block: a chain
- * of at most 120 FMAs instead of the ~2000 of a whole column), then block row I = 1 .. R-1 in turn:
- *   X_IJ = sum_{J <= K < I} L_IK T_KJ,   T_IJ = -T_II X_IJ   (all J < I at once, 256 threads).
- * The same inverse as the column solve up to the order of the sums. Xs: scratch of
- * (BT/16 - 1) * 256 floats. Ends with the caller's __syncthreads. 256 threads. */
-template <int BT>
-__device__ __forceinline__ void kda_solve_blocked(const float *Ls, float *Ts, float *Xs) {
-    constexpr int R = BT / 16;
-    const int tid = threadIdx.x;
-    if (tid < BT) { /* column c of diagonal block I */
-        const int I = tid / 16, c = tid % 16, o = 16 * I;
-        float col[16];
+/* acc += A B on one warp's 16 x 8 tile in 3xTF32 (about f32 accuracy), k over [k0, k1) in
+ * steps of 8: A row-major at A (row r, column k at A[r * LDA + k]), B row-major at B (row k,
+ * column n at B[k * LDB + n]); za(r, k) / zb(k, n) say which elements count as zero (the
+ * unwritten blocks above a triangle's diagonal). The block solve's merge products. */
+template <int LDA, int LDB, class ZA, class ZB>
+__device__ __forceinline__ void mm16x8_3x(float (&acc)[4], const float *A, const float *B, int k0,
+                                          int k1, ZA za, ZB zb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k = k0; k < k1; k += 8) {
+        unsigned ah[4], al[4], bh0, bl0, bh1, bl1;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float s = 0.f;
-#pragma unroll
-            for (int m = 0; m < i; m++)
-                s += m >= c ? Ls[(o + i) * BT + o + m] * col[m] : 0.f;
-            col[i] = i < c ? 0.f : (i == c ? 1.f : -s);
+        for (int x = 0; x < 4; x++) {
+            const int r = g + 8 * (x & 1), c = k + t + 4 * (x >> 1);
+            kdamma::tf32_split(za(r, c) ? 0.f : A[r * LDA + c], ah[x], al[x]);
         }
-#pragma unroll
-        for (int i = 0; i < 16; i++)
-            Ts[(o + i) * BT + o + c] = col[i];
+        kdamma::tf32_split(zb(k + t, g) ? 0.f : B[(k + t) * LDB + g], bh0, bl0);
+        kdamma::tf32_split(zb(k + t + 4, g) ? 0.f : B[(k + t + 4) * LDB + g], bh1, bl1);
+        kdamma::mma_3xtf32(acc, ah, al, bh0, bh1, bl0, bl1);
     }
-#pragma unroll
-    for (int I = 1; I < R; I++) {
-        __syncthreads(); /* block rows < I of Ts are final */
-        /* X_IJ for J < I: thread tid owns element (a, b) = (tid / 16, tid % 16) of each */
-        const int a = tid / 16, b = tid % 16;
-        for (int J = 0; J < I; J++) {
-            float s = 0.f;
-            for (int m = 16 * J; m < 16 * I; m++)
-                s += Ls[(16 * I + a) * BT + m] * Ts[m * BT + 16 * J + b];
-            Xs[J * 256 + a * 16 + b] = s;
+}
+
+/* Stores a warp's 16 x 8 accumulator tile times s at D (row-major, leading dimension LD). */
+template <int LD> __device__ __forceinline__ void st16x8(const float (&acc)[4], float *D, float s) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    D[g * LD + 2 * t] = s * acc[0];
+    D[g * LD + 2 * t + 1] = s * acc[1];
+    D[(g + 8) * LD + 2 * t] = s * acc[2];
+    D[(g + 8) * LD + 2 * t + 1] = s * acc[3];
+}
+
+/* Ts = (I + Ls)^{-1} (the tensor-core forward's solve) for the strictly lower triangular BT x
+ * BT matrix Ls (leading dimension LD; rows past L zero, so those rows of Ts come out as the
+ * identity's), once the diagonal 16 x 16 blocks T_II = (I + L_II)^{-1} are in Ts (intra_fwd_mma
+ * inverts them: intra_diag_inverse). The other blocks by doubling, on mma.sync 3xTF32:
+ *   level 1, pairs (a, b) = (2p, 2p + 1):  X = L_ba T_aa,  T_ba = -T_bb X
+ *   level 2 (BT = 64), 32-row halves:      X = L_[23][01] T_[01],  T_[23][01] = -T_[23] X
+ * where T_[01] is the inverse of the top-left 32 x 32 corner that level 1 completed. Blocks of
+ * Ts above the diagonal are never written: the products read them as zeros. Four barriers;
+ * Xs: 32 x (32 + 4) floats of scratch. Needs 2 * BT / 16 warps (level 1 uses BT / 16 of them). */
+template <int BT, int LD>
+__device__ __forceinline__ void intra_merge_blocks(const float *Ls, float *Ts, float *Xs) {
+    constexpr int R = BT / 16, LDX = 36;
+    const int w = threadIdx.x >> 5;
+    auto none = [](int, int) { return false; };
+    if (R >= 2) {
+        const int p = w / 2, n = w % 2, a = 2 * p, b = a + 1;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        if (w < R)
+            mm16x8_3x<LD, LD>(acc, Ls + 16 * b * LD + 16 * a, Ts + 16 * a * LD + 16 * a + 8 * n, 0,
+                              16, none, none);
+        if (w < R)
+            st16x8<LDX>(acc, Xs + 16 * p * LDX + 8 * n, 1.f);
+        __syncthreads();
+        if (w < R) {
+            float acc2[4] = {0.f, 0.f, 0.f, 0.f};
+            mm16x8_3x<LD, LDX>(acc2, Ts + 16 * b * LD + 16 * b, Xs + 16 * p * LDX + 8 * n, 0, 16,
+                               none, none);
+            st16x8<LD>(acc2, Ts + 16 * b * LD + 16 * a + 8 * n, -1.f);
         }
         __syncthreads();
-        for (int J = 0; J < I; J++) {
-            float s = 0.f;
-            for (int m = 0; m <= a; m++)
-                s += Ts[(16 * I + a) * BT + 16 * I + m] * Xs[J * 256 + m * 16 + b];
-            Ts[(16 * I + a) * BT + 16 * J + b] = -s;
-        }
     }
+    if (R == 4) { /* warp w: rows 32 + 16 m, columns 8 n of the bottom-left 32 x 32 quarter */
+        const int m = w / 4, n = w % 4;
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        /* B = T_[01]: block (0, 1) (rows < 16, columns >= 16) is zero, so for n >= 2 the sum
+         * starts at k = 16 */
+        mm16x8_3x<LD, LD>(acc, Ls + (32 + 16 * m) * LD, Ts + 8 * n, n >= 2 ? 16 : 0, 32, none,
+                          [n](int k, int) { return (n >> 1) > (k >> 4); });
+        st16x8<LDX>(acc, Xs + 16 * m * LDX + 8 * n, 1.f);
+        __syncthreads();
+        /* A = T_[23], rows of block 2 + m: block (2, 3) is zero, so for m = 0 the sum ends at 16 */
+        float acc2[4] = {0.f, 0.f, 0.f, 0.f};
+        mm16x8_3x<LD, LDX>(
+            acc2, Ts + (32 + 16 * m) * LD + 32, Xs + 8 * n, 0, m == 0 ? 16 : 32,
+            [m](int, int k) { return (k >> 4) > m; }, none);
+        st16x8<LD>(acc2, Ts + (32 + 16 * m) * LD + 8 * n, -1.f);
+        __syncthreads();
+    }
+}
+
+/* T_II = (I + L_II)^{-1} for one diagonal 16 x 16 block (rows and columns o .. o + 15) of the
+ * strictly lower Ls into Ts (both leading dimension LD), by forward substitution: lanes 0 .. 15
+ * of the calling warp, one column each (a chain of at most 120 FMAs); the whole block is written,
+ * zeros above the diagonal and ones on it. */
+template <int LD>
+__device__ __forceinline__ void intra_diag_inverse(const float *Ls, float *Ts, int o) {
+    const int c = threadIdx.x & 31;
+    if (c >= 16)
+        return;
+    float col[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        float s = 0.f;
+#pragma unroll
+        for (int m = 0; m < i; m++)
+            s += m >= c ? Ls[(o + i) * LD + o + m] * col[m] : 0.f;
+        col[i] = i < c ? 0.f : (i == c ? 1.f : -s);
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        Ts[(o + i) * LD + o + c] = col[i];
 }
 
 /* The end of the FFMA intra forward kernel: write the L valid rows of Aqk
@@ -251,13 +309,12 @@ __global__ void __launch_bounds__(KDA_THREADS)
 /* N4 intra forward on tensor cores (kda.md §11.4(b)), grid (chunk, hv), IntraFwd<BT>::NTHR
  * threads. Araw[i,j] = sum_d q_i k_j exp(G_i - G_j) (j <= i) and P[i,j] = sum_d k_i k_j
  * exp(G_i - G_j) (j < i) as mma.sync m16n8k8 products on exponent-factorised operands, then
- * Tm = (I + Diag(beta) P)^{-1} by the block solve.
- * Work split: warp w owns the 16-row block I = w % R (R = BT / 16) and every key step (8 key
- * columns) s with s % S == w / R (S = 8 / R warps per row block); the S partial sums of a block
- * are added in a fixed order at the end (bitwise run to run). Each warp reads only its own rows
- * and the rows above them, so the exponent factors are formed in registers from the staged q, k,
- * G tiles, with no exchange between warps:
- *   off-diagonal blocks J < I (kda.md §11.7 rule 2, reference row r = 16 I): A = q_I, k_I times
+ * Tm = (I + Diag(beta) P)^{-1}.
+ * Work split: each warp owns whole 16 x 16 blocks of both matrices over every key column
+ * (intra_task): warp I < R = BT / 16 the diagonal block (I, I), the others the off-diagonal
+ * blocks, two of one block row at most (BT = 64: (3,0) + (3,1), (3,2), (2,0) + (2,1), (1,0)).
+ * Each warp forms its exponent factors in registers from the staged q, k, G tiles:
+ *   off-diagonal blocks (I, J) (kda.md §11.7 rule 2, reference row r = 16 I): A = q_I, k_I times
  *     exp(G_I - G_r), B = k_J times exp(G_r - G_J); both exponents <= 0 (G is non-increasing in
  *     a chunk), clamped at 0 so zero-padded rows past L stay exp(0) times a zero row. TF32
  *     (P = 1) or 3xTF32 (P = 2).
@@ -267,350 +324,350 @@ __global__ void __launch_bounds__(KDA_THREADS)
  *     steps add the exact per-pair sums (FFMA, pairs j <= i only; above the diagonal nothing is
  *     stored).
  * The split of a product over d may differ from one key step to the next: both factors of a
- * step go into its own operands. Key tiles of 32 columns are staged by cp.async (16-byte pieces,
- * when K % 4 == 0 and the arrays are 16-byte aligned: vec, which also stores Aqk in pairs and Tm
- * in 16-byte pieces) in two stages, so the next tile loads while this one is multiplied. Shared
- * memory (dynamic): the two stages, reused for the split-K sums, then Lkk, Tm and the solve's
- * scratch. */
+ * step go into its own operands. Key tiles of 32 columns of q, k (as stored: f32, or bf16 times
+ * the row scales rq, rk as they are read, TQ) and G are staged by cp.async (16-byte pieces, when
+ * K % 4 == 0 and the arrays are 16-byte aligned: vec, which also stores Aqk in pairs and Tm in
+ * 16-byte pieces; bf16 q, k come only so) in two stages, so the next tile loads while this one
+ * is multiplied. Then each warp writes its blocks of Aqk from its registers and those of Lkk =
+ * Diag(beta) P into shared memory; a diagonal warp inverts its block at once
+ * (intra_diag_inverse), and intra_merge_blocks completes Tm. Every warp keeps at most four 16 x 8
+ * accumulator tiles, so that three blocks fit on an SM (MINB). Shared memory (dynamic): the two
+ * stages, then Lkk, Tm and the merge scratch; the row scales after them. */
+struct IntraTask {
+    int I, J0, NB; /* row block; first column block, number of blocks (1 or 2); I < 0: none */
+    bool D;        /* the diagonal block (I, I) */
+};
+template <int R> __device__ __forceinline__ IntraTask intra_task(int w) {
+    if (w < R)
+        return {w, w, 1, true};
+    if (R == 2 && w == 2)
+        return {1, 0, 1, false};
+    if (R == 4) {
+        switch (w) {
+        case 4:
+            return {3, 0, 2, false};
+        case 5:
+            return {3, 2, 1, false};
+        case 6:
+            return {2, 0, 2, false};
+        case 7:
+            return {1, 0, 1, false};
+        default:
+            break;
+        }
+    }
+    return {-1, 0, 0, false};
+}
+
 template <int BT> struct IntraFwd {
-    static constexpr int R = BT / 16;          /* row blocks */
-    static constexpr int S = 8 / R;            /* warps per row block (key steps split) */
-    static constexpr int NT = 2 * R;           /* 8-column tiles of a row */
-    static constexpr int NACC = 2 * NT * 4;    /* accumulator registers: Araw and P */
-    static constexpr int KT = 32, LD = KT + 4; /* key tile; LD % 32 == 4: conflict-free reads */
-    static constexpr int NTHR = 256;
-    static constexpr int STAGE = 3 * BT * LD; /* q, k, G tiles */
-    static constexpr int RED = (S - 1) * R * NACC * 32;
-    static constexpr int FIN = 2 * BT * BT + (R - 1) * 256;
-    static constexpr int smem_floats = 2 * STAGE > RED ? (2 * STAGE > FIN ? 2 * STAGE : FIN)
-                                                       : (RED > FIN ? RED : FIN);
-    static constexpr int RAW_QB = BT * KT; /* after smem_floats: bf16 q, k tiles (QB) */
+    static constexpr int R = BT / 16;               /* row blocks */
+    static constexpr int NW = BT == 16 ? 2 : 2 * R; /* warps: the solve's merges use 2 R */
+    static constexpr int NTHR = 32 * NW;
+    static constexpr int MINB = 768 / NTHR;     /* blocks per SM the registers allow */
+    static constexpr int KT = 32, LDG = KT + 4; /* key tile; LD % 32 == 4 (mma.cuh) */
+    static constexpr int LDS = BT + 4;          /* Lkk and Tm in shared memory */
+    static constexpr int SOLVE = (2 * BT * LDS + 32 * 36) * 4; /* bytes: Lkk, Tm, merge scratch */
+    template <class TQ> static constexpr int ldq() { return sizeof(TQ) == 2 ? KT + 8 : KT + 4; }
+    template <class TQ> static constexpr int stage() { /* bytes: q, k, G tiles */
+        return 2 * BT * ldq<TQ>() * (int)sizeof(TQ) + BT * LDG * 4;
+    }
+    template <class TQ> static constexpr int body() { /* bytes: the stages, then the solve's */
+        return 2 * stage<TQ>() > SOLVE ? 2 * stage<TQ>() : SOLVE;
+    }
+    template <class TQ> static constexpr int smem() { /* bytes: + row scales, exact-sum scratch */
+        return body<TQ>() + 2 * BT * 4 + R * 32 * 16 * 4;
+    }
 };
 
-template <int BT, int P, bool QB>
-__global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
+template <int BT, int P, class TQ>
+__global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     intra_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
                          const int32_t *__restrict__ chunk_len, int H, int HV, int K, bool vec,
-                         float scale, const void *__restrict__ qv, const void *__restrict__ kv,
+                         float scale, const TQ *__restrict__ q, const TQ *__restrict__ k,
                          const float *__restrict__ rq, const float *__restrict__ rk,
                          const float *__restrict__ beta, const float *__restrict__ G,
                          float *__restrict__ Aqk, float *__restrict__ Tm) {
     using F = IntraFwd<BT>;
-    constexpr int R = F::R, S = F::S, NT = F::NT, KT = F::KT, LD = F::LD, NTHR = F::NTHR;
-    extern __shared__ __align__(16) float sm[];
+    constexpr int KT = F::KT, LDQ = F::template ldq<TQ>(), LDG = F::LDG, LDS = F::LDS;
+    constexpr int NTHR = F::NTHR, STAGE = F::template stage<TQ>();
+    constexpr bool QB = sizeof(TQ) == 2; /* bf16 rows times their scales */
+    extern __shared__ __align__(16) unsigned char smb[];
+    float *scq = reinterpret_cast<float *>(smb + F::template body<TQ>()), *sck = scq + BT;
+    float *fb = sck + BT; /* the diagonal warps' scratch for their exact sums */
 
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y, hq = hv / (HV / H);
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int I = w % R, kw = w / R;
-    const bool active = 16 * I < L; /* the block has a valid row (else all its sums are zero) */
-    const int mid = min(16 * I + 8, L - 1);
-
-    /* accumulator slots: n < NT - 2 hold the off-diagonal 8-column tiles n < 2 I, slots
-     * NT - 2 and NT - 1 the diagonal block's two tiles (fixed slots, so no code is predicated on
-     * I) */
-    constexpr int DS = NT - 2;
-    float accA[NT][4], accP[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int x = 0; x < 4; x++)
-            accA[n][x] = accP[n][x] = 0.f;
-
-    const float *q = static_cast<const float *>(qv), *k = static_cast<const float *>(kv);
-    const float *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
+    const IntraTask tk = intra_task<F::R>(w);
+    const int I = tk.I;
+    const bool active = I >= 0 && 16 * I < L; /* a valid row in the block (else its sums are 0) */
+    const int i0 = 16 * I + g, mid = min(16 * I + 8, L - 1);
+    const TQ *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
     const float *gg = G + (t0 * HV + hv) * K;
-    /* QB (q, k bf16, vec): each thread copies its 16-byte pieces of the next tile's bf16 q, k
-     * into a raw area of shared memory (cp.async, in flight during the current tile's key steps)
-     * and, once they have landed, widens its own pieces times their row scales into the f32
-     * stage: no barrier beyond the loop's, and nothing held in registers across the key steps */
-    constexpr int PB = BT * KT / 8, MB = (PB + NTHR - 1) / NTHR;
-    const kda_bf16 *qb = static_cast<const kda_bf16 *>(qv) + (t0 * H + hq) * K;
-    const kda_bf16 *kb = static_cast<const kda_bf16 *>(kv) + (t0 * H + hq) * K;
-    kda_bf16 *rawq = reinterpret_cast<kda_bf16 *>(sm + F::smem_floats), *rawk = rawq + BT * KT;
-    float sq[MB], sk[MB]; /* the row scales of this thread's pieces (the same rows every tile) */
-#pragma unroll
-    for (int m = 0; m < MB; m++) {
-        const int idx = tid + m * NTHR, r = idx / (KT / 8);
-        const bool ok = QB && idx < PB && r < L;
-        sq[m] = ok && rq ? rq[(t0 + r) * H + hq] : 1.f;
-        sk[m] = ok && rk ? rk[(t0 + r) * H + hq] : 1.f;
-    }
-    auto issue_raw = [&](int kt) {
-        const int k0 = kt * KT;
-#pragma unroll
-        for (int m = 0; m < MB; m++) {
-            const int idx = tid + m * NTHR, r = idx / (KT / 8), c = 8 * (idx % (KT / 8));
-            if (idx >= PB)
-                continue;
-            const bool ok = r < L && k0 + c < K;
-            const int64_t o = ok ? (int64_t)r * H * K + k0 + c : 0;
-            kdamma::cp_async16(rawq + r * KT + c, qb + o, ok);
-            kdamma::cp_async16(rawk + r * KT + c, kb + o, ok);
-        }
+
+    /* row scales: this thread's rows in registers (A rows i0, i0 + 8; B rows of each of its
+     * column blocks), every row in shared memory for the exact diagonal sums */
+    auto rscale = [&](const float *r, int row) {
+        return QB && r && row >= 0 && row < L ? r[(t0 + row) * H + hq] : 1.f;
     };
-    auto convert =
-        [&](int b) { /* this thread's own pieces: visible to it after its wait */
-                     float *qs = sm + b * F::STAGE, *ks = qs + BT * LD;
-#pragma unroll
-                     for (int m = 0; m < MB; m++) {
-                         const int idx = tid + m * NTHR, r = idx / (KT / 8),
-                                   c = 8 * (idx % (KT / 8));
-                         if (idx < PB) {
-                             kdamma::bf16x8_store(
-                                 qs + r * LD + c,
-                                 *reinterpret_cast<const uint4 *>(rawq + r * KT + c), sq[m]);
-                             kdamma::bf16x8_store(
-                                 ks + r * LD + c,
-                                 *reinterpret_cast<const uint4 *>(rawk + r * KT + c), sk[m]);
-                         }
-                     }
-        };
-    /* the 16-byte pieces this thread stages from each key tile: row pr[m], column pc[m] of the
-     * tile (the same for every tile, so the offsets are formed once) */
-    constexpr int PIECES = BT * KT / 4, M = (PIECES + NTHR - 1) / NTHR;
-    int pr[M], pc[M];
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-        const int idx = tid + m * NTHR;
-        pr[m] = idx < PIECES ? idx / (KT / 4) : BT; /* BT: no piece */
-        pc[m] = 4 * (idx % (KT / 4));
+    if (tid < BT) {
+        scq[tid] = rscale(rq, tid);
+        sck[tid] = rscale(rk, tid);
     }
-    auto load = [&](int kt, int b) {
-        float *qs = sm + b * F::STAGE, *ks = qs + BT * LD, *gs = ks + BT * LD;
-        const int k0 = kt * KT;
-        if (vec) { /* rows >= L and columns >= K zero-filled */
+    float sqa[2], ska[2], skb[2][2];
 #pragma unroll
-            for (int m = 0; m < M; m++) {
-                if (pr[m] >= BT)
-                    continue;
-                const bool ok = pr[m] < L && k0 + pc[m] < K;
-                const int so = pr[m] * LD + pc[m];
-                const int64_t oq = ok ? (int64_t)pr[m] * H * K + k0 + pc[m] : 0;
-                const int64_t og = ok ? (int64_t)pr[m] * HV * K + k0 + pc[m] : 0;
-                if (!QB) {
-                    kdamma::cp_async16(qs + so, qg + oq, ok);
-                    kdamma::cp_async16(ks + so, kg + oq, ok);
-                }
-                kdamma::cp_async16(gs + so, gg + og, ok);
+    for (int h = 0; h < 2; h++) {
+        sqa[h] = rscale(rq, i0 + 8 * h);
+        ska[h] = rscale(rk, i0 + 8 * h);
+#pragma unroll
+        for (int nb = 0; nb < 2; nb++)
+            skb[nb][h] = rscale(rk, 16 * (tk.J0 + nb) + 8 * h + g);
+    }
+
+    float accA[2][2][4], accP[2][2][4]; /* [column block][8-column tile][fragment] */
+#pragma unroll
+    for (int nb = 0; nb < 2; nb++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                accA[nb][h][x] = accP[nb][h][x] = 0.f;
+
+    auto stq = [&](int b) { return reinterpret_cast<TQ *>(smb + b * STAGE); };
+    auto load = [&](int kt, int b) {
+        TQ *qs = stq(b), *ks = qs + BT * LDQ;
+        float *gs = reinterpret_cast<float *>(ks + BT * LDQ);
+        const int k0 = kt * KT;
+        if (QB || vec) { /* rows >= L and columns >= K zero-filled */
+            constexpr int EQ = 16 / sizeof(TQ), PQ = BT * KT / EQ, PG = BT * KT / 4;
+            for (int idx = tid; idx < PQ; idx += NTHR) {
+                const int r = idx / (KT / EQ), c = EQ * (idx % (KT / EQ));
+                const bool ok = r < L && k0 + c < K;
+                const int64_t o = ok ? (int64_t)r * H * K + k0 + c : 0;
+                kdamma::cp_async16(qs + r * LDQ + c, qg + o, ok);
+                kdamma::cp_async16(ks + r * LDQ + c, kg + o, ok);
             }
-        } else {
+            for (int idx = tid; idx < PG; idx += NTHR) {
+                const int r = idx / (KT / 4), c = 4 * (idx % (KT / 4));
+                const bool ok = r < L && k0 + c < K;
+                kdamma::cp_async16(gs + r * LDG + c, gg + (ok ? (int64_t)r * HV * K + k0 + c : 0),
+                                   ok);
+            }
+        } else { /* f32 q, k only (the launcher's rule) */
             for (int idx = tid; idx < BT * KT; idx += NTHR) {
                 const int i = idx / KT, e = idx % KT;
                 const bool ok = i < L && k0 + e < K;
-                qs[i * LD + e] = ok ? qg[(int64_t)i * H * K + k0 + e] : 0.f;
-                ks[i * LD + e] = ok ? kg[(int64_t)i * H * K + k0 + e] : 0.f;
-                gs[i * LD + e] = ok ? gg[(int64_t)i * HV * K + k0 + e] : 0.f;
+                qs[i * LDQ + e] = ok ? qg[(int64_t)i * H * K + k0 + e] : TQ(0.f);
+                ks[i * LDQ + e] = ok ? kg[(int64_t)i * H * K + k0 + e] : TQ(0.f);
+                gs[i * LDG + e] = ok ? gg[(int64_t)i * HV * K + k0 + e] : 0.f;
             }
         }
     };
+    /* q or k at (row, column) of a staged tile, times the row's scale (x 1 skipped for f32) */
+    auto rd = [&](const TQ *s, int row, int col, float sc) {
+        return QB ? kda_ld(s + row * LDQ + col) * sc : kda_ld(s + row * LDQ + col);
+    };
 
-    /* One key step: columns c .. c + 7 of the staged tiles. Exponentials: exp_ftz (factors
-     * that flush to zero stand for terms below 2^-126 of the sums). */
     using kdamma::exp_ftz;
     using kdamma::mma_3xtf32;
-    auto step = [&](const float *qs, const float *ks, const float *gs, int c) {
-        const int i0 = 16 * I + g, e0 = c + t;
-        /* A fragments: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) */
-        float qa[4], ka[4], ga[4];
+    /* one key step of an off-diagonal warp: columns c .. c + 7 */
+    auto off_step = [&](const TQ *qs, const TQ *ks, const float *gs, int c) {
+        const int e0 = c + t, r = 16 * I;
+        const float gr[2] = {gs[r * LDG + e0], gs[r * LDG + e0 + 4]};
+        unsigned qh[4], ql[4], kh[4], kl[4];
 #pragma unroll
-        for (int x = 0; x < 4; x++) {
-            const int o = (i0 + 8 * (x & 1)) * LD + e0 + 4 * (x >> 1);
-            qa[x] = qs[o];
-            ka[x] = ks[o];
-            ga[x] = gs[o];
-        }
-        if (I > 0) { /* off-diagonal blocks J < I around row r = 16 I */
-            const float gr[2] = {gs[16 * I * LD + e0], gs[16 * I * LD + e0 + 4]};
-            unsigned qh[4], ql[4], kh[4], kl[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                const float f = exp_ftz(fminf(ga[x] - gr[x >> 1], 0.f));
-                if (P == 1) {
-                    qh[x] = kdamma::tf32(qa[x] * f);
-                    kh[x] = kdamma::tf32(ka[x] * f);
-                } else {
-                    kdamma::tf32_split(qa[x] * f, qh[x], ql[x]);
-                    kdamma::tf32_split(ka[x] * f, kh[x], kl[x]);
-                }
+        for (int x = 0; x < 4;
+             x++) { /* a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) */
+            const int row = i0 + 8 * (x & 1), col = e0 + 4 * (x >> 1);
+            const float f = exp_ftz(fminf(gs[row * LDG + col] - gr[x >> 1], 0.f));
+            const float qa = rd(qs, row, col, sqa[x & 1]), ka = rd(ks, row, col, ska[x & 1]);
+            if (P == 1) {
+                qh[x] = kdamma::tf32(qa * f);
+                kh[x] = kdamma::tf32(ka * f);
+            } else {
+                kdamma::tf32_split(qa * f, qh[x], ql[x]);
+                kdamma::tf32_split(ka * f, kh[x], kl[x]);
             }
+        }
 #pragma unroll
-            for (int n = 0; n < DS; n++) {
-                if (n >= 2 * I)
-                    break;
-                const float *kj = ks + (8 * n + g) * LD + e0, *gj = gs + (8 * n + g) * LD + e0;
+        for (int nb = 0; nb < 2; nb++) {
+            if (nb >= tk.NB)
+                break;
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 16 * (tk.J0 + nb) + 8 * h + g;
                 /* b0 (k = t, n = g), b1 (k = t + 4, n = g) */
-                const float b0 = kj[0] * exp_ftz(fminf(gr[0] - gj[0], 0.f));
-                const float b1 = kj[4] * exp_ftz(fminf(gr[1] - gj[4], 0.f));
+                const float b0 =
+                    rd(ks, j, e0, skb[nb][h]) * exp_ftz(fminf(gr[0] - gs[j * LDG + e0], 0.f));
+                const float b1 = rd(ks, j, e0 + 4, skb[nb][h]) *
+                                 exp_ftz(fminf(gr[1] - gs[j * LDG + e0 + 4], 0.f));
                 if (P == 1) {
                     const unsigned bh0 = kdamma::tf32(b0), bh1 = kdamma::tf32(b1);
-                    kdamma::mma_tf32(accA[n], qh, bh0, bh1);
-                    kdamma::mma_tf32(accP[n], kh, bh0, bh1);
+                    kdamma::mma_tf32(accA[nb][h], qh, bh0, bh1);
+                    kdamma::mma_tf32(accP[nb][h], kh, bh0, bh1);
                 } else {
                     unsigned bh0, bl0, bh1, bl1;
                     kdamma::tf32_split(b0, bh0, bl0);
                     kdamma::tf32_split(b1, bh1, bl1);
-                    mma_3xtf32(accA[n], qh, ql, bh0, bh1, bl0, bl1);
-                    mma_3xtf32(accP[n], kh, kl, bh0, bh1, bl0, bl1);
+                    mma_3xtf32(accA[nb][h], qh, ql, bh0, bh1, bl0, bl1);
+                    mma_3xtf32(accP[nb][h], kh, kl, bh0, bh1, bl0, bl1);
                 }
             }
         }
-        /* the diagonal block */
-        const float gm[2] = {gs[mid * LD + e0], gs[mid * LD + e0 + 4]};
+    };
+    /* one key step of a diagonal warp */
+    auto diag_step = [&](const TQ *qs, const TQ *ks, const float *gs, int c) {
+        const int e0 = c + t;
+        const float gm[2] = {gs[mid * LDG + e0], gs[mid * LDG + e0 + 4]};
+        float qa[4], ka[4], ga[4];
         bool near = true;
 #pragma unroll
-        for (int x = 0; x < 4; x++)
-            if (i0 + 8 * (x & 1) < L && fabsf(ga[x] - gm[x >> 1]) > MID_SPAN)
+        for (int x = 0; x < 4; x++) {
+            const int row = i0 + 8 * (x & 1), col = e0 + 4 * (x >> 1);
+            qa[x] = rd(qs, row, col, sqa[x & 1]);
+            ka[x] = rd(ks, row, col, ska[x & 1]);
+            ga[x] = gs[row * LDG + col];
+            if (row < L && fabsf(ga[x] - gm[x >> 1]) > MID_SPAN)
                 near = false;
+        }
         if (__all_sync(0xffffffffu, near)) {
-            unsigned qh[4], ql[4], kh[4], kl[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) {
-                const float f = exp_ftz(fminf(ga[x] - gm[x >> 1], MID_SPAN));
-                kdamma::tf32_split(qa[x] * f, qh[x], ql[x]);
-                kdamma::tf32_split(ka[x] * f, kh[x], kl[x]);
-            }
+            /* B first (both tiles), then A's halves for Araw and for P in turn: fewer live
+             * registers */
+            unsigned bh[2][2], bl[2][2];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int j = 16 * I + 8 * h + g;
-                const float *kj = ks + j * LD + e0, *gj = gs + j * LD + e0;
-                const float b0 = kj[0] * exp_ftz(fminf(gm[0] - gj[0], MID_SPAN));
-                const float b1 = kj[4] * exp_ftz(fminf(gm[1] - gj[4], MID_SPAN));
-                unsigned bh0, bl0, bh1, bl1;
-                kdamma::tf32_split(b0, bh0, bl0);
-                kdamma::tf32_split(b1, bh1, bl1);
-                mma_3xtf32(accA[DS + h], qh, ql, bh0, bh1, bl0, bl1);
-                mma_3xtf32(accP[DS + h], kh, kl, bh0, bh1, bl0, bl1);
+                const float b0 =
+                    rd(ks, j, e0, skb[0][h]) * exp_ftz(fminf(gm[0] - gs[j * LDG + e0], MID_SPAN));
+                const float b1 = rd(ks, j, e0 + 4, skb[0][h]) *
+                                 exp_ftz(fminf(gm[1] - gs[j * LDG + e0 + 4], MID_SPAN));
+                kdamma::tf32_split(b0, bh[h][0], bl[h][0]);
+                kdamma::tf32_split(b1, bh[h][1], bl[h][1]);
             }
-        } else { /* exact sums of the lane's accumulator elements on or below the diagonal */
+            float f[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                f[x] = exp_ftz(fminf(ga[x] - gm[x >> 1], MID_SPAN));
+            unsigned ah[4], al[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                kdamma::tf32_split(qa[x] * f[x], ah[x], al[x]);
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                mma_3xtf32(accA[0][h], ah, al, bh[h][0], bh[h][1], bl[h][0], bl[h][1]);
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                kdamma::tf32_split(ka[x] * f[x], ah[x], al[x]);
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                mma_3xtf32(accP[0][h], ah, al, bh[h][0], bh[h][1], bl[h][0], bl[h][1]);
+        } else { /* exact sums of the lane's accumulator elements on or below the diagonal,
+                    through the warp's scratch row in shared memory (a rare path: kept out of the
+                    registers of the common one) */
+            float *fs = fb + (w * 32 + lane) * 16;
+#pragma unroll 1
+            for (int y = 0; y < 8; y++) { /* h = y / 4; d0 (g, 2t), d1 (g, 2t + 1), d2, d3: + 8 */
+                const int x = y % 4, i = i0 + 8 * (x >> 1),
+                          j = 16 * I + 8 * (y / 4) + 2 * t + (x & 1);
+                float sa = 0.f, sp = 0.f;
+#pragma unroll 1
+                for (int e = c; e < c + 8 && j <= i; e++) {
+                    const float xk =
+                        rd(ks, j, e, sck[j]) * exp_ftz(gs[i * LDG + e] - gs[j * LDG + e]);
+                    sa += rd(qs, i, e, scq[i]) * xk;
+                    sp += rd(ks, i, e, sck[i]) * xk;
+                }
+                fs[y] = sa;
+                fs[8 + y] = sp;
+            }
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int x = 0; x < 4; x++) { /* d0 (g, 2t), d1 (g, 2t + 1), d2, d3: row + 8 */
-                    const int i = i0 + 8 * (x >> 1), j = 16 * I + 8 * h + 2 * t + (x & 1);
-                    float sa = 0.f, sp = 0.f;
-#pragma unroll 1
-                    for (int e = c; e < c + 8 && j <= i; e++) {
-                        const float xk = ks[j * LD + e] * exp_ftz(gs[i * LD + e] - gs[j * LD + e]);
-                        sa += qs[i * LD + e] * xk;
-                        sp += ks[i * LD + e] * xk;
-                    }
-                    accA[DS + h][x] += sa;
-                    accP[DS + h][x] += sp;
+                for (int x = 0; x < 4; x++) {
+                    accA[0][h][x] += fs[4 * h + x];
+                    accP[0][h][x] += fs[8 + 4 * h + x];
                 }
         }
     };
 
     const int nkt = (K + KT - 1) / KT;
-    if (QB)
-        issue_raw(0);
     load(0, 0);
     kdamma::cp_async_commit();
-    if (QB) {
-        kdamma::cp_async_wait<0>();
-        convert(0);
-    }
     for (int kt = 0; kt < nkt; kt++) {
         const int b = kt & 1;
-        if (kt + 1 < nkt) {
-            if (QB)
-                issue_raw(kt + 1);
+        if (kt + 1 < nkt)
             load(kt + 1, b ^ 1);
-        }
         kdamma::cp_async_commit();
         kdamma::cp_async_wait<1>();
         __syncthreads();
         if (active) {
-            const float *qs = sm + b * F::STAGE, *ks = qs + BT * LD, *gs = ks + BT * LD;
-            /* key steps kt * KT / 8 + s with s = kw (mod S) */
-            const int s0 = ((kw - kt * (KT / 8)) % S + S) % S;
+            const TQ *qs = stq(b), *ks = qs + BT * LDQ;
+            const float *gs = reinterpret_cast<const float *>(ks + BT * LDQ);
+            const int ns = min(KT, K - kt * KT); /* key columns of this tile */
+            if (tk.D) {
 #pragma unroll 1
-            for (int s = s0; s < KT / 8 && kt * KT + 8 * s < K; s += S)
-                step(qs, ks, gs, 8 * s);
-        }
-        if (QB && kt + 1 < nkt) { /* stage b ^ 1 was last read before the previous barrier */
-            kdamma::cp_async_wait<0>();
-            convert(b ^ 1);
-        }
-        __syncthreads(); /* stage b is refilled next */
-    }
-
-    /* the S partial sums of each row block, added in the order kw = 0, 1, .. S - 1 */
-    if (S > 1) {
-        float *red = sm;
-        if (kw > 0) {
-            float *p = red + ((kw - 1) * R + I) * F::NACC * 32 + lane;
-#pragma unroll
-            for (int n = 0; n < NT; n++)
-#pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    p[(8 * n + x) * 32] = accA[n][x];
-                    p[(8 * n + 4 + x) * 32] = accP[n][x];
-                }
-        }
-        __syncthreads();
-        if (kw == 0) {
-            for (int o = 1; o < S; o++) {
-                const float *p = red + ((o - 1) * R + I) * F::NACC * 32 + lane;
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        accA[n][x] += p[(8 * n + x) * 32];
-                        accP[n][x] += p[(8 * n + 4 + x) * 32];
-                    }
+                for (int c = 0; c < ns; c += 8)
+                    diag_step(qs, ks, gs, c);
+            } else {
+#pragma unroll 1
+                for (int c = 0; c < ns; c += 8)
+                    off_step(qs, ks, gs, c);
             }
         }
-        __syncthreads();
+        __syncthreads(); /* stage b is refilled next; after the last tile: the stages are free */
     }
 
-    /* Aqk rows (scaled, j <= i, zeros elsewhere) from the registers; Lkk = Diag(beta) P (j < i)
-     * into shared memory, zeros elsewhere and on rows past L */
-    float *Ls = sm, *Ts = sm + BT * BT, *Xs = sm + 2 * BT * BT;
-    if (kw == 0) {
+    /* Aqk (scaled, j <= i, zeros elsewhere) from the registers, row block by row block; Lkk =
+     * Diag(beta) P (j < i) into shared memory (rows past L: beta = 0, zero rows) */
+    float *Ls = reinterpret_cast<float *>(smb), *Ts = Ls + BT * LDS, *Xs = Ts + BT * LDS;
+    if (I >= 0) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int i = 16 * I + g + 8 * h;
+        for (int hh = 0; hh < 2; hh++) {
+            const int i = i0 + 8 * hh;
             const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
             float *arow = Aqk + ((t0 + i) * HV + hv) * BT;
+            auto put = [&](int j, float a0, float a1) { /* Aqk[i, j .. j + 1] */
+                                                        if (i >= L)
+                                                            return;
+                                                        if (vec) {
+                                                            *reinterpret_cast<float2 *>(arow + j) =
+                                                                make_float2(a0, a1);
+                                                        } else {
+                                                            arow[j] = a0;
+                                                            arow[j + 1] = a1;
+                                                        }
+            };
 #pragma unroll
-            for (int n = 0; n < NT; n++) { /* output tile n from its slot (or zero) */
-                const int j = 8 * n + 2 * t;
-                float ra[2] = {0.f, 0.f}, rp[2] = {0.f, 0.f};
+            for (int nb = 0; nb < 2; nb++) {
+                if (nb >= tk.NB)
+                    break;
 #pragma unroll
-                for (int y = 0; y < 2; y++) {
-                    if (n < DS && n < 2 * I) {
-                        ra[y] = accA[n < DS ? n : 0][2 * h + y];
-                        rp[y] = accP[n < DS ? n : 0][2 * h + y];
-                    } else if (n >= 2 * I && n <= 2 * I + 1) {
-                        ra[y] = n == 2 * I ? accA[DS][2 * h + y] : accA[DS + 1][2 * h + y];
-                        rp[y] = n == 2 * I ? accP[DS][2 * h + y] : accP[DS + 1][2 * h + y];
-                    }
+                for (int h = 0; h < 2; h++) {
+                    const int j = 16 * (tk.J0 + nb) + 8 * h + 2 * t;
+                    const float a0 = accA[nb][h][2 * hh], a1 = accA[nb][h][2 * hh + 1];
+                    const float p0 = accP[nb][h][2 * hh], p1 = accP[nb][h][2 * hh + 1];
+                    put(j, j <= i ? scale * a0 : 0.f, j + 1 <= i ? scale * a1 : 0.f);
+                    Ls[i * LDS + j] = j < i ? bi * p0 : 0.f;
+                    Ls[i * LDS + j + 1] = j + 1 < i ? bi * p1 : 0.f;
                 }
-                if (i < L) {
-                    const float a0 = j <= i ? scale * ra[0] : 0.f;
-                    const float a1 = j + 1 <= i ? scale * ra[1] : 0.f;
-                    if (vec) {
-                        *reinterpret_cast<float2 *>(arow + j) = make_float2(a0, a1);
-                    } else {
-                        arow[j] = a0;
-                        arow[j + 1] = a1;
-                    }
-                }
-                Ls[i * BT + j] = j < i ? bi * rp[0] : 0.f;
-                Ls[i * BT + j + 1] = j + 1 < i ? bi * rp[1] : 0.f;
             }
+            if (tk.D) /* the zero blocks right of the diagonal */
+                for (int j = 16 * (I + 1) + 2 * t; j < BT; j += 8)
+                    put(j, 0.f, 0.f);
+        }
+        if (tk.D) {
+            __syncwarp(); /* its own block of Lkk, written by this warp */
+            intra_diag_inverse<LDS>(Ls, Ts, 16 * I);
         }
     }
     __syncthreads();
-    kda_solve_blocked<BT>(Ls, Ts, Xs);
-    __syncthreads();
+    intra_merge_blocks<BT, LDS>(Ls, Ts, Xs);
     if (vec) { /* rows of Tm in 16-byte pieces */
         for (int idx = tid; idx < L * (BT / 4); idx += NTHR) {
             const int i = idx / (BT / 4), j = 4 * (idx % (BT / 4));
-            const float4 v = *reinterpret_cast<const float4 *>(Ts + i * BT + j);
+            const float4 v = *reinterpret_cast<const float4 *>(Ts + i * LDS + j);
             float4 o;
             o.x = j < i ? v.x : (j == i ? 1.f : 0.f);
             o.y = j + 1 < i ? v.y : (j + 1 == i ? 1.f : 0.f);
@@ -621,7 +678,7 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, 2)
     } else {
         for (int idx = tid; idx < L * BT; idx += NTHR) {
             const int i = idx / BT, j = idx % BT;
-            Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
+            Tm[((t0 + i) * HV + hv) * BT + j] = j < i ? Ts[i * LDS + j] : (j == i ? 1.f : 0.f);
         }
     }
 }
@@ -1199,20 +1256,23 @@ static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     const bool vec = d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
                      aligned16(Aqk) && aligned16(Tm);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        const size_t smem = sizeof(float) * IntraFwd<BT_>::smem_floats;
-                        if (qb) { /* plus the raw bf16 q, k tiles */
-                            const size_t smem_qb = smem + sizeof(float) * IntraFwd<BT_>::RAW_QB;
-                            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_, true>, smem_qb));
-                            intra_fwd_mma_kernel<BT_, P_, true>
-                                <<<grid, IntraFwd<BT_>::NTHR, smem_qb, dg__stream(ctx)>>>(
-                                    d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k,
-                                    d->rq, d->rk, beta, G, Aqk, Tm);
+                        using F = IntraFwd<BT_>;
+                        if (qb) {
+                            auto kern = intra_fwd_mma_kernel<BT_, P_, kda_bf16>;
+                            const size_t smem = F::template smem<kda_bf16>();
+                            DG_TRY(smem_opt_in(kern, smem));
+                            kern<<<grid, F::NTHR, smem, dg__stream(ctx)>>>(
+                                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale,
+                                static_cast<const kda_bf16 *>(q), static_cast<const kda_bf16 *>(k),
+                                d->rq, d->rk, beta, G, Aqk, Tm);
                         } else {
-                            DG_TRY(smem_opt_in(intra_fwd_mma_kernel<BT_, P_, false>, smem));
-                            intra_fwd_mma_kernel<BT_, P_, false>
-                                <<<grid, IntraFwd<BT_>::NTHR, smem, dg__stream(ctx)>>>(
-                                    d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, q, k,
-                                    nullptr, nullptr, beta, G, Aqk, Tm);
+                            auto kern = intra_fwd_mma_kernel<BT_, P_, float>;
+                            const size_t smem = F::template smem<float>();
+                            DG_TRY(smem_opt_in(kern, smem));
+                            kern<<<grid, F::NTHR, smem, dg__stream(ctx)>>>(
+                                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale,
+                                static_cast<const float *>(q), static_cast<const float *>(k),
+                                nullptr, nullptr, beta, G, Aqk, Tm);
                         }
                         DG_CHECK_LAUNCH();
                     }));

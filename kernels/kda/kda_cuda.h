@@ -27,9 +27,9 @@
  * dg__kda_wy_fwd_cuda (W and U), dg__kda_intra_fwd_cuda (mma.sync: the off-diagonal 16x16 blocks
  * of Aqk and Lkk factorised around the first row of the row block (kda.md §11.7, 2), TF32 or
  * 3xTF32 by tc; the diagonal blocks 3xTF32 around their middle rows, or exact FFMA where the
- * gates are too steep; the solve in FFMA), dg__kda_output_bwd_cuda, dg__kda_state_bwd_cuda,
- * dg__kda_intra_bwd_cuda (tc = 1 and 2: mma.sync 3xTF32, as the sums of its gradients feed
- * dA_log's long sums, where TF32 rounding showed); every other function ignores tc.
+ * gates are too steep; the solve's block merges 3xTF32), dg__kda_output_bwd_cuda,
+ * dg__kda_state_bwd_cuda, dg__kda_intra_bwd_cuda (tc = 1 and 2: mma.sync 3xTF32, as the sums of its
+ * gradients feed dA_log's long sums, where TF32 rounding showed); every other function ignores tc.
  * With tc == 1 and sizes that allow it (K, V multiples of 16 / 4, 16-byte aligned arrays), the
  * state pass (forward and backward), the WY and output kernels run as mma.sync with cp.async
  * staging (state.cu, wy.cu, output.cu, mma.cuh); otherwise, and with tc == 2, those stages run
