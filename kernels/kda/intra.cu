@@ -44,8 +44,9 @@
  * with G = 1 they are written in place (acc: added to what the arrays hold, KDA_ACC_*). Shared
  * memory: intra_dl 2 x BT x (BT+1) floats (33 KB at BT = 64); intra_main (3 x BT x 32 + 2 x BT x BT
  * + BT) floats (56 KB at BT = 64, dynamic, opted in); intra_main_mma (3 x BT x 72 + 2 x BT x (BT+4)
- * + 3 x BT) floats (90 KB at BT = 64); intra_fwd_mma two stages of q, k, G key tiles (39 KB at BT =
- * 64 for bf16 q, k; 55 KB for f32), dynamic. Entry points (kda_cuda.h): dg__kda_intra_fwd_cuda,
+ * + 3 x BT) floats (90 KB at BT = 64); intra_fwd_mma two stages of q, k, G key tiles, overlaid
+ * by the solve's arrays, plus row scales and scratch (47 KB at BT = 64 for bf16 q, k; 63 KB for
+ * f32), dynamic. Entry points (kda_cuda.h): dg__kda_intra_fwd_cuda,
  * dg__kda_intra_bwd_cuda.
  */
 #include "common.cuh"
@@ -331,8 +332,10 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * is multiplied. Then each warp writes its blocks of Aqk from its registers and those of Lkk =
  * Diag(beta) P into shared memory; a diagonal warp inverts its block at once
  * (intra_diag_inverse), and intra_merge_blocks completes Tm. Every warp keeps at most four 16 x 8
- * accumulator tiles, so that three blocks fit on an SM (MINB). Shared memory (dynamic): the two
- * stages, then Lkk, Tm and the merge scratch; the row scales after them. */
+ * accumulator tiles of each matrix (32 registers), so that three blocks fit on an SM (MINB).
+ * Shared memory (dynamic, IntraFwd::smem): the two stages, which Lkk, Tm and the merge scratch
+ * overlay once the key loop is done; after them the row scales and the diagonal warps' scratch
+ * for their exact sums. */
 struct IntraTask {
     int I, J0, NB; /* row block; first column block, number of blocks (1 or 2); I < 0: none */
     bool D;        /* the diagonal block (I, I) */
