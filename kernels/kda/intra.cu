@@ -1246,6 +1246,23 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
 
 // ---- launchers
 
+/* One launch of intra_fwd_mma_kernel with q, k of TQ (bf16: with the row scales of d). */
+template <int BT, int P, class TQ>
+static dg_status intra_fwd_mma_launch(dg_ctx *ctx, const kda_cuda_dims *d, bool vec, float scale,
+                                      const void *q, const void *k, const float *beta,
+                                      const float *G, float *Aqk, float *Tm) {
+    using F = IntraFwd<BT>;
+    constexpr bool QB = sizeof(TQ) == 2;
+    auto kern = intra_fwd_mma_kernel<BT, P, TQ>;
+    const size_t smem = F::template smem<TQ>();
+    DG_TRY(smem_opt_in(kern, smem));
+    kern<<<dim3((unsigned)d->NC, (unsigned)d->HV), F::NTHR, smem, dg__stream(ctx)>>>(
+        d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, static_cast<const TQ *>(q),
+        static_cast<const TQ *>(k), QB ? d->rq : nullptr, QB ? d->rk : nullptr, beta, G, Aqk, Tm);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
 /* The tensor-core forward (d->tc != 0), called by dg__kda_intra_fwd_cuda after its checks. q, k
  * are f32, or bf16 (qb: d->qk_bf16 with vec, the only case the launcher passes) with the row
  * scales of d. */
@@ -1254,30 +1271,14 @@ static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                float *Aqk, float *Tm) {
     if (d->NC == 0)
         return DG_OK;
-    dim3 grid((unsigned)d->NC, (unsigned)d->HV);
     /* vec: cp.async tile loads, paired Aqk and 16-byte Tm stores */
     const bool vec = d->K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
                      aligned16(Aqk) && aligned16(Tm);
     KDA_DISPATCH_BT(d->BT, KDA_DISPATCH_P(d->tc, {
-                        using F = IntraFwd<BT_>;
-                        if (qb) {
-                            auto kern = intra_fwd_mma_kernel<BT_, P_, kda_bf16>;
-                            const size_t smem = F::template smem<kda_bf16>();
-                            DG_TRY(smem_opt_in(kern, smem));
-                            kern<<<grid, F::NTHR, smem, dg__stream(ctx)>>>(
-                                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale,
-                                static_cast<const kda_bf16 *>(q), static_cast<const kda_bf16 *>(k),
-                                d->rq, d->rk, beta, G, Aqk, Tm);
-                        } else {
-                            auto kern = intra_fwd_mma_kernel<BT_, P_, float>;
-                            const size_t smem = F::template smem<float>();
-                            DG_TRY(smem_opt_in(kern, smem));
-                            kern<<<grid, F::NTHR, smem, dg__stream(ctx)>>>(
-                                d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale,
-                                static_cast<const float *>(q), static_cast<const float *>(k),
-                                nullptr, nullptr, beta, G, Aqk, Tm);
-                        }
-                        DG_CHECK_LAUNCH();
+                        return qb ? intra_fwd_mma_launch<BT_, P_, kda_bf16>(ctx, d, vec, scale, q,
+                                                                            k, beta, G, Aqk, Tm)
+                                  : intra_fwd_mma_launch<BT_, P_, float>(ctx, d, vec, scale, q, k,
+                                                                         beta, G, Aqk, Tm);
                     }));
     return DG_OK;
 }
