@@ -21,20 +21,21 @@
  *            tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned arrays):
  *                     wy_fwd_mma_kernel, mma.sync TF32 with cp.async staging; everything else
  *                     (tc == 2, the 3xTF32 mode, included) takes the FFMA kernel in f32.
- *            The tensor-core kernels (and wy_dtm_mma_kernel) use the hardware exponential
- * kdamma::exp_ftz (a relative error of a few 1e-6, far below the TF32 operand rounding). backward
- * (1) tc == 1 and the sizes allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU): wy_cols_mma_kernel,
- * the column products on mma.sync TF32, then the same per-column work as wy_cols_kernel on the
- * product kept in shared memory; else wy_cols_kernel (f32): block per (chunk, hv, 32-wide tile of
- * the K key dims followed by the V value dims); lane = column, warp w = rows w, w+8, ...; the
- * column sums of Tm^T are per thread; the last-row sum over rows goes through an 8 x 32 shared
- * array summed in warp order; dbeta's sums over columns are warp butterflies written per tile and
- * summed over tiles in a fixed order. (2) dTm: tc == 1 and the sizes allow: wy_dtm_mma_kernel
- * (mma.sync TF32); else wy_dtm_kernel (f32): block per (chunk, hv), 16 x 16 threads, each a
- * (BT/16)^2 register block of dTm, looping over 32-column tiles of the concatenated [dW | dU] and
- * [X | beta v] rows. dq, dk per value head are summed over the G heads of a group afterwards (G >
- * 1, kda_sum_parts); acc adds the flagged gradients to what their arrays hold (KDA_ACC_*). Shared
- * memory (static): wy_cols BT x BT + BT x 32 + 8 x 32 floats (25 KB at BT = 64); wy_dtm 2 x BT x 33
+ *            The tensor-core kernels use the hardware exponential kdamma::exp_ftz (a relative
+ * error of a few 1e-6, far below the TF32 operand rounding). Backward: tc == 1 and the sizes
+ * allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU): wy_cols_mma_kernel, one block per (chunk,
+ * hv) over the chunk's 64-column tiles: the column products on mma.sync TF32, the per-column work
+ * of wy_cols_kernel on the product kept in shared memory, and dTm from the same staged tiles
+ * (mma.sync TF32, accumulated in registers over the tiles). Else two kernels: (1) wy_cols_kernel
+ * (f32): block per (chunk, hv, 32-wide tile of the K key dims followed by the V value dims); lane =
+ * column, warp w = rows w, w+8, ...; the column sums of Tm^T are per thread; the last-row sum over
+ * rows goes through an 8 x 32 shared array summed in warp order; dbeta's sums over columns are
+ * warp butterflies written per tile and summed over tiles in a fixed order; (2) wy_dtm_kernel
+ * (f32): block per (chunk, hv), 16 x 16 threads, each a (BT/16)^2 register block of dTm, looping
+ * over 32-column tiles of the concatenated [dW | dU] and [X | beta v] rows. dq, dk per value head
+ * are summed over the G heads of a group afterwards (G > 1, kda_sum_parts); acc adds the flagged
+ * gradients to what their arrays hold (KDA_ACC_*). Shared memory (static): wy_cols BT x BT + BT x
+ * 32 + 8 x 32 floats (25 KB at BT = 64); wy_dtm 2 x BT x 33
  * floats (17 KB at BT = 64). Entry points (kda_cuda.h): dg__kda_wy_fwd_cuda, dg__kda_wy_bwd_cuda.
  */
 #include "common.cuh"
@@ -280,55 +281,107 @@ struct WyCols {
     unsigned acc;
 };
 
-/* Token t of one column e of the WY backward, given s = (Tm^T dW)_t (key column) or
- * (Tm^T dU)_t (value column): writes dq, dk and dG (a key column; the chunk's last row keeps its
- * dG in last, to which the column sum is added later) or dv (a value column), adds k a to the
- * column sum, and returns this element's share of dbeta. FAST: the hardware exponential
- * kdamma::exp_ftz (the tensor-core path). */
-template <bool FAST, class TQ>
+/* N (1 or 2) consecutive elements at p into x: one 4- or 8-byte access (f32), 2- or 4-byte (bf16)
+ */
+template <int N, class T> __device__ __forceinline__ void wy_ldn(float (&x)[N], const T *p) {
+    if constexpr (N == 2) {
+        const float2 a = kda_ld2(p);
+        x[0] = a.x;
+        x[1] = a.y;
+    } else {
+        x[0] = kda_ld(p);
+    }
+}
+template <int N, class T> __device__ __forceinline__ void wy_stn(T *p, const float (&x)[N]) {
+    if constexpr (N == 2)
+        kda_st2(p, x[0], x[1]);
+    else
+        kda_st(p, x[0]);
+}
+
+/* Token t of the N consecutive columns e.. of the WY backward (N = 1 or 2; e a multiple of N),
+ * given s = (Tm^T dW)_t (key columns) or (Tm^T dU)_t (value columns): writes dq, dk and dG (key
+ * columns; the chunk's last row keeps its dG in last, to which the column sum is added later) or
+ * dv (value columns), adds k a to the column sums, sets xo to X_j of the columns (beta_j k_j
+ * gamma_j, or beta_j v_j: dTm's operand) and returns these elements' share of dbeta (summed over
+ * the N columns in order). FAST: the hardware exponential kdamma::exp_ftz (the tensor-core path).
+ * All loads are issued before the first store. */
+template <int N, bool FAST, class TQ>
 __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e,
-                                            bool kcol, bool vcol, bool lastrow, float lam, float s,
-                                            float &colsum, float &last) {
+                                            bool kcol, bool vcol, bool lastrow,
+                                            const float (&lam)[N], const float (&s)[N],
+                                            float (&colsum)[N], float (&last)[N], float (&xo)[N]) {
     const float bj = o.beta[t * o.HV + hv];
+    float pb = 0.f;
     if (kcol) {
         const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
         /* q, k of TQ (o.q.bf16 says which), times their row scales (x 1 is exact) */
         const float sq = o.q.r ? o.q.r[t * o.H + hq] : 1.f;
         const float sk = o.k.r ? o.k.r[t * o.H + hq] : 1.f;
-        const float Gj = o.G[ig];
-        const float kj = kda_ld(static_cast<const TQ *>(o.k.p) + iq) * sk;
-        const float qj = kda_ld(static_cast<const TQ *>(o.q.p) + iq) * sq;
+        float Gj[N], kj[N], qj[N], q0[N] = {}, k0[N] = {}, g0[N] = {}, dqg[N] = {}, dkg[N] = {};
+        wy_ldn<N>(Gj, o.G + ig);
+        wy_ldn<N>(kj, static_cast<const TQ *>(o.k.p) + iq);
+        wy_ldn<N>(qj, static_cast<const TQ *>(o.q.p) + iq);
         /* what the accumulated outputs hold, read with the other loads (after the first store
          * they would wait for it: the arrays may alias as far as the compiler knows) */
-        const float q0 = o.dqv && (o.acc & KDA_ACC_DQ) ? o.dqv[ig] : 0.f;
-        const float k0 = o.dkv && (o.acc & KDA_ACC_DK) ? o.dkv[ig] : 0.f;
-        const float g0 = !lastrow && o.dG && (o.acc & KDA_ACC_DG) ? o.dG[ig] : 0.f;
-        const float gam = FAST ? kdamma::exp_ftz(Gj) : expf(Gj);
-        const float X = bj * kj * gam;
-        const float tq = o.dQG ? o.dQG[ig] * gam : 0.f;
-        const float a =
-            o.dKG ? o.dKG[ig] * (FAST ? kdamma::exp_ftz(lam - Gj) : expf(lam - Gj)) : 0.f;
+        if (o.dqv && (o.acc & KDA_ACC_DQ))
+            wy_ldn<N>(q0, o.dqv + ig);
+        if (o.dkv && (o.acc & KDA_ACC_DK))
+            wy_ldn<N>(k0, o.dkv + ig);
+        if (!lastrow && o.dG && (o.acc & KDA_ACC_DG))
+            wy_ldn<N>(g0, o.dG + ig);
+        if (o.dQG)
+            wy_ldn<N>(dqg, o.dQG + ig);
+        if (o.dKG)
+            wy_ldn<N>(dkg, o.dKG + ig);
+        float dq[N], dk[N], dg[N];
+#pragma unroll
+        for (int c = 0; c < N; c++) {
+            kj[c] *= sk;
+            qj[c] *= sq;
+            const float gam = FAST ? kdamma::exp_ftz(Gj[c]) : expf(Gj[c]);
+            const float X = bj * kj[c] * gam;
+            const float tq = o.dQG ? dqg[c] * gam : 0.f;
+            const float a =
+                o.dKG ? dkg[c] * (FAST ? kdamma::exp_ftz(lam[c] - Gj[c]) : expf(lam[c] - Gj[c]))
+                      : 0.f;
+            dq[c] = q0[c] + tq;
+            dk[c] = k0[c] + a + bj * gam * s[c];
+            const float g = qj[c] * tq - kj[c] * a + X * s[c];
+            dg[c] = g0[c] + g;
+            if (lastrow)
+                last[c] = g;
+            colsum[c] += kj[c] * a;
+            xo[c] = X;
+            pb += s[c] * kj[c] * gam;
+        }
         if (o.dqv)
-            o.dqv[ig] = q0 + tq;
+            wy_stn<N>(o.dqv + ig, dq);
         if (o.dkv)
-            o.dkv[ig] = k0 + a + bj * gam * s;
-        const float g = qj * tq - kj * a + X * s;
-        if (lastrow)
-            last = g;
-        else if (o.dG)
-            o.dG[ig] = g0 + g;
-        colsum += kj * a;
-        return s * kj * gam;
+            wy_stn<N>(o.dkv + ig, dk);
+        if (!lastrow && o.dG)
+            wy_stn<N>(o.dG + ig, dg);
+        return pb;
     }
     if (vcol) {
         const int64_t iv = (t * o.HV + hv) * o.V + e;
+        float vj[N], dv[N];
+        if (o.vb)
+            wy_ldn<N>(vj, o.vb + iv);
+        else
+            wy_ldn<N>(vj, o.v + iv);
+#pragma unroll
+        for (int c = 0; c < N; c++) {
+            dv[c] = bj * s[c];
+            xo[c] = bj * vj[c];
+            pb += s[c] * vj[c];
+        }
         if (o.dvb)
-            kda_st(o.dvb + iv, bj * s);
+            wy_stn<N>(o.dvb + iv, dv);
         else if (o.dv)
-            o.dv[iv] = bj * s;
-        return s * (o.vb ? kda_ld(o.vb + iv) : o.v[iv]);
+            wy_stn<N>(o.dv + iv, dv);
     }
-    return 0.f;
+    return pb;
 }
 
 template <int BT, class TQ>
@@ -367,20 +420,22 @@ __global__ void __launch_bounds__(NTH)
     const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
     const WyCols o{q,   k,  v,  beta,    G, dKG, dQG, nullptr, dqv,
                    dkv, dv, dG, nullptr, H, HV,  K,   V,       acc};
-    float colsum = 0.f, last = 0.f;
+    float colsum[1] = {0.f}, last[1] = {0.f};
+    const float lam1[1] = {lam};
     for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
-        float s = 0.f;                /* (Tm^T up)_j, rows i >= j in order */
+        float s[1] = {0.f};           /* (Tm^T up)_j, rows i >= j in order */
         for (int i = j; i < L; i++)
-            s += sTm[i][j] * sX[i][lane];
+            s[0] += sTm[i][j] * sX[i][lane];
         const int64_t t = t0 + j;
-        const float pb = warp_sum(wy_col_row<false, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
-                                                        j == L - 1, lam, s, colsum, last));
+        float x[1]; /* (dTm is wy_dtm_kernel's here) */
+        const float pb = warp_sum(wy_col_row<1, false, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
+                                                           j == L - 1, lam1, s, colsum, last, x));
         if (dbp && lane == 0)
             dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
     }
     if (!key)
         return; /* block-uniform: the value tiles have no last-row sum */
-    red[w][lane] = colsum;
+    red[w][lane] = colsum[0];
     __syncthreads();
     if (w == (L - 1) % NW && ok && dG) {
         float s = 0.f;
@@ -388,22 +443,27 @@ __global__ void __launch_bounds__(NTH)
         for (int ww = 0; ww < NW; ww++)
             s += red[ww][lane];
         float *o = dG + ((t0 + L - 1) * HV + hv) * K + e;
-        *o = (acc & KDA_ACC_DG ? *o : 0.f) + last + s;
+        *o = (acc & KDA_ACC_DG ? *o : 0.f) + last[0] + s;
     }
 }
 
-/* wy_cols_kernel on the tensor-core path (tc == 1, TF32), grid (NC x (K / 64 + V / 64), HV): block
- * z < K / 64 takes the 64 key columns c0 = 64 z, the others 64 value columns. The column products
- * dX = Tm^T dW (dVb = Tm^T dU) run on mma.sync from cp.async-staged Tm and dW (dU), the result
- * goes to shared memory, and wy_cols_kernel's per-column work runs on it with the 8 warps as 2
- * column halves x 4 row groups (warp w: columns 32 (w % 2).., rows w / 2 + 4 r). dbeta's partial
- * sums are written per 32-column half in wy_cols_kernel's numbering of CT-wide tiles, so what
- * follows the kernel does not change. Dynamic shared memory: Tm [BT][BT + 8] and the [BT][72] tile
- * (36 KB at BT = 64). Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU (the launcher checks).
- * (Capping the registers at 64 for four blocks per SM measured slower: 2.52 -> 2.96 ms at
- * (1,8192,96,128) on an H100.) */
+/* wy_cols_kernel and dTm together on the tensor-core path (tc == 1, TF32), grid (NC, HV): one block
+ * per (chunk, value head) walks the chunk's 64-column tiles in order, the K / 64 key tiles
+ * c0 = 64 z first, then the V / 64 value tiles. Per tile: the upstream gradient up (dW or dU)
+ * comes in with cp.async next to Tm (staged once per block), the column product Tm^T up runs on
+ * mma.sync into shared memory, and wy_cols_kernel's per-column work runs on it with the 8 warps
+ * as 2 column halves x 4 row groups (warp w: columns 32 (w % 2).., rows w / 2 + 4 r). Each thread
+ * overwrites the product element it has used with X_j (beta_j k_j gamma_j, or beta_j v_j), so
+ * that after a barrier the tile's share of dTm, up X^T, runs on mma.sync from the same two staged
+ * tiles: dTm never reads dW, dU, k, G or v again (the separate dTm kernel re-read them all). The
+ * dTm accumulator stays in registers over the tiles, in the order and with the same products and
+ * roundings as wy_dtm_kernel's stages. dbeta's partial sums are written per 32-column half in
+ * wy_cols_kernel's numbering of CT-wide tiles, so what follows the kernel does not change.
+ * Dynamic shared memory: Tm [BT][BT + 8], up [BT][72] and the product / X [max(BT, 64)][72] (54 KB
+ * at BT = 64: four blocks per SM, at most 64 registers). Needs K, V % 4 == 0 and 16-byte aligned
+ * Tm, dW, dU (the launcher checks). */
 template <int BT, class TQ>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     wy_cols_mma_kernel(Dims d, QkIn q, QkIn k, const float *__restrict__ v,
                        const kda_bf16 *__restrict__ vb, const float *__restrict__ beta,
                        const float *__restrict__ G, const float *__restrict__ Tm,
@@ -411,67 +471,93 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                        const float *__restrict__ dKG, const float *__restrict__ dQG,
                        float *__restrict__ dqv, float *__restrict__ dkv, float *__restrict__ dv,
                        kda_bf16 *__restrict__ dvb, float *__restrict__ dG, float *__restrict__ dbp,
-                       unsigned acc) {
+                       float *__restrict__ dTm, unsigned acc) {
     using namespace kdamma;
     static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
-    constexpr int LDT = BT + 8, LDX = AB_LDB, RG = NW / 2; /* row groups */
+    constexpr int LDT = BT + 8, LDX = AB_LDB;
     extern __shared__ __align__(16) float cols_smem[];
-    float *Ts = cols_smem, *Xs = Ts + BT * LDT;
-    __shared__ float red[NW][CT];
+    constexpr int XR = BT > AB_N ? BT : AB_N; /* rows of Xs: dTm's B operand has AB_N rows */
+    float *Ts = cols_smem, *Us = Ts + BT * LDT, *Xs = Us + BT * LDX;
+    __shared__ float red[NW][AB_N];
     const int H = d.H, HV = d.HV, K = d.K, V = d.V;
     const int nK = DG_CEIL_DIV(K, AB_N), nkt = DG_CEIL_DIV(K, CT), nz = nK + DG_CEIL_DIV(V, AB_N);
-    const ChunkTile ct = chunk_tile(nz); /* the tiles share Tm */
-    const int64_t c = ct.c;
-    const int z = ct.z, hv = blockIdx.y, hq = hv / d.G;
-    const bool key = z < nK;
-    const int c0 = AB_N * (key ? z : z - nK);
-    const int ncol = key ? K : V;
-    const float *up = key ? dW : dU; /* the upstream gradient Tm^T is applied to */
+    const int64_t c = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / d.G;
     const int64_t t0 = d.chunk_t0[c];
     const int L = d.chunk_len[c];
-    float pr[AbTile<BT>::NTW][4] = {};
-    if (up) { /* block-uniform; a NULL upstream gradient leaves the product zero */
-        tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
-                                            BT);
-        tile_async<BT, AB_N, LDX, AB_THREADS>(Xs, up + (t0 * HV + hv) * ncol, (int64_t)HV * ncol, L,
-                                              c0, ncol);
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        /* A(m = j, k = i) = Tm[i][j], kept for i >= j; rows i >= L are zero */
-        mma_stage<BT, false, false, 2, BT>(pr, Ts, LDT, Xs, LDX, 0);
-        __syncthreads(); /* Xs is overwritten with the product */
-    }
-    store_acc<BT>(pr, Xs, LDX, BT, AB_N, 1.f);
-    __syncthreads();
-
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, hf = w & 1, rg = w >> 1;
-    const int el = CT * hf + lane, e = c0 + el;
-    const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* half: warp-uniform */
-    const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
-    const float lam = (key && ok) ? G[((t0 + L - 1) * HV + hv) * K + e] : 0.f;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const WyCols o{q, k, v, beta, G, dKG, dQG, vb, dqv, dkv, dv, dG, dvb, H, HV, K, V, acc};
-    float colsum = 0.f, last = 0.f;
-    for (int j = rg; half && j < L; j += RG) {
-        const float s = Xs[j * LDX + el]; /* (Tm^T up)_j */
-        const int64_t t = t0 + j;
-        const float pb = warp_sum(wy_col_row<true, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
-                                                       j == L - 1, lam, s, colsum, last));
-        if (dbp && lane == 0)
-            dbp[(int64_t)zs * d.TT * HV + t * HV + hv] = pb;
-    }
-    if (!key)
-        return; /* block-uniform: the value tiles have no last-row sum */
-    red[w][lane] = colsum;
-    __syncthreads();
-    if (half && rg == (L - 1) % RG && ok && dG) {
-        float s = 0.f;
+    for (int idx = BT * LDX + threadIdx.x; idx < XR * LDX; idx += AB_THREADS)
+        Xs[idx] = 0.f;                   /* rows BT.. of Xs (BT < 64) stay zero */
+    float tacc[AbTile<BT>::NTW][4] = {}; /* dTm */
+    if (dW || dU)
+        tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
+                                            BT); /* waited for with the first tile's up */
+    for (int z = 0; z < nz; z++) {
+        const bool key = z < nK;
+        const int c0 = AB_N * (key ? z : z - nK);
+        const int ncol = key ? K : V;
+        const float *up = key ? dW : dU; /* the upstream gradient Tm^T is applied to */
+        float pr[AbTile<BT>::NTW][4] = {};
+        __syncthreads(); /* the previous tile has read Us, Xs and red */
+        if (up) {        /* block-uniform; a NULL upstream gradient leaves the product zero */
+            tile_async<BT, AB_N, LDX, AB_THREADS>(Us, up + (t0 * HV + hv) * ncol,
+                                                  (int64_t)HV * ncol, L, c0, ncol);
+            cp_async_commit();
+            cp_async_wait<0>();
+            __syncthreads();
+            /* A(m = j, k = i) = Tm[i][j], kept for i >= j; rows i >= L are zero */
+            mma_stage<BT, false, false, 2, BT>(pr, Ts, LDT, Us, LDX, 0);
+        }
+        store_acc<BT>(pr, Xs, LDX, BT, AB_N, 1.f); /* rows j >= L and columns past ncol: 0 */
+        __syncthreads();
+
+        /* lane = the column pair el, el + 1 of the tile (a 32-column half per 16 lanes), warp =
+         * rows w, w + NW, ... */
+        const int el = 2 * lane, e = c0 + el, hf = lane >> 4;
+        const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* K, V % 4 == 0: pairs whole */
+        const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
+        float lam[2] = {0.f, 0.f}, colsum[2] = {0.f, 0.f}, last[2] = {0.f, 0.f};
+        if (key && ok && L > 0)
+            wy_ldn<2>(lam, G + ((t0 + L - 1) * HV + hv) * K + e);
+        for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
+            float *sx = Xs + j * LDX + el;
+            const float2 s2 = *reinterpret_cast<const float2 *>(sx);
+            const float sv[2] = {s2.x, s2.y};
+            float x[2] = {0.f, 0.f};
+            float pb = wy_col_row<2, true, TQ>(o, t0 + j, hv, hq, e, key && ok, !key && ok,
+                                               j == L - 1, lam, sv, colsum, last, x);
+            /* (Tm^T up)_j has been used: X_j in its place, for dTm */
+            *reinterpret_cast<float2 *>(sx) = make_float2(x[0], x[1]);
 #pragma unroll
-        for (int r = 0; r < RG; r++)
-            s += red[2 * r + hf][lane];
-        float *o = dG + ((t0 + L - 1) * HV + hv) * K + e;
-        *o = (acc & KDA_ACC_DG ? *o : 0.f) + last + s;
+            for (int m = 8; m > 0; m >>= 1) /* over the 16 lanes of each 32-column half */
+                pb += __shfl_xor_sync(0xffffffffu, pb, m);
+            if (dbp && (lane & 15) == 0 && half)
+                dbp[(int64_t)zs * d.TT * HV + (t0 + j) * HV + hv] = pb;
+        }
+        if (key) { /* block-uniform: the last-row sum of the key columns, rows summed in order */
+            red[w][el] = colsum[0];
+            red[w][el + 1] = colsum[1];
+            __syncthreads();
+            if (w == (L - 1) % NW && ok && dG) {
+#pragma unroll
+                for (int cc = 0; cc < 2; cc++) {
+                    float sr = 0.f;
+#pragma unroll
+                    for (int r = 0; r < NW; r++)
+                        sr += red[r][el + cc];
+                    float *og = dG + ((t0 + L - 1) * HV + hv) * K + e + cc;
+                    *og = (acc & KDA_ACC_DG ? *og : 0.f) + last[cc] + sr;
+                }
+            }
+        }
+        if (dTm && up) { /* dTm += up X^T (rows i of up, rows j of X; columns past ncol are 0) */
+            __syncthreads();
+            mma_stage<BT, true, true, 0, AB_N>(tacc, Us, LDX, Xs, LDX, 0);
+        }
     }
+    if (dTm) /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU) */
+        store_acc<BT, true>(tacc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
 /* grid (NC, HV), 256 threads as 16 x 16; thread (tx, ty) owns rows ty + 16a, columns tx + 16b. */
@@ -520,71 +606,6 @@ __global__ void __launch_bounds__(NTH)
         kda_tile_abt<BT>(acc, sA, sB, tx, ty);
     }
     kda_store_lower<BT>(acc, dTm, t0, L, hv, HV, tx, ty);
-}
-
-/* dTm on mma.sync for the tensor-core path (TF32), grid (NC, HV): the same product as
- * wy_dtm_kernel, dTm = [dW | dU] [X | Diag(beta) V]^T (j <= i), in 64-column stages of K then
- * V: the dW / dU tile (rows i) and the k (with G) or v tile (rows j) come in with cp.async, the
- * B tile is turned into X or beta v in place, then one mma stage. Dynamic shared memory
- * (BT + 128) x 68 floats (52 KB at BT = 64). Needs K, V % 4 == 0, 16-byte aligned arrays. */
-template <int BT, class TV, class TQ>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
-    wy_dtm_mma_kernel(Dims d, const TQ *__restrict__ k, const float *__restrict__ rk,
-                      const TV *__restrict__ v, const float *__restrict__ beta,
-                      const float *__restrict__ G, const float *__restrict__ dW,
-                      const float *__restrict__ dU, float *__restrict__ dTm) {
-    using namespace kdamma;
-    constexpr int CS = AB_N, LD = CS + 4, NT = AB_THREADS;
-    extern __shared__ __align__(16) float dtm_smem[];
-    float *As = dtm_smem, *Bs = As + BT * LD, *Gs = Bs + AB_N * LD;
-    const int64_t c = blockIdx.x;
-    const int hv = blockIdx.y, hq = hv / d.G;
-    const int H = d.H, HV = d.HV, K = d.K, V = d.V;
-    const int64_t t0 = d.chunk_t0[c];
-    const int L = d.chunk_len[c];
-    const int nK = DG_CEIL_DIV(K, CS), nV = DG_CEIL_DIV(V, CS);
-    float acc[AbTile<BT>::NTW][4] = {};
-    for (int st = 0; st < nK + nV; st++) {
-        const bool kp = st < nK; /* a key stage (dW, X) or a value stage (dU, beta v) */
-        const float *A = kp ? dW : dU;
-        if (!A)
-            continue; /* block-uniform: zero gradient */
-        const int D = kp ? K : V, c0 = CS * (kp ? st : st - nK);
-        __syncthreads(); /* the previous stage has been read */
-        tile_async<BT, CS, LD, NT>(As, A + (t0 * HV + hv) * D, (int64_t)HV * D, L, c0, D);
-        if (kp) {
-            tile_async<AB_N, CS, LD, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
-            if constexpr (sizeof(TQ) == 2) /* bf16 k: widened, times its row scales */
-                tile_in<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K,
-                                          rk ? rk + t0 * H + hq : nullptr, H);
-            else
-                tile_async<AB_N, CS, LD, NT>(Bs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
-        } else {
-            tile_in<AB_N, CS, LD, NT>(Bs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
-        }
-        cp_async_commit();
-        cp_async_wait<0>();
-        __syncthreads();
-        /* B in place, four columns per thread (LD % 4 == 0: 16-byte pieces) */
-        for (int idx = threadIdx.x; idx < L * (CS / 4); idx += NT) {
-            const int j = idx / (CS / 4), e = 4 * (idx % (CS / 4));
-            const float bj = beta[(t0 + j) * HV + hv];
-            float4 *bp = reinterpret_cast<float4 *>(Bs + j * LD + e);
-            float4 x = *bp;
-            if (kp) {
-                const float4 g = *reinterpret_cast<const float4 *>(Gs + j * LD + e);
-                x = make_float4(bj * x.x * exp_ftz(g.x), bj * x.y * exp_ftz(g.y),
-                                bj * x.z * exp_ftz(g.z), bj * x.w * exp_ftz(g.w));
-            } else {
-                x = make_float4(bj * x.x, bj * x.y, bj * x.z, bj * x.w);
-            }
-            *bp = x;
-        }
-        __syncthreads();
-        mma_stage<BT, true, true, 0, CS>(acc, As, LD, Bs, LD, 0);
-    }
-    /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU writes) */
-    store_acc<BT, true>(acc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
 // ---- launchers
@@ -712,20 +733,22 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
     const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
     if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
-               aligned16(dU))) {
-        const unsigned nz =
-            (unsigned)(DG_CEIL_DIV(d.K, kdamma::AB_N) + DG_CEIL_DIV(d.V, kdamma::AB_N));
-        const size_t smem = sizeof(float) * (size_t)BT * (BT + 8 + kdamma::AB_LDB);
-        const dim3 grid((unsigned)d.NC * nz, d.HV);
+               aligned16(dU))) { /* columns and dTm in one kernel */
+        const size_t smem = sizeof(float) * ((size_t)BT * (BT + 8 + kdamma::AB_LDB) +
+                                             (size_t)(BT > 64 ? BT : 64) * kdamma::AB_LDB);
+        const dim3 grid((unsigned)d.NC, d.HV);
         if (qi.bf16) {
             DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, kda_bf16>, smem));
-            wy_cols_mma_kernel<BT, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
-                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
+            wy_cols_mma_kernel<BT, kda_bf16>
+                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG,
+                                                        dQG, dqv, dkv, dv, dvb, dG, dbp, dTm, kacc);
         } else {
             DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, float>, smem));
-            wy_cols_mma_kernel<BT, float><<<grid, kdamma::AB_THREADS, smem, s>>>(
-                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbp, kacc);
+            wy_cols_mma_kernel<BT, float>
+                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG,
+                                                        dQG, dqv, dkv, dv, dvb, dG, dbp, dTm, kacc);
         }
+        DG_CHECK_LAUNCH();
     } else {
         const dim3 grid((unsigned)d.NC, d.HV, nkt + nvt);
         if (qi.bf16)
@@ -734,41 +757,18 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
         else
             wy_cols_kernel<BT, float><<<grid, NTH, 0, s>>>(d, qi, ki, v, beta, G, Tm, dW, dU, dKG,
                                                            dQG, dqv, dkv, dv, dG, dbp, kacc);
-    }
-    DG_CHECK_LAUNCH();
-    if (dTm) {
-        const size_t smem = sizeof(float) * (size_t)(BT + 2 * kdamma::AB_N) * (kdamma::AB_N + 4);
-        const dim3 grid((unsigned)d.NC, d.HV);
-        const bool mma = dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(k) &&
-                         aligned16(G) && aligned16(dW) && aligned16(dU) && (vb || aligned16(v));
-        /* k as stored when it is bf16 and the mma kernel runs (vb implies that), else f32 rows */
-        const bool kb = dd->qk_bf16 && dg__kda_qk_fits(dd, k, k) && (vb || mma);
-        const float *kf = static_cast<const float *>(k);
-        Scratch qs(ctx), ks(ctx);
-        if (!kb && kda_qk_special(dd)) {
-            const float *unused;
-            DG_TRY(kda_qk_widen(ctx, dd, nullptr, k, qs, ks, &unused, &kf));
-        }
-        if (kb && vb) {
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, kda_bf16, kda_bf16>, smem));
-            wy_dtm_mma_kernel<BT, kda_bf16, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
-                d, static_cast<const kda_bf16 *>(k), dd->rk, vb, beta, G, dW, dU, dTm);
-        } else if (kb) {
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, float, kda_bf16>, smem));
-            wy_dtm_mma_kernel<BT, float, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
-                d, static_cast<const kda_bf16 *>(k), dd->rk, v, beta, G, dW, dU, dTm);
-        } else if (vb) {
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, kda_bf16, float>, smem));
-            wy_dtm_mma_kernel<BT, kda_bf16, float>
-                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, kf, nullptr, vb, beta, G, dW, dU, dTm);
-        } else if (mma && aligned16(kf)) {
-            DG_TRY(smem_opt_in(wy_dtm_mma_kernel<BT, float, float>, smem));
-            wy_dtm_mma_kernel<BT, float, float>
-                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, kf, nullptr, v, beta, G, dW, dU, dTm);
-        } else {
-            wy_dtm_kernel<BT><<<grid, NTH, 0, s>>>(d, kf, v, beta, G, dW, dU, dTm);
-        }
         DG_CHECK_LAUNCH();
+        if (dTm) { /* f32 k rows for the FFMA dTm kernel */
+            const float *kf = static_cast<const float *>(k);
+            Scratch qs(ctx), ks(ctx);
+            if (kda_qk_special(dd)) {
+                const float *unused;
+                DG_TRY(kda_qk_widen(ctx, dd, nullptr, k, qs, ks, &unused, &kf));
+            }
+            wy_dtm_kernel<BT>
+                <<<dim3((unsigned)d.NC, d.HV), NTH, 0, s>>>(d, kf, v, beta, G, dW, dU, dTm);
+            DG_CHECK_LAUNCH();
+        }
     }
     if (per_hv && dq)
         DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DQ));
