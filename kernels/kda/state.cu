@@ -883,6 +883,82 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
 }
 
+/* The chunk-parallel part of the tensor-core backward in one pass over V, grid (chunk x K / 64,
+ * hv) (chunk_tile): for the 64 keys e0.. of the block and the rows i < L of the chunk,
+ *   dKG[i][e] = sum_v E[i][v] dHn_c[e][v],   dW[i][e] = -sum_v dE_tot[i][v] h_c[e][v],
+ *   dG[L-1][e] = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v], dG[i][e] = 0 for i < L - 1.
+ * E, dHn, h of M (f32 or bf16), dE_tot f32. The four operands' 32-value slices come in with a
+ * two-stage cp.async pipeline; both products run on mma_stage exactly as rows_stateT_mma_kernel
+ * runs each of them (the same bits), and dG's sums are taken from the staged dHn and h slices, so
+ * h and dHn are read once instead of twice (thread: key tid / 4, values 8 (tid % 4).. of each
+ * slice). Needs V % 8 == 0 (bf16; % 4 for f32), K even and 16-byte aligned E, dHn, dE_tot, h,
+ * dKG, dW (state_rows_tc checks). Dynamic shared memory: two stages of E, dE_tot [BT][ab_ld] and
+ * dHn, h [64][ab_ld] (48 KB for bf16 at BT = 64, 72 KB for f32). */
+template <int BT, class M>
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
+    state_rows_mma_kernel(const int64_t *__restrict__ chunk_t0,
+                          const int32_t *__restrict__ chunk_len, int HV, int K, int V,
+                          const float *__restrict__ G, const M *__restrict__ E,
+                          const M *__restrict__ dHs, const float *__restrict__ dEt,
+                          const M *__restrict__ h, float *__restrict__ dKG, float *__restrict__ dW,
+                          float *__restrict__ dG) {
+    using namespace kdamma;
+    constexpr int LA1 = ab_ld<M>(), LA2 = ab_ld<float>(), LB = ab_ld<M>();
+    constexpr int SA1 = BT * LA1, SA2 = BT * LA2, SB = AB_N * LB; /* elements per stage */
+    extern __shared__ __align__(16) float rows_smem[];
+    float *const a2s = rows_smem; /* dE_tot, then E, dHn, h (stage b at + b * S..) */
+    M *const a1s = reinterpret_cast<M *>(a2s + 2 * SA2);
+    M *const b1s = a1s + 2 * SA1;
+    M *const b2s = b1s + 2 * SB;
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, AB_N)); /* the tiles share E, dE_tot */
+    const int64_t ch = ct.c;
+    const int hv = blockIdx.y, e0 = ct.z * AB_N;
+    const int64_t t0 = chunk_t0[ch];
+    const int L = chunk_len[ch], ne = min(AB_N, K - e0);
+    const int64_t rs = (int64_t)HV * V, sb = (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V;
+    const M *const Ea = E + (t0 * HV + hv) * V, *const S1 = dHs + sb, *const S2 = h + sb;
+    const float *const Da = dEt + (t0 * HV + hv) * V;
+    auto load = [&](int st, int b) {
+        const int k0 = st * AB_KS;
+        tile_async<BT, AB_KS, LA1, AB_THREADS>(a1s + b * SA1, Ea, rs, L, k0, V);
+        tile_async<BT, AB_KS, LA2, AB_THREADS>(a2s + b * SA2, Da, rs, L, k0, V);
+        tile_async<AB_N, AB_KS, LB, AB_THREADS>(b1s + b * SB, S1, V, ne, k0, V);
+        tile_async<AB_N, AB_KS, LB, AB_THREADS>(b2s + b * SB, S2, V, ne, k0, V);
+    };
+    static_assert(AB_THREADS == 4 * AB_N && AB_KS == 32, "dG: four threads per key, 8 values each");
+    const int ke = threadIdx.x >> 2, kq = threadIdx.x & 3;
+    float acc1[AbTile<BT>::NTW][4] = {}, acc2[AbTile<BT>::NTW][4] = {}, gs = 0.f;
+    const int nst = DG_CEIL_DIV(V, AB_KS);
+    load(0, 0);
+    cp_async_commit();
+    for (int st = 0; st < nst; st++) {
+        const int b = st & 1;
+        if (st + 1 < nst)
+            load(st + 1, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        mma_stage<BT, true, true, 0, AB_KS>(acc1, a1s + b * SA1, LA1, b1s + b * SB, LB, 0);
+        mma_stage<BT, true, true, 0, AB_KS>(acc2, a2s + b * SA2, LA2, b2s + b * SB, LB, 0);
+        const M *p1 = b1s + b * SB + ke * LB + 8 * kq, *p2 = b2s + b * SB + ke * LB + 8 * kq;
+#pragma unroll
+        for (int u = 0; u < 8; u++) /* (values past V are zero in both slices) */
+            gs += kda_ld(p2 + u) * kda_ld(p1 + u);
+        __syncthreads(); /* stage b is refilled next */
+    }
+    gs += __shfl_xor_sync(0xffffffffu, gs, 1);
+    gs += __shfl_xor_sync(0xffffffffu, gs, 2);
+    const int64_t rk = (int64_t)HV * K, o = (t0 * HV + hv) * K + e0;
+    store_acc<BT>(acc1, dKG + o, rk, L, ne, 1.f);
+    store_acc<BT>(acc2, dW + o, rk, L, ne, -1.f);
+    for (int idx = threadIdx.x; idx < (L - 1) * ne; idx += AB_THREADS)
+        dG[o + (idx / ne) * rk + idx % ne] = 0.f;
+    if (kq == 0 && ke < ne) {
+        const int64_t rl = o + (int64_t)(L - 1) * rk + ke;
+        dG[rl] = expf(G[rl]) * gs;
+    }
+}
+
 /* grid (chunk, hv): dG rows of the chunk: row L-1 = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v]
  * (0 when h is NULL; h and dHn of M, f32 or bf16), every other row 0. Warp w: keys e = w, w + 8,
  * ...; lanes over v (vec: four consecutive v per lane and 16-byte zero stores, where V and K are
@@ -1163,12 +1239,31 @@ static dg_status rows_stateT_tc_launch(dg_ctx *ctx, const kda_cuda_dims *d, floa
 }
 
 /* The chunk-parallel part of the tensor-core backward, from the serial pass's dE_tot and dHn_c
- * (of M): dKG = E dHn^T, dW = -dE_tot h^T, dG at each chunk's last row (each optional). */
+ * (of M): dKG = E dHn^T, dW = -dE_tot h^T, dG at each chunk's last row (each optional). With all
+ * three asked for (the node's backward) and the sizes allowing it, one pass
+ * (state_rows_mma_kernel); else a kernel each. */
 template <class M>
 static dg_status state_rows_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float *G, const M *h,
                                const M *E, const M *dHs, const float *dEtot, float *dW, float *dKG,
                                float *dG) {
     cudaStream_t s = dg__stream(ctx);
+    const bool b16 = sizeof(M) == 2;
+    if (dKG && E && dW && h && dG && d->tc == 1 && d->V % (b16 ? 8 : 4) == 0 && d->K % 2 == 0 &&
+        aligned16(E) && aligned16(dHs) && aligned16(dEtot) && aligned16(h) && aligned16(dKG) &&
+        aligned16(dW)) { /* all three in one pass */
+        KDA_DISPATCH_BT(d->BT, {
+            using namespace kdamma;
+            const size_t smem = 2 * (sizeof(float) * BT_ * ab_ld<float>() +
+                                     sizeof(M) * (BT_ * ab_ld<M>() + 2 * AB_N * ab_ld<M>()));
+            DG_TRY(smem_opt_in(state_rows_mma_kernel<BT_, M>, smem));
+            const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, AB_N);
+            state_rows_mma_kernel<BT_, M>
+                <<<dim3((unsigned)d->NC * nkt, (unsigned)d->HV), AB_THREADS, smem, s>>>(
+                    d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, G, E, dHs, dEtot, h, dKG, dW, dG);
+            DG_CHECK_LAUNCH();
+        });
+        return DG_OK;
+    }
     const size_t tk = sizeof(float) * (size_t)d->TT * d->HV * d->K;
     if (dKG && !E)
         DG_CHECK_CUDA(cudaMemsetAsync(dKG, 0, tk, s));
