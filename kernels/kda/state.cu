@@ -41,9 +41,10 @@
  *   tc == 1 and K % 16 == 0, K <= 256, V even, 16-byte aligned arrays (state_mma_fits):
  *     the serial pass of both directions is state_mma_kernel (mma.sync TF32, state in
  *     registers, next chunk's tiles fetched with cp.async; see its comment);
- *     With tc != 0 the backward's chunk-parallel products are rows_stateT_mma_kernel (tc == 1
- *     where the sizes allow, else rows_stateT_kernel one product at a time), and dG is
- *     state_dg_tc_kernel.
+ *     With tc != 0 the backward's chunk-parallel part is state_rows_mma_kernel (dKG, dW and dG
+ *     in one pass over V) when all three are asked for, tc == 1 and the sizes and alignments
+ *     allow; else rows_stateT_mma_kernel (tc == 1 where the sizes allow, else rows_stateT_kernel)
+ *     one product at a time, and dG in state_dg_tc_kernel.
  * The product C = s A S_c^T of rows_stateT (the FFMA and tensor-core kernels) also gives the
  * output backward its dQG = s dO h^T (dg__kda_rows_stateT, declared in common.cuh).
  * KCP summaries (dg__kda_state_summary_cuda): the same serial pass on state_mma_kernel, over one
@@ -940,10 +941,19 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
         __syncthreads();
         mma_stage<BT, true, true, 0, AB_KS>(acc1, a1s + b * SA1, LA1, b1s + b * SB, LB, 0);
         mma_stage<BT, true, true, 0, AB_KS>(acc2, a2s + b * SA2, LA2, b2s + b * SB, LB, 0);
-        const M *p1 = b1s + b * SB + ke * LB + 8 * kq, *p2 = b2s + b * SB + ke * LB + 8 * kq;
+        { /* 16-byte reads of the two slices (values past V are zero in both) */
+            constexpr int PE = 16 / sizeof(M);
+            const M *p1 = b1s + b * SB + ke * LB + 8 * kq, *p2 = b2s + b * SB + ke * LB + 8 * kq;
 #pragma unroll
-        for (int u = 0; u < 8; u++) /* (values past V are zero in both slices) */
-            gs += kda_ld(p2 + u) * kda_ld(p1 + u);
+            for (int pc = 0; pc < 8; pc += PE) {
+                float x1[PE], x2[PE];
+                kda_ld16(p1 + pc, x1);
+                kda_ld16(p2 + pc, x2);
+#pragma unroll
+                for (int u = 0; u < PE; u++)
+                    gs += x2[u] * x1[u];
+            }
+        }
         __syncthreads(); /* stage b is refilled next */
     }
     gs += __shfl_xor_sync(0xffffffffu, gs, 1);

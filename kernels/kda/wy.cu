@@ -448,16 +448,17 @@ __global__ void __launch_bounds__(NTH)
 }
 
 /* wy_cols_kernel and dTm together on the tensor-core path (tc == 1, TF32), grid (NC, HV): one block
- * per (chunk, value head) walks the chunk's 64-column tiles in order, the K / 64 key tiles
- * c0 = 64 z first, then the V / 64 value tiles. Per tile: the upstream gradient up (dW or dU)
- * comes in with cp.async next to Tm (staged once per block), the column product Tm^T up runs on
- * mma.sync into shared memory, and wy_cols_kernel's per-column work runs on it with the 8 warps
- * as 2 column halves x 4 row groups (warp w: columns 32 (w % 2).., rows w / 2 + 4 r). Each thread
- * overwrites the product element it has used with X_j (beta_j k_j gamma_j, or beta_j v_j), so
- * that after a barrier the tile's share of dTm, up X^T, runs on mma.sync from the same two staged
- * tiles: dTm never reads dW, dU, k, G or v again (the separate dTm kernel re-read them all). The
- * dTm accumulator stays in registers over the tiles, in the order and with the same products and
- * roundings as wy_dtm_kernel's stages. dbeta's partial sums are written per 32-column half in
+ * per (chunk, value head) walks the chunk's 64-column tiles in order, the ceil(K / 64) key tiles
+ * c0 = 64 z first, then the ceil(V / 64) value tiles. Per tile: the upstream gradient up (dW or
+ * dU) comes in with cp.async next to Tm (staged once per block), the column product Tm^T up runs
+ * on mma.sync into shared memory, and wy_cols_kernel's per-column work runs on it with lane l
+ * taking the column pair 2l, 2l + 1 (wy_col_row with N = 2: 8-byte f32, 4-byte bf16 pieces) and
+ * warp w the rows w, w + 8, ... Each thread overwrites the product elements it has used with X_j
+ * (beta_j k_j gamma_j, or beta_j v_j), so that after a barrier the tile's share of dTm, up X^T,
+ * runs on mma.sync from the same two staged tiles: dTm never reads dW, dU, k, G or v again. The
+ * dTm accumulator stays in registers over the tiles; its products, their order and the TF32
+ * roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
+ * replaced (the same bits). dbeta's partial sums are written per 32-column half (16 lanes) in
  * wy_cols_kernel's numbering of CT-wide tiles, so what follows the kernel does not change.
  * Dynamic shared memory: Tm [BT][BT + 8], up [BT][72] and the product / X [max(BT, 64)][72] (54 KB
  * at BT = 64: four blocks per SM, at most 64 registers). Needs K, V % 4 == 0 and 16-byte aligned
@@ -703,8 +704,20 @@ extern "C" dg_status dg__kda_wy_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     return DG_OK;
 }
 
+/* Whether wy_cols_mma_kernel's column-pair accesses are aligned: 8 bytes for f32 arrays, 4 for
+ * bf16 ones (the row lengths K, V are multiples of 4 there, so the bases decide). */
+static bool wy_pairs_aligned(const void *q, const void *k, bool qk_bf16, const void *G,
+                             const void *dKG, const void *dQG, const void *dq, const void *dk,
+                             const void *dG, const void *v, const void *vb, const void *dv,
+                             const void *dvb, const void *dTm) {
+    auto al = [](const void *p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; };
+    const uintptr_t qa = qk_bf16 ? 4 : 8;
+    return al(q, qa) && al(k, qa) && al(G, 8) && al(dKG, 8) && al(dQG, 8) && al(dq, 8) &&
+           al(dk, 8) && al(dG, 8) && al(v, 8) && al(vb, 4) && al(dv, 8) && al(dvb, 4) && al(dTm, 8);
+}
+
 /* q, k as dd says (kda_cuda_dims.qk_bf16, rq, rk): the column kernels read them elementwise in
- * any form; the dTm kernels take bf16 ones as stored on the mma path, else f32 rows. */
+ * any form; the FFMA dTm kernel takes f32 rows. */
 template <int BT>
 static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, const void *k,
                            const float *v, const kda_bf16 *vb, const float *beta, const float *G,
@@ -733,7 +746,9 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
     const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
     if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
-               aligned16(dU))) { /* columns and dTm in one kernel */
+               aligned16(dU) &&
+               wy_pairs_aligned(q, k, qi.bf16, G, dKG, dQG, dqv, dkv, dG, v, vb, dv, dvb, dTm))) {
+        /* columns and dTm in one kernel (vb: the caller has checked the same) */
         const size_t smem = sizeof(float) * ((size_t)BT * (BT + 8 + kdamma::AB_LDB) +
                                              (size_t)(BT > 64 ? BT : 64) * kdamma::AB_LDB);
         const dim3 grid((unsigned)d.NC, d.HV);
@@ -799,7 +814,9 @@ extern "C" dg_status dg__kda_wy_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, co
     if (d->leaf_bf16) {
         const bool as_stored = d->tc == 1 && d->K % 4 == 0 && d->V % 8 == 0 && aligned16(Tm) &&
                                aligned16(dW) && aligned16(dU) && aligned16(k) && aligned16(G) &&
-                               (!v || aligned16(v));
+                               (!v || aligned16(v)) &&
+                               wy_pairs_aligned(q, k, d->qk_bf16, G, dKG, dQG, dq, dk, dG, nullptr,
+                                                v, nullptr, dvv, dTm);
         if (v && as_stored)
             vb = (const kda_bf16 *)v;
         else if (v)
