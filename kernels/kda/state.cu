@@ -884,8 +884,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     kdamma::store_acc<BT>(acc, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
 }
 
-/* The chunk-parallel part of the tensor-core backward in one pass over V, grid (chunk x K / 64,
- * hv) (chunk_tile): for the 64 keys e0.. of the block and the rows i < L of the chunk,
+/* The chunk-parallel part of the tensor-core backward in one pass over V, grid (chunk x ceil(K /
+ * 64), hv) (chunk_tile): for the 64 keys e0.. of the block and the rows i < L of the chunk,
  *   dKG[i][e] = sum_v E[i][v] dHn_c[e][v],   dW[i][e] = -sum_v dE_tot[i][v] h_c[e][v],
  *   dG[L-1][e] = exp(lambda_e) sum_v h_c[e][v] dHn_c[e][v], dG[i][e] = 0 for i < L - 1.
  * E, dHn, h of M (f32 or bf16), dE_tot f32. The four operands' 32-value slices come in with a
