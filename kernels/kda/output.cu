@@ -261,9 +261,10 @@ __global__ void __launch_bounds__(NTH)
  * (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG and dh of M (f32 or bf16:
  * dh is stored like h). out_de:
  * grid (chunk x V / 64, hv), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned
- * arrays (checked by the launcher). */
+ * arrays (checked by the launcher). out_dh runs four blocks per SM (64 registers; ncu, H100,
+ * (1,8192,96,128): 460 -> 417 us against three at 73 registers). */
 template <int BT, class M, class TD>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int HV, int K, int V, float scale, const M *__restrict__ QG,
                       const TD *__restrict__ dO, M *__restrict__ dh) {
