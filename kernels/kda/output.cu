@@ -4,16 +4,16 @@
  *   forward:   O_c = s QG_c h_c + Aqk_c E_c   (Aqk read for j <= i only)
  *   backward:  dQG = s dO h^T,  dh_c = s QG^T dO,  dAqk = tril(dO E^T) (j <= i),  dE = Aqk^T dO
  * Layouts: QG [TT,HV,K]; E, O, dO [TT,HV,V]; Aqk [TT,HV,BT]; h [NC,HV,K,V]. Chunk-parallel in
- * both directions; the backward runs one kernel per product, each writing every element (rows
- * < L of the token arrays, all of dh_c). dQG is state.cu's rows_stateT product
- * (dg__kda_rows_stateT).
+ * both directions; every backward kernel writes every element of its outputs (rows < L of the
+ * token arrays, all of dh_c). dQG is state.cu's rows_stateT product (dg__kda_rows_stateT).
  *
  * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
  *   f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
  *     backward out_dh_kernel, out_dA_kernel, out_dE_kernel.
  *   tc == 1 and K, V % 4 == 0 (bf16 operands: % 8) with 16-byte aligned arrays: mma.sync (TF32,
  *     or bf16 m16n8k16 where both operands are bf16) with cp.async stages (mma.cuh's gemm_acc):
- *     output_fwd_mma_kernel; backward out_dh_mma_kernel, out_da_mma_kernel, out_de_mma_kernel.
+ *     output_fwd_mma_kernel; backward out_dh_mma_kernel, and out_dade_mma_kernel for dAqk and
+ *     dE together (one pass over the value tiles, dO staged once for both).
  *   Everything else (tc == 0; tc == 2, the 3xTF32 mode, which this stage serves in f32; sizes or
  *     alignments the mma kernels do not take) runs the FFMA kernels on f32 operands; bf16
  *     intermediates there are refused (kda_mid_refused).
@@ -255,14 +255,12 @@ __global__ void __launch_bounds__(NTH)
     kda_store_lower<BT>(acc, dAqk, t0, L, hv, HV, tx, ty);
 }
 
-/* dh_c = s QG^T dO and dE = Aqk^T dO on mma.sync (mma.cuh), TF32 only; both read A
- * transposed (m-contiguous) and dO as an n-contiguous B, k = the chunk's tokens (rows past L are
- * zero-filled; Aqk is read for j <= i only). out_dh: grid (chunk x (K / 64) (V / 64), hv)
- * (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG and dh of M (f32 or bf16:
- * dh is stored like h). out_de:
- * grid (chunk x V / 64, hv), rows < L. Need K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned
- * arrays (checked by the launcher). out_dh runs four blocks per SM (64 registers; ncu, H100,
- * (1,8192,96,128): 460 -> 417 us against three at 73 registers). */
+/* dh_c = s QG^T dO on mma.sync (mma.cuh): QG read transposed (m-contiguous) and dO as an
+ * n-contiguous B, k = the chunk's tokens (rows past L are zero-filled); grid (chunk x (K / 64)
+ * (V / 64), hv) (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG and dh of M (f32
+ * or bf16: dh is stored like h). Needs K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned arrays
+ * (checked by the launcher). Four blocks per SM (64 registers; ncu, H100, (1,8192,96,128): 460 ->
+ * 417 us against three at 73 registers). */
 template <int BT, class M, class TD>
 __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
@@ -289,42 +287,54 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     }
 }
 
-/* dAqk[i][j] = dO_i . E_j for j <= i, 0 above (rows < L, all BT columns) on mma.sync (TF32),
- * grid (chunk, hv): both operands k-contiguous (dO rows i, E rows j), k = the V value columns in
- * cp.async stages; E of M (f32 or bf16). Needs V % 4 == 0 (bf16 E: % 8) and 16-byte aligned dO,
- * E, dAqk (checked by the launcher). */
+/* dAqk = tril(dO E^T) and dE = Aqk^T dO together on mma.sync, grid (chunk, hv): the block walks
+ * the chunk's 64-column value tiles; each dO tile (and E tile) is staged once and serves both
+ * products: dAqk accumulates dO_v E_v^T in registers over the tiles (both operands k-contiguous:
+ * dO rows i, E rows j), and the tile's dE_v = Aqk^T dO_v (Aqk staged once, read for j <= i; dO_v
+ * as the n-contiguous operand) is stored before the next tile. The products, their k order and
+ * roundings are those of the two kernels (a product each, over 32-wide cp.async stages) this one
+ * replaced (the same bits). Either output may be NULL. Dynamic shared memory: Aqk [BT][BT + 8] f32,
+ * dO [BT][72] of TD, E [max(BT, 64)][72] of M (rows BT.. zero: the dAqk product's n runs to 64).
+ * Needs V % 4 == 0 (bf16 operands: % 8) and 16-byte aligned arrays (output_bwd_mma). */
 template <int BT, class M, class TD>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
-    out_da_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int HV, int V, const TD *__restrict__ dO, const M *__restrict__ E,
-                      float *__restrict__ dAqk) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, true, true, TD, M>()];
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
+    out_dade_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                        int HV, int V, const float *__restrict__ Aqk, const TD *__restrict__ dO,
+                        const M *__restrict__ E, float *__restrict__ dAqk, float *__restrict__ dE) {
+    using namespace kdamma;
+    constexpr int LDA = BT + 8, LDV = AB_N + 8, ER = BT > AB_N ? BT : AB_N;
+    extern __shared__ __align__(16) float dade_smem[];
+    float *const As = dade_smem;
+    TD *const Os = reinterpret_cast<TD *>(As + BT * LDA);
+    M *const Es = reinterpret_cast<M *>(Os + BT * LDV);
     const int64_t ch = blockIdx.x;
     const int hv = blockIdx.y;
-    const int64_t t0 = chunk_t0[ch];
+    const int64_t t0 = chunk_t0[ch], ro = (t0 * HV + hv) * V, rs = (int64_t)HV * V;
     const int L = chunk_len[ch];
-    float acc[kdamma::AbTile<BT>::NTW][4] = {};
-    kdamma::gemm_acc<BT, true, true>(acc, dO + (t0 * HV + hv) * V, (int64_t)HV * V, L,
-                                     E + (t0 * HV + hv) * V, (int64_t)HV * V, L, BT, V, sm);
-    kdamma::store_acc<BT, true>(acc, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
-}
-
-template <int BT, class TD> /* four blocks per SM: 349 -> 330 us as output_fwd_mma_kernel's note */
-__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
-    out_de_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int HV, int V, const float *__restrict__ Aqk, const TD *__restrict__ dO,
-                      float *__restrict__ dE) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<BT, false, false, float, TD>()];
-    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(V, kdamma::AB_N)); /* the tiles share Aqk */
-    const int64_t ch = ct.c;
-    const int hv = blockIdx.y, v0 = ct.z * kdamma::AB_N;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch], nv = min(kdamma::AB_N, V - v0);
-    float acc[kdamma::AbTile<BT>::NTW][4] = {};
-    kdamma::gemm_acc<BT, false, false, 2>(acc, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, BT,
-                                          dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
-                                          sm);
-    kdamma::store_acc<BT>(acc, dE + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, 1.f);
+    for (int idx = BT * LDV + threadIdx.x; idx < ER * LDV; idx += AB_THREADS)
+        kda_st(Es + idx, 0.f);
+    if (dE) /* rows i >= L zero; junk above the diagonal is masked as it is read (TRI = 2) */
+        tile_async<BT, BT, LDA, AB_THREADS>(As, Aqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
+                                            BT);
+    float da[AbTile<BT>::NTW][4] = {};
+    for (int v0 = 0; v0 < V; v0 += AB_N) {
+        __syncthreads(); /* the previous tile's dO and E have been read */
+        tile_async<BT, AB_N, LDV, AB_THREADS>(Os, dO + ro, rs, L, v0, V);
+        if (dAqk)
+            tile_async<BT, AB_N, LDV, AB_THREADS>(Es, E + ro, rs, L, v0, V);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        if (dAqk)
+            mma_stage<BT, true, true, 0, AB_N>(da, Os, LDV, Es, LDV, 0);
+        if (dE) {
+            float de[AbTile<BT>::NTW][4] = {};
+            mma_stage<BT, false, false, 2, BT>(de, As, LDA, Os, LDV, 0);
+            store_acc<BT>(de, dE + ro + v0, rs, L, min(AB_N, V - v0), 1.f);
+        }
+    }
+    if (dAqk)
+        store_acc<BT, true>(da, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
 // ---- launchers
@@ -445,14 +455,13 @@ static dg_status output_bwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, floa
                 d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
             DG_CHECK_LAUNCH();
         }
-        if (dAqk) {
-            out_da_mma_kernel<BT_, M, TD><<<dim3(nc, hvs), kdamma::AB_THREADS, 0, s>>>(
-                d->chunk_t0, d->chunk_len, d->HV, d->V, dO, E, dAqk);
-            DG_CHECK_LAUNCH();
-        }
-        if (dE) {
-            out_de_mma_kernel<BT_, TD><<<dim3(nc * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
-                d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, dE);
+        if (dAqk || dE) {
+            constexpr int ER = BT_ > kdamma::AB_N ? BT_ : kdamma::AB_N, LDV = kdamma::AB_N + 8;
+            const size_t smem =
+                sizeof(float) * BT_ * (BT_ + 8) + sizeof(TD) * BT_ * LDV + sizeof(M) * ER * LDV;
+            DG_TRY(smem_opt_in(out_dade_mma_kernel<BT_, M, TD>, smem));
+            out_dade_mma_kernel<BT_, M, TD><<<dim3(nc, hvs), kdamma::AB_THREADS, smem, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->V, Aqk, dO, E, dAqk, dE);
             DG_CHECK_LAUNCH();
         }
     });
