@@ -342,15 +342,9 @@ dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);
 
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
- * [NC,HV,K,V], C [TT,HV,K]. The output backward's dQG = s dO h^T (output.cu). Needs NC > 0 and
- * d checked by kdab::check_dims. */
+ * [NC,HV,K,V], C [TT,HV,K], all f32. The output backward's dQG = s dO h^T where it runs on f32
+ * operands outside its mma kernels (output.cu). Needs NC > 0 and d checked by kdab::check_dims. */
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
                               const float *S, float *C);
-/* The same with S in bf16 (kda_cuda_dims.mid; the tensor-core path only), and with A in bf16 too
- * (the output backward's dO under kda_cuda_dims.leaf_bf16). */
-dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
-                              const kda_bf16 *S, float *C);
-dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const kda_bf16 *A,
-                              const kda_bf16 *S, float *C);
 
 #endif /* DG_KDA_COMMON_CUH */

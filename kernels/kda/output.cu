@@ -5,15 +5,17 @@
  *   backward:  dQG = s dO h^T,  dh_c = s QG^T dO,  dAqk = tril(dO E^T) (j <= i),  dE = Aqk^T dO
  * Layouts: QG [TT,HV,K]; E, O, dO [TT,HV,V]; Aqk [TT,HV,BT]; h [NC,HV,K,V]. Chunk-parallel in
  * both directions; every backward kernel writes every element of its outputs (rows < L of the
- * token arrays, all of dh_c). dQG is state.cu's rows_stateT product (dg__kda_rows_stateT).
+ * token arrays, all of dh_c).
  *
  * Variants (the tc mode of kda_cuda_dims, kda_cuda.h):
  *   f32 FFMA: kda_output_fwd_kernel (block per (chunk, hv, 32 value columns));
- *     backward out_dh_kernel, out_dA_kernel, out_dE_kernel.
+ *     backward out_dh_kernel, out_dA_kernel, out_dE_kernel, and state.cu's rows_stateT product
+ *     for dQG (dg__kda_rows_stateT).
  *   tc == 1 and K, V % 4 == 0 (bf16 operands: % 8) with 16-byte aligned arrays: mma.sync (TF32,
  *     or bf16 m16n8k16 where both operands are bf16) with cp.async stages (mma.cuh's gemm_acc):
- *     output_fwd_mma_kernel; backward out_dh_mma_kernel, and out_dade_mma_kernel for dAqk and
- *     dE together (one pass over the value tiles, dO staged once for both).
+ *     output_fwd_mma_kernel; backward out_dhq_mma_kernel for dh and dQG together, and
+ *     out_dade_mma_kernel for dAqk and dE together (each one pass over the value tiles, a dO
+ *     tile staged once for both products).
  *   Everything else (tc == 0; tc == 2, the 3xTF32 mode, which this stage serves in f32; sizes or
  *     alignments the mma kernels do not take) runs the FFMA kernels on f32 operands; bf16
  *     intermediates there are refused (kda_mid_refused).
@@ -337,6 +339,64 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
         store_acc<BT, true>(da, dAqk + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
 }
 
+/* dh_c = s QG^T dO and dQG = s dO h_c^T together on mma.sync, grid (chunk x K / 64, hv)
+ * (chunk_tile): the block takes the 64 keys e0.. and walks the chunk's 64-column value tiles;
+ * each dO tile is staged once (with the h_c tile of those keys and values) and serves both
+ * products: the tile of dh_c (QG_e^T dO_v: QG staged once, read transposed) is stored before the
+ * next tile, and dQG accumulates dO_v h_{e,v}^T in registers over the tiles. The products, their
+ * k order and roundings are those of out_dh_mma_kernel and of the rows_stateT product (the same
+ * bits). Either output may be NULL. Dynamic shared memory: QG [BT][72] and h [64][72] of M, dO
+ * [BT][72] of TD (h's tile stages the bf16 dh tile on its way out). Needs K, V % 4 == 0 (bf16
+ * operands: % 8) and 16-byte aligned arrays (output_bwd_mma). */
+template <int BT, class M, class TD>
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
+    out_dhq_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
+                       int HV, int K, int V, float scale, const M *__restrict__ QG,
+                       const M *__restrict__ h, const TD *__restrict__ dO, M *__restrict__ dh,
+                       float *__restrict__ dQG) {
+    using namespace kdamma;
+    constexpr int LDV = AB_N + 8;
+    extern __shared__ __align__(16) float dhq_smem[];
+    M *const Qs = reinterpret_cast<M *>(dhq_smem);
+    M *const Hs = Qs + BT * LDV;
+    TD *const Os = reinterpret_cast<TD *>(Hs + AB_N * LDV);
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, AB_N)); /* the tiles share dO */
+    const int64_t ch = ct.c;
+    const int hv = blockIdx.y, e0 = ct.z * AB_N;
+    const int64_t t0 = chunk_t0[ch], ro = (t0 * HV + hv) * V, rs = (int64_t)HV * V;
+    const int L = chunk_len[ch], ne = min(AB_N, K - e0);
+    const M *const hb = h + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V;
+    if (dh) /* rows i >= L and keys past K zero */
+        tile_async<BT, AB_N, LDV, AB_THREADS>(Qs, QG + (t0 * HV + hv) * K, (int64_t)HV * K, L, e0,
+                                              K);
+    float dq[AbTile<BT>::NTW][4] = {};
+    for (int v0 = 0; v0 < V; v0 += AB_N) {
+        const int nv = min(AB_N, V - v0);
+        __syncthreads(); /* the previous tile's dO and h (and the dh staging) have been read */
+        tile_async<BT, AB_N, LDV, AB_THREADS>(Os, dO + ro, rs, L, v0, V);
+        if (dQG)
+            tile_async<AB_N, AB_N, LDV, AB_THREADS>(Hs, hb, V, ne, v0, V);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        if (dQG) /* m = tokens, n = keys, k = values */
+            mma_stage<BT, true, true, 0, AB_N>(dq, Os, LDV, Hs, LDV, 0);
+        if (dh) { /* m = keys, n = values, k = tokens */
+            float a[AbTile<64>::NTW][4] = {};
+            mma_stage<64, false, false, 0, BT>(a, Qs, LDV, Os, LDV, 0);
+            M *const dst = dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0;
+            if constexpr (sizeof(M) == 2) { /* (the mid path has V % 16 == 0) */
+                __syncthreads();            /* Hs is free: the staging of the dh tile */
+                store_acc_rows<64>(a, dst, V, ne, nv, scale, Hs);
+            } else {
+                store_acc<64>(a, dst, V, ne, nv, scale);
+            }
+        }
+    }
+    if (dQG)
+        store_acc<BT>(dq, dQG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, L, ne, scale);
+}
+
 // ---- launchers
 
 /* Whether the forward runs on output_fwd_mma_kernel (tc == 1, K, V % 4 == 0 or % 8 with bf16
@@ -431,11 +491,12 @@ static dg_status output_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale
  * 4 (bf16 operands: % 8) == 0; 16-byte aligned arrays); m: the size of QG, h, E's elements, td:
  * dO's. Else f32 operands take the FFMA kernels (output_bwd_bt) and bf16 ones are refused. */
 static bool output_bwd_mma(const kda_cuda_dims *d, size_t m, size_t td, const void *QG,
-                           const float *Aqk, const void *E, const void *dO, const void *dh,
-                           const float *dAqk, const float *dE) {
+                           const void *h, const float *Aqk, const void *E, const void *dO,
+                           const float *dQG, const void *dh, const float *dAqk, const float *dE) {
     const int qk = 16 / (int)m, qv = (m == 2 || td == 2) ? 8 : 4;
-    return d->tc == 1 && d->K % qk == 0 && d->V % qv == 0 && aligned16(QG) && aligned16(Aqk) &&
-           aligned16(E) && aligned16(dO) && aligned16(dh) && aligned16(dAqk) && aligned16(dE);
+    return d->tc == 1 && d->K % qk == 0 && d->V % qv == 0 && aligned16(QG) && aligned16(h) &&
+           aligned16(Aqk) && aligned16(E) && aligned16(dO) && aligned16(dQG) && aligned16(dh) &&
+           aligned16(dAqk) && aligned16(dE);
 }
 
 /* The backward on the mma kernels (output_bwd_mma holds; dO != NULL, NC > 0). */
@@ -445,14 +506,15 @@ static dg_status output_bwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, floa
                                        const TD *dO, float *dQG, M *dh, float *dAqk, float *dE) {
     cudaStream_t s = dg__stream(ctx);
     const unsigned nc = (unsigned)d->NC, hvs = (unsigned)d->HV;
-    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, kdamma::AB_N),
-                   nvt = (unsigned)DG_CEIL_DIV(d->V, kdamma::AB_N);
-    if (dQG)
-        DG_TRY(dg__kda_rows_stateT(ctx, d, scale, dO, h, dQG));
+    const unsigned nkt = (unsigned)DG_CEIL_DIV(d->K, kdamma::AB_N);
     KDA_DISPATCH_BT(d->BT, {
-        if (dh) {
-            out_dh_mma_kernel<BT_, M, TD><<<dim3(nc * nkt * nvt, hvs), kdamma::AB_THREADS, 0, s>>>(
-                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, dO, dh);
+        if (dh || dQG) {
+            constexpr int LDV = kdamma::AB_N + 8;
+            const size_t smem =
+                sizeof(M) * (BT_ + kdamma::AB_N) * LDV + sizeof(TD) * (size_t)BT_ * LDV;
+            DG_TRY(smem_opt_in(out_dhq_mma_kernel<BT_, M, TD>, smem));
+            out_dhq_mma_kernel<BT_, M, TD><<<dim3(nc * nkt, hvs), kdamma::AB_THREADS, smem, s>>>(
+                d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, scale, QG, h, dO, dh, dQG);
             DG_CHECK_LAUNCH();
         }
         if (dAqk || dE) {
@@ -480,7 +542,7 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     const float *dO = (const float *)dOv;
     Scratch dO32(ctx);
     if (dOv && d->leaf_bf16) {
-        if (d->mid && output_bwd_mma(d, 2, 2, QGv, Aqk, Ev, dOv, dh, dAqk, dE))
+        if (d->mid && output_bwd_mma(d, 2, 2, QGv, hv, Aqk, Ev, dOv, dQG, dh, dAqk, dE))
             return output_bwd_launch_mma(ctx, d, scale, (const kda_bf16 *)QGv, (const kda_bf16 *)hv,
                                          Aqk, (const kda_bf16 *)Ev, (const kda_bf16 *)dOv, dQG,
                                          (kda_bf16 *)dh, dAqk, dE);
@@ -503,14 +565,14 @@ extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         return DG_OK;
     }
     if (d->mid) /* bf16 intermediates have only the mma kernels */
-        return output_bwd_mma(d, 2, 4, QGv, Aqk, Ev, dO, dh, dAqk, dE)
+        return output_bwd_mma(d, 2, 4, QGv, hv, Aqk, Ev, dO, dQG, dh, dAqk, dE)
                    ? output_bwd_launch_mma(ctx, d, scale, (const kda_bf16 *)QGv,
                                            (const kda_bf16 *)hv, Aqk, (const kda_bf16 *)Ev, dO, dQG,
                                            (kda_bf16 *)dh, dAqk, dE)
                    : kda_mid_refused(__func__, d);
     const float *QG = (const float *)QGv, *h = (const float *)hv, *E = (const float *)Ev;
     float *dh32 = (float *)dh;
-    if (output_bwd_mma(d, 4, 4, QG, Aqk, E, dO, dh, dAqk, dE))
+    if (output_bwd_mma(d, 4, 4, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE))
         return output_bwd_launch_mma(ctx, d, scale, QG, h, Aqk, E, dO, dQG, dh32, dAqk, dE);
     /* f32 FFMA: tc == 0, and what the mma kernels do not take (as in the forward) */
     switch (d->BT) {

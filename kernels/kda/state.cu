@@ -46,7 +46,8 @@
  *     allow; else rows_stateT_mma_kernel (tc == 1 where the sizes allow, else rows_stateT_kernel)
  *     one product at a time, and dG in state_dg_tc_kernel.
  * The product C = s A S_c^T of rows_stateT (the FFMA and tensor-core kernels) also gives the
- * output backward its dQG = s dO h^T (dg__kda_rows_stateT, declared in common.cuh).
+ * output backward's FFMA path its dQG = s dO h^T (dg__kda_rows_stateT, declared in common.cuh;
+ * the tensor-core path forms dQG with dh in output.cu's out_dhq_mma_kernel).
  * KCP summaries (dg__kda_state_summary_cuda): the same serial pass on state_mma_kernel, over one
  * sequence, from S0 with the input and from the identity without it.
  * Entry points (kda_cuda.h): dg__kda_state_fwd_cuda, dg__kda_state_bwd_cuda,
@@ -1359,16 +1360,6 @@ extern "C" dg_status dg__kda_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
     float *dEtot = dU ? dU : need_et ? se.f() : nullptr;
     DG_TRY(dg__kda_state_bwd_seq_cuda(ctx, d, W, KG, G, dh, dE, dht, dEtot, sh.p, dh0));
     return par ? dg__kda_state_bwd_rows_cuda(ctx, d, G, h, E, sh.p, dEtot, dW, dKG, dG) : DG_OK;
-}
-
-dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
-                              const kda_bf16 *S, float *C) {
-    return d->tc ? rows_stateT_tc_launch(ctx, d, scale, A, S, C) : kda_mid_refused(__func__, d);
-}
-
-dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const kda_bf16 *A,
-                              const kda_bf16 *S, float *C) {
-    return d->tc ? rows_stateT_tc_launch(ctx, d, scale, A, S, C) : kda_mid_refused(__func__, d);
 }
 
 dg_status dg__kda_rows_stateT(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *A,
