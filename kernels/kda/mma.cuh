@@ -306,6 +306,26 @@ __device__ __forceinline__ void mma_stage(float (&acc)[AbTile<BT>::NTW][4], cons
     }
 }
 
+/* The two-stage cp.async pipeline of gemm_acc and its kin: load(st, b) issues the cp.async copies
+ * of stage st into buffer b (0 or 1), use(st, b) reads that buffer once every thread's copies
+ * have landed; stage st + 1 is in flight while stage st is used. Ends with a __syncthreads
+ * (both buffers reusable). */
+template <class Load, class Use>
+__device__ __forceinline__ void pipeline2(int nst, const Load &load, const Use &use) {
+    load(0, 0);
+    cp_async_commit();
+    for (int st = 0; st < nst; st++) {
+        const int b = st & 1;
+        if (st + 1 < nst)
+            load(st + 1, b ^ 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();
+        use(st, b);
+        __syncthreads(); /* stage b is refilled next */
+    }
+}
+
 /* acc += op(A) op(B) for one block's BT x 64 output tile, k over [0, nk) in shared-memory stages
  * of 32 (two cp.async stages). Layouts (all strides in floats):
  *   AK:  A is k-contiguous: row m at A + m * rsA, rows >= rows_a zero;
@@ -347,18 +367,9 @@ __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4], const
             tile_async<AB_KS, AB_N, LDB, AB_THREADS>(Bs(b), B + (int64_t)k0 * rsB, rsB,
                                                      min(rows_b, nk) - k0, 0, nn);
     };
-    load(0, 0);
-    cp_async_commit();
-    for (int st = 0; st < nst; st++) {
-        const int b = st & 1;
-        if (st + 1 < nst)
-            load(st + 1, b ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+    pipeline2(nst, load, [&](int st, int b) {
         mma_stage<BT, AK, BK, TRI, AB_KS>(acc, As(b), LDA, Bs(b), LDB, st * AB_KS);
-        __syncthreads(); /* stage b is refilled next */
-    }
+    });
 }
 
 /* Shared memory of gemm_acc with operands of TA and TB, in floats (rounded up). */

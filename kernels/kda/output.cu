@@ -257,38 +257,6 @@ __global__ void __launch_bounds__(NTH)
     kda_store_lower<BT>(acc, dAqk, t0, L, hv, HV, tx, ty);
 }
 
-/* dh_c = s QG^T dO on mma.sync (mma.cuh): QG read transposed (m-contiguous) and dO as an
- * n-contiguous B, k = the chunk's tokens (rows past L are zero-filled); grid (chunk x (K / 64)
- * (V / 64), hv) (chunk_tile), a 64 x 64 tile of dh_c, every element written; QG and dh of M (f32
- * or bf16: dh is stored like h). Needs K, V % 4 == 0 (bf16 QG: K % 8) and 16-byte aligned arrays
- * (checked by the launcher). Four blocks per SM (64 registers; ncu, H100, (1,8192,96,128): 460 ->
- * 417 us against three at 73 registers). */
-template <int BT, class M, class TD>
-__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
-    out_dh_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
-                      int HV, int K, int V, float scale, const M *__restrict__ QG,
-                      const TD *__restrict__ dO, M *__restrict__ dh) {
-    __shared__ __align__(16) float sm[kdamma::gemm_smem<64, false, false, M, TD>()];
-    const int nvt = DG_CEIL_DIV(V, kdamma::AB_N);
-    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, kdamma::AB_N) * nvt); /* they share QG, dO */
-    const int64_t ch = ct.c;
-    const int hv = blockIdx.y;
-    const int e0 = (ct.z / nvt) * kdamma::AB_N, v0 = (ct.z % nvt) * kdamma::AB_N;
-    const int64_t t0 = chunk_t0[ch];
-    const int L = chunk_len[ch], ne = min(kdamma::AB_N, K - e0), nv = min(kdamma::AB_N, V - v0);
-    float acc[kdamma::AbTile<64>::NTW][4] = {};
-    kdamma::gemm_acc<64, false, false>(acc, QG + (t0 * HV + hv) * K + e0, (int64_t)HV * K, ne,
-                                       dO + (t0 * HV + hv) * V + v0, (int64_t)HV * V, L, nv, BT,
-                                       sm);
-    M *const dst = dh + (ch * HV + hv) * (int64_t)K * V + (int64_t)e0 * V + v0;
-    if constexpr (sizeof(M) == 2) { /* (the mid path has V % 16 == 0) */
-        static_assert(sizeof(sm) >= 64 * (kdamma::AB_N + 8) * sizeof(M), "staging fits in sm");
-        kdamma::store_acc_rows<64>(acc, dst, V, ne, nv, scale, reinterpret_cast<M *>(sm));
-    } else {
-        kdamma::store_acc<64>(acc, dst, V, ne, nv, scale);
-    }
-}
-
 /* dAqk = tril(dO E^T) and dE = Aqk^T dO together on mma.sync, grid (chunk, hv): the block walks
  * the chunk's 64-column value tiles; each dO tile (and E tile) is staged once and serves both
  * products: dAqk accumulates dO_v E_v^T in registers over the tiles (both operands k-contiguous:
@@ -344,10 +312,12 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
  * each dO tile is staged once (with the h_c tile of those keys and values) and serves both
  * products: the tile of dh_c (QG_e^T dO_v: QG staged once, read transposed) is stored before the
  * next tile, and dQG accumulates dO_v h_{e,v}^T in registers over the tiles. The products, their
- * k order and roundings are those of out_dh_mma_kernel and of the rows_stateT product (the same
- * bits). Either output may be NULL. Dynamic shared memory: QG [BT][72] and h [64][72] of M, dO
- * [BT][72] of TD (h's tile stages the bf16 dh tile on its way out). Needs K, V % 4 == 0 (bf16
- * operands: % 8) and 16-byte aligned arrays (output_bwd_mma). */
+ * k order and roundings are those of the two kernels this one replaced (a 64 x 64 dh tile per
+ * block, and the rows_stateT product: the same bits). QG^T dO_v reads QG transposed (m-contiguous)
+ * and dO_v as the n-contiguous operand, k = the chunk's tokens (rows past L zero-filled). Either
+ * output may be NULL. Dynamic shared memory: QG [BT][72] and h [64][72] of M, dO [BT][72] of TD
+ * (h's tile stages the bf16 dh tile on its way out). Needs K, V % 4 == 0 (bf16 operands: % 8) and
+ * 16-byte aligned arrays (output_bwd_mma). */
 template <int BT, class M, class TD>
 __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     out_dhq_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,

@@ -893,9 +893,10 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
  * two-stage cp.async pipeline; both products run on mma_stage exactly as rows_stateT_mma_kernel
  * runs each of them (the same bits), and dG's sums are taken from the staged dHn and h slices, so
  * h and dHn are read once instead of twice (thread: key tid / 4, values 8 (tid % 4).. of each
- * slice). Needs V % 8 == 0 (bf16; % 4 for f32), K even and 16-byte aligned E, dHn, dE_tot, h,
- * dKG, dW (state_rows_tc checks). Dynamic shared memory: two stages of E, dE_tot [BT][ab_ld] and
- * dHn, h [64][ab_ld] (48 KB for bf16 at BT = 64, 72 KB for f32). */
+ * slice; the pipeline is gemm_acc's, kdamma::pipeline2). Needs V % 8 == 0 (bf16; % 4 for f32), K
+ * even and 16-byte aligned E, dHn, dE_tot, h, dKG, dW (state_rows_tc checks). Dynamic shared
+ * memory: two stages of E, dE_tot [BT][ab_ld] and dHn, h [64][ab_ld] (48 KB for bf16 at BT = 64, 72
+ * KB for f32). */
 template <int BT, class M>
 __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     state_rows_mma_kernel(const int64_t *__restrict__ chunk_t0,
@@ -930,33 +931,22 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     static_assert(AB_THREADS == 4 * AB_N && AB_KS == 32, "dG: four threads per key, 8 values each");
     const int ke = threadIdx.x >> 2, kq = threadIdx.x & 3;
     float acc1[AbTile<BT>::NTW][4] = {}, acc2[AbTile<BT>::NTW][4] = {}, gs = 0.f;
-    const int nst = DG_CEIL_DIV(V, AB_KS);
-    load(0, 0);
-    cp_async_commit();
-    for (int st = 0; st < nst; st++) {
-        const int b = st & 1;
-        if (st + 1 < nst)
-            load(st + 1, b ^ 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
+    pipeline2(DG_CEIL_DIV(V, AB_KS), load, [&](int, int b) {
         mma_stage<BT, true, true, 0, AB_KS>(acc1, a1s + b * SA1, LA1, b1s + b * SB, LB, 0);
         mma_stage<BT, true, true, 0, AB_KS>(acc2, a2s + b * SA2, LA2, b2s + b * SB, LB, 0);
-        { /* 16-byte reads of the two slices (values past V are zero in both) */
-            constexpr int PE = 16 / sizeof(M);
-            const M *p1 = b1s + b * SB + ke * LB + 8 * kq, *p2 = b2s + b * SB + ke * LB + 8 * kq;
+        /* 16-byte reads of the two slices (values past V are zero in both) */
+        constexpr int PE = 16 / sizeof(M);
+        const M *p1 = b1s + b * SB + ke * LB + 8 * kq, *p2 = b2s + b * SB + ke * LB + 8 * kq;
 #pragma unroll
-            for (int pc = 0; pc < 8; pc += PE) {
-                float x1[PE], x2[PE];
-                kda_ld16(p1 + pc, x1);
-                kda_ld16(p2 + pc, x2);
+        for (int pc = 0; pc < 8; pc += PE) {
+            float x1[PE], x2[PE];
+            kda_ld16(p1 + pc, x1);
+            kda_ld16(p2 + pc, x2);
 #pragma unroll
-                for (int u = 0; u < PE; u++)
-                    gs += x2[u] * x1[u];
-            }
+            for (int u = 0; u < PE; u++)
+                gs += x2[u] * x1[u];
         }
-        __syncthreads(); /* stage b is refilled next */
-    }
+    });
     gs += __shfl_xor_sync(0xffffffffu, gs, 1);
     gs += __shfl_xor_sync(0xffffffffu, gs, 2);
     const int64_t rk = (int64_t)HV * K, o = (t0 * HV + hv) * K + e0;
