@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * (54 KB at BT = 64). The outputs are stored as M (f32 or bf16, kda_cuda_dims.mid). Needs K,
  * V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
 template <int BT, class M, class TV, class TQ>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 4) /* 64 registers: four blocks per SM */
     wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int H, int HV, int K, int V, const TQ *__restrict__ q,
                       const TQ *__restrict__ k, const float *__restrict__ rq,
@@ -181,59 +181,94 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     M *dst = wt ? W : U;
     if (wt ? !W && !KG && !QG : !U)
         return; /* nothing asked of this tile (its inputs may be NULL then) */
-    tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
-    if (wt) {
-        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
-        if constexpr (sizeof(TQ) == 2) /* bf16 k: widened, times its row scales */
-            tile_in<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K,
-                                       rk ? rk + t0 * H + hq : nullptr, H);
+    /* The staged tiles all come in by cp.async, the per-row global loads (beta, q, the row
+     * scales) are issued while they fly. A bf16 k or v tile is copied as stored into the front
+     * of Xs's rows (row stride 2 LDX bf16 values) and widened in place: every thread reads its
+     * raw elements, then, after a barrier, writes the X rows (ncu, H100, (1,8192,96,128): the
+     * synchronous widening loads had been the kernel's most stalled instructions). */
+    const kda_bf16 *xsrc16 = nullptr; /* the bf16 tile's source, when it is one */
+    const float *xsrc32 = nullptr;
+    int64_t xrs;
+    if (wt) { /* (k may be absent when only QG is asked for: X is not needed then) */
+        xrs = (int64_t)H * K;
+        if constexpr (sizeof(TQ) == 2)
+            xsrc16 = k ? k + (t0 * H + hq) * K : nullptr;
         else
-            tile_async<BT, AB_N, LDX, NT>(Xs, k + (t0 * H + hq) * K, (int64_t)H * K, L, c0, K);
+            xsrc32 = k ? k + (t0 * H + hq) * K : nullptr;
     } else {
-        tile_in<BT, AB_N, LDX, NT>(Xs, v + (t0 * HV + hv) * V, (int64_t)HV * V, L, c0, V);
+        xrs = (int64_t)HV * V;
+        if constexpr (sizeof(TV) == 2)
+            xsrc16 = v + (t0 * HV + hv) * V;
+        else
+            xsrc32 = v + (t0 * HV + hv) * V;
     }
+    kda_bf16 *const Xb = reinterpret_cast<kda_bf16 *>(Xs); /* the raw bf16 rows */
+    tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+    if (wt)
+        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
+    if (xsrc16)
+        tile_async<BT, AB_N, 2 * LDX, NT>(Xb, xsrc16, xrs, L, c0, D);
+    else if (xsrc32)
+        tile_async<BT, AB_N, LDX, NT>(Xs, xsrc32, xrs, L, c0, D);
     cp_async_commit();
-    cp_async_wait<0>();
-    __syncthreads();
     /* The elementwise part: thread = 4 consecutive columns e4 .. e4 + 3 (16-byte pieces; nc is
-     * a multiple of 4) and rows j0, j0 + RS, ...; the global loads (q, beta) of RU rows are
-     * issued first, so that RU of them are in flight per thread. (q staged by cp.async with the
-     * other tiles measured the same: 1093 -> 1087 us at (1,8192,96,128) on an H100.) */
-    constexpr int CG = AB_N / 4, RS = NT / CG, RU = 4;
+     * a multiple of 4) and rows r0 + RS u, u < RU (every row of the chunk). */
+    constexpr int CG = AB_N / 4, RS = NT / CG, RU = (BT + RS - 1) / RS;
     static_assert(NT % CG == 0, "a thread keeps its columns");
-    const int e4 = 4 * (threadIdx.x % CG);
-    auto ex = [](float4 a, float4 b) { /* e^(a - b) per element */
-                                       return make_float4(exp_ftz(a.x - b.x), exp_ftz(a.y - b.y),
-                                                          exp_ftz(a.z - b.z), exp_ftz(a.w - b.w));
-    };
+    const int e4 = 4 * (threadIdx.x % CG), r0 = threadIdx.x / CG;
+    const bool colok = e4 < nc;
     const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    const float4 lam = (wt && e4 < nc && L > 0)
-                           ? *reinterpret_cast<const float4 *>(Gs + (L - 1) * LDX + e4)
-                           : zero4;
-    for (int jb = threadIdx.x / CG; e4 < nc && jb < L; jb += RS * RU) {
-        float4 qv[RU];
-        float bv[RU];
+    float bv[RU], sk[RU];
+    float4 qv[RU];
 #pragma unroll
-        for (int u = 0; u < RU; u++) {
-            const int j = jb + RS * u;
-            bv[u] = j < L ? beta[(t0 + j) * HV + hv] : 0.f;
-            if (wt && QG && j < L) {
+    for (int u = 0; u < RU; u++) {
+        const int j = r0 + RS * u;
+        const bool ok = colok && j < L;
+        bv[u] = ok ? beta[(t0 + j) * HV + hv] : 0.f;
+        sk[u] = 1.f;
+        qv[u] = zero4;
+        if (wt && ok) {
+            if constexpr (sizeof(TQ) == 2)
+                if (rk)
+                    sk[u] = rk[(t0 + j) * H + hq];
+            if (QG) {
                 qv[u] = kda_ld4(q + ((t0 + j) * H + hq) * K + c0 + e4);
                 if (rq) {
                     const float sc = rq[(t0 + j) * H + hq];
                     qv[u] = make_float4(qv[u].x * sc, qv[u].y * sc, qv[u].z * sc, qv[u].w * sc);
                 }
-            } else {
-                qv[u] = zero4;
             }
         }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    float4 xv[RU]; /* the raw tile elements (times k's row scale) */
 #pragma unroll
-        for (int u = 0; u < RU; u++) {
-            const int j = jb + RS * u;
-            if (j >= L)
-                break;
-            float4 x = *reinterpret_cast<const float4 *>(Xs + j * LDX + e4);
-            const float b = bv[u];
+    for (int u = 0; u < RU; u++) {
+        const int j = r0 + RS * u;
+        xv[u] = zero4;
+        if (colok && j < L && (xsrc16 || xsrc32)) {
+            const float4 x = xsrc16 ? kda_ld4(Xb + j * 2 * LDX + e4)
+                                    : *reinterpret_cast<const float4 *>(Xs + j * LDX + e4);
+            xv[u] = make_float4(x.x * sk[u], x.y * sk[u], x.z * sk[u], x.w * sk[u]);
+        }
+    }
+    if (xsrc16)
+        __syncthreads(); /* every raw element is read before the X rows overwrite them */
+    auto ex = [](float4 a, float4 b) { /* e^(a - b) per element */
+                                       return make_float4(exp_ftz(a.x - b.x), exp_ftz(a.y - b.y),
+                                                          exp_ftz(a.z - b.z), exp_ftz(a.w - b.w));
+    };
+    const float4 lam =
+        (wt && colok && L > 0) ? *reinterpret_cast<const float4 *>(Gs + (L - 1) * LDX + e4) : zero4;
+#pragma unroll
+    for (int u = 0; u < RU; u++) {
+        const int j = r0 + RS * u;
+        if (j >= BT)
+            break;
+        float4 x = xv[u]; /* zero past L and past nc: rows past L must be finite for the product */
+        const float b = bv[u];
+        if (colok && j < L) {
             if (wt) {
                 const float4 gj = *reinterpret_cast<const float4 *>(Gs + j * LDX + e4);
                 const float4 eg = ex(gj, zero4);
@@ -251,8 +286,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
             } else {
                 x = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
             }
-            *reinterpret_cast<float4 *>(Xs + j * LDX + e4) = x; /* rows past L stay zero */
         }
+        *reinterpret_cast<float4 *>(Xs + j * LDX + e4) = x;
     }
     if (!dst)
         return; /* block-uniform */
