@@ -872,10 +872,13 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         using kdamma::tile_async;
         if (QB) { /* bf16 q, k (vec holds): widened, times the row scales */
             const int64_t o = t0 * H + hq;
-            kdamma::tile_in<BT, MMA_C, LDK, NT>(sq, static_cast<const kda_bf16 *>(qv) + o * K,
-                                                (int64_t)H * K, L, e0, K, rq ? rq + o : nullptr, H);
-            kdamma::tile_in<BT, MMA_C, LDK, NT>(sk, static_cast<const kda_bf16 *>(kv) + o * K,
-                                                (int64_t)H * K, L, e0, K, rk ? rk + o : nullptr, H);
+            kdamma::TileInBf16<BT, MMA_C, NT> tq, tk; /* both tiles' loads in flight together */
+            tq.load(static_cast<const kda_bf16 *>(qv) + o * K, (int64_t)H * K, L, e0, K,
+                    rq ? rq + o : nullptr, H);
+            tk.load(static_cast<const kda_bf16 *>(kv) + o * K, (int64_t)H * K, L, e0, K,
+                    rk ? rk + o : nullptr, H);
+            tq.store<LDK>(sq);
+            tk.store<LDK>(sk);
         } else {
             tile_async<BT, MMA_C, LDK, NT>(sq, q + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);
             tile_async<BT, MMA_C, LDK, NT>(sk, k + (t0 * H + hq) * K, (int64_t)H * K, L, e0, K);

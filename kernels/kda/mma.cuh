@@ -173,31 +173,46 @@ __device__ __forceinline__ void bf16x8_store(float *d, uint4 u, float s) {
     d4[0] = make_float4(f0.x * s, f0.y * s, f1.x * s, f1.y * s);
     d4[1] = make_float4(f2.x * s, f2.y * s, f3.x * s, f3.y * s);
 }
+/* The bf16 form in two halves, so that the loads of several tiles can be in flight together:
+ * load() issues every 16-byte load of the thread (and its row scales), store() widens them into
+ * the tile (rows >= rows_ok and pieces at or past cols zero). */
+template <int R, int C, int NT> struct TileInBf16 {
+    static_assert(C % 8 == 0, "16-byte pieces");
+    static constexpr int Q = C / 8, IT = (R * Q + NT - 1) / NT;
+    uint4 u[IT];
+    float s[IT];
+    __device__ __forceinline__ void load(const kda_bf16 *__restrict__ src, int64_t rs, int rows_ok,
+                                         int c0, int cols, const float *__restrict__ rsc,
+                                         int64_t rss) {
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int idx = threadIdx.x + it * NT, r = idx / Q, c = 8 * (idx % Q);
+            u[it] = make_uint4(0u, 0u, 0u, 0u);
+            s[it] = 1.f;
+            if (idx < R * Q && r < rows_ok && c0 + c < cols) {
+                u[it] = __ldg(reinterpret_cast<const uint4 *>(src + r * rs + c0 + c));
+                if (rsc)
+                    s[it] = __ldg(rsc + r * rss);
+            }
+        }
+    }
+    template <int LD> __device__ __forceinline__ void store(float *dst) const {
+        static_assert(LD % 4 == 0, "16-byte pieces");
+#pragma unroll
+        for (int it = 0; it < IT; it++) {
+            const int idx = threadIdx.x + it * NT, r = idx / Q, c = 8 * (idx % Q);
+            if (idx < R * Q)
+                bf16x8_store(dst + r * LD + c, u[it], s[it]);
+        }
+    }
+};
 template <int R, int C, int LD, int NT>
 __device__ __forceinline__ void tile_in(float *dst, const kda_bf16 *__restrict__ src, int64_t rs,
                                         int rows_ok, int c0, int cols,
                                         const float *__restrict__ rsc = nullptr, int64_t rss = 0) {
-    static_assert(C % 8 == 0 && LD % 4 == 0, "16-byte pieces");
-    constexpr int Q = C / 8, IT = (R * Q + NT - 1) / NT;
-    uint4 u[IT]; /* every load of the thread in flight before the first store */
-    float s[IT];
-#pragma unroll
-    for (int it = 0; it < IT; it++) {
-        const int idx = threadIdx.x + it * NT, r = idx / Q, c = 8 * (idx % Q);
-        u[it] = make_uint4(0u, 0u, 0u, 0u);
-        s[it] = 1.f;
-        if (idx < R * Q && r < rows_ok && c0 + c < cols) {
-            u[it] = __ldg(reinterpret_cast<const uint4 *>(src + r * rs + c0 + c));
-            if (rsc)
-                s[it] = __ldg(rsc + r * rss);
-        }
-    }
-#pragma unroll
-    for (int it = 0; it < IT; it++) {
-        const int idx = threadIdx.x + it * NT, r = idx / Q, c = 8 * (idx % Q);
-        if (idx < R * Q)
-            bf16x8_store(dst + r * LD + c, u[it], s[it]);
-    }
+    TileInBf16<R, C, NT> t;
+    t.load(src, rs, rows_ok, c0, cols, rsc, rss);
+    t.template store<LD>(dst);
 }
 
 constexpr int AB_N = 64;         /* output columns per block */
