@@ -49,38 +49,78 @@ __global__ void kda_gate_fwd_kernel(int64_t n, int HV, int K, dg_gate_kind kind,
     }
 }
 
-/* Cumsum: blockIdx.x = chunk, threads over the HV*K columns of a token row (coalesced); each
- * thread walks the L tokens of its chunk in order, as the CPU does (G_i = G_{i-1} + g_i). */
-template <class TX>
+/* Cumsum: blockIdx.x = chunk, threads over the HV*K columns of a token row (coalesced), P
+ * adjacent columns per thread (P = 2 where HV*K is even: one 4-byte bf16 / 8-byte f32 load and
+ * one 8-byte store per row instead of P); each thread walks the L tokens of its chunk in order,
+ * as the CPU does (G_i = G_{i-1} + g_i). */
+template <int P, class TX> struct GateCols; /* P consecutive elements of TX, loaded as one */
+template <> struct GateCols<1, float> {
+    static __device__ __forceinline__ void ld(const float *p, float (&v)[1]) { v[0] = *p; }
+};
+template <> struct GateCols<1, kda_bf16> {
+    static __device__ __forceinline__ void ld(const kda_bf16 *p, float (&v)[1]) {
+        v[0] = __bfloat162float(*p);
+    }
+};
+template <> struct GateCols<2, float> {
+    static __device__ __forceinline__ void ld(const float *p, float (&v)[2]) {
+        const float2 f = kda_ld2(p);
+        v[0] = f.x, v[1] = f.y;
+    }
+};
+template <> struct GateCols<2, kda_bf16> {
+    static __device__ __forceinline__ void ld(const kda_bf16 *p, float (&v)[2]) {
+        const float2 f = kda_ld2(p);
+        v[0] = f.x, v[1] = f.y;
+    }
+};
+template <int P, class TX>
 __global__ void
 kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
                            const int32_t *__restrict__ chunk_len, int HV, int K, dg_gate_kind kind,
                            float lb, const TX *__restrict__ x, const float *__restrict__ A_log,
                            const float *__restrict__ dt_bias, float *__restrict__ G) {
     const int row = HV * K;
-    const int e = blockIdx.y * blockDim.x + threadIdx.x;
+    const int e = P * (blockIdx.y * blockDim.x + threadIdx.x);
     if (e >= row)
         return;
     const int64_t t0 = chunk_t0[blockIdx.x];
     const int L = chunk_len[blockIdx.x];
-    const float a = A_log ? expf(A_log[e / K]) : 1.f;
-    float acc = 0.f;
+    float a[P], acc[P];
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        a[p] = A_log ? expf(A_log[(e + p) / K]) : 1.f;
+        acc[p] = 0.f;
+    }
     /* rows in groups of GATE_ROWS, each group's loads issued before its sums (a thread walks a
      * column, so one load at a time would leave the memory system mostly idle) */
     for (int i0 = 0; i0 < L; i0 += GATE_ROWS) {
-        float xv[GATE_ROWS];
+        float xv[GATE_ROWS][P];
 #pragma unroll
-        for (int u = 0; u < GATE_ROWS; u++)
-            xv[u] = i0 + u < L ? kda_ld(x + (t0 + i0 + u) * row + e) : 0.f;
+        for (int u = 0; u < GATE_ROWS; u++) {
+            if (i0 + u < L)
+                GateCols<P, TX>::ld(x + (t0 + i0 + u) * row + e, xv[u]);
+            else
+#pragma unroll
+                for (int p = 0; p < P; p++)
+                    xv[u][p] = 0.f;
+        }
 #pragma unroll
         for (int u = 0; u < GATE_ROWS; u++) {
             if (i0 + u >= L)
                 break;
-            /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would
-             * make G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
-            const float gv = kda_gate_value(kind, lb, xv[u], a, dt_bias, e);
-            acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
-            G[(t0 + i0 + u) * row + e] = acc;
+                /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would
+                 * make G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
+#pragma unroll
+            for (int p = 0; p < P; p++) {
+                const float gv = kda_gate_value(kind, lb, xv[u][p], a[p], dt_bias, e + p);
+                acc[p] += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
+            }
+            float *gp = G + (t0 + i0 + u) * row + e;
+            if (P == 2)
+                kda_st2(gp, acc[0], acc[P - 1]);
+            else
+                *gp = acc[0];
         }
     }
 }
@@ -197,14 +237,21 @@ extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
     }
     if (d->NC == 0)
         return DG_OK;
-    dim3 grid((unsigned)d->NC, (unsigned)DG_CEIL_DIV(row, KDA_THREADS));
-    if (xbf16)
-        kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, (const kda_bf16 *)x, A_log, dt_bias,
-            G);
+    /* column pairs where every pair stays in a row and keeps its alignment */
+    const bool pairs = row % 2 == 0 && (uintptr_t)x % (xbf16 ? 4 : 8) == 0 && (uintptr_t)G % 8 == 0;
+    dim3 grid((unsigned)d->NC, (unsigned)DG_CEIL_DIV(row, (pairs ? 2 : 1) * KDA_THREADS));
+    auto launch = [&](auto P, const auto *xt) {
+        kda_gate_cumsum_fwd_kernel<decltype(P)::value><<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
+            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, xt, A_log, dt_bias, G);
+    };
+    if (xbf16 && pairs)
+        launch(std::integral_constant<int, 2>(), (const kda_bf16 *)x);
+    else if (xbf16)
+        launch(std::integral_constant<int, 1>(), (const kda_bf16 *)x);
+    else if (pairs)
+        launch(std::integral_constant<int, 2>(), (const float *)x);
     else
-        kda_gate_cumsum_fwd_kernel<<<grid, KDA_THREADS, 0, dg__stream(ctx)>>>(
-            d->chunk_t0, d->chunk_len, d->HV, d->K, kind, lb, (const float *)x, A_log, dt_bias, G);
+        launch(std::integral_constant<int, 1>(), (const float *)x);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
