@@ -53,27 +53,15 @@ __global__ void kda_gate_fwd_kernel(int64_t n, int HV, int K, dg_gate_kind kind,
  * adjacent columns per thread (P = 2 where HV*K is even: one 4-byte bf16 / 8-byte f32 load and
  * one 8-byte store per row instead of P); each thread walks the L tokens of its chunk in order,
  * as the CPU does (G_i = G_{i-1} + g_i). */
-template <int P, class TX> struct GateCols; /* P consecutive elements of TX, loaded as one */
-template <> struct GateCols<1, float> {
-    static __device__ __forceinline__ void ld(const float *p, float (&v)[1]) { v[0] = *p; }
-};
-template <> struct GateCols<1, kda_bf16> {
-    static __device__ __forceinline__ void ld(const kda_bf16 *p, float (&v)[1]) {
-        v[0] = __bfloat162float(*p);
-    }
-};
-template <> struct GateCols<2, float> {
-    static __device__ __forceinline__ void ld(const float *p, float (&v)[2]) {
+/* P (1 or 2) consecutive elements of TX at p, loaded as one access */
+template <int P, class TX> __device__ __forceinline__ void gate_ld(const TX *p, float (&v)[P]) {
+    if constexpr (P == 2) {
         const float2 f = kda_ld2(p);
         v[0] = f.x, v[1] = f.y;
+    } else {
+        v[0] = kda_ld(p);
     }
-};
-template <> struct GateCols<2, kda_bf16> {
-    static __device__ __forceinline__ void ld(const kda_bf16 *p, float (&v)[2]) {
-        const float2 f = kda_ld2(p);
-        v[0] = f.x, v[1] = f.y;
-    }
-};
+}
 template <int P, class TX>
 __global__ void
 kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
@@ -99,7 +87,7 @@ kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
 #pragma unroll
         for (int u = 0; u < GATE_ROWS; u++) {
             if (i0 + u < L)
-                GateCols<P, TX>::ld(x + (t0 + i0 + u) * row + e, xv[u]);
+                gate_ld<P>(x + (t0 + i0 + u) * row + e, xv[u]);
             else
 #pragma unroll
                 for (int p = 0; p < P; p++)
@@ -117,7 +105,7 @@ kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
                 acc[p] += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
             }
             float *gp = G + (t0 + i0 + u) * row + e;
-            if (P == 2)
+            if constexpr (P == 2)
                 kda_st2(gp, acc[0], acc[P - 1]);
             else
                 *gp = acc[0];
