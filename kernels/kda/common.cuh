@@ -91,6 +91,17 @@ __device__ __forceinline__ float4 kda_ld4(const kda_bf16 *p) {
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
     return make_float4(a.x, a.y, b.x, b.y);
 }
+/* N (1 or 2) consecutive elements at p into x, and back: one 4- or 8-byte access (f32), 2- or
+ * 4-byte (bf16). */
+template <int N, class T> __device__ __forceinline__ void kda_ldn(float (&x)[N], const T *p) {
+    if constexpr (N == 2) {
+        const float2 a = kda_ld2(p);
+        x[0] = a.x;
+        x[1] = a.y;
+    } else {
+        x[0] = kda_ld(p);
+    }
+}
 /* One 16-byte piece (16-byte aligned) widened to f32: 4 f32 or 8 bf16 elements into v. */
 __device__ __forceinline__ void kda_ld16(const float *p, float (&v)[4]) {
     const float4 u = *reinterpret_cast<const float4 *>(p);
@@ -121,6 +132,12 @@ __device__ __forceinline__ void kda_st4(kda_bf16 *p, float4 x) {
     u.x = *reinterpret_cast<const unsigned *>(&lo);
     u.y = *reinterpret_cast<const unsigned *>(&hi);
     *reinterpret_cast<uint2 *>(p) = u;
+}
+template <int N, class T> __device__ __forceinline__ void kda_stn(T *p, const float (&x)[N]) {
+    if constexpr (N == 2)
+        kda_st2(p, x[0], x[1]);
+    else
+        kda_st(p, x[0]);
 }
 
 /* q or k as the intra and WY kernels read it (kda_cuda_dims.qk_bf16, rq, rk): f32 or bf16 rows

@@ -53,15 +53,6 @@ __global__ void kda_gate_fwd_kernel(int64_t n, int HV, int K, dg_gate_kind kind,
  * adjacent columns per thread (P = 2 where HV*K is even: one 4-byte bf16 / 8-byte f32 load and
  * one 8-byte store per row instead of P); each thread walks the L tokens of its chunk in order,
  * as the CPU does (G_i = G_{i-1} + g_i). */
-/* P (1 or 2) consecutive elements of TX at p, loaded as one access */
-template <int P, class TX> __device__ __forceinline__ void gate_ld(const TX *p, float (&v)[P]) {
-    if constexpr (P == 2) {
-        const float2 f = kda_ld2(p);
-        v[0] = f.x, v[1] = f.y;
-    } else {
-        v[0] = kda_ld(p);
-    }
-}
 template <int P, class TX>
 __global__ void
 kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
@@ -87,7 +78,7 @@ kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
 #pragma unroll
         for (int u = 0; u < GATE_ROWS; u++) {
             if (i0 + u < L)
-                gate_ld<P>(x + (t0 + i0 + u) * row + e, xv[u]);
+                kda_ldn<P>(xv[u], x + (t0 + i0 + u) * row + e);
             else
 #pragma unroll
                 for (int p = 0; p < P; p++)
@@ -97,18 +88,15 @@ kda_gate_cumsum_fwd_kernel(const int64_t *__restrict__ chunk_t0,
         for (int u = 0; u < GATE_ROWS; u++) {
             if (i0 + u >= L)
                 break;
-                /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf) would
-                 * make G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN stays NaN. */
 #pragma unroll
             for (int p = 0; p < P; p++) {
+                /* floored as on the CPU (ops/kda/gate_cumsum.c): a decay of zero (g = -inf)
+                 * would make G differences -inf - (-inf); exp(-128) is 0 in f32 anyway. NaN
+                 * stays NaN. */
                 const float gv = kda_gate_value(kind, lb, xv[u][p], a[p], dt_bias, e + p);
                 acc[p] += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
             }
-            float *gp = G + (t0 + i0 + u) * row + e;
-            if constexpr (P == 2)
-                kda_st2(gp, acc[0], acc[P - 1]);
-            else
-                *gp = acc[0];
+            kda_stn<P>(G + (t0 + i0 + u) * row + e, acc);
         }
     }
 }

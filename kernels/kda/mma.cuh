@@ -154,16 +154,6 @@ __device__ __forceinline__ void tile_async(T *dst, const T *__restrict__ src, in
     }
 }
 
-/* tile_async's tile into f32 shared memory from f32 (cp.async, as tile_async) or from bf16 (the
- * op's own bf16 leaves: 16-byte loads of 8 values widened to f32 as they are stored; plain loads,
- * so the tile is complete when the caller's next __syncthreads has passed). bf16 needs src, rs
- * and c0 to keep every 8-value piece 16-byte aligned and cols % 8 == 0; there, a row scale rsc
- * (optional) multiplies row r by rsc[r * rss] as it is stored (q, k under kda_cuda_dims.rq, rk). */
-template <int R, int C, int LD, int NT>
-__device__ __forceinline__ void tile_in(float *dst, const float *__restrict__ src, int64_t rs,
-                                        int rows_ok, int c0, int cols) {
-    tile_async<R, C, LD, NT>(dst, src, rs, rows_ok, c0, cols);
-}
 /* 8 bf16 values (one 16-byte load) widened and multiplied by s into two float4s at d */
 __device__ __forceinline__ void bf16x8_store(float *d, uint4 u, float s) {
     const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
@@ -173,9 +163,13 @@ __device__ __forceinline__ void bf16x8_store(float *d, uint4 u, float s) {
     d4[0] = make_float4(f0.x * s, f0.y * s, f1.x * s, f1.y * s);
     d4[1] = make_float4(f2.x * s, f2.y * s, f3.x * s, f3.y * s);
 }
-/* The bf16 form in two halves, so that the loads of several tiles can be in flight together:
- * load() issues every 16-byte load of the thread (and its row scales), store() widens them into
- * the tile (rows >= rows_ok and pieces at or past cols zero). */
+/* tile_async's tile into f32 shared memory from bf16 (the op's own bf16 leaves), in two halves so
+ * that the loads of several tiles can be in flight together: load() issues every 16-byte load of
+ * the thread (8 values, and their row scale rsc[r * rss] if rsc is given: q, k under
+ * kda_cuda_dims.rq, rk), store() widens them to f32, times the scale, into the tile (rows >=
+ * rows_ok and pieces at or past cols zero). Plain loads: the tile is complete when the caller's
+ * next __syncthreads has passed. Needs src, rs and c0 to keep every piece 16-byte aligned and
+ * cols % 8 == 0. */
 template <int R, int C, int NT> struct TileInBf16 {
     static_assert(C % 8 == 0, "16-byte pieces");
     static constexpr int Q = C / 8, IT = (R * Q + NT - 1) / NT;
@@ -206,14 +200,6 @@ template <int R, int C, int NT> struct TileInBf16 {
         }
     }
 };
-template <int R, int C, int LD, int NT>
-__device__ __forceinline__ void tile_in(float *dst, const kda_bf16 *__restrict__ src, int64_t rs,
-                                        int rows_ok, int c0, int cols,
-                                        const float *__restrict__ rsc = nullptr, int64_t rss = 0) {
-    TileInBf16<R, C, NT> t;
-    t.load(src, rs, rows_ok, c0, cols, rsc, rss);
-    t.template store<LD>(dst);
-}
 
 constexpr int AB_N = 64;         /* output columns per block */
 constexpr int AB_KS = 32;        /* k-step staged per pipeline stage */

@@ -316,24 +316,6 @@ struct WyCols {
     unsigned acc;
 };
 
-/* N (1 or 2) consecutive elements at p into x: one 4- or 8-byte access (f32), 2- or 4-byte (bf16)
- */
-template <int N, class T> __device__ __forceinline__ void wy_ldn(float (&x)[N], const T *p) {
-    if constexpr (N == 2) {
-        const float2 a = kda_ld2(p);
-        x[0] = a.x;
-        x[1] = a.y;
-    } else {
-        x[0] = kda_ld(p);
-    }
-}
-template <int N, class T> __device__ __forceinline__ void wy_stn(T *p, const float (&x)[N]) {
-    if constexpr (N == 2)
-        kda_st2(p, x[0], x[1]);
-    else
-        kda_st(p, x[0]);
-}
-
 /* Token t of the N consecutive columns e.. of the WY backward (N = 1 or 2; e a multiple of N),
  * given s = (Tm^T dW)_t (key columns) or (Tm^T dU)_t (value columns): writes dq, dk and dG (key
  * columns; the chunk's last row keeps its dG in last, to which the column sum is added later) or
@@ -354,21 +336,21 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
         const float sq = o.q.r ? o.q.r[t * o.H + hq] : 1.f;
         const float sk = o.k.r ? o.k.r[t * o.H + hq] : 1.f;
         float Gj[N], kj[N], qj[N], q0[N] = {}, k0[N] = {}, g0[N] = {}, dqg[N] = {}, dkg[N] = {};
-        wy_ldn<N>(Gj, o.G + ig);
-        wy_ldn<N>(kj, static_cast<const TQ *>(o.k.p) + iq);
-        wy_ldn<N>(qj, static_cast<const TQ *>(o.q.p) + iq);
+        kda_ldn<N>(Gj, o.G + ig);
+        kda_ldn<N>(kj, static_cast<const TQ *>(o.k.p) + iq);
+        kda_ldn<N>(qj, static_cast<const TQ *>(o.q.p) + iq);
         /* what the accumulated outputs hold, read with the other loads (after the first store
          * they would wait for it: the arrays may alias as far as the compiler knows) */
         if (o.dqv && (o.acc & KDA_ACC_DQ))
-            wy_ldn<N>(q0, o.dqv + ig);
+            kda_ldn<N>(q0, o.dqv + ig);
         if (o.dkv && (o.acc & KDA_ACC_DK))
-            wy_ldn<N>(k0, o.dkv + ig);
+            kda_ldn<N>(k0, o.dkv + ig);
         if (!lastrow && o.dG && (o.acc & KDA_ACC_DG))
-            wy_ldn<N>(g0, o.dG + ig);
+            kda_ldn<N>(g0, o.dG + ig);
         if (o.dQG)
-            wy_ldn<N>(dqg, o.dQG + ig);
+            kda_ldn<N>(dqg, o.dQG + ig);
         if (o.dKG)
-            wy_ldn<N>(dkg, o.dKG + ig);
+            kda_ldn<N>(dkg, o.dKG + ig);
         float dq[N], dk[N], dg[N];
 #pragma unroll
         for (int c = 0; c < N; c++) {
@@ -391,20 +373,20 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
             pb += s[c] * kj[c] * gam;
         }
         if (o.dqv)
-            wy_stn<N>(o.dqv + ig, dq);
+            kda_stn<N>(o.dqv + ig, dq);
         if (o.dkv)
-            wy_stn<N>(o.dkv + ig, dk);
+            kda_stn<N>(o.dkv + ig, dk);
         if (!lastrow && o.dG)
-            wy_stn<N>(o.dG + ig, dg);
+            kda_stn<N>(o.dG + ig, dg);
         return pb;
     }
     if (vcol) {
         const int64_t iv = (t * o.HV + hv) * o.V + e;
         float vj[N], dv[N];
         if (o.vb)
-            wy_ldn<N>(vj, o.vb + iv);
+            kda_ldn<N>(vj, o.vb + iv);
         else
-            wy_ldn<N>(vj, o.v + iv);
+            kda_ldn<N>(vj, o.v + iv);
 #pragma unroll
         for (int c = 0; c < N; c++) {
             dv[c] = bj * s[c];
@@ -412,9 +394,9 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
             pb += s[c] * vj[c];
         }
         if (o.dvb)
-            wy_stn<N>(o.dvb + iv, dv);
+            kda_stn<N>(o.dvb + iv, dv);
         else if (o.dv)
-            wy_stn<N>(o.dv + iv, dv);
+            kda_stn<N>(o.dv + iv, dv);
     }
     return pb;
 }
@@ -555,7 +537,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
         const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
         float lam[2] = {0.f, 0.f}, colsum[2] = {0.f, 0.f}, last[2] = {0.f, 0.f};
         if (key && ok && L > 0)
-            wy_ldn<2>(lam, G + ((t0 + L - 1) * HV + hv) * K + e);
+            kda_ldn<2>(lam, G + ((t0 + L - 1) * HV + hv) * K + e);
         for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
             float *sx = Xs + j * LDX + el;
             const float2 s2 = *reinterpret_cast<const float2 *>(sx);
