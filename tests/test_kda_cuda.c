@@ -807,8 +807,8 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
         break;
-    case S_WY: /* all four outputs, then W alone, then U with QG (f32) or U alone (f64): NULL
-                  outputs are skipped */
+    case S_WY: /* all four outputs, then W alone, then U with QG (f32) or U alone (f64), then KG
+                  and QG alone: NULL outputs are skipped */
         o1 = poisoned_mid(gpu, w, w->W);
         o2 = poisoned_mid(gpu, w, w->U);
         o3 = poisoned_mid(gpu, w, w->KG);
@@ -839,6 +839,14 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
             wcmp_mid(w, "kda_wy_fwd", "U (with QG)", o2, w->Uo);
             wcmp_mid(w, "kda_wy_fwd", "QG (with U)", o4, w->QGo);
         }
+        /* KG and QG alone need neither beta, Tm nor v: NULL ones must not be read */
+        DG_TEST_TRY(dg_tensor_fill_(o3, NAN));
+        DG_TEST_TRY(dg_tensor_fill_(o4, NAN));
+        dg_check_ok(dg__kda_wy_fwd_cuda(gpu, dd, F(w->q_d), F(w->k_d), NULL, NULL, F(w->G_d), NULL,
+                                        NULL, NULL, F(o3), F(o4)),
+                    "wy launch (KG and QG alone)");
+        wcmp_mid(w, "kda_wy_fwd", "KG (alone)", o3, w->KGo);
+        wcmp_mid(w, "kda_wy_fwd", "QG (with KG)", o4, w->QGo);
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
         dg_tensor_free(&o3);

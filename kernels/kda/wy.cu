@@ -203,7 +203,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4) /* 64 registers: four b
             xsrc32 = v + (t0 * HV + hv) * V;
     }
     kda_bf16 *const Xb = reinterpret_cast<kda_bf16 *>(Xs); /* the raw bf16 rows */
-    tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
+    if (dst) /* Tm and beta serve W and U only: with KG / QG alone they may be NULL */
+        tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
     if (wt)
         tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
     if (xsrc16)
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4) /* 64 registers: four b
     for (int u = 0; u < RU; u++) {
         const int j = r0 + RS * u;
         const bool ok = colok && j < L;
-        bv[u] = ok ? beta[(t0 + j) * HV + hv] : 0.f;
+        bv[u] = ok && dst ? beta[(t0 + j) * HV + hv] : 0.f;
         sk[u] = 1.f;
         qv[u] = zero4;
         if (wt && ok) {
