@@ -845,8 +845,8 @@ static void raw_fwd(dg_ctx *cpu, dg_ctx *gpu, world *w, int s) {
         dg_check_ok(dg__kda_wy_fwd_cuda(gpu, dd, F(w->q_d), F(w->k_d), NULL, NULL, F(w->G_d), NULL,
                                         NULL, NULL, F(o3), F(o4)),
                     "wy launch (KG and QG alone)");
-        wcmp_mid(w, "kda_wy_fwd", "KG (alone)", o3, w->KGo);
-        wcmp_mid(w, "kda_wy_fwd", "QG (with KG)", o4, w->QGo);
+        wcmp_mid(w, "kda_wy_fwd", "KG (with QG alone)", o3, w->KGo);
+        wcmp_mid(w, "kda_wy_fwd", "QG (with KG alone)", o4, w->QGo);
         dg_tensor_free(&o1);
         dg_tensor_free(&o2);
         dg_tensor_free(&o3);
