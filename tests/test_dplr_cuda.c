@@ -13,6 +13,8 @@
  *         junk above the diagonal (a kernel reading outside the triangle it may read fails) and
  *         the upstream chunk-square gradients fill whole rows; optional inputs and outputs are
  *         also left out (NULL h0 / ht / dh0, NULL upstream gradients, wy outputs skipped).
+ *         The state rows include the KCP summaries (dg__dplr_state_summary_cuda) against the
+ *         shared f64 summary (ops/kcp/summary.c).
  *   f32   the entry points (dg_dplr_*) on CUDA through the tape with f32 tensors, against the
  *         CPU f64 op on the same values: forward values and the gradient of every input, the
  *         backward seeded with random output gradients (and, for the stage nodes and the
@@ -49,6 +51,7 @@
 #include "harness.h"
 #include "kda_testutil.h"
 #include "ops/dplr/dplr.h"
+#include "ops/kcp/kcp.h"
 
 #include <stdarg.h>
 #include <string.h>
@@ -539,6 +542,51 @@ static void raw_case(dg_ctx *cpu, dg_ctx *gpu, const crun *r, const ddata *d) {
                     rcmp(cn, what, gr[i]);
                 }
         }
+        /* the KCP summaries (dg__dplr_state_summary_cuda) of the last sequence forward and of
+         * the first backward, each from a given S0 and from zero, against the shared f64
+         * reference (ops/kcp/summary.c) with the operands ops/dplr/kcp.c gives it */
+        const int64_t nsh = (int64_t)c->H * c->K * c->V, nsm = (int64_t)c->H * c->K * c->K;
+        double *ref = kt_alloc(nsh + nsm);
+        for (int bwd = 0; bwd < 2; bwd++)
+            for (int pass = 0; pass < 2; pass++) { /* pass 1: S0 NULL */
+                ct_cell(S_STATE, bwd ? D_BWD : D_FWD, V_RAW);
+                const int seq = bwd ? 0 : hd->N - 1;
+                const double *s0h = bwd ? up0 : d->x[IH0];
+                rarr *S0 = !pass && s0h ? rin(&S, gpu, s0h + (size_t)seq * nsh, nsh) : NULL;
+                rarr *dh = bwd ? rin(&S, gpu, up[7], nh) : NULL;
+                rarr *dv2 = bwd ? rin(&S, gpu, upv, nv) : NULL;
+                rarr *Sh = rout(&S, gpu, nsh), *SM = rout(&S, gpu, nsm);
+                DG_TEST_TRY(dg__dplr_state_summary_cuda(
+                    gpu, &dd, seq, bwd, 0, D(w), bwd ? NULL : D(u), D(kg), D(bg), bwd ? NULL : D(v),
+                    D(Gi), D(dh), D(dv2), D(S0), D(Sh), D(SM)));
+                kcp_summary_io io;
+                memset(&io, 0, sizeof io);
+                io.seq = seq;
+                io.reverse = bwd;
+                io.X = bwd ? w->h : bg->h;
+                io.Y = bwd ? bg->h : w->h;
+                io.G = Gi->h;
+                io.nterm = bwd ? 1 : 2;
+                io.term[0] = bwd ? (kcp_term){w->h, dv2->h, 0} : (kcp_term){kg->h, v->h, 0};
+                io.term[1] = (kcp_term){bg->h, u->h, 0};
+                io.dh = Hh(dh);
+                io.S0 = Hh(S0);
+                io.out = ref;
+                DG_TEST_TRY(dg__kcp_summary_f64(hd, &io));
+                for (int64_t rw = 0; rw < (int64_t)c->H * c->K; rw++) { /* [Sh | SM] rows */
+                    memcpy(Sh->h + rw * c->V, ref + rw * (c->V + c->K), sizeof(double) * c->V);
+                    memcpy(SM->h + rw * c->K, ref + rw * (c->V + c->K) + c->V,
+                           sizeof(double) * c->K);
+                }
+                char what[64];
+                snprintf(what, sizeof what, "state summary %s Sh%s", bwd ? "bwd" : "fwd",
+                         pass ? " (S0 NULL)" : "");
+                rcmp(cn, what, Sh);
+                snprintf(what, sizeof what, "state summary %s SM%s", bwd ? "bwd" : "fwd",
+                         pass ? " (S0 NULL)" : "");
+                rcmp(cn, what, SM);
+            }
+        free(ref);
         rset_free(&S);
     }
 

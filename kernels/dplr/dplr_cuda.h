@@ -82,6 +82,18 @@ dg_status dg__dplr_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int bf16,
                                   const float *dv2, const float *dht, float *dw, float *du,
                                   float *dkg, float *dbg, float *dv, float *dGi, float *dh0);
 
+/* The KCP summaries of sequence seq alone (ops/dplr/kcp.c), nothing stored per chunk. Forward
+ * (bwd = 0): Sh [H,K,V] = the state after seq's chunks from S0 (its [H,K,V] initial state, NULL:
+ * zero) with the input terms u, v; SM [H,K,K] = the chunks' transition M (from the identity, no
+ * input terms). Backward (bwd = 1): Sh = the gradient of seq's initial state from S0 (the
+ * gradient of its final state, NULL: zero) with dh and dv2 per chunk (each optional); SM = M^T.
+ * u and v are read forward only. */
+dg_status dg__dplr_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq, int bwd,
+                                      int bf16, const float *w, const float *u, const float *kg,
+                                      const float *bg, const void *v, const float *Gi,
+                                      const float *dh, const float *dv2, const float *S0, float *Sh,
+                                      float *SM);
+
 /* ---- the output (output.cu): o and dO in the leaf dtype (that of v) ---- */
 dg_status dg__dplr_output_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int bf16, const float *qg,
                                    const float *h, const float *Aqk, const float *Aqb,

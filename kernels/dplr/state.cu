@@ -28,7 +28,12 @@
  *     head, 32-wide key tile), lane = key column, warp w = rows w, w + 8, ...; V walked in tiles
  *     of 32 (static shared memory 3 x BT x 32 + 2 x 32 x 33 floats, 33 KB at BT = 64). No value
  *     tile ever needs another tile's partial sums.
- * Entry points (dplr_cuda.h): dg__dplr_state_fwd_cuda, dg__dplr_state_bwd_cuda.
+ * KCP summaries (dg__dplr_state_summary_cuda): the two serial kernels over one sequence, storing
+ * nothing per chunk (their per-chunk outputs h, v2 / dHn, du, dv may be NULL, and so may the
+ * input terms u, v / dh, dv2: zero), from S0 with the input terms and from the identity over K
+ * columns without them.
+ * Entry points (dplr_cuda.h): dg__dplr_state_fwd_cuda, dg__dplr_state_bwd_cuda,
+ * dg__dplr_state_summary_cuda.
  */
 #include "common.cuh"
 
@@ -85,7 +90,7 @@ __global__ void __launch_bounds__(NTH)
     for (int64_t ch = d.chunk_off[n]; ch < d.chunk_off[n + 1]; ch++) {
         const int64_t t0 = d.chunk_t0[ch];
         const int L = d.chunk_len[ch];
-        if (colok)
+        if (colok && hout)
             for (int x = wp; x < K; x += NW)
                 hout[((ch * H + h) * K + x) * V + col] = hs[x * VT + lane];
         for (int x = tid; x < KP; x += NTH)
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(NTH)
 #pragma unroll
         for (int r = 0; r < RW; r++) {
             const int i = wp * RW + r;
-            acc[r] = (i < L && colok) ? u[((t0 + i) * H + h) * V + col] : 0.f;
+            acc[r] = (u && i < L && colok) ? u[((t0 + i) * H + h) * V + col] : 0.f;
         }
         /* phase A: v2 = u + w S */
         for (int s = 0; s < nk; s++) {
@@ -115,8 +120,8 @@ __global__ void __launch_bounds__(NTH)
             const int i = wp * RW + r;
             const bool ok = i < L && colok;
             Es[i * VT + lane] = ok ? acc[r] : 0.f;
-            Vs[i * VT + lane] = ok ? kda_ld(v + ((t0 + i) * H + h) * V + col) : 0.f;
-            if (ok)
+            Vs[i * VT + lane] = ok && v ? kda_ld(v + ((t0 + i) * H + h) * V + col) : 0.f;
+            if (ok && v2)
                 v2[((t0 + i) * H + h) * V + col] = acc[r];
         }
         /* phase B: S = exp(lam) S + kg^T v + bg^T v2 (rows of the tiles past L are zero) */
@@ -144,8 +149,8 @@ __global__ void __launch_bounds__(NTH)
 
 // ---- backward kernels
 
-/* The serial pass, grid (sequence, head, V / 32), layout as the forward's. dH, dv2, dht may be
- * NULL (zero); dh0 NULL (not stored). */
+/* The serial pass, grid (sequence, head, V / 32), layout as the forward's. dh, dv2, dht may be
+ * NULL (zero); dHn, du, dv, dh0 NULL (not stored). */
 template <int BT>
 __global__ void __launch_bounds__(NTH)
     dplr_state_seq_kernel(Dims d, const float *__restrict__ w, const float *__restrict__ kg,
@@ -177,7 +182,7 @@ __global__ void __launch_bounds__(NTH)
         const int64_t t0 = d.chunk_t0[ch];
         const int L = d.chunk_len[ch];
         const int64_t hb = (ch * H + h) * K * (int64_t)V; /* dHn_c, dh_c */
-        if (colok)
+        if (colok && dHn)
             for (int x = wp; x < K; x += NW)
                 dHn[hb + (int64_t)x * V + col] = hs[x * VT + lane];
         for (int x = tid; x < KP; x += NTH)
@@ -210,10 +215,10 @@ __global__ void __launch_bounds__(NTH)
             const int i = wp * RW + r;
             const bool ok = i < L && colok;
             Xs[i * VT + lane] = ok ? ax[r] : 0.f;
-            if (ok) {
+            if (ok && du)
                 du[((t0 + i) * H + h) * V + col] = ax[r];
+            if (ok && dv)
                 dv[((t0 + i) * H + h) * V + col] = av[r];
-            }
         }
         /* dH = exp(lam) dH + w^T dv2 + dh_c */
         for (int s = 0; s < nk; s++) {
@@ -371,5 +376,60 @@ extern "C" dg_status dg__dplr_state_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
     KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return state_bwd_t<BT_, TI_>(
                                                       ctx, d, w, kg, bg, v, Gi, h, v2, dh, dv2, dht,
                                                       dw, du, dkg, dbg, dv, dGi, dh0)));
+    return DG_OK;
+}
+
+/* The KCP summaries (ops/dplr/kcp.c): the serial kernels over sequence seq alone (block 0 walks
+ * chunks chunk_off[seq]..), storing nothing per chunk. */
+extern "C" dg_status dg__dplr_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq,
+                                                 int bwd, int bf16, const float *w, const float *u,
+                                                 const float *kg, const float *bg, const void *v,
+                                                 const float *Gi, const float *dh, const float *dv2,
+                                                 const float *S0, float *Sh, float *SM) {
+    DG_TRY(dplr_check_dims(__func__, ctx, d));
+    if (seq < 0 || seq >= d->N || !w || !kg || !bg || !Gi || !Sh || !SM || (!bwd && (!u || !v)))
+        return dg__err(DG_ERR_ARG,
+                       "%s: seq in [0, N), w, kg, bg, Gi, Sh, SM (and forward: u, v) are "
+                       "required (seq=%d N=%d)",
+                       __func__, seq, (int)d->N);
+    kda_cuda_dims one = *d;
+    one.N = 1;
+    one.chunk_off = d->chunk_off + seq;
+    Scratch I(ctx);
+    DG_TRY(I.alloc((size_t)d->H * d->K * d->K));
+    DG_TRY(kda_identity(ctx, I.f(), d->H, d->K));
+    kda_cuda_dims cols = one; /* the transition: K columns from the identity, no input term */
+    cols.V = d->K;
+    const int KP = DG_CEIL_DIV(d->K, KT) * KT;
+    cudaStream_t s = dg__stream(ctx);
+    KDA_DISPATCH_BT(d->BT, {
+        const size_t smem = sizeof(float) * seq_smem_floats<BT_>(KP);
+        if (bwd) {
+            DG_TRY(smem_opt_in(dplr_state_seq_kernel<BT_>, smem));
+            dplr_state_seq_kernel<BT_>
+                <<<dim3(1, d->H, (unsigned)DG_CEIL_DIV(d->V, VT)), NTH, smem, s>>>(
+                    make_dims(&one), w, kg, bg, Gi, dh, dv2, S0, nullptr, nullptr, nullptr, Sh);
+            DG_CHECK_LAUNCH();
+            dplr_state_seq_kernel<BT_>
+                <<<dim3(1, d->H, (unsigned)DG_CEIL_DIV(d->K, VT)), NTH, smem, s>>>(
+                    make_dims(&cols), w, kg, bg, Gi, nullptr, nullptr, I.f(), nullptr, nullptr,
+                    nullptr, SM);
+            DG_CHECK_LAUNCH();
+            return DG_OK;
+        }
+        DPLR_DISPATCH_TI(bf16, {
+            DG_TRY(smem_opt_in(dplr_state_fwd_kernel<BT_, TI_>, smem));
+            dplr_state_fwd_kernel<BT_, TI_>
+                <<<dim3(1, d->H, (unsigned)DG_CEIL_DIV(d->V, VT)), NTH, smem, s>>>(
+                    make_dims(&one), w, u, kg, bg, (const TI_ *)v, Gi, S0, nullptr, nullptr, Sh);
+            DG_CHECK_LAUNCH();
+            dplr_state_fwd_kernel<BT_, TI_>
+                <<<dim3(1, d->H, (unsigned)DG_CEIL_DIV(d->K, VT)), NTH, smem, s>>>(
+                    make_dims(&cols), w, nullptr, kg, bg, (const TI_ *)nullptr, Gi, I.f(), nullptr,
+                    nullptr, SM);
+            DG_CHECK_LAUNCH();
+            return DG_OK;
+        });
+    });
     return DG_OK;
 }

@@ -5,7 +5,8 @@
  * output element, summing in a fixed order: the result is bitwise reproducible. Also kda_widen,
  * the f32 copy of a bf16 leaf (v, dO) for a kernel that reads only f32 (kda_cuda_dims.leaf_bf16),
  * made by the tensor layer's conversion (dg__cuda_copy_strided), and kda_qk_widen, the f32 rows of
- * q, k for a kernel that reads plain f32 (kda_cuda_dims.qk_bf16, rq, rk).
+ * q, k for a kernel that reads plain f32 (kda_cuda_dims.qk_bf16, rq, rk). And kda_identity, the
+ * starting point of the KCP transition summaries (kernels/kda/state.cu, kernels/dplr/state.cu).
  */
 #include "common.cuh"
 
@@ -24,6 +25,14 @@ __global__ void sum_parts_kernel(float *out, const float *in, int64_t n_out, int
             for (int g = 0; g < G; g++)
                 s += in[p * pstride + base + (int64_t)g * E];
         out[i] = acc ? out[i] + s : s;
+    }
+}
+
+__global__ void identity_kernel(float *I, int64_t n, int K) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i % ((int64_t)K * K);
+        I[i] = r / K == r % K ? 1.f : 0.f;
     }
 }
 
@@ -88,6 +97,15 @@ dg_status kda_sum_parts(dg_ctx *ctx, float *out, const float *in, int64_t rows, 
         return DG_OK;
     sum_parts_kernel<<<dg__blocks(n, NTH), NTH, 0, dg__stream(ctx)>>>(out, in, n, E, G, P, pstride,
                                                                       acc != 0);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
+dg_status kda_identity(dg_ctx *ctx, float *I, int heads, int K) {
+    const int64_t n = (int64_t)heads * K * K;
+    if (n == 0)
+        return DG_OK;
+    identity_kernel<<<dg__blocks(n, 256), 256, 0, dg__stream(ctx)>>>(I, n, K);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }

@@ -357,6 +357,9 @@ static inline bool kda_qk_special(const kda_cuda_dims *d) { return d->qk_bf16 ||
  * the nearest bf16. */
 dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);
 
+/* I [heads, K, K] = one identity matrix per head (the KCP transition summaries start from it). */
+dg_status kda_identity(dg_ctx *ctx, float *I, int heads, int K);
+
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
  * [NC,HV,K,V], C [TT,HV,K], all f32. The output backward's dQG = s dO h^T where it runs on f32

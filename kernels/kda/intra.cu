@@ -1087,24 +1087,28 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         const bool pair = K % 2 == 0;
         float *const outs[3] = {dqv, dkv, dG};
         constexpr unsigned flags[3] = {KDA_ACC_DQ, KDA_ACC_DK, KDA_ACC_DG};
+        /* the values to add to (acc, paired columns) of both rows, all four column pairs and
+         * all three arrays are read first, so that the 24 loads are in flight together */
+        const int64_t idx0 = ((t0 + r0) * HV + hv) * K + e0 + cb + 2 * t;
+        const int64_t idx1 = ((t0 + r1) * HV + hv) * K + e0 + cb + 2 * t;
+        float2 old[4][2][3];
 #pragma unroll
-        for (int n = 0; n < 4; n++) {
-            /* the values to add to (acc, paired columns) of both rows and all three arrays are
-             * read first, so that the six loads are in flight together */
-            const int col = cb + 8 * n + 2 * t, ke = e0 + col;
-            int64_t idx[2];
-            float2 old[2][3];
+        for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int r = h ? r1 : r0;
+                const int r = h ? r1 : r0, ke = e0 + cb + 8 * n + 2 * t;
                 const bool in = r < L && ke < K;
-                idx[h] = ((t0 + r) * HV + hv) * K + ke;
 #pragma unroll
                 for (int a = 0; a < 3; a++)
-                    old[h][a] = pair && in && outs[a] && (acc & flags[a])
-                                    ? *reinterpret_cast<const float2 *>(outs[a] + idx[h])
-                                    : make_float2(0.f, 0.f);
+                    old[n][h][a] =
+                        pair && in && outs[a] && (acc & flags[a])
+                            ? *reinterpret_cast<const float2 *>(outs[a] + (h ? idx1 : idx0) + 8 * n)
+                            : make_float2(0.f, 0.f);
             }
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+            const int col = cb + 8 * n + 2 * t, ke = e0 + col;
+            const int64_t idx[2] = {idx0 + 8 * n, idx1 + 8 * n};
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int r = h ? r1 : r0;
@@ -1132,7 +1136,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                         continue;
                     if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
                         *reinterpret_cast<float2 *>(o + idx[h]) =
-                            make_float2(old[h][a].x + v[a][0], old[h][a].y + v[a][1]);
+                            make_float2(old[n][h][a].x + v[a][0], old[n][h][a].y + v[a][1]);
                     } else {
                         for (int p = 0; p < 2 && ke + p < K; p++)
                             o[idx[h] + p] = (acc & flags[a] ? o[idx[h] + p] : 0.f) + v[a][p];

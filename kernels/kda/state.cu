@@ -1002,17 +1002,6 @@ __global__ void __launch_bounds__(SM_THREADS)
     }
 }
 
-// ---- KCP summaries (ops/kda/kcp.c)
-
-__global__ void identity_kernel(float *I, int HV, int K) {
-    const int64_t n = (int64_t)HV * K * K;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i % ((int64_t)K * K);
-        I[i] = r / K == r % K ? 1.f : 0.f;
-    }
-}
-
 // ---- launchers: forward
 
 /* The sizes and alignments the kernel needs (else the caller takes the FFMA kernels). */
@@ -1383,21 +1372,12 @@ static dg_status state_summary(dg_ctx *ctx, const kda_cuda_dims *d, int seq, con
     DG_TRY(
         state_mma<BWD>(ctx, &one, StateOps<TA, TX>{A1, X0, A2, G, S0, Sup, nullptr, nullptr, Sh}));
     /* the transition: the same pass over K columns from the identity, with no input term */
-    const size_t ib = sizeof(float) * (size_t)d->HV * d->K * d->K;
-    void *I = nullptr;
-    DG_TRY(dg__cuda_malloc(ctx, ib, &I));
-    identity_kernel<<<dg__blocks((int64_t)d->HV * d->K * d->K, 256), 256, 0, dg__stream(ctx)>>>(
-        (float *)I, d->HV, d->K);
-    dg_status st = cudaGetLastError() == cudaSuccess
-                       ? DG_OK
-                       : dg__err(DG_ERR_CUDA, "%s: identity_kernel launch failed", __func__);
+    Scratch I(ctx);
+    DG_TRY(I.alloc((size_t)d->HV * d->K * d->K));
+    DG_TRY(kda_identity(ctx, I.f(), d->HV, d->K));
     one.V = d->K;
-    if (st == DG_OK)
-        st = state_mma<BWD>(
-            ctx, &one,
-            StateOps<TA, TX>{A1, nullptr, A2, G, (const float *)I, nullptr, nullptr, nullptr, SM});
-    dg__cuda_free(ctx, I, ib);
-    return st;
+    return state_mma<BWD>(
+        ctx, &one, StateOps<TA, TX>{A1, nullptr, A2, G, I.f(), nullptr, nullptr, nullptr, SM});
 }
 
 extern "C" dg_status dg__kda_state_summary_cuda(dg_ctx *ctx, const kda_cuda_dims *d, int seq,

@@ -8,7 +8,7 @@
  *   w       dplr_wy     "dplr_wy" CACHE     state, cp_link        rebuild_wy       (1)
  *   u       dplr_wy     "dplr_wy" CACHE     (rebuild_state only)  rebuild_wy       (1)
  *   qg      dplr_wy     "dplr_wy" CACHE     output                rebuild_wy       (1)
- *   kg      dplr_wy     "dplr_wy" CACHE     state                 rebuild_wy       (1)
+ *   kg      dplr_wy     "dplr_wy" CACHE     state, cp_link (CUDA) rebuild_wy       (1)
  *   bg      dplr_wy     "dplr_wy" CACHE     state, cp_link        rebuild_wy       (1)
  *   h       dplr_state  "dplr_state" CACHE  state, output         rebuild_state    (2)
  *   v2      dplr_state  "dplr_state" CACHE  state, output         rebuild_state    (2)
@@ -46,7 +46,7 @@ static const dg__group_row dplr_tensors[DPLR_NDERIVED] = {
     {"w",    "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
     {"u",    "dplr_wy",    DG_POLICY_RECOMPUTE,  0,                      R_WY},
     {"qg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(OUTPUT),              R_WY},
-    {"kg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE),               R_WY},
+    {"kg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
     {"bg",   "dplr_wy",    DG_POLICY_RECOMPUTE,  M(STATE) | M(LINK),     R_WY},
     {"h",    "dplr_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},
     {"v2",   "dplr_state", DG_POLICY_RECOMPUTE,  M(STATE) | M(OUTPUT),   R_STATE},

@@ -22,21 +22,68 @@
  *   output (h', v2')                -> o
  * The recompute group's h0 input is h0m, so the backward's rebuild of h starts every local
  * sequence from its true initial state (distributed.md K8).
- * CUDA: the local stages run their kernels; the exchange stages device tensors through host
- * copies, as for KDA, and the summaries below run on host copies of w, u, kg, bg, v, Gi and of
- * the output's gradients (a device summary, as KDA's summary_dev, can replace them later).
+ * CUDA: the local stages run their kernels; each summary is two serial state passes on the
+ * device over the one sequence (summary_dev, dg__dplr_state_summary_cuda: from S0 with the terms,
+ * then from the identity without them), and only the [H, K, V+K] result comes to the host. The
+ * CPU path runs the shared reference (dg__kcp_summary_host) without copies.
  */
 #include "../kcp/kcp.h"
 #include "dplr.h"
 
 #define OP "dg_dplr_chunk_cp"
 
+/* The summary of local sequence `seq` computed on the device (CUDA: dg__dplr_state_summary_cuda)
+ * into the host tensor dst [H, K, V+K]. Forward: w, u, kg, bg, v, Gi; backward: w, kg, bg, Gi
+ * and the output's gradients dh, dv2. S0 is the device tensor whose row `row` is the initial
+ * state (forward) or the final state's gradient (backward), NULL for zero. v is read in the
+ * leaf dtype, everything else in f32. */
+static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq, int bwd,
+                             const dg_tensor *w, const dg_tensor *u, const dg_tensor *kg,
+                             const dg_tensor *bg, const dg_tensor *v, const dg_tensor *Gi,
+                             const dg_tensor *dh, const dg_tensor *dv2, const dg_tensor *S0,
+                             int64_t row, dg_tensor *dst) {
+#ifdef DG_HAVE_CUDA
+    const int H = c->d.H, K = c->d.K, V = c->d.V;
+    const int64_t sh[3] = {H, K, V}, smm[3] = {H, K, K};
+    const int bf16 = dplr_bf16(c, v);
+    const dg_tensor *in[8] = {w, u, kg, bg, v, Gi, dh, dv2};
+    dg_tensor *tmp[9] = {NULL}, *Sh = NULL, *SM = NULL;
+    const void *p[9] = {NULL};
+    dg_status st = DG_OK;
+    for (int i = 0; i < 8 && st == DG_OK; i++)
+        if (in[i])
+            st = dg__kda_ptr(ctx, in[i], i == 4 ? dplr_leaf_dt(c, bf16) : DG_F32, &tmp[i], &p[i]);
+    if (st == DG_OK && S0)
+        st = dg__kda_ptr(ctx, S0, DG_F32, &tmp[8], &p[8]);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, DG_F32, 3, sh, &Sh);
+    if (st == DG_OK)
+        st = dg_tensor_new(ctx, DG_F32, 3, smm, &SM);
+    if (st == DG_OK) {
+        const float *s0 = p[8] ? (const float *)p[8] + (size_t)row * H * K * V : NULL;
+        st = dg__dplr_state_summary_cuda(ctx, &c->cd, seq, bwd, bf16, p[0], p[1], p[2], p[3], p[4],
+                                         p[5], p[6], p[7], s0, dg_tensor_data(Sh),
+                                         dg_tensor_data(SM));
+    }
+    if (st == DG_OK)
+        st = dg__kcp_summary_from_dev(hc, c, Sh, SM, dst);
+    for (int i = 0; i < 9; i++)
+        dg_tensor_free(&tmp[i]);
+    dg_tensor_free(&Sh);
+    dg_tensor_free(&SM);
+    return st;
+#else
+    (void)ctx, (void)hc, (void)c, (void)seq, (void)bwd, (void)w, (void)u, (void)kg, (void)bg;
+    (void)v, (void)Gi, (void)dh, (void)dv2, (void)S0, (void)row, (void)dst;
+    return dg__no_cuda(OP);
+#endif
+}
+
 /* kcp_ops.bwd_summary: the reverse summary of local sequence 0 from the output node's dh (gh)
  * and dv2 (gv2): X = w, Y = bg (M_c^T = Diag + w^T bg), term + w^T dv2_loc, plus dh per chunk. */
 static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tensor *gh,
                              const dg_tensor *gv2, const dg_tensor *ght, const dg_tensor *ght_h,
                              dg_tensor *dhm) {
-    (void)ght; /* a device summary would read it where it lives */
     const kcp_np *np = (const kcp_np *)n->params;
     dg_tensor *w = NULL, *bg = NULL;
     dg_status st = dg__group_get(np->grp, ctx, DPLR_M_LINK, DPLR_W, &w);
@@ -44,7 +91,15 @@ static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tenso
         st = dg__group_get(np->grp, ctx, DPLR_M_LINK, DPLR_BG, &bg);
     if (st != DG_OK)
         return st;
-    /* local sequence 0 ends here: its ht row's gradient */
+    const int ends = dg__kcp_ends_here(np, 0); /* then S0 = its ht row's gradient */
+    if (np->cfg.cuda) {
+        dg_tensor *kg = NULL;
+        st = dg__group_get(np->grp, ctx, DPLR_M_LINK, DPLR_KG, &kg);
+        if (st != DG_OK)
+            return st;
+        return summary_dev(ctx, hc, &np->cfg, 0, 1, w, NULL, kg, bg, NULL, n->saved[0], gh, gv2,
+                           ends ? ght : NULL, np->seq0, dhm);
+    }
     const kcp_summary_args sa = {
         .seq = 0,
         .reverse = 1,
@@ -55,7 +110,7 @@ static dg_status bwd_summary(dg_ctx *ctx, dg_ctx *hc, dg_node *n, const dg_tenso
         .A = {w},
         .B = {gv2},
         .dh = gh,
-        .S0 = dg__kcp_ends_here(np, 0) ? dg__kcp_row(&np->cfg, ght_h, np->seq0) : NULL,
+        .S0 = ends ? dg__kcp_row(&np->cfg, ght_h, np->seq0) : NULL,
     };
     return dg__kcp_summary_host(hc, &np->cfg, &sa, dhm);
 }
@@ -101,7 +156,11 @@ dg_status dg_dplr_chunk_cp(dg_ctx *ctx, dg_comm *comm, const dg_cp_plan *plan, d
      * + kg^T v, + bg^T u */
     if (st == DG_OK)
         st = dg__kcp_fwd_begin(ctx, comm, plan, &cfg, &dplr_kcp_ops, h0, &f);
-    if (st == DG_OK && dg__kcp_fwd_summarise(&f)) {
+    if (st == DG_OK && dg__kcp_fwd_summarise(&f) && cfg.cuda) {
+        const int starts = dg__kcp_starts_here(&f.probe, cfg.d.N - 1); /* then S0 = an h0 row */
+        st = summary_dev(ctx, f.hc, &cfg, cfg.d.N - 1, 0, l.w, l.u, l.kg, l.bg, v, l.Gi, NULL, NULL,
+                         starts ? h0 : NULL, plan->seq0 + cfg.d.N - 1, f.hm);
+    } else if (st == DG_OK && dg__kcp_fwd_summarise(&f)) {
         const kcp_summary_args sa = {
             .seq = cfg.d.N - 1,
             .X = l.bg,

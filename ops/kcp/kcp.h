@@ -100,6 +100,11 @@ typedef struct kcp_summary_args {
 /* dg__kcp_summary of a on host copies into the host tensor out [HV, K, V+K]. */
 dg_status dg__kcp_summary_host(dg_ctx *hc, const kda_cfg *cfg, const kcp_summary_args *a,
                                dg_tensor *out);
+/* A summary computed on the device as its two halves, Sh [HV, K, V] and SM [HV, K, K] (f32
+ * device tensors), into the host tensor out [HV, K, V+K] of cfg's compute dtype ([Sh | SM] per
+ * row). */
+dg_status dg__kcp_summary_from_dev(dg_ctx *hc, const kda_cfg *cfg, const dg_tensor *Sh,
+                                   const dg_tensor *SM, dg_tensor *out);
 
 /* ---- the op's description and the CP nodes' params ---- */
 

@@ -92,6 +92,27 @@ dg_status dg__kcp_summary_host(dg_ctx *hc, const kda_cfg *cfg, const kcp_summary
     return st;
 }
 
+dg_status dg__kcp_summary_from_dev(dg_ctx *hc, const kda_cfg *cfg, const dg_tensor *Sh,
+                                   const dg_tensor *SM, dg_tensor *out) {
+    const int64_t rows = (int64_t)cfg->d.HV * cfg->d.K;
+    const size_t es = dg_dtype_size(cfg->dt), V = (size_t)cfg->d.V, K = (size_t)cfg->d.K;
+    dg_tensor *a = NULL, *b = NULL;
+    dg_status st = dg__kcp_to_host(hc, Sh, cfg->dt, &a);
+    if (st == DG_OK)
+        st = dg__kcp_to_host(hc, SM, cfg->dt, &b);
+    if (st == DG_OK) {
+        char *o = (char *)dg_tensor_data(out);
+        const char *pa = (const char *)dg_tensor_data(a), *pb = (const char *)dg_tensor_data(b);
+        for (int64_t r = 0; r < rows; r++) {
+            memcpy(o + (size_t)r * (V + K) * es, pa + (size_t)r * V * es, V * es);
+            memcpy(o + ((size_t)r * (V + K) + V) * es, pb + (size_t)r * K * es, K * es);
+        }
+    }
+    dg_tensor_free(&a);
+    dg_tensor_free(&b);
+    return st;
+}
+
 static dg_status merge(dg_dtype dt, int HV, int K, int V, const void *ag, const int *order, int n,
                        void *out) {
     if (dt == DG_F64)

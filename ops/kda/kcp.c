@@ -41,12 +41,12 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
     if (!c->cuda || !dg__kda_state_summary_fits(&c->cd))
         return DG_ERR_UNSUPPORTED;
     const int HV = c->d.HV, K = c->d.K, V = c->d.V;
-    int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
+    const int64_t sh[3] = {HV, K, V}, smm[3] = {HV, K, K};
     /* converted copies (NULL where the tensor already has the dtype the kernel reads): A1, A2,
      * the forward's X0 (W, KG, U) and Sup (dh) in the intermediates' storage dtype, the rest
      * f32 */
     dg_tensor *tA1 = NULL, *tX0 = NULL, *tA2 = NULL, *tG = NULL, *tSup = NULL;
-    dg_tensor *dh = NULL, *dm = NULL, *hh = NULL, *hm = NULL;
+    dg_tensor *dh = NULL, *dm = NULL;
     const void *pA1 = NULL, *pX0 = NULL, *pA2 = NULL, *pG = NULL, *pSup = NULL;
     dg_status st = DG_OK;
     if (A1)
@@ -71,20 +71,9 @@ static dg_status summary_dev(dg_ctx *ctx, dg_ctx *hc, const kda_cfg *c, int seq,
     if (st == DG_OK && !bwd)
         dg__profile_forward(ctx, "kda_cp_summary_kernels");
     if (st == DG_OK)
-        st = dg__kcp_to_host(hc, dh, c->dt, &hh);
-    if (st == DG_OK)
-        st = dg__kcp_to_host(hc, dm, c->dt, &hm);
-    if (st == DG_OK) { /* interleave [Sh | SM] row by row */
-        const size_t es = dg_dtype_size(c->dt);
-        char *o = (char *)dg_tensor_data(dst);
-        const char *a = (const char *)dg_tensor_data(hh), *b = (const char *)dg_tensor_data(hm);
-        for (int64_t r = 0; r < (int64_t)HV * K; r++) {
-            memcpy(o + (size_t)r * (V + K) * es, a + (size_t)r * V * es, (size_t)V * es);
-            memcpy(o + ((size_t)r * (V + K) + V) * es, b + (size_t)r * K * es, (size_t)K * es);
-        }
-    }
-    dg_tensor *all[9] = {tA1, tX0, tA2, tG, tSup, dh, dm, hh, hm};
-    for (int i = 0; i < 9; i++)
+        st = dg__kcp_summary_from_dev(hc, c, dh, dm, dst);
+    dg_tensor *all[7] = {tA1, tX0, tA2, tG, tSup, dh, dm};
+    for (int i = 0; i < 7; i++)
         dg_tensor_free(&all[i]);
     return st;
 #else
