@@ -139,7 +139,7 @@ static void dplr_help(FILE *f) {
                "the shapes of bench kda (B,T,H,K=V), median of N runs, with peak device\n"
                "memory under CACHE and RECOMPUTE and the ratio of each time to its compute\n"
                "and memory floors (peaks measured in the same run). The DPLR kernels are f32\n"
-               "FFMA (no tensor cores yet) for either dtype.\n\n"
+               "FFMA, except the serial state passes of a bf16 call (TF32 tensor cores).\n\n"
                "  --g-dist rwkv7    gk = -e^{-1/2} sigmoid(randn), RWKV-7's gate (default)\n"
                "  --g-dist ref      gk = log(sigmoid(randn)), the gate bench kda uses\n"
                "  --shape         time only this shape (repeat for several; at most 8)\n"
@@ -170,7 +170,7 @@ int dg_bench_dplr(int argc, char **argv) {
         "bench dplr", header, &bo, run_shape, &db,
         "\ncf = compute floor (dplr.md D3 FLOP, backward 2x forward plus the recomputed\n"
         "passes, / measured bf16 GEMM rate), mf = memory floor (bytes that must move /\n"
-        "measured copy bandwidth); the ratios say how far each time is from the bound (the\n"
+        "measured copy bandwidth); the ratios say how far each time is from the bound (most\n"
         "kernels are f32 FFMA, so cf is not reachable yet). fwd+bwd and peak recomp: the\n"
         "default policy; f+b cache and peak cache: every node caching\n"
         "(dg_policy_set_global(DG_POLICY_CACHE)). Peak = device memory high-water mark of one\n"

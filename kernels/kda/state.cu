@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * shared memory (state_mma_smem): NB x A1s [BT][state_ld1], NB x A2s [BT][K + 8] of TA, then Ss
  * [K][VT + 8] and Xs [BT][VT + 8] of TA (one buffer: Xs reuses Ss, max(K, BT) rows), NB x f32 Gs
  * [K]. */
-template <int BT, int MT, int VT, bool BWD, class TA>
+template <int BT, int MT, int VT, bool BWD, class TA, bool PLUS>
 __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
                      const int32_t *__restrict__ chunk_len, int HV, int K, int V,
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const float x = BWD ? X[jj][e] + acc[jj][e] : X[jj][e] - acc[jj][e];
+                    const float x = BWD || PLUS ? X[jj][e] + acc[jj][e] : X[jj][e] - acc[jj][e];
                     X[jj][e] = xr + 8 * (e >> 1) < L ? x : 0.f;
                 }
 #pragma unroll
@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                                            : make_float2(0.f, 0.f);
                     }
         };
-        if (BWD && Sup && SUP_EARLY)
+        if ((BWD || PLUS) && Sup && SUP_EARLY)
             load_sup();
         /* exp(lambda) for this thread's rows of S, read before the buffer is refilled */
         float el[MT][2];
@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             copy_out(reinterpret_cast<TS *>(Xo) + t0 * rv + hv * V + v0, Xs, L, rv);
 
         /* S = exp(lambda) S + Sup_c */
-        if (BWD && Sup) { /* (the forward passes none) */
+        if ((BWD || PLUS) && Sup) { /* (KDA's forward passes none) */
             if (!SUP_EARLY)
                 load_sup();
 #pragma unroll
@@ -647,7 +647,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             for (int i0 = 0; i0 < L; i0 += 16) {
                 unsigned a[4];
                 kdamma::ldsm_x4_t(a, pa + i0 * LD2);
-                if (BWD) { /* the sign bits of both halves: exact */
+                if (BWD && !PLUS) { /* the sign bits of both halves: exact */
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         a[e] ^= 0x80008000u;
@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 const int i0 = 8 * ks;
                 const TA *p0 = A2s + (i0 + t) * LD2 + m0 + g, *p1 = p0 + 4 * LD2;
                 unsigned a[4];
-                if (BWD) { /* the sign bit: -x is exact in either storage */
+                if (BWD && !PLUS) { /* the sign bit: -x is exact in either storage */
                     a[0] = kdamma::tf32(p0[0]) ^ 0x80000000u;
                     a[1] = kdamma::tf32(p0[8]) ^ 0x80000000u;
                     a[2] = kdamma::tf32(p1[0]) ^ 0x80000000u;
@@ -1026,22 +1026,22 @@ template <int BT, class TA> static size_t state_mma_smem(int K, int VT) {
 
 /* Shared memory of one variant, with the dynamic limit raised (once per device and size) when it
  * needs more than the default 48 KB. */
-template <int BT, int MT, int VT, bool BWD, class TA>
+template <int BT, int MT, int VT, bool BWD, class TA, bool PLUS>
 static dg_status state_mma_prepare(int K, size_t *smem) {
     *smem = state_mma_smem<BT, TA>(K, VT);
-    return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD, TA>, *smem);
+    return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD, TA, PLUS>, *smem);
 }
 
 /* Waves of resident blocks the grid of a variant needs on device dev (sms multiprocessors);
  * the occupancy query runs once per K and device. */
-template <int BT, int MT, int VT, bool BWD, class TA>
+template <int BT, int MT, int VT, bool BWD, class TA, bool PLUS>
 static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64_t *waves) {
     static int cached_K = -1, cached_dev = -1, cached_per_sm = 0;
     if (cached_K != d->K || cached_dev != dev) {
         size_t smem;
-        DG_TRY((state_mma_prepare<BT, MT, VT, BWD, TA>(d->K, &smem)));
+        DG_TRY((state_mma_prepare<BT, MT, VT, BWD, TA, PLUS>(d->K, &smem)));
         DG_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD, TA>, SM_THREADS, smem));
+            &cached_per_sm, state_mma_kernel<BT, MT, VT, BWD, TA, PLUS>, SM_THREADS, smem));
         cached_K = d->K;
         cached_dev = dev;
     }
@@ -1051,8 +1051,9 @@ static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64
 }
 
 /* The operand pack of one serial pass (see state_mma): A1, A2, Sst of TA; X0, Xo of TX (the
- * forward: TA; the backward: f32). */
-template <class TA, class TX> struct StateOps {
+ * forward: TA; the backward: f32). PLUS: both products added (DPLR's forward, see
+ * kda_state_plus_fwd), else KDA's signs. */
+template <class TA, class TX, bool PLUS = false> struct StateOps {
     const TA *A1;
     const TX *X0;
     const TA *A2;
@@ -1063,22 +1064,22 @@ template <class TA, class TX> struct StateOps {
     float *Sfin;
 };
 
-template <int BT, int MT, int VT, bool BWD, class TA, class TX>
+template <int BT, int MT, int VT, bool BWD, class TA, class TX, bool PLUS>
 static dg_status state_mma_launch_vt(dg_ctx *ctx, const kda_cuda_dims *d,
-                                     const StateOps<TA, TX> &o) {
+                                     const StateOps<TA, TX, PLUS> &o) {
     size_t smem;
-    DG_TRY((state_mma_prepare<BT, MT, VT, BWD, TA>(d->K, &smem)));
+    DG_TRY((state_mma_prepare<BT, MT, VT, BWD, TA, PLUS>(d->K, &smem)));
     dim3 grid((unsigned)d->N, (unsigned)d->HV, (unsigned)DG_CEIL_DIV(d->V, VT));
-    state_mma_kernel<BT, MT, VT, BWD, TA><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
+    state_mma_kernel<BT, MT, VT, BWD, TA, PLUS><<<grid, SM_THREADS, smem, dg__stream(ctx)>>>(
         d->chunk_off, d->chunk_t0, d->chunk_len, d->HV, d->K, d->V, o.A1, o.X0, o.A2, o.G, o.S0,
         o.Sup, o.Sst, o.Xo, o.Sfin);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
 
-template <int BT, int MT, bool BWD, class TA, class TX>
+template <int BT, int MT, bool BWD, class TA, class TX, bool PLUS>
 static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
-                                    const StateOps<TA, TX> &o) {
+                                    const StateOps<TA, TX, PLUS> &o) {
     /* Fewest waves first (each block walks every chunk of its sequence, so a second wave doubles
      * the time); among equal waves 32 columns, then 64, then 16 (measured on an H200: with one
      * wave either way, 16-column tiles lose ~2% to the doubled W/KG traffic; 64-column tiles pay
@@ -1087,9 +1088,9 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
     DG_CHECK_CUDA(cudaGetDevice(&dev));
     DG_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     int64_t w16 = INT64_MAX, w32 = INT64_MAX, w64 = INT64_MAX;
-    DG_TRY((state_mma_waves<BT, MT, 16, BWD, TA>(d, dev, sms, &w16)));
-    DG_TRY((state_mma_waves<BT, MT, 32, BWD, TA>(d, dev, sms, &w32)));
-    DG_TRY((state_mma_waves<BT, MT, 64, BWD, TA>(d, dev, sms, &w64)));
+    DG_TRY((state_mma_waves<BT, MT, 16, BWD, TA, PLUS>(d, dev, sms, &w16)));
+    DG_TRY((state_mma_waves<BT, MT, 32, BWD, TA, PLUS>(d, dev, sms, &w32)));
+    DG_TRY((state_mma_waves<BT, MT, 64, BWD, TA, PLUS>(d, dev, sms, &w64)));
     if (w64 < w32 && w64 <= w16)
         return state_mma_launch_vt<BT, MT, 64, BWD>(ctx, d, o);
     if (w16 < w32 && w16 < w64)
@@ -1100,9 +1101,10 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
 /* The serial pass on state_mma_kernel, forward (BWD false: A1 = W, X0 = U, A2 = KG, S0 = h0,
  * Sst = h, Xo = E, Sfin = ht; TX = TA) or backward (BWD true: A1 = KG, X0 = dE, A2 = W, S0 = dht,
  * Sup = dh and Sst = dHn (of TA, like h), Xo = dE_tot, Sfin = dh0; TX = float). Sup is read by
- * the backward only. */
-template <bool BWD, class TA, class TX>
-static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<TA, TX> &o) {
+ * the backward only, and by the PLUS forward (kda_state_plus_fwd: X = X0 + A1 S,
+ * S = exp(lambda) S + Sup_c + A2^T X, DPLR's signs). */
+template <bool BWD, class TA, class TX, bool PLUS>
+static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<TA, TX, PLUS> &o) {
     static_assert(std::is_same<TX, typename std::conditional<BWD, float, TA>::type>::value,
                   "the forward's X0, Xo share A1's storage; the backward's are f32");
     if (!state_mma_fits(d, o.A1, o.X0, o.A2, o.G, o.S0, o.Sup, o.Sst, o.Xo, o.Sfin))
@@ -1114,6 +1116,34 @@ static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<T
                    : state_mma_launch_t<BT_, 1, BWD>(ctx, d, o);
     });
     return DG_OK;
+}
+
+int kda_state_plus_fits(const kda_cuda_dims *d, const float *A1, const float *X0, const float *A2,
+                        const float *G, const float *S0, const float *Sup, const float *Sst,
+                        const float *Xo, const float *Sfin) {
+    kda_cuda_dims t = *d;
+    t.tc = 1;
+    return state_mma_fits(&t, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
+}
+
+dg_status kda_state_plus_fwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1, const float *X0,
+                             const float *A2, const float *G, const float *S0, const float *Sup,
+                             float *Sst, float *Xo, float *Sfin) {
+    kda_cuda_dims t = *d;
+    t.tc = 1;
+    t.mid = 0;
+    return state_mma<false>(ctx, &t,
+                            StateOps<float, float, true>{A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin});
+}
+
+dg_status kda_state_plus_bwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1, const float *X0,
+                             const float *A2, const float *G, const float *S0, const float *Sup,
+                             float *Sst, float *Xo, float *Sfin) {
+    kda_cuda_dims t = *d;
+    t.tc = 1;
+    t.mid = 0;
+    return state_mma<true>(ctx, &t,
+                           StateOps<float, float, true>{A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin});
 }
 
 extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
