@@ -24,9 +24,7 @@
  * inputs already carry; f32 leaves keep the f32 FFMA kernels below. The backward's serial pass
  * likewise (bf16 leaves, same sizes): state_mma_kernel backward with X = dv2 + bg dH -> du,
  * dH = exp(lam) dH + dh_c + w^T X, storing dHn_c; then dv = kg dHn per chunk in
- * dplr_kdh_kernel (chunk-parallel) instead of inside the serial pass, and the products that sum
- * over V on KDA's TF32 kernels (kda_state_rows_plus: V % 8 == 0) instead of
- * dplr_state_rows_kernel.
+ * dplr_kdh_kernel (chunk-parallel) instead of inside the serial pass.
  * Kernels (f32 FFMA; each sum in the CPU's order):
  *   dplr_kgv_kernel: P_c = kg_c^T v_c, block per (chunk, head, 64 x 64 tile of P), 4 x 4
  *     elements per thread over the chunk's rows (kg, v tiles in static shared memory, 34 KB);
@@ -469,9 +467,8 @@ static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *
     cudaStream_t s = dg__stream(ctx);
     Scratch dHn(ctx);
     DG_TRY(dHn.alloc((size_t)d.NC * d.H * d.K * d.V));
-    const bool tc = sizeof(TI) == 2 && d.NC > 0 &&
-                    kda_state_plus_fits(dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0);
-    if (tc) {
+    if (sizeof(TI) == 2 && d.NC > 0 &&
+        kda_state_plus_fits(dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0)) {
         /* the tensor-core serial pass (bf16 leaves), then dv = kg dHn chunk-parallel */
         DG_TRY(kda_state_plus_bwd(ctx, dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0));
         dplr_kdh_kernel<BT>
@@ -489,9 +486,6 @@ static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *
     }
     if (d.NC == 0)
         return DG_OK;
-    if (tc && kda_state_rows_plus_fits(dd, v, v2, du, h, dHn.f(), dkg, dbg, dw, dGi))
-        return kda_state_rows_plus(ctx, dd, (const kda_bf16 *)v, v2, du, h, dHn.f(), Gi, dkg, dbg,
-                                   dw, dGi);
     dplr_state_rows_kernel<BT, TI>
         <<<dim3((unsigned)d.NC, d.H, (unsigned)DG_CEIL_DIV(d.K, CT)), NTH, 0, s>>>(
             d, (const TI *)v, v2, du, h, dHn.f(), Gi, dkg, dbg, dw, dGi);

@@ -380,18 +380,6 @@ dg_status kda_state_plus_bwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A
                              const float *A2, const float *G, const float *S0, const float *Sup,
                              float *Sst, float *Xo, float *Sfin);
 
-/* The chunk-parallel products of DPLR's tensor-core state backward (kernels/dplr/state.cu) on
- * state.cu's TF32 kernels (rows_stateT_mma_kernel, state_dg_tc_kernel): dkg = v dHn^T (v bf16),
- * dbg = v2 dHn^T, dw = du h^T, and dG at each chunk's last row = exp(lambda) rowsum(h . dHn)
- * (its other rows 0); v, v2, du [TT,HV,V], h, dHn [NC,HV,K,V], outputs [TT,HV,K], all required.
- * kda_state_rows_plus_fits: V % 8 == 0, K % 4 == 0, 16-byte aligned arrays. */
-int kda_state_rows_plus_fits(const kda_cuda_dims *d, const void *v, const float *v2,
-                             const float *du, const float *h, const float *dHn, const float *dkg,
-                             const float *dbg, const float *dw, const float *dG);
-dg_status kda_state_rows_plus(dg_ctx *ctx, const kda_cuda_dims *d, const kda_bf16 *v,
-                              const float *v2, const float *du, const float *h, const float *dHn,
-                              const float *G, float *dkg, float *dbg, float *dw, float *dG);
-
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
  * [NC,HV,K,V], C [TT,HV,K], all f32. The output backward's dQG = s dO h^T where it runs on f32
