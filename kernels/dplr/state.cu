@@ -160,6 +160,24 @@ __global__ void __launch_bounds__(NTH)
             ht[sb + (int64_t)x * V + col] = hs[x * VT + lane];
 }
 
+/* acc[r][c] += sum_{x < n} A[x][4 ty + r] B[x][4 tx + c]: the 4 x 4 outer-product step of
+ * dplr_kgv_kernel and dplr_kdh_kernel (A, B shared, row stride LD, rows 16-byte aligned). */
+template <int LD>
+__device__ __forceinline__ void outer4_acc(float (&acc)[4][4], const float *A, const float *B,
+                                           int n, int ty, int tx) {
+#pragma unroll 4
+    for (int x = 0; x < n; x++) {
+        const float4 a = *reinterpret_cast<const float4 *>(A + x * LD + 4 * ty);
+        const float4 b = *reinterpret_cast<const float4 *>(B + x * LD + 4 * tx);
+        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+                acc[r][c] += av[r] * bv[c];
+    }
+}
+
 /* P_c = kg_c^T v_c (rows i < L) for every chunk and head into P [NC,H,K,V]; grid (NC, H,
  * ceil(K / 64) ceil(V / 64)). */
 template <int BT, class TI>
@@ -181,16 +199,7 @@ __global__ void __launch_bounds__(NTH)
     __syncthreads();
     const int ty = (int)threadIdx.x / 16, tx = (int)threadIdx.x % 16;
     float acc[4][4] = {};
-    for (int i = 0; i < L; i++) {
-        const float4 a = *reinterpret_cast<const float4 *>(Ks + i * LD + 4 * ty);
-        const float4 b = *reinterpret_cast<const float4 *>(Vs + i * LD + 4 * tx);
-        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                acc[r][c] += av[r] * bv[c];
-    }
+    outer4_acc<LD>(acc, Ks, Vs, L, ty, tx);
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         const int x = x0 + 4 * ty + r;
@@ -232,17 +241,7 @@ __global__ void __launch_bounds__(NTH)
             Hs[xr * LD + e] = x0 + xr < K && e0 + e < V ? hn[(int64_t)(x0 + xr) * V + e0 + e] : 0.f;
         }
         __syncthreads();
-#pragma unroll 4
-        for (int x = 0; x < 32; x++) {
-            const float4 a = *reinterpret_cast<const float4 *>(KsT + x * LD + 4 * ty);
-            const float4 b = *reinterpret_cast<const float4 *>(Hs + x * LD + 4 * tx);
-            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-#pragma unroll
-                for (int c = 0; c < 4; c++)
-                    acc[r][c] += av[r] * bv[c];
-        }
+        outer4_acc<LD>(acc, KsT, Hs, 32, ty, tx);
         __syncthreads();
     }
 #pragma unroll
@@ -439,7 +438,7 @@ extern "C" dg_status dg__dplr_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         return dg__err(DG_ERR_ARG,
                        "%s: w, u, kg, bg, v, Gi, h and v2 are required (h0, ht optional)",
                        __func__);
-    if (bf16 && d->NC > 0 && kda_state_plus_fits(d, w, u, bg, Gi, h0, w, h, v2, ht)) {
+    if (bf16 && d->NC > 0 && kda_state_plus_fits(d, w, u, bg, Gi, h0, nullptr, h, v2, ht)) {
         /* the tensor-core pass: P = kg^T v per chunk, then state_mma_kernel with P as Sup */
         Scratch P(ctx);
         DG_TRY(P.alloc((size_t)d->NC * d->H * d->K * d->V));
@@ -450,7 +449,7 @@ extern "C" dg_status dg__dplr_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
                 <<<grid, NTH, 0, dg__stream(ctx)>>>(make_dims(d), kg, (const kda_bf16 *)v, P.f());
             DG_CHECK_LAUNCH();
         });
-        return kda_state_plus_fwd(ctx, d, w, u, bg, Gi, h0, P.f(), h, v2, ht);
+        return kda_state_plus(ctx, d, false, w, u, bg, Gi, h0, P.f(), h, v2, ht);
     }
     KDA_DISPATCH_BT(d->BT, DPLR_DISPATCH_TI(bf16, return state_fwd_t<BT_, TI_>(
                                                       ctx, d, w, u, kg, bg, v, Gi, h0, h, v2, ht)));
@@ -470,7 +469,7 @@ static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *
     if (sizeof(TI) == 2 && d.NC > 0 &&
         kda_state_plus_fits(dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0)) {
         /* the tensor-core serial pass (bf16 leaves), then dv = kg dHn chunk-parallel */
-        DG_TRY(kda_state_plus_bwd(ctx, dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0));
+        DG_TRY(kda_state_plus(ctx, dd, true, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0));
         dplr_kdh_kernel<BT>
             <<<dim3((unsigned)d.NC, d.H, (unsigned)DG_CEIL_DIV(d.V, 64)), NTH, 0, s>>>(d, kg,
                                                                                        dHn.f(), dv);

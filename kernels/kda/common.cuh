@@ -361,24 +361,20 @@ dg_status kda_narrow(dg_ctx *ctx, const float *in, int64_t n, kda_bf16 *out);
 dg_status kda_identity(dg_ctx *ctx, float *I, int heads, int K);
 
 /* The serial pass of state.cu's tensor-core kernel (state_mma_kernel, mma.sync TF32 on f32
- * operands) with both products added, for DPLR's forward state pass (kernels/dplr/state.cu):
- * per sequence and head, chunks in order, from S = S0 (NULL: zero):
+ * operands) with both products added, for DPLR's state passes (kernels/dplr/state.cu): per
+ * sequence and head, from S = S0 (NULL: zero), chunks in order (bwd false) or in reverse (bwd):
  *     Sst_c = S;   X = X0 + A1 S -> Xo;   S = exp(lambda_c) S + Sup_c + A2^T X;   Sfin = S
- * (A1, A2, G [TT,HV,K]; X0, Xo [TT,HV,V]; Sup, Sst [NC,HV,K,V]; S0, Sfin [N,HV,K,V]; Sup, Sst,
- * Sfin optional). kda_state_plus_fits says whether the sizes and alignments allow it (K % 16
- * == 0, K <= 256, V even, 16-byte aligned arrays); d's tc and mid are not read. */
+ * (A1, A2, G [TT,HV,K]; X0, Xo [TT,HV,V]; Sup, Sst [NC,HV,K,V]; S0, Sfin [N,HV,K,V]; X0, Sup,
+ * Sst, Sfin optional). Forward: A1 = w, X0 = u, A2 = bg, Sup = kg^T v per chunk, Sst = h,
+ * Xo = v2; backward: A1 = bg, X0 = dv2, A2 = w, S0 = dht, Sup = dh, Sst = dHn, Xo = du,
+ * Sfin = dh0. kda_state_plus_fits says whether the sizes and alignments allow it (K % 16 == 0,
+ * K <= 256, V even, 16-byte aligned arrays); d's tc and mid are not read. */
 int kda_state_plus_fits(const kda_cuda_dims *d, const float *A1, const float *X0, const float *A2,
                         const float *G, const float *S0, const float *Sup, const float *Sst,
                         const float *Xo, const float *Sfin);
-dg_status kda_state_plus_fwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1, const float *X0,
-                             const float *A2, const float *G, const float *S0, const float *Sup,
-                             float *Sst, float *Xo, float *Sfin);
-/* The same pass backward (chunks in reverse, S0 = the gradient of the final state): DPLR's
- * serial backward with A1 = bg, X0 = dv2, A2 = w, Sup = dh, Sst = dHn, Xo = du, Sfin = dh0 (X0,
- * Sup, S0, Sfin optional). */
-dg_status kda_state_plus_bwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1, const float *X0,
-                             const float *A2, const float *G, const float *S0, const float *Sup,
-                             float *Sst, float *Xo, float *Sfin);
+dg_status kda_state_plus(dg_ctx *ctx, const kda_cuda_dims *d, bool bwd, const float *A1,
+                         const float *X0, const float *A2, const float *G, const float *S0,
+                         const float *Sup, float *Sst, float *Xo, float *Sfin);
 
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S

@@ -316,6 +316,8 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * Needs K % 16 == 0, K <= 256, V even and 16-byte aligned arrays (state_mma_fits); other sizes
  * take the FFMA kernels. The same kernel computes the KCP summaries of one sequence
  * (dg__kda_state_summary_cuda).
+ * PLUS (DPLR's passes, kda_state_plus; f32 operands only): both products added, X = X0 + A1 S and
+ * S = exp(lambda) S + Sup_c + A2^T X, in either direction.
  * MT: 16-row tiles of S per warp (K <= 128: 1, K <= 256: 2). VT: value columns per block (16, 32
  * or 64; the launcher picks it from the grid size). TA: the storage of A1 and A2 (W, KG: f32 or
  * bf16, kda_cuda_dims.mid); the forward's X0, Sst, Xo (U, h, E) have it too, and so do the
@@ -1051,8 +1053,8 @@ static dg_status state_mma_waves(const kda_cuda_dims *d, int dev, int sms, int64
 }
 
 /* The operand pack of one serial pass (see state_mma): A1, A2, Sst of TA; X0, Xo of TX (the
- * forward: TA; the backward: f32). PLUS: both products added (DPLR's forward, see
- * kda_state_plus_fwd), else KDA's signs. */
+ * forward: TA; the backward: f32). PLUS: both products added (DPLR's signs, see
+ * kda_state_plus), else KDA's signs. */
 template <class TA, class TX, bool PLUS = false> struct StateOps {
     const TA *A1;
     const TX *X0;
@@ -1101,7 +1103,7 @@ static dg_status state_mma_launch_t(dg_ctx *ctx, const kda_cuda_dims *d,
 /* The serial pass on state_mma_kernel, forward (BWD false: A1 = W, X0 = U, A2 = KG, S0 = h0,
  * Sst = h, Xo = E, Sfin = ht; TX = TA) or backward (BWD true: A1 = KG, X0 = dE, A2 = W, S0 = dht,
  * Sup = dh and Sst = dHn (of TA, like h), Xo = dE_tot, Sfin = dh0; TX = float). Sup is read by
- * the backward only, and by the PLUS forward (kda_state_plus_fwd: X = X0 + A1 S,
+ * the backward only, and by the PLUS forward (kda_state_plus: X = X0 + A1 S,
  * S = exp(lambda) S + Sup_c + A2^T X, DPLR's signs). */
 template <bool BWD, class TA, class TX, bool PLUS>
 static dg_status state_mma(dg_ctx *ctx, const kda_cuda_dims *d, const StateOps<TA, TX, PLUS> &o) {
@@ -1126,24 +1128,14 @@ int kda_state_plus_fits(const kda_cuda_dims *d, const float *A1, const float *X0
     return state_mma_fits(&t, A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin);
 }
 
-dg_status kda_state_plus_fwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1, const float *X0,
-                             const float *A2, const float *G, const float *S0, const float *Sup,
-                             float *Sst, float *Xo, float *Sfin) {
+dg_status kda_state_plus(dg_ctx *ctx, const kda_cuda_dims *d, bool bwd, const float *A1,
+                         const float *X0, const float *A2, const float *G, const float *S0,
+                         const float *Sup, float *Sst, float *Xo, float *Sfin) {
     kda_cuda_dims t = *d;
     t.tc = 1;
     t.mid = 0;
-    return state_mma<false>(ctx, &t,
-                            StateOps<float, float, true>{A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin});
-}
-
-dg_status kda_state_plus_bwd(dg_ctx *ctx, const kda_cuda_dims *d, const float *A1, const float *X0,
-                             const float *A2, const float *G, const float *S0, const float *Sup,
-                             float *Sst, float *Xo, float *Sfin) {
-    kda_cuda_dims t = *d;
-    t.tc = 1;
-    t.mid = 0;
-    return state_mma<true>(ctx, &t,
-                           StateOps<float, float, true>{A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin});
+    const StateOps<float, float, true> o{A1, X0, A2, G, S0, Sup, Sst, Xo, Sfin};
+    return bwd ? state_mma<true>(ctx, &t, o) : state_mma<false>(ctx, &t, o);
 }
 
 extern "C" dg_status dg__kda_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *Wv,
