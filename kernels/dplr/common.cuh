@@ -8,7 +8,8 @@
  * C++ only (the C sources in ops/ include dplr_cuda.h).
  *
  * Here: the leaf-dtype dispatch (DPLR_DISPATCH_TI), the launchers' argument checks
- * (dplr_check_dims), the tile loaders of the chunk kernels and the cross-warp column sum of the
+ * (dplr_check_dims), when a bf16 call takes the tensor-core kernels (dplr_mma_fits), the tile
+ * loaders of the chunk kernels and the cross-warp column sum of the
  * recurrence backward.
  *
  * Thread layout of the chunk kernels (256 threads = 8 warps, as KDA's): lane = one column of a
@@ -22,6 +23,8 @@
 
 #include "../kda/common.cuh"
 #include "dplr_cuda.h"
+
+#include <initializer_list>
 
 #define DPLR_G_FLOOR_F (-128.f) /* per-step log decay floor before the cumsum (as the CPU's) */
 
@@ -56,6 +59,16 @@ static inline dg_status dplr_check_dims(const char *fn, dg_ctx *ctx, const kda_c
     if (d->K > 256)
         return dg__err(DG_ERR_UNSUPPORTED, "%s: K=%d > 256 is not supported", fn, d->K);
     return DG_OK;
+}
+
+/* Whether a bf16 call's stage runs on its tensor-core kernels (the mma kernels of output.cu and
+ * wy.cu, on kernels/kda/mma.cuh): K, V % 8 == 0 and every array of ps 16-byte aligned (NULL
+ * counts as aligned). */
+static inline bool dplr_mma_fits(const kda_cuda_dims *d, std::initializer_list<const void *> ps) {
+    for (const void *p : ps)
+        if (!aligned16(p))
+            return false;
+    return d->K % 8 == 0 && d->V % 8 == 0;
 }
 
 namespace dplr {

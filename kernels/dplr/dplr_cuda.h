@@ -3,9 +3,12 @@
  *
  * Same math, same layouts, same argument order as the CPU reference functions (the layout table
  * at the top of ops/dplr/dplr.h), with these differences:
- *   - every array is a DEVICE pointer; every product is plain f32 FFMA with f32 accumulation,
- *     except the serial state passes of a call with bf16 leaves (TF32 tensor cores where the
- *     sizes allow: state.cu); kda_cuda_dims.tc is ignored and kda_cuda_dims.mid must be 0;
+ *   - every array is a DEVICE pointer; every product of a call with f32 leaves is plain f32
+ *     FFMA with f32 accumulation; a call with bf16 leaves runs the WY, state and output products
+ *     on TF32 tensor cores where the sizes allow (K, V % 8 == 0 and aligned arrays; the state
+ *     stage also K % 16 == 0: see wy.cu, state.cu, output.cu), the gate and intra kernels in
+ *     FFMA; kda_cuda_dims.tc is
+ *     ignored and kda_cuda_dims.mid must be 0;
  *   - the leaf activations q, k, v, a, b, gk and the output-side o / dO are f32, or bf16 when
  *     the flag bf16 is set (declared void here): the kernels read them as stored, with no
  *     converted copy, and write o in the same dtype; the cumsum backward writes dgk in gk's

@@ -19,8 +19,18 @@
  *   dplr_output_dqg_kernel: block per (chunk, head, 32 key columns): dqg over V in tiles of 32.
  *   dplr_output_da_kernel: block per (chunk, head): dAqk and dAqb with KDA's 16 x 16-thread
  *     product (kda_tile_abt) over V in tiles of 32, so each is summed inside one block.
+ * Tensor cores, for bf16 leaves where K, V % 8 == 0 and the arrays are 16-byte aligned (TF32
+ * m16n8k8 on the f32 operands and the widened bf16 ones, f32 accumulation; the f32 leaves keep
+ * the FFMA kernels above, whose sums the issue's f32 bound of 1e-5 needs):
+ *   dplr_output_fwd_mma_kernel: block per (chunk, head, 64 value columns), KDA's gemm_acc
+ *     (kernels/kda/mma.cuh) three times into one accumulator tile: qg h, tril(Aqk) v,
+ *     tril(Aqb) v2; o stored as bf16 rows. Static shared memory 36 KB at BT = 64.
+ *   backward: KDA's output backward kernels (kda_output_bwd_bf16do, kernels/kda/output.cu):
+ *     dqg and dh_c in one pass, then (dAqk, dv) from v and (dAqb, dv2) from v2, each pair in
+ *     one pass over the value tiles.
  * Entry points (dplr_cuda.h): dg__dplr_output_fwd_cuda, dg__dplr_output_bwd_cuda.
  */
+#include "../kda/mma.cuh"
 #include "common.cuh"
 
 using namespace kdab;
@@ -85,6 +95,36 @@ __global__ void __launch_bounds__(NTH)
         if (y < V)
             kda_st(o + ((t0 + i) * H + hh) * V + y, s);
     }
+}
+
+/* grid (NC x ceil(V / 64), H) (chunk_tile): o = qg h + tril(Aqk) v + tril(Aqb) v2 for 64 value
+ * columns, on mma.sync TF32 (kdamma::gemm_acc); needs K, V % 8 == 0 and 16-byte aligned arrays
+ * (dplr_mma_fits). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    dplr_output_fwd_mma_kernel(Dims d, const float *__restrict__ qg, const float *__restrict__ h,
+                               const float *__restrict__ Aqk, const float *__restrict__ Aqb,
+                               const kda_bf16 *__restrict__ v, const float *__restrict__ v2,
+                               kda_bf16 *__restrict__ o) {
+    using namespace kdamma;
+    constexpr int NTW = AbTile<BT>::NTW;
+    constexpr int SM1 = gemm_smem<BT, true, false, float, float>(),
+                  SM2 = gemm_smem<BT, true, false, float, kda_bf16>();
+    __shared__ __align__(16) float sm[SM1 > SM2 ? SM1 : SM2];
+    static_assert(sizeof(sm) >= BT * (AB_N + 8) * sizeof(kda_bf16), "o's staging fits in sm");
+    const int H = d.H, K = d.K, V = d.V;
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(V, AB_N));
+    const int64_t c = ct.c;
+    const int hh = blockIdx.y, v0 = ct.z * AB_N;
+    const int64_t t0 = d.chunk_t0[c], rv = (int64_t)H * V, ra = (int64_t)H * BT;
+    const int L = d.chunk_len[c], nv = min(AB_N, V - v0);
+    const int64_t ov = t0 * rv + (int64_t)hh * V + v0, oa = (t0 * H + hh) * BT;
+    float acc[NTW][4] = {};
+    gemm_acc<BT, true, false>(acc, qg + (t0 * H + hh) * K, (int64_t)H * K, L,
+                              h + (c * H + hh) * (int64_t)K * V + v0, V, K, nv, K, sm);
+    gemm_acc<BT, true, false, 1>(acc, Aqk + oa, ra, L, v + ov, rv, L, nv, BT, sm);
+    gemm_acc<BT, true, false, 1>(acc, Aqb + oa, ra, L, v2 + ov, rv, L, nv, BT, sm);
+    store_acc_rows<BT>(acc, o + ov, rv, L, nv, 1.f, reinterpret_cast<kda_bf16 *>(sm));
 }
 
 // ---- backward kernels
@@ -223,6 +263,14 @@ template <int BT, class TI>
 static dg_status output_fwd_t(dg_ctx *ctx, const kda_cuda_dims *d, const float *qg, const float *h,
                               const float *Aqk, const float *Aqb, const void *v, const float *v2,
                               void *o) {
+    if (sizeof(TI) == 2 && dplr_mma_fits(d, {qg, h, Aqk, Aqb, v, v2, o})) {
+        const unsigned nvt = (unsigned)DG_CEIL_DIV(d->V, kdamma::AB_N);
+        dplr_output_fwd_mma_kernel<BT>
+            <<<dim3((unsigned)d->NC * nvt, d->H), kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                make_dims(d), qg, h, Aqk, Aqb, (const kda_bf16 *)v, v2, (kda_bf16 *)o);
+        DG_CHECK_LAUNCH();
+        return DG_OK;
+    }
     const size_t smem = sizeof(float) * (3 * BT * CT + CT * CT + 2 * BT * BT);
     DG_TRY(smem_opt_in(dplr_output_fwd_kernel<BT, TI>, smem));
     const dim3 grid((unsigned)d->NC, d->H, (unsigned)DG_CEIL_DIV(d->V, CT));
@@ -251,6 +299,16 @@ static dg_status output_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float 
                               const float *Aqk, const float *Aqb, const void *v, const float *v2,
                               const void *dO, float *dqg, float *dh, float *dAqk, float *dAqb,
                               float *dv, float *dv2) {
+    if (sizeof(TI) == 2 &&
+        dplr_mma_fits(dd, {qg, h, Aqk, Aqb, v, v2, dO, dqg, dh, dAqk, dAqb, dv, dv2})) {
+        const kda_bf16 *bdO = (const kda_bf16 *)dO;
+        DG_TRY(kda_output_bwd_bf16do(ctx, dd, 1.f, qg, h, nullptr, nullptr, 0, bdO, dqg, dh,
+                                     nullptr, nullptr));
+        DG_TRY(kda_output_bwd_bf16do(ctx, dd, 1.f, nullptr, nullptr, Aqk, v, 1, bdO, nullptr,
+                                     nullptr, dAqk, dv));
+        return kda_output_bwd_bf16do(ctx, dd, 1.f, nullptr, nullptr, Aqb, v2, 0, bdO, nullptr,
+                                     nullptr, dAqb, dv2);
+    }
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     const TI *tdO = (const TI *)dO;

@@ -15,20 +15,22 @@
  * Layouts: w, kg, bg, Gi [TT,H,K]; u, v, v2 [TT,H,V]; h [NC,H,K,V] (row chunk_off[n] + c);
  * h0, ht [N,H,K,V]. v is f32 or bf16 (TI, read as stored); everything else is f32.
  *
- * Forward with bf16 leaves (bf16 = 1) where the sizes allow (K % 16 == 0, K <= 256, V even,
- * 16-byte aligned arrays: kda_state_plus_fits): the serial pass runs on KDA's tensor-core kernel
- * (kernels/kda/state.cu, state_mma_kernel: mma.sync TF32, the state in registers) with both
- * products added, X = u + w S -> v2 and S = exp(lam) S + P_c + bg^T X, where the input term
- * P_c = kg_c^T v_c [K,V] of every chunk is formed first, chunk-parallel, by dplr_kgv_kernel into
- * a scratch [NC,H,K,V] (the size of h). The rounding of the TF32 products is within what bf16
- * inputs already carry; f32 leaves keep the f32 FFMA kernels below. The backward's serial pass
- * likewise (bf16 leaves, same sizes): state_mma_kernel backward with X = dv2 + bg dH -> du,
- * dH = exp(lam) dH + dh_c + w^T X, storing dHn_c; then dv = kg dHn per chunk in
- * dplr_kdh_kernel (chunk-parallel) instead of inside the serial pass.
- * Kernels (f32 FFMA; each sum in the CPU's order):
- *   dplr_kgv_kernel: P_c = kg_c^T v_c, block per (chunk, head, 64 x 64 tile of P), 4 x 4
- *     elements per thread over the chunk's rows (kg, v tiles in static shared memory, 34 KB);
- *     dplr_kdh_kernel: dv_c = kg_c dHn_c in the same layout, K in slices of 32.
+ * Forward with bf16 leaves (bf16 = 1) where the sizes allow (K % 16 == 0, K <= 256, V % 8 == 0,
+ * 16-byte aligned arrays: kda_state_plus_fits and dplr_mma_fits): the serial pass runs on KDA's
+ * tensor-core kernel (kernels/kda/state.cu, state_mma_kernel: mma.sync TF32, the state in
+ * registers) with both products added, X = u + w S -> v2 and S = exp(lam) S + P_c + bg^T X,
+ * where the input term P_c = kg_c^T v_c [K,V] of every chunk is formed first, chunk-parallel, by
+ * dplr_kgv_mma_kernel into a scratch [NC,H,K,V] (the size of h). The rounding of the TF32
+ * products is within what bf16 inputs already carry; f32 leaves keep the f32 FFMA kernels below.
+ * The backward likewise (bf16 leaves, same sizes): state_mma_kernel backward with
+ * X = dv2 + bg dH -> du, dH = exp(lam) dH + dh_c + w^T X, storing dHn_c; then, chunk-parallel,
+ * dv = kg dHn (dplr_kdh_mma_kernel) and the products that sum over V on KDA's TF32 kernels
+ * (kda_state_rows_plus).
+ * Tensor-core kernels here (kdamma::gemm_acc, TF32 m16n8k8, f32 accumulation):
+ *   dplr_kgv_mma_kernel: P_c = kg_c^T v_c, block per (chunk, head, 64 x 64 tile of P);
+ *   dplr_kdh_mma_kernel: dv_c = kg_c dHn_c, block per (chunk, head, 64 value columns).
+ * FFMA kernels (f32 leaves, and the sizes the tensor-core path does not take; each sum in the
+ * CPU's order):
  *   dplr_state_fwd_kernel: block per (sequence, head, 32 value columns); the running state
  *     [KP][32] (KP = K rounded up to 32) in shared memory, lane l = column l. Per chunk:
  *     phase A v2 = u + w S (warp w rows w*BT/8..; w tiles [BT][32] staged, the state row read
@@ -48,6 +50,7 @@
  * Entry points (dplr_cuda.h): dg__dplr_state_fwd_cuda, dg__dplr_state_bwd_cuda,
  * dg__dplr_state_summary_cuda.
  */
+#include "../kda/mma.cuh"
 #include "common.cuh"
 
 using namespace kdab;
@@ -160,101 +163,48 @@ __global__ void __launch_bounds__(NTH)
             ht[sb + (int64_t)x * V + col] = hs[x * VT + lane];
 }
 
-/* acc[r][c] += sum_{x < n} A[x][4 ty + r] B[x][4 tx + c]: the 4 x 4 outer-product step of
- * dplr_kgv_kernel and dplr_kdh_kernel (A, B shared, row stride LD, rows 16-byte aligned). */
-template <int LD>
-__device__ __forceinline__ void outer4_acc(float (&acc)[4][4], const float *A, const float *B,
-                                           int n, int ty, int tx) {
-#pragma unroll 4
-    for (int x = 0; x < n; x++) {
-        const float4 a = *reinterpret_cast<const float4 *>(A + x * LD + 4 * ty);
-        const float4 b = *reinterpret_cast<const float4 *>(B + x * LD + 4 * tx);
-        const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-                acc[r][c] += av[r] * bv[c];
-    }
-}
-
-/* P_c = kg_c^T v_c (rows i < L) for every chunk and head into P [NC,H,K,V]; grid (NC, H,
- * ceil(K / 64) ceil(V / 64)). */
-template <int BT, class TI>
-__global__ void __launch_bounds__(NTH)
-    dplr_kgv_kernel(Dims d, const float *__restrict__ kg, const TI *__restrict__ v,
-                    float *__restrict__ P) {
-    constexpr int LD = 68; /* 64 columns + 4: rows stay 16-byte aligned */
-    __shared__ __align__(16) float Ks[BT * LD], Vs[BT * LD];
-    const int64_t ch = blockIdx.x;
-    const int h = blockIdx.y, H = d.H, K = d.K, V = d.V;
-    const int nvt = (V + 63) / 64;
-    const int x0 = (int)(blockIdx.z / nvt) * 64, e0 = (int)(blockIdx.z % nvt) * 64;
-    const int64_t t0 = d.chunk_t0[ch];
-    const int L = d.chunk_len[ch];
-    dplr::load_rows<BT, LD>(Ks, kg, t0, L, H, h, K, x0);
-    dplr::load_rows<BT, LD>(Ks + 32, kg, t0, L, H, h, K, x0 + 32);
-    dplr::load_rows<BT, LD>(Vs, v, t0, L, H, h, V, e0);
-    dplr::load_rows<BT, LD>(Vs + 32, v, t0, L, H, h, V, e0 + 32);
-    __syncthreads();
-    const int ty = (int)threadIdx.x / 16, tx = (int)threadIdx.x % 16;
-    float acc[4][4] = {};
-    outer4_acc<LD>(acc, Ks, Vs, L, ty, tx);
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-        const int x = x0 + 4 * ty + r;
-        if (x >= K)
-            continue;
-        float *dst = P + ((ch * H + h) * K + x) * (int64_t)V + e0 + 4 * tx;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            if (e0 + 4 * tx + c < V)
-                dst[c] = acc[r][c];
-    }
+/* P_c = kg_c^T v_c (rows i < L) for every chunk and head into P [NC,H,K,V], on mma.sync TF32
+ * (kdamma::gemm_acc, k = the chunk's tokens); grid (NC x ceil(K / 64) ceil(V / 64), H)
+ * (chunk_tile), a 64 x 64 tile of P per block. Needs K, V % 8 == 0 and aligned arrays. */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    dplr_kgv_mma_kernel(Dims d, const float *__restrict__ kg, const kda_bf16 *__restrict__ v,
+                        float *__restrict__ P) {
+    using namespace kdamma;
+    __shared__ __align__(16) float sm[gemm_smem<64, false, false, float, kda_bf16>()];
+    const int H = d.H, K = d.K, V = d.V, nvt = DG_CEIL_DIV(V, AB_N);
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(K, AB_N) * nvt);
+    const int64_t ch = ct.c;
+    const int h = blockIdx.y, x0 = (ct.z / nvt) * AB_N, e0 = (ct.z % nvt) * AB_N;
+    const int64_t t0 = d.chunk_t0[ch], rv = (int64_t)H * V;
+    const int L = d.chunk_len[ch], nx = min(AB_N, K - x0), ne = min(AB_N, V - e0);
+    float acc[AbTile<64>::NTW][4] = {};
+    gemm_acc<64, false, false>(acc, kg + (t0 * H + h) * K + x0, (int64_t)H * K, nx,
+                               v + t0 * rv + (int64_t)h * V + e0, rv, L, ne, BT, sm);
+    store_acc<64>(acc, P + ((ch * H + h) * K + x0) * (int64_t)V + e0, V, nx, ne, 1.f);
 }
 
 // ---- backward kernels
 
 /* dv_c = kg_c dHn_c (rows i < L) for every chunk and head, the tensor-core backward's share of
- * the serial pass (dplr_state_seq_kernel forms it inline); grid (NC, H, ceil(V / 64)), a 64 x 64
- * tile of dv per block (rows = the chunk's tokens), 4 x 4 elements per thread, K walked in
- * slices of 32. */
+ * the serial pass (dplr_state_seq_kernel forms it inline), on mma.sync TF32 (kdamma::gemm_acc,
+ * k = the key dim); grid (NC x ceil(V / 64), H) (chunk_tile), a BT x 64 tile of dv per block. */
 template <int BT>
-__global__ void __launch_bounds__(NTH)
-    dplr_kdh_kernel(Dims d, const float *__restrict__ kg, const float *__restrict__ dHn,
-                    float *__restrict__ dv) {
-    constexpr int LD = 68;
-    __shared__ __align__(16) float KsT[32 * LD], Hs[32 * LD]; /* kg^T [32][BT], dHn [32][64] */
-    const int64_t ch = blockIdx.x;
-    const int h = blockIdx.y, H = d.H, K = d.K, V = d.V, e0 = (int)blockIdx.z * 64;
-    const int64_t t0 = d.chunk_t0[ch];
-    const int L = d.chunk_len[ch];
-    const float *hn = dHn + (ch * H + h) * (int64_t)K * V;
-    const int ty = (int)threadIdx.x / 16, tx = (int)threadIdx.x % 16;
-    float acc[4][4] = {};
-    for (int x0 = 0; x0 < K; x0 += 32) {
-        for (int idx = threadIdx.x; idx < 32 * 64; idx += NTH) {
-            const int r = idx / 32, c = idx % 32; /* kg: token r, key x0 + c */
-            KsT[c * LD + r] =
-                r < L && x0 + c < K ? kg[((t0 + r) * H + h) * (int64_t)K + x0 + c] : 0.f;
-            const int xr = idx / 64, e = idx % 64; /* dHn: key x0 + xr, value e0 + e */
-            Hs[xr * LD + e] = x0 + xr < K && e0 + e < V ? hn[(int64_t)(x0 + xr) * V + e0 + e] : 0.f;
-        }
-        __syncthreads();
-        outer4_acc<LD>(acc, KsT, Hs, 32, ty, tx);
-        __syncthreads();
-    }
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-        const int i = 4 * ty + r;
-        if (i >= L)
-            continue;
-        float *dst = dv + ((t0 + i) * H + h) * (int64_t)V + e0 + 4 * tx;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            if (e0 + 4 * tx + c < V)
-                dst[c] = acc[r][c];
-    }
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    dplr_kdh_mma_kernel(Dims d, const float *__restrict__ kg, const float *__restrict__ dHn,
+                        float *__restrict__ dv) {
+    using namespace kdamma;
+    __shared__ __align__(16) float sm[gemm_smem<BT, true, false>()];
+    const int H = d.H, K = d.K, V = d.V;
+    const ChunkTile ct = chunk_tile(DG_CEIL_DIV(V, AB_N));
+    const int64_t ch = ct.c;
+    const int h = blockIdx.y, e0 = ct.z * AB_N;
+    const int64_t t0 = d.chunk_t0[ch], rv = (int64_t)H * V;
+    const int L = d.chunk_len[ch], ne = min(AB_N, V - e0);
+    float acc[AbTile<BT>::NTW][4] = {};
+    gemm_acc<BT, true, false>(acc, kg + (t0 * H + h) * K, (int64_t)H * K, L,
+                              dHn + (ch * H + h) * (int64_t)K * V + e0, V, K, ne, K, sm);
+    store_acc<BT>(acc, dv + t0 * rv + (int64_t)h * V + e0, rv, L, ne, 1.f);
 }
 
 /* The serial pass, grid (sequence, head, V / 32), layout as the forward's. dh, dv2, dht may be
@@ -438,15 +388,17 @@ extern "C" dg_status dg__dplr_state_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d
         return dg__err(DG_ERR_ARG,
                        "%s: w, u, kg, bg, v, Gi, h and v2 are required (h0, ht optional)",
                        __func__);
-    if (bf16 && d->NC > 0 && kda_state_plus_fits(d, w, u, bg, Gi, h0, nullptr, h, v2, ht)) {
+    if (bf16 && d->NC > 0 && kda_state_plus_fits(d, w, u, bg, Gi, h0, nullptr, h, v2, ht) &&
+        dplr_mma_fits(d, {kg, v})) {
         /* the tensor-core pass: P = kg^T v per chunk, then state_mma_kernel with P as Sup */
         Scratch P(ctx);
         DG_TRY(P.alloc((size_t)d->NC * d->H * d->K * d->V));
-        const dim3 grid((unsigned)d->NC, d->H,
-                        (unsigned)(DG_CEIL_DIV(d->K, 64) * DG_CEIL_DIV(d->V, 64)));
+        const unsigned nt =
+            (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) * DG_CEIL_DIV(d->V, kdamma::AB_N));
         KDA_DISPATCH_BT(d->BT, {
-            dplr_kgv_kernel<BT_, kda_bf16>
-                <<<grid, NTH, 0, dg__stream(ctx)>>>(make_dims(d), kg, (const kda_bf16 *)v, P.f());
+            dplr_kgv_mma_kernel<BT_>
+                <<<dim3((unsigned)d->NC * nt, d->H), kdamma::AB_THREADS, 0, dg__stream(ctx)>>>(
+                    make_dims(d), kg, (const kda_bf16 *)v, P.f());
             DG_CHECK_LAUNCH();
         });
         return kda_state_plus(ctx, d, false, w, u, bg, Gi, h0, P.f(), h, v2, ht);
@@ -466,14 +418,20 @@ static dg_status state_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, const float *
     cudaStream_t s = dg__stream(ctx);
     Scratch dHn(ctx);
     DG_TRY(dHn.alloc((size_t)d.NC * d.H * d.K * d.V));
-    if (sizeof(TI) == 2 && d.NC > 0 &&
-        kda_state_plus_fits(dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0)) {
-        /* the tensor-core serial pass (bf16 leaves), then dv = kg dHn chunk-parallel */
+    const bool tc = sizeof(TI) == 2 && d.NC > 0 &&
+                    kda_state_plus_fits(dd, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0) &&
+                    kda_state_rows_plus_fits(dd, v, v2, du, h, dHn.f(), dkg, dbg, dw, dGi) &&
+                    dplr_mma_fits(dd, {kg, dv});
+    if (tc) {
+        /* the tensor-core serial pass (bf16 leaves), then dv = kg dHn and the products that sum
+         * over V, chunk-parallel */
         DG_TRY(kda_state_plus(ctx, dd, true, bg, dv2, w, Gi, dht, dh, dHn.f(), du, dh0));
-        dplr_kdh_kernel<BT>
-            <<<dim3((unsigned)d.NC, d.H, (unsigned)DG_CEIL_DIV(d.V, 64)), NTH, 0, s>>>(d, kg,
-                                                                                       dHn.f(), dv);
+        const unsigned nvt = (unsigned)DG_CEIL_DIV(d.V, kdamma::AB_N);
+        dplr_kdh_mma_kernel<BT>
+            <<<dim3((unsigned)d.NC * nvt, d.H), kdamma::AB_THREADS, 0, s>>>(d, kg, dHn.f(), dv);
         DG_CHECK_LAUNCH();
+        return kda_state_rows_plus(ctx, dd, (const kda_bf16 *)v, v2, du, h, dHn.f(), Gi, dkg, dbg,
+                                   dw, dGi);
     } else {
         const int KP = DG_CEIL_DIV(d.K, KT) * KT;
         const size_t smem = sizeof(float) * seq_smem_floats<BT>(KP);

@@ -26,8 +26,23 @@
  *            nothing is reduced across blocks. The column sum into dGi_{L-1} crosses warps
  *            through a [8][32] shared array summed in warp order. Dynamic shared memory
  *            2 x BT x BT + 4 x BT x 33 + 256 floats (66 KB at BT = 64, opted in).
+ * Tensor cores, for bf16 leaves where dplr_mma_fits (K, V % 8 == 0, aligned arrays; TF32
+ * m16n8k8 products, f32 accumulation; the f32 leaves keep the FFMA kernels, whose sums the f32
+ * bound of 1e-5 needs):
+ *   forward  dplr_wy_fwd_mma_kernel: block per (chunk, head, 64-wide tile), the tiles of K then
+ *            of V as above; a key tile forms the gated operands elementwise (ag staged in shared
+ *            memory) and w = Tab ag; a value tile X = Aak v (kept in shared memory) and u = Tab X.
+ *            Tab, Aak and the tiles in dynamic shared memory, 2 x BT x (BT + 4) + 2 x BT x 72
+ *            floats (70 KB at BT = 64).
+ *   backward dplr_wy_bwd_mma_kernel: block per (chunk, head) as the FFMA kernel, 64-wide tiles:
+ *            a key tile forms dag = Tab^T dw (staged) and dTab += dw ag^T, then the elementwise
+ *            gradients; a value tile X = Aak v and dX = Tab^T du (staged), then dv = Aak^T dX,
+ *            dTab += du X^T, dAak += dX v^T; dTab and dAak stay in registers over all tiles.
+ *            Dynamic shared memory 2 x BT x (BT + 8) + (BT + 3 x 64) x 72 + 256 floats
+ *            (110 KB at BT = 64, opted in).
  * Entry points (dplr_cuda.h): dg__dplr_wy_fwd_cuda, dg__dplr_wy_bwd_cuda.
  */
+#include "../kda/mma.cuh"
 #include "common.cuh"
 
 using namespace kdab;
@@ -109,6 +124,92 @@ __global__ void __launch_bounds__(NTH)
                 u[((t0 + r) * H + h) * V + y] = s;
         }
     }
+}
+
+/* grid (NC x (nkt + nvt), H) (chunk_tile: a chunk's tiles are neighbours and share Tab in L2);
+ * tile z < nkt is key tile z (64 columns), else value tile z - nkt. Warp layout and products
+ * of kdamma::mma_stage (warp w: 16 rows, NTW 8-column tiles). */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    dplr_wy_fwd_mma_kernel(Dims d, int nkt, int nvt, float scale, const kda_bf16 *__restrict__ q,
+                           const kda_bf16 *__restrict__ k, const kda_bf16 *__restrict__ v,
+                           const kda_bf16 *__restrict__ a, const kda_bf16 *__restrict__ b,
+                           const float *__restrict__ Gi, const float *__restrict__ Ge,
+                           const float *__restrict__ Aak, const float *__restrict__ Tab,
+                           float *__restrict__ w, float *__restrict__ u, float *__restrict__ qg,
+                           float *__restrict__ kg, float *__restrict__ bg) {
+    using namespace kdamma;
+    constexpr int LDS = BT + 4, LDT = AB_N + 8, NTW = AbTile<BT>::NTW, WN = AbTile<BT>::WN;
+    extern __shared__ __align__(16) float wy_smem[];
+    float *const Ts = wy_smem;       /* Tab [BT][LDS] */
+    float *const Ms = Ts + BT * LDS; /* Aak [BT][LDS] (value tiles) */
+    float *const Xs = Ms + BT * LDS; /* ag or v tile [BT][LDT] */
+    float *const Ys = Xs + BT * LDT; /* X tile [BT][LDT] (value tiles) */
+    const int H = d.H, K = d.K, V = d.V;
+    const ChunkTile ct = chunk_tile(nkt + nvt);
+    const int64_t c = ct.c;
+    const int hh = blockIdx.y, z = ct.z;
+    const bool ktile = z < nkt;
+    if (ktile ? !(w || qg || kg || bg) : !u) /* block-uniform: nothing to make here */
+        return;
+    const int64_t t0 = d.chunk_t0[c], ra = (int64_t)H * BT, oa = (t0 * H + hh) * BT;
+    const int L = d.chunk_len[c];
+    /* Tab rows >= L zero; its zeros above the diagonal are stored (TRI = 1 skips them) */
+    tile_async<BT, BT, LDS, AB_THREADS>(Ts, Tab + oa, ra, L, 0, BT);
+    if (!ktile) /* Aak: zeros on and above the diagonal are stored */
+        tile_async<BT, BT, LDS, AB_THREADS>(Ms, Aak + oa, ra, L, 0, BT);
+    cp_async_commit();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (warp / WN), n0 = 8 * NTW * (warp % WN);
+    float acc[NTW][4] = {};
+    if (ktile) {
+        const int e0 = z * AB_N, ne = min(AB_N, K - e0);
+        const int64_t rk = (int64_t)H * K, ok0 = (t0 * H + hh) * K + e0;
+        for (int idx = threadIdx.x; idx < BT * AB_N; idx += AB_THREADS) {
+            const int r = idx / AB_N, col = idx % AB_N;
+            float agv = 0.f;
+            if (r < L && col < ne) {
+                const int64_t o = ok0 + r * rk + col;
+                const float gi = Gi[o], fl = expf(Gi[ok0 + (L - 1) * rk + col] - gi);
+                if (qg)
+                    qg[o] = scale * kda_ld(q + o) * expf(gi);
+                if (kg)
+                    kg[o] = kda_ld(k + o) * fl;
+                if (bg)
+                    bg[o] = kda_ld(b + o) * fl;
+                agv = kda_ld(a + o) * expf(Ge[o]);
+            }
+            Xs[r * LDT + col] = agv;
+        }
+        cp_async_wait<0>();
+        if (!w)
+            return;
+        __syncthreads();
+        mma_stage<BT, true, false, 1, BT>(acc, Ts, LDS, Xs, LDT, 0);
+        store_acc<BT>(acc, w + ok0, rk, L, ne, 1.f);
+        return;
+    }
+    const int v0 = (z - nkt) * AB_N, nv = min(AB_N, V - v0);
+    const int64_t rv = (int64_t)H * V, ov0 = (t0 * H + hh) * V + v0;
+    for (int idx = threadIdx.x; idx < BT * AB_N; idx += AB_THREADS) {
+        const int r = idx / AB_N, col = idx % AB_N;
+        Xs[r * LDT + col] = r < L && col < nv ? kda_ld(v + ov0 + r * rv + col) : 0.f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    mma_stage<BT, true, false, 1, BT>(acc, Ms, LDS, Xs, LDT, 0); /* X = Aak v (rows >= L: 0) */
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            float *yp = Ys + (m0 + g + 8 * hlf) * LDT + n0 + 8 * j + 2 * t;
+            yp[0] = acc[j][2 * hlf];
+            yp[1] = acc[j][2 * hlf + 1];
+            acc[j][2 * hlf] = acc[j][2 * hlf + 1] = 0.f;
+        }
+    __syncthreads();
+    mma_stage<BT, true, false, 1, BT>(acc, Ts, LDS, Ys, LDT, 0); /* u = Tab X */
+    store_acc<BT>(acc, u + ov0, rv, L, nv, 1.f);
 }
 
 // ---- backward kernel
@@ -244,6 +345,157 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
+/* A warp's part of a BT x 64 accumulator tile (kdamma::AbTile layout) into shared memory at D
+ * (leading dimension LD), times s. */
+template <int BT, int LD>
+__device__ __forceinline__ void acc_to_smem(const float (&acc)[kdamma::AbTile<BT>::NTW][4],
+                                            float *D) {
+    constexpr int NTW = kdamma::AbTile<BT>::NTW, WN = kdamma::AbTile<BT>::WN;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (warp / WN), n0 = 8 * NTW * (warp % WN);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            float *p = D + (m0 + g + 8 * hlf) * LD + n0 + 8 * j + 2 * t;
+            p[0] = acc[j][2 * hlf];
+            p[1] = acc[j][2 * hlf + 1];
+        }
+}
+
+/* grid (NC, H). Shared memory (floats): Tab, Aak [BT][BT + 8]; P0 [BT][72] (dw / du tile);
+ * P1, P2 [64][72] (ag / v tile, dag / X tile: the k-contiguous B operands of the chunk-square
+ * products, whose n runs to 64, so rows BT.. stay zero); P3 [BT][72] (dX); red [4][64]. */
+template <int BT>
+__global__ void __launch_bounds__(kdamma::AB_THREADS)
+    dplr_wy_bwd_mma_kernel(Dims d, float scale, const kda_bf16 *__restrict__ q,
+                           const kda_bf16 *__restrict__ k, const kda_bf16 *__restrict__ v,
+                           const kda_bf16 *__restrict__ a, const kda_bf16 *__restrict__ b,
+                           const float *__restrict__ Gi, const float *__restrict__ Ge,
+                           const float *__restrict__ Aak, const float *__restrict__ Tab,
+                           const float *__restrict__ dw, const float *__restrict__ du,
+                           const float *__restrict__ dqg, const float *__restrict__ dkg,
+                           const float *__restrict__ dbg, float *__restrict__ dq,
+                           float *__restrict__ dk, float *__restrict__ dv, float *__restrict__ da,
+                           float *__restrict__ db, float *__restrict__ dGi, float *__restrict__ dGe,
+                           float *__restrict__ dAak, float *__restrict__ dTab) {
+    using namespace kdamma;
+    constexpr int LDS = BT + 8, LDT = AB_N + 8, NTW = AbTile<BT>::NTW, WN = AbTile<BT>::WN;
+    constexpr int RQ = AB_THREADS / AB_N; /* threads per column of the elementwise passes */
+    extern __shared__ __align__(16) float wyb_smem[];
+    float *const Ts = wyb_smem, *const Ms = Ts + BT * LDS;
+    float *const P0 = Ms + BT * LDS, *const P1 = P0 + BT * LDT, *const P2 = P1 + AB_N * LDT;
+    float *const P3 = P2 + AB_N * LDT, *const red = P3 + BT * LDT;
+    const int H = d.H, K = d.K, V = d.V;
+    const int64_t c = blockIdx.x;
+    const int hh = blockIdx.y;
+    const int64_t t0 = d.chunk_t0[c], ra = (int64_t)H * BT, oa = (t0 * H + hh) * BT;
+    const int L = d.chunk_len[c];
+    const int tid = threadIdx.x, col = tid % AB_N, rq = tid / AB_N;
+    for (int idx = BT * LDT + tid; idx < AB_N * LDT; idx += AB_THREADS)
+        P1[idx] = P2[idx] = 0.f; /* rows BT.. of the B operands (BT < 64) */
+    tile_async<BT, BT, LDS, AB_THREADS>(Ts, Tab + oa, ra, L, 0, BT);
+    tile_async<BT, BT, LDS, AB_THREADS>(Ms, Aak + oa, ra, L, 0, BT);
+    cp_async_commit();
+    float accT[NTW][4] = {}, accA[NTW][4] = {}; /* dTab, dAak */
+
+    const int64_t rk = (int64_t)H * K;
+    for (int e0 = 0; e0 < K; e0 += AB_N) {
+        const int ne = min(AB_N, K - e0);
+        const int64_t ok0 = (t0 * H + hh) * K + e0;
+        __syncthreads(); /* the previous tile's P0, P1, P2 have been read */
+        tile_async<BT, AB_N, LDT, AB_THREADS>(P0, dw ? dw + ok0 : Tab, rk, dw ? L : 0, 0, ne);
+        cp_async_commit();
+        for (int r = rq; r < BT; r += RQ) {
+            const int64_t o = ok0 + r * rk + col;
+            P1[r * LDT + col] = r < L && col < ne ? kda_ld(a + o) * expf(Ge[o]) : 0.f;
+        }
+        cp_async_wait<0>();
+        __syncthreads();
+        { /* dag = Tab^T dw (k = i >= m = r) into P2; dTab += dw ag^T */
+            float g2[NTW][4] = {};
+            mma_stage<BT, false, false, 2, BT>(g2, Ts, LDS, P0, LDT, 0);
+            acc_to_smem<BT, LDT>(g2, P2);
+            mma_stage<BT, true, true, 0, AB_N>(accT, P0, LDT, P1, LDT, 0);
+        }
+        __syncthreads();
+        float psum = 0.f, last = 0.f;
+        const bool cok = col < ne;
+        const float lam = cok ? Gi[ok0 + (L - 1) * rk + col] : 0.f;
+        for (int r = rq; r < L && cok; r += RQ) {
+            const int64_t o = ok0 + r * rk + col;
+            const float gi = Gi[o], fl = expf(lam - gi);
+            const float dai = P2[r * LDT + col] * expf(Ge[o]);
+            const float dqi = dqg ? scale * dqg[o] * expf(gi) : 0.f;
+            const float dki = dkg ? dkg[o] * fl : 0.f, dbi = dbg ? dbg[o] * fl : 0.f;
+            const float side = kda_ld(k + o) * dki + kda_ld(b + o) * dbi;
+            da[o] = dai;
+            dGe[o] = kda_ld(a + o) * dai;
+            dq[o] = dqi;
+            dk[o] = dki;
+            db[o] = dbi;
+            const float gv = kda_ld(q + o) * dqi - side;
+            psum += side;
+            if (r == L - 1)
+                last = gv;
+            else
+                dGi[o] = gv;
+        }
+        red[rq * AB_N + col] = psum;
+        __syncthreads();
+        if (rq == (L - 1) % RQ && cok) { /* lam = Gi_{L-1}: every row's side term */
+            float s = last;
+#pragma unroll
+            for (int x = 0; x < RQ; x++)
+                s += red[x * AB_N + col];
+            dGi[ok0 + (L - 1) * rk + col] = s;
+        }
+    }
+
+    const int64_t rv = (int64_t)H * V;
+    for (int v0 = 0; v0 < V; v0 += AB_N) {
+        const int nv = min(AB_N, V - v0);
+        const int64_t ov0 = (t0 * H + hh) * V + v0;
+        __syncthreads(); /* the previous tile's P0..P3 have been read */
+        tile_async<BT, AB_N, LDT, AB_THREADS>(P0, du ? du + ov0 : Tab, rv, du ? L : 0, 0, nv);
+        cp_async_commit();
+        for (int r = rq; r < BT; r += RQ)
+            P1[r * LDT + col] = r < L && col < nv ? kda_ld(v + ov0 + r * rv + col) : 0.f;
+        cp_async_wait<0>();
+        __syncthreads();
+        {
+            float x[NTW][4] = {}, dx[NTW][4] = {};
+            mma_stage<BT, true, false, 1, BT>(x, Ms, LDS, P1, LDT, 0);   /* X = Aak v */
+            mma_stage<BT, false, false, 2, BT>(dx, Ts, LDS, P0, LDT, 0); /* dX = Tab^T du */
+            acc_to_smem<BT, LDT>(x, P2);
+            acc_to_smem<BT, LDT>(dx, P3);
+        }
+        __syncthreads();
+        float dvv[NTW][4] = {};
+        mma_stage<BT, false, false, 2, BT>(dvv, Ms, LDS, P3, LDT, 0); /* dv = Aak^T dX */
+        store_acc<BT>(dvv, dv + ov0, rv, L, nv, 1.f);
+        mma_stage<BT, true, true, 0, AB_N>(accT, P0, LDT, P2, LDT, 0); /* dTab += du X^T */
+        mma_stage<BT, true, true, 0, AB_N>(accA, P3, LDT, P1, LDT, 0); /* dAak += dX v^T */
+    }
+
+    /* dTab (j <= i) and dAak (j < i): whole rows of the L valid tokens, columns < BT */
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int m0 = 16 * (warp / WN), n0 = 8 * NTW * (warp % WN);
+#pragma unroll
+    for (int j = 0; j < NTW; j++)
+#pragma unroll
+        for (int hlf = 0; hlf < 2; hlf++) {
+            const int r = m0 + g + 8 * hlf, cc = n0 + 8 * j + 2 * t;
+            if (r >= L || cc >= BT)
+                continue;
+            const int64_t o = oa + r * ra + cc;
+            kda_st2(dTab + o, cc <= r ? accT[j][2 * hlf] : 0.f,
+                    cc + 1 <= r ? accT[j][2 * hlf + 1] : 0.f);
+            kda_st2(dAak + o, cc < r ? accA[j][2 * hlf] : 0.f,
+                    cc + 1 < r ? accA[j][2 * hlf + 1] : 0.f);
+        }
+}
+
 // ---- launchers
 
 template <int BT, class TI>
@@ -251,6 +503,19 @@ static dg_status wy_fwd_t(dg_ctx *ctx, const kda_cuda_dims *d, float scale, cons
                           const void *k, const void *v, const void *a, const void *b,
                           const float *Gi, const float *Ge, const float *Aak, const float *Tab,
                           float *w, float *u, float *qg, float *kg, float *bg) {
+    if (sizeof(TI) == 2 && dplr_mma_fits(d, {Tab, Aak, w, u})) {
+        using kdamma::AB_N;
+        const int nkt = DG_CEIL_DIV(d->K, AB_N), nvt = DG_CEIL_DIV(d->V, AB_N);
+        const size_t smem = sizeof(float) * (2 * BT * (BT + 4) + 2 * BT * (AB_N + 8));
+        DG_TRY(smem_opt_in(dplr_wy_fwd_mma_kernel<BT>, smem));
+        dplr_wy_fwd_mma_kernel<BT>
+            <<<dim3((unsigned)(d->NC * (nkt + nvt)), d->H), kdamma::AB_THREADS, smem,
+               dg__stream(ctx)>>>(make_dims(d), nkt, nvt, scale, (const kda_bf16 *)q,
+                                  (const kda_bf16 *)k, (const kda_bf16 *)v, (const kda_bf16 *)a,
+                                  (const kda_bf16 *)b, Gi, Ge, Aak, Tab, w, u, qg, kg, bg);
+        DG_CHECK_LAUNCH();
+        return DG_OK;
+    }
     const int nkt = DG_CEIL_DIV(d->K, CT), nvt = DG_CEIL_DIV(d->V, CT);
     const size_t smem = sizeof(float) * (2 * BT * BT + 2 * BT * CT);
     DG_TRY(smem_opt_in(dplr_wy_fwd_kernel<BT, TI>, smem));
@@ -288,6 +553,19 @@ static dg_status wy_bwd_t(dg_ctx *ctx, const kda_cuda_dims *d, float scale, cons
                           const float *dw, const float *du, const float *dqg, const float *dkg,
                           const float *dbg, float *dq, float *dk, float *dv, float *da, float *db,
                           float *dGi, float *dGe, float *dAak, float *dTab) {
+    if (sizeof(TI) == 2 && dplr_mma_fits(d, {Tab, Aak, dw, du, dv, dTab, dAak})) {
+        using kdamma::AB_N;
+        const size_t smem =
+            sizeof(float) * (2 * BT * (BT + 8) + (2 * BT + 2 * AB_N) * (AB_N + 8) + 4 * AB_N);
+        DG_TRY(smem_opt_in(dplr_wy_bwd_mma_kernel<BT>, smem));
+        dplr_wy_bwd_mma_kernel<BT>
+            <<<dim3((unsigned)d->NC, d->H), kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                make_dims(d), scale, (const kda_bf16 *)q, (const kda_bf16 *)k, (const kda_bf16 *)v,
+                (const kda_bf16 *)a, (const kda_bf16 *)b, Gi, Ge, Aak, Tab, dw, du, dqg, dkg, dbg,
+                dq, dk, dv, da, db, dGi, dGe, dAak, dTab);
+        DG_CHECK_LAUNCH();
+        return DG_OK;
+    }
     const size_t smem = sizeof(float) * (2 * BT * BT + 4 * BT * (CT + 1) + NW * CT);
     DG_TRY(smem_opt_in(dplr_wy_bwd_kernel<BT, TI>, smem));
     dplr_wy_bwd_kernel<BT, TI><<<dim3((unsigned)d->NC, d->H), NTH, smem, dg__stream(ctx)>>>(

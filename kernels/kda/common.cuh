@@ -376,6 +376,34 @@ dg_status kda_state_plus(dg_ctx *ctx, const kda_cuda_dims *d, bool bwd, const fl
                          const float *X0, const float *A2, const float *G, const float *S0,
                          const float *Sup, float *Sst, float *Xo, float *Sfin);
 
+/* The chunk-parallel products of DPLR's tensor-core state backward (kernels/dplr/state.cu) on
+ * state.cu's TF32 kernels (rows_stateT_mma_kernel, state_dg_tc_kernel): dkg = v dHn^T (v bf16),
+ * dbg = v2 dHn^T, dw = du h^T, and dG at each chunk's last row = exp(lambda) rowsum(h . dHn)
+ * (its other rows 0); v, v2, du [TT,HV,V], h, dHn [NC,HV,K,V], outputs [TT,HV,K], all required.
+ * kda_state_rows_plus_fits: V % 8 == 0, K % 4 == 0, 16-byte aligned arrays. */
+int kda_state_rows_plus_fits(const kda_cuda_dims *d, const void *v, const float *v2,
+                             const float *du, const float *h, const float *dHn, const float *dkg,
+                             const float *dbg, const float *dw, const float *dG);
+dg_status kda_state_rows_plus(dg_ctx *ctx, const kda_cuda_dims *d, const kda_bf16 *v,
+                              const float *v2, const float *du, const float *h, const float *dHn,
+                              const float *G, float *dkg, float *dbg, float *dw, float *dG);
+
+/* The output backward's mma kernels (output.cu's out_dhq_mma_kernel, out_dade_mma_kernel) for
+ * DPLR's output backward (kernels/dplr/output.cu), whose operands mix types: dO bf16 (a bf16
+ * leaf's gradient, read as stored), QG and h f32, E f32 or bf16 (e_bf16). What is asked for
+ * (every output optional, all f32):
+ *     dQG = s dO h_c^T,  dh_c = s QG^T dO,  dAqk = tril(dO E^T),  dE = Aqk^T dO
+ * on the products, k orders and layouts of dg__kda_output_bwd_cuda's mma path (TF32, or bf16
+ * m16n8k16 where both operands are bf16; f32 accumulation). kda_output_bwd_bf16do_fits: K and V
+ * % 8 == 0, 16-byte aligned arrays (NULL allowed); d's tc and mid are not read. */
+int kda_output_bwd_bf16do_fits(const kda_cuda_dims *d, const float *QG, const float *h,
+                               const float *Aqk, const void *E, const kda_bf16 *dO,
+                               const float *dQG, const float *dh, const float *dAqk,
+                               const float *dE);
+dg_status kda_output_bwd_bf16do(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                                const float *h, const float *Aqk, const void *E, int e_bf16,
+                                const kda_bf16 *dO, float *dQG, float *dh, float *dAqk, float *dE);
+
 /* C = s A S_c^T chunk by chunk (state.cu's rows_stateT product, on the kernels of d->tc): for
  * the rows i < L of every chunk c, C[i][e] = s sum_v A[i][v] S_c[e][v]; A [TT,HV,V], S
  * [NC,HV,K,V], C [TT,HV,K], all f32. The output backward's dQG = s dO h^T where it runs on f32

@@ -500,6 +500,40 @@ static dg_status output_bwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, floa
     return DG_OK;
 }
 
+int kda_output_bwd_bf16do_fits(const kda_cuda_dims *d, const float *QG, const float *h,
+                               const float *Aqk, const void *E, const kda_bf16 *dO,
+                               const float *dQG, const float *dh, const float *dAqk,
+                               const float *dE) {
+    const void *ps[] = {QG, h, Aqk, E, dO, dQG, dh, dAqk, dE};
+    for (const void *p : ps)
+        if (!aligned16(p))
+            return 0;
+    return d->K % 8 == 0 && d->V % 8 == 0;
+}
+
+dg_status kda_output_bwd_bf16do(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const float *QG,
+                                const float *h, const float *Aqk, const void *E, int e_bf16,
+                                const kda_bf16 *dO, float *dQG, float *dh, float *dAqk, float *dE) {
+    if (!dO || ((dQG || dh) && (!QG || !h)) || ((dAqk || dE) && (!Aqk || !E)) ||
+        !kda_output_bwd_bf16do_fits(d, QG, h, Aqk, E, dO, dQG, dh, dAqk, dE))
+        return dg__err(DG_ERR_ARG,
+                       "%s: missing operands, or sizes / alignment not supported (K=%d V=%d)",
+                       __func__, d->K, d->V);
+    if (d->NC == 0)
+        return DG_OK;
+    if (dQG || dh)
+        DG_TRY((output_bwd_launch_mma<float, kda_bf16>(ctx, d, scale, QG, h, nullptr, nullptr, dO,
+                                                       dQG, dh, nullptr, nullptr)));
+    if (!dAqk && !dE)
+        return DG_OK;
+    if (e_bf16)
+        return output_bwd_launch_mma<kda_bf16, kda_bf16>(ctx, d, scale, nullptr, nullptr, Aqk,
+                                                         (const kda_bf16 *)E, dO, nullptr, nullptr,
+                                                         dAqk, dE);
+    return output_bwd_launch_mma<float, kda_bf16>(ctx, d, scale, nullptr, nullptr, Aqk,
+                                                  (const float *)E, dO, nullptr, nullptr, dAqk, dE);
+}
+
 extern "C" dg_status dg__kda_output_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                              const void *QGv, const void *hv, const float *Aqk,
                                              const void *Ev, const void *dOv, float *dQG, void *dh,

@@ -1295,6 +1295,39 @@ static dg_status state_rows_tc(dg_ctx *ctx, const kda_cuda_dims *d, const float 
     return DG_OK;
 }
 
+int kda_state_rows_plus_fits(const kda_cuda_dims *d, const void *v, const float *v2,
+                             const float *du, const float *h, const float *dHn, const float *dkg,
+                             const float *dbg, const float *dw, const float *dG) {
+    if (d->V % 8 != 0 || d->K % 4 != 0)
+        return 0;
+    const void *ps[] = {v, v2, du, h, dHn, dkg, dbg, dw, dG};
+    for (const void *p : ps)
+        if (!p || !aligned16(p))
+            return 0;
+    return 1;
+}
+
+dg_status kda_state_rows_plus(dg_ctx *ctx, const kda_cuda_dims *d, const kda_bf16 *v,
+                              const float *v2, const float *du, const float *h, const float *dHn,
+                              const float *G, float *dkg, float *dbg, float *dw, float *dG) {
+    if (!kda_state_rows_plus_fits(d, v, v2, du, h, dHn, dkg, dbg, dw, dG) || !G)
+        return dg__err(DG_ERR_ARG, "%s: sizes or alignment not supported (K=%d V=%d)", __func__,
+                       d->K, d->V);
+    if (d->NC == 0)
+        return DG_OK;
+    kda_cuda_dims t = *d;
+    t.tc = 1;
+    t.mid = 0;
+    DG_TRY(rows_stateT_tc_launch(ctx, &t, 1.f, v, dHn, dkg));
+    DG_TRY(rows_stateT_tc_launch(ctx, &t, 1.f, v2, dHn, dbg));
+    DG_TRY(rows_stateT_tc_launch(ctx, &t, 1.f, du, h, dw));
+    state_dg_tc_kernel<float>
+        <<<dim3((unsigned)t.NC, (unsigned)t.HV), SM_THREADS, 0, dg__stream(ctx)>>>(
+            t.chunk_t0, t.chunk_len, t.HV, t.K, t.V, true, G, h, dHn, dG);
+    DG_CHECK_LAUNCH();
+    return DG_OK;
+}
+
 extern "C" dg_status dg__kda_state_bwd_seq_cuda(dg_ctx *ctx, const kda_cuda_dims *d, const void *W,
                                                 const void *KG, const float *G, const void *dh,
                                                 const float *dE, const float *dht, float *dEtot,
