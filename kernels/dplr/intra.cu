@@ -33,8 +33,20 @@
  *            dim, warp w = rows w, w + 8, ...; each thread forms its row's row side (sums over
  *            j) and column side (sums over i), so nothing is reduced across threads. Dynamic
  *            shared memory 6 x BT x 32 + 4 x BT x BT floats (112 KB at BT = 64, opted in).
- * Entry points (dplr_cuda.h): dg__dplr_intra_fwd_cuda, dg__dplr_intra_bwd_cuda.
+ * Tensor cores, forward, for bf16 leaves where dplr_mma_fits (K, V % 8 == 0):
+ * dplr_intra_fwd_mma_kernel, block per (chunk, head). The diagonal 16 x 16 blocks exactly as above
+ * (FFMA, accurate expf, a thread per element of their lower triangles, key tiles of 32 staged);
+ * every block below the diagonal, (I, J) with J < I, as mma.sync 3xTF32 products (about f32
+ * accuracy) of operands factorised around the last row j1 of block J: x_ij = exp(Gi_i - Gi_j1)
+ * exp(Gi_j1 - Gi_j),  x'_ij = exp(Ge_i - Gi_j1) exp(Gi_j1 - Gi_j) Both factors are <= 1 (i > j1 >=
+ * j, the cumsums fall), so nothing overflows, and a factor that underflows stands for a term below
+ * e^-87 of |q_i| |k_j|. Per J the rows below block J (q and a scaled by the first factors) and
+ * block J's k and b (scaled by the second, stored transposed) are staged 64 key columns at a time;
+ * warp tasks are (I, product, 8-column half). Then the solve as above. Dynamic shared memory: 6 x
+ * BT x 33 floats of key tiles (reused by the staged operands and the solve's Tab) + BT x BT for Aab
+ * (66 KB at BT = 64). Entry points (dplr_cuda.h): dg__dplr_intra_fwd_cuda, dg__dplr_intra_bwd_cuda.
  */
+#include "../kda/mma.cuh"
 #include "common.cuh"
 
 #include <math.h>
@@ -151,6 +163,215 @@ __global__ void __launch_bounds__(NTH)
     for (int idx = tid; idx < L * BT; idx += NTH) {
         const int i = idx / BT, j = idx % BT;
         Tab[((t0 + i) * H + h) * BT + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
+    }
+}
+
+/* grid (NC, H); dynamic shared memory intra_fwd_mma_smem<BT>() floats (see the file comment). */
+namespace {
+constexpr int IMMA_KT = 32;  /* key tile of the diagonal blocks' FFMA pass */
+constexpr int IMMA_KC = 64;  /* key columns staged per step of the off-diagonal products */
+constexpr int IMMA_LDQ = 68; /* rows of the scaled q, a: KC + 4 (fragment reads hit 4g + t) */
+constexpr int IMMA_LDB = 24; /* rows of the transposed k, b: 16 + 8 (banks 8t + g) */
+} // namespace
+template <int BT> constexpr int intra_fwd_mma_smem() {
+    constexpr int tiles = 6 * BT * (IMMA_KT + 1);
+    constexpr int ops = 2 * IMMA_KC * IMMA_LDB + 2 * (BT - 16) * IMMA_LDQ;
+    static_assert(tiles >= ops && tiles >= BT * BT, "the tile region holds the staged operands");
+    return tiles + BT * BT;
+}
+
+template <int BT>
+__global__ void __launch_bounds__(NTH)
+    dplr_intra_fwd_mma_kernel(Dims d, float scale, const kda_bf16 *__restrict__ q,
+                              const kda_bf16 *__restrict__ k, const kda_bf16 *__restrict__ a,
+                              const kda_bf16 *__restrict__ b, const float *__restrict__ Gi,
+                              const float *__restrict__ Ge, float *__restrict__ Aqk,
+                              float *__restrict__ Aqb, float *__restrict__ Aak,
+                              float *__restrict__ Tab) {
+    constexpr int R = BT / 16, KT = IMMA_KT, LD = KT + 1, NE = R * 136; /* diagonal entries */
+    constexpr int EPT = (NE + NTH - 1) / NTH, KC = IMMA_KC, LDQ = IMMA_LDQ, LDB = IMMA_LDB;
+    extern __shared__ float imma_smem[];
+    float *const tiles = imma_smem, *const Ab = imma_smem + 6 * BT * LD; /* Aab [BT][BT] */
+    float *qs = tiles, *as = qs + BT * LD, *gis = as + BT * LD, *ges = gis + BT * LD;
+    float *ks = ges + BT * LD, *bs = ks + BT * LD;
+
+    const int64_t c = blockIdx.x;
+    const int h = blockIdx.y, H = d.H, K = d.K;
+    const int64_t t0 = d.chunk_t0[c], rk = (int64_t)H * K, ra = (int64_t)H * BT;
+    const int64_t ob = (t0 * H + h) * K, oa = (t0 * H + h) * BT;
+    const int L = d.chunk_len[c];
+    const int tid = threadIdx.x;
+
+    for (int idx = tid; idx < BT * BT; idx += NTH) {
+        const int i = idx / BT, j = idx % BT;
+        Ab[idx] = 0.f;
+        if (i < L && j > i) { /* above the diagonal: zeros (Aak's diagonal: below) */
+            Aqk[oa + i * ra + j] = 0.f;
+            Aqb[oa + i * ra + j] = 0.f;
+            Aak[oa + i * ra + j] = 0.f;
+        }
+    }
+
+    /* the diagonal blocks' lower triangles, entry e -> block e / 136, (il, jl) with jl <= il */
+    int ei[EPT], ej[EPT];
+    float acc[EPT][4];
+#pragma unroll
+    for (int n = 0; n < EPT; n++) {
+        const int e = tid + n * NTH, blk = e / 136;
+        int rem = e % 136, il = 0;
+        while (rem > il) {
+            rem -= il + 1;
+            il++;
+        }
+        ei[n] = e < NE ? 16 * blk + il : BT; /* BT: no entry */
+        ej[n] = 16 * blk + rem;
+        acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    }
+    for (int kt0 = 0; kt0 < K; kt0 += KT) {
+        __syncthreads(); /* the previous tile has been read */
+        for (int idx = tid; idx < BT * KT; idx += NTH) {
+            const int i = idx / KT, e = idx % KT;
+            const bool ok = i < L && kt0 + e < K;
+            const int64_t o = ob + i * rk + kt0 + e;
+            qs[i * LD + e] = ok ? kda_ld(q + o) : 0.f;
+            as[i * LD + e] = ok ? kda_ld(a + o) : 0.f;
+            ks[i * LD + e] = ok ? kda_ld(k + o) : 0.f;
+            bs[i * LD + e] = ok ? kda_ld(b + o) : 0.f;
+            gis[i * LD + e] = ok ? Gi[o] : 0.f;
+            ges[i * LD + e] = ok ? Ge[o] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int n = 0; n < EPT; n++) {
+            const int i = ei[n], j = ej[n];
+            if (i >= L)
+                continue;
+            const float *qi = qs + i * LD, *ai = as + i * LD, *gi = gis + i * LD;
+            const float *gei = ges + i * LD, *kj = ks + j * LD, *bj = bs + j * LD;
+            const float *gj = gis + j * LD;
+            float s1 = 0.f, s2 = 0.f, s3 = 0.f, s4 = 0.f;
+            if (j < i) {
+#pragma unroll 4
+                for (int e = 0; e < KT; e++) {
+                    const float x1 = qi[e] * expf(gi[e] - gj[e]);
+                    const float x2 = ai[e] * expf(gei[e] - gj[e]);
+                    s1 += x1 * kj[e];
+                    s2 += x1 * bj[e];
+                    s3 += x2 * kj[e];
+                    s4 += x2 * bj[e];
+                }
+            } else { /* j == i: exp(0) = 1; Aak, Aab are strict */
+#pragma unroll 4
+                for (int e = 0; e < KT; e++) {
+                    s1 += qi[e] * kj[e];
+                    s2 += qi[e] * bj[e];
+                }
+            }
+            acc[n][0] += s1;
+            acc[n][1] += s2;
+            acc[n][2] += s3;
+            acc[n][3] += s4;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < EPT; n++) {
+        const int i = ei[n], j = ej[n];
+        if (i >= L)
+            continue;
+        const int64_t o = oa + i * ra + j;
+        Aqk[o] = scale * acc[n][0];
+        Aqb[o] = scale * acc[n][1];
+        Aak[o] = j < i ? acc[n][2] : 0.f;
+        Ab[i * BT + j] = j < i ? acc[n][3] : 0.f;
+    }
+
+    /* the blocks below the diagonal, by column block J */
+    float *const KtT = tiles, *const BtT = KtT + KC * LDB; /* [KC][LDB]: k, b of block J */
+    float *const Qt = BtT + KC * LDB, *const At = Qt + (BT - 16) * LDQ; /* [BT - 16][LDQ] */
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    auto none = [](int, int) { return false; };
+    for (int J = 0; J < R - 1 && 16 * (J + 1) < L; J++) {
+        const int j0 = 16 * J, j1 = j0 + 15, i0 = j0 + 16, NI = BT - i0;
+        const int ntask = (R - 1 - J) * 8; /* (I block, product, column half) */
+        float pacc[3][4] = {};
+        for (int kc = 0; kc < K; kc += KC) {
+            __syncthreads(); /* the previous operands (or tiles) have been read */
+            for (int idx = tid; idx < KC * 16; idx += NTH) {
+                const int jl = idx / KC, e = idx % KC, j = j0 + jl, x = kc + e;
+                float kv = 0.f, bv = 0.f;
+                if (j < L && x < K) {
+                    const float f = expf(Gi[ob + j1 * rk + x] - Gi[ob + j * rk + x]);
+                    kv = kda_ld(k + ob + j * rk + x) * f;
+                    bv = kda_ld(b + ob + j * rk + x) * f;
+                }
+                KtT[e * LDB + jl] = kv;
+                BtT[e * LDB + jl] = bv;
+            }
+            for (int idx = tid; idx < NI * KC; idx += NTH) {
+                const int il = idx / KC, e = idx % KC, i = i0 + il, x = kc + e;
+                float qv = 0.f, av = 0.f;
+                if (i < L && x < K) {
+                    const float gr = Gi[ob + j1 * rk + x];
+                    const int64_t o = ob + i * rk + x;
+                    qv = kda_ld(q + o) * expf(Gi[o] - gr);
+                    av = kda_ld(a + o) * expf(Ge[o] - gr);
+                }
+                Qt[il * LDQ + e] = qv;
+                At[il * LDQ + e] = av;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int n = 0; n < 3; n++) {
+                const int task = warp + 8 * n;
+                if (task >= ntask)
+                    continue;
+                const int Ib = task >> 3, p = (task >> 1) & 3, nh = task & 1;
+                const float *A = (p < 2 ? Qt : At) + 16 * Ib * LDQ;
+                const float *B = ((p & 1) == 0 ? KtT : BtT) + 8 * nh;
+                kdamma::mm16x8_3x<LDQ, LDB>(pacc[n], A, B, 0, KC, none, none);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 3; n++) {
+            const int task = warp + 8 * n;
+            if (task >= ntask)
+                continue;
+            const int Ib = task >> 3, p = (task >> 1) & 3, nh = task & 1;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int i = i0 + 16 * Ib + g + 8 * (x >> 1), j = j0 + 8 * nh + 2 * t + (x & 1);
+                if (i >= L)
+                    continue;
+                const int64_t o = oa + i * ra + j;
+                const float v = pacc[n][x];
+                if (p == 0)
+                    Aqk[o] = scale * v;
+                else if (p == 1)
+                    Aqb[o] = scale * v;
+                else if (p == 2)
+                    Aak[o] = v;
+                else
+                    Ab[i * BT + j] = v;
+            }
+        }
+    }
+    __syncthreads(); /* Ab complete; the tile region is free */
+
+    float *const Ts = tiles; /* Tab of the chunk, row stride BT */
+    if (tid < L) {           /* column j: T[j,j] = 1, T[i,j] = sum_{m=j}^{i-1} Aab[i,m] T[m,j] */
+        const int j = tid;
+        Ts[j * BT + j] = 1.f;
+        for (int i = j + 1; i < L; i++) {
+            float s = 0.f;
+            for (int m = j; m < i; m++)
+                s += Ab[i * BT + m] * Ts[m * BT + j];
+            Ts[i * BT + j] = s;
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < L * BT; idx += NTH) {
+        const int i = idx / BT, j = idx % BT;
+        Tab[oa + i * ra + j] = j < i ? Ts[i * BT + j] : (j == i ? 1.f : 0.f);
     }
 }
 
@@ -300,6 +521,15 @@ template <int BT, class TI>
 static dg_status intra_fwd_t(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *q,
                              const void *k, const void *a, const void *b, const float *Gi,
                              const float *Ge, float *Aqk, float *Aqb, float *Aak, float *Tab) {
+    if (sizeof(TI) == 2 && dplr_mma_fits(d, {})) {
+        const size_t smem = sizeof(float) * intra_fwd_mma_smem<BT>();
+        DG_TRY(smem_opt_in(dplr_intra_fwd_mma_kernel<BT>, smem));
+        dplr_intra_fwd_mma_kernel<BT><<<dim3((unsigned)d->NC, d->H), NTH, smem, dg__stream(ctx)>>>(
+            make_dims(d), scale, (const kda_bf16 *)q, (const kda_bf16 *)k, (const kda_bf16 *)a,
+            (const kda_bf16 *)b, Gi, Ge, Aqk, Aqb, Aak, Tab);
+        DG_CHECK_LAUNCH();
+        return DG_OK;
+    }
     dplr_intra_fwd_kernel<BT, TI><<<dim3((unsigned)d->NC, d->H), NTH, 0, dg__stream(ctx)>>>(
         make_dims(d), scale, (const TI *)q, (const TI *)k, (const TI *)a, (const TI *)b, Gi, Ge,
         Aqk, Aqb, Aak, Tab);
