@@ -66,8 +66,35 @@ namespace {
 constexpr float MID_SPAN = 40.f;
 } // namespace
 
-using kdamma::mm16x8_3x;
-using kdamma::st16x8;
+/* acc += A B on one warp's 16 x 8 tile in 3xTF32 (about f32 accuracy), k over [k0, k1) in
+ * steps of 8: A row-major at A (row r, column k at A[r * LDA + k]), B row-major at B (row k,
+ * column n at B[k * LDB + n]); za(r, k) / zb(k, n) say which elements count as zero (the
+ * unwritten blocks above a triangle's diagonal). The block solve's merge products. */
+template <int LDA, int LDB, class ZA, class ZB>
+__device__ __forceinline__ void mm16x8_3x(float (&acc)[4], const float *A, const float *B, int k0,
+                                          int k1, ZA za, ZB zb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int k = k0; k < k1; k += 8) {
+        unsigned ah[4], al[4], bh0, bl0, bh1, bl1;
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int r = g + 8 * (x & 1), c = k + t + 4 * (x >> 1);
+            kdamma::tf32_split(za(r, c) ? 0.f : A[r * LDA + c], ah[x], al[x]);
+        }
+        kdamma::tf32_split(zb(k + t, g) ? 0.f : B[(k + t) * LDB + g], bh0, bl0);
+        kdamma::tf32_split(zb(k + t + 4, g) ? 0.f : B[(k + t + 4) * LDB + g], bh1, bl1);
+        kdamma::mma_3xtf32(acc, ah, al, bh0, bh1, bl0, bl1);
+    }
+}
+
+/* Stores a warp's 16 x 8 accumulator tile times s at D (row-major, leading dimension LD). */
+template <int LD> __device__ __forceinline__ void st16x8(const float (&acc)[4], float *D, float s) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    D[g * LD + 2 * t] = s * acc[0];
+    D[g * LD + 2 * t + 1] = s * acc[1];
+    D[(g + 8) * LD + 2 * t] = s * acc[2];
+    D[(g + 8) * LD + 2 * t + 1] = s * acc[3];
+}
 
 /* Ts = (I + Ls)^{-1} (the tensor-core forward's solve) for the strictly lower triangular BT x
  * BT matrix Ls (leading dimension LD; rows past L zero, so those rows of Ts come out as the

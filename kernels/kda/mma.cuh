@@ -139,37 +139,6 @@ __device__ __forceinline__ void mma_3xtf32(float (&d)[4], const unsigned (&ah)[4
     mma_tf32(d, ah, bh0, bh1);
 }
 
-/* acc += A B on one warp's 16 x 8 tile in 3xTF32 (about f32 accuracy), k over [k0, k1) in
- * steps of 8: A row-major at A (row r, column k at A[r * LDA + k]), B row-major at B (row k,
- * column n at B[k * LDB + n]); za(r, k) / zb(k, n) say which elements count as zero (the
- * unwritten blocks above a triangle's diagonal). KDA's block solve merges (kernels/kda/intra.cu)
- * and DPLR's intra products (kernels/dplr/intra.cu). */
-template <int LDA, int LDB, class ZA, class ZB>
-__device__ __forceinline__ void mm16x8_3x(float (&acc)[4], const float *A, const float *B, int k0,
-                                          int k1, ZA za, ZB zb) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    for (int k = k0; k < k1; k += 8) {
-        unsigned ah[4], al[4], bh0, bl0, bh1, bl1;
-#pragma unroll
-        for (int x = 0; x < 4; x++) {
-            const int r = g + 8 * (x & 1), c = k + t + 4 * (x >> 1);
-            tf32_split(za(r, c) ? 0.f : A[r * LDA + c], ah[x], al[x]);
-        }
-        tf32_split(zb(k + t, g) ? 0.f : B[(k + t) * LDB + g], bh0, bl0);
-        tf32_split(zb(k + t + 4, g) ? 0.f : B[(k + t + 4) * LDB + g], bh1, bl1);
-        mma_3xtf32(acc, ah, al, bh0, bh1, bl0, bl1);
-    }
-}
-
-/* Stores a warp's 16 x 8 accumulator tile times s at D (row-major, leading dimension LD). */
-template <int LD> __device__ __forceinline__ void st16x8(const float (&acc)[4], float *D, float s) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    D[g * LD + 2 * t] = s * acc[0];
-    D[g * LD + 2 * t + 1] = s * acc[1];
-    D[(g + 8) * LD + 2 * t] = s * acc[2];
-    D[(g + 8) * LD + 2 * t + 1] = s * acc[3];
-}
-
 /* Rows [0, R) x columns [c0, c0 + C) of a row-major array of T (f32 or bf16) with row stride
  * rs (elements) into shared memory of T with leading dimension LD; rows >= rows_ok and 16-byte
  * pieces (4 f32 or 8 bf16 columns) at or past cols are zero-filled. Block-wide over NT threads,
