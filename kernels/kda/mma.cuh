@@ -337,14 +337,17 @@ __device__ __forceinline__ void pipeline2(int nst, const Load &load, const Use &
  *        zero.
  * TRI masks A to a triangle as it is read (the stored values elsewhere are ignored): 0 none,
  * 1 keeps A(m, k) for k <= m, 2 for k >= m (m, k counted from the tile's first row / column).
- * Needs nk, rsA, rsB, rows_a (when !AK), nn (when !BK) % 4 == 0 and 16-byte aligned A, B. Every
- * fragment read is free of bank conflicts (f32: k-contiguous stages have LD % 32 == 4, the
+ * Needs nk, rsA, rsB, rows_a (when !AK), nn (when !BK) % 4 == 0 (% 8 where that operand is
+ * bf16: tile_async zero-fills whole 16-byte pieces only) and 16-byte aligned A, B; a !AK A
+ * takes its k-row bound from rows_b, which is B's k-row count only when !BK (so !AK needs !BK).
+ * Every fragment read is free of bank conflicts (f32: k-contiguous stages have LD % 32 == 4, the
  * others LD % 32 == 8; bf16, read by ldmatrix: the 8 rows of a matrix, 80, 144, 80 or 48 bytes
  * apart, start on disjoint groups of four banks). Ends with a __syncthreads (sm reusable). */
 template <int BT, bool AK, bool BK, int TRI = 0, class TA = float, class TB = float>
 __device__ __forceinline__ void gemm_acc(float (&acc)[AbTile<BT>::NTW][4], const TA *__restrict__ A,
                                          int64_t rsA, int rows_a, const TB *__restrict__ B,
                                          int64_t rsB, int rows_b, int nn, int nk, float *sm) {
+    static_assert(AK || !BK, "an m-contiguous A bounds its k rows by rows_b: B must be !BK");
     constexpr int LDA = AK ? ab_ld<TA>() : BT + 8, LDB = BK ? ab_ld<TB>() : AB_LDB;
     constexpr int ASTAGE = AK ? BT * LDA : AB_KS * LDA;   /* elements of TA */
     constexpr int BSTAGE = BK ? AB_N * LDB : AB_KS * LDB; /* elements of TB */
