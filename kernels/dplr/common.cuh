@@ -61,9 +61,9 @@ static inline dg_status dplr_check_dims(const char *fn, dg_ctx *ctx, const kda_c
     return DG_OK;
 }
 
-/* Whether a bf16 call's stage runs on its tensor-core kernels (the mma kernels of output.cu and
- * wy.cu, on kernels/kda/mma.cuh): K, V % 8 == 0 and every array of ps 16-byte aligned (NULL
- * counts as aligned). */
+/* Whether a bf16 call's stage runs on its tensor-core kernels (the mma kernels of wy.cu,
+ * state.cu and output.cu, on kernels/kda/mma.cuh): K, V % 8 == 0 and every array of ps 16-byte
+ * aligned (NULL counts as aligned). */
 static inline bool dplr_mma_fits(const kda_cuda_dims *d, std::initializer_list<const void *> ps) {
     for (const void *p : ps)
         if (!aligned16(p))
