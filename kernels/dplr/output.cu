@@ -21,7 +21,7 @@
  *     product (kda_tile_abt) over V in tiles of 32, so each is summed inside one block.
  * Tensor cores, for bf16 leaves where K, V % 8 == 0 and the arrays are 16-byte aligned (TF32
  * m16n8k8 on the f32 operands and the widened bf16 ones, f32 accumulation; the f32 leaves keep
- * the FFMA kernels above, whose sums the issue's f32 bound of 1e-5 needs):
+ * the FFMA kernels above, whose sums the f32 bound of 1e-5 against float64 needs):
  *   dplr_output_fwd_mma_kernel: block per (chunk, head, 64 value columns), KDA's gemm_acc
  *     (kernels/kda/mma.cuh) three times into one accumulator tile: qg h, tril(Aqk) v,
  *     tril(Aqb) v2; o stored as bf16 rows. Static shared memory 36 KB at BT = 64.
