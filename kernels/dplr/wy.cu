@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                            float *__restrict__ w, float *__restrict__ u, float *__restrict__ qg,
                            float *__restrict__ kg, float *__restrict__ bg) {
     using namespace kdamma;
-    constexpr int LDS = BT + 4, LDT = AB_N + 8, NTW = AbTile<BT>::NTW, WN = AbTile<BT>::WN;
+    constexpr int LDS = BT + 4, LDT = AB_N + 8, NTW = AbTile<BT>::NTW;
     extern __shared__ __align__(16) float wy_smem[];
     float *const Ts = wy_smem;       /* Tab [BT][LDS] */
     float *const Ms = Ts + BT * LDS; /* Aak [BT][LDS] (value tiles) */
@@ -159,8 +159,6 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     if (!ktile) /* Aak: zeros on and above the diagonal are stored */
         tile_async<BT, BT, LDS, AB_THREADS>(Ms, Aak + oa, ra, L, 0, BT);
     cp_async_commit();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = 16 * (warp / WN), n0 = 8 * NTW * (warp % WN);
     float acc[NTW][4] = {};
     if (ktile) {
         const int e0 = z * AB_N, ne = min(AB_N, K - e0);
@@ -198,21 +196,45 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
     cp_async_wait<0>();
     __syncthreads();
     mma_stage<BT, true, false, 1, BT>(acc, Ms, LDS, Xs, LDT, 0); /* X = Aak v (rows >= L: 0) */
-#pragma unroll
-    for (int j = 0; j < NTW; j++)
-#pragma unroll
-        for (int hlf = 0; hlf < 2; hlf++) {
-            float *yp = Ys + (m0 + g + 8 * hlf) * LDT + n0 + 8 * j + 2 * t;
-            yp[0] = acc[j][2 * hlf];
-            yp[1] = acc[j][2 * hlf + 1];
-            acc[j][2 * hlf] = acc[j][2 * hlf + 1] = 0.f;
-        }
+    store_acc<BT>(acc, Ys, LDT, BT, AB_N, 1.f);
+    float uacc[NTW][4] = {};
     __syncthreads();
-    mma_stage<BT, true, false, 1, BT>(acc, Ts, LDS, Ys, LDT, 0); /* u = Tab X */
-    store_acc<BT>(acc, u + ov0, rv, L, nv, 1.f);
+    mma_stage<BT, true, false, 1, BT>(uacc, Ts, LDS, Ys, LDT, 0); /* u = Tab X */
+    store_acc<BT>(uacc, u + ov0, rv, L, nv, 1.f);
 }
 
 // ---- backward kernel
+
+/* The elementwise gradients of element o of a key tile, shared by both backward kernels, from
+ * dag = (Tab^T dw)[o] and lam = Gi at the chunk's last row: da, dGe, dq, dk, db written; dGi
+ * written too, except on the last row (lastrow), where *last gets its own term and the caller
+ * adds every row's side term k dk + b db (the return value) to it. */
+template <class TI>
+__device__ __forceinline__ float
+wy_elem_bwd(int64_t o, bool lastrow, float lam, float dag, float scale, const TI *__restrict__ q,
+            const TI *__restrict__ k, const TI *__restrict__ a, const TI *__restrict__ b,
+            const float *__restrict__ Gi, const float *__restrict__ Ge,
+            const float *__restrict__ dqg, const float *__restrict__ dkg,
+            const float *__restrict__ dbg, float *__restrict__ dq, float *__restrict__ dk,
+            float *__restrict__ da, float *__restrict__ db, float *__restrict__ dGi,
+            float *__restrict__ dGe, float &last) {
+    const float gi = Gi[o], fl = expf(lam - gi);
+    const float dai = dag * expf(Ge[o]);
+    const float dqi = dqg ? scale * dqg[o] * expf(gi) : 0.f;
+    const float dki = dkg ? dkg[o] * fl : 0.f, dbi = dbg ? dbg[o] * fl : 0.f;
+    const float side = kda_ld(k + o) * dki + kda_ld(b + o) * dbi;
+    da[o] = dai;
+    dGe[o] = kda_ld(a + o) * dai;
+    dq[o] = dqi;
+    dk[o] = dki;
+    db[o] = dbi;
+    const float gv = kda_ld(q + o) * dqi - side;
+    if (lastrow)
+        last = gv;
+    else
+        dGi[o] = gv;
+    return side;
+}
 
 /* grid (NC, H), dynamic shared memory (see the file comment). */
 template <int BT, class TI>
@@ -269,25 +291,9 @@ __global__ void __launch_bounds__(NTH)
             float dag = 0.f; /* sum_{i>=r} Tab[i,r] dw_i */
             for (int i = r; i < L; i++)
                 dag += sT[i][r] * p0[i][lane];
-            if (eok) {
-                const int64_t o = ((t0 + r) * H + h) * K + e;
-                const float gi = Gi[o], fl = expf(lam - gi);
-                const float dai = dag * expf(Ge[o]);
-                const float dqi = dqg ? scale * dqg[o] * expf(gi) : 0.f;
-                const float dki = dkg ? dkg[o] * fl : 0.f, dbi = dbg ? dbg[o] * fl : 0.f;
-                const float side = kda_ld(k + o) * dki + kda_ld(b + o) * dbi;
-                da[o] = dai;
-                dGe[o] = kda_ld(a + o) * dai;
-                dq[o] = dqi;
-                dk[o] = dki;
-                db[o] = dbi;
-                const float gv = kda_ld(q + o) * dqi - side;
-                psum += side;
-                if (r == L - 1)
-                    last = gv;
-                else
-                    dGi[o] = gv;
-            }
+            if (eok)
+                psum += wy_elem_bwd(((t0 + r) * H + h) * K + e, r == L - 1, lam, dag, scale, q, k,
+                                    a, b, Gi, Ge, dqg, dkg, dbg, dq, dk, da, db, dGi, dGe, last);
         }
         red[wp][lane] = psum;
         kda_tile_abt<BT>(accT, p0, p1, tx, ty);
@@ -345,24 +351,6 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
-/* A warp's part of a BT x 64 accumulator tile (kdamma::AbTile layout) into shared memory at D
- * (leading dimension LD), times s. */
-template <int BT, int LD>
-__device__ __forceinline__ void acc_to_smem(const float (&acc)[kdamma::AbTile<BT>::NTW][4],
-                                            float *D) {
-    constexpr int NTW = kdamma::AbTile<BT>::NTW, WN = kdamma::AbTile<BT>::WN;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int m0 = 16 * (warp / WN), n0 = 8 * NTW * (warp % WN);
-#pragma unroll
-    for (int j = 0; j < NTW; j++)
-#pragma unroll
-        for (int hlf = 0; hlf < 2; hlf++) {
-            float *p = D + (m0 + g + 8 * hlf) * LD + n0 + 8 * j + 2 * t;
-            p[0] = acc[j][2 * hlf];
-            p[1] = acc[j][2 * hlf + 1];
-        }
-}
-
 /* grid (NC, H). Shared memory (floats): Tab, Aak [BT][BT + 8]; P0 [BT][72] (dw / du tile);
  * P1, P2 [64][72] (ag / v tile, dag / X tile: the k-contiguous B operands of the chunk-square
  * products, whose n runs to 64, so rows BT.. stay zero); P3 [BT][72] (dX); red [4][64]. */
@@ -415,7 +403,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         { /* dag = Tab^T dw (k = i >= m = r) into P2; dTab += dw ag^T */
             float g2[NTW][4] = {};
             mma_stage<BT, false, false, 2, BT>(g2, Ts, LDS, P0, LDT, 0);
-            acc_to_smem<BT, LDT>(g2, P2);
+            store_acc<BT>(g2, P2, LDT, BT, AB_N, 1.f);
             mma_stage<BT, true, true, 0, AB_N>(accT, P0, LDT, P1, LDT, 0);
         }
         __syncthreads();
@@ -423,23 +411,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
         const bool cok = col < ne;
         const float lam = cok ? Gi[ok0 + (L - 1) * rk + col] : 0.f;
         for (int r = rq; r < L && cok; r += RQ) {
-            const int64_t o = ok0 + r * rk + col;
-            const float gi = Gi[o], fl = expf(lam - gi);
-            const float dai = P2[r * LDT + col] * expf(Ge[o]);
-            const float dqi = dqg ? scale * dqg[o] * expf(gi) : 0.f;
-            const float dki = dkg ? dkg[o] * fl : 0.f, dbi = dbg ? dbg[o] * fl : 0.f;
-            const float side = kda_ld(k + o) * dki + kda_ld(b + o) * dbi;
-            da[o] = dai;
-            dGe[o] = kda_ld(a + o) * dai;
-            dq[o] = dqi;
-            dk[o] = dki;
-            db[o] = dbi;
-            const float gv = kda_ld(q + o) * dqi - side;
-            psum += side;
-            if (r == L - 1)
-                last = gv;
-            else
-                dGi[o] = gv;
+            psum += wy_elem_bwd(ok0 + r * rk + col, r == L - 1, lam, P2[r * LDT + col], scale, q, k,
+                                a, b, Gi, Ge, dqg, dkg, dbg, dq, dk, da, db, dGi, dGe, last);
         }
         red[rq * AB_N + col] = psum;
         __syncthreads();
@@ -467,8 +440,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
             float x[NTW][4] = {}, dx[NTW][4] = {};
             mma_stage<BT, true, false, 1, BT>(x, Ms, LDS, P1, LDT, 0);   /* X = Aak v */
             mma_stage<BT, false, false, 2, BT>(dx, Ts, LDS, P0, LDT, 0); /* dX = Tab^T du */
-            acc_to_smem<BT, LDT>(x, P2);
-            acc_to_smem<BT, LDT>(dx, P3);
+            store_acc<BT>(x, P2, LDT, BT, AB_N, 1.f);
+            store_acc<BT>(dx, P3, LDT, BT, AB_N, 1.f);
         }
         __syncthreads();
         float dvv[NTW][4] = {};
