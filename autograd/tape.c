@@ -18,6 +18,15 @@ typedef struct {
 static dg_tape g_tape;
 static int g_no_grad_depth;
 
+/* A bf16 leaf's gradient that a backward creates is accumulated in f32 while that backward runs
+ * (one rounding at the end instead of one per contribution, and kernels can add to the f32
+ * buffer in place: dg__node_grad_inplace); the backward converts it to bf16 before it returns. */
+static struct {
+    dg_gslot **s;
+    int n, cap;
+    int active; /* inside dg__tape_backward_multi */
+} g_wide;
+
 /* ---- grad mode ---- */
 
 void dg_no_grad_begin(void) { g_no_grad_depth++; }
@@ -67,19 +76,74 @@ void dg_tensor_retain_grad(dg_tensor *t) {
         t->slot->retain = 1;
 }
 
+/* Register s as accumulating in f32 for this backward; 0 where it stays in its own dtype (not a
+ * bf16 leaf, no backward running, no memory for the list, or a gradient kept from an earlier
+ * backward: that tensor is added to where it is, which a captured CUDA graph relies on). */
+static int slot_widen(dg_gslot *s) {
+    if (s->wide)
+        return 1;
+    if (!g_wide.active || !s->is_leaf || s->dtype != DG_BF16 || s->grad)
+        return 0;
+    if (g_wide.n == g_wide.cap) {
+        int cap = g_wide.cap ? 2 * g_wide.cap : 16;
+        dg_gslot **p = DG_REALLOC(g_wide.s, (size_t)cap * sizeof *p);
+        if (!p)
+            return 0;
+        g_wide.s = p;
+        g_wide.cap = cap;
+    }
+    s->wide = 1;
+    s->refcount++;
+    g_wide.s[g_wide.n++] = s;
+    return 1;
+}
+
+/* End of a backward: every widened slot back to its own dtype. A slot whose conversion fails
+ * loses its gradient (never left in the wrong dtype); the first error is returned. */
+static dg_status slots_narrow(void) {
+    dg_status st = DG_OK;
+    for (int i = 0; i < g_wide.n; i++) {
+        dg_gslot *s = g_wide.s[i];
+        s->wide = 0;
+        if (s->grad && s->grad->dtype != s->dtype) {
+            dg_tensor *t = NULL;
+            dg_status cs = dg_tensor_new(s->ctx, s->dtype, s->ndim, s->shape, &t);
+            if (cs == DG_OK)
+                cs = dg_tensor_copy_(t, s->grad);
+            dg_tensor_free(&s->grad);
+            if (cs == DG_OK)
+                s->grad = t;
+            else
+                dg_tensor_free(&t);
+            if (st == DG_OK && cs != DG_OK)
+                st = dg__err(cs, "backward: converting a leaf gradient to %s: %s",
+                             dg_dtype_name(s->dtype), dg_last_error());
+        }
+        dg__slot_release(&s);
+    }
+    g_wide.n = 0;
+    if (g_wide.cap > 4096) {
+        DG_FREE(g_wide.s);
+        g_wide.s = NULL;
+        g_wide.cap = 0;
+    }
+    return st;
+}
+
 dg_status dg__slot_accum(dg_ctx *ctx, dg_gslot *s, dg_tensor *g) {
     if (g->ndim != s->ndim || memcmp(g->shape, s->shape, (size_t)s->ndim * sizeof(int64_t)) != 0)
         return dg__err(DG_ERR_SHAPE, "backward: gradient %s does not match its tensor's shape",
                        dg_tensor_desc(g));
+    const dg_dtype dt = slot_widen(s) ? DG_F32 : s->dtype;
     if (s->grad)
         return dg__axpy(ctx, s->grad, 1.0, g);
     /* First contribution: take g itself when nobody else can see or change it. */
-    if (g->refcount == 1 && g->storage->refcount == 1 && g->dtype == s->dtype &&
+    if (g->refcount == 1 && g->storage->refcount == 1 && g->dtype == dt &&
         dg_tensor_is_contiguous(g) && !g->slot) {
         s->grad = dg_tensor_retain(g);
         return DG_OK;
     }
-    DG_TRY(dg_tensor_new(ctx, s->dtype, s->ndim, s->shape, &s->grad));
+    DG_TRY(dg_tensor_new(ctx, dt, s->ndim, s->shape, &s->grad));
     dg_status st = dg_tensor_copy_(s->grad, g);
     if (st != DG_OK)
         dg_tensor_free(&s->grad);
@@ -331,6 +395,7 @@ dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
     if (!any)
         return dg__err(DG_ERR_STATE, "backward: nothing to differentiate");
     dg_no_grad_begin(); /* backward functions use ops; they must not record */
+    g_wide.active = 1;
     dg_status s = DG_OK;
     for (int i = g_tape.n - 1; i >= 0 && s == DG_OK; i--) {
         dg_node *node = g_tape.nodes[i];
@@ -353,8 +418,10 @@ dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                 dg_tensor_free(&o->grad);
         }
     }
+    g_wide.active = 0;
+    dg_status ns = slots_narrow();
     dg_no_grad_end();
-    return s;
+    return s != DG_OK ? s : ns;
 }
 
 dg_status dg_tape_backward_with(dg_ctx *ctx, dg_tensor *out, const dg_tensor *grad_out) {
