@@ -10,6 +10,9 @@
  */
 #include "tests/harness.h"
 
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef dg_status (*binop)(dg_ctx *, dg_tensor *, dg_tensor *, dg_tensor **);
@@ -240,6 +243,72 @@ static void test_tape(dg_ctx *cpu) {
     dg_tensor_free(&y);
     dg_tensor_free(&x);
     dg_tensor_free(&w);
+}
+
+/* bf16 rounding, to nearest even (the values here are finite). */
+static double rne_bf16(double x) {
+    float f = (float)x;
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* A bf16 leaf read by three casts: the backward sums the three f32 contributions in f32 and rounds
+ * to bf16 once at its end (rounding after each contribution would differ: checked below); a
+ * second backward adds to the bf16 gradient that now exists, rounding per contribution. */
+static void test_bf16_leaf(dg_ctx *cpu) {
+    enum { N = 64 };
+    const int64_t s[1] = {N};
+    double xv[N], g[3][N], want[N], want2[N];
+    int differs = 0;
+    for (int i = 0; i < N; i++) {
+        xv[i] = 1.0 + i / 64.0;
+        for (int c = 0; c < 3; c++) /* bf16 values in [1, 2): 8-bit mantissas, sums exact in f32 */
+            g[c][i] = 1.0 + (double)((i * 37 + c * 53 + 11) % 128) / 128.0;
+        want[i] = rne_bf16(g[0][i] + g[1][i] + g[2][i]);
+        const int ord[3][3] = {{0, 1, 2}, {1, 2, 0}, {2, 0, 1}};
+        for (int o = 0; o < 3;
+             o++) /* every order the three could be added in, rounding each time */
+            differs +=
+                rne_bf16(rne_bf16(g[ord[o][0]][i] + g[ord[o][1]][i]) + g[ord[o][2]][i]) != want[i];
+    }
+    dg_check(differs > 0, "the bf16-leaf case separates one rounding from per-contribution ones");
+    dg_tensor *x = NULL, *y[3] = {0}, *gt[3] = {0};
+    DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_BF16, 1, s, xv, &x));
+    for (int c = 0; c < 3; c++)
+        DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_F32, 1, s, g[c], &gt[c]));
+    dg_tape_reset();
+    dg_tensor_set_requires_grad(x, 1);
+    for (int round = 0; round < 2; round++) {
+        for (int c = 0; c < 3; c++)
+            DG_TEST_TRY(dg_to_dtype(cpu, x, DG_F32, &y[c]));
+        DG_TEST_TRY(dg_tape_backward_multi(cpu, 3, y, (const dg_tensor *const *)gt));
+        const dg_tensor *gx = dg_tensor_grad(x);
+        double *got = NULL;
+        dg_check(gx && dg_tensor_dtype(gx) == DG_BF16, "round %d: the leaf's gradient is bf16",
+                 round);
+        if (!gx || !dg_check_ok(dg_tensor_to_f64(gx, &got), "reading the leaf's gradient"))
+            break;
+        if (round == 0) {
+            dg_check_close("bf16 leaf, one rounding", got, want, N, 0.0, 0.0);
+        } else {
+            int bad = 0;
+            for (int i = 0; i < N; i++) { /* within 3 roundings of the exact sum: 3 x 2^-8 rel */
+                want2[i] = want[i] + g[0][i] + g[1][i] + g[2][i];
+                bad += fabs(got[i] - want2[i]) > 3.0 * fabs(want2[i]) / 256.0;
+            }
+            dg_check(bad == 0, "a second backward adds to the bf16 gradient (%d off)", bad);
+        }
+        free(got);
+        for (int c = 0; c < 3; c++)
+            dg_tensor_free(&y[c]);
+        dg_tape_reset();
+    }
+    for (int c = 0; c < 3; c++)
+        dg_tensor_free(&gt[c]);
+    dg_tensor_free(&x);
 }
 
 /* ---- f32 vs f64 ---- */
@@ -478,6 +547,7 @@ static void cpu_cases(dg_ctx *cpu) {
     test_gradcheck(cpu);
     test_values(cpu);
     test_tape(cpu);
+    test_bf16_leaf(cpu);
     test_f32(cpu);
     test_errors(cpu);
 }
