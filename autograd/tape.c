@@ -18,13 +18,16 @@ typedef struct {
 static dg_tape g_tape;
 static int g_no_grad_depth;
 
-/* A bf16 leaf's gradient that a backward creates is accumulated in f32 while that backward runs
- * (one rounding at the end instead of one per contribution, and kernels can add to the f32
- * buffer in place: dg__node_grad_inplace); the backward converts it to bf16 before it returns. */
+/* A bf16 leaf's gradient that a backward creates and that more than one node adds to is summed in
+ * f32 (one rounding instead of one per contribution, and kernels can add to the f32 buffer in
+ * place: dg__node_grad_inplace) from its first contribution until the last node that reads the
+ * leaf has run; then it is converted to bf16. A leaf with one contributor is stored in bf16 at
+ * once, as before (no f32 copy held longer). */
 static struct {
     dg_gslot **s;
     int n, cap;
     int active; /* inside dg__tape_backward_multi */
+    int pos;    /* the tape index of the node whose backward runs */
 } g_wide;
 
 /* ---- grad mode ---- */
@@ -76,13 +79,28 @@ void dg_tensor_retain_grad(dg_tensor *t) {
         t->slot->retain = 1;
 }
 
-/* Register s as accumulating in f32 for this backward; 0 where it stays in its own dtype (not a
- * bf16 leaf, no backward running, no memory for the list, or a gradient kept from an earlier
- * backward: that tensor is added to where it is, which a captured CUDA graph relies on). */
+/* Does node j read slot s? */
+static int node_reads(const dg_node *nd, const dg_gslot *s) {
+    for (int q = 0; q < nd->n_in; q++)
+        if (nd->in[q] == s)
+            return 1;
+    return 0;
+}
+
+/* Register s as accumulating in f32 until the last node that reads it has run; 0 where it stays
+ * in its own dtype (not a bf16 leaf, no backward running, no later node reads it, no memory for
+ * the list, or a gradient kept from an earlier backward: that tensor is added to where it is,
+ * which a captured CUDA graph relies on). */
 static int slot_widen(dg_gslot *s) {
     if (s->wide)
         return 1;
     if (!g_wide.active || !s->is_leaf || s->dtype != DG_BF16 || s->grad)
+        return 0;
+    int last = -1; /* the reader that runs last: the lowest tape index below pos */
+    for (int j = 0; j < g_wide.pos && last < 0; j++)
+        if (node_reads(g_tape.nodes[j], s))
+            last = j;
+    if (last < 0)
         return 0;
     if (g_wide.n == g_wide.cap) {
         int cap = g_wide.cap ? 2 * g_wide.cap : 16;
@@ -92,18 +110,25 @@ static int slot_widen(dg_gslot *s) {
         g_wide.s = p;
         g_wide.cap = cap;
     }
-    s->wide = 1;
+    s->wide = last + 1;
     s->refcount++;
     g_wide.s[g_wide.n++] = s;
     return 1;
 }
 
-/* End of a backward: every widened slot back to its own dtype. A slot whose conversion fails
- * loses its gradient (never left in the wrong dtype); the first error is returned. */
-static dg_status slots_narrow(void) {
+/* Convert the widened slots whose last reader has run (tape index >= done; done < 0: all, at
+ * the end of a backward) back to bf16. A slot whose conversion fails loses its gradient (never
+ * left in the wrong dtype); the first error is returned, its message set unless quiet (a
+ * backward that already failed keeps its own). */
+static dg_status slots_narrow(int done, int quiet) {
     dg_status st = DG_OK;
+    int keep = 0;
     for (int i = 0; i < g_wide.n; i++) {
         dg_gslot *s = g_wide.s[i];
+        if (done >= 0 && s->wide - 1 < done) {
+            g_wide.s[keep++] = s;
+            continue;
+        }
         s->wide = 0;
         if (s->grad && s->grad->dtype != s->dtype) {
             dg_tensor *t = NULL;
@@ -116,13 +141,14 @@ static dg_status slots_narrow(void) {
             else
                 dg_tensor_free(&t);
             if (st == DG_OK && cs != DG_OK)
-                st = dg__err(cs, "backward: converting a leaf gradient to %s: %s",
-                             dg_dtype_name(s->dtype), dg_last_error());
+                st = quiet ? cs
+                           : dg__err(cs, "backward: converting a leaf gradient to %s: %s",
+                                     dg_dtype_name(s->dtype), dg_last_error());
         }
         dg__slot_release(&s);
     }
-    g_wide.n = 0;
-    if (g_wide.cap > 4096) {
+    g_wide.n = keep;
+    if (keep == 0 && g_wide.cap > 4096) {
         DG_FREE(g_wide.s);
         g_wide.s = NULL;
         g_wide.cap = 0;
@@ -378,6 +404,25 @@ void dg_tape_dump(FILE *f) {
     }
 }
 
+/* Seed slot s with the caller's gradient g. The slot may hold g itself only where nothing can
+ * change it later: no node of the tape reads s (so nothing adds to it) and s is neither a leaf
+ * nor retained (its gradient is freed once its producer has run). Otherwise a copy, so the
+ * caller's tensor is never written. */
+static dg_status seed_slot(dg_ctx *ctx, dg_gslot *s, const dg_tensor *g) {
+    int read = s->is_leaf || s->retain || s->grad;
+    for (int j = 0; j < g_tape.n && !read; j++)
+        read = node_reads(g_tape.nodes[j], s);
+    if (!read)
+        return dg__slot_accum(ctx, s, (dg_tensor *)g);
+    dg_tensor *c = NULL;
+    DG_TRY(dg__new_like(ctx, g, &c));
+    dg_status st = dg_tensor_copy_(c, g);
+    if (st == DG_OK)
+        st = dg__slot_accum(ctx, s, c);
+    dg_tensor_free(&c);
+    return st;
+}
+
 dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                                   const dg_tensor *const *grads) {
     int any = 0;
@@ -389,12 +434,14 @@ dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                            "backward: output %d does not require grad (no op on the tape "
                            "produced it from a tensor that requires grad)",
                            i);
-        DG_TRY(dg__slot_accum(ctx, outs[i]->slot, (dg_tensor *)grads[i]));
+        DG_TRY(seed_slot(ctx, outs[i]->slot, grads[i]));
         any = 1;
     }
     if (!any)
         return dg__err(DG_ERR_STATE, "backward: nothing to differentiate");
     dg_no_grad_begin(); /* backward functions use ops; they must not record */
+    /* a backward started from inside a backward function leaves the widened slots to the outer */
+    const int outer = !g_wide.active, pos0 = g_wide.pos;
     g_wide.active = 1;
     dg_status s = DG_OK;
     for (int i = g_tape.n - 1; i >= 0 && s == DG_OK; i--) {
@@ -409,17 +456,25 @@ dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                 wants = 1;
         if (has && wants) {
             double t0 = dg__profile_begin(node->ctx ? node->ctx : ctx);
+            g_wide.pos = i;
             s = node->backward(ctx, node);
             dg__profile_backward(node->ctx ? node->ctx : ctx, node->op, t0);
         }
+        if (s == DG_OK && outer && g_wide.n > 0)
+            s = slots_narrow(i, 0);
         for (int j = 0; j < node->n_out; j++) {
             dg_gslot *o = node->out[j];
             if (o && !o->is_leaf && !o->retain)
                 dg_tensor_free(&o->grad);
         }
     }
-    g_wide.active = 0;
-    dg_status ns = slots_narrow();
+    dg_status ns = DG_OK;
+    if (outer) { /* every slot back to bf16 (also after a failure: no slot is left in f32) */
+        g_wide.active = 0;
+        ns = slots_narrow(-1, s != DG_OK);
+    } else {
+        g_wide.pos = pos0;
+    }
     dg_no_grad_end();
     return s != DG_OK ? s : ns;
 }

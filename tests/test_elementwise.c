@@ -311,6 +311,44 @@ static void test_bf16_leaf(dg_ctx *cpu) {
     dg_tensor_free(&x);
 }
 
+/* Seeding an intermediate that a later op reads: backward adds the later op's gradient to the
+ * seed's slot, never to the caller's seed tensor (which it held only one reference to). */
+static void test_seed_untouched(dg_ctx *cpu) {
+    enum { N = 8 };
+    const int64_t s[1] = {N};
+    double ones[N], twos[N];
+    for (int i = 0; i < N; i++) {
+        ones[i] = 1.0;
+        twos[i] = 2.0;
+    }
+    dg_tensor *x = NULL, *h = NULL, *o = NULL, *gh = NULL, *go = NULL;
+    DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_F64, 1, s, ones, &x));
+    DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_F64, 1, s, ones, &gh));
+    DG_TEST_TRY(dg_tensor_from_f64(cpu, DG_F64, 1, s, twos, &go));
+    dg_tape_reset();
+    dg_tensor_set_requires_grad(x, 1);
+    DG_TEST_TRY(dg_scale(cpu, x, 2.0, &h));
+    DG_TEST_TRY(dg_scale(cpu, h, 3.0, &o));
+    dg_tensor *outs[2] = {h, o};
+    const dg_tensor *gs[2] = {gh, go};
+    DG_TEST_TRY(dg_tape_backward_multi(cpu, 2, outs, gs));
+    double *ghv = NULL, *gxv = NULL, want[N];
+    DG_TEST_TRY(dg_tensor_to_f64(gh, &ghv));
+    DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(x), &gxv));
+    for (int i = 0; i < N; i++)
+        want[i] = 2.0 * (1.0 + 3.0 * 2.0); /* dx = 2 (gh + 3 go) */
+    dg_check_close("seed gradient left as the caller gave it", ghv, ones, N, 0.0, 0.0);
+    dg_check_close("dx with both seeds", gxv, want, N, 0.0, 0.0);
+    free(ghv);
+    free(gxv);
+    dg_tape_reset();
+    dg_tensor_free(&o);
+    dg_tensor_free(&h);
+    dg_tensor_free(&gh);
+    dg_tensor_free(&go);
+    dg_tensor_free(&x);
+}
+
 /* ---- f32 vs f64 ---- */
 
 /* Forward + backward with gradient seed gy; copies y, ga, gb to host doubles. */
@@ -548,6 +586,7 @@ static void cpu_cases(dg_ctx *cpu) {
     test_values(cpu);
     test_tape(cpu);
     test_bf16_leaf(cpu);
+    test_seed_untouched(cpu);
     test_f32(cpu);
     test_errors(cpu);
 }
