@@ -96,8 +96,8 @@ dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g);
 /* The gradient already accumulated for input i when a backward may add to it in place (a kernel
  * that accumulates instead of a separate dg__node_accum): it exists, is contiguous and 16-byte
  * aligned, has dtype dt, nothing but the slot holds it and no other input of n shares the slot.
- * NULL otherwise (then use dg__node_accum). A bf16 leaf's gradient is f32 while the backward that
- * created it runs (autograd/tape.c), so dt = DG_F32 finds it. */
+ * NULL otherwise (then use dg__node_accum). A bf16 leaf's gradient that several nodes add to is
+ * f32 until its last reader has run (autograd/tape.c), so dt = DG_F32 finds it. */
 dg_tensor *dg__node_grad_inplace(dg_node *n, int i, dg_dtype dt);
 
 /* Accumulate into a slot directly (used by the tape and by gradcheck). */

@@ -402,8 +402,8 @@ typedef enum dg_policy {
 void dg_tensor_set_requires_grad(dg_tensor *t, int on);
 int dg_tensor_requires_grad(const dg_tensor *t);
 /* Gradient of a tensor after backward (borrowed), or NULL if none was accumulated. It has the
- * tensor's dtype; a bf16 leaf's gradient that a backward creates is summed in f32 over that
- * backward and rounded to bf16 once at its end (one that already exists is added to in bf16). */
+ * tensor's dtype; a bf16 leaf's gradient that a backward creates from several ops' contributions
+ * is summed in f32 and rounded to bf16 once (one that already exists is added to in bf16). */
 const dg_tensor *dg_tensor_grad(const dg_tensor *t);
 void dg_tensor_zero_grad(dg_tensor *t);
 /* Keep the gradient of a non-leaf tensor after backward (for tests and inspection). */
