@@ -404,15 +404,16 @@ void dg_tape_dump(FILE *f) {
     }
 }
 
-/* Seed slot s with the caller's gradient g. The slot may hold g itself only where nothing can
- * change it later: no node of the tape reads s (so nothing adds to it) and s is neither a leaf
- * nor retained (its gradient is freed once its producer has run). Otherwise a copy, so the
- * caller's tensor is never written. */
-static dg_status seed_slot(dg_ctx *ctx, dg_gslot *s, const dg_tensor *g) {
-    int read = s->is_leaf || s->retain || s->grad;
-    for (int j = 0; j < g_tape.n && !read; j++)
+/* Seed slot s with the caller's gradient g. A slot that already has a gradient adds g to it; an
+ * empty one may hold g itself only where nothing can change it later: no node of the tape reads
+ * s (so nothing adds to it) and s is neither a leaf nor retained (its gradient is freed once its
+ * producer has run), and no other seed goes to s. Otherwise a copy, so the caller's tensor is
+ * never written. */
+static dg_status seed_slot(dg_ctx *ctx, dg_gslot *s, const dg_tensor *g, int seeded_twice) {
+    int read = s->is_leaf || s->retain || seeded_twice;
+    for (int j = 0; j < g_tape.n && !read && !s->grad; j++)
         read = node_reads(g_tape.nodes[j], s);
-    if (!read)
+    if (s->grad || !read)
         return dg__slot_accum(ctx, s, (dg_tensor *)g);
     dg_tensor *c = NULL;
     DG_TRY(dg__new_like(ctx, g, &c));
@@ -434,7 +435,10 @@ dg_status dg__tape_backward_multi(dg_ctx *ctx, int n, dg_tensor *const *outs,
                            "backward: output %d does not require grad (no op on the tape "
                            "produced it from a tensor that requires grad)",
                            i);
-        DG_TRY(seed_slot(ctx, outs[i]->slot, grads[i]));
+        int twice = 0;
+        for (int j = 0; j < n; j++)
+            twice |= j != i && outs[j] && grads[j] && outs[j]->slot == outs[i]->slot;
+        DG_TRY(seed_slot(ctx, outs[i]->slot, grads[i], twice));
         any = 1;
     }
     if (!any)

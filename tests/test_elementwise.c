@@ -341,6 +341,19 @@ static void test_seed_untouched(dg_ctx *cpu) {
     dg_check_close("dx with both seeds", gxv, want, N, 0.0, 0.0);
     free(ghv);
     free(gxv);
+    /* one tensor seeding the same output twice: both seeds count, the seed stays as it was */
+    dg_tensor_zero_grad(x);
+    dg_tensor *twice[2] = {o, o};
+    const dg_tensor *gg[2] = {go, go};
+    DG_TEST_TRY(dg_tape_backward_multi(cpu, 2, twice, gg));
+    DG_TEST_TRY(dg_tensor_to_f64(go, &ghv));
+    DG_TEST_TRY(dg_tensor_to_f64(dg_tensor_grad(x), &gxv));
+    for (int i = 0; i < N; i++)
+        want[i] = 2.0 * 3.0 * (2.0 + 2.0);
+    dg_check_close("a seed given twice left as the caller gave it", ghv, twos, N, 0.0, 0.0);
+    dg_check_close("dx with the seed counted twice", gxv, want, N, 0.0, 0.0);
+    free(ghv);
+    free(gxv);
     dg_tape_reset();
     dg_tensor_free(&o);
     dg_tensor_free(&h);
