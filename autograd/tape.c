@@ -79,7 +79,16 @@ void dg_tensor_retain_grad(dg_tensor *t) {
         t->slot->retain = 1;
 }
 
-/* Does node j read slot s? */
+/* *out = a new tensor of dtype dt holding src's values (NULL on failure). */
+static dg_status copy_as(dg_ctx *ctx, dg_dtype dt, const dg_tensor *src, dg_tensor **out) {
+    DG_TRY(dg_tensor_new(ctx, dt, src->ndim, src->shape, out));
+    dg_status st = dg_tensor_copy_(*out, src);
+    if (st != DG_OK)
+        dg_tensor_free(out);
+    return st;
+}
+
+/* Does node nd read slot s? */
 static int node_reads(const dg_node *nd, const dg_gslot *s) {
     for (int q = 0; q < nd->n_in; q++)
         if (nd->in[q] == s)
@@ -132,14 +141,9 @@ static dg_status slots_narrow(int done, int quiet) {
         s->wide = 0;
         if (s->grad && s->grad->dtype != s->dtype) {
             dg_tensor *t = NULL;
-            dg_status cs = dg_tensor_new(s->ctx, s->dtype, s->ndim, s->shape, &t);
-            if (cs == DG_OK)
-                cs = dg_tensor_copy_(t, s->grad);
+            const dg_status cs = copy_as(s->ctx, s->dtype, s->grad, &t);
             dg_tensor_free(&s->grad);
-            if (cs == DG_OK)
-                s->grad = t;
-            else
-                dg_tensor_free(&t);
+            s->grad = t;
             if (st == DG_OK && cs != DG_OK)
                 st = quiet ? cs
                            : dg__err(cs, "backward: converting a leaf gradient to %s: %s",
@@ -169,11 +173,7 @@ dg_status dg__slot_accum(dg_ctx *ctx, dg_gslot *s, dg_tensor *g) {
         s->grad = dg_tensor_retain(g);
         return DG_OK;
     }
-    DG_TRY(dg_tensor_new(ctx, dt, s->ndim, s->shape, &s->grad));
-    dg_status st = dg_tensor_copy_(s->grad, g);
-    if (st != DG_OK)
-        dg_tensor_free(&s->grad);
-    return st;
+    return copy_as(ctx, dt, g, &s->grad);
 }
 
 /* ---- nodes ---- */
@@ -318,12 +318,7 @@ dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g) {
             DG_TRY(dg__contig(ctx, g, &own));
             if (own == g) {
                 dg_tensor_free(&own);
-                DG_TRY(dg__new_like(ctx, g, &own));
-                dg_status cs = dg_tensor_copy_(own, g);
-                if (cs != DG_OK) {
-                    dg_tensor_free(&own);
-                    return cs;
-                }
+                DG_TRY(copy_as(ctx, g->dtype, g, &own));
             }
             g = own;
             break;
@@ -416,10 +411,8 @@ static dg_status seed_slot(dg_ctx *ctx, dg_gslot *s, const dg_tensor *g, int see
     if (s->grad || !read)
         return dg__slot_accum(ctx, s, (dg_tensor *)g);
     dg_tensor *c = NULL;
-    DG_TRY(dg__new_like(ctx, g, &c));
-    dg_status st = dg_tensor_copy_(c, g);
-    if (st == DG_OK)
-        st = dg__slot_accum(ctx, s, c);
+    DG_TRY(copy_as(ctx, g->dtype, g, &c));
+    dg_status st = dg__slot_accum(ctx, s, c);
     dg_tensor_free(&c);
     return st;
 }

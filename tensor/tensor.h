@@ -44,8 +44,8 @@ typedef struct dg_gslot {
     dg_ctx *ctx;
     int is_leaf; /* created by the user (requires_grad), not by an op */
     int retain;  /* keep the gradient after backward even if not a leaf */
-    int wide; /* > 0: a bf16 leaf summing in f32 until tape node wide - 1 has run (autograd/tape.c)
-               */
+    /* > 0: a bf16 leaf summing in f32 until tape node wide - 1 has run (autograd/tape.c) */
+    int wide;
 } dg_gslot;
 /* Drop one reference to *sp (NULL allowed) and set *sp = NULL; the last one frees the slot and
  * its gradient. The slot is created by the tape (autograd/tape.c); the tensor layer only lets go

@@ -80,6 +80,7 @@ int main(int argc, char **argv) { return dg_test_main(argc, argv, "dplr_cuda", N
  * contribution, each up to 2^-8 ~ 3.9e-3 of the total: m x 4e-3), which the tape applied before
  * it summed in f32. It stays until the single-rounding bound is measured on a GPU. */
 #define TOL_BF16_SLOT(m) ((m) <= 1 ? TOL_BF16 : (m)*4e-3)
+
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ---- stages, variants and directions (the axes of the tally, case_table.h) --------------------

@@ -8,10 +8,10 @@
  *      backward, on odd sizes that exercise every path of the summation kernels; device and dtype
  *      errors; repeatability.
  */
+#include "tensor/tensor.h"
 #include "tests/harness.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,15 +245,8 @@ static void test_tape(dg_ctx *cpu) {
     dg_tensor_free(&w);
 }
 
-/* bf16 rounding, to nearest even (the values here are finite). */
-static double rne_bf16(double x) {
-    float f = (float)x;
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+/* x rounded to bf16 (the library's host conversion, round to nearest even). */
+static double rne_bf16(double x) { return dg__bf16_to_f32(dg__f32_to_bf16((float)x)); }
 
 /* A bf16 leaf read by three casts: the backward sums the three f32 contributions in f32 and rounds
  * to bf16 once at its end (rounding after each contribution would differ: checked below); a
