@@ -21,7 +21,8 @@
  * for the L valid tokens of a chunk (zeros outside the read triangle, ones on Tab's diagonal),
  * as on the CPU. q, k, a, b are f32 or bf16 (TI, read as stored); everything else is f32.
  *
- * Kernels (f32 FFMA, accurate expf):
+ * Kernels (f32 FFMA; the pair exponentials by the accurate expf for f32 leaves, by the hardware
+ * exp2 for bf16 leaves: pair_exp below):
  *   forward  dplr_intra_fwd_kernel: block per (chunk, head); thread (ty, tx) owns rows ty + 16a,
  *            columns tx + 16b of all four matrices; the key dim in tiles of 16 staged in shared
  *            memory (rows padded to 17 floats); then the solve by forward substitution, one
@@ -32,14 +33,31 @@
  *            (2) dplr_intra_bwd_kernel: block per (chunk, head, 32-wide key tile); lane = key
  *            dim, warp w = rows w, w + 8, ...; each thread forms its row's row side (sums over
  *            j) and column side (sums over i), so nothing is reduced across threads. Dynamic
- *            shared memory 6 x BT x 32 + 4 x BT x BT floats (112 KB at BT = 64, opted in).
+ *            shared memory: the q, k, a, b tiles as stored (4 x BT x 32 elements), the Gi, Ge
+ *            tiles (2 x BT x 32 floats) and the four gradient squares packed two to a square
+ *            (each strictly lower one turned into the upper part of a lower one: 2 x BT x
+ *            (BT + 1) floats); 65 KB at BT = 64 for bf16 leaves (three blocks per SM), 81 KB for
+ *            f32 (opted in).
  * Entry points (dplr_cuda.h): dg__dplr_intra_fwd_cuda, dg__dplr_intra_bwd_cuda.
  */
+#include "../kda/mma.cuh"
 #include "common.cuh"
 
 #include <math.h>
 
 using namespace kdab;
+
+namespace {
+/* exp(x) of a gate difference x <= 0 (or -inf for a masked pair). f32 leaves: the accurate expf
+ * (their results are held to 1e-5 of float64). bf16 leaves: the hardware exp2 of x log2(e)
+ * (kdamma::exp_ftz, relative error below 1e-5 for x >= -88, results below 1e-38 flushed to 0),
+ * far under the 5e-3 that bounds a bf16 call, for a fraction of expf's instructions. */
+template <class TI> __device__ __forceinline__ float pair_exp(float x);
+template <> __device__ __forceinline__ float pair_exp<float>(float x) { return expf(x); }
+template <> __device__ __forceinline__ float pair_exp<kda_bf16>(float x) {
+    return kdamma::exp_ftz(x);
+}
+} // namespace
 
 // ---- forward kernel
 
@@ -107,7 +125,7 @@ __global__ void __launch_bounds__(NTH)
                         d1 = -INFINITY;
                     if (rb == ra && tx >= ty)
                         d2 = -INFINITY;
-                    const float x1 = qi[ra] * expf(d1), x2 = ai[ra] * expf(d2);
+                    const float x1 = qi[ra] * pair_exp<TI>(d1), x2 = ai[ra] * pair_exp<TI>(d2);
                     aqk[ra][rb] += x1 * kj[rb];
                     aqb[ra][rb] += x1 * bj[rb];
                     aak[ra][rb] += x2 * kj[rb];
@@ -216,6 +234,37 @@ __global__ void __launch_bounds__(NTH)
         }
 }
 
+/* Rows [0, BT) x columns [e0, e0 + 32) of a [TT, H, K] leaf into the shared tile dst [BT][CT]
+ * as stored (bf16 stays bf16), zero outside the L valid rows and K. Block-wide. */
+template <int BT, class TI>
+__device__ __forceinline__ void load_leaf_rows(TI *dst, const TI *__restrict__ src, int64_t t0,
+                                               int L, int H, int h, int K, int e0) {
+    for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
+        const int r = idx / CT, c = idx % CT;
+        dst[idx] = r < L && e0 + c < K ? src[((t0 + r) * H + h) * (int64_t)K + e0 + c] : TI(0.f);
+    }
+}
+
+/* Two chunk squares into one shared [BT][BT + 1] square P: P[i][j] = mul lower[i][j] for
+ * j <= i, and P[i][j] = strict[j][i] for j > i (the strictly lower square turned over the
+ * diagonal); zero outside the L valid rows and for a NULL source. The backward reads P only at
+ * warp-uniform positions (a broadcast), so the layout costs nothing in bank conflicts; the odd
+ * row stride keeps the turned stores conflict-free. Block-wide. */
+template <int BT>
+__device__ __forceinline__ void load_packed(float *P, const float *__restrict__ lower, float mul,
+                                            const float *__restrict__ strict, int64_t t0, int L,
+                                            int H, int h) {
+    constexpr int LP = BT + 1;
+    for (int idx = threadIdx.x; idx < BT * BT; idx += NTH) {
+        const int i = idx / BT, j = idx % BT; /* (i, j) of the sources: row-major reads */
+        const int64_t g = ((t0 + i) * H + h) * BT + j;
+        if (j <= i)
+            P[i * LP + j] = lower && i < L ? mul * lower[g] : 0.f;
+        if (j < i) /* into (j, i) of P, above its diagonal */
+            P[j * LP + i] = strict && i < L ? strict[g] : 0.f;
+    }
+}
+
 /* grid (NC, H, ceil(K / 32)), dynamic shared memory (see the file comment). */
 template <int BT, class TI>
 __global__ void __launch_bounds__(NTH)
@@ -227,33 +276,32 @@ __global__ void __launch_bounds__(NTH)
                           float *__restrict__ dq, float *__restrict__ dk, float *__restrict__ da,
                           float *__restrict__ db, float *__restrict__ dGi,
                           float *__restrict__ dGe) {
-    extern __shared__ float sm[];
-    float(*sq)[CT] = (float(*)[CT])sm;
-    float(*sk)[CT] = sq + BT;
-    float(*sa)[CT] = sk + BT;
-    float(*sb)[CT] = sa + BT;
-    float(*sgi)[CT] = sb + BT;
+    constexpr int LP = BT + 1;
+    extern __shared__ __align__(16) unsigned char smraw[];
+    TI(*sq)[CT] = (TI(*)[CT])smraw; /* the leaf tiles as stored */
+    TI(*sk)[CT] = sq + BT;
+    TI(*sa)[CT] = sk + BT;
+    TI(*sb)[CT] = sa + BT;
+    float(*sgi)[CT] = (float(*)[CT])(smraw + 4 * BT * CT * sizeof(TI));
     float(*sge)[CT] = sgi + BT;
-    float(*g1)[BT] = (float(*)[BT])(sm + 6 * BT * CT);
-    float(*g2)[BT] = g1 + BT;
-    float(*g3)[BT] = g2 + BT;
-    float(*g4)[BT] = g3 + BT;
+    /* P1: g1 = s dAqk (j <= i) with g3 = dAak turned into its upper part; P2: g2 = s dAqb with
+     * g4 = dAab. g1[i][j] = P1[i][j] (j <= i), g3[i][j] = P1[j][i] (j < i); likewise P2. */
+    float(*P1)[LP] = (float(*)[LP])(sge + BT);
+    float(*P2)[LP] = P1 + BT;
 
     const int64_t c = blockIdx.x;
     const int h = blockIdx.y, H = d.H, K = d.K;
     const int e0 = blockIdx.z * CT;
     const int64_t t0 = d.chunk_t0[c];
     const int L = d.chunk_len[c];
-    dplr::load_rows<BT, CT>(&sq[0][0], q, t0, L, H, h, K, e0);
-    dplr::load_rows<BT, CT>(&sk[0][0], k, t0, L, H, h, K, e0);
-    dplr::load_rows<BT, CT>(&sa[0][0], a, t0, L, H, h, K, e0);
-    dplr::load_rows<BT, CT>(&sb[0][0], b, t0, L, H, h, K, e0);
+    load_leaf_rows<BT, TI>(&sq[0][0], q, t0, L, H, h, K, e0);
+    load_leaf_rows<BT, TI>(&sk[0][0], k, t0, L, H, h, K, e0);
+    load_leaf_rows<BT, TI>(&sa[0][0], a, t0, L, H, h, K, e0);
+    load_leaf_rows<BT, TI>(&sb[0][0], b, t0, L, H, h, K, e0);
     dplr::load_rows<BT, CT>(&sgi[0][0], Gi, t0, L, H, h, K, e0);
     dplr::load_rows<BT, CT>(&sge[0][0], Ge, t0, L, H, h, K, e0);
-    dplr::load_square<BT, BT>(&g1[0][0], dAqk, t0, L, H, h, dplr::LOWER, scale);
-    dplr::load_square<BT, BT>(&g2[0][0], dAqb, t0, L, H, h, dplr::LOWER, scale);
-    dplr::load_square<BT, BT>(&g3[0][0], dAak, t0, L, H, h, dplr::STRICT);
-    dplr::load_square<BT, BT>(&g4[0][0], dAab, t0, L, H, h, dplr::STRICT);
+    load_packed<BT>(&P1[0][0], dAqk, scale, dAak, t0, L, H, h);
+    load_packed<BT>(&P2[0][0], dAqb, scale, dAab, t0, L, H, h);
     __syncthreads();
 
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -263,24 +311,24 @@ __global__ void __launch_bounds__(NTH)
         /* row side: r as the row i of the pairs */
         float rq = 0.f, ra = 0.f;
         for (int j = 0; j <= r; j++) {
-            const float x = expf(gir - sgi[j][lane]);
-            rq += (g1[r][j] * sk[j][lane] + g2[r][j] * sb[j][lane]) * x;
+            const float x = pair_exp<TI>(gir - sgi[j][lane]);
+            rq += (P1[r][j] * kda_ld(&sk[j][lane]) + P2[r][j] * kda_ld(&sb[j][lane])) * x;
         }
         for (int j = 0; j < r; j++) {
-            const float x = expf(ger - sgi[j][lane]);
-            ra += (g3[r][j] * sk[j][lane] + g4[r][j] * sb[j][lane]) * x;
+            const float x = pair_exp<TI>(ger - sgi[j][lane]);
+            ra += (P1[j][r] * kda_ld(&sk[j][lane]) + P2[j][r] * kda_ld(&sb[j][lane])) * x;
         }
         /* column side: r as the column j of the pairs */
         float ck = 0.f, cb = 0.f;
         for (int i = r; i < L; i++) {
-            const float qx = sq[i][lane] * expf(sgi[i][lane] - gir);
-            ck += g1[i][r] * qx;
-            cb += g2[i][r] * qx;
+            const float qx = kda_ld(&sq[i][lane]) * pair_exp<TI>(sgi[i][lane] - gir);
+            ck += P1[i][r] * qx;
+            cb += P2[i][r] * qx;
         }
         for (int i = r + 1; i < L; i++) {
-            const float ax = sa[i][lane] * expf(sge[i][lane] - gir);
-            ck += g3[i][r] * ax;
-            cb += g4[i][r] * ax;
+            const float ax = kda_ld(&sa[i][lane]) * pair_exp<TI>(sge[i][lane] - gir);
+            ck += P1[r][i] * ax;
+            cb += P2[r][i] * ax;
         }
         if (e < K) {
             const int64_t o = ((t0 + r) * H + h) * K + e;
@@ -288,8 +336,9 @@ __global__ void __launch_bounds__(NTH)
             da[o] = ra;
             dk[o] = ck;
             db[o] = cb;
-            dGi[o] = sq[r][lane] * rq - sk[r][lane] * ck - sb[r][lane] * cb;
-            dGe[o] = sa[r][lane] * ra;
+            dGi[o] =
+                kda_ld(&sq[r][lane]) * rq - kda_ld(&sk[r][lane]) * ck - kda_ld(&sb[r][lane]) * cb;
+            dGe[o] = kda_ld(&sa[r][lane]) * ra;
         }
     }
 }
@@ -338,7 +387,8 @@ static dg_status intra_bwd_t(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, 
         dplr_intra_dab_kernel<BT><<<dim3((unsigned)d.NC, d.H), NTH, 0, s>>>(d, Tab, dTab, dAab);
         DG_CHECK_LAUNCH();
     }
-    const size_t smem = sizeof(float) * (6 * BT * CT + 4 * BT * BT);
+    const size_t smem =
+        sizeof(TI) * 4 * BT * CT + sizeof(float) * (2 * BT * CT + 2 * BT * (BT + 1));
     DG_TRY(smem_opt_in(dplr_intra_bwd_kernel<BT, TI>, smem));
     const dim3 grid((unsigned)d.NC, d.H, (unsigned)DG_CEIL_DIV(d.K, CT));
     dplr_intra_bwd_kernel<BT, TI><<<grid, NTH, smem, s>>>(
