@@ -738,7 +738,7 @@ dg_status dg_kda_output(dg_ctx *ctx, dg_tensor *QG, dg_tensor *h, dg_tensor *Aqk
  * ============================================================================================= */
 
 typedef struct dg_dplr_opts {
-    int chunk_size;            /* BT: 16, 32 or 64; 0 selects 16 */
+    int chunk_size;            /* BT: 16, 32 or 64; 0 selects 64 */
     double scale;              /* output scale; <= 0 selects K^-1/2 */
     int output_final_state;    /* return ht [N,H,K,V] */
     const int64_t *cu_seqlens; /* host int64 [n_seqs+1] with B == 1, or NULL */

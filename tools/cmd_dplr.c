@@ -28,7 +28,7 @@ static void usage(FILE *f) {
             "\n"
             "  --in DIR             input folder: q k v a b gk .npy (+ h0, cu_seqlens, do, dht)\n"
             DG_RUNNER_HELP_IO
-            "  --chunk-size N       16, 32 or 64 (default 16)\n"
+            "  --chunk-size N       16, 32 or 64 (default 64)\n"
             DG_RUNNER_HELP_RUN
             "  always            o.npy [B,T,H,V] (dtype of q.npy), ht.npy [N,H,K,V] (dtype of\n"
             "                    h0.npy if given, else of q.npy)\n"

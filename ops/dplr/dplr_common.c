@@ -11,10 +11,10 @@ dg_status dg__dplr_cfg_init(const char *op, dg_ctx *ctx, const dg_dplr_opts *opt
     memset(cfg, 0, sizeof *cfg);
     if (!opts)
         opts = &defaults;
-    const int BT = opts->chunk_size ? opts->chunk_size : 16;
+    const int BT = opts->chunk_size ? opts->chunk_size : 64;
     if (BT != 16 && BT != 32 && BT != 64)
         return dg__err(DG_ERR_ARG,
-                       "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 16), got %d", op,
+                       "%s: opts->chunk_size must be 16, 32 or 64 (0 selects 64), got %d", op,
                        opts->chunk_size);
     if (ctx->device.kind == DG_DEV_CUDA && K > 256)
         return dg__err(DG_ERR_UNSUPPORTED, "%s: the CUDA DPLR kernels need K <= 256, got K=%d", op,
