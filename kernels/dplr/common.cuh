@@ -25,6 +25,7 @@
 #include "dplr_cuda.h"
 
 #include <initializer_list>
+#include <type_traits>
 
 #define DPLR_G_FLOOR_F (-128.f) /* per-step log decay floor before the cumsum (as the CPU's) */
 
@@ -78,15 +79,21 @@ using kdab::NTH;
 using kdab::NW;
 
 /* Rows [0, BT) x columns [c0, c0 + 32) of a [TT, H, E] array of T (f32 or bf16) from token t0 on,
- * into the f32 shared tile dst with row stride LD; zero outside the L valid rows, outside E, and
- * everywhere when src is NULL. Block-wide (NTH threads). */
-template <int BT, int LD, class T>
-__device__ __forceinline__ void load_rows(float *dst, const T *__restrict__ src, int64_t t0, int L,
+ * into the shared tile dst with row stride LD: an f32 dst gets the values widened, a dst of T's
+ * own type gets them as stored; zero outside the L valid rows, outside E, and everywhere when
+ * src is NULL. Block-wide (NTH threads). */
+template <int BT, int LD, class D, class T>
+__device__ __forceinline__ void load_rows(D *dst, const T *__restrict__ src, int64_t t0, int L,
                                           int H, int h, int E, int c0) {
+    static_assert(std::is_same<D, float>::value || std::is_same<D, T>::value,
+                  "load_rows: dst is f32 or of the source's type");
     for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
         const int r = idx / CT, c = idx % CT;
         const bool ok = src && r < L && c0 + c < E;
-        dst[r * LD + c] = ok ? kda_ld(src + ((t0 + r) * H + h) * (int64_t)E + c0 + c) : 0.f;
+        if constexpr (std::is_same<D, T>::value)
+            dst[r * LD + c] = ok ? *(src + ((t0 + r) * H + h) * (int64_t)E + c0 + c) : T(0.f);
+        else
+            dst[r * LD + c] = ok ? kda_ld(src + ((t0 + r) * H + h) * (int64_t)E + c0 + c) : 0.f;
     }
 }
 

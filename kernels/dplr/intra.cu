@@ -234,17 +234,6 @@ __global__ void __launch_bounds__(NTH)
         }
 }
 
-/* Rows [0, BT) x columns [e0, e0 + 32) of a [TT, H, K] leaf into the shared tile dst [BT][CT]
- * as stored (bf16 stays bf16), zero outside the L valid rows and K. Block-wide. */
-template <int BT, class TI>
-__device__ __forceinline__ void load_leaf_rows(TI *dst, const TI *__restrict__ src, int64_t t0,
-                                               int L, int H, int h, int K, int e0) {
-    for (int idx = threadIdx.x; idx < BT * CT; idx += NTH) {
-        const int r = idx / CT, c = idx % CT;
-        dst[idx] = r < L && e0 + c < K ? src[((t0 + r) * H + h) * (int64_t)K + e0 + c] : TI(0.f);
-    }
-}
-
 /* Two chunk squares into one shared [BT][BT + 1] square P: P[i][j] = mul lower[i][j] for
  * j <= i, and P[i][j] = strict[j][i] for j > i (the strictly lower square turned over the
  * diagonal); zero outside the L valid rows and for a NULL source. The backward reads P only at
@@ -294,10 +283,10 @@ __global__ void __launch_bounds__(NTH)
     const int e0 = blockIdx.z * CT;
     const int64_t t0 = d.chunk_t0[c];
     const int L = d.chunk_len[c];
-    load_leaf_rows<BT, TI>(&sq[0][0], q, t0, L, H, h, K, e0);
-    load_leaf_rows<BT, TI>(&sk[0][0], k, t0, L, H, h, K, e0);
-    load_leaf_rows<BT, TI>(&sa[0][0], a, t0, L, H, h, K, e0);
-    load_leaf_rows<BT, TI>(&sb[0][0], b, t0, L, H, h, K, e0);
+    dplr::load_rows<BT, CT>(&sq[0][0], q, t0, L, H, h, K, e0);
+    dplr::load_rows<BT, CT>(&sk[0][0], k, t0, L, H, h, K, e0);
+    dplr::load_rows<BT, CT>(&sa[0][0], a, t0, L, H, h, K, e0);
+    dplr::load_rows<BT, CT>(&sb[0][0], b, t0, L, H, h, K, e0);
     dplr::load_rows<BT, CT>(&sgi[0][0], Gi, t0, L, H, h, K, e0);
     dplr::load_rows<BT, CT>(&sge[0][0], Ge, t0, L, H, h, K, e0);
     load_packed<BT>(&P1[0][0], dAqk, scale, dAak, t0, L, H, h);
