@@ -149,15 +149,47 @@ __global__ void __launch_bounds__(KDA_THREADS)
     }
 }
 
-/* N5 on mma.sync (TF32 only), grid (chunk x (K / 64 + V / 64), hv): block z < K / 64 makes the
- * 64 key columns e0 = 64 z of KG, QG and W = Tm (Diag(beta) K exp(G)); the others a 64-column
- * tile of U = Tm (Diag(beta) V). Tm (read for j <= i, rows past L zero) and the k / G or v tile
- * come in with cp.async; the elementwise part runs on the staged tile, which is then turned into
- * X in place and multiplied. Dynamic shared memory: Tm [BT][BT + 4], X and G [BT][72] floats
- * (54 KB at BT = 64). The outputs are stored as M (f32 or bf16, kda_cuda_dims.mid). Needs K,
- * V % 4 == 0 and 16-byte aligned arrays (the launcher checks). */
+/* N5 on mma.sync (TF32 only), one block per (chunk, value head), walking the chunk's 64-column
+ * tiles: first the K / 64 key tiles (KG, QG and W = Tm (Diag(beta) K exp(G)) of 64 key columns),
+ * then the V / 64 value tiles of U = Tm (Diag(beta) V). Tm (read for j <= i, rows past L zero)
+ * comes in once by cp.async and serves every tile; each tile's G and k (or v) come in by cp.async
+ * into one of two stages while the tile before is multiplied and stored, and its q rows (for QG)
+ * are loaded into registers during the tile before. The elementwise part turns the staged G into
+ * X in place (each thread rewrites only the elements it read; lambda, the G row L - 1, is staged
+ * a second time as row BT of the stage so that no thread reads an element another one rewrites).
+ * Dynamic shared memory (wy_fwd_smem): Tm [BT][BT + 4] floats, two stages of G / X [BT + 1][72]
+ * floats plus the raw k / v tile [BT][72] of its own type, and the rows' beta and row scales
+ * (72 KB at BT = 64 for bf16 leaves: three blocks per SM; 90 KB for f32). The outputs are stored as
+ * M (f32 or bf16, kda_cuda_dims.mid). Needs K, V % 4 == 0 and 16-byte aligned arrays (the launcher
+ * checks). */
+template <int BT, class TX> constexpr size_t wy_fwd_stage_bytes() {
+    return sizeof(float) * (BT + 1) * kdamma::AB_LDB + sizeof(TX) * BT * kdamma::AB_LDB;
+}
+template <int BT, class TV, class TQ> constexpr size_t wy_fwd_smem() {
+    constexpr size_t sv = wy_fwd_stage_bytes<BT, TV>(), sq = wy_fwd_stage_bytes<BT, TQ>();
+    return sizeof(float) * BT * (BT + 4 + 3) + 2 * (sv > sq ? sv : sq);
+}
+
+/* Four consecutive elements of T as loaded (not yet widened: the widening would wait for the
+ * load where it is issued) */
+template <class T> struct Raw4 {
+    using type = typename std::conditional<sizeof(T) == 2, uint2, float4>::type;
+    type u;
+    __device__ __forceinline__ void load(const T *p) { u = *reinterpret_cast<const type *>(p); }
+    __device__ __forceinline__ float4 get() const {
+        if constexpr (sizeof(T) == 2) {
+            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
+            const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
+            return make_float4(a.x, a.y, b.x, b.y);
+        } else {
+            return u;
+        }
+    }
+};
+
 template <int BT, class M, class TV, class TQ>
-__global__ void __launch_bounds__(kdamma::AB_THREADS, 4) /* 64 registers: four blocks per SM */
+__global__ void /* bf16 leaves: 72 KB of shared memory and 80 registers, three blocks per SM */
+__launch_bounds__(kdamma::AB_THREADS, sizeof(TV) == 2 && sizeof(TQ) == 2 ? 3 : 2)
     wy_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0, const int32_t *__restrict__ chunk_len,
                       int H, int HV, int K, int V, const TQ *__restrict__ q,
                       const TQ *__restrict__ k, const float *__restrict__ rq,
@@ -167,140 +199,152 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4) /* 64 registers: four b
                       M *__restrict__ KG, M *__restrict__ QG) {
     using namespace kdamma;
     constexpr int LDT = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
+    constexpr size_t SB = (wy_fwd_stage_bytes<BT, TV>() > wy_fwd_stage_bytes<BT, TQ>()
+                               ? wy_fwd_stage_bytes<BT, TV>()
+                               : wy_fwd_stage_bytes<BT, TQ>());
+    static_assert(SB % 16 == 0, "stages stay 16-byte aligned");
     extern __shared__ __align__(16) float wy_smem[];
-    float *Ts = wy_smem, *Xs = Ts + BT * LDT, *Gs = Xs + BT * LDX;
+    float *const Ts = wy_smem;
+    unsigned char *const stages = reinterpret_cast<unsigned char *>(Ts + BT * LDT);
+    /* stage b: G / X rows at gx(b) (row BT: lambda), the raw k or v tile right after them */
+    auto gx = [&](int b) { return reinterpret_cast<float *>(stages + b * SB); };
+    auto raw = [&](int b) { return reinterpret_cast<void *>(gx(b) + (BT + 1) * LDX); };
+    const int64_t ch = blockIdx.x;
+    const int hv = blockIdx.y, hq = hv / (HV / H);
     const int nK = DG_CEIL_DIV(K, AB_N), nz = nK + DG_CEIL_DIV(V, AB_N);
-    const ChunkTile ct = chunk_tile(nz); /* the tiles share Tm */
-    const int64_t ch = ct.c;
-    const int z = ct.z, hv = blockIdx.y, hq = hv / (HV / H);
-    const bool wt = z < nK; /* a W tile (with KG, QG), else a U tile */
-    const int c0 = AB_N * (wt ? z : z - nK), D = wt ? K : V;
-    const int nc = min(AB_N, D - c0);
     const int64_t t0 = chunk_t0[ch];
     const int L = chunk_len[ch];
-    M *dst = wt ? W : U;
-    if (wt ? !W && !KG && !QG : !U)
-        return; /* nothing asked of this tile (its inputs may be NULL then) */
-    /* The staged tiles all come in by cp.async, the per-row global loads (beta, q, the row
-     * scales) are issued while they fly. A bf16 k or v tile is copied as stored into the front
-     * of Xs's rows (row stride 2 LDX bf16 values) and widened in place: every thread reads its
-     * raw elements, then, after a barrier, writes the X rows (ncu, H100, (1,8192,96,128): the
-     * synchronous widening loads had been the kernel's most stalled instructions). */
-    const kda_bf16 *xsrc16 = nullptr; /* the bf16 tile's source, when it is one */
-    const float *xsrc32 = nullptr;
-    int64_t xrs;
-    if (wt) { /* (k may be absent when only QG is asked for: X is not needed then) */
-        xrs = (int64_t)H * K;
-        if constexpr (sizeof(TQ) == 2)
-            xsrc16 = k ? k + (t0 * H + hq) * K : nullptr;
-        else
-            xsrc32 = k ? k + (t0 * H + hq) * K : nullptr;
-    } else {
-        xrs = (int64_t)HV * V;
-        if constexpr (sizeof(TV) == 2)
-            xsrc16 = v + (t0 * HV + hv) * V;
-        else
-            xsrc32 = v + (t0 * HV + hv) * V;
-    }
-    kda_bf16 *const Xb = reinterpret_cast<kda_bf16 *>(Xs); /* the raw bf16 rows */
-    if (dst) /* Tm and beta serve W and U only: with KG / QG alone they may be NULL */
+    /* the tiles asked for: key tiles when W, KG or QG is, value tiles when U is (the inputs of
+     * the others may be NULL then) */
+    const int z0 = (W || KG || QG) ? 0 : nK, z1 = U ? nz : nK;
+    if (z0 >= z1 || L <= 0)
+        return;
+    const bool mul_w = W != nullptr;
+    /* issue the cp.async copies of tile z into stage b */
+    auto stage = [&](int z, int b) {
+        if (z < nK) {
+            const int c0 = AB_N * z;
+            float *g = gx(b);
+            const float *gsrc = G + (t0 * HV + hv) * K;
+            tile_async<BT, AB_N, LDX, NT>(g, gsrc, (int64_t)HV * K, L, c0, K);
+            tile_async<1, AB_N, LDX, NT>(g + BT * LDX, gsrc + (int64_t)(L - 1) * HV * K,
+                                         (int64_t)HV * K, 1, c0, K);
+            if (k) /* (absent when only QG is asked for: X is not needed then) */
+                tile_async<BT, AB_N, LDX, NT>(static_cast<TQ *>(raw(b)), k + (t0 * H + hq) * K,
+                                              (int64_t)H * K, L, c0, K);
+        } else {
+            tile_async<BT, AB_N, LDX, NT>(static_cast<TV *>(raw(b)), v + (t0 * HV + hv) * V,
+                                          (int64_t)HV * V, L, AB_N * (z - nK), V);
+        }
+    };
+    if ((mul_w && z0 < nK) || z1 > nK) /* Tm and beta serve W and U only */
         tile_async<BT, BT, LDT, NT>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
-    if (wt)
-        tile_async<BT, AB_N, LDX, NT>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L, c0, K);
-    if (xsrc16)
-        tile_async<BT, AB_N, 2 * LDX, NT>(Xb, xsrc16, xrs, L, c0, D);
-    else if (xsrc32)
-        tile_async<BT, AB_N, LDX, NT>(Xs, xsrc32, xrs, L, c0, D);
+    stage(z0, 0);
     cp_async_commit();
-    /* The elementwise part: thread = 4 consecutive columns e4 .. e4 + 3 (16-byte pieces; nc is
-     * a multiple of 4) and rows r0 + RS u, u < RU (every row of the chunk). */
+    /* The elementwise part: thread = 4 consecutive columns e4 .. e4 + 3 (16-byte pieces of f32;
+     * nc is a multiple of 4) and rows r0 + RS u, u < RU (every row of the chunk). The per-row
+     * values (beta, the row scales of k and q) are the same for every tile. */
     constexpr int CG = AB_N / 4, RS = NT / CG, RU = (BT + RS - 1) / RS;
     static_assert(NT % CG == 0, "a thread keeps its columns");
     const int e4 = 4 * (threadIdx.x % CG), r0 = threadIdx.x / CG;
-    const bool colok = e4 < nc;
     const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
-    float bv[RU], sk[RU];
-    float4 qv[RU];
-#pragma unroll
-    for (int u = 0; u < RU; u++) {
-        const int j = r0 + RS * u;
-        const bool ok = colok && j < L;
-        bv[u] = ok && dst ? beta[(t0 + j) * HV + hv] : 0.f;
-        sk[u] = 1.f;
-        qv[u] = zero4;
-        if (wt && ok) {
-            if constexpr (sizeof(TQ) == 2)
-                if (rk)
-                    sk[u] = rk[(t0 + j) * H + hq];
-            if (QG) {
-                qv[u] = kda_ld4(q + ((t0 + j) * H + hq) * K + c0 + e4);
-                if (rq) {
-                    const float sc = rq[(t0 + j) * H + hq];
-                    qv[u] = make_float4(qv[u].x * sc, qv[u].y * sc, qv[u].z * sc, qv[u].w * sc);
-                }
-            }
-        }
+    float *const rowv = reinterpret_cast<float *>(stages + 2 * SB); /* beta, k's, q's row scales */
+    if (threadIdx.x < BT) {
+        const int j = threadIdx.x;
+        const bool ok = j < L;
+        rowv[j] = ok && (W || U) ? beta[(t0 + j) * HV + hv] : 0.f;
+        rowv[BT + j] = ok && rk ? rk[(t0 + j) * H + hq] : 1.f;
+        rowv[2 * BT + j] = ok && rq ? rq[(t0 + j) * H + hq] : 1.f;
     }
-    cp_async_wait<0>();
-    __syncthreads();
-    float4 xv[RU]; /* the raw tile elements (times k's row scale) */
+    /* q of key tile z (the rows of this thread), loaded a tile ahead */
+    Raw4<TQ> qr[RU];
+    auto load_q = [&](int z) {
+        if (!QG || z >= nK)
+            return;
+        const int c = AB_N * z + e4;
 #pragma unroll
-    for (int u = 0; u < RU; u++) {
-        const int j = r0 + RS * u;
-        xv[u] = zero4;
-        if (colok && j < L && (xsrc16 || xsrc32)) {
-            const float4 x = xsrc16 ? kda_ld4(Xb + j * 2 * LDX + e4)
-                                    : *reinterpret_cast<const float4 *>(Xs + j * LDX + e4);
-            xv[u] = make_float4(x.x * sk[u], x.y * sk[u], x.z * sk[u], x.w * sk[u]);
+        for (int u = 0; u < RU; u++) {
+            const int j = r0 + RS * u;
+            if (c < K && j < L)
+                qr[u].load(q + ((t0 + j) * H + hq) * K + c);
         }
-    }
-    if (xsrc16)
-        __syncthreads(); /* every raw element is read before the X rows overwrite them */
-    auto ex = [](float4 a, float4 b) { /* e^(a - b) per element */
-                                       return make_float4(exp_ftz(a.x - b.x), exp_ftz(a.y - b.y),
-                                                          exp_ftz(a.z - b.z), exp_ftz(a.w - b.w));
     };
-    const float4 lam =
-        (wt && colok && L > 0) ? *reinterpret_cast<const float4 *>(Gs + (L - 1) * LDX + e4) : zero4;
+    load_q(z0);
+    for (int z = z0, sb = 0; z < z1; z++, sb ^= 1) {
+        if (z + 1 < z1)
+            stage(z + 1, sb ^ 1); /* stage sb ^ 1 was released by the barrier ending tile z - 1 */
+        cp_async_commit();
+        cp_async_wait<1>(); /* tile z's copies (and Tm) have landed */
+        __syncthreads();
+        const bool wt = z < nK;
+        const int c0 = AB_N * (wt ? z : z - nK), D = wt ? K : V;
+        const int nc = min(AB_N, D - c0);
+        const bool colok = e4 < nc;
+        float *const X = gx(sb);
+        const bool hasx = wt ? k != nullptr : true;
+        auto ex = [](float4 a,
+                     float4 c) { /* e^(a - c) per element */
+                                 return make_float4(exp_ftz(a.x - c.x), exp_ftz(a.y - c.y),
+                                                    exp_ftz(a.z - c.z), exp_ftz(a.w - c.w));
+        };
+        const float4 lam =
+            wt && colok ? *reinterpret_cast<const float4 *>(X + BT * LDX + e4) : zero4;
 #pragma unroll
-    for (int u = 0; u < RU; u++) {
-        const int j = r0 + RS * u;
-        if (j >= BT)
-            break;
-        float4 x = xv[u]; /* zero past L and past nc: rows past L must be finite for the product */
-        const float b = bv[u];
-        if (colok && j < L) {
-            if (wt) {
-                const float4 gj = *reinterpret_cast<const float4 *>(Gs + j * LDX + e4);
-                const float4 eg = ex(gj, zero4);
-                const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e4;
-                if (KG) {
-                    const float4 el = ex(lam, gj);
-                    kda_st4(KG + og, make_float4(x.x * el.x, x.y * el.y, x.z * el.z, x.w * el.w));
+        for (int u = 0; u < RU; u++) {
+            const int j = r0 + RS * u;
+            if (j >= BT)
+                break;
+            /* zero past L and past nc: rows past L must be finite for the product */
+            float4 x = zero4;
+            if (colok && j < L) {
+                if (hasx) {
+                    const float4 r = wt ? kda_ld4(static_cast<const TQ *>(raw(sb)) + j * LDX + e4)
+                                        : kda_ld4(static_cast<const TV *>(raw(sb)) + j * LDX + e4);
+                    const float s = wt ? rowv[BT + j] : 1.f;
+                    x = make_float4(r.x * s, r.y * s, r.z * s, r.w * s);
                 }
-                if (QG) {
-                    const float4 qq = qv[u];
-                    kda_st4(QG + og,
-                            make_float4(qq.x * eg.x, qq.y * eg.y, qq.z * eg.z, qq.w * eg.w));
+                const float b_ = rowv[j];
+                if (wt) {
+                    const float4 gj = *reinterpret_cast<const float4 *>(X + j * LDX + e4);
+                    const float4 eg = ex(gj, zero4);
+                    const int64_t og = ((t0 + j) * HV + hv) * K + c0 + e4;
+                    if (KG) {
+                        const float4 el = ex(lam, gj);
+                        kda_st4(KG + og,
+                                make_float4(x.x * el.x, x.y * el.y, x.z * el.z, x.w * el.w));
+                    }
+                    if (QG) {
+                        float4 qq = qr[u].get();
+                        if (rq) {
+                            const float sc = rowv[2 * BT + j];
+                            qq = make_float4(qq.x * sc, qq.y * sc, qq.z * sc, qq.w * sc);
+                        }
+                        kda_st4(QG + og,
+                                make_float4(qq.x * eg.x, qq.y * eg.y, qq.z * eg.z, qq.w * eg.w));
+                    }
+                    x = make_float4(b_ * x.x * eg.x, b_ * x.y * eg.y, b_ * x.z * eg.z,
+                                    b_ * x.w * eg.w);
+                } else {
+                    x = make_float4(b_ * x.x, b_ * x.y, b_ * x.z, b_ * x.w);
                 }
-                x = make_float4(b * x.x * eg.x, b * x.y * eg.y, b * x.z * eg.z, b * x.w * eg.w);
-            } else {
-                x = make_float4(b * x.x, b * x.y, b * x.z, b * x.w);
             }
+            *reinterpret_cast<float4 *>(X + j * LDX + e4) = x;
         }
-        *reinterpret_cast<float4 *>(Xs + j * LDX + e4) = x;
-    }
-    if (!dst)
-        return; /* block-uniform */
-    __syncthreads();
-    float acc[AbTile<BT>::NTW][4] = {};
-    mma_stage<BT, true, false, 1, BT>(acc, Ts, LDT, Xs, LDX, 0);
-    if constexpr (sizeof(M) == 2) { /* bf16 (the mid path: K, V % 16 == 0): 16-byte stores */
-        __syncthreads();            /* Ts, Xs are read no more */
-        store_acc_rows<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f,
-                           reinterpret_cast<M *>(wy_smem));
-    } else {
-        store_acc<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f);
+        if (wt && z + 1 < nK)
+            load_q(z + 1);       /* in flight during the product */
+        if (wt ? mul_w : true) { /* block-uniform */
+            __syncthreads();     /* X is complete */
+            float acc[AbTile<BT>::NTW][4] = {};
+            mma_stage<BT, true, false, 1, BT>(acc, Ts, LDT, X, LDX, 0);
+            M *const dst = wt ? W : U;
+            if constexpr (sizeof(M) == 2) /* bf16 (the mid path: K, V % 16 == 0): 16-byte stores,
+                                             staged in the raw tile, read no more */
+                store_acc_rows<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f,
+                                   static_cast<M *>(raw(sb)));
+            else
+                store_acc<BT>(acc, dst + (t0 * HV + hv) * D + c0, (int64_t)HV * D, L, nc, 1.f);
+        }
+        __syncthreads(); /* stage sb is refilled by the next tile's copies */
     }
 }
 
@@ -649,14 +693,11 @@ static dg_status wy_fwd_launch_mma(dg_ctx *ctx, const kda_cuda_dims *d, const vo
     if (d->NC == 0)
         return DG_OK;
     const bool qb = sizeof(TQ) == 2;
-    const unsigned nz =
-        (unsigned)(DG_CEIL_DIV(d->K, kdamma::AB_N) + DG_CEIL_DIV(d->V, kdamma::AB_N));
     KDA_DISPATCH_BT(d->BT, {
-        const size_t smem =
-            sizeof(float) * ((size_t)BT_ * (BT_ + 4) + 2 * (size_t)BT_ * kdamma::AB_LDB);
+        const size_t smem = wy_fwd_smem<BT_, TV, TQ>();
         KDA_DISPATCH_MID(d->mid, {
             DG_TRY(dg__smem_opt_in((const void *)wy_fwd_mma_kernel<BT_, M_, TV, TQ>, smem));
-            wy_fwd_mma_kernel<BT_, M_, TV, TQ><<<dim3((unsigned)d->NC * nz, (unsigned)d->HV),
+            wy_fwd_mma_kernel<BT_, M_, TV, TQ><<<dim3((unsigned)d->NC, (unsigned)d->HV),
                                                  kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
                 d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, d->V, (const TQ *)q, (const TQ *)k,
                 qb ? d->rq : nullptr, qb ? d->rk : nullptr, v, beta, G, Tm, (M_ *)W, (M_ *)U,
