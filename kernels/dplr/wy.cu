@@ -29,11 +29,13 @@
  * Tensor cores, for bf16 leaves where dplr_mma_fits (K, V % 8 == 0, aligned arrays; TF32
  * m16n8k8 products, f32 accumulation; the f32 leaves keep the FFMA kernels, whose sums the f32
  * bound of 1e-5 needs):
- *   forward  dplr_wy_fwd_mma_kernel: block per (chunk, head, 64-wide tile), the tiles of K then
- *            of V as above; a key tile forms the gated operands elementwise (ag staged in shared
- *            memory) and w = Tab ag; a value tile X = Aak v (kept in shared memory) and u = Tab X.
- *            Tab, Aak and the tiles in dynamic shared memory, 2 x BT x (BT + 4) + 2 x BT x 72
- *            floats (70 KB at BT = 64).
+ *   forward  dplr_wy_fwd_mma_kernel: block per (chunk, head) walking the 64-wide tiles of K
+ *            then of V, Tab and Aak staged once, each tile's staged operand (Ge and a, or v) by
+ *            cp.async while the tile before is multiplied; a key tile streams the gated
+ *            operands through registers, forms ag in shared memory and w = Tab ag; a value tile
+ *            X = Aak v (kept in shared memory) and u = Tab X. Dynamic shared memory 2 x BT x
+ *            (BT + 4) floats and two stages of an f32 and a bf16 [BT][72] tile (88 KB at BT =
+ *            64: two blocks per SM).
  *   backward dplr_wy_bwd_mma_kernel: block per (chunk, head) as the FFMA kernel, 64-wide tiles:
  *            a key tile forms dag = Tab^T dw (staged) and dTab += dw ag^T, then the elementwise
  *            gradients; a value tile X = Aak v and dX = Tab^T du (staged), then dv = Aak^T dX,
@@ -126,11 +128,22 @@ __global__ void __launch_bounds__(NTH)
     }
 }
 
-/* grid (NC x (nkt + nvt), H) (chunk_tile: a chunk's tiles are neighbours and share Tab in L2);
- * tile z < nkt is key tile z (64 columns), else value tile z - nkt. Warp layout and products
- * of kdamma::mma_stage (warp w: 16 rows, NTW 8-column tiles). */
+/* grid (NC, H): one block per chunk and head, walking the K / 64 key tiles, then the V / 64 value
+ * tiles. Tab (and Aak, when value tiles are asked for) are staged once; each tile's staged
+ * operand (Ge and a for a key tile, v for a value tile) comes in by cp.async into one of two
+ * stages while the tile before is multiplied and stored. A key tile's gated operands qg, kg, bg
+ * stream through registers (every load of a thread's rows issued before the first use); ag =
+ * a exp(Ge) replaces the staged Ge in place (each thread rewrites only what it read), then w =
+ * Tab ag. A value tile: X = Aak v straight from the staged bf16 v (exact in TF32), then u = Tab
+ * X. Warp layout and products of kdamma::mma_stage (warp w: 16 rows, NTW 8-column tiles). */
+template <int BT> constexpr size_t dplr_wy_fwd_smem() {
+    using kdamma::AB_LDB;
+    return sizeof(float) * 2 * BT * (BT + 4) +
+           2 * (sizeof(float) + sizeof(kda_bf16)) * (size_t)BT * AB_LDB;
+}
+
 template <int BT>
-__global__ void __launch_bounds__(kdamma::AB_THREADS)
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 2)
     dplr_wy_fwd_mma_kernel(Dims d, int nkt, int nvt, float scale, const kda_bf16 *__restrict__ q,
                            const kda_bf16 *__restrict__ k, const kda_bf16 *__restrict__ v,
                            const kda_bf16 *__restrict__ a, const kda_bf16 *__restrict__ b,
@@ -139,68 +152,130 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS)
                            float *__restrict__ w, float *__restrict__ u, float *__restrict__ qg,
                            float *__restrict__ kg, float *__restrict__ bg) {
     using namespace kdamma;
-    constexpr int LDS = BT + 4, LDT = AB_N + 8, NTW = AbTile<BT>::NTW;
+    constexpr int LDS = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
+    constexpr int SB = (int)((sizeof(float) + sizeof(kda_bf16)) * BT * LDX); /* bytes per stage */
+    static_assert(SB % 16 == 0, "stages stay 16-byte aligned");
     extern __shared__ __align__(16) float wy_smem[];
     float *const Ts = wy_smem;       /* Tab [BT][LDS] */
     float *const Ms = Ts + BT * LDS; /* Aak [BT][LDS] (value tiles) */
-    float *const Xs = Ms + BT * LDS; /* ag or v tile [BT][LDT] */
-    float *const Ys = Xs + BT * LDT; /* X tile [BT][LDT] (value tiles) */
-    const int H = d.H, K = d.K, V = d.V;
-    const ChunkTile ct = chunk_tile(nkt + nvt);
-    const int64_t c = ct.c;
-    const int hh = blockIdx.y, z = ct.z;
-    const bool ktile = z < nkt;
-    if (ktile ? !(w || qg || kg || bg) : !u) /* block-uniform: nothing to make here */
-        return;
+    unsigned char *const stages = reinterpret_cast<unsigned char *>(Ms + BT * LDS);
+    /* stage sb: an f32 [BT][LDX] tile (Ge, turned into ag; or X), then a bf16 one (a or v) */
+    auto fx = [&](int sb) { return reinterpret_cast<float *>(stages + sb * SB); };
+    auto bx = [&](int sb) { return reinterpret_cast<kda_bf16 *>(fx(sb) + BT * LDX); };
+    const int K = d.K, V = d.V, H = d.H;
+    const int64_t c = blockIdx.x;
+    const int hh = blockIdx.y;
+    const int z0 = (w || qg || kg || bg) ? 0 : nkt, z1 = u ? nkt + nvt : nkt;
     const int64_t t0 = d.chunk_t0[c], ra = (int64_t)H * BT, oa = (t0 * H + hh) * BT;
     const int L = d.chunk_len[c];
-    /* Tab rows >= L zero; its zeros above the diagonal are stored (TRI = 1 skips them) */
-    tile_async<BT, BT, LDS, AB_THREADS>(Ts, Tab + oa, ra, L, 0, BT);
-    if (!ktile) /* Aak: zeros on and above the diagonal are stored */
-        tile_async<BT, BT, LDS, AB_THREADS>(Ms, Aak + oa, ra, L, 0, BT);
-    cp_async_commit();
-    float acc[NTW][4] = {};
-    if (ktile) {
-        const int e0 = z * AB_N, ne = min(AB_N, K - e0);
-        const int64_t rk = (int64_t)H * K, ok0 = (t0 * H + hh) * K + e0;
-        for (int idx = threadIdx.x; idx < BT * AB_N; idx += AB_THREADS) {
-            const int r = idx / AB_N, col = idx % AB_N;
-            float agv = 0.f;
-            if (r < L && col < ne) {
-                const int64_t o = ok0 + r * rk + col;
-                const float gi = Gi[o], fl = expf(Gi[ok0 + (L - 1) * rk + col] - gi);
-                if (qg)
-                    qg[o] = scale * kda_ld(q + o) * expf(gi);
-                if (kg)
-                    kg[o] = kda_ld(k + o) * fl;
-                if (bg)
-                    bg[o] = kda_ld(b + o) * fl;
-                agv = kda_ld(a + o) * expf(Ge[o]);
-            }
-            Xs[r * LDT + col] = agv;
+    if (z0 >= z1 || L <= 0)
+        return; /* block-uniform: nothing to make here */
+    const int64_t rk = (int64_t)H * K, rv = (int64_t)H * V;
+    /* Tab rows >= L zero; its zeros above the diagonal are stored (TRI = 1 skips them); Aak:
+     * zeros on and above the diagonal are stored */
+    if (w || u)
+        tile_async<BT, BT, LDS, NT>(Ts, Tab + oa, ra, L, 0, BT);
+    if (u)
+        tile_async<BT, BT, LDS, NT>(Ms, Aak + oa, ra, L, 0, BT);
+    auto stage = [&](int z, int sb) {
+        if (z < nkt) {
+            tile_async<BT, AB_N, LDX, NT>(fx(sb), Ge + (t0 * H + hh) * K, rk, L, AB_N * z, K);
+            tile_async<BT, AB_N, LDX, NT>(bx(sb), a + (t0 * H + hh) * K, rk, L, AB_N * z, K);
+        } else {
+            tile_async<BT, AB_N, LDX, NT>(bx(sb), v + (t0 * H + hh) * V, rv, L, AB_N * (z - nkt),
+                                          V);
         }
-        cp_async_wait<0>();
-        if (!w)
-            return;
-        __syncthreads();
-        mma_stage<BT, true, false, 1, BT>(acc, Ts, LDS, Xs, LDT, 0);
-        store_acc<BT>(acc, w + ok0, rk, L, ne, 1.f);
-        return;
+    };
+    stage(z0, 0);
+    cp_async_commit();
+    /* the elementwise part: thread = 4 consecutive columns e4 .. e4 + 3 and rows r0 + RS j */
+    constexpr int CG = AB_N / 4, RS = NT / CG, RU = BT / RS;
+    static_assert(NT % CG == 0 && BT % RS == 0, "a thread keeps its columns");
+    const int e4 = 4 * (threadIdx.x % CG), r0 = threadIdx.x / CG;
+    for (int z = z0, sb = 0; z < z1; z++, sb ^= 1) {
+        if (z + 1 < z1)
+            stage(z + 1, sb ^ 1); /* stage sb ^ 1 was released by the barrier ending tile z - 1 */
+        cp_async_commit();
+        float acc[AbTile<BT>::NTW][4] = {};
+        if (z < nkt) {
+            const int e0 = AB_N * z, ne = min(AB_N, K - e0);
+            const bool colok = e4 < ne; /* K % 8 == 0: a thread's 4 columns are all in or out */
+            const int64_t og0 = (t0 * H + hh) * K + e0 + e4;
+            /* every streamed load of this thread's rows first (they fly during the wait) */
+            float4 gi[RU], lam = make_float4(0.f, 0.f, 0.f, 0.f);
+            uint2 qr[RU], kr[RU], br[RU];
+            if (colok)
+                lam = __ldg(reinterpret_cast<const float4 *>(Gi + og0 + (L - 1) * rk));
+#pragma unroll
+            for (int j = 0; j < RU; j++) {
+                const int r = r0 + RS * j;
+                if (colok && r < L) {
+                    const int64_t o = og0 + r * rk;
+                    gi[j] = __ldg(reinterpret_cast<const float4 *>(Gi + o));
+                    if (qg)
+                        qr[j] = __ldg(reinterpret_cast<const uint2 *>(q + o));
+                    if (kg)
+                        kr[j] = __ldg(reinterpret_cast<const uint2 *>(k + o));
+                    if (bg)
+                        br[j] = __ldg(reinterpret_cast<const uint2 *>(b + o));
+                }
+            }
+            cp_async_wait<1>(); /* this tile's Ge and a (and Tab) have landed */
+            __syncthreads();
+            float *const X = fx(sb);
+            const kda_bf16 *const as = bx(sb);
+#pragma unroll
+            for (int j = 0; j < RU; j++) {
+                const int r = r0 + RS * j;
+                float4 ag = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (colok && r < L) {
+                    const int64_t o = og0 + r * rk;
+                    const float4 g = gi[j];
+                    const float4 fl = make_float4(expf(lam.x - g.x), expf(lam.y - g.y),
+                                                  expf(lam.z - g.z), expf(lam.w - g.w));
+                    if (qg) {
+                        const float4 x = kda_ld4(reinterpret_cast<const kda_bf16 *>(&qr[j]));
+                        *reinterpret_cast<float4 *>(qg + o) =
+                            make_float4(scale * x.x * expf(g.x), scale * x.y * expf(g.y),
+                                        scale * x.z * expf(g.z), scale * x.w * expf(g.w));
+                    }
+                    if (kg) {
+                        const float4 x = kda_ld4(reinterpret_cast<const kda_bf16 *>(&kr[j]));
+                        *reinterpret_cast<float4 *>(kg + o) =
+                            make_float4(x.x * fl.x, x.y * fl.y, x.z * fl.z, x.w * fl.w);
+                    }
+                    if (bg) {
+                        const float4 x = kda_ld4(reinterpret_cast<const kda_bf16 *>(&br[j]));
+                        *reinterpret_cast<float4 *>(bg + o) =
+                            make_float4(x.x * fl.x, x.y * fl.y, x.z * fl.z, x.w * fl.w);
+                    }
+                    const float4 ge = *reinterpret_cast<const float4 *>(X + r * LDX + e4);
+                    const float4 av = kda_ld4(as + r * LDX + e4);
+                    ag = make_float4(av.x * expf(ge.x), av.y * expf(ge.y), av.z * expf(ge.z),
+                                     av.w * expf(ge.w));
+                }
+                *reinterpret_cast<float4 *>(X + r * LDX + e4) = ag; /* rows >= L: 0 */
+            }
+            if (w) { /* block-uniform */
+                __syncthreads();
+                mma_stage<BT, true, false, 1, BT>(acc, Ts, LDS, X, LDX, 0);
+                store_acc<BT>(acc, w + (t0 * H + hh) * K + e0, rk, L, ne, 1.f);
+            }
+        } else {
+            const int v0 = AB_N * (z - nkt), nv = min(AB_N, V - v0);
+            cp_async_wait<1>(); /* this tile's v (and Tab, Aak) have landed */
+            __syncthreads();
+            float *const X = fx(sb);
+            /* X = Aak v (rows >= L: 0), the bf16 v read as staged */
+            mma_stage<BT, true, false, 1, BT>(acc, Ms, LDS, bx(sb), LDX, 0);
+            store_acc<BT>(acc, X, LDX, BT, AB_N, 1.f);
+            float uacc[AbTile<BT>::NTW][4] = {};
+            __syncthreads();
+            mma_stage<BT, true, false, 1, BT>(uacc, Ts, LDS, X, LDX, 0); /* u = Tab X */
+            store_acc<BT>(uacc, u + (t0 * H + hh) * V + v0, rv, L, nv, 1.f);
+        }
+        __syncthreads(); /* stage sb is refilled by the next tile's copies */
     }
-    const int v0 = (z - nkt) * AB_N, nv = min(AB_N, V - v0);
-    const int64_t rv = (int64_t)H * V, ov0 = (t0 * H + hh) * V + v0;
-    for (int idx = threadIdx.x; idx < BT * AB_N; idx += AB_THREADS) {
-        const int r = idx / AB_N, col = idx % AB_N;
-        Xs[r * LDT + col] = r < L && col < nv ? kda_ld(v + ov0 + r * rv + col) : 0.f;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    mma_stage<BT, true, false, 1, BT>(acc, Ms, LDS, Xs, LDT, 0); /* X = Aak v (rows >= L: 0) */
-    store_acc<BT>(acc, Ys, LDT, BT, AB_N, 1.f);
-    float uacc[NTW][4] = {};
-    __syncthreads();
-    mma_stage<BT, true, false, 1, BT>(uacc, Ts, LDS, Ys, LDT, 0); /* u = Tab X */
-    store_acc<BT>(uacc, u + ov0, rv, L, nv, 1.f);
 }
 
 // ---- backward kernel
@@ -476,16 +551,16 @@ static dg_status wy_fwd_t(dg_ctx *ctx, const kda_cuda_dims *d, float scale, cons
                           const void *k, const void *v, const void *a, const void *b,
                           const float *Gi, const float *Ge, const float *Aak, const float *Tab,
                           float *w, float *u, float *qg, float *kg, float *bg) {
-    if (sizeof(TI) == 2 && dplr_mma_fits(d, {Tab, Aak, w, u})) {
+    if (sizeof(TI) == 2 && dplr_mma_fits(d, {q, k, v, a, b, Gi, Ge, Tab, Aak, w, u, qg, kg, bg})) {
         using kdamma::AB_N;
         const int nkt = DG_CEIL_DIV(d->K, AB_N), nvt = DG_CEIL_DIV(d->V, AB_N);
-        const size_t smem = sizeof(float) * (2 * BT * (BT + 4) + 2 * BT * (AB_N + 8));
+        const size_t smem = dplr_wy_fwd_smem<BT>();
         DG_TRY(smem_opt_in(dplr_wy_fwd_mma_kernel<BT>, smem));
         dplr_wy_fwd_mma_kernel<BT>
-            <<<dim3((unsigned)(d->NC * (nkt + nvt)), d->H), kdamma::AB_THREADS, smem,
-               dg__stream(ctx)>>>(make_dims(d), nkt, nvt, scale, (const kda_bf16 *)q,
-                                  (const kda_bf16 *)k, (const kda_bf16 *)v, (const kda_bf16 *)a,
-                                  (const kda_bf16 *)b, Gi, Ge, Aak, Tab, w, u, qg, kg, bg);
+            <<<dim3((unsigned)d->NC, d->H), kdamma::AB_THREADS, smem, dg__stream(ctx)>>>(
+                make_dims(d), nkt, nvt, scale, (const kda_bf16 *)q, (const kda_bf16 *)k,
+                (const kda_bf16 *)v, (const kda_bf16 *)a, (const kda_bf16 *)b, Gi, Ge, Aak, Tab, w,
+                u, qg, kg, bg);
         DG_CHECK_LAUNCH();
         return DG_OK;
     }
