@@ -23,7 +23,7 @@
  *                     (tc == 2, the 3xTF32 mode, included) takes the FFMA kernel in f32.
  *            The tensor-core kernels use the hardware exponential kdamma::exp_ftz (a relative
  * error of a few 1e-6, far below the TF32 operand rounding). Backward: tc == 1 and the sizes
- * allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU): wy_cols_mma_kernel, one block per (chunk,
+ * allow (K, V % 4 == 0, 16-byte aligned Tm, dW, dU, G): wy_cols_mma_kernel, one block per (chunk,
  * hv) over the chunk's 64-column tiles: the column products on mma.sync TF32, the per-column work
  * of wy_cols_kernel on the product kept in shared memory, and dTm from the same staged tiles
  * (mma.sync TF32, accumulated in registers over the tiles). Else two kernels: (1) wy_cols_kernel
@@ -369,10 +369,10 @@ struct WyCols {
  * the N columns in order). FAST: the hardware exponential kdamma::exp_ftz (the tensor-core path).
  * All loads are issued before the first store. */
 template <int N, bool FAST, class TQ>
-__device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e,
-                                            bool kcol, bool vcol, bool lastrow,
-                                            const float (&lam)[N], const float (&s)[N],
-                                            float (&colsum)[N], float (&last)[N], float (&xo)[N]) {
+__device__ __forceinline__ float
+wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool vcol, bool lastrow,
+           const float (&lam)[N], const float (&s)[N], float (&colsum)[N], float (&last)[N],
+           float (&xo)[N], const float *gs = nullptr) {
     const float bj = o.beta[t * o.HV + hv];
     float pb = 0.f;
     if (kcol) {
@@ -381,7 +381,7 @@ __device__ __forceinline__ float wy_col_row(const WyCols &o, int64_t t, int hv, 
         const float sq = o.q.r ? o.q.r[t * o.H + hq] : 1.f;
         const float sk = o.k.r ? o.k.r[t * o.H + hq] : 1.f;
         float Gj[N], kj[N], qj[N], q0[N] = {}, k0[N] = {}, g0[N] = {}, dqg[N] = {}, dkg[N] = {};
-        kda_ldn<N>(Gj, o.G + ig);
+        kda_ldn<N>(Gj, gs ? gs : o.G + ig);
         kda_ldn<N>(kj, static_cast<const TQ *>(o.k.p) + iq);
         kda_ldn<N>(qj, static_cast<const TQ *>(o.q.p) + iq);
         /* what the accumulated outputs hold, read with the other loads (after the first store
@@ -522,11 +522,13 @@ __global__ void __launch_bounds__(NTH)
  * roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
  * replaced (the same bits). dbeta's partial sums are written per 32-column half (16 lanes) in
  * wy_cols_kernel's numbering of CT-wide tiles, so what follows the kernel does not change.
- * Dynamic shared memory: Tm [BT][BT + 8], up [BT][72] and the product / X [max(BT, 64)][72] (54 KB
- * at BT = 64: four blocks per SM, at most 64 registers). Needs K, V % 4 == 0 and 16-byte aligned
- * Tm, dW, dU (the launcher checks). */
+ * A key tile's G columns come in by cp.async with up, so the rows' work reads G (and lambda)
+ * from shared memory. Dynamic shared memory: Tm [BT][BT + 8], up [BT][72], the product / X
+ * [max(BT, 64)][72] and G [BT][72] floats (72 KB at BT = 64, and 2 KB static: three blocks per
+ * SM, at most 80 registers). Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU, G (the launcher
+ * checks). */
 template <int BT, class TQ>
-__global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
+__global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     wy_cols_mma_kernel(Dims d, QkIn q, QkIn k, const float *__restrict__ v,
                        const kda_bf16 *__restrict__ vb, const float *__restrict__ beta,
                        const float *__restrict__ G, const float *__restrict__ Tm,
@@ -540,7 +542,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
     constexpr int LDT = BT + 8, LDX = AB_LDB;
     extern __shared__ __align__(16) float cols_smem[];
     constexpr int XR = BT > AB_N ? BT : AB_N; /* rows of Xs: dTm's B operand has AB_N rows */
-    float *Ts = cols_smem, *Us = Ts + BT * LDT, *Xs = Us + BT * LDX;
+    float *Ts = cols_smem, *Us = Ts + BT * LDT, *Xs = Us + BT * LDX, *Gs = Xs + XR * LDX;
     __shared__ float red[NW][AB_N];
     const int H = d.H, HV = d.HV, K = d.K, V = d.V;
     const int nK = DG_CEIL_DIV(K, AB_N), nkt = DG_CEIL_DIV(K, CT), nz = nK + DG_CEIL_DIV(V, AB_N);
@@ -562,16 +564,19 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
         const int ncol = key ? K : V;
         const float *up = key ? dW : dU; /* the upstream gradient Tm^T is applied to */
         float pr[AbTile<BT>::NTW][4] = {};
-        __syncthreads(); /* the previous tile has read Us, Xs and red */
-        if (up) {        /* block-uniform; a NULL upstream gradient leaves the product zero */
+        __syncthreads(); /* the previous tile has read Us, Xs, Gs and red */
+        /* up (for the product) and a key tile's G (for the rows' work) come in together */
+        if (up) /* block-uniform; a NULL upstream gradient leaves the product zero */
             tile_async<BT, AB_N, LDX, AB_THREADS>(Us, up + (t0 * HV + hv) * ncol,
                                                   (int64_t)HV * ncol, L, c0, ncol);
-            cp_async_commit();
-            cp_async_wait<0>();
-            __syncthreads();
-            /* A(m = j, k = i) = Tm[i][j], kept for i >= j; rows i >= L are zero */
+        if (key)
+            tile_async<BT, AB_N, LDX, AB_THREADS>(Gs, G + (t0 * HV + hv) * K, (int64_t)HV * K, L,
+                                                  c0, K);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        if (up) /* A(m = j, k = i) = Tm[i][j], kept for i >= j; rows i >= L are zero */
             mma_stage<BT, false, false, 2, BT>(pr, Ts, LDT, Us, LDX, 0);
-        }
         store_acc<BT>(pr, Xs, LDX, BT, AB_N, 1.f); /* rows j >= L and columns past ncol: 0 */
         __syncthreads();
 
@@ -582,14 +587,15 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 4)
         const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
         float lam[2] = {0.f, 0.f}, colsum[2] = {0.f, 0.f}, last[2] = {0.f, 0.f};
         if (key && ok && L > 0)
-            kda_ldn<2>(lam, G + ((t0 + L - 1) * HV + hv) * K + e);
+            kda_ldn<2>(lam, Gs + (L - 1) * LDX + el);
         for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
             float *sx = Xs + j * LDX + el;
             const float2 s2 = *reinterpret_cast<const float2 *>(sx);
             const float sv[2] = {s2.x, s2.y};
             float x[2] = {0.f, 0.f};
-            float pb = wy_col_row<2, true, TQ>(o, t0 + j, hv, hq, e, key && ok, !key && ok,
-                                               j == L - 1, lam, sv, colsum, last, x);
+            float pb =
+                wy_col_row<2, true, TQ>(o, t0 + j, hv, hq, e, key && ok, !key && ok, j == L - 1,
+                                        lam, sv, colsum, last, x, Gs + j * LDX + el);
             /* (Tm^T up)_j has been used: X_j in its place, for dTm */
             *reinterpret_cast<float2 *>(sx) = make_float2(x[0], x[1]);
 #pragma unroll
@@ -805,10 +811,10 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
     const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
     if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
-               aligned16(dU) &&
+               aligned16(dU) && aligned16(G) &&
                wy_pairs_aligned(q, k, qi.bf16, G, dKG, dQG, dqv, dkv, dG, v, vb, dv, dvb, dTm))) {
         /* columns and dTm in one kernel (vb: the caller has checked the same) */
-        const size_t smem = sizeof(float) * ((size_t)BT * (BT + 8 + kdamma::AB_LDB) +
+        const size_t smem = sizeof(float) * ((size_t)BT * (BT + 8 + 2 * kdamma::AB_LDB) +
                                              (size_t)(BT > 64 ? BT : 64) * kdamma::AB_LDB);
         const dim3 grid((unsigned)d.NC, d.HV);
         if (qi.bf16) {
