@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 2)
             const int64_t og0 = (t0 * H + hh) * K + e0 + e4;
             /* every streamed load of this thread's rows first (they fly during the wait) */
             float4 gi[RU], lam = make_float4(0.f, 0.f, 0.f, 0.f);
-            uint2 qr[RU], kr[RU], br[RU];
+            kda_raw4<kda_bf16> qr[RU], kr[RU], br[RU];
             if (colok)
                 lam = __ldg(reinterpret_cast<const float4 *>(Gi + og0 + (L - 1) * rk));
 #pragma unroll
@@ -213,11 +213,11 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 2)
                     const int64_t o = og0 + r * rk;
                     gi[j] = __ldg(reinterpret_cast<const float4 *>(Gi + o));
                     if (qg)
-                        qr[j] = __ldg(reinterpret_cast<const uint2 *>(q + o));
+                        qr[j].load(q + o);
                     if (kg)
-                        kr[j] = __ldg(reinterpret_cast<const uint2 *>(k + o));
+                        kr[j].load(k + o);
                     if (bg)
-                        br[j] = __ldg(reinterpret_cast<const uint2 *>(b + o));
+                        br[j].load(b + o);
                 }
             }
             cp_async_wait<1>(); /* this tile's Ge and a (and Tab) have landed */
@@ -234,18 +234,18 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 2)
                     const float4 fl = make_float4(expf(lam.x - g.x), expf(lam.y - g.y),
                                                   expf(lam.z - g.z), expf(lam.w - g.w));
                     if (qg) {
-                        const float4 x = kda_ld4(reinterpret_cast<const kda_bf16 *>(&qr[j]));
+                        const float4 x = qr[j].get();
                         *reinterpret_cast<float4 *>(qg + o) =
                             make_float4(scale * x.x * expf(g.x), scale * x.y * expf(g.y),
                                         scale * x.z * expf(g.z), scale * x.w * expf(g.w));
                     }
                     if (kg) {
-                        const float4 x = kda_ld4(reinterpret_cast<const kda_bf16 *>(&kr[j]));
+                        const float4 x = kr[j].get();
                         *reinterpret_cast<float4 *>(kg + o) =
                             make_float4(x.x * fl.x, x.y * fl.y, x.z * fl.z, x.w * fl.w);
                     }
                     if (bg) {
-                        const float4 x = kda_ld4(reinterpret_cast<const kda_bf16 *>(&br[j]));
+                        const float4 x = br[j].get();
                         *reinterpret_cast<float4 *>(bg + o) =
                             make_float4(x.x * fl.x, x.y * fl.y, x.z * fl.z, x.w * fl.w);
                     }

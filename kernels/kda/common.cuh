@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include <cuda_bf16.h>
+#include <type_traits>
 
 #include "../common.cuh"
 #include "kda_cuda.h"
@@ -91,6 +92,17 @@ __device__ __forceinline__ float4 kda_ld4(const kda_bf16 *p) {
     const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
     return make_float4(a.x, a.y, b.x, b.y);
 }
+/* Four consecutive elements of T (f32 or bf16) held as loaded, widened only by get(): a load
+ * whose widening follows at once makes the widening wait for it where it is issued, so kernels
+ * that load a tile's rows ahead of use keep them raw. */
+template <class T> struct kda_raw4 {
+    using type = typename std::conditional<sizeof(T) == 2, uint2, float4>::type;
+    type u;
+    __device__ __forceinline__ void load(const T *p) { u = *reinterpret_cast<const type *>(p); }
+    __device__ __forceinline__ float4 get() const {
+        return kda_ld4(reinterpret_cast<const T *>(&u));
+    }
+};
 /* N (1 or 2) consecutive elements at p into x, and back: one 4- or 8-byte access (f32), 2- or
  * 4-byte (bf16). */
 template <int N, class T> __device__ __forceinline__ void kda_ldn(float (&x)[N], const T *p) {

@@ -170,23 +170,6 @@ template <int BT, class TV, class TQ> constexpr size_t wy_fwd_smem() {
     return sizeof(float) * BT * (BT + 4 + 3) + 2 * (sv > sq ? sv : sq);
 }
 
-/* Four consecutive elements of T as loaded (not yet widened: the widening would wait for the
- * load where it is issued) */
-template <class T> struct Raw4 {
-    using type = typename std::conditional<sizeof(T) == 2, uint2, float4>::type;
-    type u;
-    __device__ __forceinline__ void load(const T *p) { u = *reinterpret_cast<const type *>(p); }
-    __device__ __forceinline__ float4 get() const {
-        if constexpr (sizeof(T) == 2) {
-            const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.x));
-            const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u.y));
-            return make_float4(a.x, a.y, b.x, b.y);
-        } else {
-            return u;
-        }
-    }
-};
-
 template <int BT, class M, class TV, class TQ>
 __global__ void /* bf16 leaves: 72 KB of shared memory and 80 registers, three blocks per SM */
 __launch_bounds__(kdamma::AB_THREADS, sizeof(TV) == 2 && sizeof(TQ) == 2 ? 3 : 2)
@@ -257,7 +240,7 @@ __launch_bounds__(kdamma::AB_THREADS, sizeof(TV) == 2 && sizeof(TQ) == 2 ? 3 : 2
         rowv[2 * BT + j] = ok && rq ? rq[(t0 + j) * H + hq] : 1.f;
     }
     /* q of key tile z (the rows of this thread), loaded a tile ahead */
-    Raw4<TQ> qr[RU];
+    kda_raw4<TQ> qr[RU];
     auto load_q = [&](int z) {
         if (!QG || z >= nK)
             return;
