@@ -325,14 +325,15 @@ __global__ void __launch_bounds__(KDA_THREADS)
  *     steps add the exact per-pair sums (FFMA, pairs j <= i only; above the diagonal nothing is
  *     stored).
  * The split of a product over d may differ from one key step to the next: both factors of a
- * step go into its own operands. Key tiles of 32 columns of q, k (as stored: f32, or bf16 times
- * the row scales rq, rk as they are read, TQ) and G are staged by cp.async (16-byte pieces, when
- * K % 4 == 0 and the arrays are 16-byte aligned: vec, which also stores Aqk in pairs and Tm in
- * 16-byte pieces; bf16 q, k come only so) in two stages, so the next tile loads while this one
- * is multiplied. Then each warp writes its blocks of Aqk from its registers and those of Lkk =
- * Diag(beta) P into shared memory; a diagonal warp inverts its block at once
- * (intra_diag_inverse), and intra_merge_blocks completes Tm. Every warp keeps at most four 16 x 8
- * accumulator tiles of each matrix (32 registers), so that three blocks fit on an SM (MINB).
+ * step go into its own operands. Key tiles of 32 columns of q, k (as stored, f32 or bf16: TQ; the
+ * products use the rows as stored, and bf16 rows' scales rq, rk multiply each element of Aqk
+ * and Lkk once, after the key loop: both sums are bilinear in the rows) and G are staged by
+ * cp.async (16-byte pieces, when K % 4 == 0 and the arrays are 16-byte aligned: vec, which also
+ * stores Aqk in pairs and Tm in 16-byte pieces; bf16 q, k come only so) in two stages, so the next
+ * tile loads while this one is multiplied. Then each warp writes its blocks of Aqk from its
+ * registers and those of Lkk = Diag(beta) P into shared memory; a diagonal warp inverts its block
+ * at once (intra_diag_inverse), and intra_merge_blocks completes Tm. Every warp keeps at most four
+ * 16 x 8 accumulator tiles of each matrix (32 registers), so that three blocks fit on an SM (MINB).
  * Shared memory (dynamic, IntraFwd::smem): the two stages, which Lkk, Tm and the merge scratch
  * overlay once the key loop is done; after them the row scales and the diagonal warps' scratch
  * for their exact sums. */
@@ -410,23 +411,15 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     const TQ *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
     const float *gg = G + (t0 * HV + hv) * K;
 
-    /* row scales: this thread's rows in registers (A rows i0, i0 + 8; B rows of each of its
-     * column blocks), every row in shared memory for the exact diagonal sums */
+    /* row scales (bf16 rows: q^ = rq q, k^ = rk k) in shared memory. The key loop multiplies the
+     * rows as stored; both sums are bilinear in the rows, so the epilogue applies the scales once
+     * per element: Araw[i,j] = rq_i rk_j (q_i . k_j x_ij), P[i,j] = rk_i rk_j (k_i . k_j x_ij). */
     auto rscale = [&](const float *r, int row) {
-        return QB && r && row >= 0 && row < L ? r[(t0 + row) * H + hq] : 1.f;
+        return QB && r && row < L ? r[(t0 + row) * H + hq] : 1.f;
     };
     if (tid < BT) {
         scq[tid] = rscale(rq, tid);
         sck[tid] = rscale(rk, tid);
-    }
-    float sqa[2], ska[2], skb[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        sqa[h] = rscale(rq, i0 + 8 * h);
-        ska[h] = rscale(rk, i0 + 8 * h);
-#pragma unroll
-        for (int nb = 0; nb < 2; nb++)
-            skb[nb][h] = rscale(rk, 16 * (tk.J0 + nb) + 8 * h + g);
     }
 
     float accA[2][2][4], accP[2][2][4]; /* [column block][8-column tile][fragment] */
@@ -468,10 +461,8 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
             }
         }
     };
-    /* q or k at (row, column) of a staged tile, times the row's scale (x 1 skipped for f32) */
-    auto rd = [&](const TQ *s, int row, int col, float sc) {
-        return QB ? kda_ld(s + row * LDQ + col) * sc : kda_ld(s + row * LDQ + col);
-    };
+    /* q or k at (row, column) of a staged tile, as stored */
+    auto rd = [&](const TQ *s, int row, int col) { return kda_ld(s + row * LDQ + col); };
 
     using kdamma::exp_ftz;
     using kdamma::mma_3xtf32;
@@ -485,7 +476,7 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
              x++) { /* a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4) */
             const int row = i0 + 8 * (x & 1), col = e0 + 4 * (x >> 1);
             const float f = exp_ftz(fminf(gs[row * LDG + col] - gr[x >> 1], 0.f));
-            const float qa = rd(qs, row, col, sqa[x & 1]), ka = rd(ks, row, col, ska[x & 1]);
+            const float qa = rd(qs, row, col), ka = rd(ks, row, col);
             if (P == 1) {
                 qh[x] = kdamma::tf32(qa * f);
                 kh[x] = kdamma::tf32(ka * f);
@@ -502,10 +493,9 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
             for (int h = 0; h < 2; h++) {
                 const int j = 16 * (tk.J0 + nb) + 8 * h + g;
                 /* b0 (k = t, n = g), b1 (k = t + 4, n = g) */
-                const float b0 =
-                    rd(ks, j, e0, skb[nb][h]) * exp_ftz(fminf(gr[0] - gs[j * LDG + e0], 0.f));
-                const float b1 = rd(ks, j, e0 + 4, skb[nb][h]) *
-                                 exp_ftz(fminf(gr[1] - gs[j * LDG + e0 + 4], 0.f));
+                const float b0 = rd(ks, j, e0) * exp_ftz(fminf(gr[0] - gs[j * LDG + e0], 0.f));
+                const float b1 =
+                    rd(ks, j, e0 + 4) * exp_ftz(fminf(gr[1] - gs[j * LDG + e0 + 4], 0.f));
                 if (P == 1) {
                     const unsigned bh0 = kdamma::tf32(b0), bh1 = kdamma::tf32(b1);
                     kdamma::mma_tf32(accA[nb][h], qh, bh0, bh1);
@@ -524,13 +514,11 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     auto diag_step = [&](const TQ *qs, const TQ *ks, const float *gs, int c) {
         const int e0 = c + t;
         const float gm[2] = {gs[mid * LDG + e0], gs[mid * LDG + e0 + 4]};
-        float qa[4], ka[4], ga[4];
+        float ga[4]; /* q and k are read where they are used: fewer live registers */
         bool near = true;
 #pragma unroll
         for (int x = 0; x < 4; x++) {
             const int row = i0 + 8 * (x & 1), col = e0 + 4 * (x >> 1);
-            qa[x] = rd(qs, row, col, sqa[x & 1]);
-            ka[x] = rd(ks, row, col, ska[x & 1]);
             ga[x] = gs[row * LDG + col];
             if (row < L && fabsf(ga[x] - gm[x >> 1]) > MID_SPAN)
                 near = false;
@@ -542,10 +530,9 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int j = 16 * I + 8 * h + g;
-                const float b0 =
-                    rd(ks, j, e0, skb[0][h]) * exp_ftz(fminf(gm[0] - gs[j * LDG + e0], MID_SPAN));
-                const float b1 = rd(ks, j, e0 + 4, skb[0][h]) *
-                                 exp_ftz(fminf(gm[1] - gs[j * LDG + e0 + 4], MID_SPAN));
+                const float b0 = rd(ks, j, e0) * exp_ftz(fminf(gm[0] - gs[j * LDG + e0], MID_SPAN));
+                const float b1 =
+                    rd(ks, j, e0 + 4) * exp_ftz(fminf(gm[1] - gs[j * LDG + e0 + 4], MID_SPAN));
                 kdamma::tf32_split(b0, bh[h][0], bl[h][0]);
                 kdamma::tf32_split(b1, bh[h][1], bl[h][1]);
             }
@@ -556,13 +543,15 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
             unsigned ah[4], al[4];
 #pragma unroll
             for (int x = 0; x < 4; x++)
-                kdamma::tf32_split(qa[x] * f[x], ah[x], al[x]);
+                kdamma::tf32_split(rd(qs, i0 + 8 * (x & 1), e0 + 4 * (x >> 1)) * f[x], ah[x],
+                                   al[x]);
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 mma_3xtf32(accA[0][h], ah, al, bh[h][0], bh[h][1], bl[h][0], bl[h][1]);
 #pragma unroll
             for (int x = 0; x < 4; x++)
-                kdamma::tf32_split(ka[x] * f[x], ah[x], al[x]);
+                kdamma::tf32_split(rd(ks, i0 + 8 * (x & 1), e0 + 4 * (x >> 1)) * f[x], ah[x],
+                                   al[x]);
 #pragma unroll
             for (int h = 0; h < 2; h++)
                 mma_3xtf32(accP[0][h], ah, al, bh[h][0], bh[h][1], bl[h][0], bl[h][1]);
@@ -577,10 +566,9 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
                 float sa = 0.f, sp = 0.f;
 #pragma unroll 1
                 for (int e = c; e < c + 8 && j <= i; e++) {
-                    const float xk =
-                        rd(ks, j, e, sck[j]) * exp_ftz(gs[i * LDG + e] - gs[j * LDG + e]);
-                    sa += rd(qs, i, e, scq[i]) * xk;
-                    sp += rd(ks, i, e, sck[i]) * xk;
+                    const float xk = rd(ks, j, e) * exp_ftz(gs[i * LDG + e] - gs[j * LDG + e]);
+                    sa += rd(qs, i, e) * xk;
+                    sp += rd(ks, i, e) * xk;
                 }
                 fs[y] = sa;
                 fs[8 + y] = sp;
@@ -630,6 +618,7 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
         for (int hh = 0; hh < 2; hh++) {
             const int i = i0 + 8 * hh;
             const float bi = i < L ? beta[(t0 + i) * HV + hv] : 0.f;
+            const float sa = scale * scq[i], sp = bi * sck[i]; /* the row's factors */
             float *arow = Aqk + ((t0 + i) * HV + hv) * BT;
             auto put = [&](int j, float a0, float a1) { /* Aqk[i, j .. j + 1] */
                                                         if (i >= L)
@@ -651,9 +640,10 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
                     const int j = 16 * (tk.J0 + nb) + 8 * h + 2 * t;
                     const float a0 = accA[nb][h][2 * hh], a1 = accA[nb][h][2 * hh + 1];
                     const float p0 = accP[nb][h][2 * hh], p1 = accP[nb][h][2 * hh + 1];
-                    put(j, j <= i ? scale * a0 : 0.f, j + 1 <= i ? scale * a1 : 0.f);
-                    Ls[i * LDS + j] = j < i ? bi * p0 : 0.f;
-                    Ls[i * LDS + j + 1] = j + 1 < i ? bi * p1 : 0.f;
+                    const float s0 = sck[j], s1 = sck[j + 1]; /* the columns' factors */
+                    put(j, j <= i ? sa * s0 * a0 : 0.f, j + 1 <= i ? sa * s1 * a1 : 0.f);
+                    Ls[i * LDS + j] = j < i ? sp * s0 * p0 : 0.f;
+                    Ls[i * LDS + j + 1] = j + 1 < i ? sp * s1 * p1 : 0.f;
                 }
             }
             if (tk.D) /* the zero blocks right of the diagonal */
