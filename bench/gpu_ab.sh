@@ -2,7 +2,8 @@
 # bench/gpu_ab.sh -- A/B of the working tree against a base commit on one GPU machine, in one
 # call: both trees built side by side (cuda preset), each op's CUDA suite on the new tree, ncu per
 # kernel of one `bench OP --reps 1` run at the first reference shape for both, then `bench OP`
-# alternated new / base. Logs go to $OUT (or ./out); a short table is printed last.
+# alternated new / base. Logs go to $OUT (or ./out), packed into gpu_ab_logs.tgz at the end; a
+# short table is printed last.
 #   bench/gpu_ab.sh [BASE_REF]          (default HEAD)
 #   DG_AB_OP=kda|dplr|kda,dplr          the ops (default kda): test_OP_cuda, bench OP for each
 #   DG_AB_TESTS="--stage intra,wy"      extra arguments for test_OP_cuda gpu ("" runs all)
@@ -70,4 +71,6 @@ for op in "${ops[@]}"; do
         grep -E "^B,T,H|^[0-9]+," "$out/bench_${op}_$f.log"
     done
 done
+# every log in one archive (ncu tables, test and bench logs, builds): one file to copy back
+(cd "$out" && tar czf gpu_ab_logs.tgz --remove-files gpu.txt build_*.log test_*_cuda.log ncu_* bench_*_*.log 2>/dev/null)
 exit $rc
