@@ -1062,9 +1062,10 @@ static void factored_cmp(const world *w, const char *kern, const char *stage, co
  * reciprocal norms r, instead of the f32 rows y = x r. The intra backward, the WY functions
  * (both directions) and the norm's backward must give exactly what they give from y -- bit for
  * bit: they form the same products -- and agree with the f64 references on the normalised rows
- * of the bf16 x. The intra forward sums the products of the rows as stored and applies the
- * scales to each finished element (the sums are bilinear in the rows), so it rounds differently
- * from y's and is held to the f64 reference alone, with the variant's tolerance. Run in the f64
+ * of the bf16 x. The tensor-core intra forward sums the products of the rows as stored and
+ * applies the scales to each finished element (the sums are bilinear in the rows), so it rounds
+ * differently from y's and is held to the f64 reference alone, with the variant's tolerance (the
+ * FFMA intra forward, which takes the rows widened to y, keeps the same-bits check). Run in the f64
  * worlds (every kernel variant). */
 static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
     const kda_dims *d = w->d;
@@ -1117,13 +1118,22 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
         dg_tensor *wA = ref(w, cpu, TT, HV, BT, 0), *wT = ref(w, cpu, TT, HV, BT, 0);
         DG_TEST_TRY(
             REF(w, intra_fwd, d, w->scale, P(qh), P(kh), P(w->beta), P(w->G), P(wA), P(wT)));
-        dg_tensor *o[2] = {poisoned(gpu, wA), poisoned(gpu, wT)};
+        dg_tensor *o[4] = {poisoned(gpu, wA), poisoned(gpu, wT), NULL, NULL};
         dg_check_ok(dg__kda_intra_fwd_cuda(gpu, &fd, scale, F(xq_d), F(xk_d), F(w->beta_d),
                                            F(w->G_d), F(o[0]), F(o[1])),
                     "intra launch (factored)");
+        if (w->mode == 0) { /* the FFMA kernel takes the rows widened to y: the same bits */
+            o[2] = poisoned(gpu, wA);
+            o[3] = poisoned(gpu, wT);
+            dg_check_ok(dg__kda_intra_fwd_cuda(gpu, w->dd, scale, F(yq_d), F(yk_d), F(w->beta_d),
+                                               F(w->G_d), F(o[2]), F(o[3])),
+                        "intra launch (y)");
+            same_bits(cn, "intra Aqk factored == from y (ffma)", o[2], o[0]);
+            same_bits(cn, "intra Tm factored == from y (ffma)", o[3], o[1]);
+        }
         wcmp(w, "kda_intra_fwd", "Aqk (factored)", o[0], wA);
         wcmp(w, "kda_intra_fwd", "Tm (factored)", o[1], wT);
-        free_all(o, 2);
+        free_all(o, 4);
         dg_tensor_free(&wA);
         dg_tensor_free(&wT);
     }
