@@ -162,12 +162,12 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * (72 KB at BT = 64 for bf16 leaves: three blocks per SM; 90 KB for f32). The outputs are stored as
  * M (f32 or bf16, kda_cuda_dims.mid). Needs K, V % 4 == 0 and 16-byte aligned arrays (the launcher
  * checks). */
-template <int BT, class TX> constexpr size_t wy_fwd_stage_bytes() {
-    return sizeof(float) * (BT + 1) * kdamma::AB_LDB + sizeof(TX) * BT * kdamma::AB_LDB;
+template <int BT, class TV, class TQ> constexpr size_t wy_fwd_stage_bytes() { /* one stage */
+    constexpr size_t raw = sizeof(TV) > sizeof(TQ) ? sizeof(TV) : sizeof(TQ);
+    return (sizeof(float) * (BT + 1) + raw * BT) * kdamma::AB_LDB;
 }
 template <int BT, class TV, class TQ> constexpr size_t wy_fwd_smem() {
-    constexpr size_t sv = wy_fwd_stage_bytes<BT, TV>(), sq = wy_fwd_stage_bytes<BT, TQ>();
-    return sizeof(float) * BT * (BT + 4 + 3) + 2 * (sv > sq ? sv : sq);
+    return sizeof(float) * BT * (BT + 4 + 3) + 2 * wy_fwd_stage_bytes<BT, TV, TQ>();
 }
 
 template <int BT, class M, class TV, class TQ>
@@ -182,9 +182,7 @@ __launch_bounds__(kdamma::AB_THREADS, sizeof(TV) == 2 && sizeof(TQ) == 2 ? 3 : 2
                       M *__restrict__ KG, M *__restrict__ QG) {
     using namespace kdamma;
     constexpr int LDT = BT + 4, LDX = AB_LDB, NT = AB_THREADS;
-    constexpr size_t SB = (wy_fwd_stage_bytes<BT, TV>() > wy_fwd_stage_bytes<BT, TQ>()
-                               ? wy_fwd_stage_bytes<BT, TV>()
-                               : wy_fwd_stage_bytes<BT, TQ>());
+    constexpr size_t SB = wy_fwd_stage_bytes<BT, TV, TQ>();
     static_assert(SB % 16 == 0, "stages stay 16-byte aligned");
     extern __shared__ __align__(16) float wy_smem[];
     float *const Ts = wy_smem;
