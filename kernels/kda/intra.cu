@@ -610,13 +610,15 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     };
 
     /* PR, once the tile of stage b has landed: the rows' sums of squares gain its columns
-     * (thread: row tid / 4, 8 columns), and warp 0 forms its G tile in gp, lane = column, walking
-     * the rows in order with the gate kernel's formula, floor and sums (the same bits as
-     * kda_gate_cumsum_fwd_kernel), writing G as it goes; rows past L and columns past K stay 0,
-     * as the zero-filled G tile of the other path. */
+     * (thread: row tid / 4, 8 columns), and the block forms the tile's G in gp and writes it:
+     * thread (warp w, lane = column) the gates of rows RS w .. RS w + RS - 1 (kda_gate_value_tc)
+     * and their running sum, the segments' totals through the exact-sum scratch fb, then each
+     * row's G = the totals of the segments above it (in order) + its running sum. Rows past L and
+     * columns past K stay 0, as the zero-filled G tile of the other path. */
     const float ga = PR && pp.A_log ? expf(pp.A_log[hv]) : 1.f;
     auto prep_tile = [&](int kt, int b) {
         if constexpr (PR) {
+            constexpr int RS = BT / F::NW; /* rows per segment (8) */
             const TQ *qs = stq(b), *ks = qs + BT * LDQ;
             const kda_bf16 *xs = reinterpret_cast<const kda_bf16 *>(ks + BT * LDQ);
             {
@@ -630,25 +632,34 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
                     ssk = fmaf(xk[u], xk[u], ssk);
                 }
             }
-            if (w == 0) {
-                const int col = kt * KT + lane, e = hv * K + col;
-                const bool ok = col < K;
-                float acc = 0.f;
-                float *Gc = pp.G + (t0 * HV + hv) * K + col;
-#pragma unroll 8
-                for (int i = 0; i < BT; i++) {
-                    if (ok && i < L) {
-                        const float gv = kda_gate_value(pp.kind, pp.lb, kda_ld(xs + i * LDQ + lane),
-                                                        ga, pp.dt_bias, e);
-                        acc += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
-                        Gc[(int64_t)i * HV * K] = acc;
-                        gp[i * LDG + lane] = acc;
-                    } else {
-                        gp[i * LDG + lane] = 0.f;
-                    }
+            const int col = kt * KT + lane, r0 = RS * w;
+            const bool ok = col < K;
+            const float bias = ok && pp.dt_bias ? pp.dt_bias[hv * K + col] : 0.f;
+            float run[RS], sum = 0.f;
+#pragma unroll
+            for (int u = 0; u < RS; u++) {
+                if (ok && r0 + u < L) {
+                    const float gv = kda_gate_value_tc(
+                        pp.kind, pp.lb, kda_ld(xs + (r0 + u) * LDQ + lane), ga, bias);
+                    sum += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
                 }
+                run[u] = sum;
             }
+            fb[w * 32 + lane] = sum;
             __syncthreads();
+            float off = 0.f;
+            for (int p = 0; p < w; p++)
+                off += fb[p * 32 + lane];
+            float *Gc = pp.G + (t0 * HV + hv) * K + col;
+#pragma unroll
+            for (int u = 0; u < RS; u++) {
+                const int i = r0 + u;
+                const bool in = ok && i < L;
+                gp[i * LDG + lane] = in ? off + run[u] : 0.f;
+                if (in)
+                    Gc[(int64_t)i * HV * K] = off + run[u];
+            }
+            __syncthreads(); /* gp complete; fb free for the diagonal warps */
         }
     };
 

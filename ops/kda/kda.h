@@ -697,9 +697,9 @@ dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, int defer, dg_tenso
  * and gate (N3: G) nodes would compute first (kernels/kda/kda_cuda.h, kda_intra_prep): those
  * nodes are recorded as always -- same inputs, outputs, saved tensors and backward -- with their
  * outputs allocated but not filled (defer = 1), and dg__kda_intra_x, given the kda_prep, fills
- * them before any other stage reads them. G has the bits the gate kernel would give; rq, rk the
- * norm's formula, summed in another order. One kernel reads q, k and g once instead of three
- * kernels reading them and the intra kernel reading q, k and G again. */
+ * them before any other stage reads them. G and rq, rk follow the gate's and the norm's formulas,
+ * evaluated and summed otherwise (f32 accuracy; kernels/kda/kda_cuda.h). One kernel reads q, k and
+ * g once instead of three kernels reading them and the intra kernel reading q, k and G again. */
 typedef struct kda_prep {
     dg_tensor *g, *A_log, *dt_bias; /* N3's inputs */
 } kda_prep;
