@@ -1138,6 +1138,60 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
         dg_tensor_free(&wT);
     }
 
+    /* intra forward with its prep (kda_intra_prep): G of each gate kind (cumsum) from a bf16
+     * gate input and rq, rk, each formed in another order (G: with the hardware exponential) than
+     * the gate and norm kernels, so held to the f64 references at f32 accuracy (and G to the gate
+     * kernel's); Aqk, Tm against the f64 references from the f64 normalised rows and the f64 G of
+     * the rounded gate input. Where it applies (tc == 1). */
+    for (size_t gi = 0; gi < NELEM(gate_kinds); gi++) {
+        const struct gate_kind *gk = &gate_kinds[gi];
+        dg_tensor *x = gk->kind == DG_GATE_NONE ? w->graw : w->xg, *x_h = NULL;
+        dg_tensor *x_d = bf16_dev(cpu, gpu, x, &x_h);
+        if (!gk->cumsum || !dg__kda_intra_prep_fits(&fd, P(xq_d), P(xk_d), P(x_d))) {
+            dg_tensor_free(&x_d);
+            dg_tensor_free(&x_h);
+            continue;
+        }
+        ct_cell(S_INTRA, D_FWD, w->var);
+        char what[96];
+        const float *A = gk->use_A ? F(w->Alog_d) : NULL, *b = gk->use_b ? F(w->dtb_d) : NULL;
+        dg_tensor *wG = ref(w, cpu, TT, HV, K, 0), *wA = ref(w, cpu, TT, HV, BT, 0);
+        dg_tensor *wT = ref(w, cpu, TT, HV, BT, 0);
+        REF(w, gate_fwd, d, gk->kind, -5.0, 1, P(x_h), gk->use_A ? P(w->Alog) : NULL,
+            gk->use_b ? P(w->dtb) : NULL, P(wG));
+        DG_TEST_TRY(REF(w, intra_fwd, d, w->scale, P(qh), P(kh), P(w->beta), P(wG), P(wA), P(wT)));
+        dg_tensor *G1 = poisoned(gpu, wG),
+                  *o[5] = {poisoned(gpu, wG), poisoned(gpu, rqh), poisoned(gpu, rkh),
+                           poisoned(gpu, wA), poisoned(gpu, wT)};
+        dg_check_ok(dg__kda_gate_fwd_cuda(gpu, w->dd, gk->kind, -5.0f, 1, 1, P(x_d), A, b, F(G1)),
+                    "gate launch (bf16 x)");
+        kda_cuda_dims pd = fd; /* rq, rk are the prep's outputs */
+        pd.rq = pd.rk = NULL;
+        const kda_intra_prep pp = {P(x_d), A, b, gk->kind, -5.0f, 1e-6f, F(o[0]), F(o[1]), F(o[2])};
+        dg_check_ok(dg__kda_intra_prep_fwd_cuda(gpu, &pd, scale, F(xq_d), F(xk_d), F(w->beta_d),
+                                                &pp, F(o[3]), F(o[4])),
+                    "intra launch (prep)");
+        snprintf(what, sizeof what, "G (prep, %s)", gk->what);
+        wcmp_tol(w, "kda_intra_fwd", what, o[0], wG, 0.0, TOL_RAW_F32);
+        double *g1 = host64(G1); /* the gate kernel's G, as a reference of its own */
+        snprintf(what, sizeof what, "G (prep, %s) against the gate kernel", gk->what);
+        dg_tensor *g1t = NULL;
+        DG_TEST_TRY(
+            dg_tensor_from_f64(cpu, w->dt, dg_tensor_ndim(wG), dg_tensor_shape(wG), g1, &g1t));
+        free(g1);
+        wcmp_tol(w, "kda_intra_fwd", what, o[0], g1t, 0.0, TOL_RAW_F32);
+        dg_tensor_free(&g1t);
+        wcmp_tol(w, "kda_intra_fwd", "rq (prep)", o[1], rqh, 0.0, TOL_RAW_F32);
+        wcmp_tol(w, "kda_intra_fwd", "rk (prep)", o[2], rkh, 0.0, TOL_RAW_F32);
+        snprintf(what, sizeof what, "Aqk (prep, %s)", gk->what);
+        wcmp(w, "kda_intra_fwd", what, o[3], wA);
+        snprintf(what, sizeof what, "Tm (prep, %s)", gk->what);
+        wcmp(w, "kda_intra_fwd", what, o[4], wT);
+        free_all(o, 5);
+        dg_tensor *rest[6] = {G1, wG, wA, wT, x_d, x_h};
+        free_all(rest, 6);
+    }
+
     /* intra backward, both upstream gradients */
     ct_cell(S_INTRA, D_BWD, w->var);
     {

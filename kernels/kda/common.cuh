@@ -47,6 +47,32 @@ __device__ __forceinline__ float kda_dsoftplus(float x) {
     return x > 0.f ? x + log1pf(expf(-x)) : log1pf(expf(x));
 }
 
+/* N3's g for element e = hv * K + c of one token row (kda.md §11.2): xv = x there, a =
+ * exp(A_log[hv]) (1 without A_log). The gate kernels (gate.cu) and the intra forward's prep
+ * (intra.cu) evaluate it alike, so both give the same bits. */
+__device__ __forceinline__ float kda_gate_value(dg_gate_kind kind, float lb, float xv, float a,
+                                                const float *dt_bias, int e) {
+    if (kind == DG_GATE_NONE)
+        return xv;
+    const float z = xv + (dt_bias ? dt_bias[e] : 0.f);
+    if (kind == DG_GATE_KDA)
+        return -a * kda_dsoftplus(z);
+    return lb * kda_dsigmoid(a * z);
+}
+/* The same g on the tensor-core path (the intra forward's prep), with the hardware exponential
+ * and logarithm as the tensor-core kernels use them; bias = dt_bias at the element (0 without). */
+__device__ __forceinline__ float kda_gate_value_tc(dg_gate_kind kind, float lb, float xv, float a,
+                                                   float bias) {
+    if (kind == DG_GATE_NONE)
+        return xv;
+    const float z = xv + bias;
+    if (kind == DG_GATE_KDA) /* softplus(z) = max(z, 0) + log(1 + exp(-|z|)) */
+        return -a * (fmaxf(z, 0.f) + __logf(1.f + __expf(-fabsf(z))));
+    /* sigmoid(a z) = 1 / (1 + exp(-a z)), the exponent capped so that the quotient stays in
+     * __fdividef's range (sigmoid(-80) = 1.8e-35: 0 in the sums anyway) */
+    return lb * __fdividef(1.f, 1.f + __expf(fminf(-a * z, 80.f)));
+}
+
 /* Run the statements (variadic: they may contain commas) with the compile-time constant BT_
  * bound to d->BT (16, 32 or 64). */
 #define KDA_DISPATCH_BT(BTv, ...)                                                                  \

@@ -19,19 +19,6 @@ using namespace kdab;
 
 #define GATE_ROWS 8 /* token rows whose loads a column walk issues together */
 
-// ---- device helpers
-
-/* g for element (hv, c) of one token row; xv = x at that element. */
-__device__ __forceinline__ float kda_gate_value(dg_gate_kind kind, float lb, float xv, float a,
-                                                const float *dt_bias, int e) {
-    if (kind == DG_GATE_NONE)
-        return xv;
-    const float z = xv + (dt_bias ? dt_bias[e] : 0.f);
-    if (kind == DG_GATE_KDA)
-        return -a * kda_dsoftplus(z);
-    return lb * kda_dsigmoid(a * z);
-}
-
 // ---- forward kernels
 
 /* No cumsum: one thread per element of [TT, HV*K]. x of TX (f32 or bf16, read as stored) in

@@ -372,31 +372,50 @@ template <int BT> struct IntraFwd {
     static constexpr int LDS = BT + 4;          /* Lkk and Tm in shared memory */
     static constexpr int SOLVE = (2 * BT * LDS + 32 * 36) * 4; /* bytes: Lkk, Tm, merge scratch */
     template <class TQ> static constexpr int ldq() { return sizeof(TQ) == 2 ? KT + 8 : KT + 4; }
-    template <class TQ> static constexpr int stage() { /* bytes: q, k, G tiles */
-        return 2 * BT * ldq<TQ>() * (int)sizeof(TQ) + BT * LDG * 4;
+    /* bytes of one stage: q, k tiles, and the G tile (PR: the bf16 gate input's tile instead) */
+    template <class TQ, bool PR = false> static constexpr int stage() {
+        return 2 * BT * ldq<TQ>() * (int)sizeof(TQ) +
+               (PR ? BT * ldq<kda_bf16>() * 2 : BT * LDG * 4);
     }
-    template <class TQ> static constexpr int body() { /* bytes: the stages, then the solve's */
-        return 2 * stage<TQ>() > SOLVE ? 2 * stage<TQ>() : SOLVE;
+    /* bytes: the two stages (PR: and the G tile the prep forms), then the solve's */
+    template <class TQ, bool PR = false> static constexpr int body() {
+        return 2 * stage<TQ, PR>() + (PR ? BT * LDG * 4 : 0) > SOLVE
+                   ? 2 * stage<TQ, PR>() + (PR ? BT * LDG * 4 : 0)
+                   : SOLVE;
     }
-    template <class TQ> static constexpr int smem() { /* bytes: + row scales, exact-sum scratch */
-        return body<TQ>() + 2 * BT * 4 + R * 32 * 16 * 4;
+    /* bytes: + row scales, exact-sum scratch */
+    template <class TQ, bool PR = false> static constexpr int smem() {
+        return body<TQ, PR>() + 2 * BT * 4 + R * 32 * 16 * 4;
     }
 };
 
-template <int BT, int P, class TQ>
+/* What the intra forward's prep (PR) computes on behalf of the norm and gate nodes (N1, N3) of
+ * one dg_kda_chunk call: G = the chunk-local cumsum of gate(g) from the bf16 gate input, and the
+ * reciprocal norms rq, rk of the bf16 q, k rows (kda_intra_prep of kda_cuda.h, whose fields these
+ * are). */
+struct IntraPrep {
+    const kda_bf16 *g;
+    const float *A_log, *dt_bias;
+    dg_gate_kind kind;
+    float lb, eps;
+    float *G, *rq, *rk;
+};
+
+template <int BT, int P, class TQ, bool PR>
 __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     intra_fwd_mma_kernel(const int64_t *__restrict__ chunk_t0,
                          const int32_t *__restrict__ chunk_len, int H, int HV, int K, bool vec,
                          float scale, const TQ *__restrict__ q, const TQ *__restrict__ k,
                          const float *__restrict__ rq, const float *__restrict__ rk,
                          const float *__restrict__ beta, const float *__restrict__ G,
-                         float *__restrict__ Aqk, float *__restrict__ Tm) {
+                         float *__restrict__ Aqk, float *__restrict__ Tm, const IntraPrep pp) {
     using F = IntraFwd<BT>;
     constexpr int KT = F::KT, LDQ = F::template ldq<TQ>(), LDG = F::LDG, LDS = F::LDS;
-    constexpr int NTHR = F::NTHR, STAGE = F::template stage<TQ>();
+    constexpr int NTHR = F::NTHR, STAGE = F::template stage<TQ, PR>();
     constexpr bool QB = sizeof(TQ) == 2; /* bf16 rows times their scales */
+    static_assert(!PR || (QB && NTHR == 4 * BT), "the prep takes bf16 rows, 4 threads per row");
     extern __shared__ __align__(16) unsigned char smb[];
-    float *scq = reinterpret_cast<float *>(smb + F::template body<TQ>()), *sck = scq + BT;
+    float *scq = reinterpret_cast<float *>(smb + F::template body<TQ, PR>()), *sck = scq + BT;
     float *fb = sck + BT; /* the diagonal warps' scratch for their exact sums */
 
     const int64_t ch = blockIdx.x;
@@ -410,6 +429,9 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     const int i0 = 16 * I + g, mid = min(16 * I + 8, L - 1);
     const TQ *qg = q + (t0 * H + hq) * K, *kg = k + (t0 * H + hq) * K;
     const float *gg = G + (t0 * HV + hv) * K;
+    const kda_bf16 *gx = PR ? pp.g + (t0 * HV + hv) * K : nullptr; /* the prep's gate input */
+    /* the prep's G tile, formed in shared memory after the two stages */
+    float *gp = reinterpret_cast<float *>(smb + 2 * STAGE);
 
     /* row scales (bf16 rows: q^ = rq q, k^ = rk k) in shared memory. The key loop multiplies the
      * rows as stored; both sums are bilinear in the rows, so the epilogue applies the scales once
@@ -417,10 +439,11 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
     auto rscale = [&](const float *r, int row) {
         return QB && r && row < L ? r[(t0 + row) * H + hq] : 1.f;
     };
-    if (tid < BT) {
+    if (!PR && tid < BT) {
         scq[tid] = rscale(rq, tid);
         sck[tid] = rscale(rk, tid);
     }
+    float ssq = 0.f, ssk = 0.f; /* PR: the sums of squares of row tid / 4, a quarter each */
 
     float accA[2][2][4], accP[2][2][4]; /* [column block][8-column tile][fragment] */
 #pragma unroll
@@ -444,8 +467,11 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
                 const int64_t o = ok ? (int64_t)r * H * K + k0 + c : 0;
                 kdamma::cp_async16(qs + r * LDQ + c, qg + o, ok);
                 kdamma::cp_async16(ks + r * LDQ + c, kg + o, ok);
+                if (PR) /* the gate input's tile (bf16, q's layout) where G's would be */
+                    kdamma::cp_async16(reinterpret_cast<kda_bf16 *>(ks + BT * LDQ) + r * LDQ + c,
+                                       gx + (ok ? (int64_t)r * HV * K + k0 + c : 0), ok);
             }
-            for (int idx = tid; idx < PG; idx += NTHR) {
+            for (int idx = tid; !PR && idx < PG; idx += NTHR) {
                 const int r = idx / (KT / 4), c = 4 * (idx % (KT / 4));
                 const bool ok = r < L && k0 + c < K;
                 kdamma::cp_async16(gs + r * LDG + c, gg + (ok ? (int64_t)r * HV * K + k0 + c : 0),
@@ -583,6 +609,60 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
         }
     };
 
+    /* PR, once the tile of stage b has landed: the rows' sums of squares gain its columns
+     * (thread: row tid / 4, 8 columns), and the block forms the tile's G in gp and writes it:
+     * thread (warp w, lane = column) the gates of rows RS w .. RS w + RS - 1 (kda_gate_value_tc)
+     * and their running sum, the segments' totals through the exact-sum scratch fb, then each
+     * row's G = the totals of the segments above it (in order) + its running sum. Rows past L and
+     * columns past K stay 0, as the zero-filled G tile of the other path. */
+    const float ga = PR && pp.A_log ? expf(pp.A_log[hv]) : 1.f;
+    auto prep_tile = [&](int kt, int b) {
+        if constexpr (PR) {
+            constexpr int RS = BT / F::NW; /* rows per segment (8) */
+            const TQ *qs = stq(b), *ks = qs + BT * LDQ;
+            const kda_bf16 *xs = reinterpret_cast<const kda_bf16 *>(ks + BT * LDQ);
+            {
+                const int r = tid >> 2, c = 8 * (tid & 3);
+                float xq[8], xk[8];
+                kda_ld16(qs + r * LDQ + c, xq);
+                kda_ld16(ks + r * LDQ + c, xk);
+#pragma unroll
+                for (int u = 0; u < 8; u++) {
+                    ssq = fmaf(xq[u], xq[u], ssq);
+                    ssk = fmaf(xk[u], xk[u], ssk);
+                }
+            }
+            const int col = kt * KT + lane, r0 = RS * w;
+            const bool ok = col < K;
+            const float bias = ok && pp.dt_bias ? pp.dt_bias[hv * K + col] : 0.f;
+            float run[RS], sum = 0.f;
+#pragma unroll
+            for (int u = 0; u < RS; u++) {
+                if (ok && r0 + u < L) {
+                    const float gv = kda_gate_value_tc(
+                        pp.kind, pp.lb, kda_ld(xs + (r0 + u) * LDQ + lane), ga, bias);
+                    sum += gv < KDA_G_FLOOR_F ? KDA_G_FLOOR_F : gv;
+                }
+                run[u] = sum;
+            }
+            fb[w * 32 + lane] = sum;
+            __syncthreads();
+            float off = 0.f;
+            for (int p = 0; p < w; p++)
+                off += fb[p * 32 + lane];
+            float *Gc = pp.G + (t0 * HV + hv) * K + col;
+#pragma unroll
+            for (int u = 0; u < RS; u++) {
+                const int i = r0 + u;
+                const bool in = ok && i < L;
+                gp[i * LDG + lane] = in ? off + run[u] : 0.f;
+                if (in)
+                    Gc[(int64_t)i * HV * K] = off + run[u];
+            }
+            __syncthreads(); /* gp complete; fb free for the diagonal warps */
+        }
+    };
+
     const int nkt = (K + KT - 1) / KT;
     load(0, 0);
     kdamma::cp_async_commit();
@@ -593,9 +673,11 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
         kdamma::cp_async_commit();
         kdamma::cp_async_wait<1>();
         __syncthreads();
+        if (PR)
+            prep_tile(kt, b);
         if (active) {
             const TQ *qs = stq(b), *ks = qs + BT * LDQ;
-            const float *gs = reinterpret_cast<const float *>(ks + BT * LDQ);
+            const float *gs = PR ? gp : reinterpret_cast<const float *>(ks + BT * LDQ);
             const int ns = min(KT, K - kt * KT); /* key columns of this tile */
             if (tk.D) {
 #pragma unroll 1
@@ -608,6 +690,23 @@ __global__ void __launch_bounds__(IntraFwd<BT>::NTHR, IntraFwd<BT>::MINB)
             }
         }
         __syncthreads(); /* stage b is refilled next; after the last tile: the stages are free */
+    }
+    if (PR) { /* the rows' reciprocal norms (as dg__l2norm_fwd_cuda's: 1 / sqrt(ss + eps)) */
+        ssq += __shfl_xor_sync(0xffffffffu, ssq, 1);
+        ssq += __shfl_xor_sync(0xffffffffu, ssq, 2);
+        ssk += __shfl_xor_sync(0xffffffffu, ssk, 1);
+        ssk += __shfl_xor_sync(0xffffffffu, ssk, 2);
+        const int r = tid >> 2;
+        if ((tid & 3) == 0) {
+            const float a = 1.f / sqrtf(ssq + pp.eps), c = 1.f / sqrtf(ssk + pp.eps);
+            scq[r] = r < L ? a : 1.f;
+            sck[r] = r < L ? c : 1.f;
+            if (r < L && hv % (HV / H) == 0) { /* one writer per q, k head */
+                pp.rq[(t0 + r) * H + hq] = a;
+                pp.rk[(t0 + r) * H + hq] = c;
+            }
+        }
+        __syncthreads();
     }
 
     /* Aqk (scaled, j <= i, zeros elsewhere) from the registers, row block by row block; Lkk =
@@ -1243,19 +1342,22 @@ __global__ void __launch_bounds__(IntraDlMma<BT>::NTHR)
 
 // ---- launchers
 
-/* One launch of intra_fwd_mma_kernel with q, k of TQ (bf16: with the row scales of d). */
-template <int BT, int P, class TQ>
+/* One launch of intra_fwd_mma_kernel with q, k of TQ (bf16: with the row scales of d; PR: the
+ * scales and G formed by the kernel, pp). */
+template <int BT, int P, class TQ, bool PR = false>
 static dg_status intra_fwd_mma_launch(dg_ctx *ctx, const kda_cuda_dims *d, bool vec, float scale,
                                       const void *q, const void *k, const float *beta,
-                                      const float *G, float *Aqk, float *Tm) {
+                                      const float *G, float *Aqk, float *Tm,
+                                      const IntraPrep &pp = IntraPrep{}) {
     using F = IntraFwd<BT>;
     constexpr bool QB = sizeof(TQ) == 2;
-    auto kern = intra_fwd_mma_kernel<BT, P, TQ>;
-    const size_t smem = F::template smem<TQ>();
+    auto kern = intra_fwd_mma_kernel<BT, P, TQ, PR>;
+    const size_t smem = F::template smem<TQ, PR>();
     DG_TRY(smem_opt_in(kern, smem));
     kern<<<dim3((unsigned)d->NC, (unsigned)d->HV), F::NTHR, smem, dg__stream(ctx)>>>(
         d->chunk_t0, d->chunk_len, d->H, d->HV, d->K, vec, scale, static_cast<const TQ *>(q),
-        static_cast<const TQ *>(k), QB ? d->rq : nullptr, QB ? d->rk : nullptr, beta, G, Aqk, Tm);
+        static_cast<const TQ *>(k), QB && !PR ? d->rq : nullptr, QB && !PR ? d->rk : nullptr, beta,
+        G, Aqk, Tm, pp);
     DG_CHECK_LAUNCH();
     return DG_OK;
 }
@@ -1277,6 +1379,43 @@ static dg_status intra_fwd_mma(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                   : intra_fwd_mma_launch<BT_, P_, float>(ctx, d, vec, scale, q, k,
                                                                          beta, G, Aqk, Tm);
                     }));
+    return DG_OK;
+}
+
+extern "C" int dg__kda_intra_prep_fits(const kda_cuda_dims *d, const void *q, const void *k,
+                                       const void *g) {
+    return d && dg__kda_qk_fits(d, q, k) && aligned16(g) &&
+           (d->BT == 16 || d->BT == 32 || d->BT == 64);
+}
+
+extern "C" dg_status dg__kda_intra_prep_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                                 const void *q, const void *k, const float *beta,
+                                                 const kda_intra_prep *p, float *Aqk, float *Tm) {
+    DG_TRY(kda_check_dims(__func__, ctx, d));
+    if (!q || !k || !beta || !p || !p->g || !p->G || !p->rq || !p->rk || !Aqk || !Tm)
+        return dg__err(DG_ERR_ARG, "%s: q, k, beta, g, G, rq, rk, Aqk and Tm are required",
+                       __func__);
+    if (!dg__kda_intra_prep_fits(d, q, k, p->g) || !aligned16(p->G) || !aligned16(Aqk) ||
+        !aligned16(Tm))
+        return dg__err(DG_ERR_STATE,
+                       "%s: needs the bf16 tensor-core path (tc == 1, K %% 16 == 0, 16-byte "
+                       "aligned q, k, g, G, Aqk, Tm), got tc %d, K %d",
+                       __func__, d->tc, d->K);
+    if (d->NC == 0)
+        return DG_OK;
+    const IntraPrep pp = {static_cast<const kda_bf16 *>(p->g),
+                          p->A_log,
+                          p->dt_bias,
+                          p->kind,
+                          p->lb,
+                          p->eps,
+                          p->G,
+                          p->rq,
+                          p->rk};
+    KDA_DISPATCH_BT(d->BT, {
+        return intra_fwd_mma_launch<BT_, 1, kda_bf16, true>(ctx, d, true, scale, q, k, beta, p->G,
+                                                            Aqk, Tm, pp);
+    });
     return DG_OK;
 }
 

@@ -144,6 +144,25 @@ enum { KDA_ACC_DQ = 1, KDA_ACC_DK = 2, KDA_ACC_DG = 4 };
 dg_status dg__kda_intra_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *q,
                                  const void *k, const float *beta, const float *G, float *Aqk,
                                  float *Tm);
+/* The same forward with the prep of its inputs in the kernel, on behalf of the nodes that own
+ * them (ops/kda/chunk.c): the chunk-local cumsum G of the gate of the bf16 gate input g (N3; the
+ * gate with the hardware exponential, the cumsum in segments of 8 rows: f32 accuracy, not the
+ * bits of dg__kda_gate_fwd_cuda) and the reciprocal norms rq, rk of the bf16 q, k rows (N1,
+ * 1 / sqrt(sum x^2 + eps), summed in another order than dg__l2norm_fwd_cuda), which it then uses
+ * as d->rq, d->rk. Only where dg__kda_intra_prep_fits (the factored bf16 tensor-core
+ * path, d->tc == 1, 16-byte aligned g) and G, Aqk, Tm are 16-byte aligned; else DG_ERR_STATE. */
+typedef struct kda_intra_prep {
+    const void *g;                /* [TT,HV,K] bf16 */
+    const float *A_log, *dt_bias; /* [HV], [HV*K] or NULL */
+    dg_gate_kind kind;
+    float lb, eps;  /* the resolved lower bound; the norm's eps */
+    float *G;       /* out [TT,HV,K] */
+    float *rq, *rk; /* out [TT,H] */
+} kda_intra_prep;
+int dg__kda_intra_prep_fits(const kda_cuda_dims *d, const void *q, const void *k, const void *g);
+dg_status dg__kda_intra_prep_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                      const void *q, const void *k, const float *beta,
+                                      const kda_intra_prep *p, float *Aqk, float *Tm);
 dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *q,
                                  const void *k, const float *beta, const float *G, const float *Tm,
                                  const float *dAqk, const float *dTm, float *dq, float *dk,

@@ -11,23 +11,55 @@
  * is kept and what is rebuilt under each policy, is at the top of kda_group.c): under the
  * default policies ("kda_wy" RECOMPUTE, "kda_state" CACHE) h and E are kept and W, KG, QG are
  * rebuilt once from Tm by the output node's backward (kda.md §3).
- * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. q, k, v,
- * g, beta may be bf16: the kernels read them as stored (l2norm, beta, gate; v in the WY node;
- * q, k in the intra and WY nodes); beta, G, Aqk and Tm are f32, W, U, KG, QG, h, E bf16 on the
+ * CUDA: the stages run their kernels (kernels/kda/) on one upload of the chunk tables. Where the
+ * forward prep applies (bf16 q, k, g; kda.h, dg__kda_prep_fits) the intra kernel computes the
+ * norms' rq, rk and the gate's G on behalf of those nodes, which are still recorded as above. q, k,
+ * v, g, beta may be bf16: the kernels read them as stored (l2norm, beta, gate; v in the WY node; q,
+ * k in the intra and WY nodes); beta, G, Aqk and Tm are f32, W, U, KG, QG, h, E bf16 on the
  * tensor-core path (docs/kda.md section 6), where the normalised q, k are factored (the rows
  * as stored and their reciprocal norms, kda.h), else f32; o has q's dtype and ht is f32.
  */
 #include "kda.h"
+
+/* an f32, contiguous CUDA tensor or none */
+static int prep_param_ok(const dg_tensor *t) {
+    return !t || (t->dtype == DG_F32 && dg_tensor_is_contiguous(t) && dg__is_cuda(t));
+}
+
+int dg__kda_prep_fits(const kda_dev *dev, const dg_kda_opts *opts, const dg_tensor *q,
+                      const dg_tensor *k, const dg_tensor *g, const dg_tensor *A_log,
+                      const dg_tensor *dt_bias) {
+#ifdef DG_HAVE_CUDA
+    return opts && opts->l2norm_qk && dg__kda_l2norm_factors(dev, q, k) && g &&
+           g->dtype == DG_BF16 && dg__is_cuda(g) && dg_tensor_is_contiguous(g) &&
+           prep_param_ok(A_log) && prep_param_ok(dt_bias) &&
+           dg__kda_intra_prep_fits(&dev->d, dg_tensor_data(q), dg_tensor_data(k),
+                                   dg_tensor_data(g));
+#else
+    (void)dev;
+    (void)opts;
+    (void)q;
+    (void)k;
+    (void)g;
+    (void)A_log;
+    (void)dt_bias;
+    (void)prep_param_ok;
+    return 0;
+#endif
+}
 
 dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *v, dg_tensor *g,
                                dg_tensor *beta, dg_tensor *A_log, dg_tensor *dt_bias,
                                const dg_kda_opts *opts, kda_dev *dev, kda_local *l) {
     memset(l, 0, sizeof *l);
     dg_status st = DG_OK;
+    /* the forward prep (kda.h): the intra kernel fills rq, rk and G for the N1 and N3 nodes */
+    const int fused = dg__kda_prep_fits(dev, opts, q, k, g, A_log, dt_bias);
+    const kda_prep prep = {g, A_log, dt_bias};
     if (opts && opts->l2norm_qk && dg__kda_l2norm_factors(dev, q, k)) { /* kda.h */
-        st = dg__kda_l2norm_factored(ctx, q, &l->qn, &l->rq);
+        st = dg__kda_l2norm_factored(ctx, q, fused, &l->qn, &l->rq);
         if (st == DG_OK)
-            st = dg__kda_l2norm_factored(ctx, k, &l->kn, &l->rk);
+            st = dg__kda_l2norm_factored(ctx, k, fused, &l->kn, &l->rk);
     } else if (opts && opts->l2norm_qk) {
         st = dg__kda_l2norm_x(ctx, q, 1, &l->qn);
         if (st == DG_OK)
@@ -43,10 +75,10 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
             l->bt = dg_tensor_retain(beta);
     }
     if (st == DG_OK)
-        st = dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, &l->G);
+        st = dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, fused, &l->G);
     if (st == DG_OK)
-        st = dg__kda_intra_x(ctx, l->qn, l->kn, l->rq, l->rk, l->bt, l->G, opts, dev, &l->Aqk,
-                             &l->Tm);
+        st = dg__kda_intra_x(ctx, l->qn, l->kn, l->rq, l->rk, l->bt, l->G, opts, dev,
+                             fused ? &prep : NULL, &l->Aqk, &l->Tm);
     if (st == DG_OK)
         st = dg__kda_wy_x(ctx, l->qn, l->kn, l->rq, l->rk, v, l->bt, l->G, l->Tm, opts, dev, &l->W,
                           &l->U, &l->KG, &l->QG);

@@ -191,7 +191,7 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                         const dg_kda_opts *opts, kda_dev *share, dg_tensor **G) {
+                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "G", G));
     *G = NULL;
@@ -223,7 +223,7 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
         st = dg__kda_ptr(ctx, dt_bias, cfg.dt, &tbias, &io.dt_bias);
     if (st == DG_OK) /* G is an f32 intermediate on CUDA whatever g's dtype */
         st = dg__kda_new(ctx, &cfg, 4, g->shape, G);
-    if (st == DG_OK) {
+    if (st == DG_OK && !defer) { /* defer: the intra kernel's prep fills G (kda.h) */
         io.G = dg_tensor_data(*G);
         st = kda_run_gate_fwd(ctx, &cfg, 1, &io);
     }
@@ -257,6 +257,6 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
 
 dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                              const dg_kda_opts *opts, dg_tensor **G) {
-    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, G);
+    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, 0, G);
 }
 #endif

@@ -217,7 +217,7 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
 
 dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
                           dg_tensor *beta, dg_tensor *G, const dg_kda_opts *opts, kda_dev *share,
-                          dg_tensor **Aqk, dg_tensor **Tm) {
+                          const kda_prep *prep, dg_tensor **Aqk, dg_tensor **Tm) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "Aqk", Aqk));
     DG_TRY(dg__check_ptr(OP, "Tm", Tm));
@@ -250,6 +250,26 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq
         st = dg__kda_new(ctx, &cfg, 4, sa, Aqk);
     if (st == DG_OK)
         st = dg__kda_new(ctx, &cfg, 4, sa, Tm);
+#ifdef DG_HAVE_CUDA
+    kda_intra_prep kp; /* the forward prep (kda.h): G, rq, rk are this kernel's outputs */
+    if (st == DG_OK && prep) {
+        if (!rq || !rk || !cfg.cuda)
+            st = dg__err(DG_ERR_STATE, OP ": the forward prep needs a factored q, k on CUDA");
+        kp = (kda_intra_prep){dg_tensor_data(prep->g),
+                              prep->A_log ? dg_tensor_data(prep->A_log) : NULL,
+                              prep->dt_bias ? dg_tensor_data(prep->dt_bias) : NULL,
+                              cfg.gate,
+                              (float)cfg.lb,
+                              (float)KDA_L2_EPS,
+                              dg_tensor_data(G),
+                              rq ? dg_tensor_data(rq) : NULL,
+                              rk ? dg_tensor_data(rk) : NULL};
+        io.prep = &kp;
+    }
+#else
+    if (st == DG_OK && prep)
+        st = dg__err(DG_ERR_STATE, OP ": the forward prep is CUDA-only");
+#endif
     if (st == DG_OK) {
         io.Aqk = dg_tensor_data(*Aqk);
         io.Tm = dg_tensor_data(*Tm);
@@ -294,6 +314,6 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq
 
 dg_status dg_kda_intra(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *beta, dg_tensor *G,
                        const dg_kda_opts *opts, dg_tensor **Aqk, dg_tensor **Tm) {
-    return dg__kda_intra_x(ctx, q, k, NULL, NULL, beta, G, opts, NULL, Aqk, Tm);
+    return dg__kda_intra_x(ctx, q, k, NULL, NULL, beta, G, opts, NULL, NULL, Aqk, Tm);
 }
 #endif

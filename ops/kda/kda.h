@@ -409,17 +409,24 @@ static inline dg_status kda_qk_cpu(const char *fn, const kda_qk_in *qk) {
     return DG_OK;
 }
 
-/* N4 with scale c->scale. */
+/* N4 with scale c->scale; prep (CUDA only, the forward prep below): G, qk.rq, qk.rk are filled by
+ * the kernel instead of read. */
 typedef struct kda_intra_fwd_io {
     kda_qk_in qk;
     const void *beta, *G;
     void *Aqk, *Tm;
+#ifdef DG_HAVE_CUDA
+    const kda_intra_prep *prep;
+#endif
 } kda_intra_fwd_io;
 static inline dg_status kda_run_intra_fwd(dg_ctx *ctx, const kda_cfg *c,
                                           const kda_intra_fwd_io *a) {
 #ifdef DG_HAVE_CUDA
     if (c->cuda) {
         const kda_cuda_dims cd = kda_qk_cd(c, &a->qk);
+        if (a->prep)
+            return dg__kda_intra_prep_fwd_cuda(ctx, &cd, (float)c->scale, a->qk.q, a->qk.k, a->beta,
+                                               a->prep, a->Aqk, a->Tm);
         return dg__kda_intra_fwd_cuda(ctx, &cd, (float)c->scale, a->qk.q, a->qk.k, a->beta, a->G,
                                       a->Aqk, a->Tm);
     }
@@ -678,7 +685,27 @@ kda_np *dg__kda_np_new(dg_node *n, const kda_cfg *cfg, dg__group *grp);
  * applies: CUDA, contiguous bf16 q and k, and the tensor-core path of both stages
  * (dg__kda_qk_fits). Elsewhere the norm stores f32 rows and rq, rk are NULL. */
 int dg__kda_l2norm_factors(const kda_dev *dev, const dg_tensor *q, const dg_tensor *k);
-dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, dg_tensor **xn, dg_tensor **r);
+/* defer: r is allocated and the node recorded, but r is filled by the intra kernel's prep (kda_prep
+ * below); else the norm's own kernel computes it. */
+dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, int defer, dg_tensor **xn,
+                                  dg_tensor **r);
+
+/* ---- the forward prep ------------------------------------------------------------------------
+ * Where q, k are factored and the gate input g is bf16 (dg__kda_prep_fits: contiguous, 16-byte
+ * aligned, A_log and dt_bias f32 or absent, the tensor-core path of the intra stage), the
+ * composite's intra kernel also computes, on behalf of their nodes, what the norm (N1: rq, rk)
+ * and gate (N3: G) nodes would compute first (kernels/kda/kda_cuda.h, kda_intra_prep): those
+ * nodes are recorded as always -- same inputs, outputs, saved tensors and backward -- with their
+ * outputs allocated but not filled (defer = 1), and dg__kda_intra_x, given the kda_prep, fills
+ * them before any other stage reads them. G and rq, rk follow the gate's and the norm's formulas,
+ * evaluated and summed otherwise (f32 accuracy; kernels/kda/kda_cuda.h). One kernel reads q, k and
+ * g once instead of three kernels reading them and the intra kernel reading q, k and G again. */
+typedef struct kda_prep {
+    dg_tensor *g, *A_log, *dt_bias; /* N3's inputs */
+} kda_prep;
+int dg__kda_prep_fits(const kda_dev *dev, const dg_kda_opts *opts, const dg_tensor *q,
+                      const dg_tensor *k, const dg_tensor *g, const dg_tensor *A_log,
+                      const dg_tensor *dt_bias);
 /* q, k (and rq, rk, each NULL or the row scales of a factored q, k) of an intra or WY call as
  * the kernels read them: on CUDA contiguous bf16 q and k as stored (out->bf16 = 1), else in the
  * compute dtype (converted copies held in *tq, *tk, NULL where none was needed). */
@@ -693,11 +720,12 @@ dg_status dg__kda_qk_ptrs(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *q, con
 dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
 dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
                          dg_tensor **beta);
+/* defer, prep: the forward prep above (0 and NULL: none). */
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                         const dg_kda_opts *opts, kda_dev *share, dg_tensor **G);
+                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G);
 dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
                           dg_tensor *beta, dg_tensor *G, const dg_kda_opts *opts, kda_dev *share,
-                          dg_tensor **Aqk, dg_tensor **Tm);
+                          const kda_prep *prep, dg_tensor **Aqk, dg_tensor **Tm);
 dg_status dg__kda_wy_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
                        dg_tensor *v, dg_tensor *beta, dg_tensor *G, dg_tensor *Tm,
                        const dg_kda_opts *opts, kda_dev *share, dg_tensor **W, dg_tensor **U,

@@ -79,11 +79,13 @@ static dg_status l2f_backward(dg_ctx *ctx, dg_node *n) {
 }
 #endif
 
-dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, dg_tensor **xn, dg_tensor **r) {
+dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, int defer, dg_tensor **xn,
+                                  dg_tensor **r) {
     *xn = *r = NULL;
 #ifndef DG_HAVE_CUDA
     (void)ctx;
     (void)x;
+    (void)defer;
     return dg__no_cuda(OP);
 #else
     if (!dg__is_cuda(x) || x->dtype != DG_BF16 || !dg_tensor_is_contiguous(x) || x->ndim < 2)
@@ -93,7 +95,7 @@ dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, dg_tensor **xn, dg_
     l2f_params p = {0, (int)x->shape[x->ndim - 1]};
     p.rows = p.D ? dg_tensor_numel(x) / p.D : 0;
     dg_status st = dg_tensor_new(ctx, DG_F32, x->ndim - 1, x->shape, r);
-    if (st == DG_OK)
+    if (st == DG_OK && !defer) /* defer: the intra kernel's prep fills r (kda.h) */
         st = dg__l2norm_fwd_cuda(ctx, p.rows, p.D, (float)KDA_L2_EPS, 1, dg_tensor_data(x), NULL,
                                  dg_tensor_data(*r));
     if (st == DG_OK) { /* xn: a view of x's storage; it stands for the rows x r */
