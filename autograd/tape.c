@@ -314,8 +314,9 @@ dg_status dg__node_accum_for(dg_ctx *ctx, dg_node *owner, int i, dg_tensor *g) {
         if (g_tape.nodes[j] == owner)
             at = j;
     if (at < 0)
-        return dg__err(DG_ERR_STATE, "backward: %s's gradient is given on its behalf by a node "
-                                     "that does not run before it",
+        return dg__err(DG_ERR_STATE,
+                       "backward: %s's gradient is given on its behalf by a node "
+                       "that does not run before it",
                        owner ? owner->op : "(null)");
     g_wide.pos = at; /* the widening rule sees owner's position */
     dg_status s = dg__node_accum(ctx, owner, i, g);

@@ -153,8 +153,8 @@ __global__ void gate_dA_reduce_kernel(int HV, int K, const float *tA, float *dA_
 
 // ---- launchers
 
-dg_status kda_gate_param_sums(dg_ctx *ctx, const kda_cuda_dims *d, const float *pdt,
-                              float *pA, float *dA_log, float *ddt_bias) {
+dg_status kda_gate_param_sums(dg_ctx *ctx, const kda_cuda_dims *d, const float *pdt, float *pA,
+                              float *dA_log, float *ddt_bias) {
     /* sums over the chunks in a fixed order (dg_colsum_kernel): pdt into ddt_bias, pA into tA
      * (the scratch right after pA), then tA over the key dims into dA_log */
     cudaStream_t s = dg__stream(ctx);
@@ -174,7 +174,6 @@ dg_status kda_gate_param_sums(dg_ctx *ctx, const kda_cuda_dims *d, const float *
     }
     return DG_OK;
 }
-
 
 extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
                                            float lb, int cumsum, int xbf16, const void *x,

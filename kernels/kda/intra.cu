@@ -1315,8 +1315,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                 continue;
             run = sdA[r * LDA + cc] + run;
             kda_bf16 *xe = sx + r * LDK + cc;
-            *xe = __float2bfloat16(kda_gate_grad(gb.kind, gb.lb, 1, a, bias, __bfloat162float(*xe),
-                                                 run, sdz, sda));
+            *xe = __float2bfloat16(
+                kda_gate_grad(gb.kind, gb.lb, 1, a, bias, __bfloat162float(*xe), run, sdz, sda));
         }
         /* the column's partial sums over the chunk: the segments added from the last */
         float tz = 0.f, ta = 0.f;
@@ -1672,16 +1672,16 @@ extern "C" dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d,
 extern "C" int dg__kda_intra_gate_bwd_fits(const kda_cuda_dims *d, const void *q, const void *k,
                                            const float *G, const float *dAqk, const void *g,
                                            const void *dg) {
-    return d && d->tc && d->qk_bf16 && d->K % 8 == 0 && dg__kda_qk_fits(d, q, k) &&
-           aligned16(G) && aligned16(dAqk) && aligned16(g) && aligned16(dg);
+    return d && d->tc && d->qk_bf16 && d->K % 8 == 0 && dg__kda_qk_fits(d, q, k) && aligned16(G) &&
+           aligned16(dAqk) && aligned16(g) && aligned16(dg);
 }
 
 extern "C" dg_status dg__kda_intra_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
                                                  const void *q, const void *k, const float *beta,
-                                                 const float *G, const float *Tm,
-                                                 const float *dAqk, const float *dTm, float *dq,
-                                                 float *dk, float *dbeta, const float *dG,
-                                                 unsigned acc, const kda_intra_gate *p) {
+                                                 const float *G, const float *Tm, const float *dAqk,
+                                                 const float *dTm, float *dq, float *dk,
+                                                 float *dbeta, const float *dG, unsigned acc,
+                                                 const kda_intra_gate *p) {
     DG_TRY(check_dims("dg__kda_intra_gate_bwd_cuda", d));
     if (!p || !p->g || !p->dg)
         return dg__err(DG_ERR_ARG, "%s: the gate's input g and its gradient dg are required",

@@ -178,8 +178,8 @@ typedef struct kda_intra_gate {
     const void *g;                /* [TT,HV,K] bf16: the gate node's input */
     const float *A_log, *dt_bias; /* [HV], [HV*K] or NULL */
     dg_gate_kind kind;
-    float lb;                /* the resolved lower bound */
-    void *dg;                /* out [TT,HV,K] bf16 */
+    float lb;                 /* the resolved lower bound */
+    void *dg;                 /* out [TT,HV,K] bf16 */
     float *dA_log, *ddt_bias; /* out [HV], [HV*K] or NULL */
 } kda_intra_gate;
 int dg__kda_intra_gate_bwd_fits(const kda_cuda_dims *d, const void *q, const void *k,

@@ -180,8 +180,7 @@ static int gate_param_ok(const dg_tensor *t) {
  * and the gate's gradients added, G's gradient dropped), else 0 and nothing has happened. */
 static dg_status intra_gate_backward(dg_ctx *ctx, dg_node *n, dg_node *gn, const kda_cfg *c,
                                      kda_intra_bwd_io *io, const kda_acc_targets *at,
-                                     dg_tensor **dq, dg_tensor **dk, dg_tensor **dbeta,
-                                     int *done) {
+                                     dg_tensor **dq, dg_tensor **dk, dg_tensor **dbeta, int *done) {
     *done = 0;
     dg_tensor *x = gn->saved[0], *A = gn->saved[1], *bias = gn->saved[2]; /* gate_cumsum.c */
     const kda_cfg *gc = &((const kda_np *)gn->params)->cfg;
@@ -192,8 +191,8 @@ static dg_status intra_gate_backward(dg_ctx *ctx, dg_node *n, dg_node *gn, const
     const kda_cuda_dims cd = kda_qk_cd(c, &io->qk);
     dg_tensor *dx = NULL, *dA = NULL, *db = NULL;
     DG_TRY(dg_tensor_new(ctx, DG_BF16, x->ndim, x->shape, &dx));
-    if (!dg__kda_intra_gate_bwd_fits(&cd, io->qk.q, io->qk.k, io->G, io->dAqk,
-                                     dg_tensor_data(x), dg_tensor_data(dx))) {
+    if (!dg__kda_intra_gate_bwd_fits(&cd, io->qk.q, io->qk.k, io->G, io->dAqk, dg_tensor_data(x),
+                                     dg_tensor_data(dx))) {
         dg_tensor_free(&dx);
         return DG_OK;
     }
