@@ -21,10 +21,12 @@
  */
 #include "kda.h"
 
+#ifdef DG_HAVE_CUDA
 /* an f32, contiguous CUDA tensor or none */
 static int prep_param_ok(const dg_tensor *t) {
     return !t || (t->dtype == DG_F32 && dg_tensor_is_contiguous(t) && dg__is_cuda(t));
 }
+#endif
 
 int dg__kda_prep_fits(const kda_dev *dev, const dg_kda_opts *opts, const dg_tensor *q,
                       const dg_tensor *k, const dg_tensor *g, const dg_tensor *A_log,
@@ -43,7 +45,6 @@ int dg__kda_prep_fits(const kda_dev *dev, const dg_kda_opts *opts, const dg_tens
     (void)g;
     (void)A_log;
     (void)dt_bias;
-    (void)prep_param_ok;
     return 0;
 #endif
 }

@@ -252,9 +252,9 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq
         st = dg__kda_new(ctx, &cfg, 4, sa, Tm);
 #ifdef DG_HAVE_CUDA
     kda_intra_prep kp; /* the forward prep (kda.h): G, rq, rk are this kernel's outputs */
+    if (st == DG_OK && prep && (!rq || !rk || !cfg.cuda))
+        st = dg__err(DG_ERR_STATE, OP ": the forward prep needs a factored q, k on CUDA");
     if (st == DG_OK && prep) {
-        if (!rq || !rk || !cfg.cuda)
-            st = dg__err(DG_ERR_STATE, OP ": the forward prep needs a factored q, k on CUDA");
         kp = (kda_intra_prep){dg_tensor_data(prep->g),
                               prep->A_log ? dg_tensor_data(prep->A_log) : NULL,
                               prep->dt_bias ? dg_tensor_data(prep->dt_bias) : NULL,
@@ -262,8 +262,8 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq
                               (float)cfg.lb,
                               (float)KDA_L2_EPS,
                               dg_tensor_data(G),
-                              rq ? dg_tensor_data(rq) : NULL,
-                              rk ? dg_tensor_data(rk) : NULL};
+                              dg_tensor_data(rq),
+                              dg_tensor_data(rk)};
         io.prep = &kp;
     }
 #else

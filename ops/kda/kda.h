@@ -720,7 +720,7 @@ dg_status dg__kda_qk_ptrs(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *q, con
 dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
 dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
                          dg_tensor **beta);
-/* defer, prep: the forward prep above (0 and NULL: none). */
+/* defer: the forward prep above fills G (0: the gate's own kernel does). */
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                          const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G);
 dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
