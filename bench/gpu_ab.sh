@@ -9,6 +9,10 @@
 #   DG_AB_TESTS="--stage intra,wy"      extra arguments for test_OP_cuda gpu ("" runs all)
 #   DG_AB_KERNELS=regex                 the kernels ncu times (default: the op's stages)
 #   DG_AB_REPS=5                        bench OP --reps
+#   DG_AB_SAN="racecheck:--case 7;memcheck:--stage wy --case 1,13"
+#                                       compute-sanitizer runs of test_OP_cuda gpu (';'-separated
+#                                       TOOL:ARGS, at most 150 s each), right after its tests and
+#                                       before any timing, so that a call cut short still has them
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-out}
@@ -51,6 +55,22 @@ for op in "${ops[@]}"; do
     [ $r -ne 0 ] && rc=$r
     echo "test_${op}_cuda gpu ${DG_AB_TESTS:-}: rc=$r $(grep -E '^== .*checks' "$out/test_${op}_cuda.log" | tail -1)"
     grep -E "NOT OK" "$out/test_${op}_cuda.log" | head -10
+    IFS=';' read -r -a sans <<< "${DG_AB_SAN:-}"
+    si=0
+    for sa in "${sans[@]}"; do
+        tool=${sa%%:*}
+        sargs=${sa#*:}
+        [ "$sargs" = "$sa" ] && sargs=""
+        si=$((si + 1))
+        slog="$out/san_${op}_${si}_$tool.log"
+        timeout 150 compute-sanitizer --tool "$tool" --print-limit 5 ./build-cuda/test_${op}_cuda gpu \
+            $sargs > "$slog" 2>&1
+        r=$?
+        [ $r -ne 0 ] && rc=$r
+        echo "compute-sanitizer --tool $tool test_${op}_cuda gpu $sargs: rc=$r" \
+            "$(grep -E 'SUMMARY' "$slog" | tail -1) $(grep -E '^== .*checks' "$slog" | tail -1)"
+        grep -E "NOT OK" "$slog" | head -5
+    done
     kre=${DG_AB_KERNELS:-$(kre_of "$op")}
     for t in new base; do
         bin=./build-cuda/deltagrad
@@ -72,5 +92,5 @@ for op in "${ops[@]}"; do
     done
 done
 # every log in one archive (ncu tables, test and bench logs, builds): one file to copy back
-(cd "$out" && tar czf gpu_ab_logs.tgz --remove-files gpu.txt build_*.log test_*_cuda.log ncu_* bench_*_*.log 2>/dev/null)
+(cd "$out" && tar czf gpu_ab_logs.tgz --remove-files gpu.txt build_*.log test_*_cuda.log san_*.log ncu_* bench_*_*.log 2>/dev/null)
 exit $rc
