@@ -1217,6 +1217,87 @@ static void raw_qk_factored(dg_ctx *cpu, dg_ctx *gpu, world *w) {
         factored_cmp(w, "kda_intra_bwd", "intra", nm, 4, o, f, want, 3, floor, 0);
     }
 
+    /* intra backward with the gate's on the gate node's behalf (kda_intra_gate, the backward
+     * prep), every gate kind with the cumsum, on top of an earlier gradient of G (acc): dq, dk,
+     * dbeta the bits of the intra backward alone; dg, dA_log, ddt_bias against the f64 gate
+     * backward of (the f64 intra backward's dG + the earlier gradient) on the rounded gate input
+     * (dg is stored in bf16: TOL_MID). Where it applies (tc != 0). */
+    for (size_t gi = 0; gi < NELEM(gate_kinds); gi++) {
+        const struct gate_kind *gk = &gate_kinds[gi];
+        if (!gk->cumsum)
+            continue;
+        dg_tensor *x = gk->kind == DG_GATE_NONE ? w->graw : w->xg, *x_h = NULL;
+        dg_tensor *x_d = bf16_dev(cpu, gpu, x, &x_h), *dx_d = NULL;
+        DG_TEST_TRY(dg_tensor_new(gpu, DG_BF16, dg_tensor_ndim(x), dg_tensor_shape(x), &dx_d));
+        if (!dg__kda_intra_gate_bwd_fits(&fd, P(xq_d), P(xk_d), F(w->G_d), F(w->dAu_d), P(x_d),
+                                         P(dx_d))) {
+            dg_tensor *rest[3] = {x_d, x_h, dx_d};
+            free_all(rest, 3);
+            continue;
+        }
+        ct_cell(S_INTRA, D_BWD, w->var);
+        char what[96];
+        dg_tensor *wI[4] = {ref(w, cpu, TT, H, K, 0), ref(w, cpu, TT, H, K, 0),
+                            ref(w, cpu, TT, HV, 0, 0), ref(w, cpu, TT, HV, K, 0)};
+        DG_TEST_TRY(REF(w, intra_bwd, d, w->scale, P(qh), P(kh), P(w->beta), P(w->G), P(w->TmB),
+                        P(w->dAu), P(w->dTu), P(wI[0]), P(wI[1]), P(wI[2]), P(wI[3])));
+        double *gsum = host64(wI[3]), *gprev = host64(w->dGu); /* dL/dG in all */
+        for (int64_t i = 0; i < TT * HV * K; i++)
+            gsum[i] += gprev[i];
+        dg_tensor *wG = NULL;
+        DG_TEST_TRY(dg_tensor_from_f64(cpu, w->dt, dg_tensor_ndim(wI[3]), dg_tensor_shape(wI[3]),
+                                       gsum, &wG));
+        free(gsum);
+        free(gprev);
+        dg_tensor *wx = ref(w, cpu, TT, HV, K, 0), *wA = ref(w, cpu, HV, 0, 0, 0);
+        dg_tensor *wb = ref(w, cpu, (int64_t)HV * K, 0, 0, 0);
+        REF(w, gate_bwd, d, gk->kind, -5.0, 1, P(x_h), gk->use_A ? P(w->Alog) : NULL,
+            gk->use_b ? P(w->dtb) : NULL, P(wG), P(wx), P(wA), P(wb));
+        dg_tensor *o[3], *u[4], *gA = poisoned(gpu, wA), *gb = poisoned(gpu, wb);
+        for (int i = 0; i < 4; i++) {
+            u[i] = poisoned(gpu, wI[i]);
+            if (i < 3)
+                o[i] = poisoned(gpu, wI[i]);
+        }
+        dg_check_ok(dg__kda_intra_bwd_cuda(gpu, &fd, scale, F(xq_d), F(xk_d), F(w->beta_d),
+                                           F(w->G_d), F(w->TmB_d), F(w->dAu_d), F(w->dTu_d),
+                                           F(u[0]), F(u[1]), F(u[2]), F(u[3]), 0),
+                    "intra bwd launch (factored, alone)");
+        const kda_intra_gate p = {P(x_d),
+                                  gk->use_A ? F(w->Alog_d) : NULL,
+                                  gk->use_b ? F(w->dtb_d) : NULL,
+                                  gk->kind,
+                                  -5.0f,
+                                  P(dx_d),
+                                  gk->use_A ? F(gA) : NULL,
+                                  gk->use_b ? F(gb) : NULL};
+        dg_check_ok(dg__kda_intra_gate_bwd_cuda(gpu, &fd, scale, F(xq_d), F(xk_d), F(w->beta_d),
+                                                F(w->G_d), F(w->TmB_d), F(w->dAu_d), F(w->dTu_d),
+                                                F(o[0]), F(o[1]), F(o[2]), F(w->dGu_d), KDA_ACC_DG,
+                                                &p),
+                    "intra bwd launch (with the gate's)");
+        static const char *nm[3] = {"dq", "dk", "dbeta"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(what, sizeof what, "intra %s with the gate's == alone (%s)", nm[i], gk->what);
+            same_bits(cn, what, o[i], u[i]);
+        }
+        snprintf(what, sizeof what, "dg (intra with the gate's, %s, bf16)", gk->what);
+        wcmp_tol(w, "kda_gate_bwd", what, dx_d, wx, 0.0, TOL_MID);
+        if (gk->use_A) {
+            snprintf(what, sizeof what, "dA_log (intra with the gate's, %s)", gk->what);
+            wcmp(w, "kda_gate_bwd", what, gA, wA);
+        }
+        if (gk->use_b) {
+            snprintf(what, sizeof what, "ddt_bias (intra with the gate's, %s)", gk->what);
+            wcmp(w, "kda_gate_bwd", what, gb, wb);
+        }
+        free_all(o, 3);
+        free_all(u, 4);
+        free_all(wI, 4);
+        dg_tensor *rest[9] = {x_d, x_h, dx_d, wG, wx, wA, wb, gA, gb};
+        free_all(rest, 9);
+    }
+
     /* WY forward, all four outputs */
     ct_cell(S_WY, D_FWD, w->var);
     {

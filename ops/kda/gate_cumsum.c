@@ -191,7 +191,10 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G) {
+                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G,
+                         dg_node **node) {
+    if (node)
+        *node = NULL;
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "G", G));
     *G = NULL;
@@ -244,6 +247,8 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
                 st = dg__node_commit(n);
             else
                 dg__node_abort(n);
+            if (st == DG_OK && node)
+                *node = n;
         }
     }
     dg_tensor_free(&tg);
@@ -257,6 +262,6 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
 
 dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                              const dg_kda_opts *opts, dg_tensor **G) {
-    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, 0, G);
+    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, 0, G, NULL);
 }
 #endif
