@@ -1199,10 +1199,10 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         }
     }
     if (GB)
-        __syncthreads(); /* every product is done: sdA takes the finished dG tile */
+        __syncthreads(); /* every product is done: sG takes the finished dG tile */
     if (active) {
         /* outputs: dq = Rq, dk = beta_r RL + C, dG = q Rq + k beta_r RL - k C, dbeta = k . RL;
-         * a thread's two adjacent columns go out as one float2 where K allows (GB: dG into sdA,
+         * a thread's two adjacent columns go out as one float2 where K allows (GB: dG into sG,
          * rows < L and columns < K) */
         const bool pair = K % 2 == 0;
         float *const outs[3] = {dqv, dkv, dG};
@@ -1253,7 +1253,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                 for (int a = 0; a < 3; a++) {
                     float *o = outs[a];
                     if (GB && a == 2) {
-                        float *sd = sdA + r * LDA + col;
+                        float *sd = sG + r * LDK + col;
                         sd[0] = old[n][h][2].x + v[2][0];
                         if (ke + 1 < K)
                             sd[1] = old[n][h][2].y + v[2][1];
@@ -1281,7 +1281,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         sdb[(w & 1) * BT + r0] = db0;
         sdb[(w & 1) * BT + r1] = db1;
     }
-    __syncthreads(); /* (GB: and the dG tile in sdA is complete) */
+    __syncthreads(); /* (GB: and the dG tile in sG is complete) */
     if (dbp)
         for (int i = threadIdx.x; i < L; i += NT)
             dbp[(int64_t)kt * d.TT * HV + (t0 + i) * HV + hv] = sdb[i] + sdb[BT + i];
@@ -1300,7 +1300,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         float seg = 0.f;
         for (int u = RS - 1; u >= 0; u--)
             if (rb0 + u < L)
-                seg += sdA[(rb0 + u) * LDA + cc];
+                seg += sG[(rb0 + u) * LDK + cc];
         float below = 0.f;
 #pragma unroll
         for (int j = NS - 1; j >= 0; j--) {
@@ -1313,7 +1313,7 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
             const int r = rb0 + u;
             if (r >= L || !ok)
                 continue;
-            run = sdA[r * LDA + cc] + run;
+            run = sG[r * LDK + cc] + run;
             kda_bf16 *xe = sx + r * LDK + cc;
             *xe = __float2bfloat16(
                 kda_gate_grad(gb.kind, gb.lb, 1, a, bias, __bfloat162float(*xe), run, sdz, sda));
