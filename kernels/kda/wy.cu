@@ -342,61 +342,84 @@ struct WyCols {
     unsigned acc;
 };
 
-/* Token t of the N consecutive columns e.. of the WY backward (N = 1 or 2; e a multiple of N),
- * given s = (Tm^T dW)_t (key columns) or (Tm^T dU)_t (value columns): writes dq, dk and dG (key
- * columns; the chunk's last row keeps its dG in last, to which the column sum is added later) or
- * dv (value columns), adds k a to the column sums, sets xo to X_j of the columns (beta_j k_j
- * gamma_j, or beta_j v_j: dTm's operand) and returns these elements' share of dbeta (summed over
- * the N columns in order). FAST: the hardware exponential kdamma::exp_ftz (the tensor-core path).
- * All loads are issued before the first store. */
-template <int N, bool FAST, class TQ>
-__device__ __forceinline__ float
-wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool vcol, bool lastrow,
-           const float (&lam)[N], const float (&s)[N], float (&colsum)[N], float (&last)[N],
-           float (&xo)[N], const float *gs = nullptr) {
-    const float bj = o.beta[t * o.HV + hv];
-    float pb = 0.f;
+/* What the WY backward's work on token t of the N consecutive columns e.. (N = 1 or 2; e a
+ * multiple of N) reads from global memory first (wy_row_load), so that a caller can load the next
+ * token's while it finishes the current one (wy_row_finish): key columns (kcol) beta, k, q and
+ * their row scales, dG's old value, dQG, dKG; value columns (vcol) beta and v (in x). G (shared
+ * memory on the tensor-core path) and the rarely accumulated dq, dk are read by wy_row_finish. */
+template <int N> struct WyRowIn {
+    float bj;
+    float x[N], q[N], g0[N], dqg[N], dkg[N];
+};
+
+template <int N, class TQ>
+__device__ __forceinline__ void wy_row_load(const WyCols &o, int64_t t, int hv, int hq, int e,
+                                            bool kcol, bool vcol, bool lastrow, WyRowIn<N> &in) {
+    in.bj = o.beta[t * o.HV + hv];
     if (kcol) {
         const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
-        /* q, k of TQ (o.q.bf16 says which), times their row scales (x 1 is exact) */
+        /* q, k of TQ (o.q.bf16 says which) */
+        kda_ldn<N>(in.x, static_cast<const TQ *>(o.k.p) + iq);
+        kda_ldn<N>(in.q, static_cast<const TQ *>(o.q.p) + iq);
+#pragma unroll
+        for (int c = 0; c < N; c++)
+            in.g0[c] = in.dqg[c] = in.dkg[c] = 0.f;
+        if (!lastrow && o.dG && (o.acc & KDA_ACC_DG))
+            kda_ldn<N>(in.g0, o.dG + ig);
+        if (o.dQG)
+            kda_ldn<N>(in.dqg, o.dQG + ig);
+        if (o.dKG)
+            kda_ldn<N>(in.dkg, o.dKG + ig);
+    } else if (vcol) {
+        const int64_t iv = (t * o.HV + hv) * o.V + e;
+        if (o.vb)
+            kda_ldn<N>(in.x, o.vb + iv);
+        else
+            kda_ldn<N>(in.x, o.v + iv);
+    }
+}
+
+/* The rest of the work on token t, given its loads and s = (Tm^T dW)_t (key columns) or
+ * (Tm^T dU)_t (value columns): writes dq, dk and dG (key columns; the chunk's last row keeps its
+ * dG in last, to which the column sum is added later) or dv (value columns), adds k a to the
+ * column sums, sets xo to X_j of the columns (beta_j k_j gamma_j, or beta_j v_j: dTm's operand)
+ * and returns these elements' share of dbeta (summed over the N columns in order). FAST: the
+ * hardware exponential kdamma::exp_ftz (the tensor-core path). */
+template <int N, bool FAST>
+__device__ __forceinline__ float
+wy_row_finish(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool vcol, bool lastrow,
+              const WyRowIn<N> &in, const float (&lam)[N], const float (&s)[N], float (&colsum)[N],
+              float (&last)[N], float (&xo)[N], const float *gs = nullptr) {
+    const float bj = in.bj;
+    float pb = 0.f;
+    if (kcol) {
+        const int64_t ig = (t * o.HV + hv) * o.K + e;
+        float G[N], q0[N] = {}, k0[N] = {}, dq[N], dk[N], dg[N];
+        /* q, k's row scales (x 1 is exact) */
         const float sq = o.q.r ? o.q.r[t * o.H + hq] : 1.f;
         const float sk = o.k.r ? o.k.r[t * o.H + hq] : 1.f;
-        float Gj[N], kj[N], qj[N], q0[N] = {}, k0[N] = {}, g0[N] = {}, dqg[N] = {}, dkg[N] = {};
-        kda_ldn<N>(Gj, gs ? gs : o.G + ig);
-        kda_ldn<N>(kj, static_cast<const TQ *>(o.k.p) + iq);
-        kda_ldn<N>(qj, static_cast<const TQ *>(o.q.p) + iq);
-        /* what the accumulated outputs hold, read with the other loads (after the first store
-         * they would wait for it: the arrays may alias as far as the compiler knows) */
+        kda_ldn<N>(G, gs ? gs : o.G + ig);
         if (o.dqv && (o.acc & KDA_ACC_DQ))
             kda_ldn<N>(q0, o.dqv + ig);
         if (o.dkv && (o.acc & KDA_ACC_DK))
             kda_ldn<N>(k0, o.dkv + ig);
-        if (!lastrow && o.dG && (o.acc & KDA_ACC_DG))
-            kda_ldn<N>(g0, o.dG + ig);
-        if (o.dQG)
-            kda_ldn<N>(dqg, o.dQG + ig);
-        if (o.dKG)
-            kda_ldn<N>(dkg, o.dKG + ig);
-        float dq[N], dk[N], dg[N];
 #pragma unroll
         for (int c = 0; c < N; c++) {
-            kj[c] *= sk;
-            qj[c] *= sq;
-            const float gam = FAST ? kdamma::exp_ftz(Gj[c]) : expf(Gj[c]);
-            const float X = bj * kj[c] * gam;
-            const float tq = o.dQG ? dqg[c] * gam : 0.f;
+            const float kj = in.x[c] * sk, qj = in.q[c] * sq, Gj = G[c];
+            const float gam = FAST ? kdamma::exp_ftz(Gj) : expf(Gj);
+            const float X = bj * kj * gam;
+            const float tq = o.dQG ? in.dqg[c] * gam : 0.f;
             const float a =
-                o.dKG ? dkg[c] * (FAST ? kdamma::exp_ftz(lam[c] - Gj[c]) : expf(lam[c] - Gj[c]))
-                      : 0.f;
+                o.dKG ? in.dkg[c] * (FAST ? kdamma::exp_ftz(lam[c] - Gj) : expf(lam[c] - Gj)) : 0.f;
             dq[c] = q0[c] + tq;
             dk[c] = k0[c] + a + bj * gam * s[c];
-            const float g = qj[c] * tq - kj[c] * a + X * s[c];
-            dg[c] = g0[c] + g;
+            const float g = qj * tq - kj * a + X * s[c];
+            dg[c] = in.g0[c] + g;
             if (lastrow)
                 last[c] = g;
-            colsum[c] += kj[c] * a;
+            colsum[c] += kj * a;
             xo[c] = X;
-            pb += s[c] * kj[c] * gam;
+            pb += s[c] * kj * gam;
         }
         if (o.dqv)
             kda_stn<N>(o.dqv + ig, dq);
@@ -408,16 +431,12 @@ wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool vc
     }
     if (vcol) {
         const int64_t iv = (t * o.HV + hv) * o.V + e;
-        float vj[N], dv[N];
-        if (o.vb)
-            kda_ldn<N>(vj, o.vb + iv);
-        else
-            kda_ldn<N>(vj, o.v + iv);
+        float dv[N];
 #pragma unroll
         for (int c = 0; c < N; c++) {
             dv[c] = bj * s[c];
-            xo[c] = bj * vj[c];
-            pb += s[c] * vj[c];
+            xo[c] = bj * in.x[c];
+            pb += s[c] * in.x[c];
         }
         if (o.dvb)
             kda_stn<N>(o.dvb + iv, dv);
@@ -471,8 +490,10 @@ __global__ void __launch_bounds__(NTH)
             s[0] += sTm[i][j] * sX[i][lane];
         const int64_t t = t0 + j;
         float x[1]; /* (dTm is wy_dtm_kernel's here) */
-        const float pb = warp_sum(wy_col_row<1, false, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
-                                                           j == L - 1, lam1, s, colsum, last, x));
+        WyRowIn<1> in;
+        wy_row_load<1, TQ>(o, t, hv, hq, e, key && ok, !key && ok, j == L - 1, in);
+        const float pb = warp_sum(wy_row_finish<1, false>(
+            o, t, hv, hq, e, key && ok, !key && ok, j == L - 1, in, lam1, s, colsum, last, x));
         if (dbp && lane == 0)
             dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
     }
@@ -495,12 +516,12 @@ __global__ void __launch_bounds__(NTH)
  * c0 = 64 z first, then the ceil(V / 64) value tiles. Per tile: the upstream gradient up (dW or
  * dU) comes in with cp.async next to Tm (staged once per block), the column product Tm^T up runs
  * on mma.sync into shared memory, and wy_cols_kernel's per-column work runs on it with lane l
- * taking the column pair 2l, 2l + 1 (wy_col_row with N = 2: 8-byte f32, 4-byte bf16 pieces) and
- * warp w the rows w, w + 8, ... Each thread overwrites the product elements it has used with X_j
- * (beta_j k_j gamma_j, or beta_j v_j), so that after a barrier the tile's share of dTm, up X^T,
- * runs on mma.sync from the same two staged tiles: dTm never reads dW, dU, k, G or v again. The
- * dTm accumulator stays in registers over the tiles; its products, their order and the TF32
- * roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
+ * taking the column pair 2l, 2l + 1 (wy_row_load / wy_row_finish with N = 2: 8-byte f32, 4-byte
+ * bf16 pieces) and warp w the rows w, w + 8, ... Each thread overwrites the product elements it has
+ * used with X_j (beta_j k_j gamma_j, or beta_j v_j), so that after a barrier the tile's share of
+ * dTm, up X^T, runs on mma.sync from the same two staged tiles: dTm never reads dW, dU, k, G or v
+ * again. The dTm accumulator stays in registers over the tiles; its products, their order and the
+ * TF32 roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
  * replaced (the same bits). dbeta's partial sums are written per 32-column half (16 lanes) in
  * wy_cols_kernel's numbering of CT-wide tiles, so what follows the kernel does not change.
  * A key tile's G columns come in by cp.async with up, so the rows' work reads G (and lambda)
@@ -569,14 +590,24 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
         float lam[2] = {0.f, 0.f}, colsum[2] = {0.f, 0.f}, last[2] = {0.f, 0.f};
         if (key && ok && L > 0)
             kda_ldn<2>(lam, Gs + (L - 1) * LDX + el);
+        /* a row's global loads are issued before the previous row's stores, so each warp has two
+         * rows' loads in flight (the rows' work waited on memory latency) */
+        const bool kc = key && ok, vc = !key && ok;
+        WyRowIn<2> in;
+        if (w < L)
+            wy_row_load<2, TQ>(o, t0 + w, hv, hq, e, kc, vc, w == L - 1, in);
         for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
+            WyRowIn<2> nx;
+            const int jn = j + NW;
+            if (jn < L)
+                wy_row_load<2, TQ>(o, t0 + jn, hv, hq, e, kc, vc, jn == L - 1, nx);
             float *sx = Xs + j * LDX + el;
             const float2 s2 = *reinterpret_cast<const float2 *>(sx);
             const float sv[2] = {s2.x, s2.y};
             float x[2] = {0.f, 0.f};
-            float pb =
-                wy_col_row<2, true, TQ>(o, t0 + j, hv, hq, e, key && ok, !key && ok, j == L - 1,
-                                        lam, sv, colsum, last, x, Gs + j * LDX + el);
+            float pb = wy_row_finish<2, true>(o, t0 + j, hv, hq, e, kc, vc, j == L - 1, in, lam, sv,
+                                              colsum, last, x, Gs + j * LDX + el);
+            in = nx;
             /* (Tm^T up)_j has been used: X_j in its place, for dTm */
             *reinterpret_cast<float2 *>(sx) = make_float2(x[0], x[1]);
 #pragma unroll
