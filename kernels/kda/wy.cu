@@ -522,11 +522,12 @@ __global__ void __launch_bounds__(NTH)
  * dTm, up X^T, runs on mma.sync from the same two staged tiles: dTm never reads dW, dU, k, G or v
  * again. The dTm accumulator stays in registers over the tiles; its products, their order and the
  * TF32 roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
- * replaced (the same bits). dbeta's partial sums are written per 32-column half (16 lanes) in
- * wy_cols_kernel's numbering of CT-wide tiles, so what follows the kernel does not change.
+ * replaced (the same bits). dbeta is summed in the block (shared memory, one float per row) over
+ * the 32-column halves (16 lanes each) in the order of wy_cols_kernel's numbering of CT-wide
+ * tiles, the order in which kda_sum_parts adds that kernel's partials: the same bits.
  * A key tile's G columns come in by cp.async with up, so the rows' work reads G (and lambda)
  * from shared memory. Dynamic shared memory: Tm [BT][BT + 8], up [BT][72], the product / X
- * [max(BT, 64)][72] and G [BT][72] floats (72 KB at BT = 64, and 2 KB static: three blocks per
+ * [max(BT, 64)][72] and G [BT][72] floats (72 KB at BT = 64, and 2.25 KB static: three blocks per
  * SM, at most 80 registers). Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU, G (the launcher
  * checks). */
 template <int BT, class TQ>
@@ -537,8 +538,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
                        const float *__restrict__ dW, const float *__restrict__ dU,
                        const float *__restrict__ dKG, const float *__restrict__ dQG,
                        float *__restrict__ dqv, float *__restrict__ dkv, float *__restrict__ dv,
-                       kda_bf16 *__restrict__ dvb, float *__restrict__ dG, float *__restrict__ dbp,
-                       float *__restrict__ dTm, unsigned acc) {
+                       kda_bf16 *__restrict__ dvb, float *__restrict__ dG,
+                       float *__restrict__ dbeta, float *__restrict__ dTm, unsigned acc) {
     using namespace kdamma;
     static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
     constexpr int LDT = BT + 8, LDX = AB_LDB;
@@ -546,8 +547,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     constexpr int XR = BT > AB_N ? BT : AB_N; /* rows of Xs: dTm's B operand has AB_N rows */
     float *Ts = cols_smem, *Us = Ts + BT * LDT, *Xs = Us + BT * LDX, *Gs = Xs + XR * LDX;
     __shared__ float red[NW][AB_N];
+    __shared__ float sdb[BT]; /* dbeta of the rows, summed over the tiles' 32-column halves */
     const int H = d.H, HV = d.HV, K = d.K, V = d.V;
-    const int nK = DG_CEIL_DIV(K, AB_N), nkt = DG_CEIL_DIV(K, CT), nz = nK + DG_CEIL_DIV(V, AB_N);
+    const int nK = DG_CEIL_DIV(K, AB_N), nz = nK + DG_CEIL_DIV(V, AB_N);
     const int64_t c = blockIdx.x;
     const int hv = blockIdx.y, hq = hv / d.G;
     const int64_t t0 = d.chunk_t0[c];
@@ -555,7 +557,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const WyCols o{q, k, v, beta, G, dKG, dQG, vb, dqv, dkv, dv, dG, dvb, H, HV, K, V, acc};
     for (int idx = BT * LDX + threadIdx.x; idx < XR * LDX; idx += AB_THREADS)
-        Xs[idx] = 0.f;                   /* rows BT.. of Xs (BT < 64) stay zero */
+        Xs[idx] = 0.f; /* rows BT.. of Xs (BT < 64) stay zero */
+    for (int i = threadIdx.x; i < BT; i += AB_THREADS)
+        sdb[i] = 0.f;                    /* (before the first tile's first barrier) */
     float tacc[AbTile<BT>::NTW][4] = {}; /* dTm */
     if (dW || dU)
         tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
@@ -584,9 +588,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
 
         /* lane = the column pair el, el + 1 of the tile (a 32-column half per 16 lanes), warp =
          * rows w, w + NW, ... */
-        const int el = 2 * lane, e = c0 + el, hf = lane >> 4;
-        const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* K, V % 4 == 0: pairs whole */
-        const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
+        const int el = 2 * lane, e = c0 + el;
+        const bool ok = e < ncol; /* K, V % 4 == 0: pairs whole */
         float lam[2] = {0.f, 0.f}, colsum[2] = {0.f, 0.f}, last[2] = {0.f, 0.f};
         if (key && ok && L > 0)
             kda_ldn<2>(lam, Gs + (L - 1) * LDX + el);
@@ -613,8 +616,16 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
 #pragma unroll
             for (int m = 8; m > 0; m >>= 1) /* over the 16 lanes of each 32-column half */
                 pb += __shfl_xor_sync(0xffffffffu, pb, m);
-            if (dbp && (lane & 15) == 0 && half)
-                dbp[(int64_t)zs * d.TT * HV + (t0 + j) * HV + hv] = pb;
+            /* lanes 0 and 16 hold the halves' sums: added to the row's in the order of the
+             * halves' numbering zs (that of the f32 kernel's partials and of kda_sum_parts, so
+             * both paths give the same bits) */
+            const float p1 = __shfl_sync(0xffffffffu, pb, 16);
+            if (lane == 0) {
+                float sb = sdb[j] + pb;
+                if (c0 + CT < ncol)
+                    sb += p1;
+                sdb[j] = sb;
+            }
         }
         if (key) { /* block-uniform: the last-row sum of the key columns, rows summed in order */
             red[w][el] = colsum[0];
@@ -639,6 +650,9 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     }
     if (dTm) /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU) */
         store_acc<BT, true>(tacc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
+    if (dbeta && lane == 0) /* each row by the thread that summed it */
+        for (int j = w; j < L; j += NW)
+            dbeta[(t0 + j) * HV + hv] = sdb[j];
 }
 
 /* grid (NC, HV), 256 threads as 16 x 16; thread (tx, ty) owns rows ty + 16a, columns tx + 16b. */
@@ -806,7 +820,15 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
     const size_t vk = (size_t)d.TT * d.HV * d.K;
     const bool per_hv = d.G > 1;
-    size_t n = (per_hv ? 2 * vk : 0) + (dbeta ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
+    const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
+    /* columns and dTm in one kernel (vb: the caller has checked the same) */
+    const bool mma =
+        vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
+               aligned16(dU) && aligned16(G) &&
+               wy_pairs_aligned(q, k, qi.bf16, G, dKG, dQG, dq, dk, dG, v, vb, dv, dvb, dTm));
+    /* the FFMA kernel's dbeta partials, per CT-wide tile (the mma kernel sums its own) */
+    const bool parts = dbeta && !mma;
+    size_t n = (per_hv ? 2 * vk : 0) + (parts ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
     Scratch scr(ctx);
     if (n)
         DG_TRY(scr.alloc(n));
@@ -817,28 +839,24 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
         dkv = dk ? p + vk : nullptr;
         p += 2 * vk;
     }
-    if (dbeta)
+    if (parts)
         dbp = p;
     /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
-    const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
-    if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
-               aligned16(dU) && aligned16(G) &&
-               wy_pairs_aligned(q, k, qi.bf16, G, dKG, dQG, dqv, dkv, dG, v, vb, dv, dvb, dTm))) {
-        /* columns and dTm in one kernel (vb: the caller has checked the same) */
+    if (mma) {
         const size_t smem = sizeof(float) * ((size_t)BT * (BT + 8 + 2 * kdamma::AB_LDB) +
                                              (size_t)(BT > 64 ? BT : 64) * kdamma::AB_LDB);
         const dim3 grid((unsigned)d.NC, d.HV);
         if (qi.bf16) {
             DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, kda_bf16>, smem));
-            wy_cols_mma_kernel<BT, kda_bf16>
-                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG,
-                                                        dQG, dqv, dkv, dv, dvb, dG, dbp, dTm, kacc);
+            wy_cols_mma_kernel<BT, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
+                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbeta, dTm,
+                kacc);
         } else {
             DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, float>, smem));
-            wy_cols_mma_kernel<BT, float>
-                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG,
-                                                        dQG, dqv, dkv, dv, dvb, dG, dbp, dTm, kacc);
+            wy_cols_mma_kernel<BT, float><<<grid, kdamma::AB_THREADS, smem, s>>>(
+                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbeta, dTm,
+                kacc);
         }
         DG_CHECK_LAUNCH();
     } else {
@@ -866,7 +884,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
         DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DQ));
     if (per_hv && dk)
         DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DK));
-    if (dbeta)
+    if (parts)
         DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt + nvt, d.TT * d.HV, 0));
     return DG_OK;
 }
