@@ -561,9 +561,17 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     for (int i = threadIdx.x; i < BT; i += AB_THREADS)
         sdb[i] = 0.f;                    /* (before the first tile's first barrier) */
     float tacc[AbTile<BT>::NTW][4] = {}; /* dTm */
+    /* Tm's rows i < L up to the diagonal's 16-byte piece (the product masks A to j <= i as it reads
+     * it, so the pieces above are left as they are), rows i >= L zero-filled (they meet the zero
+     * rows of up); waited for with the first tile's up */
     if (dW || dU)
-        tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
-                                            BT); /* waited for with the first tile's up */
+        for (int idx = threadIdx.x; idx < BT * (BT / 4); idx += AB_THREADS) {
+            const int r = idx / (BT / 4), c4 = 4 * (idx % (BT / 4));
+            const bool ok = r < L;
+            if (ok && c4 > r)
+                continue;
+            cp_async16(Ts + r * LDT + c4, ok ? Tm + ((t0 + r) * HV + hv) * BT + c4 : Tm, ok);
+        }
     for (int z = 0; z < nz; z++) {
         const bool key = z < nK;
         const int c0 = AB_N * (key ? z : z - nK);
