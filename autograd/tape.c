@@ -307,23 +307,6 @@ void dg__node_drop_grad_out(dg_node *n, int i) {
 
 int dg__node_wants_grad(const dg_node *n, int i) { return i < n->n_in && n->in[i] != NULL; }
 
-dg_status dg__node_accum_for(dg_ctx *ctx, dg_node *owner, int i, dg_tensor *g) {
-    const int pos = g_wide.pos;
-    int at = -1;
-    for (int j = g_wide.active ? pos - 1 : -1; j >= 0 && at < 0; j--)
-        if (g_tape.nodes[j] == owner)
-            at = j;
-    if (at < 0)
-        return dg__err(DG_ERR_STATE,
-                       "backward: %s's gradient is given on its behalf by a node "
-                       "that does not run before it",
-                       owner ? owner->op : "(null)");
-    g_wide.pos = at; /* the widening rule sees owner's position */
-    dg_status s = dg__node_accum(ctx, owner, i, g);
-    g_wide.pos = pos;
-    return s;
-}
-
 dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g) {
     if (!dg__node_wants_grad(n, i))
         return DG_OK;

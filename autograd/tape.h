@@ -93,12 +93,6 @@ void dg__node_drop_grad_out(dg_node *n, int i);
 int dg__node_wants_grad(const dg_node *n, int i);
 /* grad(input i) += g. g must have input i's shape; its dtype is converted if needed. */
 dg_status dg__node_accum(dg_ctx *ctx, dg_node *n, int i, dg_tensor *g);
-/* dg__node_accum for a node `owner` that runs later in this backward, from the backward of the
- * node that runs now, which does owner's work on its behalf: the contribution counts as owner's
- * (a bf16 leaf's gradient is widened only where a node after owner still adds to it). Then
- * dg__node_drop_grad_out on owner's outputs keeps the tape from running owner itself.
- * DG_ERR_STATE unless owner is on the tape before the running node. */
-dg_status dg__node_accum_for(dg_ctx *ctx, dg_node *owner, int i, dg_tensor *g);
 /* The gradient already accumulated for input i when a backward may add to it in place (a kernel
  * that accumulates instead of a separate dg__node_accum): it exists, is contiguous and 16-byte
  * aligned, has dtype dt, nothing but the slot holds it and no other input of n shares the slot.

@@ -73,38 +73,6 @@ __device__ __forceinline__ float kda_gate_value_tc(dg_gate_kind kind, float lb, 
     return lb * __fdividef(1.f, 1.f + __expf(fminf(-a * z, 80.f)));
 }
 
-/* N3's backward at one element (kda.md §11.2): v = dL/dg there (with the cumsum: the reverse
- * chunk-local sum of dL/dG over rows i .. L - 1), xv = x, a and bias as above. Returns dL/dx and
- * adds the element's shares of d dt_bias (sdz) and d A_log (sda). A g that the forward floored
- * (cumsum) has no gradient. The gate backward kernel (gate.cu) and the intra backward that does it
- * on the gate node's behalf (intra.cu) share it. */
-__device__ __forceinline__ float kda_gate_grad(dg_gate_kind kind, float lb, int cumsum, float a,
-                                               float bias, float xv, float v, float &sdz,
-                                               float &sda) {
-    if (cumsum) {
-        const float gv = kind == DG_GATE_NONE  ? xv
-                         : kind == DG_GATE_KDA ? -a * kda_dsoftplus(xv + bias)
-                                               : 0.f;
-        if (gv < KDA_G_FLOOR_F)
-            v = 0.f;
-    }
-    const float z = xv + bias;
-    if (kind == DG_GATE_KDA) { /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */
-        const float dz = -v * a * kda_dsigmoid(z);
-        sda += v * (-a * kda_dsoftplus(z));
-        sdz += dz;
-        return dz;
-    }
-    if (kind == DG_GATE_LOWERBOUND) { /* g = lb sigmoid(u), u = a z: dg/du = lb s (1 - s) */
-        const float u = a * z, s = kda_dsigmoid(u);
-        const float du = v * lb * s * (1.f - s);
-        sda += du * u;
-        sdz += du * a;
-        return du * a;
-    }
-    return v;
-}
-
 /* Run the statements (variadic: they may contain commas) with the compile-time constant BT_
  * bound to d->BT (16, 32 or 64). */
 #define KDA_DISPATCH_BT(BTv, ...)                                                                  \
@@ -404,13 +372,6 @@ __device__ __forceinline__ void kda_store_lower(const float (&acc)[BT / 16][BT /
 }
 
 } // namespace kdab
-
-/* The gate backward's sums over the chunks (gate.cu): pdt [NC, HV*K] into ddt_bias [HV*K] and pA
- * [NC, HV*K] into dA_log [HV] (through HV*K floats of scratch right after pA), each optional, in
- * fixed orders. The gate kernel and the intra backward that does the gate's on its behalf write
- * the partials. */
-dg_status kda_gate_param_sums(dg_ctx *ctx, const kda_cuda_dims *d, const float *pdt, float *pA,
-                              float *dA_log, float *ddt_bias);
 
 /* out[(r*Hout + h)*E + e] = sum_{p < P} sum_{g < G} in[p*pstride + ((r*Hout + h)*G + g)*E + e]
  * for rows r < rows, in this fixed order (kernels/kda/common.cu); acc != 0 adds the sum to out

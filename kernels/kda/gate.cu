@@ -124,11 +124,36 @@ __global__ void gate_bwd_kernel(Dims d, dg_gate_kind kind, float lb, int cumsum,
                 break;
             const int64_t idx = (t0 + i1 - u) * row + e;
             float v = dgv[u];
+            const float xv = xvs[u];
             if (cumsum) {
                 acc = v + acc;
                 v = acc;
+                /* a g floored in the forward (kda_gate_cumsum_fwd_kernel) has no gradient */
+                const float gv = kind == DG_GATE_NONE  ? xv
+                                 : kind == DG_GATE_KDA ? -a * kda_dsoftplus(xv + bias)
+                                                       : 0.f;
+                if (gv < KDA_G_FLOOR_F)
+                    v = 0.f;
             }
-            kda_st(dx + idx, kda_gate_grad(kind, lb, cumsum, a, bias, xvs[u], v, sdz, sda));
+            if (kind == DG_GATE_KDA) {
+                /* g = -a softplus(z): dg/dz = -a sigmoid(z), dg/dA_log = g */
+                const float z = xv + bias;
+                const float dz = -v * a * kda_dsigmoid(z);
+                sda += v * (-a * kda_dsoftplus(z));
+                sdz += dz;
+                kda_st(dx + idx, dz);
+            } else if (kind == DG_GATE_LOWERBOUND) {
+                /* g = lb sigmoid(u), u = a z: dg/du = lb s (1 - s); du/dz = a, du/dA_log = u */
+                const float z = xv + bias;
+                const float u = a * z, s = kda_dsigmoid(u);
+                const float du = v * lb * s * (1.f - s);
+                const float dz = du * a;
+                sda += du * u;
+                sdz += dz;
+                kda_st(dx + idx, dz);
+            } else {
+                kda_st(dx + idx, v);
+            }
         }
     }
     if (pdt)
@@ -152,28 +177,6 @@ __global__ void gate_dA_reduce_kernel(int HV, int K, const float *tA, float *dA_
 }
 
 // ---- launchers
-
-dg_status kda_gate_param_sums(dg_ctx *ctx, const kda_cuda_dims *d, const float *pdt, float *pA,
-                              float *dA_log, float *ddt_bias) {
-    /* sums over the chunks in a fixed order (dg_colsum_kernel): pdt into ddt_bias, pA into tA
-     * (the scratch right after pA), then tA over the key dims into dA_log */
-    cudaStream_t s = dg__stream(ctx);
-    const int row = d->HV * d->K;
-    float *tA = pA + (size_t)d->NC * row;
-    const dim3 cblock(32, GATE_CS_LANES);
-    const unsigned cgrid = DG_CEIL_DIV(row, 32);
-    if (ddt_bias) {
-        dg_colsum_kernel<float, GATE_CS_LANES><<<cgrid, cblock, 0, s>>>(d->NC, row, pdt, ddt_bias);
-        DG_CHECK_LAUNCH();
-    }
-    if (dA_log) {
-        dg_colsum_kernel<float, GATE_CS_LANES><<<cgrid, cblock, 0, s>>>(d->NC, row, pA, tA);
-        DG_CHECK_LAUNCH();
-        gate_dA_reduce_kernel<<<d->HV, 32, 0, s>>>(d->HV, d->K, tA, dA_log);
-        DG_CHECK_LAUNCH();
-    }
-    return DG_OK;
-}
 
 extern "C" dg_status dg__kda_gate_fwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, dg_gate_kind kind,
                                            float lb, int cumsum, int xbf16, const void *x,
@@ -251,7 +254,23 @@ extern "C" dg_status dg__kda_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, 
         gate_bwd_kernel<<<grid, NTH, 0, s>>>(make_dims(d), kind, lb, cumsum, (const float *)x,
                                              A_log, dt_bias, dG, (float *)dx, pdt, pA);
     DG_CHECK_LAUNCH();
-    if (pdt)
-        DG_TRY(kda_gate_param_sums(ctx, d, pdt, pA, dA_log, ddt_bias));
+    if (pdt && (ddt_bias || dA_log)) {
+        /* sums over the chunks in a fixed order (dg_colsum_kernel): pdt into ddt_bias, pA into
+         * tA, then tA over the key dims into dA_log */
+        float *tA = pA + (size_t)d->NC * row;
+        const dim3 cblock(32, GATE_CS_LANES);
+        const unsigned cgrid = DG_CEIL_DIV(row, 32);
+        if (ddt_bias) {
+            dg_colsum_kernel<float, GATE_CS_LANES>
+                <<<cgrid, cblock, 0, s>>>(d->NC, row, pdt, ddt_bias);
+            DG_CHECK_LAUNCH();
+        }
+        if (dA_log) {
+            dg_colsum_kernel<float, GATE_CS_LANES><<<cgrid, cblock, 0, s>>>(d->NC, row, pA, tA);
+            DG_CHECK_LAUNCH();
+            gate_dA_reduce_kernel<<<d->HV, 32, 0, s>>>(d->HV, d->K, tA, dA_log);
+            DG_CHECK_LAUNCH();
+        }
+    }
     return DG_OK;
 }

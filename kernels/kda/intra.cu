@@ -934,32 +934,14 @@ template <int BT> struct IntraMma {
     static constexpr int NTHR = 64 * NB; /* two warps per row block */
     static constexpr int LDA = BT + 4;   /* dA, dL: A-fragment reads (g, t) hit banks 4g + t */
     static constexpr size_t smem_floats = 3 * BT * MMA_LDK + 2 * BT * LDA + 3 * BT;
-    /* GB: + the gate input's tile [BT][MMA_LDK] of bf16 */
-    static constexpr size_t smem_floats_gb = smem_floats + BT * MMA_LDK / 2;
 };
 
-/* What the intra backward does on behalf of the gate node (N3) where GB is set: the block's dG
- * tile (all rows of its chunk, 64 key columns) is complete once its own terms are added (the
- * intra node is the last of G's readers to run in backward), so instead of storing it the block
- * runs the gate's backward on it (kda_gate_grad): the reverse chunk-local cumsum, dx = dL/dg
- * (bf16, g's layout) and the chunk's partial sums of d dt_bias and d A_log (pdt, pA [NC, HV*K],
- * summed over the chunks by kda_gate_param_sums). */
-struct IntraGateBwd {
-    const kda_bf16 *x;
-    const float *A_log, *dt_bias;
-    dg_gate_kind kind;
-    float lb;
-    kda_bf16 *dx;
-    float *pdt, *pA;
-};
-
-template <int BT, bool QB, bool GB>
+template <int BT, bool QB>
 __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
     intra_main_mma_kernel(Dims d, int nkt, bool vec, float scale, const void *qv, const void *kv,
                           const float *rq, const float *rk, const float *beta, const float *G,
                           const float *dAqk, const float *dL, float *dqv, float *dkv, float *dG,
-                          float *dbp, unsigned acc, const IntraGateBwd gb) {
-    static_assert(!GB || QB, "the gate's backward rides on the bf16 path");
+                          float *dbp, unsigned acc) {
     using kdamma::mma_3xtf32;
     using kdamma::tf32_split;
     constexpr int LDA = IntraMma<BT>::LDA, NT = IntraMma<BT>::NTHR;
@@ -967,7 +949,6 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
     extern __shared__ __align__(16) float imma_smem[];
     float *sq = imma_smem, *sk = sq + BT * LDK, *sG = sk + BT * LDK;
     float *sdA = sG + BT * LDK, *sdL = sdA + BT * LDA, *sb = sdL + BT * LDA, *sdb = sb + BT;
-    kda_bf16 *const sx = reinterpret_cast<kda_bf16 *>(sdb + 2 * BT); /* GB: the gate input */
 
     const int64_t c = blockIdx.x / nkt;
     const int kt = (int)(blockIdx.x % nkt);
@@ -997,13 +978,6 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                                         BT);
         if (dL)
             tile_async<BT, BT, LDA, NT>(sdL, dL + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0, BT);
-        if (GB) /* rows >= L and columns >= K zero-filled */
-            for (int idx = threadIdx.x; idx < BT * (MMA_C / 8); idx += NT) {
-                const int r = idx / (MMA_C / 8), cc = 8 * (idx % (MMA_C / 8));
-                const bool ok = r < L && e0 + cc < K;
-                kdamma::cp_async16(sx + r * LDK + cc,
-                                   gb.x + (ok ? ((t0 + r) * HV + hv) * K + e0 + cc : 0), ok);
-            }
         kdamma::cp_async_commit();
     } else {
         for (int idx = threadIdx.x; idx < BT * MMA_C; idx += NT) {
@@ -1197,13 +1171,8 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
                     }
             }
         }
-    }
-    if (GB)
-        __syncthreads(); /* every product is done: sG takes the finished dG tile */
-    if (active) {
         /* outputs: dq = Rq, dk = beta_r RL + C, dG = q Rq + k beta_r RL - k C, dbeta = k . RL;
-         * a thread's two adjacent columns go out as one float2 where K allows (GB: dG into sG,
-         * rows < L and columns < K) */
+         * a thread's two adjacent columns go out as one float2 where K allows */
         const bool pair = K % 2 == 0;
         float *const outs[3] = {dqv, dkv, dG};
         constexpr unsigned flags[3] = {KDA_ACC_DQ, KDA_ACC_DK, KDA_ACC_DG};
@@ -1252,13 +1221,6 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
 #pragma unroll
                 for (int a = 0; a < 3; a++) {
                     float *o = outs[a];
-                    if (GB && a == 2) {
-                        float *sd = sG + r * LDK + col;
-                        sd[0] = old[n][h][2].x + v[2][0];
-                        if (ke + 1 < K)
-                            sd[1] = old[n][h][2].y + v[2][1];
-                        continue;
-                    }
                     if (!o)
                         continue;
                     if (pair) { /* ke even, K even: both columns valid, 8-byte aligned */
@@ -1281,65 +1243,10 @@ __global__ void __launch_bounds__(IntraMma<BT>::NTHR)
         sdb[(w & 1) * BT + r0] = db0;
         sdb[(w & 1) * BT + r1] = db1;
     }
-    __syncthreads(); /* (GB: and the dG tile in sG is complete) */
+    __syncthreads();
     if (dbp)
         for (int i = threadIdx.x; i < L; i += NT)
             dbp[(int64_t)kt * d.TT * HV + (t0 + i) * HV + hv] = sdb[i] + sdb[BT + i];
-    if constexpr (GB) {
-        /* the gate's backward on the tile: thread = column cc, segment sg of 16 rows (NS
-         * segments, the lanes of one column adjacent). Segment sums, then the sums of the
-         * segments below (later rows) added from the last, then each segment's rows from its last
-         * with the reverse cumsum; dx overwrites x in sx (each thread its own elements). */
-        constexpr int NS = NT / MMA_C, RS = BT / NS;
-        static_assert(NS * RS == BT && 32 % NS == 0, "segments of one column share a warp");
-        const int cc = threadIdx.x / NS, sg = threadIdx.x % NS, lane = threadIdx.x & 31;
-        const int e = e0 + cc, rb0 = RS * sg;
-        const bool ok = e < K;
-        const float a = gb.A_log ? expf(gb.A_log[hv]) : 1.f;
-        const float bias = ok && gb.dt_bias ? gb.dt_bias[hv * K + e] : 0.f;
-        float seg = 0.f;
-        for (int u = RS - 1; u >= 0; u--)
-            if (rb0 + u < L)
-                seg += sG[(rb0 + u) * LDK + cc];
-        float below = 0.f;
-#pragma unroll
-        for (int j = NS - 1; j >= 0; j--) {
-            const float sj = __shfl_sync(0xffffffffu, seg, (lane & ~(NS - 1)) + j);
-            if (j > sg)
-                below += sj;
-        }
-        float run = below, sdz = 0.f, sda = 0.f;
-        for (int u = RS - 1; u >= 0; u--) {
-            const int r = rb0 + u;
-            if (r >= L || !ok)
-                continue;
-            run = sG[r * LDK + cc] + run;
-            kda_bf16 *xe = sx + r * LDK + cc;
-            *xe = __float2bfloat16(
-                kda_gate_grad(gb.kind, gb.lb, 1, a, bias, __bfloat162float(*xe), run, sdz, sda));
-        }
-        /* the column's partial sums over the chunk: the segments added from the last */
-        float tz = 0.f, ta = 0.f;
-#pragma unroll
-        for (int j = NS - 1; j >= 0; j--) {
-            tz += __shfl_sync(0xffffffffu, sdz, (lane & ~(NS - 1)) + j);
-            ta += __shfl_sync(0xffffffffu, sda, (lane & ~(NS - 1)) + j);
-        }
-        if (sg == 0 && ok) {
-            const int64_t pi = c * (int64_t)HV * K + (int64_t)hv * K + e;
-            if (gb.pdt)
-                gb.pdt[pi] = tz;
-            if (gb.pA)
-                gb.pA[pi] = ta;
-        }
-        __syncthreads(); /* dx complete in sx: rows < L out in 16-byte pieces (K % 8 == 0) */
-        for (int idx = threadIdx.x; idx < L * (MMA_C / 8); idx += NT) {
-            const int r = idx / (MMA_C / 8), c8 = 8 * (idx % (MMA_C / 8));
-            if (e0 + c8 < K)
-                *reinterpret_cast<uint4 *>(gb.dx + ((t0 + r) * HV + hv) * K + e0 + c8) =
-                    *reinterpret_cast<const uint4 *>(sx + r * LDK + c8);
-        }
-    }
 }
 
 /* intra_dl on mma.sync 3xTF32 for the tensor-core path, grid (NC, HV): the same two products,
@@ -1543,8 +1450,7 @@ template <int BT>
 static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale, const void *q,
                               const void *k, bool qb, const float *beta, const float *G,
                               const float *Tm, const float *dAqk, const float *dTm, float *dq,
-                              float *dk, float *dbeta, float *dG, unsigned acc,
-                              const IntraGateBwd *gb) {
+                              float *dk, float *dbeta, float *dG, unsigned acc) {
     const Dims d = make_dims(dd);
     cudaStream_t s = dg__stream(ctx);
     /* tc != 0: the mma.sync kernel on 64-column key tiles; tc == 0 the FFMA kernel on 32 */
@@ -1584,30 +1490,21 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
         }
         DG_CHECK_LAUNCH();
     }
-    if (gb && !(mma && qb)) /* dg__kda_intra_gate_bwd_cuda checks first */
-        return dg__err(DG_ERR_STATE, "intra backward: the gate's backward needs the bf16 mma path");
     if (mma) {
         const size_t smem = sizeof(float) * IntraMma<BT>::smem_floats;
         const dim3 grid((unsigned)(d.NC * nkt), d.HV);
         const bool vec = d.K % 4 == 0 && aligned16(q) && aligned16(k) && aligned16(G) &&
                          aligned16(dAqk) && aligned16(dL);
-        const IntraGateBwd none = {};
-        if (gb) {
-            const size_t sgb = sizeof(float) * IntraMma<BT>::smem_floats_gb;
-            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, true, true>, sgb));
-            intra_main_mma_kernel<BT, true, true><<<grid, IntraMma<BT>::NTHR, sgb, s>>>(
-                d, nkt, true, scale, q, k, dd->rq, dd->rk, beta, G, dAqk, dL, dqv, dkv, dG, dbp,
-                kacc, *gb);
-        } else if (qb) {
-            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, true, false>, smem));
-            intra_main_mma_kernel<BT, true, false><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
-                d, nkt, true, scale, q, k, dd->rq, dd->rk, beta, G, dAqk, dL, dqv, dkv, dG, dbp,
-                kacc, none);
+        if (qb) {
+            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, true>, smem));
+            intra_main_mma_kernel<BT, true>
+                <<<grid, IntraMma<BT>::NTHR, smem, s>>>(d, nkt, true, scale, q, k, dd->rq, dd->rk,
+                                                        beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
         } else {
-            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, false, false>, smem));
-            intra_main_mma_kernel<BT, false, false><<<grid, IntraMma<BT>::NTHR, smem, s>>>(
-                d, nkt, vec, scale, q, k, nullptr, nullptr, beta, G, dAqk, dL, dqv, dkv, dG, dbp,
-                kacc, none);
+            DG_TRY(smem_opt_in(intra_main_mma_kernel<BT, false>, smem));
+            intra_main_mma_kernel<BT, false>
+                <<<grid, IntraMma<BT>::NTHR, smem, s>>>(d, nkt, vec, scale, q, k, nullptr, nullptr,
+                                                        beta, G, dAqk, dL, dqv, dkv, dG, dbp, kacc);
         }
     } else {
         const size_t smem = sizeof(float) * (3 * BT * CT + 2 * BT * BT + BT);
@@ -1627,11 +1524,14 @@ static dg_status intra_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, float scale,
     return DG_OK;
 }
 
-/* The backward of both entries below; gb: the gate's on its node's behalf (GB kernel). */
-static dg_status intra_bwd_any(dg_ctx *ctx, const kda_cuda_dims *d, float scale, const void *qv,
-                               const void *kv, const float *beta, const float *G, const float *Tm,
-                               const float *dAqk, const float *dTm, float *dq, float *dk,
-                               float *dbeta, float *dG, unsigned acc, const IntraGateBwd *gb) {
+extern "C" dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
+                                            const void *qv, const void *kv, const float *beta,
+                                            const float *G, const float *Tm, const float *dAqk,
+                                            const float *dTm, float *dq, float *dk, float *dbeta,
+                                            float *dG, unsigned acc) {
+    DG_TRY(check_dims("dg__kda_intra_bwd_cuda", d));
+    if (d->NC == 0)
+        return DG_OK;
     /* bf16 q, k as stored on the mma kernel's vector path (the dL scratch is aligned); anything
      * else through f32 rows */
     const bool qb =
@@ -1647,76 +1547,12 @@ static dg_status intra_bwd_any(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
     switch (d->BT) {
     case 16:
         return intra_bwd_bt<16>(ctx, d, scale, q, k, qb, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
-                                acc, gb);
+                                acc);
     case 32:
         return intra_bwd_bt<32>(ctx, d, scale, q, k, qb, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
-                                acc, gb);
+                                acc);
     default:
         return intra_bwd_bt<64>(ctx, d, scale, q, k, qb, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG,
-                                acc, gb);
+                                acc);
     }
-}
-
-extern "C" dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                            const void *qv, const void *kv, const float *beta,
-                                            const float *G, const float *Tm, const float *dAqk,
-                                            const float *dTm, float *dq, float *dk, float *dbeta,
-                                            float *dG, unsigned acc) {
-    DG_TRY(check_dims("dg__kda_intra_bwd_cuda", d));
-    if (d->NC == 0)
-        return DG_OK;
-    return intra_bwd_any(ctx, d, scale, qv, kv, beta, G, Tm, dAqk, dTm, dq, dk, dbeta, dG, acc,
-                         nullptr);
-}
-
-extern "C" int dg__kda_intra_gate_bwd_fits(const kda_cuda_dims *d, const void *q, const void *k,
-                                           const float *G, const float *dAqk, const void *g,
-                                           const void *dg) {
-    return d && d->tc && d->qk_bf16 && d->K % 8 == 0 && dg__kda_qk_fits(d, q, k) && aligned16(G) &&
-           aligned16(dAqk) && aligned16(g) && aligned16(dg);
-}
-
-extern "C" dg_status dg__kda_intra_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                                 const void *q, const void *k, const float *beta,
-                                                 const float *G, const float *Tm, const float *dAqk,
-                                                 const float *dTm, float *dq, float *dk,
-                                                 float *dbeta, const float *dG, unsigned acc,
-                                                 const kda_intra_gate *p) {
-    DG_TRY(check_dims("dg__kda_intra_gate_bwd_cuda", d));
-    if (!p || !p->g || !p->dg)
-        return dg__err(DG_ERR_ARG, "%s: the gate's input g and its gradient dg are required",
-                       __func__);
-    if (p->kind != DG_GATE_NONE && p->kind != DG_GATE_KDA && p->kind != DG_GATE_LOWERBOUND)
-        return dg__err(DG_ERR_ARG, "%s: unknown gate kind %d", __func__, (int)p->kind);
-    if (!dg__kda_intra_gate_bwd_fits(d, q, k, G, dAqk, p->g, p->dg))
-        return dg__err(DG_ERR_STATE,
-                       "%s: needs the factored bf16 tensor-core path (tc != 0, K %% 8 == 0, "
-                       "16-byte aligned q, k, G, dAqk, g, dg)",
-                       __func__);
-    cudaStream_t s = dg__stream(ctx);
-    const int row = d->HV * d->K;
-    if (p->dA_log)
-        DG_CHECK_CUDA(cudaMemsetAsync(p->dA_log, 0, sizeof(float) * (size_t)d->HV, s));
-    if (p->ddt_bias)
-        DG_CHECK_CUDA(cudaMemsetAsync(p->ddt_bias, 0, sizeof(float) * (size_t)row, s));
-    if (d->NC == 0)
-        return DG_OK;
-    const bool gated = p->kind != DG_GATE_NONE, sums = gated && (p->dA_log || p->ddt_bias);
-    Scratch part(ctx);
-    if (sums) /* pdt, pA, then the dA_log reduction's scratch */
-        DG_TRY(part.alloc(2 * (size_t)d->NC * row + (size_t)row));
-    IntraGateBwd gb = {static_cast<const kda_bf16 *>(p->g),
-                       p->A_log,
-                       p->dt_bias,
-                       p->kind,
-                       p->lb,
-                       static_cast<kda_bf16 *>(p->dg),
-                       sums ? part.f() : nullptr,
-                       sums ? part.f() + (size_t)d->NC * row : nullptr};
-    /* dG is only read (acc & KDA_ACC_DG: what the tape holds so far) */
-    DG_TRY(intra_bwd_any(ctx, d, scale, q, k, beta, G, Tm, dAqk, dTm, dq, dk, dbeta,
-                         const_cast<float *>(dG), acc, &gb));
-    if (sums)
-        DG_TRY(kda_gate_param_sums(ctx, d, gb.pdt, gb.pA, p->dA_log, p->ddt_bias));
-    return DG_OK;
 }

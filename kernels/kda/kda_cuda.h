@@ -167,28 +167,6 @@ dg_status dg__kda_intra_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scal
                                  const void *k, const float *beta, const float *G, const float *Tm,
                                  const float *dAqk, const float *dTm, float *dq, float *dk,
                                  float *dbeta, float *dG, unsigned acc);
-/* The intra backward that also runs the gate node's backward (N3, with its cumsum) on that node's
- * behalf: dG is only read (the gradient of G the tape holds so far, acc & KDA_ACC_DG saying
- * whether there is any; the intra node is G's last reader in backward), and instead of
- * dL/dG the kernel writes what the gate kernel would from it: dg = dL/dg (bf16, g's layout) and,
- * each optional, dA_log, ddt_bias. dq, dk, dbeta are those of dg__kda_intra_bwd_cuda, bit for
- * bit. Only where dg__kda_intra_gate_bwd_fits (the factored bf16 tensor-core path, K % 8 == 0,
- * 16-byte aligned g and dg); else DG_ERR_STATE. */
-typedef struct kda_intra_gate {
-    const void *g;                /* [TT,HV,K] bf16: the gate node's input */
-    const float *A_log, *dt_bias; /* [HV], [HV*K] or NULL */
-    dg_gate_kind kind;
-    float lb;                 /* the resolved lower bound */
-    void *dg;                 /* out [TT,HV,K] bf16 */
-    float *dA_log, *ddt_bias; /* out [HV], [HV*K] or NULL */
-} kda_intra_gate;
-int dg__kda_intra_gate_bwd_fits(const kda_cuda_dims *d, const void *q, const void *k,
-                                const float *G, const float *dAqk, const void *g, const void *dg);
-dg_status dg__kda_intra_gate_bwd_cuda(dg_ctx *ctx, const kda_cuda_dims *d, float scale,
-                                      const void *q, const void *k, const float *beta,
-                                      const float *G, const float *Tm, const float *dAqk,
-                                      const float *dTm, float *dq, float *dk, float *dbeta,
-                                      const float *dG, unsigned acc, const kda_intra_gate *p);
 
 /* ---- N5 wy (wy.cu): v (forward, backward) and dv (backward) are bf16 when d->leaf_bf16 is
  * set, else f32 ---- */

@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(KDA_THREADS)
  * backward's Sup and Sst (dh and dHn, stored like h); its X0, Xo (dE, dE_tot) are f32. Dynamic
  * shared memory (state_mma_smem): NB x A1s [BT][state_ld1], NB x A2s [BT][K + 8] of TA, then Ss
  * [K][VT + 8] and Xs [BT][VT + 8] of TA (one buffer: Xs reuses Ss, max(K, BT) rows), NB x f32 Gs
- * [K], and for the bf16 forward Ub [BT][VT + 8] (X0). */
+ * [K]. */
 template <int BT, int MT, int VT, bool BWD, class TA, bool PLUS>
 __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two blocks per SM */
     state_mma_kernel(const int64_t *__restrict__ chunk_off, const int64_t *__restrict__ chunk_t0,
@@ -344,15 +344,12 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     extern __shared__ __align__(16) float sm_smem[];
     constexpr int NB = state_nbuf<TA>(); /* operand buffers: chunk it + NB - 1 loads during it */
     constexpr bool XOWN = NB > 1;        /* Xs has its own space (else it reuses Ss's) */
-    static_assert(!B16 || NB == 2, "the bf16 X0 staging reads the next chunk's table entry");
     const int LD1 = state_ld1<TA>(K), LD2 = K + 8;
     TA *const A1b = reinterpret_cast<TA *>(sm_smem);
     TA *const A2b = A1b + NB * BT * LD1;
     TS *const Ss = A2b + NB * BT * LD2;
     TS *const Xs = XOWN ? Ss + K * LDS : Ss; /* reused: max(K, BT) rows of Ss, after a barrier */
     float *const Gb = reinterpret_cast<float *>(Xs + (XOWN ? BT : (K > BT ? K : BT)) * LDS);
-    /* the bf16 forward's X0 (U) tile [BT][VT + 8] (state_mma_smem) */
-    TS *const Ub = reinterpret_cast<TS *>(Gb + NB * K);
     /* ldmatrix addressing: lane l gives row l % 8 of 8 x 8 tile l / 8 */
     const int mat = (int)(threadIdx.x & 31) >> 3, mr = (int)threadIdx.x & 7;
 
@@ -429,12 +426,11 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         }
         kdamma::cp_async_commit();
     };
-    /* The bf16 forward stages X0 (U) of chunk it in Ub by cp.async, as its own commit group:
-     * chunk it + 1's is issued once chunk it's has been read (after the step's second barrier),
-     * so that it loads during the rest of the step (group order: ..., operands of it + 1, X0 of
-     * it + 1, operands of it + 2). One buffer: two would cost the second block per SM at K = 128,
-     * VT = 64. Thread tid copies the 16-byte pieces of column 8 (tid % (VT / 8)), rows
-     * tid / (VT / 8) + k SM_THREADS / (VT / 8). */
+    /* The forward with bf16 operands stages X0 (U) of chunk it in Xs by cp.async: each thread
+     * later reads its X0 elements from Xs and writes its X elements to the same places, so the two
+     * need no barrier between them. Its own commit group, issued before the operands of chunk
+     * it + 1 (group order: ..., X0 of it, operands of it + 1). Thread tid copies the 16-byte
+     * pieces of column 8 (tid % (VT / 8)), rows tid / (VT / 8) + k SM_THREADS / (VT / 8). */
     constexpr int PR = VT / 8, RS = SM_THREADS / PR; /* pieces per row, rows per pass */
     const int pc = 8 * ((int)threadIdx.x % PR), pr = (int)threadIdx.x / PR;
     const bool xasync = !BWD && B16 && X0 && V % 8 == 0;
@@ -444,7 +440,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             const TX *src = X0 + (ca.t0 + pr) * rv + hv * V + v0 + pc;
             for (int r = pr; r < BT; r += RS, src += RS * rv) {
                 const bool ok = col && r < ca.L;
-                kdamma::cp_async16(Ub + r * LDX + pc, ok ? src : X0, ok);
+                kdamma::cp_async16(Xs + r * LDX + pc, ok ? src : X0, ok);
             }
         }
         kdamma::cp_async_commit();
@@ -463,9 +459,9 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
     };
 
     ChunkAt ca = chunk_at(0), ca1 = NB > 1 ? chunk_at(1) : ChunkAt{0, 0};
-    fetch(0, ca);
-    if (xasync)
+    if (xasync) /* X0 of chunk 0 joins its operands' group */
         fetch_x0(0, ca);
+    fetch(0, ca);
     if (NB > 1)
         fetch(1, ca1);
 
@@ -541,12 +537,11 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
         if (!XOWN)
             __syncthreads();   /* every read of Ss is done: Xs reuses its space */
         if (xasync && xwarp) { /* read after the product: fewer registers live across it */
-            const TS *ub = Ub;
 #pragma unroll
             for (int jj = 0; jj < NXT; jj++)
 #pragma unroll
                 for (int hlf = 0; hlf < 2; hlf++) {
-                    const float2 x = kda_ld2(ub + (xr + 8 * hlf) * LDX + xc + 8 * jj);
+                    const float2 x = kda_ld2(Xs + (xr + 8 * hlf) * LDX + xc + 8 * jj);
                     X[jj][2 * hlf] = x.x;
                     X[jj][2 * hlf + 1] = x.y;
                 }
@@ -613,9 +608,7 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
                 const int r = 16 * (w + 8 * m) + g + 8 * hlf;
                 el[m][hlf] = (w + 8 * m < mtiles) ? kdamma::exp_ftz(Gs[r]) : 0.f;
             }
-        __syncthreads(); /* Xs complete (and every read of Ub done) */
-        if (xasync)      /* xasync implies NB == 2: chunk it + 1 is at ca1 */
-            fetch_x0(it + 1, ca1);
+        __syncthreads(); /* Xs complete */
         if (Sst && scoal)
             copy_out(Sst + (ch * HV + hv) * KV + v0, Ss, K, V);
         if (Xo && xcoal)
@@ -699,6 +692,8 @@ __global__ void __launch_bounds__(SM_THREADS, MT == 1 ? 2 : 1) /* K <= 128: two 
             }
         }
         __syncthreads(); /* buffer b, Ss and Xs free */
+        if (xasync)
+            fetch_x0(it + 1, NB > 1 ? ca1 : cn);
         fetch(it + NB, cn);
         if (NB > 1) {
             ca = ca1;
@@ -1024,12 +1019,10 @@ static int state_mma_fits(const kda_cuda_dims *d, const void *A1, const void *X0
     return 1;
 }
 
-template <int BT, bool BWD, class TA> static size_t state_mma_smem(int K, int VT) {
+template <int BT, class TA> static size_t state_mma_smem(int K, int VT) {
     constexpr int NB = state_nbuf<TA>();
     const size_t s_rows = NB > 1 ? (size_t)K + BT : (size_t)(K > BT ? K : BT); /* Ss (+ Xs) */
-    const size_t u_rows = !BWD && sizeof(TA) == 2 ? (size_t)BT : 0;            /* Ub */
-    return sizeof(TA) *
-               (NB * (size_t)BT * (state_ld1<TA>(K) + K + 8) + (s_rows + u_rows) * (VT + 8)) +
+    return sizeof(TA) * (NB * (size_t)BT * (state_ld1<TA>(K) + K + 8) + s_rows * (VT + 8)) +
            sizeof(float) * NB * K;
 }
 
@@ -1037,7 +1030,7 @@ template <int BT, bool BWD, class TA> static size_t state_mma_smem(int K, int VT
  * needs more than the default 48 KB. */
 template <int BT, int MT, int VT, bool BWD, class TA, bool PLUS>
 static dg_status state_mma_prepare(int K, size_t *smem) {
-    *smem = state_mma_smem<BT, BWD, TA>(K, VT);
+    *smem = state_mma_smem<BT, TA>(K, VT);
     return dg__smem_opt_in((const void *)state_mma_kernel<BT, MT, VT, BWD, TA, PLUS>, *smem);
 }
 

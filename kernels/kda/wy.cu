@@ -342,84 +342,61 @@ struct WyCols {
     unsigned acc;
 };
 
-/* What the WY backward's work on token t of the N consecutive columns e.. (N = 1 or 2; e a
- * multiple of N) reads from global memory first (wy_row_load), so that a caller can load the next
- * token's while it finishes the current one (wy_row_finish): key columns (kcol) beta, k, q and
- * their row scales, dG's old value, dQG, dKG; value columns (vcol) beta and v (in x). G (shared
- * memory on the tensor-core path) and the rarely accumulated dq, dk are read by wy_row_finish. */
-template <int N> struct WyRowIn {
-    float bj;
-    float x[N], q[N], g0[N], dqg[N], dkg[N];
-};
-
-template <int N, class TQ>
-__device__ __forceinline__ void wy_row_load(const WyCols &o, int64_t t, int hv, int hq, int e,
-                                            bool kcol, bool vcol, bool lastrow, WyRowIn<N> &in) {
-    in.bj = o.beta[t * o.HV + hv];
-    if (kcol) {
-        const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
-        /* q, k of TQ (o.q.bf16 says which) */
-        kda_ldn<N>(in.x, static_cast<const TQ *>(o.k.p) + iq);
-        kda_ldn<N>(in.q, static_cast<const TQ *>(o.q.p) + iq);
-#pragma unroll
-        for (int c = 0; c < N; c++)
-            in.g0[c] = in.dqg[c] = in.dkg[c] = 0.f;
-        if (!lastrow && o.dG && (o.acc & KDA_ACC_DG))
-            kda_ldn<N>(in.g0, o.dG + ig);
-        if (o.dQG)
-            kda_ldn<N>(in.dqg, o.dQG + ig);
-        if (o.dKG)
-            kda_ldn<N>(in.dkg, o.dKG + ig);
-    } else if (vcol) {
-        const int64_t iv = (t * o.HV + hv) * o.V + e;
-        if (o.vb)
-            kda_ldn<N>(in.x, o.vb + iv);
-        else
-            kda_ldn<N>(in.x, o.v + iv);
-    }
-}
-
-/* The rest of the work on token t, given its loads and s = (Tm^T dW)_t (key columns) or
- * (Tm^T dU)_t (value columns): writes dq, dk and dG (key columns; the chunk's last row keeps its
- * dG in last, to which the column sum is added later) or dv (value columns), adds k a to the
- * column sums, sets xo to X_j of the columns (beta_j k_j gamma_j, or beta_j v_j: dTm's operand)
- * and returns these elements' share of dbeta (summed over the N columns in order). FAST: the
- * hardware exponential kdamma::exp_ftz (the tensor-core path). */
-template <int N, bool FAST>
+/* Token t of the N consecutive columns e.. of the WY backward (N = 1 or 2; e a multiple of N),
+ * given s = (Tm^T dW)_t (key columns) or (Tm^T dU)_t (value columns): writes dq, dk and dG (key
+ * columns; the chunk's last row keeps its dG in last, to which the column sum is added later) or
+ * dv (value columns), adds k a to the column sums, sets xo to X_j of the columns (beta_j k_j
+ * gamma_j, or beta_j v_j: dTm's operand) and returns these elements' share of dbeta (summed over
+ * the N columns in order). FAST: the hardware exponential kdamma::exp_ftz (the tensor-core path).
+ * All loads are issued before the first store. */
+template <int N, bool FAST, class TQ>
 __device__ __forceinline__ float
-wy_row_finish(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool vcol, bool lastrow,
-              const WyRowIn<N> &in, const float (&lam)[N], const float (&s)[N], float (&colsum)[N],
-              float (&last)[N], float (&xo)[N], const float *gs = nullptr) {
-    const float bj = in.bj;
+wy_col_row(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool vcol, bool lastrow,
+           const float (&lam)[N], const float (&s)[N], float (&colsum)[N], float (&last)[N],
+           float (&xo)[N], const float *gs = nullptr) {
+    const float bj = o.beta[t * o.HV + hv];
     float pb = 0.f;
     if (kcol) {
-        const int64_t ig = (t * o.HV + hv) * o.K + e;
-        float G[N], q0[N] = {}, k0[N] = {}, dq[N], dk[N], dg[N];
-        /* q, k's row scales (x 1 is exact) */
+        const int64_t ig = (t * o.HV + hv) * o.K + e, iq = (t * o.H + hq) * o.K + e;
+        /* q, k of TQ (o.q.bf16 says which), times their row scales (x 1 is exact) */
         const float sq = o.q.r ? o.q.r[t * o.H + hq] : 1.f;
         const float sk = o.k.r ? o.k.r[t * o.H + hq] : 1.f;
-        kda_ldn<N>(G, gs ? gs : o.G + ig);
+        float Gj[N], kj[N], qj[N], q0[N] = {}, k0[N] = {}, g0[N] = {}, dqg[N] = {}, dkg[N] = {};
+        kda_ldn<N>(Gj, gs ? gs : o.G + ig);
+        kda_ldn<N>(kj, static_cast<const TQ *>(o.k.p) + iq);
+        kda_ldn<N>(qj, static_cast<const TQ *>(o.q.p) + iq);
+        /* what the accumulated outputs hold, read with the other loads (after the first store
+         * they would wait for it: the arrays may alias as far as the compiler knows) */
         if (o.dqv && (o.acc & KDA_ACC_DQ))
             kda_ldn<N>(q0, o.dqv + ig);
         if (o.dkv && (o.acc & KDA_ACC_DK))
             kda_ldn<N>(k0, o.dkv + ig);
+        if (!lastrow && o.dG && (o.acc & KDA_ACC_DG))
+            kda_ldn<N>(g0, o.dG + ig);
+        if (o.dQG)
+            kda_ldn<N>(dqg, o.dQG + ig);
+        if (o.dKG)
+            kda_ldn<N>(dkg, o.dKG + ig);
+        float dq[N], dk[N], dg[N];
 #pragma unroll
         for (int c = 0; c < N; c++) {
-            const float kj = in.x[c] * sk, qj = in.q[c] * sq, Gj = G[c];
-            const float gam = FAST ? kdamma::exp_ftz(Gj) : expf(Gj);
-            const float X = bj * kj * gam;
-            const float tq = o.dQG ? in.dqg[c] * gam : 0.f;
+            kj[c] *= sk;
+            qj[c] *= sq;
+            const float gam = FAST ? kdamma::exp_ftz(Gj[c]) : expf(Gj[c]);
+            const float X = bj * kj[c] * gam;
+            const float tq = o.dQG ? dqg[c] * gam : 0.f;
             const float a =
-                o.dKG ? in.dkg[c] * (FAST ? kdamma::exp_ftz(lam[c] - Gj) : expf(lam[c] - Gj)) : 0.f;
+                o.dKG ? dkg[c] * (FAST ? kdamma::exp_ftz(lam[c] - Gj[c]) : expf(lam[c] - Gj[c]))
+                      : 0.f;
             dq[c] = q0[c] + tq;
             dk[c] = k0[c] + a + bj * gam * s[c];
-            const float g = qj * tq - kj * a + X * s[c];
-            dg[c] = in.g0[c] + g;
+            const float g = qj[c] * tq - kj[c] * a + X * s[c];
+            dg[c] = g0[c] + g;
             if (lastrow)
                 last[c] = g;
-            colsum[c] += kj * a;
+            colsum[c] += kj[c] * a;
             xo[c] = X;
-            pb += s[c] * kj * gam;
+            pb += s[c] * kj[c] * gam;
         }
         if (o.dqv)
             kda_stn<N>(o.dqv + ig, dq);
@@ -431,12 +408,16 @@ wy_row_finish(const WyCols &o, int64_t t, int hv, int hq, int e, bool kcol, bool
     }
     if (vcol) {
         const int64_t iv = (t * o.HV + hv) * o.V + e;
-        float dv[N];
+        float vj[N], dv[N];
+        if (o.vb)
+            kda_ldn<N>(vj, o.vb + iv);
+        else
+            kda_ldn<N>(vj, o.v + iv);
 #pragma unroll
         for (int c = 0; c < N; c++) {
             dv[c] = bj * s[c];
-            xo[c] = bj * in.x[c];
-            pb += s[c] * in.x[c];
+            xo[c] = bj * vj[c];
+            pb += s[c] * vj[c];
         }
         if (o.dvb)
             kda_stn<N>(o.dvb + iv, dv);
@@ -490,10 +471,8 @@ __global__ void __launch_bounds__(NTH)
             s[0] += sTm[i][j] * sX[i][lane];
         const int64_t t = t0 + j;
         float x[1]; /* (dTm is wy_dtm_kernel's here) */
-        WyRowIn<1> in;
-        wy_row_load<1, TQ>(o, t, hv, hq, e, key && ok, !key && ok, j == L - 1, in);
-        const float pb = warp_sum(wy_row_finish<1, false>(
-            o, t, hv, hq, e, key && ok, !key && ok, j == L - 1, in, lam1, s, colsum, last, x));
+        const float pb = warp_sum(wy_col_row<1, false, TQ>(o, t, hv, hq, e, key && ok, !key && ok,
+                                                           j == L - 1, lam1, s, colsum, last, x));
         if (dbp && lane == 0)
             dbp[(int64_t)z * d.TT * HV + t * HV + hv] = pb;
     }
@@ -516,18 +495,17 @@ __global__ void __launch_bounds__(NTH)
  * c0 = 64 z first, then the ceil(V / 64) value tiles. Per tile: the upstream gradient up (dW or
  * dU) comes in with cp.async next to Tm (staged once per block), the column product Tm^T up runs
  * on mma.sync into shared memory, and wy_cols_kernel's per-column work runs on it with lane l
- * taking the column pair 2l, 2l + 1 (wy_row_load / wy_row_finish with N = 2: 8-byte f32, 4-byte
- * bf16 pieces) and warp w the rows w, w + 8, ... Each thread overwrites the product elements it has
- * used with X_j (beta_j k_j gamma_j, or beta_j v_j), so that after a barrier the tile's share of
- * dTm, up X^T, runs on mma.sync from the same two staged tiles: dTm never reads dW, dU, k, G or v
- * again. The dTm accumulator stays in registers over the tiles; its products, their order and the
- * TF32 roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
- * replaced (the same bits). dbeta is summed in the block (shared memory, one float per row) over
- * the 32-column halves (16 lanes each) in the order of wy_cols_kernel's numbering of CT-wide
- * tiles, the order in which kda_sum_parts adds that kernel's partials: the same bits.
+ * taking the column pair 2l, 2l + 1 (wy_col_row with N = 2: 8-byte f32, 4-byte bf16 pieces) and
+ * warp w the rows w, w + 8, ... Each thread overwrites the product elements it has used with X_j
+ * (beta_j k_j gamma_j, or beta_j v_j), so that after a barrier the tile's share of dTm, up X^T,
+ * runs on mma.sync from the same two staged tiles: dTm never reads dW, dU, k, G or v again. The
+ * dTm accumulator stays in registers over the tiles; its products, their order and the TF32
+ * roundings are those of the 64-column stages of the separate tensor-core dTm kernel this one
+ * replaced (the same bits). dbeta's partial sums are written per 32-column half (16 lanes) in
+ * wy_cols_kernel's numbering of CT-wide tiles, so what follows the kernel does not change.
  * A key tile's G columns come in by cp.async with up, so the rows' work reads G (and lambda)
  * from shared memory. Dynamic shared memory: Tm [BT][BT + 8], up [BT][72], the product / X
- * [max(BT, 64)][72] and G [BT][72] floats (72 KB at BT = 64, and 2.25 KB static: three blocks per
+ * [max(BT, 64)][72] and G [BT][72] floats (72 KB at BT = 64, and 2 KB static: three blocks per
  * SM, at most 80 registers). Needs K, V % 4 == 0 and 16-byte aligned Tm, dW, dU, G (the launcher
  * checks). */
 template <int BT, class TQ>
@@ -538,8 +516,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
                        const float *__restrict__ dW, const float *__restrict__ dU,
                        const float *__restrict__ dKG, const float *__restrict__ dQG,
                        float *__restrict__ dqv, float *__restrict__ dkv, float *__restrict__ dv,
-                       kda_bf16 *__restrict__ dvb, float *__restrict__ dG,
-                       float *__restrict__ dbeta, float *__restrict__ dTm, unsigned acc) {
+                       kda_bf16 *__restrict__ dvb, float *__restrict__ dG, float *__restrict__ dbp,
+                       float *__restrict__ dTm, unsigned acc) {
     using namespace kdamma;
     static_assert(AB_THREADS == NTH && AB_N == 2 * CT, "two CT-wide halves per 64-column tile");
     constexpr int LDT = BT + 8, LDX = AB_LDB;
@@ -547,9 +525,8 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     constexpr int XR = BT > AB_N ? BT : AB_N; /* rows of Xs: dTm's B operand has AB_N rows */
     float *Ts = cols_smem, *Us = Ts + BT * LDT, *Xs = Us + BT * LDX, *Gs = Xs + XR * LDX;
     __shared__ float red[NW][AB_N];
-    __shared__ float sdb[BT]; /* dbeta of the rows, summed over the tiles' 32-column halves */
     const int H = d.H, HV = d.HV, K = d.K, V = d.V;
-    const int nK = DG_CEIL_DIV(K, AB_N), nz = nK + DG_CEIL_DIV(V, AB_N);
+    const int nK = DG_CEIL_DIV(K, AB_N), nkt = DG_CEIL_DIV(K, CT), nz = nK + DG_CEIL_DIV(V, AB_N);
     const int64_t c = blockIdx.x;
     const int hv = blockIdx.y, hq = hv / d.G;
     const int64_t t0 = d.chunk_t0[c];
@@ -557,21 +534,11 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const WyCols o{q, k, v, beta, G, dKG, dQG, vb, dqv, dkv, dv, dG, dvb, H, HV, K, V, acc};
     for (int idx = BT * LDX + threadIdx.x; idx < XR * LDX; idx += AB_THREADS)
-        Xs[idx] = 0.f; /* rows BT.. of Xs (BT < 64) stay zero */
-    for (int i = threadIdx.x; i < BT; i += AB_THREADS)
-        sdb[i] = 0.f;                    /* (before the first tile's first barrier) */
+        Xs[idx] = 0.f;                   /* rows BT.. of Xs (BT < 64) stay zero */
     float tacc[AbTile<BT>::NTW][4] = {}; /* dTm */
-    /* Tm's rows i < L up to the diagonal's 16-byte piece (the product masks A to j <= i as it reads
-     * it, so the pieces above are left as they are), rows i >= L zero-filled (they meet the zero
-     * rows of up); waited for with the first tile's up */
     if (dW || dU)
-        for (int idx = threadIdx.x; idx < BT * (BT / 4); idx += AB_THREADS) {
-            const int r = idx / (BT / 4), c4 = 4 * (idx % (BT / 4));
-            const bool ok = r < L;
-            if (ok && c4 > r)
-                continue;
-            cp_async16(Ts + r * LDT + c4, ok ? Tm + ((t0 + r) * HV + hv) * BT + c4 : Tm, ok);
-        }
+        tile_async<BT, BT, LDT, AB_THREADS>(Ts, Tm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, 0,
+                                            BT); /* waited for with the first tile's up */
     for (int z = 0; z < nz; z++) {
         const bool key = z < nK;
         const int c0 = AB_N * (key ? z : z - nK);
@@ -596,44 +563,27 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
 
         /* lane = the column pair el, el + 1 of the tile (a 32-column half per 16 lanes), warp =
          * rows w, w + NW, ... */
-        const int el = 2 * lane, e = c0 + el;
-        const bool ok = e < ncol; /* K, V % 4 == 0: pairs whole */
+        const int el = 2 * lane, e = c0 + el, hf = lane >> 4;
+        const bool half = c0 + CT * hf < ncol, ok = e < ncol; /* K, V % 4 == 0: pairs whole */
+        const int zs = (key ? 0 : nkt) + (c0 + CT * hf) / CT; /* wy_cols_kernel's tile index */
         float lam[2] = {0.f, 0.f}, colsum[2] = {0.f, 0.f}, last[2] = {0.f, 0.f};
         if (key && ok && L > 0)
             kda_ldn<2>(lam, Gs + (L - 1) * LDX + el);
-        /* a row's global loads are issued before the previous row's stores, so each warp has two
-         * rows' loads in flight (the rows' work waited on memory latency) */
-        const bool kc = key && ok, vc = !key && ok;
-        WyRowIn<2> in;
-        if (w < L)
-            wy_row_load<2, TQ>(o, t0 + w, hv, hq, e, kc, vc, w == L - 1, in);
         for (int j = w; j < L; j += NW) { /* j is the same for the whole warp */
-            WyRowIn<2> nx;
-            const int jn = j + NW;
-            if (jn < L)
-                wy_row_load<2, TQ>(o, t0 + jn, hv, hq, e, kc, vc, jn == L - 1, nx);
             float *sx = Xs + j * LDX + el;
             const float2 s2 = *reinterpret_cast<const float2 *>(sx);
             const float sv[2] = {s2.x, s2.y};
             float x[2] = {0.f, 0.f};
-            float pb = wy_row_finish<2, true>(o, t0 + j, hv, hq, e, kc, vc, j == L - 1, in, lam, sv,
-                                              colsum, last, x, Gs + j * LDX + el);
-            in = nx;
+            float pb =
+                wy_col_row<2, true, TQ>(o, t0 + j, hv, hq, e, key && ok, !key && ok, j == L - 1,
+                                        lam, sv, colsum, last, x, Gs + j * LDX + el);
             /* (Tm^T up)_j has been used: X_j in its place, for dTm */
             *reinterpret_cast<float2 *>(sx) = make_float2(x[0], x[1]);
 #pragma unroll
             for (int m = 8; m > 0; m >>= 1) /* over the 16 lanes of each 32-column half */
                 pb += __shfl_xor_sync(0xffffffffu, pb, m);
-            /* lanes 0 and 16 hold the halves' sums: added to the row's in the order of the
-             * halves' numbering zs (that of the f32 kernel's partials and of kda_sum_parts, so
-             * both paths give the same bits) */
-            const float p1 = __shfl_sync(0xffffffffu, pb, 16);
-            if (lane == 0) {
-                float sb = sdb[j] + pb;
-                if (c0 + CT < ncol)
-                    sb += p1;
-                sdb[j] = sb;
-            }
+            if (dbp && (lane & 15) == 0 && half)
+                dbp[(int64_t)zs * d.TT * HV + (t0 + j) * HV + hv] = pb;
         }
         if (key) { /* block-uniform: the last-row sum of the key columns, rows summed in order */
             red[w][el] = colsum[0];
@@ -658,9 +608,6 @@ __global__ void __launch_bounds__(kdamma::AB_THREADS, 3)
     }
     if (dTm) /* rows i < L, every column j < BT: the product for j <= i, zero above (as the CPU) */
         store_acc<BT, true>(tacc, dTm + (t0 * HV + hv) * BT, (int64_t)HV * BT, L, BT, 1.f);
-    if (dbeta && lane == 0) /* each row by the thread that summed it */
-        for (int j = w; j < L; j += NW)
-            dbeta[(t0 + j) * HV + hv] = sdb[j];
 }
 
 /* grid (NC, HV), 256 threads as 16 x 16; thread (tx, ty) owns rows ty + 16a, columns tx + 16b. */
@@ -828,15 +775,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
     const int nkt = DG_CEIL_DIV(d.K, CT), nvt = DG_CEIL_DIV(d.V, CT);
     const size_t vk = (size_t)d.TT * d.HV * d.K;
     const bool per_hv = d.G > 1;
-    const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
-    /* columns and dTm in one kernel (vb: the caller has checked the same) */
-    const bool mma =
-        vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
-               aligned16(dU) && aligned16(G) &&
-               wy_pairs_aligned(q, k, qi.bf16, G, dKG, dQG, dq, dk, dG, v, vb, dv, dvb, dTm));
-    /* the FFMA kernel's dbeta partials, per CT-wide tile (the mma kernel sums its own) */
-    const bool parts = dbeta && !mma;
-    size_t n = (per_hv ? 2 * vk : 0) + (parts ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
+    size_t n = (per_hv ? 2 * vk : 0) + (dbeta ? (size_t)(nkt + nvt) * d.TT * d.HV : 0);
     Scratch scr(ctx);
     if (n)
         DG_TRY(scr.alloc(n));
@@ -847,24 +786,28 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
         dkv = dk ? p + vk : nullptr;
         p += 2 * vk;
     }
-    if (parts)
+    if (dbeta)
         dbp = p;
     /* the kernel adds to dq, dk only where it writes the final arrays (no GVA scratch) */
     const unsigned kacc = per_hv ? (acc & KDA_ACC_DG) : acc;
-    if (mma) {
+    const QkIn qi = qk_in(q, dd->rq, dd->qk_bf16), ki = qk_in(k, dd->rk, dd->qk_bf16);
+    if (vb || (dd->tc == 1 && d.K % 4 == 0 && d.V % 4 == 0 && aligned16(Tm) && aligned16(dW) &&
+               aligned16(dU) && aligned16(G) &&
+               wy_pairs_aligned(q, k, qi.bf16, G, dKG, dQG, dqv, dkv, dG, v, vb, dv, dvb, dTm))) {
+        /* columns and dTm in one kernel (vb: the caller has checked the same) */
         const size_t smem = sizeof(float) * ((size_t)BT * (BT + 8 + 2 * kdamma::AB_LDB) +
                                              (size_t)(BT > 64 ? BT : 64) * kdamma::AB_LDB);
         const dim3 grid((unsigned)d.NC, d.HV);
         if (qi.bf16) {
             DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, kda_bf16>, smem));
-            wy_cols_mma_kernel<BT, kda_bf16><<<grid, kdamma::AB_THREADS, smem, s>>>(
-                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbeta, dTm,
-                kacc);
+            wy_cols_mma_kernel<BT, kda_bf16>
+                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG,
+                                                        dQG, dqv, dkv, dv, dvb, dG, dbp, dTm, kacc);
         } else {
             DG_TRY(smem_opt_in(wy_cols_mma_kernel<BT, float>, smem));
-            wy_cols_mma_kernel<BT, float><<<grid, kdamma::AB_THREADS, smem, s>>>(
-                d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG, dQG, dqv, dkv, dv, dvb, dG, dbeta, dTm,
-                kacc);
+            wy_cols_mma_kernel<BT, float>
+                <<<grid, kdamma::AB_THREADS, smem, s>>>(d, qi, ki, v, vb, beta, G, Tm, dW, dU, dKG,
+                                                        dQG, dqv, dkv, dv, dvb, dG, dbp, dTm, kacc);
         }
         DG_CHECK_LAUNCH();
     } else {
@@ -892,7 +835,7 @@ static dg_status wy_bwd_bt(dg_ctx *ctx, const kda_cuda_dims *dd, const void *q, 
         DG_TRY(kda_sum_parts(ctx, dq, dqv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DQ));
     if (per_hv && dk)
         DG_TRY(kda_sum_parts(ctx, dk, dkv, d.TT, d.H, d.G, d.K, 1, 0, acc & KDA_ACC_DK));
-    if (parts)
+    if (dbeta)
         DG_TRY(kda_sum_parts(ctx, dbeta, dbp, d.TT * d.HV, 1, 1, 1, nkt + nvt, d.TT * d.HV, 0));
     return DG_OK;
 }

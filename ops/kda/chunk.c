@@ -56,7 +56,7 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
     dg_status st = DG_OK;
     /* the forward prep (kda.h): the intra kernel fills rq, rk and G for the N1 and N3 nodes */
     const int fused = dg__kda_prep_fits(dev, opts, q, k, g, A_log, dt_bias);
-    kda_prep prep = {g, A_log, dt_bias, NULL}; /* (the gate node once recorded) */
+    const kda_prep prep = {g, A_log, dt_bias};
     if (opts && opts->l2norm_qk && dg__kda_l2norm_factors(dev, q, k)) { /* kda.h */
         st = dg__kda_l2norm_factored(ctx, q, fused, &l->qn, &l->rq);
         if (st == DG_OK)
@@ -76,7 +76,7 @@ dg_status dg__kda_local_stages(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tenso
             l->bt = dg_tensor_retain(beta);
     }
     if (st == DG_OK)
-        st = dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, fused, &l->G, &prep.gate);
+        st = dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, dev, fused, &l->G);
     if (st == DG_OK)
         st = dg__kda_intra_x(ctx, l->qn, l->kn, l->rq, l->rk, l->bt, l->G, opts, dev,
                              fused ? &prep : NULL, &l->Aqk, &l->Tm);

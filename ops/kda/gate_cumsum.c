@@ -191,10 +191,7 @@ static dg_status gate_backward(dg_ctx *ctx, dg_node *n) {
 }
 
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G,
-                         dg_node **node) {
-    if (node)
-        *node = NULL;
+                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G) {
     DG_TRY(dg__check_ptr(OP, "ctx", ctx));
     DG_TRY(dg__check_ptr(OP, "G", G));
     *G = NULL;
@@ -247,8 +244,6 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
                 st = dg__node_commit(n);
             else
                 dg__node_abort(n);
-            if (st == DG_OK && node)
-                *node = n;
         }
     }
     dg_tensor_free(&tg);
@@ -262,6 +257,6 @@ dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor 
 
 dg_status dg_kda_gate_cumsum(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
                              const dg_kda_opts *opts, dg_tensor **G) {
-    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, 0, G, NULL);
+    return dg__kda_gate_x(ctx, g, A_log, dt_bias, opts, NULL, 0, G);
 }
 #endif

@@ -169,76 +169,6 @@ dg_status RF(dg__kda_intra_bwd)(const kda_dims *d, RT scale, const RT *q, const 
  * scales rq, rk of a factored q, k (NULL where there are none; kda.h). */
 enum { IN_Q, IN_K, IN_BETA, IN_G, SAVED_TM, SAVED_RQ, SAVED_RK };
 
-#ifdef DG_HAVE_CUDA
-/* an f32, contiguous CUDA tensor or none */
-static int gate_param_ok(const dg_tensor *t) {
-    return !t || (t->dtype == DG_F32 && dg_tensor_is_contiguous(t) && dg__is_cuda(t));
-}
-
-/* The backward prep (kda.h, kda_prep): where the kernel takes it, this node's backward also does
- * the gate node's (gn), given the intra backward's io without dG; *done = 1 then (dq, dk, dbeta
- * and the gate's gradients added, G's gradient dropped), else 0 and nothing has happened. */
-static dg_status intra_gate_backward(dg_ctx *ctx, dg_node *n, dg_node *gn, const kda_cfg *c,
-                                     kda_intra_bwd_io *io, const kda_acc_targets *at,
-                                     dg_tensor **dq, dg_tensor **dk, dg_tensor **dbeta, int *done) {
-    *done = 0;
-    dg_tensor *x = gn->saved[0], *A = gn->saved[1], *bias = gn->saved[2]; /* gate_cumsum.c */
-    const kda_cfg *gc = &((const kda_np *)gn->params)->cfg;
-    /* the gradient of G so far must be one the kernel can read in place (or none) */
-    if (!x || x->dtype != DG_BF16 || !dg_tensor_is_contiguous(x) || !dg__is_cuda(x) ||
-        !gate_param_ok(A) || !gate_param_ok(bias) || (dg_tensor_grad(n->saved[IN_G]) && !at->dG))
-        return DG_OK;
-    const kda_cuda_dims cd = kda_qk_cd(c, &io->qk);
-    dg_tensor *dx = NULL, *dA = NULL, *db = NULL;
-    DG_TRY(dg_tensor_new(ctx, DG_BF16, x->ndim, x->shape, &dx));
-    if (!dg__kda_intra_gate_bwd_fits(&cd, io->qk.q, io->qk.k, io->G, io->dAqk, dg_tensor_data(x),
-                                     dg_tensor_data(dx))) {
-        dg_tensor_free(&dx);
-        return DG_OK;
-    }
-    dg_status st = DG_OK;
-    if (A && dg__node_wants_grad(gn, 1))
-        st = kda_new_as(ctx, c, A, &dA);
-    if (st == DG_OK && bias && dg__node_wants_grad(gn, 2))
-        st = kda_new_as(ctx, c, bias, &db);
-    if (st == DG_OK)
-        st = dg__kda_grad_buffer(ctx, c, n->saved[IN_Q], at->dq, dq, &io->dq);
-    if (st == DG_OK)
-        st = dg__kda_grad_buffer(ctx, c, n->saved[IN_K], at->dk, dk, &io->dk);
-    if (st == DG_OK)
-        st = dg__kda_grad_buffer(ctx, c, n->saved[IN_BETA], NULL, dbeta, &io->dbeta);
-    if (st == DG_OK) {
-        const kda_intra_gate p = {dg_tensor_data(x),
-                                  A ? dg_tensor_data(A) : NULL,
-                                  bias ? dg_tensor_data(bias) : NULL,
-                                  gc->gate,
-                                  (float)gc->lb,
-                                  dg_tensor_data(dx),
-                                  dA ? dg_tensor_data(dA) : NULL,
-                                  db ? dg_tensor_data(db) : NULL};
-        st = dg__kda_intra_gate_bwd_cuda(ctx, &cd, (float)c->scale, io->qk.q, io->qk.k, io->beta,
-                                         io->G, io->Tm, io->dAqk, io->dTm, io->dq, io->dk,
-                                         io->dbeta, at->dG ? dg_tensor_data(at->dG) : NULL,
-                                         io->acc & (KDA_ACC_DQ | KDA_ACC_DK | KDA_ACC_DG), &p);
-    }
-    dg_tensor *grads[3] = {*dq, *dk, *dbeta}; /* IN_Q, IN_K, IN_BETA (NULL: added) */
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        if (grads[i] && dg__node_wants_grad(n, i))
-            st = dg__node_accum(ctx, n, i, grads[i]);
-    dg_tensor *gg[3] = {dx, dA, db}; /* the gate node's IN_X, IN_A_LOG, IN_DT_BIAS */
-    for (int i = 0; i < 3 && st == DG_OK; i++)
-        if (gg[i] && dg__node_wants_grad(gn, i))
-            st = dg__node_accum_for(ctx, gn, i, gg[i]);
-    if (st == DG_OK) {
-        dg__node_drop_grad_out(gn, 0); /* dG is spent: the tape skips the gate node */
-        *done = 1;
-    }
-    for (int i = 0; i < 3; i++)
-        dg_tensor_free(&gg[i]);
-    return st;
-}
-#endif
-
 static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     const kda_cfg *c = &((const kda_np *)n->params)->cfg;
     const dg_tensor *gA = dg__node_grad_out(n, 0), *gT = dg__node_grad_out(n, 1);
@@ -265,24 +195,18 @@ static dg_status intra_backward(dg_ctx *ctx, dg_node *n) {
     /* on CUDA dq, dk, dG are added into gradients the tape already holds (the wy node's) */
     const kda_acc_targets at = dg__kda_grad_targets(n, c, IN_Q, IN_K, IN_G);
     io.acc = at.acc;
-    int done = 0;
-#ifdef DG_HAVE_CUDA
-    dg_node *gn = ((const kda_np *)n->params)->gate;
-    if (st == DG_OK && gn && c->cuda && dg__node_wants_grad(n, IN_G))
-        st = intra_gate_backward(ctx, n, gn, c, &io, &at, &dq, &dk, &dbeta, &done);
-#endif
-    if (st == DG_OK && !done)
+    if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, q, at.dq, &dq, &io.dq);
-    if (st == DG_OK && !done)
+    if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, k, at.dk, &dk, &io.dk);
-    if (st == DG_OK && !done)
+    if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, beta, NULL, &dbeta, &io.dbeta);
-    if (st == DG_OK && !done)
+    if (st == DG_OK)
         st = dg__kda_grad_buffer(ctx, c, G, at.dG, &dG, &io.dG);
-    if (st == DG_OK && !done)
+    if (st == DG_OK)
         st = kda_run_intra_bwd(ctx, c, &io);
     dg_tensor *grads[4] = {dq, dk, dbeta, dG}; /* IN_Q, IN_K, IN_BETA, IN_G (NULL: added) */
-    for (int i = 0; i < 4 && st == DG_OK && !done; i++)
+    for (int i = 0; i < 4 && st == DG_OK; i++)
         if (grads[i] && dg__node_wants_grad(n, i))
             st = dg__node_accum(ctx, n, i, grads[i]);
     dg_tensor *owned[11] = {tq, tk, tbeta, tG, tTm, tgA, tgT, dq, dk, dbeta, dG};
@@ -368,11 +292,8 @@ dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq
                 dg__node_save(n, rq);  /* SAVED_RQ, SAVED_RK (NULL: none) */
                 dg__node_save(n, rk);
             }
-            kda_np *np = st == DG_OK ? dg__kda_np_new(n, &cfg, NULL) : NULL;
-            if (st == DG_OK && !np)
+            if (st == DG_OK && !dg__kda_np_new(n, &cfg, NULL))
                 st = dg__err(DG_ERR_NOMEM, OP ": no memory for the node");
-            if (np && prep) /* the backward prep (kda.h) */
-                np->gate = prep->gate;
             if (st == DG_OK)
                 st = dg__node_commit(n);
             else

@@ -665,7 +665,6 @@ typedef struct kda_np {
     kda_cfg cfg;
     dg__group *grp;
     int flags;
-    dg_node *gate; /* kda_intra in the composite: the gate node (the backward prep, kda_prep) */
     int64_t tab[]; /* cfg.tab points here */
 } kda_np;
 /* Allocate the params of n from cfg (tables copied). grp may be NULL; a non-NULL grp is
@@ -700,16 +699,9 @@ dg_status dg__kda_l2norm_factored(dg_ctx *ctx, dg_tensor *x, int defer, dg_tenso
  * outputs allocated but not filled (defer = 1), and dg__kda_intra_x, given the kda_prep, fills
  * them before any other stage reads them. G and rq, rk follow the gate's and the norm's formulas,
  * evaluated and summed otherwise (f32 accuracy; kernels/kda/kda_cuda.h). One kernel reads q, k and
- * g once instead of three kernels reading them and the intra kernel reading q, k and G again.
- * The backward prep, its mirror: the intra node, the last of G's readers to run in backward, is
- * given the gate node (gate) and, where its kernel takes it (dg__kda_intra_gate_bwd_fits), runs
- * the gate's backward on the finished dG tiles instead of storing dG (kda_intra_gate): it adds
- * dg, dA_log, ddt_bias to the gate node's inputs on that node's behalf (dg__node_accum_for) and
- * drops G's gradient, so the tape does not run the gate node. Elsewhere both backwards run as
- * recorded. */
+ * g once instead of three kernels reading them and the intra kernel reading q, k and G again. */
 typedef struct kda_prep {
     dg_tensor *g, *A_log, *dt_bias; /* N3's inputs */
-    dg_node *gate;                  /* N3's node (NULL: none recorded) */
 } kda_prep;
 int dg__kda_prep_fits(const kda_dev *dev, const dg_kda_opts *opts, const dg_tensor *q,
                       const dg_tensor *k, const dg_tensor *g, const dg_tensor *A_log,
@@ -728,11 +720,9 @@ dg_status dg__kda_qk_ptrs(dg_ctx *ctx, const kda_cfg *c, const dg_tensor *q, con
 dg_status dg__kda_l2norm_x(dg_ctx *ctx, dg_tensor *x, int keep_f32, dg_tensor **y);
 dg_status dg__kda_beta_x(dg_ctx *ctx, dg_tensor *b, int allow_neg_eigval, int keep_f32,
                          dg_tensor **beta);
-/* defer: the forward prep above fills G (0: the gate's own kernel does). node (NULL allowed):
- * the gate node recorded, or NULL where none was. */
+/* defer: the forward prep above fills G (0: the gate's own kernel does). */
 dg_status dg__kda_gate_x(dg_ctx *ctx, dg_tensor *g, dg_tensor *A_log, dg_tensor *dt_bias,
-                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G,
-                         dg_node **node);
+                         const dg_kda_opts *opts, kda_dev *share, int defer, dg_tensor **G);
 dg_status dg__kda_intra_x(dg_ctx *ctx, dg_tensor *q, dg_tensor *k, dg_tensor *rq, dg_tensor *rk,
                           dg_tensor *beta, dg_tensor *G, const dg_kda_opts *opts, kda_dev *share,
                           const kda_prep *prep, dg_tensor **Aqk, dg_tensor **Tm);
